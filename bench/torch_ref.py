@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+# bench/torch_ref.py -- PyTorch reference for dptrain's workloads (LeNet and the
+# d2l ResNet-18 on Fashion-MNIST, d2l "multi-GPU training" chapter recipes).
+# Used by bench/*.sh to compare speed and accuracy against dptrain; CPU only.
+# Run with Debian's interpreter, which has torch 1.13:  /usr/bin/python3 bench/torch_ref.py
+#
+# Examples:
+#   /usr/bin/python3 bench/torch_ref.py --model lenet --recipe d2l --epochs 1 --threads 1 --json
+#   /usr/bin/python3 bench/torch_ref.py --model resnet18 --print-params
+#   /usr/bin/python3 bench/torch_ref.py --model lenet --ddp --nproc 2 --max-steps 20
+#   WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+#       /usr/bin/python3 bench/torch_ref.py --ddp ...   (one such process per rank)
+import argparse
+import gzip
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DATA_DIR_DEFAULT = "/usr/share/datasets/fashion-mnist"
+LENET_PARAMS = 129068
+
+
+# ----------------------------------------------------------------------------- data
+def read_idx_gz(path):
+    """Reads an IDX file (gzip-compressed) into a numpy array of its declared shape."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    if raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: size {data.size} does not match dims {dims}")
+    return data.reshape(dims)
+
+
+def load_fashion_mnist(data_dir):
+    """Returns (train_x, train_y, test_x, test_y); x float32 in [0,1], [N,1,28,28]; y int64."""
+    def images(name):
+        a = read_idx_gz(os.path.join(data_dir, name))
+        return torch.from_numpy(a.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
+
+    def labels(name):
+        return torch.from_numpy(read_idx_gz(os.path.join(data_dir, name)).astype(np.int64))
+
+    return (images("train-images-idx3-ubyte.gz"), labels("train-labels-idx1-ubyte.gz"),
+            images("t10k-images-idx3-ubyte.gz"), labels("t10k-labels-idx1-ubyte.gz"))
+
+
+# ----------------------------------------------------------------------------- models
+class LeNet(nn.Module):
+    """d2l 12.5 LeNet variant: conv(1,20,3) relu avgpool conv(20,50,5) relu avgpool
+    flatten fc(800,128) relu fc(128,10)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 20, kernel_size=3)
+        self.conv2 = nn.Conv2d(20, 50, kernel_size=5)
+        self.fc1 = nn.Linear(800, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.avg_pool2d(F.relu(self.conv1(x)), kernel_size=2, stride=2)   # 20x13x13
+        x = F.avg_pool2d(F.relu(self.conv2(x)), kernel_size=2, stride=2)   # 50x4x4
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+class Residual(nn.Module):
+    """d2l Residual block: conv3x3(stride) BN ReLU conv3x3 BN, + (1x1 conv(stride) | identity), ReLU.
+    All convs have bias=True as in d2l."""
+
+    def __init__(self, in_ch, out_ch, use_1x1conv=False, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, kernel_size=3, padding=1, stride=stride)
+        self.bn1 = nn.BatchNorm2d(out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, kernel_size=3, padding=1)
+        self.bn2 = nn.BatchNorm2d(out_ch)
+        self.downsample = (nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride)
+                           if use_1x1conv else None)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.downsample is not None:
+            x = self.downsample(x)
+        return F.relu(y + x)
+
+
+class ResNet18(nn.Module):
+    """d2l 12.6 modified ResNet-18 for 1x28x28 input: conv3x3 s1 p1 (64) BN ReLU, no max-pool,
+    4 stages x 2 Residual blocks (64, 128, 256, 512), global avg pool, fc 512->10."""
+
+    def __init__(self, num_classes=10, in_channels=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.layer1 = self._stage(64, 64, first=True)
+        self.layer2 = self._stage(64, 128)
+        self.layer3 = self._stage(128, 256)
+        self.layer4 = self._stage(256, 512)
+        self.fc = nn.Linear(512, num_classes)
+
+    @staticmethod
+    def _stage(in_ch, out_ch, first=False):
+        if first:
+            blocks = [Residual(in_ch, out_ch), Residual(out_ch, out_ch)]
+        else:
+            blocks = [Residual(in_ch, out_ch, use_1x1conv=True, stride=2),
+                      Residual(out_ch, out_ch)]
+        return nn.Sequential(*blocks)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+def build_model(name):
+    if name == "lenet":
+        m = LeNet()
+        n = sum(p.numel() for p in m.parameters())
+        assert n == LENET_PARAMS, f"lenet has {n} params, expected {LENET_PARAMS}"
+        return m
+    if name == "resnet18":
+        return ResNet18()
+    raise ValueError(name)
+
+
+def init_d2l(model):
+    """d2l recipe: conv/linear weights ~ N(0, 0.01), biases zero; BN keeps gamma=1, beta=0."""
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.01)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+RECIPES = {
+    # model -> (lr, global batch); plain SGD, no momentum, no weight decay
+    "d2l": {"lenet": (0.2, 256), "resnet18": (0.1, 256)},
+}
+
+
+# ----------------------------------------------------------------------------- train / eval
+def evaluate(model, x, y, batch=1000):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch):
+            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+    return correct / x.shape[0]
+
+
+def run(rank, world, args):
+    ddp = args.ddp
+    torch.set_num_threads(args.threads)
+    if ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(args.seed)  # same seed on every rank -> same initial weights
+
+    lr_default, batch_default = RECIPES[args.recipe][args.model]
+    lr = args.lr if args.lr is not None else lr_default
+    gbatch = args.batch_size if args.batch_size is not None else batch_default
+    if gbatch % world != 0:
+        raise SystemExit(f"global batch {gbatch} not divisible by world size {world}")
+    lbatch = gbatch // world
+
+    train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
+    model = build_model(args.model)
+    init_d2l(model)
+    net = model
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = DDP(model)  # broadcasts rank 0's parameters/buffers at construction
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
+    loss_fn = nn.CrossEntropyLoss(reduction="mean")
+
+    n_train = train_x.shape[0]
+    steps = n_train // gbatch                      # drop_last=True
+    if args.max_steps is not None:
+        steps = min(steps, args.max_steps)
+    if rank == 0:
+        print(f"# pytorch {torch.__version__} model={args.model} recipe={args.recipe} lr={lr} "
+              f"global_batch={gbatch} world={world} threads={args.threads} steps/epoch={steps}",
+              file=sys.stderr, flush=True)
+
+    for epoch in range(1, args.epochs + 1):
+        # Same permutation on every rank (seeded by seed+epoch); like DistributedSampler each
+        # rank takes the strided shard perm[rank::world], so local batch j of all ranks together
+        # is exactly global batch perm[j*B:(j+1)*B].
+        g = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
+        perm = torch.randperm(n_train, generator=g)[: steps * gbatch]
+        shard = perm[rank::world]
+        net.train()
+        stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        t0 = time.perf_counter()
+        for j in range(steps):
+            idx = shard[j * lbatch:(j + 1) * lbatch]
+            xb, yb = train_x[idx], train_y[idx]
+            out = net(xb)
+            loss = loss_fn(out, yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                stats[0] += loss.item() * yb.shape[0]
+                stats[1] += (out.argmax(1) == yb).sum().item()
+                stats[2] += yb.shape[0]
+        epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
+        if ddp:
+            dist.all_reduce(stats)
+        # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
+        # (model, not the DDP wrapper, so no collectives). Other ranks wait at the barrier.
+        if rank == 0:
+            test_acc = evaluate(model, test_x, test_y)
+            train_loss = stats[0].item() / stats[2].item()
+            train_acc = stats[1].item() / stats[2].item()
+            ips = steps * gbatch / epoch_seconds
+            human = (f"epoch {epoch} loss {train_loss:.3f} train acc {train_acc:.3f} "
+                     f"test acc {test_acc:.3f}, {epoch_seconds:.1f} s/epoch, {ips:.0f} img/s")
+            if args.json:
+                print(human, file=sys.stderr, flush=True)
+                print(json.dumps({"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
+                                  "test_acc": test_acc, "epoch_seconds": epoch_seconds,
+                                  "images_per_second": ips, "world_size": world,
+                                  "framework": "pytorch"}), flush=True)
+            else:
+                print(human, flush=True)
+        if ddp:
+            dist.barrier()
+    if ddp:
+        dist.destroy_process_group()
+
+
+def _spawn_entry(rank, world, args):
+    os.environ["RANK"] = str(rank)
+    run(rank, world, args)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def print_params(args):
+    model = build_model(args.model)
+    for k, v in model.state_dict().items():
+        print(f"{k} {list(v.shape)}")
+    n = sum(p.numel() for p in model.parameters())
+    print(f"# {args.model}: {n} parameters ({len(model.state_dict())} state_dict entries)")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__ or "PyTorch reference for dptrain")
+    p.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="d2l")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=None, help="global batch (default: recipe)")
+    p.add_argument("--lr", type=float, default=None, help="override the recipe's lr")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
+    p.add_argument("--max-steps", type=int, default=None, help="limit steps per epoch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ddp", action="store_true", help="torch.distributed (gloo) + DDP")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="with --ddp: spawn this many local ranks (else use env WORLD_SIZE/RANK)")
+    p.add_argument("--json", action="store_true", help="one JSON line per epoch on stdout")
+    p.add_argument("--print-params", action="store_true",
+                   help="print state_dict keys/shapes and parameter count, then exit")
+    p.add_argument("--data", default=DATA_DIR_DEFAULT, help="Fashion-MNIST IDX .gz directory")
+    args = p.parse_args()
+
+    if args.print_params:
+        print_params(args)
+        return
+    torch.set_num_interop_threads(1)
+    if not args.ddp:
+        run(0, 1, args)
+        return
+    if args.nproc is not None:
+        import torch.multiprocessing as mp
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ["WORLD_SIZE"] = str(args.nproc)
+        mp.spawn(_spawn_entry, args=(args.nproc, args), nprocs=args.nproc, join=True)
+    else:
+        for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+            if k not in os.environ:
+                raise SystemExit(f"--ddp without --nproc needs env {k}")
+        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+// Process start-up for every dptrain program: MPI_Init_thread (MPI_THREAD_MULTIPLE, which the
+// reducer's communication thread needs), world rank/size, local rank on this host, and the rank
+// prefix for messages. Ends MPI on destruction; abort_job() ends every rank after an error.
+#pragma once
+
+#include <string>
+
+namespace dpt {
+
+struct WorldInfo {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  std::string host;
+};
+
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  const WorldInfo& world() const { return world_; }
+  // Whether MPI granted MPI_THREAD_MULTIPLE (needed to all-reduce from a second thread).
+  bool thread_multiple() const { return thread_multiple_; }
+
+ private:
+  WorldInfo world_;
+  bool thread_multiple_ = false;
+};
+
+// Prints nothing; calls MPI_Abort(MPI_COMM_WORLD, code) so no peer waits forever.
+[[noreturn]] void abort_job(int code);
+
+}  // namespace dpt

@@ -1,0 +1,93 @@
+// Communicator: typed collectives (counts in elements, never bytes), synchronous and
+// asynchronous, over MPI now and NCCL later behind the same interface. Every blocking wait is
+// bounded by the communicator's timeout, so a dead or stopped peer ends the job instead of hanging it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dpt {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+enum class DType { kF32, kF64, kI32, kI64, kU64, kU8 };
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<double>() { return DType::kF64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <> constexpr DType dtype_of<uint64_t>() { return DType::kU64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+
+// An operation in flight; wait() blocks (bounded by the timeout), test() polls.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& host() const = 0;
+  // A new communicator over the same ranks with its own ordering of collectives (the reducer's
+  // thread uses one so its all-reduces never interleave with the main thread's).
+  virtual std::unique_ptr<Communicator> duplicate() const = 0;
+  // Seconds a collective may take before the job is ended (0 = unbounded).
+  virtual void set_timeout(double seconds) = 0;
+  virtual double timeout() const = 0;
+
+  virtual std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt,
+                                                  ReduceOp op, const std::string& what) = 0;
+  virtual std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
+                                                  const std::string& what) = 0;
+  virtual void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
+                          int root) = 0;
+  virtual void allgather_raw(const void* send, void* recv, int64_t count_per_rank, DType dt) = 0;
+  virtual void barrier() = 0;
+
+  // Typed helpers: the only way the rest of the code calls collectives.
+  template <typename T>
+  void allreduce(T* data, int64_t count, ReduceOp op = ReduceOp::kSum,
+                 const std::string& what = "allreduce") {
+    iallreduce_raw(data, count, dtype_of<T>(), op, what)->wait();
+  }
+  template <typename T>
+  std::unique_ptr<Request> iallreduce(T* data, int64_t count, ReduceOp op = ReduceOp::kSum,
+                                      const std::string& what = "allreduce") {
+    return iallreduce_raw(data, count, dtype_of<T>(), op, what);
+  }
+  template <typename T>
+  void broadcast(T* data, int64_t count, int root = 0, const std::string& what = "broadcast") {
+    ibroadcast_raw(data, count, dtype_of<T>(), root, what)->wait();
+  }
+  template <typename T>
+  std::unique_ptr<Request> ibroadcast(T* data, int64_t count, int root = 0,
+                                      const std::string& what = "broadcast") {
+    return ibroadcast_raw(data, count, dtype_of<T>(), root, what);
+  }
+  template <typename T>
+  void reduce(const T* send, T* recv, int64_t count, ReduceOp op = ReduceOp::kSum, int root = 0) {
+    reduce_raw(send, recv, count, dtype_of<T>(), op, root);
+  }
+  template <typename T>
+  std::vector<T> allgather(const T& value) {
+    std::vector<T> out(static_cast<size_t>(size()));
+    allgather_raw(&value, out.data(), 1, dtype_of<T>());
+    return out;
+  }
+  template <typename T>
+  void allgather(const T* send, T* recv, int64_t count_per_rank) {
+    allgather_raw(send, recv, count_per_rank, dtype_of<T>());
+  }
+};
+
+// MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD.
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+}  // namespace dpt

@@ -1,0 +1,158 @@
+// Layers, the parameter store with its flat buffers, and models.
+// Invariant: all parameters of a model live in ONE flat buffer and all gradients in another, laid
+// out in reverse registration order (= the order backward produces them), so a gradient bucket is a
+// contiguous slice and backward announces a growing prefix [0, k) of the gradient buffer.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpt/tensor.h"
+
+namespace dpt {
+
+enum class Mode { kTrain, kEval };
+enum class Init { kWeight, kBias, kOnes, kZeros };
+
+// One named tensor: a trainable parameter (in the flat parameter/gradient buffers) or a buffer
+// (BatchNorm running statistics, in the flat buffer array).
+struct Param {
+  std::string name;
+  Shape shape;
+  Init init = Init::kZeros;
+  int64_t fan_in = 0, fan_out = 0;
+  bool is_buffer = false;
+  bool is_counter = false;  // num_batches_tracked: stored as float, saved as int64
+  int64_t offset = 0;       // element offset in the flat parameter (or buffer) array
+  Tensor value;             // view, valid after ParamStore::finalize()
+  Tensor grad;              // view (parameters only)
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+class ParamStore {
+ public:
+  Param* add_param(const std::string& name, const Shape& shape, Init init, int64_t fan_in,
+                   int64_t fan_out);
+  Param* add_buffer(const std::string& name, const Shape& shape, Init init, bool counter = false);
+  // Allocates the flat buffers and points every Param's views into them.
+  void finalize();
+  bool finalized() const { return finalized_; }
+
+  std::deque<Param>& entries() { return entries_; }  // registration (= PyTorch state_dict) order
+  const std::deque<Param>& entries() const { return entries_; }
+  Param* find(const std::string& name);
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  float* buffers() { return buffers_.data(); }
+  int64_t num_params() const { return num_params_; }
+  int64_t num_buffers() const { return num_buffers_; }
+  void zero_grads() { grads_.zero(); }
+
+ private:
+  std::deque<Param> entries_;  // deque: Param* handed to layers stay valid
+  Tensor params_, grads_, buffers_;
+  int64_t num_params_ = 0, num_buffers_ = 0;
+  bool finalized_ = false;
+};
+
+// Told after each leaf layer's backward which range [begin, end) of the flat gradient buffer is
+// final for this step. The reducer hangs its bucketed all-reduce on this.
+using GradReadyFn = std::function<void(int64_t begin, int64_t end)>;
+
+struct BackwardCtx {
+  GradReadyFn on_ready;     // may be empty
+  bool accumulate = false;  // add into gradients (accumulation micro-steps) instead of overwrite
+  void ready(const std::vector<Param*>& params) const;
+};
+
+// Per-channel statistics shared across replicas (synchronised BatchNorm): sums in place.
+using ChannelSumFn = std::function<void(double* data, int64_t count)>;
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string kind() const = 0;
+  // Registers this layer's parameters under `prefix` and returns the per-sample output shape
+  // for a per-sample input shape (NHWC {H, W, C} or {F}).
+  virtual Shape build(const Shape& in, ParamStore& store, const std::string& prefix) = 0;
+  // x: {N, in...}; resizes y to {N, out...}.
+  virtual void forward(const Tensor& x, Tensor& y, Mode mode) = 0;
+  // Given the forward input x, output y and dL/dy, writes dL/dx (dx may be null: not needed)
+  // and this layer's parameter gradients, then announces them through ctx.
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                        BackwardCtx& ctx) = 0;
+  // Visits every layer (composites first, then children) for configuration passes.
+  virtual void visit(const std::function<void(Layer&)>& fn) { fn(*this); }
+};
+
+std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1,
+                                   int64_t pad = 0, bool bias = true);
+std::unique_ptr<Layer> make_batchnorm2d(double momentum = 0.1, double eps = 1e-5);
+std::unique_ptr<Layer> make_relu();
+std::unique_ptr<Layer> make_avgpool2d(int kernel, int stride);
+std::unique_ptr<Layer> make_global_avgpool();
+std::unique_ptr<Layer> make_flatten();
+std::unique_ptr<Layer> make_linear(int64_t out_features, bool bias = true);
+// d2l's Residual: conv3x3(stride)-BN-ReLU-conv3x3-BN, plus x or a 1x1 conv(stride) of x, then ReLU.
+std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride);
+// Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer; no-op otherwise.
+void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
+
+class Sequential : public Layer {
+ public:
+  // name: the child's path component ("conv1", "0"); empty for layers without parameters.
+  Sequential& add(const std::string& name, std::unique_ptr<Layer> layer);
+  std::string kind() const override { return "Sequential"; }
+  Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override;
+  void forward(const Tensor& x, Tensor& y, Mode mode) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+                BackwardCtx& ctx) override;
+  void visit(const std::function<void(Layer&)>& fn) override;
+  size_t size() const { return children_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
+  std::vector<Tensor> acts_;   // output of child i (the last child writes into y)
+  std::vector<Tensor> grads_;  // dL/d(output of child i)
+};
+
+// A network plus its parameter store, input shape and class count.
+class Model {
+ public:
+  Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes);
+  const std::string& name() const { return name_; }
+  ParamStore& store() { return store_; }
+  const ParamStore& store() const { return store_; }
+  const Shape& input_shape() const { return input_shape_; }
+  int num_classes() const { return num_classes_; }
+  int64_t num_parameters() const { return store_.num_params(); }
+  // "kaiming" (He-normal weights, zero biases) or "d2l" (N(0, 0.01) weights, zero biases);
+  // BatchNorm weight 1, bias 0, running mean 0, running var 1 in both.
+  void init_parameters(const std::string& scheme, uint64_t seed);
+  // x: {N, H, W, C}. Returns logits {N, classes} (owned by the model, valid until next forward).
+  const Tensor& forward(const Tensor& x, Mode mode);
+  // Backward from dL/dlogits; the input gradient is not computed.
+  void backward(const Tensor& dlogits, BackwardCtx& ctx);
+  Sequential& net() { return *net_; }
+  // Names, shapes and kinds of all parameters and buffers, one line each (for replica checks).
+  std::string signature() const;
+
+ private:
+  std::string name_;
+  std::unique_ptr<Sequential> net_;
+  Shape input_shape_;
+  int num_classes_;
+  ParamStore store_;
+  const Tensor* input_ = nullptr;
+  Tensor logits_;
+};
+
+// "lenet" or "resnet18" (the d2l chapter's models) for 28x28x1 inputs; input error otherwise.
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10);
+
+}  // namespace dpt

@@ -1,0 +1,61 @@
+// Reader and atomic writer for the safetensors checkpoint format, so weights load in PyTorch.
+// The reader trusts nothing in the file: every malformed field becomes a dpt::Error of kind kInput.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dpt {
+
+// One tensor: raw little-endian bytes of a safetensors dtype ("F32", "I64", "F16", "BF16", "I32",
+// "U8", ...). bytes.size() must equal product(shape) * st_dtype_size(dtype).
+struct StTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// A parsed file: metadata from "__metadata__" and the tensors in file (data offset) order.
+struct StFile {
+  std::map<std::string, std::string> metadata;
+  std::vector<StTensor> tensors;
+
+  // nullptr when absent.
+  const StTensor* find(const std::string& name) const;
+};
+
+// Bytes per element of a safetensors dtype string; 0 when the dtype is unknown.
+size_t st_dtype_size(const std::string& dtype);
+
+// Writes `tensors` (laid out contiguously in the given order) and `metadata` to `path`. The header
+// is padded with spaces to a multiple of 8 bytes, as the reference implementation does. Atomic:
+// the data goes to "<path>.tmp.<pid>", is fsynced, then renamed over `path` and the directory is
+// fsynced, so a crash leaves either the old file or the new one, never a torn one.
+// Inconsistent tensors (empty or duplicate names, size/shape mismatch, unknown dtype) are internal
+// errors; I/O failures (cannot open, disk full, rename) are input errors naming the path.
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Reads and fully validates a safetensors file (see parse_safetensors for the checks).
+StFile read_safetensors(const std::string& path);
+
+// Parses an in-memory safetensors image; `origin` names the source in every message. Checks: at
+// least 8 bytes; header length sane (<= size - 8 and <= 100 MB); header a JSON object; every entry
+// has a known dtype, a shape of non-negative ints, data_offsets [b, e] with b <= e <= data size and
+// e - b == product(shape) * element size; the ranges neither overlap nor leave gaps and cover the
+// data section exactly; "__metadata__" maps strings to strings. Any violation is a kInput error.
+StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin);
+
+// Conveniences for the common dtypes. The builders copy product(shape) elements from `p`.
+StTensor st_f32(const std::string& name, const std::vector<int64_t>& shape, const float* p);
+StTensor st_i64(const std::string& name, const std::vector<int64_t>& shape, const int64_t* p);
+// Copy the elements out; a tensor of another dtype is an input error (it came from a file), named
+// with `origin` (e.g. the checkpoint path) when given.
+std::vector<float> as_f32(const StTensor& t, const std::string& origin = "");
+std::vector<int64_t> as_i64(const StTensor& t, const std::string& origin = "");
+
+}  // namespace dpt

@@ -1,0 +1,116 @@
+// Training: configuration (flags and recipes), SGD with momentum and weight decay over the flat
+// buffers, learning-rate schedules, the data sampler, and the Trainer that runs epochs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dpt/nn.h"
+
+namespace dpt {
+
+struct TrainConfig {
+  std::string model = "lenet";
+  std::string recipe = "default";
+  int epochs = 10;
+  int64_t batch_size = 256;  // global, over all ranks
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";  // constant | step | cosine
+  double warmup_epochs = 1;
+  std::vector<int> step_epochs;  // for schedule=step: multiply by step_gamma at these epochs
+  double step_gamma = 0.1;
+  std::string init = "kaiming";  // kaiming | d2l
+  uint64_t seed = 42;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 1;
+  int64_t max_steps = 0;  // 0 = whole epoch
+  int64_t eval_batch_size = 1000;
+  std::string metrics;  // JSON lines file
+  std::string save;     // safetensors at the end
+  double bucket_mb = 25;
+  bool overlap = true;
+  int accum_steps = 1;
+  bool sync_bn = false;
+  bool scale_lr = false;
+  int64_t verify_every = 0;
+  double timeout = 300;
+  std::string log_level = "info";
+  bool quiet = false;
+
+  std::string to_json() const;  // one line, every field
+  std::string to_text() const;  // "key: value" lines for the start-up banner
+};
+
+// Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
+// input errors naming the flag. Returns false when --help was printed (exit 0).
+bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
+// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests).
+void apply_recipe(TrainConfig* cfg);
+// Checks ranges and the world size (batch divisible by it); throws input errors naming the flag.
+void validate_config(const TrainConfig& cfg, int world_size);
+
+// Learning rate of optimizer step `step` (0-based, counted over the whole run) with
+// `steps_per_epoch` steps an epoch: linear warm-up over cfg.warmup_epochs, then the schedule.
+// cfg.lr is the peak rate (already scaled when --scale-lr is given).
+double learning_rate(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch);
+
+// PyTorch's SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first step); p -= lr * buf.
+class Sgd {
+ public:
+  Sgd(int64_t n, double momentum, double weight_decay)
+      : n_(n), momentum_(momentum), weight_decay_(weight_decay), buf_(momentum > 0 ? n : 0) {}
+  void step(float* params, const float* grads, double lr);
+  std::vector<float>& momentum_buffer() { return buf_; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+ private:
+  int64_t n_;
+  double momentum_, weight_decay_;
+  std::vector<float> buf_;
+  int64_t steps_ = 0;
+};
+
+// Epoch e's order of the training set: one permutation from (seed, e), the same on every rank.
+// Global batch s is positions [s*B, (s+1)*B); rank r takes its B/k slice. The last incomplete
+// batch is dropped, so every rank takes the same number of steps.
+class ShardedSampler {
+ public:
+  ShardedSampler(int64_t dataset_size, int64_t global_batch, int rank, int world, uint64_t seed);
+  void set_epoch(int64_t epoch);
+  int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
+  int64_t local_batch() const { return global_batch_ / world_; }
+  // The indices of this rank's part of global batch `step` (local_batch() of them).
+  const int64_t* local_indices(int64_t step) const;
+
+ private:
+  int64_t dataset_size_, global_batch_;
+  int rank_, world_;
+  uint64_t seed_;
+  std::vector<int64_t> perm_;
+};
+
+// Evaluation split: rank r scores test images [begin, end) so ranks cover each image exactly once.
+std::pair<int64_t, int64_t> eval_range(int64_t n, int rank, int world);
+
+struct EpochMetrics {
+  int epoch = 0;
+  double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
+  int64_t test_count = 0, train_count = 0, steps = 0;
+  double epoch_seconds = 0, images_per_second = 0, lr = 0;
+  double comm_seconds = 0, exposed_comm_seconds = 0;
+  int world_size = 1;
+  std::string to_json() const;
+};
+
+class Communicator;
+
+// Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
+std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);
+
+}  // namespace dpt

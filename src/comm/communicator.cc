@@ -1,0 +1,225 @@
+// The MPI Communicator and the process bootstrap. Waits poll MPI_Test with short sleeps instead of
+// MPI_Wait: a sleeping waiter leaves the core to the compute thread (2 ranks x 2 threads share 2
+// cores here), and polling is what lets every wait end with a clear error after --timeout.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "comm/mpi_check.h"
+#include "dpt/bootstrap.h"
+#include "dpt/comm.h"
+#include "dpt/log.h"
+
+namespace dpt {
+
+namespace {
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kU64: return MPI_UINT64_T;
+    case DType::kU8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides after completion
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+void divide(void* data, int64_t count, DType dt, int n) {
+  if (dt == DType::kF32) {
+    float* p = static_cast<float*>(data);
+    const float inv = 1.f / static_cast<float>(n);
+    for (int64_t i = 0; i < count; ++i) p[i] *= inv;
+  } else if (dt == DType::kF64) {
+    double* p = static_cast<double*>(data);
+    for (int64_t i = 0; i < count; ++i) p[i] /= n;
+  } else {
+    throw Error(ErrorKind::kInternal, "ReduceOp::kAvg needs a floating-point type");
+  }
+}
+
+// Polls `done` until it returns true, sleeping briefly between polls; throws after `timeout` s.
+template <typename Poll>
+void poll_until(Poll done, double timeout, const std::string& what, int rank) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  int spins = 0;
+  while (!done()) {
+    if (++spins < 64) continue;  // a short spin first: small collectives finish in microseconds
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (timeout > 0 && std::chrono::duration<double>(clock::now() - start).count() > timeout)
+      throw Error(ErrorKind::kInternal,
+                  DPT_MSG(what << " did not complete within --timeout " << timeout
+                               << " s on rank " << rank
+                               << ": a peer rank is stopped, dead or far behind"));
+  }
+}
+
+class MpiRequest : public Request {
+ public:
+  MpiRequest(MPI_Request req, std::string what, double timeout, int rank)
+      : req_(req), what_(std::move(what)), timeout_(timeout), rank_(rank) {}
+  // A request still pending here belongs to a job that is failing (its waiter threw): it is left
+  // alone, since waiting could hang on a dead peer and MPI forbids freeing an active collective.
+  ~MpiRequest() override = default;
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag) finish();
+    return done_;
+  }
+  void wait() override { poll_until([this] { return test(); }, timeout_, what_, rank_); }
+  std::function<void()> on_complete;
+
+ private:
+  void finish() {
+    done_ = true;
+    if (on_complete) on_complete();
+  }
+  MPI_Request req_;
+  std::string what_;
+  double timeout_;
+  int rank_;
+  bool done_ = false;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm parent) {
+    MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_CHECK(MPI_Get_processor_name(name, &len));
+    host_.assign(name, static_cast<size_t>(len));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& host() const override { return host_; }
+  std::unique_ptr<Communicator> duplicate() const override {
+    auto c = std::make_unique<MpiCommunicator>(comm_);
+    c->set_timeout(timeout_);
+    return c;
+  }
+  void set_timeout(double seconds) override { timeout_ = seconds; }
+  double timeout() const override { return timeout_; }
+
+  std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
+                                          const std::string& what) override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op),
+                             comm_, &req));
+    auto r = std::make_unique<MpiRequest>(req, what, timeout_, rank_);
+    if (op == ReduceOp::kAvg) {
+      const int n = size_;
+      r->on_complete = [data, count, dt, n] { divide(data, count, dt, n); };
+    }
+    return r;
+  }
+  std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
+                                          const std::string& what) override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(data, checked_count(count), mpi_type(dt), root, comm_, &req));
+    return std::make_unique<MpiRequest>(req, what, timeout_, rank_);
+  }
+  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
+                  int root) override {
+    MPI_Request req;
+    const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
+    MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op), root, comm_,
+                          &req));
+    MpiRequest r(req, "reduce", timeout_, rank_);
+    r.wait();
+    if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
+  }
+  void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(dt), recv, checked_count(count),
+                             mpi_type(dt), comm_, &req));
+    MpiRequest(req, "allgather", timeout_, rank_).wait();
+  }
+  void barrier() override {
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    MpiRequest(req, "barrier", timeout_, rank_).wait();
+  }
+
+ private:
+  static int checked_count(int64_t count) {
+    DPT_CHECK(count >= 0 && count <= INT32_MAX, "collective count " << count << " out of range");
+    return static_cast<int>(count);
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::string host_;
+  double timeout_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+// ---- bootstrap ---------------------------------------------------------------------------------
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  // Errors come back as codes (checked by MPI_CHECK) instead of aborting inside MPI.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_.rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_.size));
+  MPI_Comm local;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_.rank, MPI_INFO_NULL,
+                                &local));
+  MPI_CHECK(MPI_Comm_rank(local, &world_.local_rank));
+  MPI_CHECK(MPI_Comm_size(local, &world_.local_size));
+  MPI_Comm_free(&local);
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  world_.host.assign(name, static_cast<size_t>(len));
+  set_rank_prefix("[rank " + std::to_string(world_.rank) + "@" + world_.host + "] ");
+  set_log_rank(world_.rank);
+  if (provided < MPI_THREAD_MULTIPLE)
+    log_warn("MPI provides thread level " + std::to_string(provided) +
+             " < MPI_THREAD_MULTIPLE: overlap of communication is disabled");
+  thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void abort_job(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  _exit(code);
+}
+
+}  // namespace dpt

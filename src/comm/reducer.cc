@@ -1,0 +1,247 @@
+// Bucket planning, the Reducer (a communication thread that all-reduces buckets in order while
+// backward runs) and the DataParallel wrapper.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "dpt/ddp.h"
+#include "dpt/error.h"
+#include "dpt/log.h"
+
+namespace dpt {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// FNV-1a over bytes: a cheap, platform-independent hash for cross-rank agreement checks.
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+}  // namespace
+
+std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
+                                 double cap_bytes, double first_cap_bytes) {
+  std::sort(bounds.begin(), bounds.end());
+  std::vector<Bucket> out;
+  for (const auto& [b, e] : bounds) {
+    DPT_CHECK(out.empty() || b == out.back().end, "parameters do not tile the gradient buffer");
+    const double cap = out.size() <= 1 ? first_cap_bytes : cap_bytes;
+    if (out.empty() || static_cast<double>((out.back().size() + (e - b)) * 4) > cap)
+      out.push_back(Bucket{b, e});
+    else
+      out.back().end = e;
+  }
+  return out;
+}
+
+// ---- Reducer ---------------------------------------------------------------------------------
+
+Reducer::Reducer(std::unique_ptr<Communicator> comm, float* grads, std::vector<Bucket> buckets,
+                 bool overlap)
+    : comm_(std::move(comm)), grads_(grads), buckets_(std::move(buckets)), overlap_(overlap) {
+  pending_.resize(buckets_.size());
+  if (comm_->size() > 1) thread_ = std::thread([this] { thread_main(); });
+}
+
+Reducer::~Reducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    // A thread stuck in a failed collective cannot be joined; the process is ending anyway.
+    if (error_) thread_.detach(); else thread_.join();
+  }
+}
+
+void Reducer::begin(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DPT_CHECK(queue_.empty() && completed_ == next_launch_, "Reducer::begin with all-reduces in flight");
+  step_ = step;
+  for (size_t k = 0; k < buckets_.size(); ++k) pending_[k] = buckets_[k].size();
+  next_launch_ = 0;
+  completed_ = 0;
+  comm_seconds_ = 0;
+}
+
+void Reducer::mark_ready(int64_t begin, int64_t end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Buckets are sorted and disjoint: find the first that overlaps and walk forward.
+  auto it = std::upper_bound(buckets_.begin(), buckets_.end(), begin,
+                             [](int64_t v, const Bucket& b) { return v < b.end; });
+  for (; it != buckets_.end() && it->begin < end; ++it) {
+    const int64_t overlap = std::min(end, it->end) - std::max(begin, it->begin);
+    int64_t& left = pending_[static_cast<size_t>(it - buckets_.begin())];
+    left -= overlap;
+    DPT_CHECK(left >= 0, "gradients of bucket " << (it - buckets_.begin())
+                                                << " announced twice in step " << step_);
+  }
+  if (overlap_) launch_ready_locked();
+}
+
+void Reducer::launch_ready_locked() {
+  bool any = false;
+  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
+    if (thread_.joinable()) queue_.push_back(next_launch_);
+    ++next_launch_;
+    any = true;
+  }
+  if (!thread_.joinable()) completed_ = next_launch_;  // one rank: nothing to reduce
+  if (any) cv_.notify_all();
+}
+
+void Reducer::wait() {
+  const double t0 = now_seconds();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    DPT_CHECK(pending_[k] == 0, "bucket " << k << " of step " << step_ << " is missing "
+                                          << pending_[k] << " gradient elements at wait()");
+  launch_ready_locked();
+  cv_.wait(lock, [this] { return completed_ == buckets_.size() || error_; });
+  if (error_) std::rethrow_exception(error_);
+  stats_.exposed_seconds = now_seconds() - t0;
+  stats_.comm_seconds = comm_seconds_;
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+}
+
+void Reducer::thread_main() {
+  for (;;) {
+    size_t k;
+    int64_t step;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      k = queue_.front();
+      queue_.pop_front();
+      step = step_;
+    }
+    try {
+      const Bucket& b = buckets_[k];
+      const double t0 = now_seconds();
+      comm_->allreduce(grads_ + b.begin, b.size(), ReduceOp::kSum,
+                       DPT_MSG("all-reduce of gradient bucket " << k << " (" << b.size()
+                                                                << " floats) in step " << step));
+      const double dt = now_seconds() - t0;
+      std::lock_guard<std::mutex> lock(mu_);
+      comm_seconds_ += dt;
+      ++completed_;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+      return;
+    }
+    cv_.notify_all();
+  }
+}
+
+// ---- DataParallel ------------------------------------------------------------------------------
+
+DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& options)
+    : model_(model), comm_(comm), options_(options) {
+  DPT_INPUT_CHECK(options.bucket_mb > 0, "--bucket-mb must be > 0, got " << options.bucket_mb);
+  check_replicas();
+  ParamStore& store = model_.store();
+  comm_.broadcast(store.params(), store.num_params(), 0, "broadcast of parameters");
+  if (store.num_buffers() > 0)
+    comm_.broadcast(store.buffers(), store.num_buffers(), 0, "broadcast of buffers");
+
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  for (const auto& p : store.entries())
+    if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
+  const double mib = 1024.0 * 1024.0;
+  auto buckets = plan_buckets(bounds, options.bucket_mb * mib,
+                              std::min(options.first_bucket_mb, options.bucket_mb) * mib);
+  // Every rank must issue the same all-reduces: compare the plans once.
+  const uint64_t h = fnv1a(buckets.data(), buckets.size() * sizeof(Bucket));
+  const auto all = comm_.allgather(h);
+  for (int r = 0; r < comm_.size(); ++r)
+    DPT_CHECK(all[static_cast<size_t>(r)] == all[0],
+              "gradient bucket plan of rank " << r << " differs from rank 0's");
+  reducer_ = std::make_unique<Reducer>(comm_.duplicate(), store.grads(), std::move(buckets),
+                                       options.overlap);
+  if (options.sync_bn && comm_.size() > 1) {
+    Communicator* c = &comm_;
+    model_.net().visit([c](Layer& l) {
+      set_batchnorm_sync(l, [c](double* data, int64_t n) {
+        c->allreduce(data, n, ReduceOp::kSum, "sync-bn statistics");
+      });
+    });
+  }
+}
+
+void DataParallel::check_replicas() {
+  // Every rank gathers every rank's signature, so all of them can name the same difference.
+  const std::string sig = model_.signature();
+  const int64_t len = static_cast<int64_t>(sig.size());
+  const auto lens = comm_.allgather(len);
+  const int64_t maxlen = *std::max_element(lens.begin(), lens.end());
+  std::vector<uint8_t> mine(static_cast<size_t>(maxlen), 0), all(static_cast<size_t>(maxlen * comm_.size()));
+  std::memcpy(mine.data(), sig.data(), sig.size());
+  comm_.allgather(mine.data(), all.data(), maxlen);
+  auto sig_of = [&](int r) {
+    return std::string(reinterpret_cast<const char*>(all.data()) + r * maxlen,
+                       static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  };
+  const std::string ref = sig_of(0);
+  for (int r = 1; r < comm_.size(); ++r) {
+    const std::string other = sig_of(r);
+    if (other == ref) continue;
+    // Find the first differing line (tensor).
+    size_t a = 0, b = 0;
+    for (;;) {
+      size_t ea = ref.find('\n', a), eb = other.find('\n', b);
+      std::string la = ref.substr(a, ea == std::string::npos ? std::string::npos : ea - a);
+      std::string lb = other.substr(b, eb == std::string::npos ? std::string::npos : eb - b);
+      if (la != lb || ea == std::string::npos || eb == std::string::npos) {
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG("model replicas differ: rank " << r << " has '"
+                                                           << (lb.empty() ? "(nothing)" : lb)
+                                                           << "' where rank 0 has '"
+                                                           << (la.empty() ? "(nothing)" : la)
+                                                           << "'"));
+      }
+      a = ea + 1;
+      b = eb + 1;
+    }
+  }
+}
+
+void DataParallel::backward(const Tensor& dlogits, int64_t step, bool sync, bool accumulate) {
+  BackwardCtx ctx;
+  ctx.accumulate = accumulate;
+  if (sync) {
+    reducer_->begin(step);
+    Reducer* r = reducer_.get();
+    ctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
+  }
+  model_.backward(dlogits, ctx);
+}
+
+void DataParallel::sync_buffers() {
+  ParamStore& store = model_.store();
+  if (comm_.size() > 1 && store.num_buffers() > 0)
+    comm_.allreduce(store.buffers(), store.num_buffers(), ReduceOp::kAvg,
+                    "all-reduce of BatchNorm running statistics");
+}
+
+void DataParallel::verify_replicas(int64_t step) {
+  ParamStore& store = model_.store();
+  const uint64_t h = fnv1a(store.params(), static_cast<size_t>(store.num_params()) * sizeof(float));
+  const auto all = comm_.allgather(h);
+  std::string bad;
+  for (int r = 1; r < comm_.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (!bad.empty())
+    throw Error(ErrorKind::kInternal,
+                DPT_MSG("replicas diverged at step " << step << ": parameters of rank(s) " << bad
+                                                     << " differ from rank 0's"));
+}
+
+}  // namespace dpt

@@ -1,0 +1,79 @@
+// Logging and the Tensor's out-of-line parts (small core pieces with no better home).
+#include "dpt/log.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "dpt/error.h"
+#include "dpt/tensor.h"
+
+namespace dpt {
+
+namespace {
+LogLevel g_level = LogLevel::kInfo;
+int g_rank = 0;
+}  // namespace
+
+void set_log_level(LogLevel level) { g_level = level; }
+LogLevel log_level() { return g_level; }
+void set_log_rank(int rank) { g_rank = rank; }
+
+LogLevel parse_log_level(const std::string& s) {
+  if (s == "error") return LogLevel::kError;
+  if (s == "warn") return LogLevel::kWarn;
+  if (s == "info") return LogLevel::kInfo;
+  if (s == "debug") return LogLevel::kDebug;
+  throw Error(ErrorKind::kInput, "--log-level: '" + s + "' is not one of error|warn|info|debug");
+}
+
+void log_info(const std::string& msg) {
+  if (g_rank != 0 || g_level < LogLevel::kInfo) return;
+  std::fprintf(stdout, "%s\n", msg.c_str());
+  std::fflush(stdout);
+}
+void log_debug(const std::string& msg) {
+  if (g_level < LogLevel::kDebug) return;
+  std::fprintf(stderr, "%sdebug: %s\n", rank_prefix().c_str(), msg.c_str());
+}
+void log_warn(const std::string& msg) {
+  if (g_level < LogLevel::kWarn) return;
+  std::fprintf(stderr, "%swarning: %s\n", rank_prefix().c_str(), msg.c_str());
+}
+void log_error(const std::string& msg) {
+  std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), msg.c_str());
+  std::fflush(stderr);
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void Tensor::resize(const Shape& shape) {
+  int64_t n = shape_numel(shape);
+  DPT_CHECK(n >= 0, "negative tensor size " << shape_str(shape));
+  if (data_ == nullptr || n > capacity_) {
+    DPT_CHECK(storage_ || data_ == nullptr, "cannot grow a view to " << shape_str(shape));
+    size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+    if (bytes == 0) bytes = 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    DPT_CHECK(p != nullptr, "out of memory allocating " << bytes << " bytes");
+    std::memset(p, 0, bytes);
+    storage_.reset(p);
+    capacity_ = n;
+    data_ = p;
+  }
+  shape_ = shape;
+}
+
+void Tensor::zero() {
+  if (data_) std::memset(data_, 0, static_cast<size_t>(numel()) * sizeof(float));
+}
+
+}  // namespace dpt

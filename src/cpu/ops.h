@@ -1,0 +1,55 @@
+// CPU backend: the element-wise, pooling, normalisation, matrix and loss kernels of every layer
+// (convolution lives in conv.h). 4-D tensors are NHWC; all pointers are dense, non-aliasing.
+// These loops are also the reference the GPU backend is tested against.
+#pragma once
+
+#include <cstdint>
+
+namespace dpt::cpu {
+
+void relu_forward(const float* x, float* y, int64_t n);
+// dx = dy where y > 0 (y is the forward output), else 0.
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n);
+void add(const float* a, const float* b, float* y, int64_t n);
+void add_inplace(float* y, const float* b, int64_t n);
+
+// k x k window, stride s, no padding, floor mode: [N,H,W,C] -> [N,(H-k)/s+1,(W-k)/s+1,C].
+void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                     int s);
+// dx is overwritten (positions no window covers get 0).
+void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                      int s);
+// [N,H,W,C] -> [N,C] mean over H*W.
+void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c);
+void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c);
+
+// BatchNorm over rows of a [M, C] view (M = N*H*W for NHWC). Split into local sums and an apply
+// step so synchronised BatchNorm can all-reduce the sums in between.
+void bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq);
+void bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
+              const float* beta, int64_t m, int64_t c);
+// sum_dy[c] = sum dy, sum_dy_xhat[c] = sum dy * (x - mean) * invstd (local rows only).
+void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd,
+                      int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat);
+// dx = gamma * invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count), count = rows over all replicas.
+void bn_backward_apply(const float* x, const float* dy, const float* mean, const float* invstd,
+                       const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                       double count, int64_t m, int64_t c, float* dx);
+
+// y[n,out] = x[n,in] * W[out,in]^T + b.
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
+                    int64_t in, int64_t out);
+// dx (optional) = dy W; dW (+)= dy^T x; db (+)= sum_n dy. accumulate: add into dW/db.
+void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate);
+
+// NHWC [N,H,W,C] <-> [N, C*H*W] in (c, h, w) order, PyTorch's flatten order.
+void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
+void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
+
+// Softmax cross-entropy on logits [N,K]: returns the summed loss; *correct counts argmax hits;
+// dlogits (optional) = (softmax - onehot) * grad_scale.
+double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                    float grad_scale, float* dlogits, int64_t* correct);
+
+}  // namespace dpt::cpu

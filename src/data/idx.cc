@@ -1,0 +1,355 @@
+// IDX reading (raw or gzip'd, streamed straight into the final buffer) and the image-set loader.
+// A bad dataset file must stop the run before training with a message naming the file and defect.
+#include "dpt/idx.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "dpt/error.h"
+
+namespace dpt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A header that promises more than this is refused before anything is allocated (16 GiB).
+constexpr uint64_t kMaxDataBytes = uint64_t{1} << 34;
+// Deflate cannot expand by more than 1032:1, so a gzip file of N bytes decompresses to at most
+// about 1032*N; a header promising more is truncated, and we learn that without allocating.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+constexpr size_t kInChunk = size_t{1} << 20;
+
+std::string dims_string(const std::vector<int64_t>& dims) {
+  std::ostringstream os;
+  for (size_t i = 0; i < dims.size(); ++i) os << (i ? "x" : "") << dims[i];
+  return os.str();
+}
+
+std::string hex_byte(uint8_t b) {
+  static const char* digits = "0123456789ABCDEF";
+  return std::string("0x") + digits[b >> 4] + digits[b & 15];
+}
+
+const char* dtype_name(uint8_t code) {
+  switch (code) {
+    case 0x08: return "unsigned byte";
+    case 0x09: return "signed byte";
+    case 0x0B: return "int16";
+    case 0x0C: return "int32";
+    case 0x0D: return "float32";
+    case 0x0E: return "float64";
+    default: return "not an IDX dtype";
+  }
+}
+
+// The decoded bytes of a file, whether raw or gzip'd, so the IDX parser is written once.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Copies up to n bytes into out; returns fewer only at the end of the data.
+  virtual size_t read(uint8_t* out, size_t n) = 0;
+  // Consumes and counts whatever is left (only called to report trailing bytes).
+  virtual uint64_t count_rest() = 0;
+  // An upper bound on the bytes still to come, checked before a header-sized allocation.
+  virtual uint64_t max_rest() const = 0;
+  // Why max_rest() is the bound, for the "truncated" message.
+  virtual std::string bound_note() const = 0;
+};
+
+class RawSource : public ByteSource {
+ public:
+  RawSource(const std::string& path, std::ifstream& in, uint64_t size)
+      : path_(path), in_(in), size_(size) {}
+
+  size_t read(uint8_t* out, size_t n) override {
+    if (n == 0 || pos_ >= size_) return 0;
+    in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n));
+    DPT_INPUT_CHECK(!in_.bad(), path_ << ": read error: " << std::strerror(errno));
+    const size_t got = static_cast<size_t>(in_.gcount());
+    pos_ += got;
+    return got;
+  }
+  // The size is known up front, so trailing bytes need not be read.
+  uint64_t count_rest() override { return size_ > pos_ ? size_ - pos_ : 0; }
+  uint64_t max_rest() const override { return size_ > pos_ ? size_ - pos_ : 0; }
+  std::string bound_note() const override {
+    return DPT_MSG("file has " << max_rest());
+  }
+
+ private:
+  const std::string& path_;
+  std::ifstream& in_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+};
+
+// Inflates a gzip file chunk by chunk into the caller's buffer (no intermediate copy of the
+// decompressed data). Concatenated gzip members are read as one stream, as gzip(1) does.
+class GzipSource : public ByteSource {
+ public:
+  GzipSource(const std::string& path, std::ifstream& in, uint64_t size)
+      : path_(path), in_(in), size_(size), in_buf_(kInChunk) {
+    std::memset(&zs_, 0, sizeof(zs_));
+    const int ret = inflateInit2(&zs_, 16 + MAX_WBITS);  // 16+: gzip wrapper only
+    DPT_CHECK(ret == Z_OK, "inflateInit2 failed with code " << ret);
+  }
+  ~GzipSource() override { inflateEnd(&zs_); }
+  GzipSource(const GzipSource&) = delete;
+  GzipSource& operator=(const GzipSource&) = delete;
+
+  size_t read(uint8_t* out, size_t n) override {
+    size_t done = 0;
+    while (done < n && !finished_) {
+      // avail_out is a uInt: feed huge requests in 1 GiB slices.
+      const size_t want = std::min(n - done, size_t{1} << 30);
+      zs_.next_out = out + done;
+      zs_.avail_out = static_cast<uInt>(want);
+      if (zs_.avail_in == 0) refill();
+      const int ret = inflate(&zs_, Z_NO_FLUSH);
+      const size_t made = want - zs_.avail_out;
+      done += made;
+      produced_ += made;
+      if (ret == Z_STREAM_END) {
+        next_member();
+      } else if (ret == Z_BUF_ERROR) {
+        // No progress was possible with output space left: the compressed input ran out.
+        DPT_INPUT_CHECK(!(input_eof_ && zs_.avail_in == 0),
+                        path_ << ": truncated gzip stream: the compressed data ends before the "
+                              << "gzip trailer (after " << produced_ << " decompressed bytes)");
+      } else {
+        DPT_CHECK(ret != Z_MEM_ERROR && ret != Z_STREAM_ERROR,
+                  path_ << ": zlib inflate failed with code " << ret);
+        DPT_INPUT_CHECK(ret == Z_OK, path_ << ": corrupted gzip stream: "
+                                           << (zs_.msg ? zs_.msg : "inflate error") << " (after "
+                                           << produced_ << " decompressed bytes)");
+      }
+    }
+    return done;
+  }
+
+  uint64_t count_rest() override {
+    std::vector<uint8_t> scratch(size_t{1} << 16);
+    uint64_t total = 0;
+    while (size_t got = read(scratch.data(), scratch.size())) total += got;
+    return total;
+  }
+  uint64_t max_rest() const override { return size_ * kMaxDeflateRatio + 1024; }
+  std::string bound_note() const override {
+    return DPT_MSG("but a gzip file of " << size_ << " bytes decompresses to at most "
+                                         << max_rest());
+  }
+
+ private:
+  void refill() {
+    if (input_eof_) return;
+    in_.read(reinterpret_cast<char*>(in_buf_.data()), static_cast<std::streamsize>(kInChunk));
+    DPT_INPUT_CHECK(!in_.bad(), path_ << ": read error: " << std::strerror(errno));
+    const size_t got = static_cast<size_t>(in_.gcount());
+    file_pos_ += got;
+    if (got < kInChunk) input_eof_ = true;
+    zs_.next_in = in_buf_.data();
+    zs_.avail_in = static_cast<uInt>(got);
+  }
+
+  // After one member's trailer: either the file ends, or another gzip member follows. Anything
+  // else is garbage appended to the file, which we refuse rather than silently ignore.
+  void next_member() {
+    if (zs_.avail_in == 0) refill();
+    if (zs_.avail_in == 0) {
+      finished_ = true;
+      return;
+    }
+    const uint64_t left = zs_.avail_in + (size_ > file_pos_ ? size_ - file_pos_ : 0);
+    DPT_INPUT_CHECK(zs_.next_in[0] == 0x1f, path_ << ": corrupted gzip file: " << left
+                                                  << " trailing bytes after the end of the gzip "
+                                                  << "stream");
+    const int ret = inflateReset(&zs_);
+    DPT_CHECK(ret == Z_OK, "inflateReset failed with code " << ret);
+  }
+
+  const std::string& path_;
+  std::ifstream& in_;
+  uint64_t size_;
+  std::vector<uint8_t> in_buf_;
+  z_stream zs_;
+  uint64_t file_pos_ = 0;
+  uint64_t produced_ = 0;
+  bool input_eof_ = false;
+  bool finished_ = false;
+};
+
+// Reads exactly n bytes of header or reports which header field the file ended in.
+void read_header_bytes(ByteSource& src, const std::string& path, uint8_t* out, size_t n,
+                       size_t offset, const char* field) {
+  const size_t got = src.read(out, n);
+  DPT_INPUT_CHECK(got == n, path << ": truncated header: the data ends at byte " << offset + got
+                                 << ", inside the " << field << " (an IDX header needs "
+                                 << offset + n << " bytes here)");
+}
+
+// Returns dir/<base>.gz, else dir/<base>, else throws naming the directory and both names.
+std::string find_split_file(const std::string& dir, const std::string& base, const char* what) {
+  std::error_code ec;
+  for (const std::string& name : {base + ".gz", base}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::exists(p, ec)) return p.string();
+  }
+  const bool dir_exists = fs::is_directory(dir, ec);
+  DPT_INPUT_CHECK(false, dir << ": no " << what << " file: tried " << base << ".gz and " << base
+                             << (dir_exists ? "" : " (the directory does not exist)"));
+  return {};
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  DPT_INPUT_CHECK(fs::exists(st), path << ": no such file");
+  DPT_INPUT_CHECK(!fs::is_directory(st), path << ": is a directory, not an IDX file");
+
+  std::ifstream in(path, std::ios::binary);
+  DPT_INPUT_CHECK(in.is_open(), path << ": cannot open for reading: " << std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  DPT_INPUT_CHECK(end >= 0, path << ": cannot determine the file size (not a regular file?)");
+  const uint64_t size = static_cast<uint64_t>(end);
+  in.seekg(0, std::ios::beg);
+
+  // Detect gzip by content: datasets are distributed both ways and files get renamed.
+  uint8_t sniff[2] = {0, 0};
+  in.read(reinterpret_cast<char*>(sniff), 2);
+  const bool gzip = in.gcount() == 2 && sniff[0] == 0x1f && sniff[1] == 0x8b;
+  in.clear();
+  in.seekg(0, std::ios::beg);
+
+  std::unique_ptr<ByteSource> src;
+  if (gzip) {
+    src = std::make_unique<GzipSource>(path, in, size);
+  } else {
+    src = std::make_unique<RawSource>(path, in, size);
+  }
+
+  // Header: 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 dims.
+  uint8_t head[4];
+  const size_t got_head = src->read(head, 4);
+  DPT_INPUT_CHECK(got_head == 4, path << ": truncated: " << (gzip ? "decompressed data has" :
+                                                                 "file has")
+                                      << " only " << got_head
+                                      << " bytes, an IDX header needs at least 4");
+  DPT_INPUT_CHECK(head[0] == 0 && head[1] == 0,
+                  path << ": bad magic: the " << (gzip ? "decompressed data starts" : "file starts")
+                       << " with " << hex_byte(head[0]) << " " << hex_byte(head[1])
+                       << ", an IDX file starts with two zero bytes"
+                       << (gzip ? "" : " (and a gzip file with 0x1F 0x8B)"));
+  DPT_INPUT_CHECK(head[2] == 0x08, path << ": unsupported dtype code " << hex_byte(head[2]) << " ("
+                                        << dtype_name(head[2])
+                                        << "): only 0x08 (unsigned byte) is supported");
+  const int ndim = head[3];
+  DPT_INPUT_CHECK(ndim >= 1 && ndim <= 4, path << ": bad ndim " << ndim << ": must be 1..4");
+
+  uint8_t raw_dims[16];
+  read_header_bytes(*src, path, raw_dims, 4 * static_cast<size_t>(ndim), 4, "dimension sizes");
+  IdxArray arr;
+  arr.dims.resize(ndim);
+  for (int i = 0; i < ndim; ++i) {
+    const uint8_t* b = raw_dims + 4 * i;
+    arr.dims[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
+  }
+  for (int i = 0; i < ndim; ++i) {
+    DPT_INPUT_CHECK(arr.dims[i] > 0, path << ": zero dimension: dim " << i << " of "
+                                          << dims_string(arr.dims)
+                                          << " is 0, every dimension must be > 0");
+  }
+  // prod * d > limit  <=>  d > limit / prod (integers), so the check itself cannot overflow.
+  uint64_t expected = 1;
+  for (int64_t d : arr.dims) {
+    DPT_INPUT_CHECK(static_cast<uint64_t>(d) <= kMaxDataBytes / expected,
+                    path << ": absurd size: header says " << dims_string(arr.dims)
+                         << ", more than the limit of " << kMaxDataBytes << " bytes (2^34)");
+    expected *= static_cast<uint64_t>(d);
+  }
+  const std::string promise =
+      DPT_MSG("header says " << dims_string(arr.dims) << " = " << expected << " bytes of data");
+  DPT_INPUT_CHECK(expected <= src->max_rest(),
+                  path << ": truncated: " << promise << ", " << src->bound_note());
+
+  arr.data.resize(expected);
+  const size_t got = src->read(arr.data.data(), expected);
+  DPT_INPUT_CHECK(got == expected, path << ": truncated: " << promise << ", file has " << got
+                                        << (gzip ? " (decompressed)" : ""));
+  const uint64_t rest = src->count_rest();
+  DPT_INPUT_CHECK(rest == 0, path << ": trailing bytes: " << promise << ", file has "
+                                  << expected + rest << (gzip ? " (decompressed)" : "") << " ("
+                                  << rest << " trailing bytes)");
+  return arr;
+}
+
+ImageSet load_image_set(const std::string& dir, const std::string& split, int num_classes) {
+  DPT_INPUT_CHECK(num_classes >= 1 && num_classes <= 256,
+                  "num_classes " << num_classes << " is out of range: uint8 labels allow 1..256");
+  const std::string img_path =
+      find_split_file(dir, split + "-images-idx3-ubyte", (split + " images").c_str());
+  const std::string lbl_path =
+      find_split_file(dir, split + "-labels-idx1-ubyte", (split + " labels").c_str());
+
+  IdxArray img = read_idx(img_path);
+  DPT_INPUT_CHECK(img.dims.size() == 3, img_path << ": wrong ndim: expected 3-D images (n x rows x "
+                                                 << "cols), found " << img.dims.size() << "-D "
+                                                 << dims_string(img.dims));
+  IdxArray lbl = read_idx(lbl_path);
+  DPT_INPUT_CHECK(lbl.dims.size() == 1, lbl_path << ": wrong ndim: expected 1-D labels, found "
+                                                 << lbl.dims.size() << "-D "
+                                                 << dims_string(lbl.dims));
+  DPT_INPUT_CHECK(img.dims[0] == lbl.dims[0],
+                  "image and label counts disagree: " << img_path << " has " << img.dims[0]
+                                                      << " images, " << lbl_path << " has "
+                                                      << lbl.dims[0] << " labels");
+  // Report the first offending label: one is enough to find the broken file.
+  const auto bad = std::find_if(lbl.data.begin(), lbl.data.end(),
+                                [&](uint8_t v) { return v >= num_classes; });
+  DPT_INPUT_CHECK(bad == lbl.data.end(),
+                  lbl_path << ": label out of range: label " << int{*bad}
+                           << " at index " << (bad - lbl.data.begin())
+                           << ", but num_classes is " << num_classes << " (labels must be 0.."
+                           << num_classes - 1 << ")");
+
+  ImageSet set;
+  set.n = img.dims[0];
+  set.rows = img.dims[1];
+  set.cols = img.dims[2];
+  set.images = std::move(img.data);
+  set.labels = std::move(lbl.data);
+  set.num_classes = num_classes;
+  return set;
+}
+
+void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out) {
+  // A table lookup is exact (the same float as x / 255.f) and cheaper than a divide per pixel.
+  static const std::array<float, 256> kTable = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(i) / 255.f;
+    return t;
+  }();
+  DPT_CHECK(count >= 0, "images_to_float: negative count " << count);
+  const int64_t per = set.rows * set.cols;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t idx = indices[i];
+    DPT_CHECK(idx >= 0 && idx < set.n,
+              "images_to_float: image index " << idx << " out of range [0, " << set.n << ")");
+    const uint8_t* src = set.images.data() + idx * per;
+    float* dst = out + i * per;
+    for (int64_t p = 0; p < per; ++p) dst[p] = kTable[src[p]];
+  }
+}
+
+}  // namespace dpt

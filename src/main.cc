@@ -1,0 +1,40 @@
+// dptrain: parses flags, starts MPI, runs training. Any error is printed once and ends every rank
+// with a nonzero code (2 for bad input, 3 for failures) instead of leaving peers waiting.
+#include <cstdio>
+
+#include "dpt/bootstrap.h"
+#include "dpt/comm.h"
+#include "dpt/error.h"
+#include "dpt/log.h"
+#include "dpt/train.h"
+
+int main(int argc, char** argv) {
+  dpt::MpiSession mpi(&argc, &argv);
+  const int world = mpi.world().size;
+  dpt::TrainConfig cfg;
+  try {
+    // Flag errors are the same on every rank: rank 0 reports, all exit with 2 without an abort.
+    std::string help;
+    if (!dpt::parse_config(argc, argv, &cfg, &help)) {
+      if (mpi.world().rank == 0) std::printf("%s", help.c_str());
+      return 0;
+    }
+    dpt::validate_config(cfg, world);
+  } catch (const dpt::Error& e) {
+    if (mpi.world().rank == 0) std::fprintf(stderr, "dptrain: error: %s\n", e.what());
+    return e.exit_code();
+  }
+  try {
+    auto comm = dpt::make_mpi_communicator();
+    dpt::run_training(cfg, *comm);
+  } catch (const dpt::Error& e) {
+    dpt::log_error(e.what());
+    if (world > 1) dpt::abort_job(e.exit_code());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    dpt::log_error(std::string("unexpected failure: ") + e.what());
+    if (world > 1) dpt::abort_job(3);
+    return 3;
+  }
+  return 0;
+}

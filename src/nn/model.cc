@@ -1,0 +1,135 @@
+// ParamStore (flat buffers in backward order), gradient-ready announcements, and Model.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "dpt/error.h"
+#include "dpt/nn.h"
+#include "dpt/rng.h"
+
+namespace dpt {
+
+Param* ParamStore::add_param(const std::string& name, const Shape& shape, Init init,
+                             int64_t fan_in, int64_t fan_out) {
+  DPT_CHECK(!finalized_, "parameter " << name << " registered after finalize()");
+  DPT_CHECK(find(name) == nullptr, "duplicate parameter name " << name);
+  Param& p = entries_.emplace_back();
+  p.name = name;
+  p.shape = shape;
+  p.init = init;
+  p.fan_in = fan_in;
+  p.fan_out = fan_out;
+  return &p;
+}
+
+Param* ParamStore::add_buffer(const std::string& name, const Shape& shape, Init init,
+                              bool counter) {
+  Param* p = add_param(name, shape, init, 0, 0);
+  p->is_buffer = true;
+  p->is_counter = counter;
+  return p;
+}
+
+Param* ParamStore::find(const std::string& name) {
+  for (auto& p : entries_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void ParamStore::finalize() {
+  DPT_CHECK(!finalized_, "finalize() called twice");
+  num_params_ = num_buffers_ = 0;
+  // Backward produces gradients last-registered first: lay parameters out in that order.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+    if (!it->is_buffer) {
+      it->offset = num_params_;
+      num_params_ += it->numel();
+    }
+  for (auto& p : entries_)
+    if (p.is_buffer) {
+      p.offset = num_buffers_;
+      num_buffers_ += p.numel();
+    }
+  params_.resize({num_params_});
+  grads_.resize({num_params_});
+  buffers_.resize({std::max<int64_t>(num_buffers_, 1)});
+  for (auto& p : entries_) {
+    if (p.is_buffer) {
+      p.value = Tensor::view(buffers_.data() + p.offset, p.shape);
+    } else {
+      p.value = Tensor::view(params_.data() + p.offset, p.shape);
+      p.grad = Tensor::view(grads_.data() + p.offset, p.shape);
+    }
+  }
+  finalized_ = true;
+}
+
+void BackwardCtx::ready(const std::vector<Param*>& params) const {
+  if (!on_ready || params.empty()) return;
+  int64_t begin = params[0]->offset, end = begin;
+  for (const Param* p : params) {
+    begin = std::min(begin, p->offset);
+    end = std::max(end, p->offset + p->numel());
+  }
+  on_ready(begin, end);
+}
+
+Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes)
+    : name_(std::move(name)), net_(std::move(net)), input_shape_(std::move(input_shape)),
+      num_classes_(num_classes) {
+  Shape out = net_->build(input_shape_, store_, "");
+  DPT_CHECK(out == Shape{num_classes_}, name_ << " produces " << shape_str(out) << ", expected ["
+                                               << num_classes_ << "]");
+  store_.finalize();
+}
+
+void Model::init_parameters(const std::string& scheme, uint64_t seed) {
+  DPT_INPUT_CHECK(scheme == "kaiming" || scheme == "d2l",
+                  "unknown initialisation '" << scheme << "' (kaiming|d2l)");
+  Rng rng(seed);
+  for (auto& p : store_.entries()) {
+    float* v = p.value.data();
+    const int64_t n = p.numel();
+    switch (p.init) {
+      case Init::kWeight: {
+        const double stddev =
+            scheme == "d2l" ? 0.01 : std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(p.fan_in, 1)));
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(stddev * rng.normal());
+        break;
+      }
+      case Init::kOnes:
+        std::fill(v, v + n, 1.f);
+        break;
+      case Init::kBias:
+      case Init::kZeros:
+        std::fill(v, v + n, 0.f);
+        break;
+    }
+  }
+}
+
+const Tensor& Model::forward(const Tensor& x, Mode mode) {
+  DPT_CHECK(x.rank() == 4 && Shape(x.shape().begin() + 1, x.shape().end()) == input_shape_,
+            name_ << ": input " << shape_str(x.shape()) << " is not [N, " << shape_str(input_shape_)
+                  << "]");
+  input_ = &x;
+  net_->forward(x, logits_, mode);
+  return logits_;
+}
+
+void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
+  DPT_CHECK(input_ != nullptr, "backward before forward");
+  DPT_CHECK(dlogits.shape() == logits_.shape(), "dlogits " << shape_str(dlogits.shape())
+                                                           << " != logits " << shape_str(logits_.shape()));
+  net_->backward(*input_, logits_, dlogits, nullptr, ctx);
+}
+
+std::string Model::signature() const {
+  std::ostringstream os;
+  os << name_ << "\n";
+  for (const auto& p : store_.entries())
+    os << p.name << " " << shape_str(p.shape) << (p.is_buffer ? " buffer" : " param") << " f32\n";
+  return os.str();
+}
+
+}  // namespace dpt

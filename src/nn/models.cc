@@ -1,0 +1,50 @@
+// The d2l chapter's two models, built from layers: LeNet (§12.5) and the modified ResNet-18
+// (§12.6) for 28x28 single-channel images. Names follow PyTorch's state_dict scheme.
+#include "dpt/error.h"
+#include "dpt/nn.h"
+
+namespace dpt {
+
+namespace {
+
+std::unique_ptr<Sequential> lenet(int num_classes) {
+  auto net = std::make_unique<Sequential>();
+  net->add("conv1", make_conv2d(20, 3))
+      .add("", make_relu())
+      .add("", make_avgpool2d(2, 2))
+      .add("conv2", make_conv2d(50, 5))
+      .add("", make_relu())
+      .add("", make_avgpool2d(2, 2))
+      .add("", make_flatten())
+      .add("fc1", make_linear(128))
+      .add("", make_relu())
+      .add("fc2", make_linear(num_classes));
+  return net;
+}
+
+std::unique_ptr<Sequential> resnet18(int num_classes) {
+  auto net = std::make_unique<Sequential>();
+  net->add("conv1", make_conv2d(64, 3, 1, 1)).add("bn1", make_batchnorm2d()).add("", make_relu());
+  const int64_t channels[4] = {64, 128, 256, 512};
+  for (int stage = 0; stage < 4; ++stage) {
+    auto blocks = std::make_unique<Sequential>();
+    const bool first = stage == 0;  // the first stage keeps the resolution and has no 1x1 conv
+    blocks->add("0", make_residual(channels[stage], !first, first ? 1 : 2));
+    blocks->add("1", make_residual(channels[stage], false, 1));
+    net->add("layer" + std::to_string(stage + 1), std::move(blocks));
+  }
+  net->add("", make_global_avgpool()).add("fc", make_linear(num_classes));
+  return net;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes) {
+  const Shape input{28, 28, 1};
+  if (name == "lenet") return std::make_unique<Model>(name, lenet(num_classes), input, num_classes);
+  if (name == "resnet18")
+    return std::make_unique<Model>(name, resnet18(num_classes), input, num_classes);
+  throw Error(ErrorKind::kInput, "--model: unknown model '" + name + "' (lenet|resnet18)");
+}
+
+}  // namespace dpt

@@ -1,0 +1,210 @@
+// Command-line flags (cxxopts), recipes and validation of TrainConfig. A recipe sets the defaults
+// of the optimisation flags; a flag given explicitly always wins.
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <sstream>
+
+#include "dpt/error.h"
+#include "dpt/train.h"
+
+namespace dpt {
+
+void apply_recipe(TrainConfig* c) {
+  DPT_INPUT_CHECK(c->model == "lenet" || c->model == "resnet18",
+                  "--model: unknown model '" << c->model << "' (lenet|resnet18)");
+  if (c->recipe == "d2l") {
+    // The seed chapter exactly: N(0, 0.01) weights, zero biases, plain SGD, constant rate.
+    c->init = "d2l";
+    c->lr = c->model == "lenet" ? 0.2 : 0.1;
+    c->momentum = 0;
+    c->weight_decay = 0;
+    c->schedule = "constant";
+    c->warmup_epochs = 0;
+  } else if (c->recipe == "default") {
+    // He init + SGD momentum 0.9, weight decay 5e-4, one warm-up epoch, cosine decay to 0.
+    c->init = "kaiming";
+    c->lr = c->model == "lenet" ? 0.05 : 0.1;
+    c->momentum = 0.9;
+    c->weight_decay = 5e-4;
+    c->schedule = "cosine";
+    c->warmup_epochs = 1;
+  } else {
+    throw Error(ErrorKind::kInput, "--recipe: unknown recipe '" + c->recipe + "' (default|d2l)");
+  }
+}
+
+bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {
+  TrainConfig d;  // the built-in defaults shown in --help
+  cxxopts::Options opts("dptrain", "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST "
+                                   "(launch with mpirun or srun; one rank per GPU or CPU slot)");
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  // clang-format off
+  opts.add_options("Model and recipe")
+    ("model", "lenet | resnet18", cxxopts::value<std::string>()->default_value(d.model))
+    ("recipe", "default (He init, momentum 0.9, wd 5e-4, warm-up 1 epoch, cosine; lr 0.05 lenet, "
+               "0.1 resnet18) | d2l (the seed: N(0,0.01) init, plain SGD, lr 0.2 lenet / 0.1 resnet18)",
+     cxxopts::value<std::string>()->default_value(d.recipe))
+    ("epochs", "Training epochs", cxxopts::value<int>()->default_value(s(d.epochs)))
+    ("batch-size", "Global batch size (split evenly over ranks)",
+     cxxopts::value<int64_t>()->default_value(s(d.batch_size)))
+    ("lr", "Peak learning rate (default: from the recipe)", cxxopts::value<double>())
+    ("momentum", "SGD momentum (default: from the recipe)", cxxopts::value<double>())
+    ("weight-decay", "L2 weight decay (default: from the recipe)", cxxopts::value<double>())
+    ("schedule", "constant | step | cosine (default: from the recipe)", cxxopts::value<std::string>())
+    ("warmup-epochs", "Linear warm-up epochs (default: from the recipe)", cxxopts::value<double>())
+    ("step-epochs", "Epochs at which schedule=step multiplies the rate by --step-gamma, e.g. 5,8",
+     cxxopts::value<std::vector<int>>())
+    ("step-gamma", "Factor of schedule=step", cxxopts::value<double>()->default_value(s(d.step_gamma)))
+    ("init", "kaiming | d2l (default: from the recipe)", cxxopts::value<std::string>())
+    ("seed", "Seed of initialisation and data order", cxxopts::value<uint64_t>()->default_value(s(d.seed)))
+    ("scale-lr", "Linear scaling rule: lr *= batch/256, with at least 1 warm-up epoch");
+  opts.add_options("Data and device")
+    ("data", "Directory of IDX files (train-/t10k-images-idx3-ubyte[.gz], ...-labels-idx1-ubyte[.gz])",
+     cxxopts::value<std::string>()->default_value(d.data))
+    ("device", "auto | cpu | cuda", cxxopts::value<std::string>()->default_value(d.device))
+    ("threads", "Compute threads per rank", cxxopts::value<int>()->default_value(s(d.threads)))
+    ("max-steps", "At most N training steps per epoch (0 = all)",
+     cxxopts::value<int64_t>()->default_value(s(d.max_steps)))
+    ("eval-batch-size", "Batch size of evaluation", cxxopts::value<int64_t>()->default_value(s(d.eval_batch_size)));
+  opts.add_options("Data parallelism")
+    ("bucket-mb", "Gradient bucket cap in MiB (the first bucket is capped at 1 MiB)",
+     cxxopts::value<double>()->default_value(s(d.bucket_mb)))
+    ("no-overlap", "All-reduce after backward instead of during it")
+    ("accum-steps", "Gradient accumulation micro-steps per optimizer step",
+     cxxopts::value<int>()->default_value(s(d.accum_steps)))
+    ("sync-bn", "Share BatchNorm batch statistics across ranks")
+    ("verify-every", "Compare parameter checksums across ranks every N steps (0 = never)",
+     cxxopts::value<int64_t>()->default_value(s(d.verify_every)))
+    ("timeout", "Seconds a collective may take before every rank stops (0 = never)",
+     cxxopts::value<double>()->default_value(s(d.timeout)));
+  opts.add_options("Output")
+    ("metrics", "Write one JSON line per epoch to FILE", cxxopts::value<std::string>())
+    ("save", "Write parameters and buffers to FILE (safetensors) at the end", cxxopts::value<std::string>())
+    ("log-level", "error | warn | info | debug", cxxopts::value<std::string>()->default_value(d.log_level))
+    ("quiet", "Print only errors and the final line")
+    ("h,help", "Print this help");
+  // clang-format on
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kInput, std::string(e.what()) + " (see dptrain --help)");
+  }
+  if (r.count("help")) {
+    *help_text = opts.help();
+    return false;
+  }
+  DPT_INPUT_CHECK(r.unmatched().empty(), "unexpected argument '" << r.unmatched()[0]
+                                                                 << "' (see dptrain --help)");
+  try {
+    cfg->model = r["model"].as<std::string>();
+    cfg->recipe = r["recipe"].as<std::string>();
+    apply_recipe(cfg);
+    cfg->epochs = r["epochs"].as<int>();
+    cfg->batch_size = r["batch-size"].as<int64_t>();
+    if (r.count("lr")) cfg->lr = r["lr"].as<double>();
+    if (r.count("momentum")) cfg->momentum = r["momentum"].as<double>();
+    if (r.count("weight-decay")) cfg->weight_decay = r["weight-decay"].as<double>();
+    if (r.count("schedule")) cfg->schedule = r["schedule"].as<std::string>();
+    if (r.count("warmup-epochs")) cfg->warmup_epochs = r["warmup-epochs"].as<double>();
+    if (r.count("step-epochs")) cfg->step_epochs = r["step-epochs"].as<std::vector<int>>();
+    cfg->step_gamma = r["step-gamma"].as<double>();
+    if (r.count("init")) cfg->init = r["init"].as<std::string>();
+    cfg->seed = r["seed"].as<uint64_t>();
+    cfg->scale_lr = r.count("scale-lr") > 0;
+    cfg->data = r["data"].as<std::string>();
+    cfg->device = r["device"].as<std::string>();
+    cfg->threads = r["threads"].as<int>();
+    cfg->max_steps = r["max-steps"].as<int64_t>();
+    cfg->eval_batch_size = r["eval-batch-size"].as<int64_t>();
+    cfg->bucket_mb = r["bucket-mb"].as<double>();
+    cfg->overlap = r.count("no-overlap") == 0;
+    cfg->accum_steps = r["accum-steps"].as<int>();
+    cfg->sync_bn = r.count("sync-bn") > 0;
+    cfg->verify_every = r["verify-every"].as<int64_t>();
+    cfg->timeout = r["timeout"].as<double>();
+    if (r.count("metrics")) cfg->metrics = r["metrics"].as<std::string>();
+    if (r.count("save")) cfg->save = r["save"].as<std::string>();
+    cfg->log_level = r["log-level"].as<std::string>();
+    cfg->quiet = r.count("quiet") > 0;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kInput, std::string(e.what()) + " (see dptrain --help)");
+  }
+  return true;
+}
+
+void validate_config(const TrainConfig& c, int world) {
+  DPT_INPUT_CHECK(c.model == "lenet" || c.model == "resnet18",
+                  "--model: unknown model '" << c.model << "' (lenet|resnet18)");
+  DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);
+  DPT_INPUT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got " << c.batch_size);
+  DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr must be > 0, got " << c.lr);
+  DPT_INPUT_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1), got " << c.momentum);
+  DPT_INPUT_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0, got " << c.weight_decay);
+  DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
+                  "--schedule: '" << c.schedule << "' is not constant|step|cosine");
+  DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);
+  DPT_INPUT_CHECK(c.step_gamma > 0, "--step-gamma must be > 0, got " << c.step_gamma);
+  DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l", "--init: '" << c.init << "' is not kaiming|d2l");
+  DPT_INPUT_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda",
+                  "--device: '" << c.device << "' is not auto|cpu|cuda");
+  DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads must be in 1..1024, got " << c.threads);
+  DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
+  DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
+  DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "--bucket-mb must be > 0, got " << c.bucket_mb);
+  DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
+  DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
+  DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
+  DPT_INPUT_CHECK(c.batch_size % world == 0,
+                  "--batch-size " << c.batch_size << " is not divisible by the world size " << world
+                                  << " (each rank takes batch/world images a step)");
+}
+
+double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
+  const double t = static_cast<double>(step) / static_cast<double>(spe);
+  if (c.warmup_epochs > 0 && t < c.warmup_epochs)
+    return c.lr * static_cast<double>(step + 1) / (c.warmup_epochs * static_cast<double>(spe));
+  if (c.schedule == "step") {
+    double lr = c.lr;
+    for (int e : c.step_epochs)
+      if (t >= e) lr *= c.step_gamma;
+    return lr;
+  }
+  if (c.schedule == "cosine") {
+    const double span = std::max(1e-9, c.epochs - c.warmup_epochs);
+    const double u = std::min(1.0, std::max(0.0, (t - c.warmup_epochs) / span));
+    return c.lr * 0.5 * (1.0 + std::cos(M_PI * u));
+  }
+  return c.lr;
+}
+
+std::string TrainConfig::to_json() const {
+  nlohmann::json j = {{"model", model}, {"recipe", recipe}, {"epochs", epochs},
+                      {"batch_size", batch_size}, {"lr", lr}, {"momentum", momentum},
+                      {"weight_decay", weight_decay}, {"schedule", schedule},
+                      {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
+                      {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
+                      {"device", device}, {"threads", threads}, {"max_steps", max_steps},
+                      {"eval_batch_size", eval_batch_size}, {"metrics", metrics}, {"save", save},
+                      {"bucket_mb", bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
+                      {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
+                      {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}};
+  return j.dump();
+}
+
+std::string TrainConfig::to_text() const {
+  auto j = nlohmann::json::parse(to_json());
+  std::ostringstream os;
+  for (auto it = j.begin(); it != j.end(); ++it) os << "  " << it.key() << ": " << it.value().dump() << "\n";
+  return os.str();
+}
+
+}  // namespace dpt

@@ -1,0 +1,78 @@
+// SGD over the flat buffers, the per-epoch sharded sampler, the evaluation split and the metrics
+// record: the small pieces of training with exact, testable semantics.
+#include <nlohmann/json.hpp>
+
+#include "dpt/error.h"
+#include "dpt/rng.h"
+#include "dpt/train.h"
+
+namespace dpt {
+
+void Sgd::step(float* p, const float* g, double lr) {
+  const float wd = static_cast<float>(weight_decay_), mom = static_cast<float>(momentum_);
+  const float a = static_cast<float>(lr);
+  const int64_t n = n_;
+  if (mom > 0) {
+    float* buf = buf_.data();
+    const bool first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      buf[i] = first ? d : mom * buf[i] + d;
+      p[i] -= a * buf[i];
+    }
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] -= a * (g[i] + wd * p[i]);
+  }
+  ++steps_;
+}
+
+ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t global_batch, int rank, int world,
+                               uint64_t seed)
+    : dataset_size_(dataset_size), global_batch_(global_batch), rank_(rank), world_(world),
+      seed_(seed) {
+  DPT_INPUT_CHECK(global_batch % world == 0, "--batch-size " << global_batch
+                                                             << " is not divisible by the world size "
+                                                             << world);
+  DPT_INPUT_CHECK(global_batch <= dataset_size, "--batch-size " << global_batch
+                                                                << " exceeds the training set ("
+                                                                << dataset_size << " images)");
+  set_epoch(0);
+}
+
+void ShardedSampler::set_epoch(int64_t epoch) {
+  perm_ = Rng::derive(seed_, static_cast<uint64_t>(epoch), 0x5a3b1e).permutation(dataset_size_);
+}
+
+const int64_t* ShardedSampler::local_indices(int64_t step) const {
+  DPT_CHECK(step >= 0 && step < steps_per_epoch(), "step " << step << " out of range");
+  return perm_.data() + step * global_batch_ + rank_ * local_batch();
+}
+
+std::pair<int64_t, int64_t> eval_range(int64_t n, int rank, int world) {
+  // Balanced contiguous split: the first n % world ranks take one extra image.
+  const int64_t base = n / world, extra = n % world;
+  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+  return {begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+std::string EpochMetrics::to_json() const {
+  nlohmann::json j = {{"epoch", epoch},
+                      {"train_loss", train_loss},
+                      {"train_acc", train_acc},
+                      {"test_loss", test_loss},
+                      {"test_acc", test_acc},
+                      {"test_count", test_count},
+                      {"train_count", train_count},
+                      {"steps", steps},
+                      {"lr", lr},
+                      {"epoch_seconds", epoch_seconds},
+                      {"images_per_second", images_per_second},
+                      {"comm_seconds", comm_seconds},
+                      {"exposed_comm_seconds", exposed_comm_seconds},
+                      {"world_size", world_size}};
+  return j.dump();
+}
+
+}  // namespace dpt

@@ -1,0 +1,405 @@
+// safetensors I/O: a strict parser (also the libFuzzer entry point's target, so it must survive any
+// byte string without UB) and a crash-safe writer (temp file + fsync + rename).
+#include "dpt/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "dpt/error.h"
+
+namespace dpt {
+
+// Tensor bytes are copied verbatim between memory and file, which is only correct on a
+// little-endian host (every platform this project targets).
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes little-endian");
+
+namespace {
+
+using nlohmann::json;
+
+// Headers of real checkpoints are a few KB; the cap keeps a hostile length from driving a huge
+// allocation (the same limit the reference implementation uses).
+constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
+// A valid header nests 3 deep (object -> entry -> shape array). Bounding the depth before handing
+// the text to nlohmann keeps a fuzzed "[[[[..." from exhausting the stack.
+constexpr int kMaxHeaderDepth = 16;
+constexpr const char* kMetadataKey = "__metadata__";
+
+// product(shape); false when a dimension is negative or the product overflows int64.
+bool checked_numel(const std::vector<int64_t>& shape, int64_t* numel) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
+  }
+  *numel = n;
+  return true;
+}
+
+// product(shape) * element size in bytes; false on overflow (of int64 or size_t).
+bool checked_nbytes(const std::vector<int64_t>& shape, size_t elem, uint64_t* nbytes) {
+  int64_t numel = 0;
+  if (!checked_numel(shape, &numel)) return false;
+  uint64_t n = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(numel), static_cast<uint64_t>(elem), &n))
+    return false;
+  if (n > std::numeric_limits<size_t>::max()) return false;
+  *nbytes = n;
+  return true;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Maximum bracket nesting of JSON text, ignoring brackets inside strings. Stops early (returning
+// a value above `limit`) so the scan is linear and cheap.
+int json_depth(const char* p, size_t n, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < n; ++i) {
+    char c = p[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > limit) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+// A JSON value that is a non-negative integer fitting in int64 (nlohmann stores those as
+// unsigned; negative integers and floats are rejected by the callers with their own message).
+bool as_nonneg_int(const json& v, uint64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  uint64_t u = v.get<uint64_t>();
+  if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+  *out = u;
+  return true;
+}
+
+// One header entry as parsed, before its bytes are copied out.
+struct Entry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
+                  const std::string& origin) {
+  DPT_INPUT_CHECK(!name.empty(), origin << ": safetensors header has a tensor with an empty name");
+  DPT_INPUT_CHECK(v.is_object(), origin << ": tensor '" << name << "': header entry is a "
+                                        << v.type_name() << ", expected an object");
+  Entry e;
+  e.name = name;
+
+  auto dt = v.find("dtype");
+  DPT_INPUT_CHECK(dt != v.end(), origin << ": tensor '" << name << "': missing \"dtype\"");
+  DPT_INPUT_CHECK(dt->is_string(), origin << ": tensor '" << name << "': \"dtype\" is a "
+                                          << dt->type_name() << ", expected a string");
+  e.dtype = dt->get<std::string>();
+  size_t elem = st_dtype_size(e.dtype);
+  DPT_INPUT_CHECK(elem != 0,
+                  origin << ": tensor '" << name << "': unknown dtype \"" << e.dtype << "\"");
+
+  auto sh = v.find("shape");
+  DPT_INPUT_CHECK(sh != v.end(), origin << ": tensor '" << name << "': missing \"shape\"");
+  DPT_INPUT_CHECK(sh->is_array(), origin << ": tensor '" << name << "': \"shape\" is a "
+                                         << sh->type_name() << ", expected an array");
+  for (const json& d : *sh) {
+    uint64_t u = 0;
+    DPT_INPUT_CHECK(as_nonneg_int(d, &u), origin << ": tensor '" << name << "': shape "
+                                                 << sh->dump() << " has " << d.dump()
+                                                 << ", expected non-negative integers");
+    e.shape.push_back(static_cast<int64_t>(u));
+  }
+  uint64_t nbytes = 0;
+  DPT_INPUT_CHECK(checked_nbytes(e.shape, elem, &nbytes),
+                  origin << ": tensor '" << name << "': shape " << shape_str(e.shape)
+                         << " overflows the element count");
+
+  auto off = v.find("data_offsets");
+  DPT_INPUT_CHECK(off != v.end(), origin << ": tensor '" << name << "': missing \"data_offsets\"");
+  DPT_INPUT_CHECK(off->is_array() && off->size() == 2 && as_nonneg_int((*off)[0], &e.begin) &&
+                      as_nonneg_int((*off)[1], &e.end),
+                  origin << ": tensor '" << name << "': \"data_offsets\" is " << off->dump()
+                         << ", expected [begin, end] of non-negative integers");
+  DPT_INPUT_CHECK(e.begin <= e.end, origin << ": tensor '" << name << "': data_offsets [" << e.begin
+                                           << ", " << e.end << "] has begin > end");
+  DPT_INPUT_CHECK(e.end <= data_size, origin << ": tensor '" << name << "': data_offsets ["
+                                             << e.begin << ", " << e.end
+                                             << "] out of range: the data section has " << data_size
+                                             << " bytes (file truncated?)");
+  DPT_INPUT_CHECK(e.end - e.begin == nbytes,
+                  origin << ": tensor '" << name << "': data_offsets [" << e.begin << ", " << e.end
+                         << "] span " << (e.end - e.begin) << " bytes but shape "
+                         << shape_str(e.shape) << " of " << e.dtype << " needs " << nbytes);
+  return e;
+}
+
+// Closes and unlinks a half-written temp file unless the write succeeded.
+struct TempFile {
+  std::string path;
+  FILE* f = nullptr;
+  bool committed = false;
+  ~TempFile() {
+    if (f) std::fclose(f);
+    if (!committed) ::unlink(path.c_str());
+  }
+};
+
+std::string dir_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+size_t st_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> kSizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},
+      {"I32", 4},  {"F32", 4}, {"U64", 8}, {"I64", 8},     {"F64", 8},
+  };
+  auto it = kSizes.find(dtype);
+  return it == kSizes.end() ? 0 : it->second;
+}
+
+const StTensor* StFile::find(const std::string& name) const {
+  for (const StTensor& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin) {
+  DPT_INPUT_CHECK(size >= 8, origin << ": not a safetensors file: " << size
+                                    << " bytes, need at least 8 for the header length");
+  uint64_t n = 0;
+  std::memcpy(&n, data, 8);
+  const uint64_t rest = size - 8;
+  DPT_INPUT_CHECK(n <= kMaxHeaderBytes, origin << ": absurd header length " << n << " (limit "
+                                               << kMaxHeaderBytes << " bytes)");
+  DPT_INPUT_CHECK(n <= rest, origin << ": absurd header length " << n << ": only " << rest
+                                    << " bytes follow the length field (file truncated?)");
+  const char* hdr = reinterpret_cast<const char*>(data + 8);
+  DPT_INPUT_CHECK(json_depth(hdr, n, kMaxHeaderDepth) <= kMaxHeaderDepth,
+                  origin << ": safetensors header nests deeper than " << kMaxHeaderDepth);
+
+  json header;
+  try {
+    header = json::parse(hdr, hdr + n);
+  } catch (const json::exception& e) {
+    DPT_INPUT_CHECK(false, origin << ": safetensors header (" << n
+                                  << " bytes) is not valid JSON: " << e.what());
+  }
+  DPT_INPUT_CHECK(header.is_object(), origin << ": safetensors header is a JSON "
+                                             << header.type_name() << ", expected an object");
+
+  const uint64_t data_size = rest - n;
+  const uint8_t* section = data + 8 + n;
+  StFile file;
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == kMetadataKey) {
+      DPT_INPUT_CHECK(it->is_object(), origin << ": \"__metadata__\" is a " << it->type_name()
+                                              << ", expected an object of strings");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        DPT_INPUT_CHECK(m->is_string(), origin << ": metadata '" << m.key() << "' is a "
+                                               << m->type_name() << " (" << m->dump()
+                                               << "), expected a string");
+        file.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(it.key(), *it, data_size, origin));
+  }
+
+  // The reference implementation requires the ranges to tile the data section: sorted by
+  // offset, each starts where the previous ended and the last ends at the end of the file.
+  // Names break ties between empty tensors at one offset, so the order is deterministic.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t cursor = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    DPT_INPUT_CHECK(e.begin >= cursor, origin << ": tensor '" << e.name << "': data_offsets ["
+                                              << e.begin << ", " << e.end << "] overlap tensor '"
+                                              << (prev ? prev->name : "") << "' which ends at "
+                                              << cursor);
+    DPT_INPUT_CHECK(e.begin == cursor, origin << ": tensor '" << e.name << "': data_offsets ["
+                                              << e.begin << ", " << e.end << "] leave a gap of "
+                                              << (e.begin - cursor) << " unused bytes before it");
+    cursor = e.end;
+    prev = &e;
+  }
+  DPT_INPUT_CHECK(cursor == data_size, origin << ": " << (data_size - cursor)
+                                              << " trailing bytes after the last tensor (data "
+                                                 "section has "
+                                              << data_size << " bytes, tensors cover " << cursor
+                                              << ")");
+
+  file.tensors.reserve(entries.size());
+  for (Entry& e : entries) {
+    StTensor t;
+    t.name = std::move(e.name);
+    t.dtype = std::move(e.dtype);
+    t.shape = std::move(e.shape);
+    t.bytes.assign(section + e.begin, section + e.end);
+    file.tensors.push_back(std::move(t));
+  }
+  return file;
+}
+
+StFile read_safetensors(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
+  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
+  struct stat st {};
+  DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0,
+                  "cannot stat safetensors file " << path << ": " << std::strerror(errno));
+  DPT_INPUT_CHECK(S_ISREG(st.st_mode), path << ": not a regular file");
+  std::vector<uint8_t> buf(static_cast<size_t>(st.st_size));
+  size_t got = buf.empty() ? 0 : std::fread(buf.data(), 1, buf.size(), f);
+  DPT_INPUT_CHECK(got == buf.size(), "cannot read safetensors file " << path << ": got " << got
+                                                                     << " of " << buf.size()
+                                                                     << " bytes");
+  return parse_safetensors(buf.data(), buf.size(), path);
+}
+
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Validate everything before touching the disk, so a bad call never clobbers an old file.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const StTensor& t : tensors) {
+    DPT_CHECK(!t.name.empty(), "safetensors " << path << ": tensor with an empty name");
+    DPT_CHECK(t.name != kMetadataKey, "safetensors " << path << ": reserved tensor name");
+    DPT_CHECK(names.insert(t.name).second,
+              "safetensors " << path << ": duplicate tensor name '" << t.name << "'");
+    size_t elem = st_dtype_size(t.dtype);
+    DPT_CHECK(elem != 0, "safetensors " << path << ": tensor '" << t.name << "' dtype " << t.dtype);
+    uint64_t nbytes = 0;
+    DPT_CHECK(checked_nbytes(t.shape, elem, &nbytes) && nbytes == t.bytes.size(),
+              "safetensors " << path << ": tensor '" << t.name << "' has " << t.bytes.size()
+                             << " bytes but shape " << shape_str(t.shape) << " of " << t.dtype
+                             << " needs " << nbytes);
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // names/metadata that are not valid UTF-8
+    DPT_CHECK(false, "safetensors " << path << ": cannot encode header: " << e.what());
+  }
+  // Pad so the data section starts 8-byte aligned, matching the reference writer.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+
+  TempFile tmp;
+  tmp.path = path + ".tmp." + std::to_string(::getpid());
+  tmp.f = std::fopen(tmp.path.c_str(), "wb");
+  DPT_INPUT_CHECK(tmp.f, "cannot create " << tmp.path << " to write checkpoint " << path << ": "
+                                          << std::strerror(errno));
+  auto put = [&](const void* p, size_t len) {
+    DPT_INPUT_CHECK(len == 0 || std::fwrite(p, 1, len, tmp.f) == len,
+                    "cannot write checkpoint " << path << " (via " << tmp.path
+                                               << "): " << std::strerror(errno));
+  };
+  put(&n, 8);
+  put(text.data(), text.size());
+  for (const StTensor& t : tensors) put(t.bytes.data(), t.bytes.size());
+  // fflush then fsync: the bytes must be on disk before the rename makes them the checkpoint.
+  DPT_INPUT_CHECK(
+      std::fflush(tmp.f) == 0 && ::fsync(fileno(tmp.f)) == 0,
+      "cannot write checkpoint " << path << " (via " << tmp.path << "): " << std::strerror(errno));
+  int rc = std::fclose(tmp.f);
+  tmp.f = nullptr;
+  DPT_INPUT_CHECK(rc == 0, "cannot write checkpoint " << path << " (via " << tmp.path
+                                                      << "): " << std::strerror(errno));
+  DPT_INPUT_CHECK(
+      ::rename(tmp.path.c_str(), path.c_str()) == 0,
+      "cannot rename " << tmp.path << " to checkpoint " << path << ": " << std::strerror(errno));
+  tmp.committed = true;
+  // Persist the rename itself. Best effort: some filesystems refuse fsync on directories, and
+  // the file is already complete either way.
+  int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+StTensor st_f32(const std::string& name, const std::vector<int64_t>& shape, const float* p) {
+  int64_t numel = 0;
+  DPT_CHECK(checked_numel(shape, &numel), "tensor '" << name << "' shape " << shape_str(shape));
+  StTensor t{name, "F32", shape, std::vector<uint8_t>(static_cast<size_t>(numel) * 4)};
+  if (numel > 0) std::memcpy(t.bytes.data(), p, t.bytes.size());
+  return t;
+}
+
+StTensor st_i64(const std::string& name, const std::vector<int64_t>& shape, const int64_t* p) {
+  int64_t numel = 0;
+  DPT_CHECK(checked_numel(shape, &numel), "tensor '" << name << "' shape " << shape_str(shape));
+  StTensor t{name, "I64", shape, std::vector<uint8_t>(static_cast<size_t>(numel) * 8)};
+  if (numel > 0) std::memcpy(t.bytes.data(), p, t.bytes.size());
+  return t;
+}
+
+namespace {
+template <typename T>
+std::vector<T> copy_out(const StTensor& t, const char* dtype, const std::string& origin) {
+  const std::string where = origin.empty() ? "" : origin + ": ";
+  DPT_INPUT_CHECK(t.dtype == dtype, where << "tensor '" << t.name << "' has dtype " << t.dtype
+                                          << ", expected " << dtype);
+  uint64_t nbytes = 0;
+  DPT_INPUT_CHECK(checked_nbytes(t.shape, sizeof(T), &nbytes) && nbytes == t.bytes.size(),
+                  where << "tensor '" << t.name << "' has " << t.bytes.size() << " bytes, shape "
+                        << shape_str(t.shape) << " of " << dtype);
+  std::vector<T> out(t.bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+}  // namespace
+
+std::vector<float> as_f32(const StTensor& t, const std::string& origin) {
+  return copy_out<float>(t, "F32", origin);
+}
+
+std::vector<int64_t> as_i64(const StTensor& t, const std::string& origin) {
+  return copy_out<int64_t>(t, "I64", origin);
+}
+
+}  // namespace dpt
