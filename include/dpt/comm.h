@@ -89,5 +89,7 @@ class Communicator {
 
 // MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD.
 std::unique_ptr<Communicator> make_mpi_communicator();
+// A communicator of this process alone (MPI_COMM_SELF): single-replica reference runs in tests.
+std::unique_ptr<Communicator> make_mpi_self_communicator();
 
 }  // namespace dpt

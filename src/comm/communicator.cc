@@ -182,6 +182,10 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
 }
 
+std::unique_ptr<Communicator> make_mpi_self_communicator() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+}
+
 // ---- bootstrap ---------------------------------------------------------------------------------
 
 MpiSession::MpiSession(int* argc, char*** argv) {

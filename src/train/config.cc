@@ -11,6 +11,18 @@
 
 namespace dpt {
 
+namespace {
+// Values are converted here, so a value that does not parse is reported with its flag.
+template <typename T>
+T flag(const cxxopts::ParseResult& r, const char* name) {
+  try {
+    return r[name].as<T>();
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kInput, std::string("--") + name + ": " + e.what());
+  }
+}
+}  // namespace
+
 void apply_recipe(TrainConfig* c) {
   DPT_INPUT_CHECK(c->model == "lenet" || c->model == "resnet18",
                   "--model: unknown model '" << c->model << "' (lenet|resnet18)");
@@ -102,41 +114,37 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   }
   DPT_INPUT_CHECK(r.unmatched().empty(), "unexpected argument '" << r.unmatched()[0]
                                                                  << "' (see dptrain --help)");
-  try {
-    cfg->model = r["model"].as<std::string>();
-    cfg->recipe = r["recipe"].as<std::string>();
+  {
+    cfg->model = flag<std::string>(r, "model");
+    cfg->recipe = flag<std::string>(r, "recipe");
     apply_recipe(cfg);
-    cfg->epochs = r["epochs"].as<int>();
-    cfg->batch_size = r["batch-size"].as<int64_t>();
-    if (r.count("lr")) cfg->lr = r["lr"].as<double>();
-    if (r.count("momentum")) cfg->momentum = r["momentum"].as<double>();
-    if (r.count("weight-decay")) cfg->weight_decay = r["weight-decay"].as<double>();
-    if (r.count("schedule")) cfg->schedule = r["schedule"].as<std::string>();
-    if (r.count("warmup-epochs")) cfg->warmup_epochs = r["warmup-epochs"].as<double>();
-    if (r.count("step-epochs")) cfg->step_epochs = r["step-epochs"].as<std::vector<int>>();
-    cfg->step_gamma = r["step-gamma"].as<double>();
-    if (r.count("init")) cfg->init = r["init"].as<std::string>();
-    cfg->seed = r["seed"].as<uint64_t>();
+    cfg->epochs = flag<int>(r, "epochs");
+    cfg->batch_size = flag<int64_t>(r, "batch-size");
+    if (r.count("lr")) cfg->lr = flag<double>(r, "lr");
+    if (r.count("momentum")) cfg->momentum = flag<double>(r, "momentum");
+    if (r.count("weight-decay")) cfg->weight_decay = flag<double>(r, "weight-decay");
+    if (r.count("schedule")) cfg->schedule = flag<std::string>(r, "schedule");
+    if (r.count("warmup-epochs")) cfg->warmup_epochs = flag<double>(r, "warmup-epochs");
+    if (r.count("step-epochs")) cfg->step_epochs = flag<std::vector<int>>(r, "step-epochs");
+    cfg->step_gamma = flag<double>(r, "step-gamma");
+    if (r.count("init")) cfg->init = flag<std::string>(r, "init");
+    cfg->seed = flag<uint64_t>(r, "seed");
     cfg->scale_lr = r.count("scale-lr") > 0;
-    cfg->data = r["data"].as<std::string>();
-    cfg->device = r["device"].as<std::string>();
-    cfg->threads = r["threads"].as<int>();
-    cfg->max_steps = r["max-steps"].as<int64_t>();
-    cfg->eval_batch_size = r["eval-batch-size"].as<int64_t>();
-    cfg->bucket_mb = r["bucket-mb"].as<double>();
+    cfg->data = flag<std::string>(r, "data");
+    cfg->device = flag<std::string>(r, "device");
+    cfg->threads = flag<int>(r, "threads");
+    cfg->max_steps = flag<int64_t>(r, "max-steps");
+    cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
+    cfg->bucket_mb = flag<double>(r, "bucket-mb");
     cfg->overlap = r.count("no-overlap") == 0;
-    cfg->accum_steps = r["accum-steps"].as<int>();
+    cfg->accum_steps = flag<int>(r, "accum-steps");
     cfg->sync_bn = r.count("sync-bn") > 0;
-    cfg->verify_every = r["verify-every"].as<int64_t>();
-    cfg->timeout = r["timeout"].as<double>();
-    if (r.count("metrics")) cfg->metrics = r["metrics"].as<std::string>();
-    if (r.count("save")) cfg->save = r["save"].as<std::string>();
-    cfg->log_level = r["log-level"].as<std::string>();
+    cfg->verify_every = flag<int64_t>(r, "verify-every");
+    cfg->timeout = flag<double>(r, "timeout");
+    if (r.count("metrics")) cfg->metrics = flag<std::string>(r, "metrics");
+    if (r.count("save")) cfg->save = flag<std::string>(r, "save");
+    cfg->log_level = flag<std::string>(r, "log-level");
     cfg->quiet = r.count("quiet") > 0;
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(ErrorKind::kInput, std::string(e.what()) + " (see dptrain --help)");
   }
   return true;
 }

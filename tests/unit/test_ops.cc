@@ -1,2 +1,729 @@
-// placeholder
+// Forward values of every layer, the loss, the models' parameter sets and the flat buffer layout,
+// checked against independently computed references (naive loops in double, hand-worked numbers).
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/ops.h"
+#include "dpt/nn.h"
+#include "dpt/tensor.h"
+
+namespace dpt {
+namespace {
+
+void fill_uniform(float* p, int64_t n, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (int64_t i = 0; i < n; ++i) p[i] = d(g);
+}
+
+Tensor random_tensor(const Shape& s, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
+  Tensor t(s);
+  fill_uniform(t.data(), t.numel(), g, lo, hi);
+  return t;
+}
+
+// A single layer built on its own store; parameters are left for the test to set.
+struct Rig {
+  ParamStore store;
+  std::unique_ptr<Layer> layer;
+  Shape out;
+  Rig(std::unique_ptr<Layer> l, const Shape& in, const std::string& prefix = "l")
+      : layer(std::move(l)) {
+    out = layer->build(in, store, prefix);
+    store.finalize();
+  }
+  Param& p(const std::string& name) {
+    Param* q = store.find(name);
+    EXPECT_NE(q, nullptr) << name;
+    return *q;
+  }
+};
+
+// ---- Conv2d ------------------------------------------------------------------------------------
+
+struct ConvCase {
+  int64_t n, h, w, cin, cout, k, stride, pad;
+};
+
+TEST(Conv2d, MatchesNaiveDirectConvolution) {
+  const ConvCase cases[] = {
+      {2, 7, 6, 3, 4, 3, 1, 0},   // k=3, no padding
+      {2, 8, 7, 3, 5, 3, 2, 1},   // k=3, pad 1, stride 2 (odd width)
+      {2, 7, 7, 4, 6, 1, 2, 0},   // 1x1, stride 2
+      {2, 9, 8, 2, 3, 5, 1, 0},   // k=5
+      {2, 6, 6, 5, 7, 5, 1, 2},   // k=5 with padding
+      {1, 5, 5, 16, 8, 3, 1, 1},  // more input channels
+  };
+  std::mt19937_64 g(1234);
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE("conv n=" + std::to_string(c.n) + " h=" + std::to_string(c.h) + " w=" +
+                 std::to_string(c.w) + " cin=" + std::to_string(c.cin) + " cout=" +
+                 std::to_string(c.cout) + " k=" + std::to_string(c.k) + " s=" +
+                 std::to_string(c.stride) + " p=" + std::to_string(c.pad));
+    Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad), {c.h, c.w, c.cin});
+    const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
+    const int64_t ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
+    ASSERT_EQ(rig.out, (Shape{oh, ow, c.cout}));
+    Param& w = rig.p("l.weight");
+    Param& b = rig.p("l.bias");
+    ASSERT_EQ(w.shape, (Shape{c.cout, c.cin, c.k, c.k}));
+    fill_uniform(w.value.data(), w.numel(), g);
+    fill_uniform(b.value.data(), b.numel(), g);
+    Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
+    Tensor y;
+    rig.layer->forward(x, y, Mode::kTrain);
+    ASSERT_EQ(y.shape(), (Shape{c.n, oh, ow, c.cout}));
+
+    const float* X = x.data();
+    const float* W = w.value.data();
+    double worst = 0;
+    for (int64_t n = 0; n < c.n; ++n)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j)
+          for (int64_t co = 0; co < c.cout; ++co) {
+            double acc = b.value.data()[co], mag = std::fabs(acc);
+            for (int64_t ci = 0; ci < c.cin; ++ci)
+              for (int64_t kh = 0; kh < c.k; ++kh)
+                for (int64_t kw = 0; kw < c.k; ++kw) {
+                  const int64_t hi = i * c.stride - c.pad + kh, wi = j * c.stride - c.pad + kw;
+                  if (hi < 0 || hi >= c.h || wi < 0 || wi >= c.w) continue;
+                  const double t = static_cast<double>(X[((n * c.h + hi) * c.w + wi) * c.cin + ci]) *
+                                   W[((co * c.cin + ci) * c.k + kh) * c.k + kw];
+                  acc += t;
+                  mag += std::fabs(t);
+                }
+            const double got = y.data()[((n * oh + i) * ow + j) * c.cout + co];
+            // Relative to the sum of the magnitudes of the terms: the float rounding bound.
+            worst = std::max(worst, std::fabs(got - acc) / std::max(mag, 1e-30));
+          }
+    EXPECT_LT(worst, 1e-5);
+  }
+}
+
+TEST(Conv2d, HandComputedOnesKernel) {
+  // 1x3x3x1 input 1..9, 2x2 kernel of ones, bias 0.5: each output is its window's sum + 0.5.
+  Rig rig(make_conv2d(1, 2), {3, 3, 1});
+  std::fill(rig.p("l.weight").value.data(), rig.p("l.weight").value.data() + 4, 1.f);
+  rig.p("l.bias").value.data()[0] = 0.5f;
+  Tensor x({1, 3, 3, 1});
+  for (int i = 0; i < 9; ++i) x.data()[i] = static_cast<float>(i + 1);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kEval);
+  ASSERT_EQ(y.shape(), (Shape{1, 2, 2, 1}));
+  EXPECT_FLOAT_EQ(y.data()[0], 12.5f);  // 1+2+4+5
+  EXPECT_FLOAT_EQ(y.data()[1], 16.5f);  // 2+3+5+6
+  EXPECT_FLOAT_EQ(y.data()[2], 24.5f);  // 4+5+7+8
+  EXPECT_FLOAT_EQ(y.data()[3], 28.5f);  // 5+6+8+9
+}
+
+TEST(Conv2d, HandComputedPaddingStrideAndChannels) {
+  // 3x3 kernel of ones, pad 1, stride 2 on the 3x3 input 1..9: the four corner windows.
+  // Two output channels: channel 1's kernel is 2x channel 0's, with biases 0 and -1.
+  Rig rig(make_conv2d(2, 3, 2, 1), {3, 3, 1});
+  ASSERT_EQ(rig.out, (Shape{2, 2, 2}));
+  float* w = rig.p("l.weight").value.data();
+  for (int i = 0; i < 9; ++i) w[i] = 1.f, w[9 + i] = 2.f;
+  rig.p("l.bias").value.data()[1] = -1.f;
+  Tensor x({1, 3, 3, 1});
+  for (int i = 0; i < 9; ++i) x.data()[i] = static_cast<float>(i + 1);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kEval);
+  const float expect0[4] = {12, 16, 24, 28};  // 1+2+4+5, 2+3+5+6, 4+5+7+8, 5+6+8+9
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_FLOAT_EQ(y.data()[p * 2 + 0], expect0[p]) << p;
+    EXPECT_FLOAT_EQ(y.data()[p * 2 + 1], 2 * expect0[p] - 1) << p;
+  }
+}
+
+TEST(Conv2d, WeightLayoutIsOIHW) {
+  // A kernel with a single 1 at (o=1, i=0, kh=0, kw=1) copies input channel 0 shifted by one column
+  // into output channel 1; everything else is 0.
+  Rig rig(make_conv2d(2, 2, 1, 0, false), {3, 4, 2});
+  ASSERT_EQ(rig.store.find("l.bias"), nullptr);
+  float* w = rig.p("l.weight").value.data();
+  w[((1 * 2 + 0) * 2 + 0) * 2 + 1] = 1.f;
+  Tensor x({1, 3, 4, 2});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = static_cast<float>(i);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kEval);
+  ASSERT_EQ(y.shape(), (Shape{1, 2, 3, 2}));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(y.data()[(i * 3 + j) * 2 + 0], 0.f);
+      EXPECT_EQ(y.data()[(i * 3 + j) * 2 + 1], x.data()[(i * 4 + j + 1) * 2 + 0]);
+    }
+}
+
+// ---- Linear, ReLU, pooling, Flatten ---------------------------------------------------------------
+
+TEST(Linear, MatchesNaiveMatmul) {
+  std::mt19937_64 g(7);
+  const int64_t n = 5, in = 37, out = 11;
+  Rig rig(make_linear(out), {in});
+  ASSERT_EQ(rig.out, (Shape{out}));
+  Param& w = rig.p("l.weight");
+  Param& b = rig.p("l.bias");
+  ASSERT_EQ(w.shape, (Shape{out, in}));
+  fill_uniform(w.value.data(), w.numel(), g);
+  fill_uniform(b.value.data(), b.numel(), g);
+  Tensor x = random_tensor({n, in}, g);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), (Shape{n, out}));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b.value.data()[o], mag = std::fabs(acc);
+      for (int64_t i = 0; i < in; ++i) {
+        const double t = static_cast<double>(x.data()[r * in + i]) * w.value.data()[o * in + i];
+        acc += t;
+        mag += std::fabs(t);
+      }
+      EXPECT_NEAR(y.data()[r * out + o], acc, 1e-5 * mag) << r << "," << o;
+    }
+  // Hand case: W = [[1, 2], [3, 4], [-1, 0]], b = [0, 1, 2], x = [1, -1] -> [-1, 0, 1].
+  Rig small(make_linear(3), {2});
+  const float wv[6] = {1, 2, 3, 4, -1, 0}, bv[3] = {0, 1, 2};
+  std::copy(wv, wv + 6, small.p("l.weight").value.data());
+  std::copy(bv, bv + 3, small.p("l.bias").value.data());
+  Tensor xs({1, 2});
+  xs.data()[0] = 1, xs.data()[1] = -1;
+  Tensor ys;
+  small.layer->forward(xs, ys, Mode::kEval);
+  EXPECT_FLOAT_EQ(ys.data()[0], -1.f);
+  EXPECT_FLOAT_EQ(ys.data()[1], 0.f);
+  EXPECT_FLOAT_EQ(ys.data()[2], 1.f);
+}
+
+TEST(Linear, NoBias) {
+  Rig rig(make_linear(2, false), {3});
+  EXPECT_EQ(rig.store.find("l.bias"), nullptr);
+  EXPECT_EQ(rig.store.num_params(), 6);
+  float* w = rig.p("l.weight").value.data();
+  for (int i = 0; i < 6; ++i) w[i] = static_cast<float>(i + 1);  // [[1,2,3],[4,5,6]]
+  Tensor x({1, 3});
+  x.data()[0] = 1, x.data()[1] = 0, x.data()[2] = -1;
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kEval);
+  EXPECT_FLOAT_EQ(y.data()[0], -2.f);
+  EXPECT_FLOAT_EQ(y.data()[1], -2.f);
+}
+
+TEST(ReLU, ClampsNegatives) {
+  Rig rig(make_relu(), {2, 2, 3});
+  Tensor x({2, 2, 2, 3});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = static_cast<float>(i) - 11.5f;
+  x.data()[3] = -0.f;
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i)
+    EXPECT_EQ(y.data()[i], x.data()[i] > 0 ? x.data()[i] : 0.f) << i;
+  EXPECT_EQ(rig.store.num_params(), 0);
+}
+
+TEST(AvgPool2d, OddSizeFloorsByHand) {
+  // 9x9 -> 4x4 with k=2, s=2: row 8 and column 8 fall outside every window. Channel 0 holds
+  // 9*i + j, channel 1 holds its negative; the outsiders are poisoned with 1e6.
+  Rig rig(make_avgpool2d(2, 2), {9, 9, 2});
+  ASSERT_EQ(rig.out, (Shape{4, 4, 2}));
+  Tensor x({2, 9, 9, 2});
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t i = 0; i < 9; ++i)
+      for (int64_t j = 0; j < 9; ++j) {
+        const float v = (i == 8 || j == 8) ? 1e6f : static_cast<float>(9 * i + j + 100 * n);
+        x.data()[((n * 9 + i) * 9 + j) * 2 + 0] = v;
+        x.data()[((n * 9 + i) * 9 + j) * 2 + 1] = -v;
+      }
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), (Shape{2, 4, 4, 2}));
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t a = 0; a < 4; ++a)
+      for (int64_t b = 0; b < 4; ++b) {
+        // (9*2a + 2b) + (9*2a + 2b+1) + (9*(2a+1) + 2b) + (9*(2a+1) + 2b+1) = 4*(18a + 2b) + 20.
+        const float expect = static_cast<float>(18 * a + 2 * b + 5 + 100 * n);
+        EXPECT_FLOAT_EQ(y.data()[((n * 4 + a) * 4 + b) * 2 + 0], expect) << n << a << b;
+        EXPECT_FLOAT_EQ(y.data()[((n * 4 + a) * 4 + b) * 2 + 1], -expect) << n << a << b;
+      }
+}
+
+TEST(GlobalAvgPool, MeanOverSpatial) {
+  std::mt19937_64 g(3);
+  const int64_t n = 3, h = 5, w = 4, c = 6;
+  Rig rig(make_global_avgpool(), {h, w, c});
+  ASSERT_EQ(rig.out, (Shape{c}));
+  Tensor x = random_tensor({n, h, w, c}, g);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), (Shape{n, c}));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double s = 0;
+      for (int64_t p = 0; p < h * w; ++p) s += x.data()[(b * h * w + p) * c + ch];
+      EXPECT_NEAR(y.data()[b * c + ch], s / (h * w), 1e-6) << b << "," << ch;
+    }
+}
+
+TEST(Flatten, PyTorchChwOrder) {
+  // x[n, h, w, c] = 1000n + 100c + 10h + w; flattened index is c*H*W + h*W + w.
+  const int64_t N = 2, H = 2, W = 3, C = 4;
+  Rig rig(make_flatten(), {H, W, C});
+  ASSERT_EQ(rig.out, (Shape{C * H * W}));
+  Tensor x({N, H, W, C});
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t w = 0; w < W; ++w)
+        for (int64_t c = 0; c < C; ++c)
+          x.data()[((n * H + h) * W + w) * C + c] = static_cast<float>(1000 * n + 100 * c + 10 * h + w);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), (Shape{N, C * H * W}));
+  // A few positions spelled out.
+  EXPECT_EQ(y.data()[0], 0.f);        // c0 h0 w0
+  EXPECT_EQ(y.data()[1], 1.f);        // c0 h0 w1
+  EXPECT_EQ(y.data()[3], 10.f);       // c0 h1 w0
+  EXPECT_EQ(y.data()[6], 100.f);      // c1 h0 w0
+  EXPECT_EQ(y.data()[23], 312.f);     // c3 h1 w2
+  EXPECT_EQ(y.data()[24 + 13], 1201.f);  // n1: 13 = c2 h0 w1
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t w = 0; w < W; ++w)
+          EXPECT_EQ(y.data()[n * C * H * W + c * H * W + h * W + w],
+                    static_cast<float>(1000 * n + 100 * c + 10 * h + w));
+}
+
+// ---- BatchNorm2d -----------------------------------------------------------------------------------
+
+TEST(BatchNorm2d, TrainModeNormalisesAndUpdatesRunningStats) {
+  std::mt19937_64 g(11);
+  const int64_t N = 4, H = 3, W = 5, C = 3, M = N * H * W;
+  Rig rig(make_batchnorm2d(), {H, W, C}, "bn");
+  ASSERT_EQ(rig.out, (Shape{H, W, C}));
+  ASSERT_EQ(rig.store.num_params(), 2 * C);
+  Param& gamma = rig.p("bn.weight");
+  Param& rm = rig.p("bn.running_mean");
+  Param& rv = rig.p("bn.running_var");
+  Param& nbt = rig.p("bn.num_batches_tracked");
+  EXPECT_TRUE(rm.is_buffer && rv.is_buffer && nbt.is_buffer && nbt.is_counter);
+  EXPECT_EQ(nbt.numel(), 1);
+  std::fill(gamma.value.data(), gamma.value.data() + C, 1.f);  // beta stays 0
+  std::fill(rv.value.data(), rv.value.data() + C, 1.f);        // running_mean stays 0
+  // Channel c has mean ~ 2c - 1 and scale ~ (c + 1).
+  Tensor x({N, H, W, C});
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < C; ++c) x.data()[r * C + c] = (2.f * c - 1.f) + (c + 1.f) * nd(g);
+
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  ASSERT_EQ(y.shape(), x.shape());
+  for (int64_t c = 0; c < C; ++c) {
+    double sx = 0, sy = 0;
+    for (int64_t r = 0; r < M; ++r) sx += x.data()[r * C + c], sy += y.data()[r * C + c];
+    const double mx = sx / M, my = sy / M;
+    double vx = 0, vy = 0;
+    for (int64_t r = 0; r < M; ++r) {
+      vx += (x.data()[r * C + c] - mx) * (x.data()[r * C + c] - mx);
+      vy += (y.data()[r * C + c] - my) * (y.data()[r * C + c] - my);
+    }
+    const double var_b = vx / M, var_u = vx / (M - 1);
+    EXPECT_NEAR(my, 0.0, 1e-5) << c;
+    EXPECT_NEAR(vy / M, var_b / (var_b + 1e-5), 1e-5) << c;  // ~1, the eps lowers it a hair
+    EXPECT_NEAR(vy / M, 1.0, 1e-4) << c;
+    // Element-wise against the formula with the biased variance.
+    for (int64_t r = 0; r < M; ++r)
+      ASSERT_NEAR(y.data()[r * C + c], (x.data()[r * C + c] - mx) / std::sqrt(var_b + 1e-5), 2e-5);
+    EXPECT_NEAR(rm.value.data()[c], 0.1 * mx, 1e-6) << c;
+    EXPECT_NEAR(rv.value.data()[c], 0.9 * 1.0 + 0.1 * var_u, 1e-5) << c;
+  }
+  EXPECT_EQ(nbt.value.data()[0], 1.f);
+
+  // A second step moves the running stats on from the first and counts to 2.
+  std::vector<float> rm1(rm.value.data(), rm.value.data() + C), rv1(rv.value.data(), rv.value.data() + C);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = 0.5f * x.data()[i] + 3.f;
+  rig.layer->forward(x, y, Mode::kTrain);
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, ss = 0;
+    for (int64_t r = 0; r < M; ++r) s += x.data()[r * C + c];
+    const double m = s / M;
+    for (int64_t r = 0; r < M; ++r) ss += (x.data()[r * C + c] - m) * (x.data()[r * C + c] - m);
+    EXPECT_NEAR(rm.value.data()[c], 0.9 * rm1[c] + 0.1 * m, 1e-5) << c;
+    EXPECT_NEAR(rv.value.data()[c], 0.9 * rv1[c] + 0.1 * ss / (M - 1), 1e-5) << c;
+  }
+  EXPECT_EQ(nbt.value.data()[0], 2.f);
+}
+
+TEST(BatchNorm2d, TrainModeAppliesGammaBeta) {
+  std::mt19937_64 g(12);
+  const int64_t N = 2, H = 2, W = 2, C = 2, M = N * H * W;
+  Rig rig(make_batchnorm2d(), {H, W, C}, "bn");
+  float* gamma = rig.p("bn.weight").value.data();
+  float* beta = rig.p("bn.bias").value.data();
+  gamma[0] = 2.f, gamma[1] = -0.5f, beta[0] = 1.f, beta[1] = 3.f;
+  rig.p("bn.running_var").value.data()[0] = rig.p("bn.running_var").value.data()[1] = 1.f;
+  Tensor x = random_tensor({N, H, W, C}, g, -2.f, 2.f);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0, ss = 0;
+    for (int64_t r = 0; r < M; ++r) s += x.data()[r * C + c];
+    const double m = s / M;
+    for (int64_t r = 0; r < M; ++r) ss += (x.data()[r * C + c] - m) * (x.data()[r * C + c] - m);
+    const double inv = 1.0 / std::sqrt(ss / M + 1e-5);
+    for (int64_t r = 0; r < M; ++r)
+      EXPECT_NEAR(y.data()[r * C + c], (x.data()[r * C + c] - m) * inv * gamma[c] + beta[c], 1e-5);
+  }
+}
+
+TEST(BatchNorm2d, EvalModeUsesRunningStats) {
+  std::mt19937_64 g(13);
+  const int64_t N = 3, H = 2, W = 3, C = 4, M = N * H * W;
+  Rig rig(make_batchnorm2d(), {H, W, C}, "bn");
+  const float rm[C] = {0.5f, -1.f, 2.f, 0.f}, rv[C] = {4.f, 0.25f, 1.f, 1e-3f};
+  const float gm[C] = {1.5f, -2.f, 1.f, 0.5f}, bt[C] = {0.f, 0.3f, -1.f, 2.f};
+  std::copy(rm, rm + C, rig.p("bn.running_mean").value.data());
+  std::copy(rv, rv + C, rig.p("bn.running_var").value.data());
+  std::copy(gm, gm + C, rig.p("bn.weight").value.data());
+  std::copy(bt, bt + C, rig.p("bn.bias").value.data());
+  rig.p("bn.num_batches_tracked").value.data()[0] = 7.f;
+  Tensor x = random_tensor({N, H, W, C}, g, -3.f, 3.f);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kEval);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const double expect = (x.data()[r * C + c] - static_cast<double>(rm[c])) /
+                                std::sqrt(static_cast<double>(rv[c]) + 1e-5) * gm[c] + bt[c];
+      EXPECT_NEAR(y.data()[r * C + c], expect, 2e-6 * std::max(1.0, std::fabs(expect))) << r << "," << c;
+    }
+  // Eval leaves the statistics alone.
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(rig.p("bn.running_mean").value.data()[c], rm[c]);
+    EXPECT_EQ(rig.p("bn.running_var").value.data()[c], rv[c]);
+  }
+  EXPECT_EQ(rig.p("bn.num_batches_tracked").value.data()[0], 7.f);
+}
+
+// ---- softmax cross-entropy -------------------------------------------------------------------------
+
+TEST(SoftmaxXent, HandComputedExample) {
+  // Row 0: z = [1, 2, 3], label 2: lse = 3 + log(1 + e^-1 + e^-2) = 3.40760596444438.
+  // Row 1: z = [2, 0.5, -1], label 1: lse = 2 + log(1 + e^-1.5 + e^-3) = 2.2413113,
+  //        loss = lse - 0.5.
+  const float z[6] = {1, 2, 3, 2, 0.5f, -1};
+  const int32_t labels[2] = {2, 1};
+  float d[6];
+  int64_t correct = -1;
+  const double loss = cpu::softmax_xent(z, labels, 2, 3, 0.5f, d, &correct);
+  const double lse0 = 3.40760596444438, lse1 = 2.0 + std::log(1.0 + std::exp(-1.5) + std::exp(-3.0));
+  EXPECT_NEAR(lse1, 2.2413113, 1e-6);
+  EXPECT_NEAR(loss, (lse0 - 3.0) + (lse1 - 0.5), 1e-6);
+  EXPECT_NEAR(loss, 0.40760596444438 + 1.7413113, 1e-6);
+  EXPECT_EQ(correct, 1);  // row 0's argmax is its label, row 1's is not
+  // grad = (softmax - onehot) * 0.5.
+  const double p0[3] = {0.09003057317, 0.24472847105, 0.66524095578};
+  EXPECT_NEAR(d[0], 0.5 * p0[0], 1e-6);
+  EXPECT_NEAR(d[1], 0.5 * p0[1], 1e-6);
+  EXPECT_NEAR(d[2], 0.5 * (p0[2] - 1.0), 1e-6);
+  for (int j = 0; j < 3; ++j) {
+    const double p = std::exp(z[3 + j] - lse1);
+    EXPECT_NEAR(d[3 + j], 0.5 * (p - (j == 1 ? 1.0 : 0.0)), 1e-6) << j;
+  }
+  // Each row's gradient sums to 0.
+  EXPECT_NEAR(d[0] + d[1] + d[2], 0.0, 1e-6);
+  EXPECT_NEAR(d[3] + d[4] + d[5], 0.0, 1e-6);
+  // Without dlogits/correct it returns the same loss.
+  EXPECT_EQ(cpu::softmax_xent(z, labels, 2, 3, 1.f, nullptr, nullptr), loss);
+}
+
+TEST(SoftmaxXent, NumericallyStableForLargeLogits) {
+  // Row 0: [1000, 999, -1000], label 0: loss = log(1 + e^-1) = 0.31326168751822.
+  // Row 1: [1000, 1000, 1000], label 2: loss = log 3.
+  // Row 2: [-1000, -1001, -999], label 0: lse = -999 + log(1 + e^-1 + e^-2), loss = lse + 1000.
+  const float z[9] = {1000, 999, -1000, 1000, 1000, 1000, -1000, -1001, -999};
+  const int32_t labels[3] = {0, 2, 0};
+  float d[9];
+  int64_t correct = 0;
+  const double loss = cpu::softmax_xent(z, labels, 3, 3, 1.f, d, &correct);
+  ASSERT_TRUE(std::isfinite(loss));
+  const double l2 = 1.0 + std::log(1.0 + std::exp(-1.0) + std::exp(-2.0));
+  EXPECT_NEAR(loss, 0.31326168751822 + std::log(3.0) + l2, 1e-6);
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(std::isfinite(d[i])) << i;
+  EXPECT_NEAR(d[0], 1.0 / (1.0 + std::exp(-1.0)) - 1.0, 1e-6);
+  EXPECT_NEAR(d[1], std::exp(-1.0) / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(d[2], 0.0, 1e-12);
+  EXPECT_NEAR(d[3], 1.0 / 3, 1e-6);
+  EXPECT_NEAR(d[5], 1.0 / 3 - 1.0, 1e-6);
+  EXPECT_NEAR(d[6], std::exp(-1.0) / (1 + std::exp(-1.0) + std::exp(-2.0)) - 1.0, 1e-6);
+  EXPECT_GE(correct, 1);  // row 0 certainly; row 1 is a tie
+}
+
+// ---- Residual ----------------------------------------------------------------------------------
+
+// Builds a Residual under "blk" and the same layers by hand under "h", copies every parameter and
+// buffer from one to the other by name, and compares forward outputs.
+void check_residual_against_composition(int64_t in_c, int64_t channels, bool use_1x1, int64_t stride,
+                                        Mode mode) {
+  SCOPED_TRACE(std::string("residual ") + (use_1x1 ? "1x1 " : "") + "stride " +
+               std::to_string(stride) + (mode == Mode::kTrain ? " train" : " eval"));
+  std::mt19937_64 g(21 + static_cast<uint64_t>(stride) + (use_1x1 ? 100 : 0));
+  const int64_t N = 2, H = 7, W = 6;
+  const Shape in{H, W, in_c};
+  ParamStore rs;
+  auto res = make_residual(channels, use_1x1, stride);
+  const Shape out = res->build(in, rs, "blk");
+  rs.finalize();
+  const int64_t oh = (H + 2 - 3) / stride + 1, ow = (W + 2 - 3) / stride + 1;
+  ASSERT_EQ(out, (Shape{oh, ow, channels}));
+
+  ParamStore hs;
+  auto conv1 = make_conv2d(channels, 3, stride, 1);
+  auto bn1 = make_batchnorm2d();
+  auto relu = make_relu();
+  auto conv2 = make_conv2d(channels, 3, 1, 1);
+  auto bn2 = make_batchnorm2d();
+  auto ds = make_conv2d(channels, 1, stride, 0);
+  Shape s = conv1->build(in, hs, "conv1");
+  s = bn1->build(s, hs, "bn1");
+  s = relu->build(s, hs, "");
+  s = conv2->build(s, hs, "conv2");
+  s = bn2->build(s, hs, "bn2");
+  if (use_1x1) ds->build(in, hs, "downsample");
+  hs.finalize();
+
+  // Random parameters (BN gammas around 1, running variances positive) shared by name.
+  size_t matched = 0;
+  for (Param& p : rs.entries()) {
+    ASSERT_EQ(p.name.rfind("blk.", 0), 0u) << p.name;
+    Param* q = hs.find(p.name.substr(4));
+    ASSERT_NE(q, nullptr) << p.name;
+    ASSERT_EQ(p.shape, q->shape) << p.name;
+    const bool var = p.name.find("running_var") != std::string::npos;
+    const bool gam = p.name.find("bn") != std::string::npos && p.name.ends_with(".weight");
+    if (p.is_counter) continue;
+    fill_uniform(p.value.data(), p.numel(), g, var || gam ? 0.5f : -0.5f, var || gam ? 1.5f : 0.5f);
+    std::copy(p.value.data(), p.value.data() + p.numel(), q->value.data());
+    ++matched;
+  }
+  EXPECT_EQ(rs.entries().size(), hs.entries().size());
+  EXPECT_EQ(rs.num_params(), hs.num_params());
+
+  Tensor x = random_tensor({N, H, W, in_c}, g);
+  Tensor y;
+  res->forward(x, y, mode);
+  ASSERT_EQ(y.shape(), (Shape{N, oh, ow, channels}));
+
+  Tensor a, b, c, d, e, sc;
+  conv1->forward(x, a, mode);
+  bn1->forward(a, b, mode);
+  relu->forward(b, c, mode);
+  conv2->forward(c, d, mode);
+  bn2->forward(d, e, mode);
+  const Tensor* skip = &x;
+  if (use_1x1) {
+    ds->forward(x, sc, mode);
+    skip = &sc;
+  }
+  ASSERT_EQ(e.shape(), y.shape());
+  ASSERT_EQ(skip->shape(), y.shape());
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const float expect = std::max(0.f, e.data()[i] + skip->data()[i]);
+    ASSERT_NEAR(y.data()[i], expect, 1e-5f * std::max(1.f, std::fabs(expect))) << i;
+  }
+  // Some outputs are clamped and some are not, so the final ReLU is exercised.
+  int zeros = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) zeros += y.data()[i] == 0.f;
+  EXPECT_GT(zeros, 0);
+  EXPECT_LT(zeros, y.numel());
+  // Train mode updated the block's running statistics just like the hand-built layers'.
+  for (const Param& p : rs.entries())
+    if (p.is_buffer) {
+      const Param* q = hs.find(p.name.substr(4));
+      for (int64_t i = 0; i < p.numel(); ++i)
+        EXPECT_NEAR(p.value.data()[i], q->value.data()[i], 1e-6) << p.name;
+    }
+}
+
+TEST(Residual, MatchesHandComposition) {
+  check_residual_against_composition(3, 5, true, 2, Mode::kTrain);
+  check_residual_against_composition(3, 5, true, 1, Mode::kTrain);
+  check_residual_against_composition(4, 4, false, 1, Mode::kTrain);
+  check_residual_against_composition(3, 5, true, 2, Mode::kEval);
+  check_residual_against_composition(4, 4, false, 1, Mode::kEval);
+}
+
+TEST(Residual, ParameterNames) {
+  ParamStore st;
+  auto res = make_residual(8, true, 2);
+  res->build({6, 6, 4}, st, "layer2.0");
+  st.finalize();
+  std::vector<std::string> names;
+  for (const Param& p : st.entries()) names.push_back(p.name);
+  const std::vector<std::string> expect = {
+      "layer2.0.conv1.weight",       "layer2.0.conv1.bias",        "layer2.0.bn1.weight",
+      "layer2.0.bn1.bias",           "layer2.0.bn1.running_mean",  "layer2.0.bn1.running_var",
+      "layer2.0.bn1.num_batches_tracked", "layer2.0.conv2.weight", "layer2.0.conv2.bias",
+      "layer2.0.bn2.weight",         "layer2.0.bn2.bias",          "layer2.0.bn2.running_mean",
+      "layer2.0.bn2.running_var",    "layer2.0.bn2.num_batches_tracked",
+      "layer2.0.downsample.weight",  "layer2.0.downsample.bias"};
+  EXPECT_EQ(names, expect);
+  EXPECT_EQ(st.find("layer2.0.downsample.weight")->shape, (Shape{8, 4, 1, 1}));
+}
+
+// ---- Models: parameter counts, names, flat layout -------------------------------------------------
+
+int64_t conv_params(int64_t in, int64_t out, int64_t k) { return out * in * k * k + out; }
+int64_t bn_params(int64_t c) { return 2 * c; }
+
+TEST(Models, LeNetParameterCountAndNames) {
+  auto m = make_model("lenet");
+  EXPECT_EQ(m->num_parameters(), 129068);
+  EXPECT_EQ(m->num_parameters(), 20 * 1 * 9 + 20 + 50 * 20 * 25 + 50 + 128 * 800 + 128 + 10 * 128 + 10);
+  std::vector<std::string> names;
+  for (const Param& p : m->store().entries()) names.push_back(p.name);
+  const std::vector<std::string> expect = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                           "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias"};
+  EXPECT_EQ(names, expect);
+  const std::map<std::string, Shape> shapes = {
+      {"conv1.weight", {20, 1, 3, 3}}, {"conv1.bias", {20}},   {"conv2.weight", {50, 20, 5, 5}},
+      {"conv2.bias", {50}},            {"fc1.weight", {128, 800}}, {"fc1.bias", {128}},
+      {"fc2.weight", {10, 128}},       {"fc2.bias", {10}}};
+  for (const auto& [name, shape] : shapes) {
+    Param* p = m->store().find(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->shape, shape) << name;
+    EXPECT_FALSE(p->is_buffer) << name;
+  }
+  EXPECT_EQ(m->store().num_buffers(), 0);
+  EXPECT_EQ(m->input_shape(), (Shape{28, 28, 1}));
+  EXPECT_EQ(m->num_classes(), 10);
+}
+
+TEST(Models, ResNet18ParameterCountAndNames) {
+  auto m = make_model("resnet18");
+  // conv1 + bn1, then per stage two residual blocks (conv3x3-bn-conv3x3-bn, plus a 1x1
+  // downsample conv in the first block of stages 2..4), then fc; every conv has a bias.
+  int64_t expect = conv_params(1, 64, 3) + bn_params(64);
+  const int64_t ch[4] = {64, 128, 256, 512};
+  int64_t prev = 64, bn_channels = 64;
+  for (int s = 0; s < 4; ++s) {
+    for (int b = 0; b < 2; ++b) {
+      const int64_t in = b == 0 ? prev : ch[s];
+      expect += conv_params(in, ch[s], 3) + bn_params(ch[s]) + conv_params(ch[s], ch[s], 3) +
+                bn_params(ch[s]);
+      bn_channels += 2 * ch[s];
+      if (b == 0 && s > 0) expect += conv_params(in, ch[s], 1);
+    }
+    prev = ch[s];
+  }
+  expect += 512 * 10 + 10;
+  EXPECT_EQ(m->num_parameters(), expect);
+  EXPECT_EQ(m->num_parameters(), 11175818);  // the same sum, spelled out
+  // Buffers: running mean and var per BN channel plus one counter per BN layer (17 layers).
+  EXPECT_EQ(m->store().num_buffers(), 2 * bn_channels + 17);
+
+  const std::map<std::string, Shape> shapes = {
+      {"conv1.weight", {64, 1, 3, 3}},
+      {"bn1.running_var", {64}},
+      {"bn1.num_batches_tracked", {}},
+      {"layer1.0.conv1.weight", {64, 64, 3, 3}},
+      {"layer2.0.downsample.weight", {128, 64, 1, 1}},
+      {"layer4.1.bn2.bias", {512}},
+      {"fc.weight", {10, 512}}};
+  for (const auto& [name, shape] : shapes) {
+    Param* p = m->store().find(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->shape, shape) << name;
+  }
+  EXPECT_TRUE(m->store().find("bn1.running_var")->is_buffer);
+  EXPECT_TRUE(m->store().find("bn1.num_batches_tracked")->is_counter);
+  EXPECT_FALSE(m->store().find("layer4.1.bn2.bias")->is_buffer);
+  EXPECT_EQ(m->store().find("layer1.0.downsample.weight"), nullptr);
+  EXPECT_EQ(m->store().find("layer2.1.downsample.weight"), nullptr);
+  EXPECT_EQ(m->store().entries().front().name, "conv1.weight");
+  EXPECT_EQ(m->store().entries().back().name, "fc.bias");
+}
+
+TEST(Models, UnknownModelThrows) { EXPECT_ANY_THROW(make_model("vgg")); }
+
+// Parameters tile [0, num_params) in reverse registration order; buffers tile [0, num_buffers) in
+// registration order; the views point into the flat arrays.
+void check_flat_layout(Model& m, const std::string& last_param) {
+  ParamStore& st = m.store();
+  std::vector<const Param*> params;
+  int64_t expect_buf = 0;
+  for (const Param& p : st.entries()) {
+    if (p.is_buffer) {
+      EXPECT_EQ(p.offset, expect_buf) << p.name;
+      EXPECT_EQ(p.value.data(), st.buffers() + p.offset) << p.name;
+      expect_buf += p.numel();
+    } else {
+      params.push_back(&p);
+    }
+  }
+  EXPECT_EQ(expect_buf, st.num_buffers());
+  ASSERT_FALSE(params.empty());
+  EXPECT_EQ(params.back()->name, last_param);
+  EXPECT_EQ(params.back()->offset, 0);
+  int64_t expect = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const Param& p = **it;
+    EXPECT_EQ(p.offset, expect) << p.name;
+    EXPECT_EQ(p.value.data(), st.params() + p.offset) << p.name;
+    EXPECT_EQ(p.grad.data(), st.grads() + p.offset) << p.name;
+    EXPECT_EQ(p.value.shape(), p.shape) << p.name;
+    expect += p.numel();
+  }
+  EXPECT_EQ(expect, st.num_params());
+  EXPECT_EQ(params.front()->offset + params.front()->numel(), st.num_params());
+}
+
+TEST(Models, FlatBufferLayoutLeNet) {
+  auto m = make_model("lenet");
+  check_flat_layout(*m, "fc2.bias");
+  ParamStore& st = m->store();
+  EXPECT_EQ(st.find("fc2.bias")->offset, 0);
+  EXPECT_EQ(st.find("fc2.weight")->offset, 10);
+  EXPECT_EQ(st.find("fc1.bias")->offset, 10 + 1280);
+  EXPECT_EQ(st.find("conv1.weight")->offset, 129068 - 180);
+}
+
+TEST(Models, FlatBufferLayoutResNet18) {
+  auto m = make_model("resnet18");
+  check_flat_layout(*m, "fc.bias");
+  ParamStore& st = m->store();
+  // Inside a block with a shortcut the downsample (registered last) comes first.
+  EXPECT_LT(st.find("layer2.0.downsample.bias")->offset, st.find("layer2.0.bn2.bias")->offset);
+  EXPECT_EQ(st.find("conv1.weight")->offset + 576, st.num_params());
+}
+
+TEST(Models, InitAndForwardShapes) {
+  for (const char* name : {"lenet", "resnet18"}) {
+    auto m = make_model(name);
+    m->init_parameters("kaiming", 5);
+    for (const Param& p : m->store().entries()) {
+      const bool bn_weight = p.name.find("bn") != std::string::npos && p.name.ends_with(".weight");
+      if (p.name.ends_with("running_var") || bn_weight) {
+        for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(p.value.data()[i], 1.f) << p.name;
+      }
+      if (p.name.ends_with(".bias") || p.name.ends_with("running_mean")) {
+        for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(p.value.data()[i], 0.f) << p.name;
+      }
+    }
+    std::mt19937_64 g(9);
+    Tensor x = random_tensor({2, 28, 28, 1}, g, 0.f, 1.f);
+    const Tensor& logits = m->forward(x, Mode::kEval);
+    ASSERT_EQ(logits.shape(), (Shape{2, 10})) << name;
+    for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.data()[i])) << name;
+  }
+}
+
+}  // namespace
+}  // namespace dpt

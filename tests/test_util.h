@@ -1,0 +1,61 @@
+// Helpers shared by tests: temporary directories and a small synthetic, learnable IDX data set
+// (class k has a bright band at a class-specific position, plus noise), so training tests need
+// no download and run in seconds.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dpt/rng.h"
+
+namespace dpt::test {
+
+inline std::string make_temp_dir(const std::string& tag) {
+  auto base = std::filesystem::temp_directory_path() /
+              ("dpt_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rand()));
+  std::filesystem::create_directories(base);
+  return base.string();
+}
+
+inline void write_idx(const std::string& path, const std::vector<int32_t>& dims,
+                      const std::vector<uint8_t>& data) {
+  std::ofstream f(path, std::ios::binary);
+  const uint8_t head[4] = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  f.write(reinterpret_cast<const char*>(head), 4);
+  for (int32_t d : dims) {
+    const uint8_t be[4] = {static_cast<uint8_t>(d >> 24), static_cast<uint8_t>(d >> 16),
+                           static_cast<uint8_t>(d >> 8), static_cast<uint8_t>(d)};
+    f.write(reinterpret_cast<const char*>(be), 4);
+  }
+  f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+// Writes train (n_train) and t10k (n_test) 28x28 sets into dir.
+inline void write_synthetic_dataset(const std::string& dir, int n_train, int n_test, uint64_t seed) {
+  Rng rng(seed);
+  auto make = [&](const std::string& split, int n) {
+    std::vector<uint8_t> images(static_cast<size_t>(n) * 784), labels(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int label = static_cast<int>(rng.below(10));
+      labels[static_cast<size_t>(i)] = static_cast<uint8_t>(label);
+      for (int p = 0; p < 784; ++p) {
+        const int row = p / 28;
+        const bool band = row >= 2 + 2 * label && row < 4 + 2 * label;
+        const double v = (band ? 200.0 : 20.0) + 40.0 * rng.uniform();
+        images[static_cast<size_t>(i) * 784 + p] = static_cast<uint8_t>(v);
+      }
+    }
+    write_idx(dir + "/" + split + "-images-idx3-ubyte", {n, 28, 28}, images);
+    write_idx(dir + "/" + split + "-labels-idx1-ubyte", {n}, labels);
+  };
+  make("train", n_train);
+  make("t10k", n_test);
+}
+
+}  // namespace dpt::test
