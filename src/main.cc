@@ -1,5 +1,7 @@
 // dptrain: parses flags, starts MPI, runs training. Any error is printed once and ends every rank
 // with a nonzero code (2 for bad input, 3 for failures) instead of leaving peers waiting.
+#include <malloc.h>
+
 #include <cstdio>
 
 #include "dpt/bootstrap.h"
@@ -9,6 +11,10 @@
 #include "dpt/train.h"
 
 int main(int argc, char** argv) {
+  // Keep freed blocks in the heap: per-step buffers would otherwise be mmap'd and unmapped every
+  // step, paying page faults and zeroing each time.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   dpt::MpiSession mpi(&argc, &argv);
   const int world = mpi.world().size;
   dpt::TrainConfig cfg;
@@ -27,6 +33,9 @@ int main(int argc, char** argv) {
   try {
     auto comm = dpt::make_mpi_communicator();
     dpt::run_training(cfg, *comm);
+  } catch (const dpt::Stopped& s) {
+    dpt::log_info("stopped by signal " + std::to_string(s.signal) + " after step " + std::to_string(s.step));
+    return 128 + s.signal;
   } catch (const dpt::Error& e) {
     dpt::log_error(e.what());
     if (world > 1) dpt::abort_job(e.exit_code());

@@ -99,6 +99,8 @@ class DataParallel {
   void backward(const Tensor& dlogits, int64_t step, bool sync = true, bool accumulate = false);
   // Waits for the all-reduces of the last synchronised backward (call before the optimizer).
   void finish_gradient_sync() { reducer_->wait(); }
+  // Gives every rank rank 0's parameters and buffers (done at construction; again after a resume).
+  void broadcast_state();
   // Makes BatchNorm running statistics identical on every rank (their average).
   void sync_buffers();
   // Compares a checksum of the parameters across ranks; throws naming the ranks that differ.

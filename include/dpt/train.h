@@ -32,6 +32,9 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   std::string metrics;  // JSON lines file
   std::string save;     // safetensors at the end
+  int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)
+  std::string checkpoint_path = "checkpoint.safetensors";
+  std::string resume;  // training checkpoint to continue from
   double bucket_mb = 25;
   bool overlap = true;
   int accum_steps = 1;
@@ -109,6 +112,13 @@ struct EpochMetrics {
 };
 
 class Communicator;
+
+// Thrown when SIGINT/SIGTERM stopped training (every rank agrees on the step, a checkpoint is
+// written first when checkpoints are configured); main exits with 128 + signal.
+struct Stopped {
+  int signal = 0;
+  int64_t step = 0;
+};
 
 // Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);

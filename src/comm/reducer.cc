@@ -147,10 +147,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
     : model_(model), comm_(comm), options_(options) {
   DPT_INPUT_CHECK(options.bucket_mb > 0, "--bucket-mb must be > 0, got " << options.bucket_mb);
   check_replicas();
+  broadcast_state();
   ParamStore& store = model_.store();
-  comm_.broadcast(store.params(), store.num_params(), 0, "broadcast of parameters");
-  if (store.num_buffers() > 0)
-    comm_.broadcast(store.buffers(), store.num_buffers(), 0, "broadcast of buffers");
 
   std::vector<std::pair<int64_t, int64_t>> bounds;
   for (const auto& p : store.entries())
@@ -174,6 +172,13 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
       });
     });
   }
+}
+
+void DataParallel::broadcast_state() {
+  ParamStore& store = model_.store();
+  comm_.broadcast(store.params(), store.num_params(), 0, "broadcast of parameters");
+  if (store.num_buffers() > 0)
+    comm_.broadcast(store.buffers(), store.num_buffers(), 0, "broadcast of buffers");
 }
 
 void DataParallel::check_replicas() {

@@ -6,6 +6,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/dnnl_util.h"
@@ -27,6 +28,7 @@ struct ConvPrimitives::Entry {
   dnnl::convolution_backward_weights bwd_w;
   memory::desc plain_w_md, bias_md;
   memory w_fwd, w_bwd, dw_prim, db_tmp;  // layouts the primitives want (empty when plain)
+  memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
   bool has_bias = false;
 };
 
@@ -46,17 +48,25 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   e->plain_w_md = memory::desc({g.c_out, g.c_in, g.k, g.k}, dt::f32, tag::oihw);
   e->bias_md = has_bias ? memory::desc({g.c_out}, dt::f32, tag::x) : memory::desc();
   auto algo = dnnl::algorithm::convolution_direct;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   e->fwd_pd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_md, w_any,
                                       e->bias_md, dst_md, strides, pad, pad),
-      eng);
+      attr, eng);
   e->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(algo, src_md, w_any, dst_md, strides, pad, pad), eng,
-      e->fwd_pd);
+      dnnl::convolution_backward_data::desc(algo, src_md, w_any, dst_md, strides, pad, pad), attr,
+      eng, e->fwd_pd);
   e->bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(algo, src_md, w_any, e->bias_md, dst_md, strides,
                                                pad, pad),
-      eng, e->fwd_pd);
+      attr, eng, e->fwd_pd);
+  size_t scratch_bytes = std::max({e->fwd_pd.scratchpad_desc().get_size(),
+                                   e->bwd_data_pd.scratchpad_desc().get_size(),
+                                   e->bwd_w_pd.scratchpad_desc().get_size()});
+  e->scratch = memory(memory::desc({static_cast<memory::dim>(std::max<size_t>(scratch_bytes, 1))},
+                                   dt::u8, tag::x),
+                      eng);
   e->fwd = dnnl::convolution_forward(e->fwd_pd);
   e->bwd_data = dnnl::convolution_backward_data(e->bwd_data_pd);
   e->bwd_w = dnnl::convolution_backward_weights(e->bwd_w_pd);
@@ -89,6 +99,7 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
       {DNNL_ARG_WEIGHTS, w_used},
       {DNNL_ARG_DST, memory(e.fwd_pd.dst_desc(), eng, y)}};
   if (b) args[DNNL_ARG_BIAS] = memory(e.bias_md, eng, const_cast<float*>(b));
+  args[DNNL_ARG_SCRATCHPAD] = e.scratch;
   e.fwd.execute(strm, args);
   strm.wait();
 }
@@ -114,7 +125,8 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     }
     e.bwd_data.execute(strm, {{DNNL_ARG_DIFF_DST, dy_mem},
                               {DNNL_ARG_WEIGHTS, w_used},
-                              {DNNL_ARG_DIFF_SRC, memory(e.bwd_data_pd.diff_src_desc(), eng, dx)}});
+                              {DNNL_ARG_DIFF_SRC, memory(e.bwd_data_pd.diff_src_desc(), eng, dx)},
+                              {DNNL_ARG_SCRATCHPAD, e.scratch}});
   }
   const int64_t wn = g.c_out * g.c_in * g.k * g.k;
   std::vector<float> dw_tmp;
@@ -129,6 +141,7 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
       {DNNL_ARG_DIFF_DST, dy_mem},
       {DNNL_ARG_DIFF_WEIGHTS, e.dw_prim ? e.dw_prim : dw_plain}};
   if (db) args[DNNL_ARG_DIFF_BIAS] = accumulate ? e.db_tmp : memory(e.bias_md, eng, db);
+  args[DNNL_ARG_SCRATCHPAD] = e.scratch;
   e.bwd_w.execute(strm, args);
   if (e.dw_prim) dnnl::reorder(e.dw_prim, dw_plain).execute(strm, e.dw_prim, dw_plain);
   strm.wait();

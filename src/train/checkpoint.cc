@@ -1,4 +1,4 @@
-// Model state in safetensors (see include/dpt/checkpoint.h).
+// Model state and training checkpoints in safetensors (see include/dpt/checkpoint.h).
 #include "dpt/checkpoint.h"
 
 #include <cmath>
@@ -9,8 +9,13 @@
 
 namespace dpt {
 
+namespace {
+constexpr const char* kMomentum = "optimizer.momentum_buffer";
+}
+
 void save_model(const std::string& path, const Model& model,
-                const std::map<std::string, std::string>& metadata) {
+                const std::map<std::string, std::string>& metadata,
+                const std::vector<float>* momentum) {
   std::vector<StTensor> tensors;
   for (const auto& p : model.store().entries()) {
     if (p.is_counter) {
@@ -22,15 +27,22 @@ void save_model(const std::string& path, const Model& model,
   }
   auto meta = metadata;
   meta["model"] = model.name();
+  if (momentum) {
+    tensors.push_back(st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
+    meta["format"] = "dptrain-checkpoint-v1";
+  } else {
+    meta["format"] = "dptrain-model-v1";
+  }
   write_safetensors(path, tensors, meta);
 }
 
-std::map<std::string, std::string> load_model(const std::string& path, Model& model) {
+std::map<std::string, std::string> load_model(const std::string& path, Model& model,
+                                              std::vector<float>* momentum) {
   StFile f = read_safetensors(path);
   auto it = f.metadata.find("model");
   DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
                   path << ": holds a '" << it->second << "' model, not '" << model.name() << "'");
-  std::set<std::string> expected;
+  std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);
     const StTensor* t = f.find(p.name);
@@ -53,6 +65,15 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   for (const auto& t : f.tensors)
     DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << t.name << "' for "
                                                  << model.name());
+  if (momentum && !momentum->empty()) {
+    const StTensor* t = f.find(kMomentum);
+    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
+                                       << "'): a --save file, not a training checkpoint");
+    DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
+                    path << ": '" << kMomentum << "' is " << t->dtype << " " << shape_str(t->shape)
+                         << ", expected F32 [" << momentum->size() << "]");
+    *momentum = as_f32(*t, path);
+  }
   return f.metadata;
 }
 

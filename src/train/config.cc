@@ -98,6 +98,12 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   opts.add_options("Output")
     ("metrics", "Write one JSON line per epoch to FILE", cxxopts::value<std::string>())
     ("save", "Write parameters and buffers to FILE (safetensors) at the end", cxxopts::value<std::string>())
+    ("checkpoint-every", "Write a training checkpoint every N epochs (0 = never)",
+     cxxopts::value<int>()->default_value(s(d.checkpoint_every)))
+    ("checkpoint-path", "Where training checkpoints go (replaced atomically each time)",
+     cxxopts::value<std::string>()->default_value(d.checkpoint_path))
+    ("resume", "Continue training from a checkpoint FILE (parameters, buffers, optimizer, position)",
+     cxxopts::value<std::string>())
     ("log-level", "error | warn | info | debug", cxxopts::value<std::string>()->default_value(d.log_level))
     ("quiet", "Print only errors and the final line")
     ("h,help", "Print this help");
@@ -143,6 +149,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->timeout = flag<double>(r, "timeout");
     if (r.count("metrics")) cfg->metrics = flag<std::string>(r, "metrics");
     if (r.count("save")) cfg->save = flag<std::string>(r, "save");
+    cfg->checkpoint_every = flag<int>(r, "checkpoint-every");
+    cfg->checkpoint_path = flag<std::string>(r, "checkpoint-path");
+    if (r.count("resume")) cfg->resume = flag<std::string>(r, "resume");
     cfg->log_level = flag<std::string>(r, "log-level");
     cfg->quiet = r.count("quiet") > 0;
   }
@@ -171,6 +180,8 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
+  DPT_INPUT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
+  DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
   DPT_INPUT_CHECK(c.batch_size % world == 0,
                   "--batch-size " << c.batch_size << " is not divisible by the world size " << world
                                   << " (each rank takes batch/world images a step)");
@@ -202,6 +213,8 @@ std::string TrainConfig::to_json() const {
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
                       {"device", device}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"metrics", metrics}, {"save", save},
+                      {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
+                      {"resume", resume},
                       {"bucket_mb", bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
                       {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}};

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
+#include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/idx.h"
 #include "dpt/log.h"
@@ -21,17 +23,11 @@ namespace dpt {
 
 namespace {
 
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Resolves --device on this build: a CUDA device is used only by the GPU backend (later issue).
-std::string resolve_device(const std::string& want) {
-  if (want == "cuda")
-    throw Error(ErrorKind::kInput,
-                "--device cuda: no CUDA device visible to this build (the GPU backend is not "
-                "available); use --device cpu or auto");
-  return "cpu";
 }
 
 struct EvalResult {
@@ -73,7 +69,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
-  const std::string device = resolve_device(cfg.device);
+  const std::string device = resolve_device(cfg.device, comm.rank());
   if (cfg.scale_lr) {
     // Linear scaling rule (Goyal et al.): the rate grows with the batch, after a warm-up.
     cfg.lr *= static_cast<double>(cfg.batch_size) / 256.0;
@@ -114,9 +110,59 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     log_info(os.str());
   }
 
+  // Resume: rank 0 reads the checkpoint and the replicas take its state by broadcast (no shared
+  // file system needed). A bad file is reported by rank 0 and ends every rank with exit code 2.
+  int64_t start_epoch = 0, start_step = 0, global_step = 0;
+  if (!cfg.resume.empty()) {
+    int64_t pos[4] = {0, 0, 0, 0};  // ok, epoch, epoch step, global step
+    std::string failure;
+    if (rank == 0) {
+      try {
+        auto meta = load_model(cfg.resume, *model, &opt.momentum_buffer());
+        auto num = [&](const char* key) -> int64_t {
+          auto it = meta.find(key);
+          DPT_INPUT_CHECK(it != meta.end(), cfg.resume << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
+          try {
+            return std::stoll(it->second);
+          } catch (const std::exception&) {
+            throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata '" << key << "' is not a number"));
+          }
+        };
+        pos[1] = num("epoch");
+        pos[2] = num("epoch_step");
+        pos[3] = num("step");
+        opt.set_steps(num("optimizer_steps"));
+        auto ws = meta.find("world_size");
+        if (ws != meta.end() && ws->second != std::to_string(world))
+          log_warn(cfg.resume + " was written at world size " + ws->second + ", resuming at " +
+                   std::to_string(world) + ": the data order is the same, float sums may differ");
+        pos[0] = 1;
+      } catch (const Error& e) {
+        failure = e.what();
+      }
+    }
+    comm.broadcast(pos, 4, 0, "broadcast of the resume position");
+    if (!pos[0]) {
+      if (rank == 0) throw Error(ErrorKind::kInput, failure);
+      throw Error(ErrorKind::kInput, "rank 0 could not read --resume " + cfg.resume);
+    }
+    ddp.broadcast_state();
+    if (!opt.momentum_buffer().empty())
+      comm.broadcast(opt.momentum_buffer().data(), static_cast<int64_t>(opt.momentum_buffer().size()), 0,
+                     "broadcast of the optimizer state");
+    int64_t sgd_steps = opt.steps();
+    comm.broadcast(&sgd_steps, 1);
+    opt.set_steps(sgd_steps);
+    start_epoch = pos[1];
+    start_step = pos[2];
+    global_step = pos[3];
+    log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << start_epoch + 1 << ", step "
+                                     << start_step << " (global step " << global_step << ")"));
+  }
+
   std::ofstream metrics;
   if (rank == 0 && !cfg.metrics.empty()) {
-    metrics.open(cfg.metrics, std::ios::trunc);
+    metrics.open(cfg.metrics, cfg.resume.empty() ? std::ios::trunc : std::ios::app);
     DPT_INPUT_CHECK(metrics.good(), "--metrics: cannot write " << cfg.metrics);
   }
 
@@ -125,6 +171,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps << " leaves no optimizer step in an epoch of "
                                                << batches << " batches");
   if (cfg.max_steps > 0) steps = std::min(steps, cfg.max_steps);
+  DPT_INPUT_CHECK(start_step <= steps, "--resume: the checkpoint is at step " << start_step
+                                           << " of its epoch, but epochs now have " << steps << " steps");
   const int64_t b = sampler.local_batch();
   const float grad_scale = 1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps);
   Tensor x({b, 28, 28, 1}), dlogits({b, train.num_classes});
@@ -132,14 +180,51 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   Tensor ex;
   std::vector<int32_t> elabels;
   std::vector<EpochMetrics> history;
-  int64_t global_step = 0;
 
-  for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+  // The training state at a step boundary, for checkpoints: epoch in progress and steps done in it.
+  auto write_checkpoint = [&](const std::string& path, int64_t epoch, int64_t epoch_step) {
+    ddp.sync_buffers();
+    if (rank == 0)
+      save_model(path, *model,
+                 {{"config", cfg.to_json()}, {"epoch", std::to_string(epoch)},
+                  {"epoch_step", std::to_string(epoch_step)}, {"step", std::to_string(global_step)},
+                  {"optimizer_steps", std::to_string(opt.steps())}, {"seed", std::to_string(cfg.seed)},
+                  {"world_size", std::to_string(world)}},
+                 &opt.momentum_buffer());
+    comm.barrier();
+  };
+
+  // SIGINT/SIGTERM: finish the step, agree on stopping, checkpoint if configured, exit 128+sig.
+  g_stop_signal = 0;
+  auto old_int = std::signal(SIGINT, on_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  struct Restore {
+    decltype(old_int) i, t;
+    ~Restore() {
+      std::signal(SIGINT, i);
+      std::signal(SIGTERM, t);
+    }
+  } restore{old_int, old_term};
+  auto check_stop = [&](int64_t epoch, int64_t epoch_step) {
+    int32_t sig = g_stop_signal;
+    if (world > 1) comm.allreduce(&sig, 1, ReduceOp::kMax, "all-reduce of the stop flag");
+    if (!sig) return;
+    if (cfg.checkpoint_every > 0) {
+      write_checkpoint(cfg.checkpoint_path, epoch, epoch_step);
+      log_info(DPT_MSG("signal " << sig << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
+                                 << " written to " << cfg.checkpoint_path));
+    }
+    throw Stopped{sig, global_step};
+  };
+
+  for (int epoch = static_cast<int>(start_epoch); epoch < cfg.epochs; ++epoch) {
     sampler.set_epoch(epoch);
     double loss_sum = 0, comm_s = 0, exposed_s = 0, lr = 0;
     int64_t correct = 0, seen = 0;
+    const int64_t first = epoch == start_epoch ? start_step : 0;
     const double t0 = now();
-    for (int64_t s = 0; s < steps; ++s, ++global_step) {
+    for (int64_t s = first; s < steps; ++s, ++global_step) {
+      check_stop(epoch, s);
       for (int micro = 0; micro < cfg.accum_steps; ++micro) {
         const int64_t* idx = sampler.local_indices(s * cfg.accum_steps + micro);
         images_to_float(train, idx, b, x.data());
@@ -168,13 +253,13 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
     EpochMetrics m;
     m.epoch = epoch + 1;
-    m.train_loss = tsum[0] / tsum[2];
-    m.train_acc = tsum[1] / tsum[2];
+    m.train_loss = tsum[2] > 0 ? tsum[0] / tsum[2] : 0;
+    m.train_acc = tsum[2] > 0 ? tsum[1] / tsum[2] : 0;
     m.train_count = static_cast<int64_t>(tsum[2]);
     m.test_loss = ev.loss_sum / static_cast<double>(ev.count);
     m.test_acc = static_cast<double>(ev.correct) / static_cast<double>(ev.count);
     m.test_count = ev.count;
-    m.steps = steps;
+    m.steps = steps - first;
     m.lr = lr;
     m.epoch_seconds = train_seconds;
     m.images_per_second = tsum[2] / train_seconds;
@@ -195,6 +280,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
         metrics.flush();
       }
     }
+    if (cfg.checkpoint_every > 0 && (epoch + 1) % cfg.checkpoint_every == 0) {
+      write_checkpoint(cfg.checkpoint_path, epoch + 1, 0);
+      log_info("checkpoint written to " + cfg.checkpoint_path);
+    }
   }
   if (!cfg.save.empty()) {
     // Buffers were averaged before the last evaluation; parameters are identical by construction.
@@ -202,7 +291,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       save_model(cfg.save, *model,
                  {{"config", cfg.to_json()}, {"epoch", std::to_string(cfg.epochs)},
                   {"step", std::to_string(global_step)}, {"seed", std::to_string(cfg.seed)},
-                  {"world_size", std::to_string(world)}, {"format", "dptrain-model-v1"}});
+                  {"world_size", std::to_string(world)}});
     comm.barrier();
     log_info("saved " + cfg.save);
   }

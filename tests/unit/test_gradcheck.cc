@@ -316,11 +316,10 @@ TEST(GradCheck, Linear) {
 // (copied over by name) and input.
 struct ResidualShadow {
   ParamStore store;
-  std::unique_ptr<Layer> conv1 = make_conv2d(0, 3), bn1 = make_batchnorm2d(), conv2, bn2 = make_batchnorm2d(), ds;
+  std::unique_ptr<Layer> conv1, bn1 = make_batchnorm2d(), conv2, bn2 = make_batchnorm2d(), ds;
   Tensor a, b, d, e, sc;
-  ResidualShadow(int64_t channels, bool use_1x1, int64_t stride, const Shape& in) {
-    conv1 = make_conv2d(channels, 3, stride, 1);
-    conv2 = make_conv2d(channels, 3, 1, 1);
+  ResidualShadow(int64_t channels, bool use_1x1, int64_t stride, const Shape& in)
+      : conv1(make_conv2d(channels, 3, stride, 1)), conv2(make_conv2d(channels, 3, 1, 1)) {
     Shape s = conv1->build(in, store, "conv1");
     s = bn1->build(s, store, "bn1");
     s = conv2->build(s, store, "conv2");
@@ -456,7 +455,7 @@ int64_t argmax_abs(const std::vector<float>& v) {
 }
 
 TEST(GradCheck, LeNetModel) {
-  ModelCheck mc("lenet", 3, 130 + (std::getenv("S") ? std::atoi(std::getenv("S")) : 0));
+  ModelCheck mc("lenet", 3, 130);
   ParamStore& st = mc.m->store();
   std::fill(st.grads(), st.grads() + st.num_params(), 5.f);  // backward overwrites
   BackwardCtx ctx;
@@ -466,8 +465,9 @@ TEST(GradCheck, LeNetModel) {
     std::vector<float> gp(p.grad.data(), p.grad.data() + p.numel());
     // Perturbing a conv1 weight moves ~40k ReLU inputs, so some always cross 0 and each crossing
     // bends the loss a little: a small step, coordinates whose one-sided slopes disagree skipped,
-    // and 1% of the tensor's largest sampled gradient as tolerance (float rounding of the loss
-    // bounds the step from below). The tensor's largest gradient is always among those checked.
+    // and 2% of the tensor's largest sampled gradient as tolerance (float rounding of the loss
+    // bounds the step from below; over 60 seeds the worst error was 1.1%). The tensor's largest
+    // gradient is always among those checked.
     CheckOpts o;
     o.count = 30;
     o.kinks = true;
@@ -486,7 +486,7 @@ TEST(GradCheck, LeNetModel) {
 }
 
 TEST(GradCheck, ResNet18ModelFewCoordinates) {
-  ModelCheck mc("resnet18", 2, 140 + (std::getenv("S") ? std::atoi(std::getenv("S")) : 0));
+  ModelCheck mc("resnet18", 2, 140);
   BackwardCtx ctx;
   mc.backward(ctx);
   // Tolerances relative to the largest sampled gradient of each tensor. Perturbing an early weight
@@ -504,7 +504,7 @@ TEST(GradCheck, ResNet18ModelFewCoordinates) {
     std::vector<float> gp(p->grad.data(), p->grad.data() + p->numel());
     CheckOpts o;
     o.count = 4;
-    o.eps = std::getenv("E") ? std::atof(std::getenv("E")) : 1e-3;
+    o.eps = 1e-3;
     o.rtol = rtol;
     o.floor = 1e-4;
     o.rel_floor = 1.0;
@@ -615,6 +615,16 @@ TEST(Accumulate, LeNetModel) {
         << i;
 }
 
+// oneDNN 2.6's jit_1x1:avx2 backward-weights for a 1x1 stride-2 convolution with fewer than 8 input
+// channels on an even-sized input writes past the end of a heap block (valgrind: "Invalid write of
+// size 8 ... 0 bytes after a block of size 396 alloc'd" in dnnl_primitive_create's allocation);
+// the process then dies in free(). Reproduces with the plain oneDNN API, so it is a oneDNN bug that
+// src/cpu/conv.cc would have to route around (e.g. skip jit_1x1 implementations via next_impl()).
+// Enable once it does; run under valgrind to see the corruption even when it does not crash.
+TEST(GradCheck, DISABLED_Conv2d1x1Stride2FewInputChannels) {
+  LayerCheck c(make_conv2d(4, 1, 2, 0), {6, 6, 3}, 2, 118, "conv");
+  c.run("conv 1x1 s2 cin3", {});
+}
 
 }  // namespace
 }  // namespace dpt

@@ -52,14 +52,45 @@ struct ConvCase {
   int64_t n, h, w, cin, cout, k, stride, pad;
 };
 
+// Worst error of a Conv2d output against a direct convolution in double, relative to the sum of the
+// magnitudes of each output's terms (the float rounding bound).
+double conv_error(const ConvCase& c, const Tensor& x, const float* W, const float* B, const Tensor& y) {
+  const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
+  const int64_t ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
+  EXPECT_EQ(y.shape(), (Shape{c.n, oh, ow, c.cout}));
+  const float* X = x.data();
+  double worst = 0;
+  for (int64_t n = 0; n < c.n; ++n)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t co = 0; co < c.cout; ++co) {
+          double acc = B ? B[co] : 0.0, mag = std::fabs(acc);
+          for (int64_t ci = 0; ci < c.cin; ++ci)
+            for (int64_t kh = 0; kh < c.k; ++kh)
+              for (int64_t kw = 0; kw < c.k; ++kw) {
+                const int64_t hi = i * c.stride - c.pad + kh, wi = j * c.stride - c.pad + kw;
+                if (hi < 0 || hi >= c.h || wi < 0 || wi >= c.w) continue;
+                const double t = static_cast<double>(X[((n * c.h + hi) * c.w + wi) * c.cin + ci]) *
+                                 W[((co * c.cin + ci) * c.k + kh) * c.k + kw];
+                acc += t;
+                mag += std::fabs(t);
+              }
+          const double got = y.data()[((n * oh + i) * ow + j) * c.cout + co];
+          worst = std::max(worst, std::fabs(got - acc) / std::max(mag, 1e-30));
+        }
+  return worst;
+}
+
 TEST(Conv2d, MatchesNaiveDirectConvolution) {
   const ConvCase cases[] = {
       {2, 7, 6, 3, 4, 3, 1, 0},   // k=3, no padding
       {2, 8, 7, 3, 5, 3, 2, 1},   // k=3, pad 1, stride 2 (odd width)
       {2, 7, 7, 4, 6, 1, 2, 0},   // 1x1, stride 2
+      {2, 8, 8, 8, 4, 1, 2, 0},   // 1x1, stride 2, even size
       {2, 9, 8, 2, 3, 5, 1, 0},   // k=5
       {2, 6, 6, 5, 7, 5, 1, 2},   // k=5 with padding
       {1, 5, 5, 16, 8, 3, 1, 1},  // more input channels
+      {2, 28, 28, 1, 64, 3, 1, 1},  // ResNet-18's stem
   };
   std::mt19937_64 g(1234);
   for (const ConvCase& c : cases) {
@@ -79,31 +110,25 @@ TEST(Conv2d, MatchesNaiveDirectConvolution) {
     Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
     Tensor y;
     rig.layer->forward(x, y, Mode::kTrain);
-    ASSERT_EQ(y.shape(), (Shape{c.n, oh, ow, c.cout}));
+    EXPECT_LT(conv_error(c, x, w.value.data(), b.value.data(), y), 1e-5);
+  }
+}
 
-    const float* X = x.data();
-    const float* W = w.value.data();
-    double worst = 0;
-    for (int64_t n = 0; n < c.n; ++n)
-      for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j)
-          for (int64_t co = 0; co < c.cout; ++co) {
-            double acc = b.value.data()[co], mag = std::fabs(acc);
-            for (int64_t ci = 0; ci < c.cin; ++ci)
-              for (int64_t kh = 0; kh < c.k; ++kh)
-                for (int64_t kw = 0; kw < c.k; ++kw) {
-                  const int64_t hi = i * c.stride - c.pad + kh, wi = j * c.stride - c.pad + kw;
-                  if (hi < 0 || hi >= c.h || wi < 0 || wi >= c.w) continue;
-                  const double t = static_cast<double>(X[((n * c.h + hi) * c.w + wi) * c.cin + ci]) *
-                                   W[((co * c.cin + ci) * c.k + kh) * c.k + kw];
-                  acc += t;
-                  mag += std::fabs(t);
-                }
-            const double got = y.data()[((n * oh + i) * ow + j) * c.cout + co];
-            // Relative to the sum of the magnitudes of the terms: the float rounding bound.
-            worst = std::max(worst, std::fabs(got - acc) / std::max(mag, 1e-30));
-          }
-    EXPECT_LT(worst, 1e-5);
+TEST(Conv2d, BatchSizeChangesAndWeightUpdates) {
+  // Primitives are cached per batch size and weights reordered on every call: alternate batch
+  // sizes and change the weights in between; every output must match the current weights.
+  std::mt19937_64 g(99);
+  ConvCase c{2, 6, 5, 3, 4, 3, 2, 1};
+  Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad, false), {c.h, c.w, c.cin});
+  Param& w = rig.p("l.weight");
+  for (int64_t n : {2, 3, 2, 1, 3}) {
+    SCOPED_TRACE("batch " + std::to_string(n));
+    c.n = n;
+    fill_uniform(w.value.data(), w.numel(), g);
+    Tensor x = random_tensor({n, c.h, c.w, c.cin}, g);
+    Tensor y;
+    rig.layer->forward(x, y, Mode::kTrain);
+    EXPECT_LT(conv_error(c, x, w.value.data(), nullptr, y), 1e-5);
   }
 }
 

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks of dptrain against PyTorch on the same work.
+
+Each suite is a list of named commands that print JSON lines with `epoch_seconds` (dptrain's
+--metrics file, torch_ref.py --json). The commands are run alternately (A B C, A B C, ...) so
+machine noise hits all of them alike; the table shows medians, spread and the ratio to the suite's
+baseline. Suites:
+  lenet-1rank  LeNet, d2l recipe, 1 epoch, 1 rank, 1 and 2 threads: dptrain vs PyTorch
+  lenet-dp     LeNet, d2l recipe, 1 epoch, 1 thread per rank: dptrain np1, np2 with overlap on
+               and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part
+Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"  # Debian's python3 has torch (a measuring tool only)
+
+
+def mpirun(np):
+    cmd = ["mpirun", "-np", str(np), "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if np > os.cpu_count():
+        cmd.append("--oversubscribe")
+    return cmd
+
+
+def suite(name, build, max_steps):
+    dp = os.path.join(build, "dptrain")
+    common = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
+    torch = [PY, os.path.join(ROOT, "bench", "torch_ref.py"), "--json"] + common
+    if max_steps:
+        common += ["--max-steps", str(max_steps)]
+        torch += ["--max-steps", str(max_steps)]
+    if name == "lenet-1rank":
+        runs = []
+        for t in (1, 2):
+            runs.append((f"dptrain np1 t{t}", mpirun(1) + [dp] + common + ["--threads", str(t)], True))
+            runs.append((f"pytorch np1 t{t}", torch + ["--threads", str(t)], False))
+        return runs, {f"dptrain np1 t{t}": f"pytorch np1 t{t}" for t in (1, 2)}
+    if name == "lenet-dp":
+        runs = [
+            ("dptrain np1", mpirun(1) + [dp] + common, True),
+            ("dptrain np2 overlap", mpirun(2) + [dp] + common, True),
+            ("dptrain np2 no-overlap", mpirun(2) + [dp] + common + ["--no-overlap"], True),
+            ("pytorch-ddp np2", torch + ["--ddp", "--nproc", "2", "--threads", "1"], False),
+        ]
+        return runs, {"dptrain np1": "pytorch-ddp np2", "dptrain np2 overlap": "pytorch-ddp np2",
+                      "dptrain np2 no-overlap": "pytorch-ddp np2"}
+    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp)")
+
+
+def last_json(text):
+    rec = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                pass
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
+        sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
+    runs, baseline = suite(a.suite, a.build, a.max_steps)
+    env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
+    results = {name: [] for name, _, _ in runs}
+    extra = {name: [] for name, _, _ in runs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(a.reps):
+            for name, cmd, is_dptrain in runs:
+                metrics = os.path.join(tmp, "m.jsonl")
+                full = cmd + (["--metrics", metrics, "--quiet"] if is_dptrain else [])
+                print(f"# rep {rep + 1}/{a.reps}: {name}", file=sys.stderr, flush=True)
+                p = subprocess.run(full, env=env, capture_output=True, text=True)
+                if p.returncode != 0:
+                    sys.exit(f"bench.py: '{name}' failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+                rec = last_json(open(metrics).read() if is_dptrain else p.stdout)
+                if not rec:
+                    sys.exit(f"bench.py: '{name}' printed no JSON record")
+                results[name].append(rec["epoch_seconds"])
+                extra[name].append(rec)
+    rows = []
+    for name, _, _ in runs:
+        xs = results[name]
+        med = statistics.median(xs)
+        row = {"name": name, "median_s": med, "min_s": min(xs), "max_s": max(xs), "reps": len(xs),
+               "spread_pct": (max(xs) - min(xs)) / med * 100}
+        recs = extra[name]
+        if "comm_seconds" in recs[0]:
+            row["allreduce_s"] = statistics.median(r["comm_seconds"] for r in recs)
+            row["exposed_s"] = statistics.median(r["exposed_comm_seconds"] for r in recs)
+        if "test_acc" in recs[0]:
+            row["test_acc"] = recs[-1]["test_acc"]
+        rows.append(row)
+    med = {r["name"]: r["median_s"] for r in rows}
+    for r in rows:
+        if r["name"] in baseline:
+            r["vs"] = baseline[r["name"]]
+            r["speedup"] = med[r["vs"]] / r["median_s"]
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"# suite {a.suite}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"{os.cpu_count()} cores, {cpu}; {a.reps} reps alternated; epoch_seconds = training loop")
+    print(f"# {'run':<24} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
+          f"{'exposed_s':>9} {'test_acc':>8}  speedup")
+    for r in rows:
+        sp = f"{r['speedup']:.2f}x vs {r['vs']}" if "speedup" in r else ""
+        ar = f"{r['allreduce_s']:.3f}" if "allreduce_s" in r else "-"
+        ex = f"{r['exposed_s']:.3f}" if "exposed_s" in r else "-"
+        acc = f"{r['test_acc']:.4f}" if "test_acc" in r else "-"
+        print(f"  {r['name']:<24} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
+              f"{r['spread_pct']:>6.1f}% {ar:>11} {ex:>9} {acc:>8}  {sp}")
+
+
+if __name__ == "__main__":
+    main()

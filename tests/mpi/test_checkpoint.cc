@@ -1,0 +1,128 @@
+// Checkpoints under mpirun (-np 1, 2, 4): a run checkpointed after epoch 2 and resumed ends bit
+// for bit where the uninterrupted run ends; checkpoints of another model, truncated or corrupted
+// ones are refused with exit code 2 and a message naming the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dpt/checkpoint.h"
+#include "dpt/comm.h"
+#include "dpt/error.h"
+#include "dpt/safetensors.h"
+#include "dpt/train.h"
+#include "test_util.h"
+
+namespace dpt {
+namespace {
+
+struct Fixture {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::string dir;
+  Fixture() {
+    comm->set_timeout(120);
+    if (comm->rank() == 0) {
+      dir = test::make_temp_dir("ckpt");
+      test::write_synthetic_dataset(dir, 640, 200, 4);
+    }
+    int64_t len = static_cast<int64_t>(dir.size());
+    comm->broadcast(&len, 1);
+    dir.resize(static_cast<size_t>(len));
+    comm->broadcast(reinterpret_cast<uint8_t*>(dir.data()), len);
+  }
+  ~Fixture() {
+    comm->barrier();
+    if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  }
+  TrainConfig config() const {
+    TrainConfig c;
+    apply_recipe(&c);  // momentum, weight decay, warm-up and cosine: all of it must resume
+    c.data = dir;
+    c.epochs = 3;
+    c.batch_size = 64;
+    c.eval_batch_size = 100;
+    c.quiet = true;
+    return c;
+  }
+};
+
+TEST(Checkpoint, ResumeAfterEpochTwoEndsBitForBit) {
+  Fixture f;
+  TrainConfig full = f.config();
+  full.save = f.dir + "/full.safetensors";
+  full.checkpoint_every = 2;  // after epoch 2 (epoch 3 is not a multiple: the file stays)
+  full.checkpoint_path = f.dir + "/ckpt.safetensors";
+  run_training(full, *f.comm);
+
+  TrainConfig resumed = f.config();
+  resumed.resume = full.checkpoint_path;
+  resumed.save = f.dir + "/resumed.safetensors";
+  auto hist = run_training(resumed, *f.comm);
+  ASSERT_EQ(hist.size(), 1u);  // only epoch 3 ran
+  EXPECT_EQ(hist[0].epoch, 3);
+
+  if (f.comm->rank() == 0) {
+    StFile a = read_safetensors(full.save), b = read_safetensors(resumed.save);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+      EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << a.tensors[i].name << " differs";
+    }
+    StFile ck = read_safetensors(full.checkpoint_path);
+    EXPECT_EQ(ck.metadata.at("epoch"), "2");
+    EXPECT_EQ(ck.metadata.at("format"), "dptrain-checkpoint-v1");
+    EXPECT_NE(ck.find("optimizer.momentum_buffer"), nullptr);
+  }
+}
+
+int exit_code_of(const TrainConfig& c, Communicator& comm, std::string* msg) {
+  try {
+    run_training(c, comm);
+  } catch (const Error& e) {
+    *msg = e.what();
+    return e.exit_code();
+  }
+  return 0;
+}
+
+TEST(Checkpoint, RefusesOtherModelsTruncatedAndCorruptedFiles) {
+  Fixture f;
+  TrainConfig c = f.config();
+  c.epochs = 1;
+  c.checkpoint_every = 1;
+  c.checkpoint_path = f.dir + "/lenet.safetensors";
+  run_training(c, *f.comm);
+  const std::string good = c.checkpoint_path;
+  const std::string truncated = f.dir + "/truncated.safetensors";
+  const std::string corrupted = f.dir + "/corrupted.safetensors";
+  const std::string model_only = f.dir + "/model.safetensors";
+  if (f.comm->rank() == 0) {
+    std::ifstream in(good, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(truncated, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+    std::string bad = bytes;
+    bad[3] = '\x7f';  // header length now absurd
+    std::ofstream(corrupted, std::ios::binary).write(bad.data(), static_cast<std::streamsize>(bad.size()));
+    auto m = make_model("lenet");
+    save_model(model_only, *m, {});
+  }
+  f.comm->barrier();
+  struct Case {
+    std::string file, model, needle;
+  } cases[] = {{good, "resnet18", "'lenet' model, not 'resnet18'"},
+               {truncated, "lenet", truncated},
+               {corrupted, "lenet", "header length"},
+               {model_only, "lenet", "not a training checkpoint"},
+               {f.dir + "/missing.safetensors", "lenet", "missing.safetensors"}};
+  for (const auto& k : cases) {
+    TrainConfig r = f.config();
+    r.model = k.model;
+    r.resume = k.file;
+    std::string msg;
+    EXPECT_EQ(exit_code_of(r, *f.comm, &msg), 2) << k.file;
+    if (f.comm->rank() == 0) EXPECT_NE(msg.find(k.needle), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace dpt

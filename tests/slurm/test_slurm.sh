@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Slurm launch test: starts a private one-node Slurm cluster (munged, slurmctld, slurmd, all under
+# a temp dir on free ports, config generated from `slurmd -C`), submits
+# launch/slurm/dptrain.sbatch for a short 2-rank LeNet run, and checks that the job COMPLETED
+# with exit code 0 and that its metrics line says world_size 2 and test_count 10000. The daemons
+# are stopped by their PIDs and the temp dir removed on every exit. Exits 77 (meson's skip code)
+# with the reason when the machine cannot host the cluster.
+# Usage: tests/slurm/test_slurm.sh path/to/dptrain
+# shellcheck disable=SC2317  # functions are called through traps and wait_for
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+script=$repo/launch/slurm/dptrain.sbatch
+start_s=$SECONDS
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+log() { printf '[%3ds] %s\n' $((SECONDS - start_s)) "$*"; }
+
+[[ $# -ge 1 ]] || fail "usage: $0 path/to/dptrain"
+bin=$(readlink -f "$1") || fail "cannot resolve '$1'"
+[[ -x $bin ]] || fail "dptrain binary '$1' not found or not executable"
+[[ -f $script ]] || fail "$script is missing"
+
+# What the cluster needs; anything missing is a skip, not a failure.
+[[ $(id -u) -eq 0 ]] || skip "needs root (slurmd must run as root to launch tasks; SlurmUser=root)"
+for p in munged slurmctld slurmd sbatch srun scontrol sinfo; do
+  command -v "$p" >/dev/null 2>&1 ||
+    skip "'$p' not found (install with: apt-get install -y slurm-wlm munge)"
+done
+data=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+[[ -d $data ]] || skip "no Fashion-MNIST at $data (apt-get install dataset-fashion-mnist)"
+
+tmp=$(mktemp -d /tmp/dpt-slurm.XXXXXX) || fail "mktemp failed"
+chmod 755 "$tmp"
+pids=()   # daemons to stop, in start order
+jobid=""  # the submitted job, cancelled on an early exit
+
+cleanup() {
+  local rc=$?
+  local i pid
+  trap - INT TERM
+  # A job still running (the test was interrupted or timed out) is cancelled while slurmctld is
+  # up, so that its slurmstepd, srun and ranks end with it (they outlive slurmd otherwise).
+  if [[ -n $jobid ]] && ! job_done; then
+    scancel "$jobid" 2>/dev/null && wait_for 15 job_done
+  fi
+  # Stop in reverse order: slurmd, slurmctld, munged.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    pid=${pids[i]}
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 50); do  # up to 5 s, then SIGKILL
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  # Last resort: any process still carrying this cluster's SLURM_CONF (slurmstepd, srun, dptrain
+  # ranks; the path holds the unique temp dir) is one this test started.
+  for pid in /proc/[0-9]*; do
+    pid=${pid#/proc/}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$tmp/slurm.conf" &&
+      kill -9 "$pid" 2>/dev/null
+  done
+  if ((rc != 0 && rc != 77)) && [[ -d $tmp ]]; then
+    echo "---- logs (test failed, rc $rc) ----"
+    for f in "$tmp"/log/* "$tmp"/job-*.out; do
+      [[ -f $f ]] || continue
+      echo "==> $f <=="
+      tail -n 30 "$f"
+    done
+  fi
+  rm -rf "$tmp"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Waits up to $1 seconds (polling every 0.2 s) for the command in $2... to succeed.
+wait_for() {
+  local limit=$1
+  shift
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# Two free TCP ports (another session's Slurm may own the default 6817/6818).
+free_ports() {
+  local out
+  out=$(python3 -c 'import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in ss))' 2>/dev/null) && [[ $out =~ ^[0-9]+\ [0-9]+$ ]] && {
+    echo "$out"
+    return
+  }
+  # Fallback without python3: random ports in 20000-39999 that nothing answers on.
+  local ports=() p
+  while ((${#ports[@]} < 2)); do
+    p=$((20000 + RANDOM % 20000))
+    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || ports+=("$p")
+  done
+  echo "${ports[@]}"
+}
+
+mkdir -p "$tmp"/{munge,log,state,spool,run,tmpfs}
+chmod 755 "$tmp/munge"  # munged refuses a socket dir that others cannot search
+chmod 700 "$tmp/state" "$tmp/spool"
+
+# ---- munged with its own key and socket ----
+sock=$tmp/munge/munge.socket
+dd if=/dev/urandom of="$tmp/run/munge.key" bs=1 count=1024 status=none || fail "cannot create munge key"
+chmod 400 "$tmp/run/munge.key"
+munged --foreground --socket="$sock" --key-file="$tmp/run/munge.key" \
+  --pid-file="$tmp/run/munged.pid" --log-file="$tmp/log/munged.log" \
+  --seed-file="$tmp/run/munged.seed" </dev/null >>"$tmp/log/munged.log" 2>&1 &
+pids+=($!)
+wait_for 10 test -S "$sock" || fail "munged did not create its socket within 10 s"
+kill -0 "${pids[0]}" 2>/dev/null || fail "munged exited"
+if command -v munge >/dev/null && command -v unmunge >/dev/null; then
+  munge -S "$sock" -n | unmunge -S "$sock" >/dev/null || fail "munge credential round trip failed"
+fi
+log "munged up (pid ${pids[0]})"
+
+# ---- slurm.conf from slurmd -C ----
+host=$(hostname -s)
+node_line=$(slurmd -C | grep '^NodeName=') || fail "slurmd -C printed no NodeName line"
+node_line=$(sed -E "s/^NodeName=[^ ]+/NodeName=$host/" <<<"$node_line")
+read -r ctld_port d_port < <(free_ports)
+[[ -n $ctld_port && -n $d_port ]] || fail "could not find free ports"
+export SLURM_CONF=$tmp/slurm.conf
+cat >"$SLURM_CONF" <<EOF
+# Generated by tests/slurm/test_slurm.sh: a private one-node cluster.
+ClusterName=dpttest
+SlurmctldHost=$host
+SlurmctldPort=$ctld_port
+SlurmdPort=$d_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$sock
+MpiDefault=pmix
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SwitchType=switch/none
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$tmp/log/jobcomp.txt
+ReturnToService=2
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+StateSaveLocation=$tmp/state
+SlurmdSpoolDir=$tmp/spool
+# TmpFS also holds the PMIx plugin's per-step dirs (default /tmp/spmix_appdir_<uid>_<job>.<step>,
+# which another private cluster's job 1 would share).
+TmpFS=$tmp/tmpfs
+SlurmctldPidFile=$tmp/run/slurmctld.pid
+SlurmdPidFile=$tmp/run/slurmd.pid
+SlurmctldLogFile=$tmp/log/slurmctld.log
+SlurmdLogFile=$tmp/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+$node_line State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=10 State=UP
+EOF
+log "slurm.conf: $node_line; ports $ctld_port/$d_port"
+srun --mpi=list 2>&1 | grep -q pmix || skip "this Slurm has no PMIx MPI plugin (srun --mpi=list)"
+
+# ---- slurmctld and slurmd in the foreground (-D) so that $! is the daemon ----
+slurmctld -D -i -f "$SLURM_CONF" </dev/null >>"$tmp/log/slurmctld.out" 2>&1 &
+pids+=($!)
+wait_for 20 scontrol ping || fail "slurmctld did not answer within 20 s"
+slurmd -D -f "$SLURM_CONF" -N "$host" </dev/null >>"$tmp/log/slurmd.out" 2>&1 &
+pids+=($!)
+node_idle() { sinfo -h -n "$host" -o '%t' | grep -qx 'idle'; }
+wait_for 30 node_idle || fail "node $host not idle within 30 s (sinfo: $(sinfo -h -o '%t %E' 2>&1))"
+log "slurmctld (pid ${pids[1]}) and slurmd (pid ${pids[2]}) up; node $host idle"
+
+# ---- the job ----
+metrics=$tmp/m.jsonl
+# A private copy of the binary: other builds of this tree may relink build/dptrain while the job
+# runs (its RUNPATH is absolute, so the copy loads the same libraries).
+cp "$bin" "$tmp/dptrain" || fail "cannot copy $bin"
+export DPTRAIN=$tmp/dptrain
+log "DPTRAIN=$DPTRAIN (a copy of $bin)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+jobid=$(cd "$tmp" && sbatch --parsable --chdir="$tmp" --output="$tmp/job-%j.out" --time=5 \
+  "$script" --model lenet --epochs 1 --max-steps 5 --batch-size 64 --eval-batch-size 2000 \
+  --data "$data" --metrics "$metrics") || fail "sbatch failed"
+jobid=${jobid%%;*}
+log "submitted job $jobid"
+
+job_state() { scontrol show job -o "$jobid" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+job_done() {
+  case $(job_state) in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE) return 0 ;;
+  esac
+  return 1
+}
+wait_for 90 job_done || {
+  scancel "$jobid" 2>/dev/null
+  fail "job $jobid not finished within 90 s (state $(job_state))"
+}
+log "job $jobid finished"
+echo "---- job output ----"
+cat "$tmp/job-$jobid.out"
+echo "--------------------"
+
+# ---- checks ----
+state="" exit_code="" source=""
+if acct=$(sacct -n -X -P -j "$jobid" -o State,ExitCode 2>/dev/null) && [[ -n $acct ]]; then
+  state=${acct%%|*}
+  exit_code=${acct#*|}
+  source="sacct"
+else
+  info=$(scontrol show job -o "$jobid") || fail "scontrol show job $jobid failed"
+  state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
+  exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
+  source="scontrol show job (accounting storage is disabled on this test cluster)"
+fi
+state=${state%% *}
+echo "check: job state via $source: $state, exit code $exit_code"
+[[ $state == COMPLETED ]] || fail "job $jobid state is '$state', not COMPLETED"
+[[ $exit_code == 0:0 ]] || fail "job $jobid exit code is '$exit_code', not 0:0"
+if [[ -f $tmp/log/jobcomp.txt ]]; then
+  rec=$(grep "JobId=$jobid " "$tmp/log/jobcomp.txt")
+  comp="$(grep -o 'JobState=[A-Z_]*' <<<"$rec") $(grep -o ' ExitCode=[0-9:]*' <<<"$rec")"
+  echo "check: job completion log: ${comp:-none}"
+  grep -q 'JobState=COMPLETED' <<<"$rec" ||
+    fail "job completion log has no COMPLETED record for job $jobid"
+fi
+
+[[ -s $metrics ]] || fail "no metrics file $metrics"
+line=$(tail -n 1 "$metrics")
+echo "check: metrics line: $line"
+grep -Eq '"world_size": ?2[,}]' <<<"$line" || fail "metrics line lacks \"world_size\": 2"
+grep -Eq '"test_count": ?10000[,}]' <<<"$line" || fail "metrics line lacks \"test_count\": 10000"
+echo "check: world_size 2 and test_count 10000 in the metrics"
+grep -q 'world size 2' "$tmp/job-$jobid.out" || fail "job output lacks 'world size 2'"
+echo "check: job output says 'world size 2'"
+
+log "PASS: Slurm job $jobid ran dptrain on 2 ranks via srun --mpi=pmix"
+exit 0
