@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   try {
     auto comm = dpt::make_mpi_communicator();
     dpt::run_training(cfg, *comm);
+  } catch (const dpt::AgreedInputError& e) {
+    if (!e.message.empty()) dpt::log_error(e.message);
+    return 2;
   } catch (const dpt::Stopped& s) {
     dpt::log_info("stopped by signal " + std::to_string(s.signal) + " after step " + std::to_string(s.step));
     return 128 + s.signal;

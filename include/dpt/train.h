@@ -120,6 +120,12 @@ struct Stopped {
   int64_t step = 0;
 };
 
+// An input error every rank knows about (agreed by a collective): no MPI_Abort is needed. The
+// message is empty on ranks that were not themselves at fault (they stay quiet).
+struct AgreedInputError {
+  std::string message;
+};
+
 // Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <vector>
 #include <thread>
 
 #include "comm/mpi_check.h"
@@ -52,9 +53,11 @@ void divide(void* data, int64_t count, DType dt, int n) {
   }
 }
 
-// Polls `done` until it returns true, sleeping briefly between polls; throws after `timeout` s.
+// Polls `done` until it returns true, sleeping briefly between polls; after `timeout` s throws an
+// error naming the operation, this rank, and what `diagnose` found out about the others.
 template <typename Poll>
-void poll_until(Poll done, double timeout, const std::string& what, int rank) {
+void poll_until(Poll done, double timeout, const std::string& what, int rank,
+                const std::function<std::string()>& diagnose) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   int spins = 0;
@@ -64,15 +67,17 @@ void poll_until(Poll done, double timeout, const std::string& what, int rank) {
     if (timeout > 0 && std::chrono::duration<double>(clock::now() - start).count() > timeout)
       throw Error(ErrorKind::kInternal,
                   DPT_MSG(what << " did not complete within --timeout " << timeout
-                               << " s on rank " << rank
-                               << ": a peer rank is stopped, dead or far behind"));
+                               << " s on rank " << rank << ": "
+                               << (diagnose ? diagnose() : std::string("a peer rank is stopped, dead or far behind"))));
   }
 }
 
 class MpiRequest : public Request {
  public:
-  MpiRequest(MPI_Request req, std::string what, double timeout, int rank)
-      : req_(req), what_(std::move(what)), timeout_(timeout), rank_(rank) {}
+  MpiRequest(MPI_Request req, std::string what, double timeout, int rank,
+             std::function<std::string()> diagnose)
+      : req_(req), what_(std::move(what)), timeout_(timeout), rank_(rank),
+        diagnose_(std::move(diagnose)) {}
   // A request still pending here belongs to a job that is failing (its waiter threw): it is left
   // alone, since waiting could hang on a dead peer and MPI forbids freeing an active collective.
   ~MpiRequest() override = default;
@@ -83,7 +88,7 @@ class MpiRequest : public Request {
     if (flag) finish();
     return done_;
   }
-  void wait() override { poll_until([this] { return test(); }, timeout_, what_, rank_); }
+  void wait() override { poll_until([this] { return test(); }, timeout_, what_, rank_, diagnose_); }
   std::function<void()> on_complete;
 
  private:
@@ -95,6 +100,7 @@ class MpiRequest : public Request {
   std::string what_;
   double timeout_;
   int rank_;
+  std::function<std::string()> diagnose_;
   bool done_ = false;
 };
 
@@ -102,6 +108,7 @@ class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent) {
     MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MPI_CHECK(MPI_Comm_dup(parent, &health_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     char name[MPI_MAX_PROCESSOR_NAME];
@@ -112,7 +119,10 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      MPI_Comm_free(&comm_);
+      MPI_Comm_free(&health_);
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -127,10 +137,11 @@ class MpiCommunicator : public Communicator {
 
   std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                           const std::string& what) override {
+    ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op),
                              comm_, &req));
-    auto r = std::make_unique<MpiRequest>(req, what, timeout_, rank_);
+    auto r = make_request(req, what);
     if (op == ReduceOp::kAvg) {
       const int n = size_;
       r->on_complete = [data, count, dt, n] { divide(data, count, dt, n); };
@@ -139,38 +150,96 @@ class MpiCommunicator : public Communicator {
   }
   std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
                                           const std::string& what) override {
+    ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(data, checked_count(count), mpi_type(dt), root, comm_, &req));
-    return std::make_unique<MpiRequest>(req, what, timeout_, rank_);
+    return make_request(req, what);
   }
   void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
                   int root) override {
+    ++seq_;
     MPI_Request req;
     const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
     MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op), root, comm_,
                           &req));
-    MpiRequest r(req, "reduce", timeout_, rank_);
-    r.wait();
+    make_request(req, "reduce")->wait();
     if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
   }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
+    ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(send, checked_count(count), mpi_type(dt), recv, checked_count(count),
                              mpi_type(dt), comm_, &req));
-    MpiRequest(req, "allgather", timeout_, rank_).wait();
+    make_request(req, "allgather")->wait();
   }
   void barrier() override {
+    ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(comm_, &req));
-    MpiRequest(req, "barrier", timeout_, rank_).wait();
+    make_request(req, "barrier")->wait();
+  }
+
+  // After a timeout: every rank that is still alive sends its collective sequence number to every
+  // other on a separate communicator, and listens for 2 s. Who does not answer is stopped or dead;
+  // who answers with a smaller number is behind. Sends are left pending on purpose: the job is
+  // about to be aborted, and waiting for them could hang on the very rank that is gone.
+  std::string diagnose() {
+    std::vector<int64_t> theirs(static_cast<size_t>(size_) * 2, -1);
+    int64_t mine[2] = {rank_, seq_};
+    std::vector<MPI_Request> recvs;
+    std::vector<int> from;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request sreq;
+      MPI_Isend(mine, 2, MPI_INT64_T, r, kHealthTag, health_, &sreq);
+      MPI_Request rreq;
+      MPI_Irecv(&theirs[static_cast<size_t>(2 * r)], 2, MPI_INT64_T, r, kHealthTag, health_, &rreq);
+      recvs.push_back(rreq);
+      from.push_back(r);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    std::vector<bool> got(recvs.size(), false);
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool all = true;
+      for (size_t i = 0; i < recvs.size(); ++i) {
+        if (got[i]) continue;
+        int flag = 0;
+        MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE);
+        got[i] = flag != 0;
+        all = all && got[i];
+      }
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::string silent, behind;
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const int r = from[i];
+      if (!got[i]) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+      else if (theirs[static_cast<size_t>(2 * r + 1)] < seq_)
+        behind += (behind.empty() ? "" : ", ") + std::to_string(r) + " (at collective #" +
+                  std::to_string(theirs[static_cast<size_t>(2 * r + 1)]) + ")";
+    }
+    std::string out;
+    if (!silent.empty()) out += "rank(s) " + silent + " did not answer within 2 s (stopped or dead)";
+    if (!behind.empty()) out += std::string(out.empty() ? "" : "; ") + "rank(s) " + behind +
+                                " behind this rank (at collective #" + std::to_string(seq_) + ")";
+    if (out.empty()) out = "every rank answered and none is behind: a collective is mismatched or the network is stalled";
+    return out;
   }
 
  private:
+  static constexpr int kHealthTag = 7301;
+  std::unique_ptr<MpiRequest> make_request(MPI_Request req, const std::string& what) {
+    return std::make_unique<MpiRequest>(req, what, timeout_, rank_,
+                                        [this] { return diagnose(); });
+  }
   static int checked_count(int64_t count) {
     DPT_CHECK(count >= 0 && count <= INT32_MAX, "collective count " << count << " out of range");
     return static_cast<int>(count);
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm health_ = MPI_COMM_NULL;  // only for the timeout diagnosis
+  int64_t seq_ = 0;                  // collectives issued on comm_ so far
   int rank_ = 0, size_ = 1;
   std::string host_;
   double timeout_ = 0;

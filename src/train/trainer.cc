@@ -77,11 +77,23 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   }
 
   const double t_load = now();
-  ImageSet train = load_image_set(cfg.data, "train");
-  ImageSet test = load_image_set(cfg.data, "t10k");
-  DPT_INPUT_CHECK(train.rows == 28 && train.cols == 28 && test.rows == 28 && test.cols == 28,
-                  cfg.data << ": images are " << train.rows << "x" << train.cols
-                           << ", the models need 28x28");
+  ImageSet train, test;
+  // Every rank reads the data; if any rank fails, all agree to stop with exit code 2 (the failing
+  // ranks print why), instead of the healthy ones waiting in the next collective.
+  std::string load_error;
+  try {
+    train = load_image_set(cfg.data, "train");
+    test = load_image_set(cfg.data, "t10k");
+    DPT_INPUT_CHECK(train.rows == 28 && train.cols == 28 && test.rows == 28 && test.cols == 28,
+                    cfg.data << ": images are " << train.rows << "x" << train.cols
+                             << ", the models need 28x28");
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInput) throw;
+    load_error = e.what();
+  }
+  int32_t failed = load_error.empty() ? 0 : 1;
+  comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of data-loading status");
+  if (failed) throw AgreedInputError{load_error};
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
 
   auto model = make_model(cfg.model, train.num_classes);

@@ -40,5 +40,6 @@ if [[ -z $netns || -z $name ]]; then
   exit 255
 fi
 
+# shellcheck disable=SC2016  # $0 and $1 are for the inner sh
 # $0 of the inner shell is the hostname, $1 the command line (like ssh, one string for a shell).
 exec ip netns exec "$netns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*"

@@ -53,13 +53,15 @@ cleanup() {
   for ns in "$nsA" "$nsB"; do
     if ip netns list 2>/dev/null | grep -qw "^$ns"; then
       # Processes this test started in its own namespaces (a stuck orted or rank), by PID.
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
-      [[ -n $pids ]] && kill -KILL $pids 2>/dev/null || true
+      read -r -d '' -a pids < <(ip netns pids "$ns" 2>/dev/null) || true
+      if ((${#pids[@]})); then kill -KILL "${pids[@]}" 2>/dev/null || true; fi
       ip netns delete "$ns" 2>/dev/null || echo "warning: could not delete namespace $ns" >&2
     fi
   done
-  # Shared-memory segments of ranks that were killed (the names carry this run's hostnames).
-  rm -f /dev/shm/*"$hostA"* /dev/shm/*"$hostB"* 2>/dev/null || true
+  # Shared-memory segments and Open MPI session directories of killed ranks and daemons (their
+  # names carry this run's hostnames).
+  rm -f /dev/shm/*."$hostA".* /dev/shm/*."$hostB".* 2>/dev/null || true
+  rm -rf "${TMPDIR:-/tmp}/ompi.$hostA."* "${TMPDIR:-/tmp}/ompi.$hostB."* 2>/dev/null || true
   rm -rf "$tmp"
   exit $rc
 }
@@ -113,6 +115,7 @@ run_case() {
   echo "=== case np=$np ($slots rank(s) per host)"
   local t0=$SECONDS rc=0
   # mpirun runs on the first host: its namespace, its hostname.
+  # shellcheck disable=SC2016  # $0 and $@ are for the inner sh
   timeout -k 10 "$wait_s" ip netns exec "$nsA" unshare --uts \
     sh -c 'hostname "$0" && exec "$@"' "$hostA" \
     mpirun --allow-run-as-root "${extra[@]}" --bind-to none -np "$np" \
@@ -120,6 +123,7 @@ run_case() {
     --mca plm rsh --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca pml ob1 --mca btl self,vader,tcp \
     --mca btl_tcp_if_include 10.200.0.0/24 --mca oob_tcp_if_include 10.200.0.0/24 \
+    -x OMP_NUM_THREADS=1 \
     "$dptrain" --model lenet --epochs 1 --max-steps 10 --batch-size 64 --eval-batch-size 2000 \
     --metrics "$dir/m.jsonl" --timeout 60 \
     </dev/null >"$dir/out.txt" 2>&1 || rc=$?
@@ -148,7 +152,7 @@ run_case() {
   local line steps
   line=$(tail -n 1 "$dir/m.jsonl")
   echo "  metrics: $line"
-  [[ $line =~ \"world_size\":\ *$np[,}\ ] ]] || fail "np=$np: metrics lack \"world_size\": $np"
+  [[ $line =~ \"world_size\":\ *${np}[,}\ ] ]] || fail "np=$np: metrics lack \"world_size\": $np"
   [[ $line =~ \"test_count\":\ *10000[,}\ ] ]] || fail "np=$np: metrics lack \"test_count\": 10000"
   [[ $line =~ \"steps\":\ *([0-9]+) ]] || fail "np=$np: metrics lack \"steps\""
   steps=${BASH_REMATCH[1]}

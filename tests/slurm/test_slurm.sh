@@ -65,7 +65,7 @@ cleanup() {
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$tmp/slurm.conf" &&
+    tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "SLURM_CONF=$tmp/slurm.conf" &&
       kill -9 "$pid" 2>/dev/null
   done
   if ((rc != 0 && rc != 77)) && [[ -d $tmp ]]; then
@@ -125,7 +125,7 @@ munged --foreground --socket="$sock" --key-file="$tmp/run/munge.key" \
   --pid-file="$tmp/run/munged.pid" --log-file="$tmp/log/munged.log" \
   --seed-file="$tmp/run/munged.seed" </dev/null >>"$tmp/log/munged.log" 2>&1 &
 pids+=($!)
-wait_for 10 test -S "$sock" || fail "munged did not create its socket within 10 s"
+wait_for 5 test -S "$sock" || fail "munged did not create its socket within 5 s"
 kill -0 "${pids[0]}" 2>/dev/null || fail "munged exited"
 if command -v munge >/dev/null && command -v unmunge >/dev/null; then
   munge -S "$sock" -n | unmunge -S "$sock" >/dev/null || fail "munge credential round trip failed"
@@ -185,11 +185,11 @@ srun --mpi=list 2>&1 | grep -q pmix || skip "this Slurm has no PMIx MPI plugin (
 # ---- slurmctld and slurmd in the foreground (-D) so that $! is the daemon ----
 slurmctld -D -i -f "$SLURM_CONF" </dev/null >>"$tmp/log/slurmctld.out" 2>&1 &
 pids+=($!)
-wait_for 20 scontrol ping || fail "slurmctld did not answer within 20 s"
+wait_for 15 scontrol ping || fail "slurmctld did not answer within 15 s"
 slurmd -D -f "$SLURM_CONF" -N "$host" </dev/null >>"$tmp/log/slurmd.out" 2>&1 &
 pids+=($!)
 node_idle() { sinfo -h -n "$host" -o '%t' | grep -qx 'idle'; }
-wait_for 30 node_idle || fail "node $host not idle within 30 s (sinfo: $(sinfo -h -o '%t %E' 2>&1))"
+wait_for 20 node_idle || fail "node $host not idle within 20 s (sinfo: $(sinfo -h -o '%t %E' 2>&1))"
 log "slurmctld (pid ${pids[1]}) and slurmd (pid ${pids[2]}) up; node $host idle"
 
 # ---- the job ----
@@ -213,9 +213,9 @@ job_done() {
   esac
   return 1
 }
-wait_for 90 job_done || {
+wait_for 60 job_done || {
   scancel "$jobid" 2>/dev/null
-  fail "job $jobid not finished within 90 s (state $(job_state))"
+  fail "job $jobid not finished within 60 s (state $(job_state))"
 }
 log "job $jobid finished"
 echo "---- job output ----"

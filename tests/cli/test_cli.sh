@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# What a user sees on bad input: every case must end with exit code 2 and a message naming the
+# flag or file, never a crash or a hang (each run is bounded by `timeout`). Runs dptrain directly
+# (an MPI singleton) and, for the world-size cases, under mpirun -np 3.
+# Usage: test_cli.sh path/to/dptrain
+set -uo pipefail
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+fails=0
+data=/usr/share/datasets/fashion-mnist
+
+# expect CODE NEEDLE -- command...
+expect() {
+  local code=$1 needle=$2
+  shift 3
+  local out rc
+  out=$(timeout -k 5 60 "$@" 2>&1)
+  rc=$?
+  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" <<<"$out"; then
+    echo "FAIL: $* -> exit $rc (want $code), output lacks '$needle':"
+    tail -5 <<<"$out"
+    fails=$((fails + 1))
+  else
+    echo "ok: exit $rc, '$needle' <- ${*: -3}"
+  fi
+}
+
+# Flags.
+expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size 0
+expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size -3
+expect 2 "--lr must be > 0" -- "$bin" --lr -0.1
+expect 2 "--lr must be > 0" -- "$bin" --lr 0
+expect 2 "--epochs must be >= 1" -- "$bin" --epochs 0
+expect 2 "--bucket-mb must be > 0" -- "$bin" --bucket-mb 0
+expect 2 "--model: unknown model 'vgg'" -- "$bin" --model vgg
+expect 2 "bogus" -- "$bin" --bogus
+expect 2 "abc" -- "$bin" --epochs abc
+expect 2 "no CUDA device visible" -- "$bin" --device cuda --data "$data"
+expect 0 "--bucket-mb" -- "$bin" --help
+
+# Data: missing directory, and corrupted copies of a small valid set.
+expect 2 "/nonexistent/dir" -- "$bin" --data /nonexistent/dir
+mk() {  # a directory with the real test labels/images as train and t10k, then a corruption
+  local d=$tmp/$1
+  mkdir -p "$d"
+  cp "$data/t10k-images-idx3-ubyte.gz" "$d/train-images-idx3-ubyte.gz"
+  cp "$data/t10k-labels-idx1-ubyte.gz" "$d/train-labels-idx1-ubyte.gz"
+  cp "$data/t10k-images-idx3-ubyte.gz" "$d/t10k-images-idx3-ubyte.gz"
+  cp "$data/t10k-labels-idx1-ubyte.gz" "$d/t10k-labels-idx1-ubyte.gz"
+  echo "$d"
+}
+d=$(mk truncated); head -c 100000 "$data/t10k-images-idx3-ubyte.gz" > "$d/train-images-idx3-ubyte.gz"
+expect 2 "train-images-idx3-ubyte.gz" -- "$bin" --data "$d" --epochs 1
+d=$(mk notgzip); echo "this is not an IDX file at all" > "$d/t10k-labels-idx1-ubyte.gz"
+expect 2 "t10k-labels-idx1-ubyte.gz" -- "$bin" --data "$d" --epochs 1
+d=$(mk magic); rm "$d/train-labels-idx1-ubyte.gz"; printf '\x01\x02\x08\x01\x00\x00\x27\x10' > "$d/train-labels-idx1-ubyte"
+expect 2 "magic" -- "$bin" --data "$d" --epochs 1
+d=$(mk counts); rm "$d/train-labels-idx1-ubyte.gz"
+python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,8,1,0,0,0,5]) + bytes(5))" > "$d/train-labels-idx1-ubyte"
+expect 2 "10000" -- "$bin" --data "$d" --epochs 1
+d=$(mk label); rm "$d/train-labels-idx1-ubyte.gz"
+python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,8,1,0,0,0x27,0x10]) + bytes([3]*9999 + [12]))" > "$d/train-labels-idx1-ubyte"
+expect 2 "label" -- "$bin" --data "$d" --epochs 1
+d=$(mk dtype); rm "$d/train-labels-idx1-ubyte.gz"
+python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,0x0D,1,0,0,0x27,0x10]) + bytes(40000))" > "$d/train-labels-idx1-ubyte"
+expect 2 "dtype" -- "$bin" --data "$d" --epochs 1
+
+# Checkpoints.
+printf 'garbage' > "$tmp/bad.safetensors"
+expect 2 "bad.safetensors" -- "$bin" --resume "$tmp/bad.safetensors" --epochs 1
+expect 2 "missing.safetensors" -- "$bin" --resume "$tmp/missing.safetensors" --epochs 1
+
+# World size: a batch that 3 ranks cannot split, and a data error on every rank, under mpirun.
+mpi=(mpirun --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+expect 2 "not divisible by the world size 3" -- "${mpi[@]}" -np 3 "$bin" --batch-size 256
+expect 2 "/nonexistent/dir" -- "${mpi[@]}" -np 2 "$bin" --data /nonexistent/dir
+
+echo "cli: $fails failure(s)"
+[[ $fails -eq 0 ]]

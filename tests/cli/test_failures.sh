@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Failing ranks never hang the job: a rank stopped with SIGSTOP makes every rank end within
+# --timeout plus a few seconds with a message naming the lagging rank; a rank killed with
+# SIGKILL ends the job; SIGTERM stops every rank cleanly at an agreed step after writing a
+# checkpoint, and resuming from it ends bit for bit where an uninterrupted run ends.
+# Usage: test_failures.sh path/to/dptrain
+set -uo pipefail
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+job=""
+cleanup() {
+  [[ -n $job ]] && kill -CONT $(pgrep -P "$job") 2>/dev/null
+  [[ -n $job ]] && kill -9 "$job" $(pgrep -P "$job") 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+mpi=(mpirun -np 2 --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+common=(--model lenet --batch-size 64 --eval-batch-size 2000 --seed 3)
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# Starts a 2-rank job in the background (its mpirun pid in $job), waits for training to begin.
+start() {
+  "${mpi[@]}" "$bin" "${common[@]}" "$@" > "$tmp/out" 2>&1 &
+  job=$!
+  for _ in $(seq 200); do
+    grep -q "^configuration:" "$tmp/out" 2>/dev/null && break
+    sleep 0.1
+  done
+  sleep 1
+}
+rank_pid() {  # pid of world rank $1 among the job's children
+  local p
+  for p in $(pgrep -P "$job"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+  done
+}
+finish() {  # waits for the job at most $1 s; sets rc and elapsed
+  local t0=$SECONDS
+  rc=124
+  for _ in $(seq $(($1 * 10))); do
+    if ! kill -0 "$job" 2>/dev/null; then wait "$job"; rc=$?; break; fi
+    sleep 0.1
+  done
+  elapsed=$((SECONDS - t0))
+  job_done=$job
+  job=""
+  [[ $rc -eq 124 ]] && kill -9 "$job_done" $(pgrep -P "$job_done") 2>/dev/null
+}
+
+echo "== SIGSTOP of rank 1 with --timeout 5"
+start --epochs 20 --timeout 5
+p=$(rank_pid 1)
+[[ -n $p ]] || fail "no rank 1 process found"
+kill -STOP "$p"
+finish 30
+[[ $rc -ne 0 && $rc -ne 124 ]] || fail "job did not end with an error (rc $rc)"
+((elapsed <= 20)) || fail "job took ${elapsed}s to end after the stop (timeout 5)"
+grep -q "did not complete within --timeout 5" "$tmp/out" || fail "no timeout message"
+grep -q "rank(s) 1 did not answer" "$tmp/out" || fail "the stopped rank is not named"
+grep -E "timeout|did not answer" "$tmp/out" | head -2
+echo "rc $rc after ${elapsed}s"
+
+echo "== SIGKILL of rank 1"
+start --epochs 20 --timeout 30
+p=$(rank_pid 1)
+kill -9 "$p"
+finish 30
+[[ $rc -ne 0 && $rc -ne 124 ]] || fail "job did not end with an error (rc $rc)"
+((elapsed <= 15)) || fail "job took ${elapsed}s to end after the kill"
+echo "rc $rc after ${elapsed}s"
+
+echo "== SIGTERM with checkpoints, then resume"
+run=(--epochs 2 --max-steps 200 --checkpoint-every 1 --checkpoint-path "$tmp/ckpt.safetensors")
+timeout -k 5 300 "${mpi[@]}" "$bin" "${common[@]}" "${run[@]}" --save "$tmp/full.safetensors" > "$tmp/full.out" 2>&1 \
+  || fail "uninterrupted run failed: $(tail -3 "$tmp/full.out")"
+rm -f "$tmp/ckpt.safetensors"
+start "${run[@]}"
+kill -TERM $(pgrep -P "$job")
+finish 60
+[[ $rc -eq 143 ]] || fail "SIGTERM: exit code $rc, expected 143"
+grep -q "checkpoint of epoch" "$tmp/out" || fail "no checkpoint written on SIGTERM"
+grep -q "stopped by signal 15" "$tmp/out" || fail "no stop message"
+grep -E "checkpoint of epoch|stopped by" "$tmp/out" | head -2
+timeout -k 5 300 "${mpi[@]}" "$bin" "${common[@]}" "${run[@]}" --resume "$tmp/ckpt.safetensors" \
+  --save "$tmp/resumed.safetensors" > "$tmp/resumed.out" 2>&1 || fail "resume failed: $(tail -3 "$tmp/resumed.out")"
+grep -q "resumed from" "$tmp/resumed.out" || fail "no resume message"
+python3 - "$tmp/full.safetensors" "$tmp/resumed.safetensors" <<'PY' || fail "resumed run differs from the uninterrupted one"
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+bad = [k for k in a if a[k] != b.get(k)]
+print("compared", len(a), "tensors;", "identical" if not bad and a.keys() == b.keys() else f"differ: {bad[:5]}")
+sys.exit(1 if bad or a.keys() != b.keys() else 0)
+PY
+
+echo "failures: $fails"
+[[ $fails -eq 0 ]]
