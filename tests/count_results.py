@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Counts test cases from meson's testlog.json: gtest cases (OK/FAILED/SKIPPED lines of rank 0)
+"""Counts test cases from meson's testlog.json files: gtest cases (OK/FAILED/SKIPPED lines of rank 0)
 for gtest binaries, one case per meson test otherwise. Prints 'N passed, N failed, N skipped'."""
 import json
 import re
 import sys
 
 passed = failed = skipped = 0
-with open(sys.argv[1]) as f:
-    for line in f:
+lines = []
+for path in sys.argv[1:]:
+    with open(path) as f:
+        lines += f.readlines()
+if True:
+    for line in lines:
         t = json.loads(line)
         out = t.get("stdout", "") or ""
         ok = len(re.findall(r"^\[       OK \] .* \(\d+ ms\)$", out, re.M))

@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Passes the tests from a fresh machine: installs what is missing, builds, runs every meson test
-# suite (unit, mpi at -np 1/2/4), and prints "N passed, N failed[, N skipped]" counted per test
-# case from the log. Exit code 0 only when nothing failed.
-set -euo pipefail
+# suite (unit; mpi at -np 1/2/4; cli; multihost; slurm; fuzz), then the unit suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and prints "N passed, N failed, N skipped"
+# counted per test case from the logs. Exit code 0 only when nothing failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash launch/deps.sh
-bash launch/build.sh
+bash launch/deps.sh slurm-wlm munge iproute2 python3 clang libclang-rt-14-dev || exit 1
+bash launch/build.sh || exit 1
 build=${BUILD:-build}
+asan=${BUILD_ASAN:-build-asan}
 rc=0
-meson test -C "$build" --print-errorlogs --num-processes 1 "$@" || rc=$?
-python3 tests/count_results.py "$build/meson-logs/testlog.json" || rc=$((rc ? rc : 1))
+meson test -C "$build" --print-errorlogs --num-processes 1 "$@" || rc=1
+logs=("$build/meson-logs/testlog.json")
+if [[ $# -eq 0 ]]; then
+  # The sanitizer build: the unit tests that do not train for long (training is covered above).
+  [[ -f $asan/build.ninja ]] || meson setup "$asan" -Db_sanitize=address,undefined \
+      -Dbuildtype=debugoptimized -Dgpu=disabled >/dev/null || exit 1
+  ninja -C "$asan" tests/test_idx tests/test_safetensors tests/test_ops tests/test_gradcheck \
+      tests/test_config >&2 || exit 1
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C "$asan" --no-rebuild --print-errorlogs --num-processes 1 \
+      idx safetensors ops gradcheck config || rc=1
+  logs+=("$asan/meson-logs/testlog.json")
+fi
+python3 tests/count_results.py "${logs[@]}" || rc=1
 exit $rc
