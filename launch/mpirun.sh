@@ -11,6 +11,8 @@ done
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)
 ((np > $(nproc))) && extra+=(--oversubscribe)
+# Ranks' stderr is a pipe under mpirun: tell them whether the user's terminal is there.
+[[ -t 2 ]] && extra+=(-x DPT_PROGRESS=1)
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 exec mpirun "${extra[@]}" --bind-to none "$@"

@@ -17,6 +17,7 @@
 
 #include "dpt/comm.h"
 #include "dpt/nn.h"
+#include "dpt/trace.h"
 
 namespace dpt {
 
@@ -55,12 +56,15 @@ class Reducer {
   // Launches what is left (all buckets with --no-overlap) and waits for every all-reduce.
   void wait();
   const ReducerStats& last_stats() const { return stats_; }
+  // Bucket all-reduces are recorded as "comm" spans on the communication thread when active.
+  void set_tracer(Tracer* t) { tracer_ = t; }
 
  private:
   void launch_ready_locked();
   void thread_main();
 
   std::unique_ptr<Communicator> comm_;
+  Tracer* tracer_ = nullptr;
   float* grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
@@ -96,7 +100,8 @@ class DataParallel {
   const Tensor& forward(const Tensor& x, Mode mode) { return model_.forward(x, mode); }
   // Backward with the bucketed all-reduce hung on each layer's gradient announcement.
   // sync=false (gradient-accumulation micro-steps) only accumulates locally.
-  void backward(const Tensor& dlogits, int64_t step, bool sync = true, bool accumulate = false);
+  void backward(const Tensor& dlogits, int64_t step, bool sync = true, bool accumulate = false,
+                Tracer* tracer = nullptr);
   // Waits for the all-reduces of the last synchronised backward (call before the optimizer).
   void finish_gradient_sync() { reducer_->wait(); }
   // Gives every rank rank 0's parameters and buffers (done at construction; again after a resume).

@@ -64,9 +64,12 @@ class ParamStore {
 // final for this step. The reducer hangs its bucketed all-reduce on this.
 using GradReadyFn = std::function<void(int64_t begin, int64_t end)>;
 
+class Tracer;
+
 struct BackwardCtx {
   GradReadyFn on_ready;     // may be empty
   bool accumulate = false;  // add into gradients (accumulation micro-steps) instead of overwrite
+  Tracer* tracer = nullptr; // when active: one span per layer's backward
   void ready(const std::vector<Param*>& params) const;
 };
 
@@ -117,6 +120,7 @@ class Sequential : public Layer {
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
+  std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
   std::vector<Tensor> acts_;   // output of child i (the last child writes into y)
   std::vector<Tensor> grads_;  // dL/d(output of child i)
 };

@@ -44,6 +44,11 @@ struct TrainConfig {
   double timeout = 300;
   std::string log_level = "info";
   bool quiet = false;
+  std::string progress = "auto";  // auto | on | off: the per-epoch progress bar of rank 0
+  int64_t metrics_every = 0;  // per-step metric records every N steps (0 = none)
+  std::string report;         // learning-curve SVG, rewritten every epoch
+  std::string trace;          // Chrome-trace JSON of a window of steps
+  int64_t trace_begin = 2, trace_end = 12;  // --trace-steps A:B (global steps [A, B))
 
   std::string to_json() const;  // one line, every field
   std::string to_text() const;  // "key: value" lines for the start-up banner
@@ -112,6 +117,10 @@ struct EpochMetrics {
 };
 
 class Communicator;
+
+// Writes the learning curves of `history` as a self-contained SVG (atomically).
+void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& history,
+                      int epochs, const std::string& title);
 
 // Thrown when SIGINT/SIGTERM stopped training (every rank agrees on the step, a checkpoint is
 // written first when checkpoints are configured); main exits with 128 + signal.

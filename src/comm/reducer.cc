@@ -124,10 +124,13 @@ void Reducer::thread_main() {
     try {
       const Bucket& b = buckets_[k];
       const double t0 = now_seconds();
+      const double s0 = tracer_ && tracer_->active() ? tracer_->now_us() : 0;
       comm_->allreduce(grads_ + b.begin, b.size(), ReduceOp::kSum,
                        DPT_MSG("all-reduce of gradient bucket " << k << " (" << b.size()
                                                                 << " floats) in step " << step));
       const double dt = now_seconds() - t0;
+      if (tracer_ && tracer_->active())
+        tracer_->span("allreduce bucket " + std::to_string(k), "comm", Tracer::kComm, s0, tracer_->now_us());
       std::lock_guard<std::mutex> lock(mu_);
       comm_seconds_ += dt;
       ++completed_;
@@ -218,9 +221,11 @@ void DataParallel::check_replicas() {
   }
 }
 
-void DataParallel::backward(const Tensor& dlogits, int64_t step, bool sync, bool accumulate) {
+void DataParallel::backward(const Tensor& dlogits, int64_t step, bool sync, bool accumulate,
+                            Tracer* tracer) {
   BackwardCtx ctx;
   ctx.accumulate = accumulate;
+  ctx.tracer = tracer;
   if (sync) {
     reducer_->begin(step);
     Reducer* r = reducer_.get();

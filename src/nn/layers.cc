@@ -7,6 +7,7 @@
 #include "cpu/ops.h"
 #include "dpt/error.h"
 #include "dpt/nn.h"
+#include "dpt/trace.h"
 
 namespace dpt {
 
@@ -380,7 +381,11 @@ Sequential& Sequential::add(const std::string& name, std::unique_ptr<Layer> laye
 Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& prefix) {
   DPT_CHECK(!children_.empty(), "empty Sequential " << prefix);
   Shape s = in;
-  for (auto& [name, layer] : children_) s = layer->build(s, store, join(prefix, name));
+  span_names_.clear();
+  for (auto& [name, layer] : children_) {
+    s = layer->build(s, store, join(prefix, name));
+    span_names_.push_back("backward " + (name.empty() ? join(prefix, layer->kind()) : join(prefix, name)));
+  }
   acts_.resize(children_.size() - 1);
   grads_.resize(children_.size() - 1);
   return s;
@@ -403,6 +408,7 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
     const Tensor& out = i + 1 == n ? y : acts_[i];
     const Tensor& g = i + 1 == n ? dy : grads_[i];
     Tensor* gin = i == 0 ? dx : &grads_[i - 1];
+    TraceScope span(ctx.tracer, span_names_[i].c_str(), "backward");
     children_[i].second->backward(in, out, g, gin, ctx);
   }
 }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "dpt/error.h"
@@ -104,8 +105,17 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
      cxxopts::value<std::string>()->default_value(d.checkpoint_path))
     ("resume", "Continue training from a checkpoint FILE (parameters, buffers, optimizer, position)",
      cxxopts::value<std::string>())
+    ("metrics-every", "Also write a per-step record to --metrics every N steps (0 = never)",
+     cxxopts::value<int64_t>()->default_value(s(d.metrics_every)))
+    ("report", "Learning-curve SVG, rewritten after every epoch (open it in a browser)",
+     cxxopts::value<std::string>())
+    ("trace", "Chrome-trace/Perfetto timeline JSON of --trace-steps, all ranks", cxxopts::value<std::string>())
+    ("trace-steps", "Window A:B of global steps the trace covers",
+     cxxopts::value<std::string>()->default_value(std::to_string(d.trace_begin) + ":" + std::to_string(d.trace_end)))
     ("log-level", "error | warn | info | debug", cxxopts::value<std::string>()->default_value(d.log_level))
     ("quiet", "Print only errors and the final line")
+    ("progress", "Progress bar on rank 0: auto (when stderr, or launch/mpirun.sh's, is a terminal) | on | off",
+     cxxopts::value<std::string>()->default_value(d.progress))
     ("h,help", "Print this help");
   // clang-format on
   cxxopts::ParseResult r;
@@ -154,6 +164,17 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     if (r.count("resume")) cfg->resume = flag<std::string>(r, "resume");
     cfg->log_level = flag<std::string>(r, "log-level");
     cfg->quiet = r.count("quiet") > 0;
+    cfg->progress = flag<std::string>(r, "progress");
+    cfg->metrics_every = flag<int64_t>(r, "metrics-every");
+    if (r.count("report")) cfg->report = flag<std::string>(r, "report");
+    if (r.count("trace")) cfg->trace = flag<std::string>(r, "trace");
+    const std::string window = flag<std::string>(r, "trace-steps");
+    long long a = -1, b = -1;
+    char tail = 0;
+    DPT_INPUT_CHECK(std::sscanf(window.c_str(), "%lld:%lld%c", &a, &b, &tail) == 2,
+                    "--trace-steps: '" << window << "' is not A:B");
+    cfg->trace_begin = a;
+    cfg->trace_end = b;
   }
   return true;
 }
@@ -182,6 +203,11 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
   DPT_INPUT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
   DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
+  DPT_INPUT_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off",
+                  "--progress: '" << c.progress << "' is not auto|on|off");
+  DPT_INPUT_CHECK(c.metrics_every >= 0, "--metrics-every must be >= 0, got " << c.metrics_every);
+  DPT_INPUT_CHECK(c.trace_begin >= 0 && c.trace_end > c.trace_begin,
+                  "--trace-steps: need 0 <= A < B, got " << c.trace_begin << ":" << c.trace_end);
   DPT_INPUT_CHECK(c.batch_size % world == 0,
                   "--batch-size " << c.batch_size << " is not divisible by the world size " << world
                                   << " (each rank takes batch/world images a step)");
@@ -217,7 +243,9 @@ std::string TrainConfig::to_json() const {
                       {"resume", resume},
                       {"bucket_mb", bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
-                      {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}};
+                      {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
+                      {"metrics_every", metrics_every}, {"report", report}, {"trace", trace},
+                      {"trace_steps", std::to_string(trace_begin) + ":" + std::to_string(trace_end)}};
   return j.dump();
 }
 

@@ -58,7 +58,8 @@ std::pair<int64_t, int64_t> eval_range(int64_t n, int rank, int world) {
 }
 
 std::string EpochMetrics::to_json() const {
-  nlohmann::json j = {{"epoch", epoch},
+  nlohmann::json j = {{"type", "epoch"},
+                      {"epoch", epoch},
                       {"train_loss", train_loss},
                       {"train_acc", train_acc},
                       {"test_loss", test_loss},

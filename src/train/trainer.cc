@@ -6,8 +6,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "cpu/ops.h"
 #include "dpt/checkpoint.h"
@@ -17,6 +20,7 @@
 #include "dpt/error.h"
 #include "dpt/idx.h"
 #include "dpt/log.h"
+#include "dpt/trace.h"
 #include "dpt/train.h"
 
 namespace dpt {
@@ -28,6 +32,18 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One-line progress bar on a terminal (rank 0, stderr): step/steps, img/s, running loss, time left.
+void draw_progress(int epoch, int epochs, int64_t done, int64_t total, double loss, double ips,
+                   double elapsed) {
+  const int width = 24;
+  const int fill = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  const double left = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+  std::fprintf(stderr, "\r\033[Kepoch %d/%d [%.*s%*s] %lld/%lld  %.0f img/s  loss %.4f  %.0f s left",
+               epoch, epochs, fill, "########################", width - fill, "",
+               static_cast<long long>(done), static_cast<long long>(total), ips, loss, left);
+  std::fflush(stderr);
 }
 
 struct EvalResult {
@@ -206,6 +222,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     comm.barrier();
   };
 
+  Tracer tracer;
+  Tracer* tr = cfg.trace.empty() ? nullptr : &tracer;
+  ddp.reducer().set_tracer(tr);
+  // Under mpirun a rank's stderr is a pipe even when the user watches a terminal: launch/mpirun.sh
+  // tells the ranks (DPT_PROGRESS=1) when its own stderr is a terminal.
+  const char* env_tty = std::getenv("DPT_PROGRESS");
+  const bool tty = isatty(2) || (env_tty && std::string(env_tty) == "1");
+  const bool progress = rank == 0 && !cfg.quiet && log_level() >= LogLevel::kInfo &&
+                        (cfg.progress == "on" || (cfg.progress == "auto" && tty));
+  const std::string title = DPT_MSG(cfg.model << ", " << world << " rank(s), global batch " << cfg.batch_size);
+
   // SIGINT/SIGTERM: finish the step, agree on stopping, checkpoint if configured, exit 128+sig.
   g_stop_signal = 0;
   auto old_int = std::signal(SIGINT, on_stop_signal);
@@ -237,26 +264,68 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     const double t0 = now();
     for (int64_t s = first; s < steps; ++s, ++global_step) {
       check_stop(epoch, s);
+      if (tr && global_step == cfg.trace_begin) tracer.start(comm);
+      if (tr && global_step == cfg.trace_end) tracer.stop();
+      const double step_t0 = now();
+      double step_loss = 0;
+      int64_t step_hits = 0;
       for (int micro = 0; micro < cfg.accum_steps; ++micro) {
         const int64_t* idx = sampler.local_indices(s * cfg.accum_steps + micro);
-        images_to_float(train, idx, b, x.data());
-        for (int64_t i = 0; i < b; ++i) labels[static_cast<size_t>(i)] = train.labels[static_cast<size_t>(idx[i])];
-        const Tensor& logits = ddp.forward(x, Mode::kTrain);
+        {
+          TraceScope span(tr, "data", "data");
+          images_to_float(train, idx, b, x.data());
+          for (int64_t i = 0; i < b; ++i) labels[static_cast<size_t>(i)] = train.labels[static_cast<size_t>(idx[i])];
+        }
+        const Tensor* logits;
+        {
+          TraceScope span(tr, "forward", "forward");
+          logits = &ddp.forward(x, Mode::kTrain);
+        }
         int64_t hits = 0;
-        loss_sum += cpu::softmax_xent(logits.data(), labels.data(), b, logits.dim(1), grad_scale,
-                                      dlogits.data(), &hits);
-        correct += hits;
+        step_loss += cpu::softmax_xent(logits->data(), labels.data(), b, logits->dim(1), grad_scale,
+                                       dlogits.data(), &hits);
+        step_hits += hits;
         seen += b;
         const bool last = micro + 1 == cfg.accum_steps;
-        ddp.backward(dlogits, global_step, /*sync=*/last, /*accumulate=*/micro > 0);
+        TraceScope span(tr, "backward", "backward");
+        ddp.backward(dlogits, global_step, /*sync=*/last, /*accumulate=*/micro > 0, tr);
       }
-      ddp.finish_gradient_sync();
+      loss_sum += step_loss;
+      correct += step_hits;
+      {
+        TraceScope span(tr, "wait for all-reduce", "wait");
+        ddp.finish_gradient_sync();
+      }
       lr = learning_rate(cfg, global_step, steps);
-      opt.step(store.params(), store.grads(), lr);
-      comm_s += ddp.reducer().last_stats().comm_seconds;
-      exposed_s += ddp.reducer().last_stats().exposed_seconds;
+      {
+        TraceScope span(tr, "optimizer", "optimizer");
+        opt.step(store.params(), store.grads(), lr);
+      }
+      const ReducerStats& rs = ddp.reducer().last_stats();
+      comm_s += rs.comm_seconds;
+      exposed_s += rs.exposed_seconds;
       if (cfg.verify_every > 0 && (global_step + 1) % cfg.verify_every == 0) ddp.verify_replicas(global_step);
+      if (cfg.metrics_every > 0 && (global_step + 1) % cfg.metrics_every == 0) {
+        // Per-step record: the step's global loss (an all-reduce on every rank at the same steps).
+        double st[3] = {step_loss, static_cast<double>(step_hits), static_cast<double>(b * cfg.accum_steps)};
+        comm.allreduce(st, 3, ReduceOp::kSum, "all-reduce of step metrics");
+        if (metrics.is_open()) {
+          nlohmann::json j = {{"type", "step"}, {"epoch", epoch + 1}, {"step", global_step + 1},
+                              {"loss", st[0] / st[2]}, {"train_acc", st[1] / st[2]}, {"lr", lr},
+                              {"images_per_second", st[2] / (now() - step_t0)},
+                              {"allreduce_seconds", rs.comm_seconds},
+                              {"exposed_comm_seconds", rs.exposed_seconds}, {"world_size", world}};
+          metrics << j.dump() << "\n";
+          metrics.flush();
+        }
+      }
+      if (progress && ((s + 1) % 5 == 0 || s + 1 == steps)) {
+        const double el = now() - t0;
+        draw_progress(epoch + 1, cfg.epochs, s + 1 - first, steps - first, loss_sum / static_cast<double>(seen),
+                      static_cast<double>(seen * world) / el, el);
+      }
     }
+    if (progress) std::fprintf(stderr, "\r\033[K");
     const double train_seconds = now() - t0;
     double tsum[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
@@ -291,11 +360,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
         metrics << m.to_json() << "\n";
         metrics.flush();
       }
+      if (!cfg.report.empty()) write_report_svg(cfg.report, history, cfg.epochs, title);
     }
     if (cfg.checkpoint_every > 0 && (epoch + 1) % cfg.checkpoint_every == 0) {
       write_checkpoint(cfg.checkpoint_path, epoch + 1, 0);
       log_info("checkpoint written to " + cfg.checkpoint_path);
     }
+  }
+  if (tr) {
+    tracer.write(comm, cfg.trace, comm.host());
+    log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end) +
+             " written to " + cfg.trace);
   }
   if (!cfg.save.empty()) {
     // Buffers were averaged before the last evaluation; parameters are identical by construction.
