@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     auto comm = dpt::make_mpi_communicator();
     dpt::run_training(cfg, *comm);
   } catch (const dpt::AgreedInputError& e) {
-    if (!e.message.empty()) dpt::log_error(e.message);
-    return 2;
+    if (!e.quiet) dpt::log_error(e.what());
+    return e.exit_code();
   } catch (const dpt::Stopped& s) {
     dpt::log_info("stopped by signal " + std::to_string(s.signal) + " after step " + std::to_string(s.step));
     return 128 + s.signal;

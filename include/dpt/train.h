@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dpt/error.h"
 #include "dpt/nn.h"
 
 namespace dpt {
@@ -129,10 +130,12 @@ struct Stopped {
   int64_t step = 0;
 };
 
-// An input error every rank knows about (agreed by a collective): no MPI_Abort is needed. The
-// message is empty on ranks that were not themselves at fault (they stay quiet).
-struct AgreedInputError {
-  std::string message;
+// An input error every rank knows about (agreed by a collective), so no MPI_Abort is needed.
+// Ranks that were not themselves at fault carry quiet = true and print nothing.
+struct AgreedInputError : Error {
+  AgreedInputError(const std::string& message, bool quiet_rank)
+      : Error(ErrorKind::kInput, message), quiet(quiet_rank) {}
+  bool quiet;
 };
 
 // Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.

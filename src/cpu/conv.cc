@@ -57,9 +57,14 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   e->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
       dnnl::convolution_backward_data::desc(algo, src_md, w_any, dst_md, strides, pad, pad), attr,
       eng, e->fwd_pd);
+  // oneDNN 2.6's jit_1x1:avx2 backward-weights kernel writes past its buffers for strided 1x1
+  // convolutions whose input channel count is not a multiple of 8 (heap corruption, reproduced
+  // without dptrain code). Asking for plain OIHW weight gradients there steers oneDNN to another
+  // implementation.
+  const bool avoid_1x1 = g.k == 1 && g.stride > 1 && g.c_in % 8 != 0;
   e->bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(algo, src_md, w_any, e->bias_md, dst_md, strides,
-                                               pad, pad),
+      dnnl::convolution_backward_weights::desc(algo, src_md, avoid_1x1 ? e->plain_w_md : w_any,
+                                               e->bias_md, dst_md, strides, pad, pad),
       attr, eng, e->fwd_pd);
   size_t scratch_bytes = std::max({e->fwd_pd.scratchpad_desc().get_size(),
                                    e->bwd_data_pd.scratchpad_desc().get_size(),

@@ -27,12 +27,6 @@ void check_input(const char* layer, const Tensor& x, const Shape& per_sample) {
                       << shape_str(per_sample) << "]");
 }
 
-Shape with_batch(int64_t n, const Shape& s) {
-  Shape out{n};
-  out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
-
 Tensor* prepare_dx(Tensor* dx, const Tensor& x) {
   if (dx) dx->resize(x.shape());
   return dx;
@@ -100,6 +94,7 @@ class BatchNorm2d : public Layer {
     check_input("BatchNorm2d", x, in_);
     const int64_t c = in_[2], m = x.numel() / c;
     y.resize(x.shape());
+    train_mode_ = mode == Mode::kTrain;
     if (mode == Mode::kTrain) {
       // [sum(c), sumsq(c), rows]: one buffer so synchronised BN needs one all-reduce.
       std::vector<double> stats(static_cast<size_t>(2 * c + 1));
@@ -145,7 +140,12 @@ class BatchNorm2d : public Layer {
       dg[ch] = static_cast<float>((ctx.accumulate ? dg[ch] : 0.0) + sums[c + ch]);
       db[ch] = static_cast<float>((ctx.accumulate ? db[ch] : 0.0) + sums[ch]);
     }
-    if (prepare_dx(dx, x)) {
+    if (prepare_dx(dx, x) && !train_mode_) {
+      // Eval mode: the statistics are constants, so dx = dy * gamma * invstd.
+      std::vector<float> zero(static_cast<size_t>(c), 0.f);
+      cpu::bn_apply(dy.data(), dx->data(), zero.data(), invstd_.data(), gamma_->value.data(),
+                    zero.data(), m, c);
+    } else if (dx) {
       // The input gradient needs the sums over every row the statistics were taken over.
       if (sync_) sync_(sums.data(), 2 * c);
       cpu::bn_backward_apply(x.data(), dy.data(), mean_.data(), invstd_.data(),
@@ -163,6 +163,7 @@ class BatchNorm2d : public Layer {
         *num_batches_ = nullptr;
   std::vector<float> mean_, invstd_;
   double count_ = 0;
+  bool train_mode_ = true;  // mode of the last forward: backward must match it
   ChannelSumFn sync_;
 };
 

@@ -109,7 +109,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   }
   int32_t failed = load_error.empty() ? 0 : 1;
   comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of data-loading status");
-  if (failed) throw AgreedInputError{load_error};
+  if (failed)
+    throw AgreedInputError(load_error.empty() ? "another rank could not read --data " + cfg.data : load_error,
+                           load_error.empty());
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
 
   auto model = make_model(cfg.model, train.num_classes);
