@@ -1,0 +1,177 @@
+// Every CUDA kernel of kernels/ against the CPU backend (src/cpu/ops.h) on fresh random inputs:
+// relative error under 1e-5 in fp32. Skipped where no CUDA device is visible (CI).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "add.cuh"
+#include "avgpool_backward.cuh"
+#include "avgpool_forward.cuh"
+#include "cpu/ops.h"
+#include "cuda/cuda_check.h"
+#include "dpt/device.h"
+#include "dpt/rng.h"
+#include "gather_images.cuh"
+#include "global_avgpool_backward.cuh"
+#include "global_avgpool_forward.cuh"
+#include "relu_backward.cuh"
+#include "relu_forward.cuh"
+#include "sgd_update.cuh"
+#include "softmax_xent.cuh"
+
+namespace dpt {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    if (n) CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit Dev(size_t count) : Dev(std::vector<T>(count)) {}
+  ~Dev() { cudaFree(p); }
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (n) CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<float> random(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(r.uniform(lo, hi));
+  return v;
+}
+
+void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel = 1e-5) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  double scale = 0;
+  for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));
+  for (size_t i = 0; i < gpu.size(); ++i)
+    ASSERT_NEAR(gpu[i], cpu[i], rel * std::max(1.0, scale)) << "index " << i;
+}
+
+TEST(Kernels, ReluForwardBackward) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100003;
+  auto x = random(n, 1), dy = random(n, 2);
+  std::vector<float> y(n), dx(n);
+  cpu::relu_forward(x.data(), y.data(), n);
+  cpu::relu_backward(y.data(), dy.data(), dx.data(), n);
+  Dev<float> dx_(x), dy_(dy), y_(n), g_(n);
+  CUDA_CHECK(cuda::launch_relu_forward(dx_.p, y_.p, n, nullptr));
+  CUDA_CHECK(cuda::launch_relu_backward(y_.p, dy_.p, g_.p, n, nullptr));
+  expect_close(y_.host(), y);
+  expect_close(g_.host(), dx);
+}
+
+TEST(Kernels, ResidualAddWithAndWithoutRelu) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 4097;
+  auto a = random(n, 3), b = random(n, 4);
+  std::vector<float> y(n), r(n);
+  cpu::add(a.data(), b.data(), y.data(), n);
+  cpu::relu_forward(y.data(), r.data(), n);
+  Dev<float> a_(a), b_(b), y_(n), r_(n);
+  CUDA_CHECK(cuda::launch_add(a_.p, b_.p, y_.p, n, false, nullptr));
+  CUDA_CHECK(cuda::launch_add(a_.p, b_.p, r_.p, n, true, nullptr));
+  expect_close(y_.host(), y);
+  expect_close(r_.host(), r);
+}
+
+TEST(Kernels, AvgPoolForwardBackwardFloorMode) {
+  SKIP_WITHOUT_GPU();
+  for (auto [h, k, s] : {std::tuple{26, 2, 2}, std::tuple{9, 2, 2}, std::tuple{7, 3, 2}}) {
+    const int64_t n = 3, c = 20, oh = (h - k) / s + 1;
+    auto x = random(n * h * h * c, 5), dy = random(n * oh * oh * c, 6);
+    std::vector<float> y(dy.size()), dx(x.size());
+    cpu::avgpool_forward(x.data(), y.data(), n, h, h, c, k, s);
+    cpu::avgpool_backward(dy.data(), dx.data(), n, h, h, c, k, s);
+    Dev<float> x_(x), dy_(dy), y_(y.size()), dx_(dx.size());
+    CUDA_CHECK(cuda::launch_avgpool_forward(x_.p, y_.p, n, h, h, c, k, s, nullptr));
+    CUDA_CHECK(cuda::launch_avgpool_backward(dy_.p, dx_.p, n, h, h, c, k, s, nullptr));
+    expect_close(y_.host(), y);
+    expect_close(dx_.host(), dx);
+  }
+}
+
+TEST(Kernels, GlobalAvgPool) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5, hw = 49, c = 512;
+  auto x = random(n * hw * c, 7), dy = random(n * c, 8);
+  std::vector<float> y(n * c), dx(x.size());
+  cpu::global_avgpool_forward(x.data(), y.data(), n, hw, c);
+  cpu::global_avgpool_backward(dy.data(), dx.data(), n, hw, c);
+  Dev<float> x_(x), dy_(dy), y_(y.size()), dx_(dx.size());
+  CUDA_CHECK(cuda::launch_global_avgpool_forward(x_.p, y_.p, n, hw, c, nullptr));
+  CUDA_CHECK(cuda::launch_global_avgpool_backward(dy_.p, dx_.p, n, hw, c, nullptr));
+  expect_close(y_.host(), y);
+  expect_close(dx_.host(), dx);
+}
+
+TEST(Kernels, GatherImagesScalesTo01) {
+  SKIP_WITHOUT_GPU();
+  const int64_t images = 50, pixels = 784;
+  std::vector<uint8_t> data(images * pixels);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  std::vector<int64_t> idx{49, 0, 17, 17, 3};
+  Dev<uint8_t> d_(data);
+  Dev<int64_t> i_(idx);
+  Dev<float> out(idx.size() * pixels);
+  CUDA_CHECK(cuda::launch_gather_images(d_.p, i_.p, static_cast<int64_t>(idx.size()), pixels, out.p, nullptr));
+  auto got = out.host();
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int64_t p = 0; p < pixels; ++p)
+      ASSERT_EQ(got[r * pixels + p], static_cast<float>(data[idx[r] * pixels + p]) / 255.f);
+}
+
+TEST(Kernels, SoftmaxCrossEntropyAndCorrectCount) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 257, k = 10;
+  auto z = random(n * k, 9, -8, 8);
+  std::vector<int32_t> y(n);
+  Rng r(10);
+  for (auto& v : y) v = static_cast<int32_t>(r.below(k));
+  std::vector<float> dl(z.size());
+  int64_t hits = 0;
+  const double loss = cpu::softmax_xent(z.data(), y.data(), n, k, 1.f / n, dl.data(), &hits);
+  Dev<float> z_(z), l_(n), d_(z.size());
+  Dev<int32_t> y_(y), c_(n);
+  CUDA_CHECK(cuda::launch_softmax_xent(z_.p, y_.p, n, k, 1.f / n, l_.p, c_.p, d_.p, nullptr));
+  double gl = 0;
+  for (float v : l_.host()) gl += v;
+  int64_t gc = 0;
+  for (int32_t v : c_.host()) gc += v;
+  EXPECT_NEAR(gl, loss, 1e-5 * loss);
+  EXPECT_EQ(gc, hits);
+  expect_close(d_.host(), dl);
+}
+
+TEST(Kernels, SgdMatchesCpuOptimizerFormula) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 12345;
+  auto p = random(n, 11), g = random(n, 12);
+  std::vector<float> buf(n, 0.f), pc = p;
+  Dev<float> p_(p), g_(g), b_(buf);
+  for (int step = 0; step < 3; ++step) {
+    CUDA_CHECK(cuda::launch_sgd_update(p_.p, g_.p, b_.p, n, 0.1f, 0.9f, 1e-3f, step == 0, nullptr));
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + 1e-3f * pc[i];
+      buf[i] = step == 0 ? d : 0.9f * buf[i] + d;
+      pc[i] -= 0.1f * buf[i];
+    }
+  }
+  expect_close(p_.host(), pc);
+}
+
+}  // namespace
+}  // namespace dpt
