@@ -27,6 +27,10 @@ class ConvPrimitives {
  private:
   struct Entry;
   Entry& entry(const ConvGeom& g, bool has_bias);
+  void backward_dnnl(Entry& e, const ConvGeom& g, const float* x, const float* w, const float* dy,
+                     float* dx, float* dw, float* db, bool accumulate);
+  void backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w, const float* dy,
+                     float* dx, float* dw, float* db, bool accumulate);
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size
 };
 

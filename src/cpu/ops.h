@@ -36,6 +36,10 @@ void bn_backward_apply(const float* x, const float* dy, const float* mean, const
                        const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
                        double count, int64_t m, int64_t c, float* dx);
 
+// Row-major C = op(A) op(B) + beta C through oneDNN's sgemm (OpenMP threads), checked.
+void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // y[n,out] = x[n,in] * W[out,in]^T + b.
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
                     int64_t in, int64_t out);

@@ -750,5 +750,44 @@ TEST(Models, InitAndForwardShapes) {
   }
 }
 
+// The two backward paths of Conv2d (oneDNN's primitives, im2col + sgemm) give the same
+// gradients on every convolution shape the models use, plus padding and stride cases.
+TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
+  struct Case { int64_t out, k, s, p; Shape in; } cases[] = {
+      {20, 3, 1, 0, {28, 28, 1}}, {50, 5, 1, 0, {13, 13, 20}}, {16, 3, 2, 1, {9, 9, 8}},
+      {16, 1, 2, 0, {8, 8, 16}}, {8, 5, 1, 2, {7, 7, 3}}};
+  for (const auto& c : cases) {
+    std::vector<std::vector<float>> grads;
+    for (const char* path : {"onednn", "sgemm"}) {
+      setenv("DPT_CONV_BACKWARD", path, 1);
+      ParamStore st;
+      auto conv = make_conv2d(c.out, c.k, c.s, c.p);
+      conv->build(c.in, st, "conv");
+      st.finalize();
+      std::mt19937_64 g(7);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (int64_t i = 0; i < st.num_params(); ++i) st.params()[i] = u(g);
+      Shape xs{3};
+      xs.insert(xs.end(), c.in.begin(), c.in.end());
+      Tensor x(xs), y, dx;
+      for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = u(g);
+      conv->forward(x, y, Mode::kTrain);
+      Tensor dy(y.shape());
+      for (int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = u(g);
+      BackwardCtx ctx;
+      conv->backward(x, y, dy, &dx, ctx);
+      std::vector<float> all(st.grads(), st.grads() + st.num_params());
+      all.insert(all.end(), dx.data(), dx.data() + dx.numel());
+      grads.push_back(all);
+    }
+    unsetenv("DPT_CONV_BACKWARD");
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    double scale = 0;
+    for (float v : grads[0]) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * scale) << "k" << c.k << " s" << c.s << " p" << c.p << " at " << i;
+  }
+}
+
 }  // namespace
 }  // namespace dpt
