@@ -98,6 +98,8 @@ std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t
 std::unique_ptr<Layer> make_batchnorm2d(double momentum = 0.1, double eps = 1e-5);
 std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_avgpool2d(int kernel, int stride);
+// ReLU then AvgPool2d fused into one layer (same values and gradients, fewer memory passes).
+std::unique_ptr<Layer> make_relu_avgpool2d(int kernel, int stride);
 std::unique_ptr<Layer> make_global_avgpool();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_linear(int64_t out_features, bool bias = true);

@@ -78,6 +78,71 @@ void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t 
   }
 }
 
+void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                          int k, int s) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  const float inv = 1.f / static_cast<float>(k * k);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; ++b) {
+    const float* xb = x + b * h * w * c;
+    float* yb = y + b * oh * ow * c;
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        float* yo = yb + (i * ow + j) * c;
+        for (int64_t ch = 0; ch < c; ++ch) yo[ch] = 0.f;
+        for (int di = 0; di < k; ++di)
+          for (int dj = 0; dj < k; ++dj) {
+            const float* xi = xb + ((i * s + di) * w + (j * s + dj)) * c;
+#pragma omp simd
+            for (int64_t ch = 0; ch < c; ++ch) yo[ch] += xi[ch] > 0.f ? xi[ch] : 0.f;
+          }
+        for (int64_t ch = 0; ch < c; ++ch) yo[ch] *= inv;
+      }
+  }
+}
+
+void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
+                           int64_t w, int64_t c, int k, int s) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  const float inv = 1.f / static_cast<float>(k * k);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; ++b) {
+    const float* xb = x + b * h * w * c;
+    float* dxb = dx + b * h * w * c;
+    const float* dyb = dy + b * oh * ow * c;
+    if (s == k) {
+      // Non-overlapping windows: each input position is written exactly once, or zeroed when
+      // the floor-mode pooling never covers it.
+      if (oh * k < h) std::memset(dxb + oh * k * w * c, 0, sizeof(float) * static_cast<size_t>((h - oh * k) * w * c));
+      for (int64_t r = 0; r < oh * k; ++r) {
+        if (ow * k < w) std::memset(dxb + (r * w + ow * k) * c, 0, sizeof(float) * static_cast<size_t>((w - ow * k) * c));
+        const float* g = dyb + (r / k) * ow * c;
+        for (int64_t q = 0; q < ow * k; ++q) {
+          const float* gq = g + (q / k) * c;
+          const float* xi = xb + (r * w + q) * c;
+          float* d = dxb + (r * w + q) * c;
+#pragma omp simd
+          for (int64_t ch = 0; ch < c; ++ch) d[ch] = xi[ch] > 0.f ? gq[ch] * inv : 0.f;
+        }
+      }
+      continue;
+    }
+    std::memset(dxb, 0, sizeof(float) * static_cast<size_t>(h * w * c));
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        const float* g = dyb + (i * ow + j) * c;
+        for (int di = 0; di < k; ++di)
+          for (int dj = 0; dj < k; ++dj) {
+            float* d = dxb + ((i * s + di) * w + (j * s + dj)) * c;
+#pragma omp simd
+            for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
+          }
+      }
+    for (int64_t p = 0; p < h * w * c; ++p)
+      if (!(xb[p] > 0.f)) dxb[p] = 0.f;
+  }
+}
+
 void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
   const float inv = 1.f / static_cast<float>(hw);
 #pragma omp parallel for schedule(static)

@@ -19,6 +19,12 @@ void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, 
 // dx is overwritten (positions no window covers get 0).
 void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
                       int s);
+// y = avgpool(relu(x)) in one pass: the ReLU output is never written (LeNet's conv-ReLU-pool).
+void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                          int k, int s);
+// dx = (x > 0) * avgpool_backward(dy), one pass per image; uncovered positions get 0.
+void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
+                           int64_t w, int64_t c, int k, int s);
 // [N,H,W,C] -> [N,C] mean over H*W.
 void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c);
 void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c);

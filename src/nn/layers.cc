@@ -212,6 +212,35 @@ class AvgPool2d : public Layer {
   Shape in_;
 };
 
+// ReLU followed by AvgPool2d as one layer: one pass each way, and the ReLU output is never
+// stored (backward masks with the input instead). Same results as the two layers in sequence.
+class ReluAvgPool2d : public Layer {
+ public:
+  ReluAvgPool2d(int k, int s) : k_(k), s_(s) {}
+  std::string kind() const override { return "ReLU+AvgPool2d"; }
+  Shape build(const Shape& in, ParamStore&, const std::string&) override {
+    DPT_CHECK(in.size() == 3 && in[0] >= k_ && in[1] >= k_,
+              "ReLU+AvgPool2d(" << k_ << ") needs an {H, W, C} input of at least that size, got "
+                                << shape_str(in));
+    in_ = in;
+    return {(in[0] - k_) / s_ + 1, (in[1] - k_) / s_ + 1, in[2]};
+  }
+  void forward(const Tensor& x, Tensor& y, Mode) override {
+    check_input("ReLU+AvgPool2d", x, in_);
+    y.resize({x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
+    cpu::relu_avgpool_forward(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                BackwardCtx&) override {
+    if (prepare_dx(dx, x))
+      cpu::relu_avgpool_backward(x.data(), dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
+  }
+
+ private:
+  int k_, s_;
+  Shape in_;
+};
+
 class GlobalAvgPool : public Layer {
  public:
   std::string kind() const override { return "GlobalAvgPool"; }
@@ -360,6 +389,9 @@ std::unique_ptr<Layer> make_batchnorm2d(double momentum, double eps) {
 }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<ReLU>(); }
 std::unique_ptr<Layer> make_avgpool2d(int k, int s) { return std::make_unique<AvgPool2d>(k, s); }
+std::unique_ptr<Layer> make_relu_avgpool2d(int k, int s) {
+  return std::make_unique<ReluAvgPool2d>(k, s);
+}
 std::unique_ptr<Layer> make_global_avgpool() { return std::make_unique<GlobalAvgPool>(); }
 std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
 std::unique_ptr<Layer> make_linear(int64_t out, bool bias) {

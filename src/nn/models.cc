@@ -9,12 +9,11 @@ namespace {
 
 std::unique_ptr<Sequential> lenet(int num_classes) {
   auto net = std::make_unique<Sequential>();
+  // conv -> ReLU -> avgpool, with ReLU and pooling fused into one pass (src/cpu/ops.h).
   net->add("conv1", make_conv2d(20, 3))
-      .add("", make_relu())
-      .add("", make_avgpool2d(2, 2))
+      .add("", make_relu_avgpool2d(2, 2))
       .add("conv2", make_conv2d(50, 5))
-      .add("", make_relu())
-      .add("", make_avgpool2d(2, 2))
+      .add("", make_relu_avgpool2d(2, 2))
       .add("", make_flatten())
       .add("fc1", make_linear(128))
       .add("", make_relu())

@@ -288,6 +288,17 @@ TEST(GradCheck, ReLU) {
   c.run("relu", {});
 }
 
+TEST(GradCheck, ReluAvgPool2dFused) {
+  // Inputs kept away from the ReLU kink (|x| >= 0.1) so central differences are exact.
+  CheckOpts o;
+  o.count = 1000;
+  LayerCheck c(make_relu_avgpool2d(2, 2), {5, 7, 3}, 2, 111, "");
+  for (int64_t i = 0; i < c.x.numel(); ++i) c.x.data()[i] += c.x.data()[i] >= 0 ? 0.1f : -0.1f;
+  c.run("relu+avgpool 2/2", o);
+  LayerCheck d(make_relu_avgpool2d(3, 1), {5, 4, 2}, 2, 112, "");
+  for (int64_t i = 0; i < d.x.numel(); ++i) d.x.data()[i] += d.x.data()[i] >= 0 ? 0.1f : -0.1f;
+  d.run("relu+avgpool 3/1", o);
+}
 TEST(GradCheck, AvgPool2d) {
   LayerCheck c(make_avgpool2d(2, 2), {5, 7, 3}, 2, 108, "");  // odd sizes: floor drops a row/col
   CheckOpts o;

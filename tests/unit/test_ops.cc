@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -786,6 +787,38 @@ TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
     for (float v : grads[0]) scale = std::max(scale, std::fabs(static_cast<double>(v)));
     for (size_t i = 0; i < grads[0].size(); ++i)
       ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * scale) << "k" << c.k << " s" << c.s << " p" << c.p << " at " << i;
+  }
+}
+
+// The fused ReLU+AvgPool2d layer equals ReLU then AvgPool2d, values and input gradients, for
+// non-overlapping (LeNet's 2/2, odd sizes) and overlapping windows.
+TEST(ReluAvgPoolFused, EqualsReluThenAvgPool) {
+  for (auto [h, w, k, s] : {std::tuple{26, 26, 2, 2}, std::tuple{9, 7, 2, 2}, std::tuple{6, 5, 3, 1}}) {
+    const Shape in{h, w, 5};
+    ParamStore st;
+    auto fused = make_relu_avgpool2d(k, s);
+    auto relu = make_relu();
+    auto pool = make_avgpool2d(k, s);
+    fused->build(in, st, "");
+    pool->build(relu->build(in, st, ""), st, "");
+    std::mt19937_64 g(3);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    Tensor x({2, h, w, 5}), y1, r, y2, dx1, dr, dx2;
+    for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = u(g);
+    fused->forward(x, y1, Mode::kTrain);
+    relu->forward(x, r, Mode::kTrain);
+    pool->forward(r, y2, Mode::kTrain);
+    ASSERT_EQ(y1.shape(), y2.shape());
+    for (int64_t i = 0; i < y1.numel(); ++i) ASSERT_NEAR(y1.data()[i], y2.data()[i], 1e-6f);
+    Tensor dy(y1.shape());
+    for (int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = u(g);
+    BackwardCtx ctx;
+    dx1.resize(x.shape());
+    for (int64_t i = 0; i < dx1.numel(); ++i) dx1.data()[i] = 99.f;  // every element must be written
+    fused->backward(x, y1, dy, &dx1, ctx);
+    pool->backward(r, y2, dy, &dr, ctx);
+    relu->backward(x, r, dr, &dx2, ctx);
+    for (int64_t i = 0; i < dx1.numel(); ++i) ASSERT_NEAR(dx1.data()[i], dx2.data()[i], 1e-6f) << i;
   }
 }
 
