@@ -50,6 +50,12 @@ class Communicator {
                           int root) = 0;
   virtual void allgather_raw(const void* send, void* recv, int64_t count_per_rank, DType dt) = 0;
   virtual void barrier() = 0;
+  // The library's fastest blocking all-reduce, with no timeout of its own: for a thread whose
+  // waiter enforces the timeout (the Reducer), since MPI's non-blocking collectives use slower
+  // algorithms and progress only while polled.
+  virtual void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) = 0;
+  // After a timeout: which ranks are silent or behind, as a sentence for the error message.
+  virtual std::string diagnose() = 0;
 
   // Typed helpers: the only way the rest of the code calls collectives.
   template <typename T>

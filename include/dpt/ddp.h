@@ -80,6 +80,7 @@ class Reducer {
   double comm_seconds_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;
+  bool stuck_ = false;  // wait() timed out: the thread may never return from its collective
   std::thread thread_;
 };
 

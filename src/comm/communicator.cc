@@ -183,7 +183,13 @@ class MpiCommunicator : public Communicator {
   // other on a separate communicator, and listens for 2 s. Who does not answer is stopped or dead;
   // who answers with a smaller number is behind. Sends are left pending on purpose: the job is
   // about to be aborted, and waiting for them could hang on the very rank that is gone.
-  std::string diagnose() {
+  void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
+    ++seq_;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op), comm_));
+    if (op == ReduceOp::kAvg) divide(data, count, dt, size_);
+  }
+
+  std::string diagnose() override {
     std::vector<int64_t> theirs(static_cast<size_t>(size_) * 2, -1);
     int64_t mine[2] = {rank_, seq_};
     std::vector<MPI_Request> recvs;

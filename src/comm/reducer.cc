@@ -54,8 +54,9 @@ Reducer::~Reducer() {
   }
   cv_.notify_all();
   if (thread_.joinable()) {
-    // A thread stuck in a failed collective cannot be joined; the process is ending anyway.
-    if (error_) thread_.detach(); else thread_.join();
+    // A thread stuck in a collective that will never finish cannot be joined; the process is
+    // ending anyway (the job is aborted after a timeout).
+    if (error_ || stuck_) thread_.detach(); else thread_.join();
   }
 }
 
@@ -102,7 +103,25 @@ void Reducer::wait() {
     DPT_CHECK(pending_[k] == 0, "bucket " << k << " of step " << step_ << " is missing "
                                           << pending_[k] << " gradient elements at wait()");
   launch_ready_locked();
-  cv_.wait(lock, [this] { return completed_ == buckets_.size() || error_; });
+  // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
+  // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
+  auto done = [this] { return completed_ == buckets_.size() || error_; };
+  const double timeout = comm_->timeout();
+  if (timeout > 0) {
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), done)) {
+      const size_t k = completed_;
+      stuck_ = true;
+      lock.unlock();
+      throw Error(ErrorKind::kInternal,
+                  DPT_MSG("all-reduce of gradient bucket " << k << " (" << buckets_[k].size()
+                                                          << " floats) in step " << step_
+                                                          << " did not complete within --timeout "
+                                                          << timeout << " s on rank " << comm_->rank()
+                                                          << ": " << comm_->diagnose()));
+    }
+  } else {
+    cv_.wait(lock, done);
+  }
   if (error_) std::rethrow_exception(error_);
   stats_.exposed_seconds = now_seconds() - t0;
   stats_.comm_seconds = comm_seconds_;
@@ -112,22 +131,18 @@ void Reducer::wait() {
 void Reducer::thread_main() {
   for (;;) {
     size_t k;
-    int64_t step;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (stop_) return;
       k = queue_.front();
       queue_.pop_front();
-      step = step_;
     }
     try {
       const Bucket& b = buckets_[k];
       const double t0 = now_seconds();
       const double s0 = tracer_ && tracer_->active() ? tracer_->now_us() : 0;
-      comm_->allreduce(grads_ + b.begin, b.size(), ReduceOp::kSum,
-                       DPT_MSG("all-reduce of gradient bucket " << k << " (" << b.size()
-                                                                << " floats) in step " << step));
+      comm_->allreduce_unbounded_raw(grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
       const double dt = now_seconds() - t0;
       if (tracer_ && tracer_->active())
         tracer_->span("allreduce bucket " + std::to_string(k), "comm", Tracer::kComm, s0, tracer_->now_us());

@@ -126,6 +126,16 @@ class NcclCommunicator : public Communicator {
     NcclRequest(comm_, stream_, "allgather", timeout_, rank_).wait();
   }
   void barrier() override { iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait(); }
+  void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
+    // NCCL collectives are asynchronous anyway; completion is awaited without a deadline.
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  std::string diagnose() override {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    return std::string("NCCL state: ") + ncclGetErrorString(async);
+  }
 
  private:
   ncclComm_t comm_;

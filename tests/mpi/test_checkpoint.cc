@@ -120,7 +120,9 @@ TEST(Checkpoint, RefusesOtherModelsTruncatedAndCorruptedFiles) {
     r.resume = k.file;
     std::string msg;
     EXPECT_EQ(exit_code_of(r, *f.comm, &msg), 2) << k.file;
-    if (f.comm->rank() == 0) EXPECT_NE(msg.find(k.needle), std::string::npos) << msg;
+    if (f.comm->rank() == 0) {
+      EXPECT_NE(msg.find(k.needle), std::string::npos) << msg;
+    }
   }
 }
 

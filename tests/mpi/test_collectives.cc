@@ -62,7 +62,9 @@ TEST(Collectives, ReduceToRootAndAllgather) {
   const int k = c->size(), r = c->rank();
   uint64_t mine = static_cast<uint64_t>(r * r), sum = 0;
   c->reduce(&mine, &sum, 1, ReduceOp::kSum, 0);
-  if (r == 0) EXPECT_EQ(sum, static_cast<uint64_t>((k - 1) * k * (2 * k - 1) / 6));
+  if (r == 0) {
+    EXPECT_EQ(sum, static_cast<uint64_t>((k - 1) * k * (2 * k - 1) / 6));
+  }
   auto all = c->allgather(static_cast<int64_t>(100 + r));
   ASSERT_EQ(static_cast<int>(all.size()), k);
   for (int i = 0; i < k; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], 100 + i);
@@ -98,6 +100,28 @@ TEST(Collectives, DuplicateHasItsOwnOrdering) {
   ra->wait();
   EXPECT_EQ(a, static_cast<float>(c->size()));
   EXPECT_EQ(b, 2.f * static_cast<float>(c->size()));
+}
+
+// The Reducer under every bucket plan, with gradients whose sums are exact in float (multiples
+// of 1/64): every plan gives the same bits, equal to the formula, at any world size.
+TEST(Collectives, ReducerPlansGiveExactSums) {
+  auto c = world();
+  const int k = c->size(), r = c->rank();
+  // LeNet's parameter sizes in gradient-buffer order.
+  const std::vector<int64_t> sizes{10, 1280, 128, 102400, 50, 25000, 20, 180};
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  int64_t total = 0;
+  for (int64_t s : sizes) bounds.emplace_back(total, total + s), total += s;
+  for (double mb : {1e-7, 0.05, 25.0}) {
+    std::vector<float> g(static_cast<size_t>(total));
+    for (int64_t i = 0; i < total; ++i) g[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 97)) / 64.f;
+    Reducer red(c->duplicate(), g.data(), plan_buckets(bounds, mb * 1048576, mb * 1048576), true);
+    red.begin(0);
+    for (const auto& [b, e] : bounds) red.mark_ready(b, e);  // in backward order, as layers do
+    red.wait();
+    for (int64_t i = 0; i < total; ++i)
+      ASSERT_EQ(g[static_cast<size_t>(i)], static_cast<float>(k * (k + 1) / 2 * (i % 97)) / 64.f) << "mb " << mb << " at " << i;
+  }
 }
 
 TEST(BucketPlan, CapsSplitAtParameterBoundaries) {

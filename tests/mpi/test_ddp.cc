@@ -115,8 +115,12 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       o.first_bucket_mb = mb;
       o.overlap = overlap;
       DataParallel ddp(*m, *c, o);
-      if (mb == 1e-7) EXPECT_EQ(ddp.reducer().buckets().size(), 8u);
-      if (mb == 1e4) EXPECT_EQ(ddp.reducer().buckets().size(), 1u);
+      if (mb == 1e-7) {
+        EXPECT_EQ(ddp.reducer().buckets().size(), 8u);
+      }
+      if (mb == 1e4) {
+        EXPECT_EQ(ddp.reducer().buckets().size(), 1u);
+      }
       Sgd opt(m->num_parameters(), 0.9, 1e-4);
       train_steps(ddp, opt, B, 4, 1, 100);
       ddp.verify_replicas(4);
@@ -124,13 +128,20 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       EXPECT_LT(max_rel_diff(results.back(), ref), 1e-4) << "bucket_mb " << mb << " overlap " << overlap;
     }
   }
-  // The bucket plan changes which floats travel together, never the sums: identical results.
-  for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i], results[0]) << i;
+  // The bucket plan changes which floats travel together, not what is summed. With 2 ranks each
+  // sum has two terms, so results are bit-identical; with more, MPI picks the reduction order by
+  // message size, so only float rounding may differ (exact sums: Collectives.ReducerPlans...).
+  for (size_t i = 1; i < results.size(); ++i) {
+    if (c->size() <= 2) {
+      EXPECT_EQ(results[i], results[0]) << i;
+    } else {
+      EXPECT_LT(max_rel_diff(results[i], results[0]), 1e-6) << i;
+    }
+  }
 }
 
 TEST(DataParallel, GradientAccumulationEqualsOneBigBatch) {
   auto c = world();
-  const int64_t B = 32;
   const auto ref = reference_params("lenet", 48, 4, 100);
   auto m = make_model("lenet");
   m->init_parameters("kaiming", 11);
