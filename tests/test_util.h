@@ -12,9 +12,32 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+#include <random>
+
+#include "dpt/comm.h"
 #include "dpt/rng.h"
+#include "dpt/tensor.h"
 
 namespace dpt::test {
+
+inline void fill_uniform(float* p, int64_t n, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (int64_t i = 0; i < n; ++i) p[i] = d(g);
+}
+
+inline Tensor random_tensor(const Shape& s, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
+  Tensor t(s);
+  fill_uniform(t.data(), t.numel(), g, lo, hi);
+  return t;
+}
+
+// The world communicator with a timeout, so a failing rank ends a test instead of hanging it.
+inline std::unique_ptr<Communicator> world_comm(double timeout = 120) {
+  auto c = make_mpi_communicator();
+  c->set_timeout(timeout);
+  return c;
+}
 
 inline std::string make_temp_dir(const std::string& tag) {
   auto base = std::filesystem::temp_directory_path() /

@@ -33,8 +33,11 @@ void add_inplace(float* y, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += b[i];
 }
 
-void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                     int s) {
+namespace {
+// Average pooling forward, optionally of relu(x): the one loop behind avgpool_forward and the
+// fused relu_avgpool_forward.
+template <bool kRelu>
+void pool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
   const float inv = 1.f / static_cast<float>(k * k);
 #pragma omp parallel for schedule(static)
@@ -49,56 +52,48 @@ void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, 
           for (int dj = 0; dj < k; ++dj) {
             const float* xi = xb + ((i * s + di) * w + (j * s + dj)) * c;
 #pragma omp simd
-            for (int64_t ch = 0; ch < c; ++ch) yo[ch] += xi[ch];
+            for (int64_t ch = 0; ch < c; ++ch) yo[ch] += kRelu ? (xi[ch] > 0.f ? xi[ch] : 0.f) : xi[ch];
           }
         for (int64_t ch = 0; ch < c; ++ch) yo[ch] *= inv;
       }
   }
 }
+}  // namespace
+
+void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                     int s) {
+  pool_forward<false>(x, y, n, h, w, c, k, s);
+}
+
+namespace {
+// One image's average-pooling backward: dx (zeroed here) += each window's gradient / k^2.
+void pool_backward_image(const float* dyb, float* dxb, int64_t h, int64_t w, int64_t c, int k, int s) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  const float inv = 1.f / static_cast<float>(k * k);
+  std::memset(dxb, 0, sizeof(float) * static_cast<size_t>(h * w * c));
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; ++j) {
+      const float* g = dyb + (i * ow + j) * c;
+      for (int di = 0; di < k; ++di)
+        for (int dj = 0; dj < k; ++dj) {
+          float* d = dxb + ((i * s + di) * w + (j * s + dj)) * c;
+#pragma omp simd
+          for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
+        }
+    }
+}
+}  // namespace
 
 void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
                       int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
-  const float inv = 1.f / static_cast<float>(k * k);
 #pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < n; ++b) {
-    float* dxb = dx + b * h * w * c;
-    const float* dyb = dy + b * oh * ow * c;
-    std::memset(dxb, 0, sizeof(float) * static_cast<size_t>(h * w * c));
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        const float* g = dyb + (i * ow + j) * c;
-        for (int di = 0; di < k; ++di)
-          for (int dj = 0; dj < k; ++dj) {
-            float* xi = dxb + ((i * s + di) * w + (j * s + dj)) * c;
-#pragma omp simd
-            for (int64_t ch = 0; ch < c; ++ch) xi[ch] += g[ch] * inv;
-          }
-      }
-  }
+  for (int64_t b = 0; b < n; ++b) pool_backward_image(dy + b * oh * ow * c, dx + b * h * w * c, h, w, c, k, s);
 }
 
 void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
                           int k, int s) {
-  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
-  const float inv = 1.f / static_cast<float>(k * k);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < n; ++b) {
-    const float* xb = x + b * h * w * c;
-    float* yb = y + b * oh * ow * c;
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        float* yo = yb + (i * ow + j) * c;
-        for (int64_t ch = 0; ch < c; ++ch) yo[ch] = 0.f;
-        for (int di = 0; di < k; ++di)
-          for (int dj = 0; dj < k; ++dj) {
-            const float* xi = xb + ((i * s + di) * w + (j * s + dj)) * c;
-#pragma omp simd
-            for (int64_t ch = 0; ch < c; ++ch) yo[ch] += xi[ch] > 0.f ? xi[ch] : 0.f;
-          }
-        for (int64_t ch = 0; ch < c; ++ch) yo[ch] *= inv;
-      }
-  }
+  pool_forward<true>(x, y, n, h, w, c, k, s);
 }
 
 void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
@@ -127,17 +122,7 @@ void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n
       }
       continue;
     }
-    std::memset(dxb, 0, sizeof(float) * static_cast<size_t>(h * w * c));
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        const float* g = dyb + (i * ow + j) * c;
-        for (int di = 0; di < k; ++di)
-          for (int dj = 0; dj < k; ++dj) {
-            float* d = dxb + ((i * s + di) * w + (j * s + dj)) * c;
-#pragma omp simd
-            for (int64_t ch = 0; ch < c; ++ch) d[ch] += g[ch] * inv;
-          }
-      }
+    pool_backward_image(dyb, dxb, h, w, c, k, s);  // overlapping windows: scatter, then mask
     for (int64_t p = 0; p < h * w * c; ++p)
       if (!(xb[p] > 0.f)) dxb[p] = 0.f;
   }

@@ -17,10 +17,9 @@ namespace dpt {
 namespace {
 
 struct Fixture {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::unique_ptr<Communicator> comm = test::world_comm();
   std::string dir;
   Fixture() {
-    comm->set_timeout(120);
     if (comm->rank() == 0) {
       dir = test::make_temp_dir("ckpt");
       test::write_synthetic_dataset(dir, 640, 200, 4);

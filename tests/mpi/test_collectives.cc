@@ -6,15 +6,12 @@
 
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
+#include "test_util.h"
 
 namespace dpt {
 namespace {
 
-std::unique_ptr<Communicator> world() {
-  auto c = make_mpi_communicator();
-  c->set_timeout(60);
-  return c;
-}
+std::unique_ptr<Communicator> world() { return test::world_comm(); }
 
 TEST(Collectives, AllreduceSumAvgMaxMinAgainstFormulas) {
   auto c = world();

@@ -20,11 +20,7 @@
 namespace dpt {
 namespace {
 
-std::unique_ptr<Communicator> world() {
-  auto c = make_mpi_communicator();
-  c->set_timeout(120);
-  return c;
-}
+std::unique_ptr<Communicator> world() { return test::world_comm(); }
 
 // A deterministic global batch of B images/labels (the same on every rank).
 struct Batch {

@@ -17,20 +17,13 @@
 #include "cpu/ops.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
+#include "test_util.h"
 
 namespace dpt {
 namespace {
 
-void fill_uniform(float* p, int64_t n, std::mt19937_64& g, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (int64_t i = 0; i < n; ++i) p[i] = d(g);
-}
-
-Tensor random_tensor(const Shape& s, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
-  Tensor t(s);
-  fill_uniform(t.data(), t.numel(), g, lo, hi);
-  return t;
-}
+using test::fill_uniform;
+using test::random_tensor;
 
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;

@@ -15,20 +15,22 @@
 #include "cpu/ops.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
+#include "test_util.h"
 
 namespace dpt {
 namespace {
 
-void fill_uniform(float* p, int64_t n, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (int64_t i = 0; i < n; ++i) p[i] = d(g);
-}
+using test::fill_uniform;
 
-Tensor random_tensor(const Shape& s, std::mt19937_64& g, float lo = -1.f, float hi = 1.f) {
-  Tensor t(s);
-  fill_uniform(t.data(), t.numel(), g, lo, hi);
-  return t;
+// Mean of channel c over the M rows of an [M, C] view, and the sum of squared deviations.
+std::pair<double, double> channel_stats(const Tensor& x, int64_t M, int64_t C, int64_t c) {
+  double s = 0, ss = 0;
+  for (int64_t r = 0; r < M; ++r) s += x.data()[r * C + c];
+  const double m = s / static_cast<double>(M);
+  for (int64_t r = 0; r < M; ++r) ss += (x.data()[r * C + c] - m) * (x.data()[r * C + c] - m);
+  return {m, ss};
 }
+using test::random_tensor;
 
 // A single layer built on its own store; parameters are left for the test to set.
 struct Rig {
@@ -377,10 +379,7 @@ TEST(BatchNorm2d, TrainModeNormalisesAndUpdatesRunningStats) {
   for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = 0.5f * x.data()[i] + 3.f;
   rig.layer->forward(x, y, Mode::kTrain);
   for (int64_t c = 0; c < C; ++c) {
-    double s = 0, ss = 0;
-    for (int64_t r = 0; r < M; ++r) s += x.data()[r * C + c];
-    const double m = s / M;
-    for (int64_t r = 0; r < M; ++r) ss += (x.data()[r * C + c] - m) * (x.data()[r * C + c] - m);
+    const auto [m, ss] = channel_stats(x, M, C, c);
     EXPECT_NEAR(rm.value.data()[c], 0.9 * rm1[c] + 0.1 * m, 1e-5) << c;
     EXPECT_NEAR(rv.value.data()[c], 0.9 * rv1[c] + 0.1 * ss / (M - 1), 1e-5) << c;
   }
@@ -399,10 +398,7 @@ TEST(BatchNorm2d, TrainModeAppliesGammaBeta) {
   Tensor y;
   rig.layer->forward(x, y, Mode::kTrain);
   for (int64_t c = 0; c < C; ++c) {
-    double s = 0, ss = 0;
-    for (int64_t r = 0; r < M; ++r) s += x.data()[r * C + c];
-    const double m = s / M;
-    for (int64_t r = 0; r < M; ++r) ss += (x.data()[r * C + c] - m) * (x.data()[r * C + c] - m);
+    const auto [m, ss] = channel_stats(x, M, C, c);
     const double inv = 1.0 / std::sqrt(ss / M + 1e-5);
     for (int64_t r = 0; r < M; ++r)
       EXPECT_NEAR(y.data()[r * C + c], (x.data()[r * C + c] - m) * inv * gamma[c] + beta[c], 1e-5);

@@ -16,11 +16,7 @@
 namespace dpt {
 namespace {
 
-std::unique_ptr<Communicator> world() {
-  auto c = make_mpi_communicator();
-  c->set_timeout(120);
-  return c;
-}
+std::unique_ptr<Communicator> world() { return test::world_comm(); }
 
 TEST(Training, LenetLossFallsOnSyntheticData) {
   const std::string dir = test::make_temp_dir("train");
