@@ -256,10 +256,16 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
                               float* dx, float* dw, float* db, bool accumulate) {
   Entry& e = entry(g, db != nullptr);
   if (e.bwd_path < 0) {
-    // DPT_CONV_BACKWARD=onednn|sgemm pins the path (tests compare the two).
-    const char* force = std::getenv("DPT_CONV_BACKWARD");
-    if (force && std::string(force) == "onednn") e.bwd_path = 0;
-    if (force && std::string(force) == "sgemm") e.bwd_path = 1;
+    // The path must not depend on timing by default: two runs (or a run and its resume) must
+    // compute the same bits. Rule, from measurements on LeNet's shapes (docs/PERFORMANCE.md):
+    // sgemm for kernels of 5x5 and larger (conv2: 34.5 ms vs 40.4 ms at batch 256), oneDNN for
+    // the rest (conv1, 1 input channel: 3.9 ms vs 16.0 ms). DPT_CONV_BACKWARD=onednn|sgemm pins
+    // a path; =auto times both once per shape and keeps the faster (not reproducible).
+    const char* env = std::getenv("DPT_CONV_BACKWARD");
+    const std::string force = env ? env : "";
+    if (force == "onednn") e.bwd_path = 0;
+    else if (force == "sgemm") e.bwd_path = 1;
+    else if (force != "auto") e.bwd_path = g.k >= 5 ? 1 : 0;
   }
   if (e.bwd_path < 0 && accumulate) {
     // The trial overwrites the gradients: measure on a call that does not accumulate.
@@ -267,7 +273,7 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     return;
   }
   if (e.bwd_path < 0) {
-    // Once per shape, like cuDNN's algorithm search: time both paths (the second run of each,
+    // DPT_CONV_BACKWARD=auto: once per shape, like cuDNN's algorithm search, time both paths (the second run of each,
     // after first-touch page faults) and keep the faster. Both write the same gradients, so the
     // trial runs are real work (the caller's gradients are overwritten, never accumulated).
     double best[2] = {0, 0};
