@@ -179,10 +179,10 @@ void im2col_nhwc(const float* x, const ConvGeom& g, float* col) {
           for (int64_t kw = 0; kw < g.k; ++kw) {
             const int64_t iw = j * g.stride + kw - g.pad;
             float* dst = row + (kh * g.k + kw) * g.c_in;
-            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w)
-              std::memset(dst, 0, sizeof(float) * static_cast<size_t>(g.c_in));
-            else
-              std::memcpy(dst, x + ((n * g.h + ih) * g.w + iw) * g.c_in, sizeof(float) * static_cast<size_t>(g.c_in));
+            const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+            const float* src = x + ((n * g.h + ih) * g.w + iw) * g.c_in;
+            // A plain loop, not memcpy: with few channels (conv1 has one) the call would dominate.
+            for (int64_t c = 0; c < g.c_in; ++c) dst[c] = inside ? src[c] : 0.f;
           }
         }
       }
@@ -234,12 +234,7 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
         float& d = dw[(oc * g.c_in + c) * kk + t];
         d = accumulate ? d + v : v;
       }
-  if (db)
-    for (int64_t oc = 0; oc < o; ++oc) {
-      double sum = 0;
-      for (int64_t r = 0; r < rows; ++r) sum += dy[r * o + oc];
-      db[oc] = static_cast<float>(accumulate ? db[oc] + sum : sum);
-    }
+  if (db) column_sums(dy, rows, o, db, accumulate);
   if (dx) {
     e.w_ohwi.resize(static_cast<size_t>(o * kkc));
     for (int64_t oc = 0; oc < o; ++oc)

@@ -254,6 +254,14 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
                 [](dnnl_status_t s) { return std::string("sgemm status ") + std::to_string(s); });
 }
 
+void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
+  std::vector<double> sum(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) sum[static_cast<size_t>(c)] += a[r * cols + c];
+  for (int64_t c = 0; c < cols; ++c)
+    out[c] = static_cast<float>(accumulate ? out[c] + sum[static_cast<size_t>(c)] : sum[static_cast<size_t>(c)]);
+}
+
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
                     int64_t in, int64_t out) {
   sgemm('N', 'T', n, out, in, x, in, w, in, 0.f, y, out);
@@ -268,13 +276,7 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
                      float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
   if (dx) sgemm('N', 'N', n, in, out, dy, out, w, in, 0.f, dx, in);
   sgemm('T', 'N', out, in, n, dy, out, x, in, accumulate ? 1.f : 0.f, dw, in);
-  if (db) {
-    for (int64_t o = 0; o < out; ++o) {
-      double s = 0;
-      for (int64_t r = 0; r < n; ++r) s += dy[r * out + o];
-      db[o] = static_cast<float>(accumulate ? db[o] + s : s);
-    }
-  }
+  if (db) column_sums(dy, n, out, db, accumulate);
 }
 
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c) {

@@ -46,6 +46,10 @@ void bn_backward_apply(const float* x, const float* dy, const float* mean, const
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// out[c] (+)= sum over rows of a[r, c], in one row-major pass with double accumulators (bias
+// gradients of Linear and of the sgemm convolution path).
+void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate);
+
 // y[n,out] = x[n,in] * W[out,in]^T + b.
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
                     int64_t in, int64_t out);
