@@ -8,6 +8,8 @@ baseline. Suites:
   lenet-1rank  LeNet, d2l recipe, 1 epoch, 1 rank, 1 and 2 threads: dptrain vs PyTorch
   lenet-dp     LeNet, d2l recipe, 1 epoch, 1 thread per rank: dptrain np1, np2 with overlap on
                and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part
+  resnet-dp    ResNet-18, d2l recipe, global batch 128, 2 ranks x 1 thread, --max-steps steps
+               (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s
 Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N]
 """
 import argparse
@@ -54,7 +56,17 @@ def suite(name, build, max_steps):
         ]
         return runs, {"dptrain np1": "pytorch-ddp np2", "dptrain np2 overlap": "pytorch-ddp np2",
                       "dptrain np2 no-overlap": "pytorch-ddp np2"}
-    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp)")
+    if name == "resnet-dp":
+        steps = max_steps or 10
+        r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
+             "--max-steps", str(steps)]
+        runs = [
+            ("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True),
+            ("pytorch-ddp np2", [PY, os.path.join(ROOT, "bench", "torch_ref.py"), "--json", "--no-eval",
+                                 "--ddp", "--nproc", "2", "--threads", "1"] + r, False),
+        ]
+        return runs, {"dptrain np2": "pytorch-ddp np2"}
+    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp)")
 
 
 def last_json(text):
@@ -107,8 +119,9 @@ def main():
         if "comm_seconds" in recs[0]:
             row["allreduce_s"] = statistics.median(r["comm_seconds"] for r in recs)
             row["exposed_s"] = statistics.median(r["exposed_comm_seconds"] for r in recs)
-        if "test_acc" in recs[0]:
+        if recs[0].get("test_acc") is not None:
             row["test_acc"] = recs[-1]["test_acc"]
+        row["images_per_second"] = statistics.median(r["images_per_second"] for r in recs)
         rows.append(row)
     med = {r["name"]: r["median_s"] for r in rows}
     for r in rows:
@@ -123,14 +136,14 @@ def main():
     print(f"# suite {a.suite}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.cpu_count()} cores, {cpu}; {a.reps} reps alternated; epoch_seconds = training loop")
     print(f"# {'run':<24} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
-          f"{'exposed_s':>9} {'test_acc':>8}  speedup")
+          f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8}  speedup")
     for r in rows:
         sp = f"{r['speedup']:.2f}x vs {r['vs']}" if "speedup" in r else ""
         ar = f"{r['allreduce_s']:.3f}" if "allreduce_s" in r else "-"
         ex = f"{r['exposed_s']:.3f}" if "exposed_s" in r else "-"
         acc = f"{r['test_acc']:.4f}" if "test_acc" in r else "-"
         print(f"  {r['name']:<24} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
-              f"{r['spread_pct']:>6.1f}% {ar:>11} {ex:>9} {acc:>8}  {sp}")
+              f"{r['spread_pct']:>6.1f}% {ar:>11} {ex:>9} {acc:>8} {r['images_per_second']:>8.1f}  {sp}")
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def run(rank, world, args):
         # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
         # (model, not the DDP wrapper, so no collectives). Other ranks wait at the barrier.
         if rank == 0:
-            test_acc = evaluate(model, test_x, test_y)
+            test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y)
             train_loss = stats[0].item() / stats[2].item()
             train_acc = stats[1].item() / stats[2].item()
             ips = steps * gbatch / epoch_seconds
@@ -277,6 +277,7 @@ def main():
     p.add_argument("--nproc", type=int, default=None,
                    help="with --ddp: spawn this many local ranks (else use env WORLD_SIZE/RANK)")
     p.add_argument("--json", action="store_true", help="one JSON line per epoch on stdout")
+    p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation (speed runs)")
     p.add_argument("--print-params", action="store_true",
                    help="print state_dict keys/shapes and parameter count, then exit")
     p.add_argument("--data", default=DATA_DIR_DEFAULT, help="Fashion-MNIST IDX .gz directory")

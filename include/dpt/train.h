@@ -31,6 +31,7 @@ struct TrainConfig {
   int threads = 1;
   int64_t max_steps = 0;  // 0 = whole epoch
   int64_t eval_batch_size = 1000;
+  int eval_every = 1;  // evaluate every N epochs and after the last (0 = never)
   std::string metrics;  // JSON lines file
   std::string save;     // safetensors at the end
   int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)

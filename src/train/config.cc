@@ -84,7 +84,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     ("threads", "Compute threads per rank", cxxopts::value<int>()->default_value(s(d.threads)))
     ("max-steps", "At most N training steps per epoch (0 = all)",
      cxxopts::value<int64_t>()->default_value(s(d.max_steps)))
-    ("eval-batch-size", "Batch size of evaluation", cxxopts::value<int64_t>()->default_value(s(d.eval_batch_size)));
+    ("eval-batch-size", "Batch size of evaluation", cxxopts::value<int64_t>()->default_value(s(d.eval_batch_size)))
+    ("eval-every", "Evaluate every N epochs and after the last one (0 = never: speed runs)",
+     cxxopts::value<int>()->default_value(s(d.eval_every)));
   opts.add_options("Data parallelism")
     ("bucket-mb", "Gradient bucket cap in MiB (the first bucket is capped at 1 MiB)",
      cxxopts::value<double>()->default_value(s(d.bucket_mb)))
@@ -151,6 +153,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->threads = flag<int>(r, "threads");
     cfg->max_steps = flag<int64_t>(r, "max-steps");
     cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
+    cfg->eval_every = flag<int>(r, "eval-every");
     cfg->bucket_mb = flag<double>(r, "bucket-mb");
     cfg->overlap = r.count("no-overlap") == 0;
     cfg->accum_steps = flag<int>(r, "accum-steps");
@@ -197,6 +200,7 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads must be in 1..1024, got " << c.threads);
   DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
   DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
+  DPT_INPUT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0, got " << c.eval_every);
   DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "--bucket-mb must be > 0, got " << c.bucket_mb);
   DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
@@ -238,7 +242,7 @@ std::string TrainConfig::to_json() const {
                       {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
                       {"device", device}, {"threads", threads}, {"max_steps", max_steps},
-                      {"eval_batch_size", eval_batch_size}, {"metrics", metrics}, {"save", save},
+                      {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume},
                       {"bucket_mb", bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -332,15 +333,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     double tsum[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
     ddp.sync_buffers();
-    EvalResult ev = evaluate(ddp, test, cfg.eval_batch_size, ex, elabels);
+    const bool eval_now = cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
+    EvalResult ev = eval_now ? evaluate(ddp, test, cfg.eval_batch_size, ex, elabels) : EvalResult{};
 
     EpochMetrics m;
     m.epoch = epoch + 1;
     m.train_loss = tsum[2] > 0 ? tsum[0] / tsum[2] : 0;
     m.train_acc = tsum[2] > 0 ? tsum[1] / tsum[2] : 0;
     m.train_count = static_cast<int64_t>(tsum[2]);
-    m.test_loss = ev.loss_sum / static_cast<double>(ev.count);
-    m.test_acc = static_cast<double>(ev.correct) / static_cast<double>(ev.count);
+    // Not evaluated this epoch: NaN, written as null in the metrics JSON.
+    m.test_loss = ev.count ? ev.loss_sum / static_cast<double>(ev.count) : std::nan("");
+    m.test_acc = ev.count ? static_cast<double>(ev.correct) / static_cast<double>(ev.count) : std::nan("");
     m.test_count = ev.count;
     m.steps = steps - first;
     m.lr = lr;

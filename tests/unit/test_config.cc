@@ -62,7 +62,8 @@ TEST(Config, HelpShowsDefaults) {
   for (const char* flag : {"--model", "--recipe", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--data", "--device", "--threads",
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--no-overlap",
-                           "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout"})
+                           "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
+                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
@@ -87,6 +88,7 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--momentum", "1.5"}, "--momentum"},
       {{"--accum-steps", "0"}, "--accum-steps"},
       {{"--schedule", "exp"}, "--schedule"},
+      {{"--eval-every", "-1"}, "--eval-every"},
       {{"--epochs", "ten"}, "ten"},
       {{"--no-such-flag"}, "no-such-flag"},
       {{"stray"}, "stray"},

@@ -3,6 +3,7 @@
 // --save writes a safetensors file that reads back equal.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -99,6 +100,31 @@ TEST(Training, LenetLearnsFashionMnist) {
   auto hist = run_training(c, *comm);
   EXPECT_EQ(hist[0].test_count, 10000);
   EXPECT_GT(hist[0].test_acc, 0.70);  // ~0.75-0.80 after 120 steps of 256
+}
+
+TEST(Training, EvalEveryEvaluatesOnlyThoseEpochsAndTheLast) {
+  const std::string dir = test::make_temp_dir("evalevery");
+  test::write_synthetic_dataset(dir, 256, 100, 3);
+  TrainConfig c;
+  c.model = "lenet";
+  apply_recipe(&c);
+  c.data = dir;
+  c.epochs = 5;
+  c.batch_size = 64;
+  c.eval_every = 2;
+  c.quiet = true;
+  auto comm = world();
+  auto hist = run_training(c, *comm);
+  ASSERT_EQ(hist.size(), 5u);
+  const int64_t want[5] = {0, 100, 0, 100, 100};  // epochs 2 and 4, and the last (5)
+  for (int e = 0; e < 5; ++e) {
+    EXPECT_EQ(hist[e].test_count, want[e]) << "epoch " << e + 1;
+    EXPECT_EQ(std::isnan(hist[e].test_acc), want[e] == 0) << "epoch " << e + 1;
+  }
+  c.eval_every = 0;
+  auto none = run_training(c, *comm);
+  for (const auto& m : none) EXPECT_EQ(m.test_count, 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Training, MissingDataDirectoryIsAnInputError) {
