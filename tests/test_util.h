@@ -81,4 +81,19 @@ inline void write_synthetic_dataset(const std::string& dir, int n_train, int n_t
   make("t10k", n_test);
 }
 
+// Rank 0 writes a synthetic set into a new temporary directory; every rank returns its path.
+inline std::string shared_synthetic_dir(Communicator& comm, const std::string& tag, int n_train,
+                                        int n_test, uint64_t seed) {
+  std::string dir;
+  if (comm.rank() == 0) {
+    dir = make_temp_dir(tag);
+    write_synthetic_dataset(dir, n_train, n_test, seed);
+  }
+  int64_t len = static_cast<int64_t>(dir.size());
+  comm.broadcast(&len, 1);
+  dir.resize(static_cast<size_t>(len));
+  comm.broadcast(reinterpret_cast<uint8_t*>(dir.data()), len);
+  return dir;
+}
+
 }  // namespace dpt::test

@@ -185,59 +185,38 @@ class ReLU : public Layer {
   Shape in_;
 };
 
+// AvgPool2d, optionally fused with the ReLU before it (relu = true): one pass each way, and the
+// ReLU output is never stored (backward masks with the input instead). The fused form gives the
+// same results as ReLU then AvgPool2d.
 class AvgPool2d : public Layer {
  public:
-  AvgPool2d(int k, int s) : k_(k), s_(s) {}
-  std::string kind() const override { return "AvgPool2d"; }
+  AvgPool2d(int k, int s, bool relu) : k_(k), s_(s), relu_(relu) {}
+  std::string kind() const override { return relu_ ? "ReLU+AvgPool2d" : "AvgPool2d"; }
   Shape build(const Shape& in, ParamStore&, const std::string&) override {
     DPT_CHECK(in.size() == 3 && in[0] >= k_ && in[1] >= k_,
-              "AvgPool2d(" << k_ << ") needs an {H, W, C} input of at least that size, got "
-                           << shape_str(in));
+              kind() << "(" << k_ << ") needs an {H, W, C} input of at least that size, got "
+                     << shape_str(in));
     in_ = in;
     return {(in[0] - k_) / s_ + 1, (in[1] - k_) / s_ + 1, in[2]};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("AvgPool2d", x, in_);
+    check_input(kind().c_str(), x, in_);
     y.resize({x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
-    cpu::avgpool_forward(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
+    (relu_ ? cpu::relu_avgpool_forward : cpu::avgpool_forward)(x.data(), y.data(), x.dim(0), in_[0],
+                                                               in_[1], in_[2], k_, s_);
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (prepare_dx(dx, x))
+    if (!prepare_dx(dx, x)) return;
+    if (relu_)
+      cpu::relu_avgpool_backward(x.data(), dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
+    else
       cpu::avgpool_backward(dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
   }
 
  private:
   int k_, s_;
-  Shape in_;
-};
-
-// ReLU followed by AvgPool2d as one layer: one pass each way, and the ReLU output is never
-// stored (backward masks with the input instead). Same results as the two layers in sequence.
-class ReluAvgPool2d : public Layer {
- public:
-  ReluAvgPool2d(int k, int s) : k_(k), s_(s) {}
-  std::string kind() const override { return "ReLU+AvgPool2d"; }
-  Shape build(const Shape& in, ParamStore&, const std::string&) override {
-    DPT_CHECK(in.size() == 3 && in[0] >= k_ && in[1] >= k_,
-              "ReLU+AvgPool2d(" << k_ << ") needs an {H, W, C} input of at least that size, got "
-                                << shape_str(in));
-    in_ = in;
-    return {(in[0] - k_) / s_ + 1, (in[1] - k_) / s_ + 1, in[2]};
-  }
-  void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("ReLU+AvgPool2d", x, in_);
-    y.resize({x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
-    cpu::relu_avgpool_forward(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
-  }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                BackwardCtx&) override {
-    if (prepare_dx(dx, x))
-      cpu::relu_avgpool_backward(x.data(), dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
-  }
-
- private:
-  int k_, s_;
+  bool relu_;
   Shape in_;
 };
 
@@ -388,9 +367,9 @@ std::unique_ptr<Layer> make_batchnorm2d(double momentum, double eps) {
   return std::make_unique<BatchNorm2d>(momentum, eps);
 }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<ReLU>(); }
-std::unique_ptr<Layer> make_avgpool2d(int k, int s) { return std::make_unique<AvgPool2d>(k, s); }
+std::unique_ptr<Layer> make_avgpool2d(int k, int s) { return std::make_unique<AvgPool2d>(k, s, false); }
 std::unique_ptr<Layer> make_relu_avgpool2d(int k, int s) {
-  return std::make_unique<ReluAvgPool2d>(k, s);
+  return std::make_unique<AvgPool2d>(k, s, true);
 }
 std::unique_ptr<Layer> make_global_avgpool() { return std::make_unique<GlobalAvgPool>(); }
 std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }

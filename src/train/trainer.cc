@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unistd.h>
@@ -47,6 +48,15 @@ void draw_progress(int epoch, int epochs, int64_t done, int64_t total, double lo
   std::fflush(stderr);
 }
 
+// A batch of `count` images (as floats in [0, 1]) and their labels, gathered by index.
+void gather_batch(const ImageSet& set, const int64_t* idx, int64_t count, Tensor& x,
+                  std::vector<int32_t>& labels) {
+  x.resize({count, set.rows, set.cols, 1});
+  images_to_float(set, idx, count, x.data());
+  labels.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) labels[static_cast<size_t>(i)] = set.labels[static_cast<size_t>(idx[i])];
+}
+
 struct EvalResult {
   double loss_sum = 0;
   int64_t correct = 0, count = 0;
@@ -62,10 +72,7 @@ EvalResult evaluate(DataParallel& ddp, const ImageSet& test, int64_t batch, Tens
     const int64_t b = std::min(batch, end - s);
     idx.resize(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i) idx[static_cast<size_t>(i)] = s + i;
-    x.resize({b, test.rows, test.cols, 1});
-    images_to_float(test, idx.data(), b, x.data());
-    labels.resize(static_cast<size_t>(b));
-    for (int64_t i = 0; i < b; ++i) labels[static_cast<size_t>(i)] = test.labels[static_cast<size_t>(s + i)];
+    gather_batch(test, idx.data(), b, x, labels);
     const Tensor& logits = ddp.forward(x, Mode::kEval);
     int64_t hits = 0;
     r.loss_sum += cpu::softmax_xent(logits.data(), labels.data(), b, logits.dim(1), 0.f, nullptr, &hits);
@@ -212,15 +219,24 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   std::vector<int32_t> elabels;
   std::vector<EpochMetrics> history;
 
+  // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
+  auto run_metadata = [&](int64_t epoch) {
+    return std::map<std::string, std::string>{
+        {"config", cfg.to_json()}, {"epoch", std::to_string(epoch)},
+        {"step", std::to_string(global_step)}, {"seed", std::to_string(cfg.seed)},
+        {"world_size", std::to_string(world)}};
+  };
+  auto with = [](std::map<std::string, std::string> m, const std::map<std::string, std::string>& more) {
+    m.insert(more.begin(), more.end());
+    return m;
+  };
   // The training state at a step boundary, for checkpoints: epoch in progress and steps done in it.
   auto write_checkpoint = [&](const std::string& path, int64_t epoch, int64_t epoch_step) {
     ddp.sync_buffers();
     if (rank == 0)
       save_model(path, *model,
-                 {{"config", cfg.to_json()}, {"epoch", std::to_string(epoch)},
-                  {"epoch_step", std::to_string(epoch_step)}, {"step", std::to_string(global_step)},
-                  {"optimizer_steps", std::to_string(opt.steps())}, {"seed", std::to_string(cfg.seed)},
-                  {"world_size", std::to_string(world)}},
+                 with(run_metadata(epoch), {{"epoch_step", std::to_string(epoch_step)},
+                                            {"optimizer_steps", std::to_string(opt.steps())}}),
                  &opt.momentum_buffer());
     comm.barrier();
   };
@@ -276,8 +292,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
         const int64_t* idx = sampler.local_indices(s * cfg.accum_steps + micro);
         {
           TraceScope span(tr, "data", "data");
-          images_to_float(train, idx, b, x.data());
-          for (int64_t i = 0; i < b; ++i) labels[static_cast<size_t>(i)] = train.labels[static_cast<size_t>(idx[i])];
+          gather_batch(train, idx, b, x, labels);
         }
         const Tensor* logits;
         {
@@ -380,10 +395,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   if (!cfg.save.empty()) {
     // Buffers were averaged before the last evaluation; parameters are identical by construction.
     if (rank == 0)
-      save_model(cfg.save, *model,
-                 {{"config", cfg.to_json()}, {"epoch", std::to_string(cfg.epochs)},
-                  {"step", std::to_string(global_step)}, {"seed", std::to_string(cfg.seed)},
-                  {"world_size", std::to_string(world)}});
+      save_model(cfg.save, *model, run_metadata(cfg.epochs));
     comm.barrier();
     log_info("saved " + cfg.save);
   }

@@ -19,16 +19,7 @@ namespace {
 struct Fixture {
   std::unique_ptr<Communicator> comm = test::world_comm();
   std::string dir;
-  Fixture() {
-    if (comm->rank() == 0) {
-      dir = test::make_temp_dir("ckpt");
-      test::write_synthetic_dataset(dir, 640, 200, 4);
-    }
-    int64_t len = static_cast<int64_t>(dir.size());
-    comm->broadcast(&len, 1);
-    dir.resize(static_cast<size_t>(len));
-    comm->broadcast(reinterpret_cast<uint8_t*>(dir.data()), len);
-  }
+  Fixture() : dir(test::shared_synthetic_dir(*comm, "ckpt", 640, 200, 4)) {}
   ~Fixture() {
     comm->barrier();
     if (comm->rank() == 0) std::filesystem::remove_all(dir);

@@ -228,15 +228,7 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
 
 TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   auto c = world();
-  std::string dir;
-  if (c->rank() == 0) {
-    dir = test::make_temp_dir("eval");
-    test::write_synthetic_dataset(dir, 600, 997, 9);  // 997: not divisible by 2 or 4
-  }
-  int64_t len = static_cast<int64_t>(dir.size());
-  c->broadcast(&len, 1);
-  dir.resize(static_cast<size_t>(len));
-  c->broadcast(reinterpret_cast<uint8_t*>(dir.data()), len);
+  const std::string dir = test::shared_synthetic_dir(*c, "eval", 600, 997, 9);  // 997: odd
   TrainConfig cfg;
   apply_recipe(&cfg);
   cfg.data = dir;
