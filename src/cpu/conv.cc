@@ -16,6 +16,7 @@
 
 #include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
+#include "cpu/winograd.h"
 #include "dpt/error.h"
 
 namespace dpt::cpu {
@@ -41,7 +42,7 @@ struct ConvPrimitives::Entry {
   int bwd_path = -1;
 };
 
-ConvPrimitives::ConvPrimitives() = default;
+ConvPrimitives::ConvPrimitives() : wino_(std::make_unique<WinogradConv>()) {}
 ConvPrimitives::~ConvPrimitives() = default;
 
 ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
@@ -99,6 +100,7 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
 
 void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
                              float* y) {
+  if (const int m = winograd_choice(g).m) return wino_->forward(g, m, x, w, b, y);
   Entry& e = entry(g, b != nullptr);
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
@@ -249,6 +251,12 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
 
 void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
                               float* dx, float* dw, float* db, bool accumulate) {
+  if (const auto ch = winograd_choice(g); ch.m) {
+    if (dx) wino_->backward_data(g, ch.m, w, dy, dx);
+    wino_->backward_weights(g, ch.mw, x, dy, dw, accumulate);
+    if (db) column_sums(dy, g.n * g.oh() * g.ow(), g.c_out, db, accumulate);
+    return;
+  }
   Entry& e = entry(g, db != nullptr);
   if (e.bwd_path < 0) {
     // The path must not depend on timing by default: two runs (or a run and its resume) must

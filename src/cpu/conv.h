@@ -1,4 +1,5 @@
-// CPU convolution through oneDNN: NHWC activations, PyTorch-layout (OIHW) weights. Primitive
+// CPU convolution: NHWC activations, PyTorch-layout (OIHW) weights. Stride-1 3x3 convolutions with
+// enough channels run the Winograd algorithm (winograd.h); the rest run oneDNN, whose primitive
 // descriptors, primitives and reordered weight buffers are created once per batch size and reused.
 #pragma once
 
@@ -7,6 +8,8 @@
 #include <memory>
 
 namespace dpt::cpu {
+
+class WinogradConv;
 
 struct ConvGeom {
   int64_t n = 0, h = 0, w = 0, c_in = 0, c_out = 0, k = 0, stride = 1, pad = 0;
@@ -32,6 +35,7 @@ class ConvPrimitives {
   void backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db, bool accumulate);
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size
+  std::unique_ptr<WinogradConv> wino_;            // stride-1 3x3 shapes (winograd.h)
 };
 
 }  // namespace dpt::cpu

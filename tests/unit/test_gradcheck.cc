@@ -235,6 +235,12 @@ TEST(GradCheck, Conv2d3x3) {
   c.run("conv k3", {});
 }
 
+TEST(GradCheck, Conv2d3x3Winograd) {
+  // 16 channels in and out: the stride-1 3x3 shape that runs the Winograd path (src/cpu/winograd.h).
+  LayerCheck c(make_conv2d(16, 3, 1, 1), {5, 6, 16}, 2, 106, "conv");
+  c.run("conv k3 winograd", {});
+}
+
 TEST(GradCheck, Conv2dStride2Pad1) {
   // 7x8 input: stride 2 with pad 1 leaves the last column out of every window on one side.
   LayerCheck c(make_conv2d(5, 3, 2, 1), {7, 8, 3}, 2, 102, "conv");
@@ -605,6 +611,7 @@ TEST(Accumulate, ConvLinearBatchNorm) {
   check_accumulate("conv", make_conv2d(4, 3, 2, 1), {7, 6, 3}, 160);
   check_accumulate("conv1x1", make_conv2d(5, 1, 1, 0), {4, 4, 6}, 161);
   check_accumulate("convnobias", make_conv2d(3, 3, 1, 0, false), {5, 5, 2}, 162);
+  check_accumulate("convwinograd", make_conv2d(16, 3, 1, 1), {5, 5, 16}, 166);
   check_accumulate("fc", make_linear(6), {11}, 163);
   check_accumulate("fcnobias", make_linear(4, false), {7}, 164);
   check_accumulate("bn", make_batchnorm2d(), {3, 3, 4}, 165);

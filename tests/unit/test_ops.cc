@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "cpu/winograd.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
 #include "test_util.h"
@@ -784,6 +785,96 @@ TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
     for (size_t i = 0; i < grads[0].size(); ++i)
       ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * scale) << "k" << c.k << " s" << c.s << " p" << c.p << " at " << i;
   }
+}
+
+// Winograd convolution (src/cpu/winograd.cc), every tile size of its tables, against direct loops
+// in double: forward (with and without bias), the input gradient and the weight gradient, on
+// sizes that leave partial tiles at the border (5x7, 4x4 with tile 4, 9x6), pad 0 and 1, and
+// accumulation. The bound is relative to the largest reference value (float rounding of the
+// transforms grows with the tile size; F(4,3) stays near 1e-5).
+TEST(Winograd, EveryTileSizeMatchesDirectLoops) {
+  struct Case { int64_t n, h, w, cin, cout, k, pad; int m, mw; } cases[] = {
+      {2, 5, 7, 3, 4, 3, 1, 2, 2}, {2, 5, 7, 3, 4, 3, 1, 4, 4}, {1, 4, 4, 16, 16, 3, 1, 4, 4},
+      {3, 9, 6, 5, 6, 3, 0, 4, 2}, {2, 8, 8, 17, 9, 3, 1, 2, 4}, {2, 9, 8, 4, 5, 5, 0, 2, 2},
+      {2, 13, 13, 6, 7, 5, 0, 4, 4}, {1, 6, 6, 3, 2, 5, 2, 4, 2}};
+  std::mt19937_64 gen(2024);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("winograd n=" + std::to_string(c.n) + " " + std::to_string(c.h) + "x" +
+                 std::to_string(c.w) + " cin=" + std::to_string(c.cin) + " cout=" +
+                 std::to_string(c.cout) + " k=" + std::to_string(c.k) + " pad=" +
+                 std::to_string(c.pad) + " m=" + std::to_string(c.m) + " mw=" + std::to_string(c.mw));
+    cpu::ConvGeom g{c.n, c.h, c.w, c.cin, c.cout, c.k, 1, c.pad};
+    const int64_t oh = g.oh(), ow = g.ow(), kk = c.k * c.k;
+    Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, gen), w = random_tensor({c.cout, c.cin, c.k, c.k}, gen);
+    Tensor b = random_tensor({c.cout}, gen), dy = random_tensor({c.n, oh, ow, c.cout}, gen);
+    // References in double: y = conv(x, w) + b, dx = conv^T(dy, w), dw = corr(x, dy).
+    std::vector<double> y(static_cast<size_t>(dy.numel())), dx(static_cast<size_t>(x.numel())),
+        dw(static_cast<size_t>(w.numel()));
+    for (int64_t n = 0; n < c.n; ++n)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j)
+          for (int64_t o = 0; o < c.cout; ++o) {
+            const int64_t yi = ((n * oh + i) * ow + j) * c.cout + o;
+            double acc = b.data()[o];
+            for (int64_t a = 0; a < c.k; ++a)
+              for (int64_t bb = 0; bb < c.k; ++bb) {
+                const int64_t ih = i + a - c.pad, iw = j + bb - c.pad;
+                if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
+                for (int64_t ci = 0; ci < c.cin; ++ci) {
+                  const int64_t xi = ((n * c.h + ih) * c.w + iw) * c.cin + ci;
+                  const int64_t wi = (o * c.cin + ci) * kk + a * c.k + bb;
+                  acc += static_cast<double>(x.data()[xi]) * w.data()[wi];
+                  dx[xi] += static_cast<double>(dy.data()[yi]) * w.data()[wi];
+                  dw[wi] += static_cast<double>(dy.data()[yi]) * x.data()[xi];
+                }
+              }
+            y[yi] = acc;
+          }
+    auto expect_near = [](const float* got, const std::vector<double>& ref, const char* what) {
+      double scale = 0;
+      for (double v : ref) scale = std::max(scale, std::fabs(v));
+      for (size_t i = 0; i < ref.size(); ++i)
+        ASSERT_NEAR(got[i], ref[i], 2e-5 * scale) << what << " at " << i;
+    };
+    cpu::WinogradConv wc;
+    Tensor got_y({c.n, oh, ow, c.cout}), got_dx(x.shape()), got_dw(w.shape());
+    wc.forward(g, c.m, x.data(), w.data(), b.data(), got_y.data());
+    expect_near(got_y.data(), y, "y");
+    wc.forward(g, c.m, x.data(), w.data(), nullptr, got_y.data());
+    for (int64_t i = 0; i < got_y.numel(); ++i) got_y.data()[i] += b.data()[i % c.cout];
+    expect_near(got_y.data(), y, "y without bias");
+    for (int64_t i = 0; i < got_dx.numel(); ++i) got_dx.data()[i] = 99.f;  // must be overwritten
+    wc.backward_data(g, c.m, w.data(), dy.data(), got_dx.data());
+    expect_near(got_dx.data(), dx, "dx");
+    for (int64_t i = 0; i < got_dw.numel(); ++i) got_dw.data()[i] = 99.f;
+    wc.backward_weights(g, c.mw, x.data(), dy.data(), got_dw.data(), false);
+    expect_near(got_dw.data(), dw, "dw");
+    wc.backward_weights(g, c.mw, x.data(), dy.data(), got_dw.data(), true);  // 2 x dw
+    for (double& v : dw) v *= 2;
+    expect_near(got_dw.data(), dw, "dw accumulated");
+  }
+}
+
+// Conv2d picks Winograd for the stride-1 3x3 shapes of ResNet-18 and oneDNN elsewhere; the
+// layer's output on such a shape matches direct loops (the rule itself is a fixed function of the
+// shape, so every rank and every resumed run take the same path).
+TEST(Winograd, ChosenForResNetShapesOnly) {
+  EXPECT_EQ(cpu::winograd_choice({8, 28, 28, 64, 64, 3, 1, 1}).m, 4);
+  EXPECT_EQ(cpu::winograd_choice({8, 4, 4, 512, 512, 3, 1, 1}).mw, 4);
+  EXPECT_EQ(cpu::winograd_choice({8, 28, 28, 1, 64, 3, 1, 1}).m, 0);    // the stem: one channel
+  EXPECT_EQ(cpu::winograd_choice({8, 28, 28, 64, 128, 3, 2, 1}).m, 0);  // stride 2
+  EXPECT_EQ(cpu::winograd_choice({8, 13, 13, 20, 50, 5, 1, 0}).m, 0);   // LeNet's conv2
+  const ConvCase c{2, 7, 6, 16, 24, 3, 1, 1};
+  std::mt19937_64 g(77);
+  Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad), {c.h, c.w, c.cin});
+  Param& w = rig.p("l.weight");
+  Param& b = rig.p("l.bias");
+  fill_uniform(w.value.data(), w.numel(), g);
+  fill_uniform(b.value.data(), b.numel(), g);
+  Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  EXPECT_LT(conv_error(c, x, w.value.data(), b.value.data(), y), 2e-5);
 }
 
 // The fused ReLU+AvgPool2d layer equals ReLU then AvgPool2d, values and input gradients, for
