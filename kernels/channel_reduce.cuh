@@ -1,0 +1,103 @@
+// Per-channel sums over the rows of a row-major [m, c] view (NHWC with m = N*H*W), in double, in
+// a fixed order: shared by column_sums, bn_sums and bn_backward_sums (a helper, not an op).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch_util.cuh"
+
+namespace dpt::cuda {
+
+// Two passes instead of atomics so every run adds in the same order and gets the same bits (the
+// project's runs and resumes are bit-reproducible). Pass 1: block (32 channels x 8 row lanes) of
+// grid (channel tiles, chunks) sums its chunk of rows into partial[q][chunk][c]; pass 2: one
+// thread per channel adds the chunks in index order. The chunking depends on m only.
+constexpr int kReduceLanes = 32, kReduceRowLanes = 8;
+// Channel counts above this are refused (cudaErrorInvalidValue) so grid sizes always fit.
+constexpr int64_t kMaxChannels = int64_t{1} << 24;
+
+struct ReducePlan {
+  int64_t chunks = 0, rows_per_chunk = 0;
+};
+
+inline ReducePlan reduce_plan(int64_t m) {
+  ReducePlan p;
+  if (m <= 0) return p;
+  int64_t chunks = (m + 255) / 256;  // about 256 rows per chunk, at most 512 chunks
+  chunks = chunks < 1 ? 1 : (chunks > 512 ? 512 : chunks);
+  p.rows_per_chunk = (m + chunks - 1) / chunks;
+  p.chunks = (m + p.rows_per_chunk - 1) / p.rows_per_chunk;
+  return p;
+}
+
+// Doubles of scratch a reduction of NQ quantities over [m, c] needs.
+inline int64_t reduce_scratch_elems(int64_t m, int64_t c, int nq) { return nq * reduce_plan(m).chunks * c; }
+
+// term(r, ch, acc) adds row r's contribution for channel ch into acc[0..NQ).
+template <int NQ, class Term>
+__global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_chunk, int64_t chunks, Term term,
+                                        double* __restrict__ partial) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
+  double acc[NQ];
+  for (int q = 0; q < NQ; ++q) acc[q] = 0.0;
+  if (ch < c)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kReduceRowLanes) term(r, ch, acc);
+  __shared__ double s[NQ][kReduceRowLanes][kReduceLanes + 1];
+  for (int q = 0; q < NQ; ++q) s[q][threadIdx.y][threadIdx.x] = acc[q];
+  __syncthreads();
+  if (threadIdx.y == 0 && ch < c)
+    for (int q = 0; q < NQ; ++q) {
+      double t = 0.0;
+      for (int k = 0; k < kReduceRowLanes; ++k) t += s[q][k][threadIdx.x];
+      partial[(q * chunks + chunk) * c + ch] = t;
+    }
+}
+
+// out(ch, total) receives the NQ totals of channel ch (zeros when m == 0).
+template <int NQ, class Out>
+__global__ void channel_totals_kernel(const double* __restrict__ partial, int64_t chunks, int64_t c, Out out) {
+  DPT_GRID_STRIDE(ch, c) {
+    double total[NQ];
+    for (int q = 0; q < NQ; ++q) {
+      double t = 0.0;
+      for (int64_t k = 0; k < chunks; ++k) t += partial[(q * chunks + k) * c + ch];
+      total[q] = t;
+    }
+    out(ch, total);
+  }
+}
+
+// Both passes on `stream`; scratch holds reduce_scratch_elems(m, c, NQ) doubles.
+template <int NQ, class Term, class Out>
+cudaError_t launch_channel_reduce(int64_t m, int64_t c, Term term, Out out, double* scratch, cudaStream_t stream) {
+  if (c <= 0) return cudaSuccess;
+  if (m < 0 || c > kMaxChannels) return cudaErrorInvalidValue;
+  const ReducePlan p = reduce_plan(m);
+  if (p.chunks > 0) {
+    if (scratch == nullptr) return cudaErrorInvalidValue;
+    const int64_t tiles = (c + kReduceLanes - 1) / kReduceLanes;
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.chunks));
+    channel_partials_kernel<NQ><<<grid, dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
+        m, c, p.rows_per_chunk, p.chunks, term, scratch);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  channel_totals_kernel<NQ><<<blocks_for(c), kThreads, 0, stream>>>(scratch, p.chunks, c, out);
+  return cudaGetLastError();
+}
+
+// Element-wise passes over [m, c] with per-channel constants: block (32 channels x 8 rows), so
+// each thread keeps its channel's constants in registers and needs no index division.
+inline dim3 rows_grid(int64_t m, int64_t c) {
+  const int64_t tiles = (c + kReduceLanes - 1) / kReduceLanes;
+  int64_t rows = (m + kReduceRowLanes - 1) / kReduceRowLanes;
+  rows = rows < 1 ? 1 : (rows > 65535 ? 65535 : rows);
+  return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(rows));
+}
+
+}  // namespace dpt::cuda

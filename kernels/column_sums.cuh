@@ -1,0 +1,19 @@
+// Column sums of a row-major [rows, cols] matrix on the GPU (same semantics as cpu::column_sums):
+// the bias gradients of Linear and of convolution.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dpt::cuda {
+
+// Doubles of scratch launch_column_sums needs for this shape.
+int64_t column_sums_scratch_elems(int64_t rows, int64_t cols);
+
+// out[c] = float((accumulate ? out[c] : 0) + sum_r a[r, c]), the sum in double and in a fixed
+// order (bit-reproducible). Returns the launch status.
+cudaError_t launch_column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate,
+                               double* scratch, cudaStream_t stream);
+
+}  // namespace dpt::cuda

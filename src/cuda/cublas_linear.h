@@ -1,0 +1,23 @@
+// GPU Linear through cuBLAS, and the bias helpers convolution shares: the same semantics as
+// linear_forward / linear_backward / column_sums in src/cpu/ops.h, on device pointers.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/gpu_context.h"
+
+namespace dpt::gpu {
+
+// y[n,out] = x[n,in] * W[out,in]^T + b (b may be null).
+void linear_forward(GpuContext& g, const float* x, const float* w, const float* b, float* y, int64_t n,
+                    int64_t in, int64_t out);
+// dx (nullable) = dy W; dW (+)= dy^T x; db (nullable) (+)= sum_n dy. accumulate: add into dW/db.
+void linear_backward(GpuContext& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate);
+
+// y[r, c] += b[c] over a row-major [rows, cols] y (the bias of Linear and of NHWC convolution).
+void add_row_bias(GpuContext& g, float* y, const float* b, int64_t rows, int64_t cols);
+// out[c] (+)= sum over rows of a[r, c], accumulated in double in a fixed order (bit-reproducible).
+void column_sums(GpuContext& g, const float* a, int64_t rows, int64_t cols, float* out, bool accumulate);
+
+}  // namespace dpt::gpu

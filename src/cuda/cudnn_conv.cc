@@ -1,0 +1,232 @@
+// CudnnConv (see cudnn_conv.h) on cuDNN 9's legacy convolution API (cudnn_cnn.h, deprecated in 9
+// but shipped; the libcudnn shim exports it). Only compiled in GPU builds.
+//
+// Layouts: activations are NHWC tensors. cuDNN's best-supported NHWC configuration has the filter
+// in NHWC too (KRSC = [Cout][K][K][Cin]), the layout frameworks pair with channels-last data, so
+// weights are transformed OIHW -> OHWI into the workspace on each call (weights change every step;
+// the transform is tiny next to the convolution) and dW comes back through the inverse transform,
+// which also does the accumulate (beta = 1). When Cin == 1 or K == 1 the two layouts are the same
+// bytes and no transform is made.
+//
+// Numerics: CUDNN_FMA_MATH, because CUDNN_DEFAULT_MATH lets cuDNN run fp32 convolutions as TF32 on
+// tensor cores (Ampere and newer), 10-bit mantissas that would break agreement with the CPU
+// backend. Algorithms come from cuDNN's heuristic ranking (cudnnGet*_v7), not from timing
+// (cudnnFind*): the choice is then a function of shape and device only, the same on every run and
+// rank, which keeps runs and resumes bit-reproducible; deterministic algorithms are preferred.
+#include "cuda/cudnn_conv.h"
+
+#include <algorithm>
+#include <climits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cublas_linear.h"
+#include "cuda/cuda_check.h"
+#include "dpt/log.h"
+
+namespace dpt::gpu {
+
+namespace {
+
+// Algorithms needing more scratch than this are passed over (cuDNN ranks by speed, not memory).
+constexpr size_t kMaxAlgoWorkspace = size_t{256} << 20;
+
+std::string geom_str(const ConvGeom& g) {
+  return DPT_MSG("N=" << g.n << " H=" << g.h << " W=" << g.w << " Cin=" << g.c_in << " Cout=" << g.c_out
+                      << " K=" << g.k << " stride=" << g.stride << " pad=" << g.pad);
+}
+
+int as_int(int64_t v, const ConvGeom& g) {
+  DPT_CHECK(v > 0 && v <= INT_MAX, "convolution " << geom_str(g) << ": a dimension does not fit cuDNN's int");
+  return static_cast<int>(v);
+}
+
+bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
+
+// The first algorithm in cuDNN's ranking (best first) that succeeded, uses no tensor-op math, has a
+// workspace size cuDNN confirms for this descriptor set (cuDNN answers NOT_SUPPORTED for layouts an
+// algorithm lacks) within kMaxAlgoWorkspace, and is deterministic; only if none is, the first
+// non-deterministic one (with a warning). Returns false when nothing qualifies.
+template <class Perf, class Algo, class WorkspaceOf>
+bool pick(const std::vector<Perf>& perf, int count, WorkspaceOf workspace_of, const char* what, const ConvGeom& g,
+          Algo* algo, size_t* ws) {
+  for (int pass = 0; pass < 2; ++pass)
+    for (int i = 0; i < count; ++i) {
+      const Perf& p = perf[static_cast<size_t>(i)];
+      if (p.status != CUDNN_STATUS_SUCCESS || tensor_op(p.mathType)) continue;
+      if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      size_t bytes = 0;
+      if (workspace_of(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxAlgoWorkspace) continue;
+      if (pass == 1)
+        log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
+                                                       << "; results will not be bit-reproducible"));
+      *algo = p.algo;
+      *ws = bytes;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+struct CudnnConv::Entry {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnTensorDescriptor_t w_oihw = nullptr, w_ohwi = nullptr;  // the weights as plain tensors, for transforms
+  cudnnFilterDescriptor_t w = nullptr;                         // the filter as cuDNN convolves it (NHWC)
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool same_layout = false;  // Cin == 1 or K == 1: OIHW and OHWI are the same bytes
+  size_t weight_bytes = 0;
+  int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
+  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+
+  Entry() = default;
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+  ~Entry() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (w_oihw) cudnnDestroyTensorDescriptor(w_oihw);
+    if (w_ohwi) cudnnDestroyTensorDescriptor(w_ohwi);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+CudnnConv::CudnnConv(GpuContext& ctx) : ctx_(ctx) {}
+CudnnConv::~CudnnConv() = default;
+
+CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
+  const Key key{g.n, g.h, g.w, g.c_in, g.c_out, g.k, g.stride, g.pad};
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return *it->second;
+
+  DPT_CHECK(g.stride > 0 && g.pad >= 0 && g.oh() > 0 && g.ow() > 0, "convolution " << geom_str(g) << " is empty");
+  const int n = as_int(g.n, g), h = as_int(g.h, g), w = as_int(g.w, g), ci = as_int(g.c_in, g),
+            co = as_int(g.c_out, g), k = as_int(g.k, g), s = as_int(g.stride, g), oh = as_int(g.oh(), g),
+            ow = as_int(g.ow(), g);
+  const int p = static_cast<int>(g.pad);
+  auto e = std::make_unique<Entry>();  // owns each descriptor as soon as it exists
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, ci, h, w));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, co, oh, ow));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_oihw));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_oihw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, co, ci, k, k));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_ohwi));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_ohwi, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, co, ci, k, k));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, co, ci, k, k));
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
+  // PyTorch's Conv2d is a cross-correlation (no kernel flip).
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, CUDNN_FMA_MATH));
+  int dn = 0, dc = 0, dh = 0, dw = 0;
+  CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
+  DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
+            "cuDNN's output shape " << dn << "x" << dc << "x" << dh << "x" << dw << " for convolution "
+                                    << geom_str(g) << " differs from ConvGeom's");
+  e->same_layout = g.c_in == 1 || g.k == 1;
+  e->weight_bytes = static_cast<size_t>(g.c_out * g.c_in * g.k * g.k) * sizeof(float);
+  e->rows = g.n * g.oh() * g.ow();
+  return *cache_.emplace(key, std::move(e)).first->second;
+}
+
+void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+  Entry& e = entry(g);
+  cudnnHandle_t h = ctx_.cudnn();
+  if (!e.have_fwd) {
+    int max = 0, got = 0;
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e.x, e.w, e.conv, e.y, max, &got, perf.data()));
+    auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
+      return cudnnGetConvolutionForwardWorkspaceSize(h, e.x, e.w, e.conv, e.y, a, bytes);
+    };
+    DPT_CHECK(pick(perf, got, ws_of, "forward", g, &e.fwd, &e.fwd_ws),
+              "cuDNN offers no fp32 forward algorithm for convolution " << geom_str(g));
+    e.have_fwd = true;
+  }
+  WorkspaceLayout layout;
+  const size_t at_w = e.same_layout ? 0 : layout.add(e.weight_bytes);
+  const size_t at_algo = layout.add(e.fwd_ws);
+  char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
+  const float one = 1.f, zero = 0.f;
+  const float* wk = w;
+  if (!e.same_layout) {
+    float* wt = reinterpret_cast<float*>(ws + at_w);
+    CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
+    wk = wt;
+  }
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd, ws + at_algo, e.fwd_ws, &zero, e.y, y));
+  if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
+}
+
+void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                         float* db, bool accumulate) {
+  Entry& e = entry(g);
+  cudnnHandle_t h = ctx_.cudnn();
+  if (dx && !e.have_bwd_data) {
+    int max = 0, got = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e.w, e.y, e.conv, e.x, max, &got, perf.data()));
+    auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, e.w, e.y, e.conv, e.x, a, bytes);
+    };
+    DPT_CHECK(pick(perf, got, ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_ws),
+              "cuDNN offers no fp32 backward-data algorithm for convolution " << geom_str(g));
+    e.have_bwd_data = true;
+  }
+  if (dw && !e.have_bwd_filter) {
+    int max = 0, got = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e.x, e.y, e.conv, e.w, max, &got, perf.data()));
+    auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e.x, e.y, e.conv, e.w, a, bytes);
+    };
+    DPT_CHECK(pick(perf, got, ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_ws),
+              "cuDNN offers no fp32 backward-filter algorithm for convolution " << geom_str(g));
+    e.have_bwd_filter = true;
+  }
+  // Workspace: [OHWI weights (for dx)] [OHWI dW] [algorithm scratch, shared by the two calls].
+  WorkspaceLayout layout;
+  const bool transform = !e.same_layout;
+  const size_t at_w = transform && dx ? layout.add(e.weight_bytes) : 0;
+  const size_t at_dw = transform && dw ? layout.add(e.weight_bytes) : 0;
+  const size_t algo_ws = std::max(dx ? e.bwd_data_ws : 0, dw ? e.bwd_filter_ws : 0);
+  const size_t at_algo = layout.add(algo_ws);
+  char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
+  const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
+  if (dx) {
+    const float* wk = w;
+    if (transform) {
+      float* wt = reinterpret_cast<float*>(ws + at_w);
+      CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
+      wk = wt;
+    }
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data, ws + at_algo,
+                                             e.bwd_data_ws, &zero, e.x, dx));
+  }
+  if (dw) {
+    if (transform) {
+      // dW in OHWI into the workspace, then back to OIHW, adding to dw when accumulating.
+      float* dwt = reinterpret_cast<float*>(ws + at_dw);
+      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter, ws + at_algo,
+                                                 e.bwd_filter_ws, &zero, e.w, dwt));
+      CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
+    } else {
+      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter, ws + at_algo,
+                                                 e.bwd_filter_ws, &beta, e.w, dw));
+    }
+  }
+  // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the CPU.
+  if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);
+}
+
+}  // namespace dpt::gpu

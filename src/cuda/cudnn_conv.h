@@ -1,0 +1,42 @@
+// GPU convolution through cuDNN with the interface and semantics of cpu::ConvPrimitives
+// (src/cpu/conv.h): NHWC activations, PyTorch-layout (OIHW) weights, device pointers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "cpu/conv.h"
+#include "cuda/gpu_context.h"
+
+namespace dpt::gpu {
+
+using cpu::ConvGeom;
+
+// One per convolution layer. Descriptors and algorithms are chosen once per geometry (in practice
+// once per batch size) and cached; scratch comes from the context's shared workspace.
+class CudnnConv {
+ public:
+  explicit CudnnConv(GpuContext& ctx);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y);
+  // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
+  // accumulate.
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                float* db, bool accumulate);
+
+ private:
+  struct Entry;
+  using Key = std::array<int64_t, 8>;  // n, h, w, c_in, c_out, k, stride, pad
+  Entry& entry(const ConvGeom& g);
+
+  GpuContext& ctx_;
+  std::map<Key, std::unique_ptr<Entry>> cache_;
+};
+
+}  // namespace dpt::gpu

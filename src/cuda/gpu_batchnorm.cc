@@ -1,0 +1,77 @@
+// GpuBatchNorm (see gpu_batchnorm.h): the CPU layer's steps, one kernel each from kernels/bn_*,
+// with every statistic kept on the device (no host round trip per step). Only in GPU builds.
+#include "cuda/gpu_batchnorm.h"
+
+#include <algorithm>
+
+#include "bn_apply.cuh"
+#include "bn_backward_apply.cuh"
+#include "bn_backward_sums.cuh"
+#include "bn_eval_stats.cuh"
+#include "bn_stats.cuh"
+#include "bn_sums.cuh"
+#include "cuda/cuda_check.h"
+
+namespace dpt::gpu {
+
+GpuBatchNorm::GpuBatchNorm(GpuContext& ctx, int64_t channels, double momentum, double eps)
+    : ctx_(ctx),
+      c_(channels),
+      momentum_(momentum),
+      eps_(eps),
+      mean_(static_cast<size_t>(std::max<int64_t>(channels, 1)) * sizeof(float)),
+      invstd_(static_cast<size_t>(std::max<int64_t>(channels, 1)) * sizeof(float)),
+      stats_(static_cast<size_t>(2 * std::max<int64_t>(channels, 1) + 1) * sizeof(double)),
+      sums_(static_cast<size_t>(2 * std::max<int64_t>(channels, 1)) * sizeof(double)) {
+  DPT_CHECK(channels > 0, "BatchNorm needs at least one channel, got " << channels);
+}
+
+void GpuBatchNorm::forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                                 float* running_mean, float* running_var, float* num_batches_tracked,
+                                 const DeviceSumFn& sync) {
+  DPT_CHECK(m > 0, "BatchNorm training forward over " << m << " rows");
+  cudaStream_t s = ctx_.stream();
+  double* stats = stats_.as<double>();
+  auto* scratch = static_cast<double*>(
+      ctx_.workspace(static_cast<size_t>(cuda::bn_sums_scratch_elems(m, c_)) * sizeof(double)));
+  // [sum(C), sumsq(C), count]: one buffer, so synchronised BN needs one all-reduce (as on the CPU).
+  CUDA_CHECK(cuda::launch_bn_sums(x, m, c_, stats, stats + c_, stats + 2 * c_, scratch, s));
+  if (sync) sync(stats, 2 * c_ + 1, s);
+  CUDA_CHECK(cuda::launch_bn_stats(stats, stats + c_, stats + 2 * c_, c_, momentum_, eps_, running_mean, running_var,
+                                   num_batches_tracked, mean_.as<float>(), invstd_.as<float>(), s));
+  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, s));
+  train_mode_ = true;
+}
+
+void GpuBatchNorm::forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                                const float* running_mean, const float* running_var) {
+  cudaStream_t s = ctx_.stream();
+  CUDA_CHECK(cuda::launch_bn_eval_stats(running_mean, running_var, c_, eps_, mean_.as<float>(), invstd_.as<float>(), s));
+  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, s));
+  train_mode_ = false;
+}
+
+void GpuBatchNorm::backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                            float* dgamma, float* dbeta, bool accumulate, const DeviceSumFn& sync) {
+  cudaStream_t s = ctx_.stream();
+  double* sums = sums_.as<double>();
+  auto* scratch = static_cast<double*>(
+      ctx_.workspace(static_cast<size_t>(cuda::bn_backward_sums_scratch_elems(m, c_)) * sizeof(double)));
+  // Parameter gradients are this replica's own sums, written before any all-reduce.
+  CUDA_CHECK(cuda::launch_bn_backward_sums(x, dy, mean_.as<float>(), invstd_.as<float>(), m, c_, sums, sums + c_,
+                                           dgamma, dbeta, accumulate, scratch, s));
+  if (!dx) return;
+  if (!train_mode_) {
+    // Evaluation mode: the statistics are constants, so dx = dy * gamma * invstd.
+    CUDA_CHECK(cuda::launch_bn_backward_apply(x, dy, mean_.as<float>(), invstd_.as<float>(), gamma, nullptr, nullptr,
+                                              nullptr, m, c_, dx, s));
+    return;
+  }
+  // The input gradient needs the sums over every row the statistics were taken over.
+  if (sync) sync(sums, 2 * c_, s);
+  const double* stats = stats_.as<double>();
+  CUDA_CHECK(cuda::launch_bn_backward_apply(x, dy, mean_.as<float>(), invstd_.as<float>(), gamma, sums, sums + c_,
+                                            stats + 2 * c_, m, c_, dx, s));
+}
+
+}  // namespace dpt::gpu

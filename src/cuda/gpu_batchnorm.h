@@ -1,0 +1,58 @@
+// GPU BatchNorm over NHWC activations: the semantics of the CPU BatchNorm2d layer (src/nn/layers.cc
+// over src/cpu/ops.h's bn_* kernels) on device pointers, including synchronised BatchNorm's hook.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "cuda/gpu_context.h"
+
+namespace dpt::gpu {
+
+// Sums `count` device doubles in place across the replicas (synchronised BatchNorm), ordered on
+// `stream` (e.g. an NCCL all-reduce on it, or one made to wait for it). Empty: per-replica stats.
+using DeviceSumFn = std::function<void(double* device_data, int64_t count, cudaStream_t stream)>;
+
+// One per BatchNorm layer: it keeps, on the device, the mean and invstd of the last forward and
+// the row count they came from, which backward needs (as the CPU layer keeps mean_, invstd_,
+// count_). Parameters and running statistics stay the caller's (the flat parameter buffers).
+class GpuBatchNorm {
+ public:
+  // momentum: PyTorch's convention, running = (1 - momentum) running + momentum batch_stat.
+  GpuBatchNorm(GpuContext& ctx, int64_t channels, double momentum, double eps);
+  GpuBatchNorm(const GpuBatchNorm&) = delete;
+  GpuBatchNorm& operator=(const GpuBatchNorm&) = delete;
+
+  // Training: y = (x - mean) invstd gamma + beta with the batch's statistics over the m rows of
+  // x [m, C] (m = N*H*W); [sum, sumsq, count] go through `sync` when set; running_mean and
+  // running_var (unbiased, count/(count-1)) are updated; *num_batches_tracked (nullable) += 1.
+  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                     float* running_mean, float* running_var, float* num_batches_tracked,
+                     const DeviceSumFn& sync = {});
+  // Evaluation: the running statistics normalise; nothing is updated.
+  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                    const float* running_mean, const float* running_var);
+  // Backward of the last forward (same x and m). dgamma (+)= sum dy*xhat and dbeta (+)= sum dy
+  // from this replica's rows (the reducer adds replicas up); dx (nullable) after a training
+  // forward uses [sum dy, sum dy*xhat] over every replica (through `sync`), after an evaluation
+  // forward is dy*gamma*invstd.
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
+                float* dbeta, bool accumulate, const DeviceSumFn& sync = {});
+
+  int64_t channels() const { return c_; }
+  const float* saved_mean() const { return mean_.as<float>(); }      // device, C floats
+  const float* saved_invstd() const { return invstd_.as<float>(); }  // device, C floats
+
+ private:
+  GpuContext& ctx_;
+  int64_t c_;
+  double momentum_, eps_;
+  bool train_mode_ = true;  // mode of the last forward: backward must match it
+  DeviceBuffer mean_, invstd_;
+  DeviceBuffer stats_;  // doubles: [sum(C), sumsq(C), count] of the last training forward
+  DeviceBuffer sums_;   // doubles: [sum dy(C), sum dy*xhat(C)] of backward
+};
+
+}  // namespace dpt::gpu

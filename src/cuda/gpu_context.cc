@@ -1,0 +1,93 @@
+// GpuContext (see gpu_context.h): stream, cuDNN and cuBLAS handles created once per rank; the
+// shared grow-only workspace and ones vector. Only compiled in GPU builds.
+#include "cuda/gpu_context.h"
+
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+
+namespace dpt::gpu {
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes_ > 0) CUDA_CHECK(cudaMalloc(&p_, bytes_));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);  // no throwing from a destructor; a failed free leaks, nothing worse
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+GpuContext::GpuContext(int device) : device_(device) {
+  try {
+    create();
+  } catch (...) {
+    release();  // the destructor does not run for a half-built object
+    throw;
+  }
+}
+
+void GpuContext::create() {
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaStreamCreate(&stream_));
+  CUDNN_CHECK(cudnnCreate(&cudnn_));
+  CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // fp32 GEMMs in full fp32: the default math mode never uses TF32 (only CUBLAS_TF32_TENSOR_OP_MATH
+  // would), so results match the CPU backend to fp32 rounding. Set explicitly so nobody's later
+  // default change slips in. Scalars (alpha, beta) are host values.
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+}
+
+GpuContext::~GpuContext() { release(); }
+
+void GpuContext::release() noexcept {
+  // Teardown must not throw: queued work is drained, then everything is released best-effort.
+  if (stream_) cudaStreamSynchronize(stream_);
+  workspace_ = DeviceBuffer();
+  ones_ = DeviceBuffer();
+  if (cublas_) cublasDestroy(cublas_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (stream_) cudaStreamDestroy(stream_);
+  cublas_ = nullptr, cudnn_ = nullptr, stream_ = nullptr;
+}
+
+void* GpuContext::workspace(size_t bytes) {
+  if (bytes > workspace_.bytes()) {
+    // Grow in 1 MiB steps; the old buffer may still be read by queued kernels, so drain first.
+    constexpr size_t kStep = size_t{1} << 20;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    workspace_ = DeviceBuffer();
+    workspace_ = DeviceBuffer((bytes + kStep - 1) / kStep * kStep);
+  }
+  return workspace_.as<void>();
+}
+
+const float* GpuContext::ones(int64_t n) {
+  const size_t need = static_cast<size_t>(n < 1 ? 1 : n) * sizeof(float);
+  if (need > ones_.bytes()) {
+    constexpr size_t kStep = size_t{1} << 18;  // 64 Ki floats
+    const size_t bytes = (need + kStep - 1) / kStep * kStep;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ones_ = DeviceBuffer();
+    ones_ = DeviceBuffer(bytes);
+    const std::vector<float> host(bytes / sizeof(float), 1.f);
+    CUDA_CHECK(cudaMemcpyAsync(ones_.as<void>(), host.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` dies at the end of this scope
+  }
+  return ones_.as<float>();
+}
+
+void GpuContext::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+}  // namespace dpt::gpu

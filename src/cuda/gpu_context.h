@@ -1,0 +1,86 @@
+// The per-rank GPU execution context of the op backend: one stream, the cuDNN and cuBLAS handles
+// bound to it, and one grow-only scratch workspace. Create one per rank, once, and share it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dpt::gpu {
+
+// Owning device allocation (bytes), freed on destruction; move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Carves one workspace request into pieces, each aligned for any cuDNN/cuBLAS/kernel use: add()
+// every piece first, then take workspace(total()) once and offset into it.
+class WorkspaceLayout {
+ public:
+  static constexpr size_t kAlign = 256;
+  size_t add(size_t bytes) {
+    const size_t at = total_;
+    total_ += (bytes + kAlign - 1) / kAlign * kAlign;
+    return at;
+  }
+  size_t total() const { return total_; }
+
+ private:
+  size_t total_ = 0;
+};
+
+class GpuContext {
+ public:
+  // Makes `device` current for this thread and creates the stream and both handles. The stream is
+  // an ordinary (blocking) one on purpose: host code that copies with plain cudaMemcpy on the
+  // legacy default stream (tests, checkpoints) stays ordered with the work queued here.
+  explicit GpuContext(int device);
+  ~GpuContext();
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+  // At least `bytes` of scratch on the device, valid until the next call that asks for more (which
+  // waits for this stream, so work still queued on the old buffer finishes before it is freed).
+  // One op call takes it once; ops run in stream order, so they can all share it.
+  void* workspace(size_t bytes);
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+  // A device vector of at least n ones (grow-only): the broadcast operand of bias additions.
+  const float* ones(int64_t n);
+  // Waits for everything queued on the stream.
+  void synchronize();
+
+ private:
+  void create();
+  void release() noexcept;
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer workspace_;
+  DeviceBuffer ones_;
+};
+
+}  // namespace dpt::gpu
