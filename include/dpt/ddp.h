@@ -5,6 +5,7 @@
 // runs. Gradients are SUMMED; the loss is scaled by 1/global_batch, so k ranks match 1 rank.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,9 +29,13 @@ struct Bucket {
 
 // Splits [0, total) at parameter boundaries into buckets of at most cap_bytes (a parameter larger
 // than the cap gets a bucket of its own); the first bucket is capped at first_cap_bytes so
-// communication starts early. `bounds` are the parameters' [begin, end) ranges in any order.
+// communication starts early, and with last_cap_bytes > 0 the parameters at the end are split
+// off into a last bucket of at most that size (at least one parameter): its all-reduce cannot
+// start before backward ends, so it is the part that stays exposed. `bounds` are the
+// parameters' [begin, end) ranges in any order.
 std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
-                                 double cap_bytes, double first_cap_bytes);
+                                 double cap_bytes, double first_cap_bytes,
+                                 double last_cap_bytes = 0);
 
 struct ReducerStats {
   double comm_seconds = 0;     // sum over buckets of launch-to-completion time
@@ -73,10 +78,13 @@ class Reducer {
   int64_t step_ = 0;
   ReducerStats stats_;
 
+  // Hand-offs spin briefly on these before sleeping on cv_ (a futex wake-up costs 10-50 us, more
+  // than a whole small all-reduce); both are written under mu_ and read lock-free while spinning.
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> queue_;
-  size_t completed_ = 0;
+  std::atomic<size_t> queued_{0};     // queue_.size()
+  std::atomic<size_t> completed_{0};  // buckets all-reduced in this step
   double comm_seconds_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;
@@ -87,6 +95,7 @@ class Reducer {
 struct DdpOptions {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
+  bool split_last_bucket = true;  // see DataParallel(): a small last bucket
   bool overlap = true;
   bool sync_bn = false;
 };

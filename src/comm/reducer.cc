@@ -24,7 +24,8 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) 
 }  // namespace
 
 std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
-                                 double cap_bytes, double first_cap_bytes) {
+                                 double cap_bytes, double first_cap_bytes,
+                                 double last_cap_bytes) {
   std::sort(bounds.begin(), bounds.end());
   std::vector<Bucket> out;
   for (const auto& [b, e] : bounds) {
@@ -34,6 +35,19 @@ std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds
       out.push_back(Bucket{b, e});
     else
       out.back().end = e;
+  }
+  if (last_cap_bytes > 0 && !out.empty()) {
+    // The longest run of trailing parameters of the last bucket that fits the cap (at least one).
+    const Bucket last = out.back();
+    int64_t split = last.end;
+    for (auto it = bounds.rbegin(); it != bounds.rend() && it->first > last.begin; ++it) {
+      if (split != last.end && static_cast<double>((last.end - it->first) * 4) > last_cap_bytes) break;
+      split = it->first;
+    }
+    if (split > last.begin && split < last.end) {
+      out.back().end = split;
+      out.push_back(Bucket{split, last.end});
+    }
   }
   return out;
 }
@@ -92,9 +106,25 @@ void Reducer::launch_ready_locked() {
     ++next_launch_;
     any = true;
   }
+  queued_ = queue_.size();
   if (!thread_.joinable()) completed_ = next_launch_;  // one rank: nothing to reduce
   if (any) cv_.notify_all();
 }
+
+namespace {
+// Polls `ready` for up to ~kSpinSeconds, yielding the core between polls (two ranks share two
+// cores here: a spinning thread must not starve the one it waits for). True when it became true.
+constexpr double kSpinSeconds = 100e-6;
+template <class F>
+bool spin_until(F ready) {
+  const double t0 = now_seconds();
+  while (!ready()) {
+    if (now_seconds() - t0 > kSpinSeconds) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+}  // namespace
 
 void Reducer::wait() {
   const double t0 = now_seconds();
@@ -106,6 +136,11 @@ void Reducer::wait() {
   // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
   // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
   auto done = [this] { return completed_ == buckets_.size() || error_; };
+  if (!done()) {
+    lock.unlock();
+    spin_until([this] { return completed_.load() == buckets_.size(); });
+    lock.lock();
+  }
   const double timeout = comm_->timeout();
   if (timeout > 0) {
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), done)) {
@@ -131,12 +166,16 @@ void Reducer::wait() {
 void Reducer::thread_main() {
   for (;;) {
     size_t k;
+    // Buckets of one step arrive in bursts: after each all-reduce, look for the next one for a
+    // moment before sleeping.
+    spin_until([this] { return queued_.load() > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (stop_) return;
       k = queue_.front();
       queue_.pop_front();
+      queued_ = queue_.size();
     }
     try {
       const Bucket& b = buckets_[k];
@@ -172,8 +211,12 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
   for (const auto& p : store.entries())
     if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
   const double mib = 1024.0 * 1024.0;
-  auto buckets = plan_buckets(bounds, options.bucket_mb * mib,
-                              std::min(options.first_bucket_mb, options.bucket_mb) * mib);
+  // The last bucket (the first layers' gradients, produced last) is capped like the first one
+  // and at a quarter of all gradients, so little is left to all-reduce once backward ends.
+  const double first_cap = std::min(options.first_bucket_mb, options.bucket_mb) * mib;
+  const double total_bytes = 4.0 * static_cast<double>(store.num_params());
+  auto buckets = plan_buckets(bounds, options.bucket_mb * mib, first_cap,
+                              options.split_last_bucket ? std::min(first_cap, total_bytes / 4) : 0);
   // Every rank must issue the same all-reduces: compare the plans once.
   const uint64_t h = fnv1a(buckets.data(), buckets.size() * sizeof(Bucket));
   const auto all = comm_.allgather(h);

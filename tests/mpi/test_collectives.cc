@@ -138,6 +138,20 @@ TEST(BucketPlan, CapsSplitAtParameterBoundaries) {
   EXPECT_EQ(mixed[1].begin, 400);
   EXPECT_EQ(mixed[1].end, 1460);
   // At 1000 floats the 1000-float parameter fills a bucket by itself.
+  // A last cap splits the trailing parameters off: 10 floats (40 B) fit 100 B; 1010 floats don't.
+  auto tail = plan_buckets(bounds, 1e9, 1e9, 100);
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_EQ(tail[0].end, 1450);
+  EXPECT_EQ(tail[1].begin, 1450);
+  EXPECT_EQ(tail[1].end, 1460);
+  auto tail2 = plan_buckets(bounds, 1e9, 1e9, 4100);  // 1010 floats = 4040 B fit, 1060 do not
+  ASSERT_EQ(tail2.size(), 2u);
+  EXPECT_EQ(tail2[1].begin, 450);
+  auto tail1 = plan_buckets(bounds, 1e9, 1e9, 1);  // at least one parameter moves
+  ASSERT_EQ(tail1.size(), 2u);
+  EXPECT_EQ(tail1[1].begin, 1450);
+  auto no_split = plan_buckets(bounds, 1.0, 1.0, 100);  // the last bucket is one parameter already
+  EXPECT_EQ(no_split.size(), 5u);
   auto tight = plan_buckets(bounds, 4000, 1600);
   ASSERT_EQ(tight.size(), 4u);
   EXPECT_EQ(tight[1].end, 450);

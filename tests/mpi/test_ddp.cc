@@ -110,9 +110,16 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       o.bucket_mb = mb;
       o.first_bucket_mb = mb;
       o.overlap = overlap;
+      o.split_last_bucket = mb != 1e4;
       DataParallel ddp(*m, *c, o);
       if (mb == 1e-7) {
         EXPECT_EQ(ddp.reducer().buckets().size(), 8u);
+      }
+      if (mb == 25.0) {  // LeNet's 516 KB: fc layers, then conv1 + conv2 (101 KB <= a quarter)
+        ASSERT_EQ(ddp.reducer().buckets().size(), 2u);
+        EXPECT_EQ(ddp.reducer().buckets()[1].begin, std::min(m->store().find("conv2.weight")->offset,
+                                                             m->store().find("conv2.bias")->offset));
+        EXPECT_EQ(ddp.reducer().buckets()[1].end, m->num_parameters());
       }
       if (mb == 1e4) {
         EXPECT_EQ(ddp.reducer().buckets().size(), 1u);
