@@ -167,6 +167,12 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
 }
 
 namespace {
+// DPT_CONV_BACKWARD=onednn|sgemm|auto pins the backward path (comparisons, debugging).
+std::string force_path() {
+  const char* env = std::getenv("DPT_CONV_BACKWARD");
+  return env ? env : "";
+}
+
 // col[(n, oh, ow), (kh, kw, c)] from NHWC x: each (row, kh, kw) is one contiguous copy of C floats
 // (zeros where the window hangs over the padding).
 void im2col_nhwc(const float* x, const ConvGeom& g, float* col) {
@@ -223,11 +229,34 @@ void col2im_nhwc(const float* dcol, const ConvGeom& g, float* dx) {
 // oneDNN 2.6's direct backward kernels reach ~50 GFLOP/s on LeNet's conv2, sgemm ~87.
 void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w,
                                    const float* dy, float* dx, float* dw, float* db, bool accumulate) {
-  const int64_t rows = g.n * g.oh() * g.ow(), kk = g.k * g.k, kkc = kk * g.c_in, o = g.c_out;
-  e.col.resize(static_cast<size_t>(rows * kkc));
+  const int64_t kk = g.k * g.k, kkc = kk * g.c_in, o = g.c_out, per_image = g.oh() * g.ow();
+  // Blocks of images whose columns (~1.5 MB) stay in cache between im2col, the two sgemms and
+  // col2im, instead of 20 MB round trips through memory for LeNet's conv2 at batch 128.
+  const int64_t block = std::clamp<int64_t>((int64_t{3} << 18) / std::max<int64_t>(1, per_image * kkc),
+                                            1, g.n);
+  e.col.resize(static_cast<size_t>(block * per_image * kkc));
   e.dw_ohwi.resize(static_cast<size_t>(o * kkc));
-  im2col_nhwc(x, g, e.col.data());
-  sgemm('T', 'N', o, kkc, rows, dy, o, e.col.data(), kkc, 0.f, e.dw_ohwi.data(), kkc);
+  if (dx) {
+    e.w_ohwi.resize(static_cast<size_t>(o * kkc));
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t c = 0; c < g.c_in; ++c)
+        for (int64_t t = 0; t < kk; ++t)
+          e.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] = w[(oc * g.c_in + c) * kk + t];
+    e.dcol.resize(e.col.size());
+  }
+  for (int64_t n0 = 0; n0 < g.n; n0 += block) {
+    ConvGeom gb = g;
+    gb.n = std::min(block, g.n - n0);
+    const int64_t rows = gb.n * per_image;
+    const float* dyb = dy + n0 * per_image * o;
+    im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb, e.col.data());
+    sgemm('T', 'N', o, kkc, rows, dyb, o, e.col.data(), kkc, n0 == 0 ? 0.f : 1.f,
+          e.dw_ohwi.data(), kkc);
+    if (dx) {
+      sgemm('N', 'N', rows, kkc, o, dyb, o, e.w_ohwi.data(), kkc, 0.f, e.dcol.data(), kkc);
+      col2im_nhwc(e.dcol.data(), gb, dx + n0 * g.h * g.w * g.c_in);
+    }
+  }
   // [O][kh][kw][C] -> PyTorch's [O][C][kh][kw].
   for (int64_t oc = 0; oc < o; ++oc)
     for (int64_t c = 0; c < g.c_in; ++c)
@@ -236,17 +265,7 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
         float& d = dw[(oc * g.c_in + c) * kk + t];
         d = accumulate ? d + v : v;
       }
-  if (db) column_sums(dy, rows, o, db, accumulate);
-  if (dx) {
-    e.w_ohwi.resize(static_cast<size_t>(o * kkc));
-    for (int64_t oc = 0; oc < o; ++oc)
-      for (int64_t c = 0; c < g.c_in; ++c)
-        for (int64_t t = 0; t < kk; ++t)
-          e.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] = w[(oc * g.c_in + c) * kk + t];
-    e.dcol.resize(static_cast<size_t>(rows * kkc));
-    sgemm('N', 'N', rows, kkc, o, dy, o, e.w_ohwi.data(), kkc, 0.f, e.dcol.data(), kkc);
-    col2im_nhwc(e.dcol.data(), g, dx);
-  }
+  if (db) column_sums(dy, g.n * per_image, o, db, accumulate);
 }
 
 void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
@@ -264,8 +283,7 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     // sgemm for kernels of 5x5 and larger (conv2: 34.5 ms vs 40.4 ms at batch 256), oneDNN for
     // the rest (conv1, 1 input channel: 3.9 ms vs 16.0 ms). DPT_CONV_BACKWARD=onednn|sgemm pins
     // a path; =auto times both once per shape and keeps the faster (not reproducible).
-    const char* env = std::getenv("DPT_CONV_BACKWARD");
-    const std::string force = env ? env : "";
+    const std::string force = force_path();
     if (force == "onednn") e.bwd_path = 0;
     else if (force == "sgemm") e.bwd_path = 1;
     else if (force != "auto") e.bwd_path = g.k >= 5 ? 1 : 0;
