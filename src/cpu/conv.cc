@@ -279,14 +279,16 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
   Entry& e = entry(g, db != nullptr);
   if (e.bwd_path < 0) {
     // The path must not depend on timing by default: two runs (or a run and its resume) must
-    // compute the same bits. Rule, from measurements on LeNet's shapes (docs/PERFORMANCE.md):
-    // sgemm for kernels of 5x5 and larger (conv2: 34.5 ms vs 40.4 ms at batch 256), oneDNN for
-    // the rest (conv1, 1 input channel: 3.9 ms vs 16.0 ms). DPT_CONV_BACKWARD=onednn|sgemm pins
-    // a path; =auto times both once per shape and keeps the faster (not reproducible).
+    // compute the same bits. Rule, from measurements (docs/PERFORMANCE.md): sgemm for kernels
+    // of 5x5 and larger (LeNet's conv2: 34.5 ms vs 40.4 ms at batch 256) and for strided 3x3
+    // kernels (ResNet-18's downsampling convolutions at batch 64: 56/49/58 ms vs 70/61/84 ms),
+    // oneDNN for the rest (one-channel stems, 1x1; stride-1 3x3 with channels is Winograd).
+    // DPT_CONV_BACKWARD=onednn|sgemm pins a path; =auto times both once per shape and keeps the
+    // faster (not reproducible).
     const std::string force = force_path();
     if (force == "onednn") e.bwd_path = 0;
     else if (force == "sgemm") e.bwd_path = 1;
-    else if (force != "auto") e.bwd_path = g.k >= 5 ? 1 : 0;
+    else if (force != "auto") e.bwd_path = g.k >= 5 || (g.k >= 3 && g.stride > 1) ? 1 : 0;
   }
   if (e.bwd_path < 0 && accumulate) {
     // The trial overwrites the gradients: measure on a call that does not accumulate.
