@@ -171,26 +171,35 @@ void correlate(const Corr& s, const float* in, const float* u, const float* bias
 
 }  // namespace
 
+// U[p][i][o] = (G f_io G^T)[p] for filters given as wr[i][a][b][o] (r x r taps of `outs`-long
+// vectors), vectorised over o: the forward pass's U[p][c][k], backward-data's U[p][k][c].
+float* WinogradConv::transform_filters(const wino::Tables& t, int64_t ins, int64_t outs,
+                                       const float* wr) {
+  const int r = t.r, alpha = t.m + r - 1;
+  float* u = grow(u_, alpha * alpha * ins * outs);
+  const int threads = omp_get_max_threads();
+  float* tmp = grow(tmp_, threads * alpha * r * outs);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < ins; ++i)
+    transform2d(
+        t.g, alpha, r, outs, [&](int a, int b) { return wr + ((i * r + a) * r + b) * outs; },
+        [&](int p, int q) { return u + ((p * alpha + q) * ins + i) * outs; },
+        tmp + omp_get_thread_num() * alpha * r * outs);
+  return u;
+}
+
 void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float* w,
                            const float* b, float* y) {
   DPT_CHECK(g.stride == 1, "Winograd convolution needs stride 1");
   const auto& t = tables(m, static_cast<int>(g.k));
-  const int r = t.r, alpha = m + r - 1;
+  const int r = t.r;
   const int64_t C = g.c_in, K = g.c_out;
   // w[k][c][a][b] -> wr[c][a][b][k], then U[p][c][k] = (G w G^T)[p] vectorised over k.
   float* wr = grow(wr_, C * r * r * K);
   for (int64_t k = 0; k < K; ++k)
     for (int64_t c = 0; c < C; ++c)
       for (int ab = 0; ab < r * r; ++ab) wr[(c * r * r + ab) * K + k] = w[(k * C + c) * r * r + ab];
-  float* u = grow(u_, alpha * alpha * C * K);
-  const int threads = omp_get_max_threads();
-  float* tmp = grow(tmp_, threads * alpha * r * K);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; ++c)
-    transform2d(
-        t.g, alpha, r, K, [&](int a, int bb) { return wr + ((c * r + a) * r + bb) * K; },
-        [&](int p, int q) { return u + ((p * alpha + q) * C + c) * K; },
-        tmp + omp_get_thread_num() * alpha * r * K);
+  float* u = transform_filters(t, C, K, wr);
   correlate(Corr{t, g.n, g.h, g.w, C, g.oh(), g.ow(), K, g.pad}, x, u, b, y, v_, mt_, acc_);
 }
 
@@ -198,7 +207,7 @@ void WinogradConv::backward_data(const ConvGeom& g, int m, const float* w, const
                                  float* dx) {
   DPT_CHECK(g.stride == 1, "Winograd convolution needs stride 1");
   const auto& t = tables(m, static_cast<int>(g.k));
-  const int r = t.r, alpha = m + r - 1;
+  const int r = t.r;
   const int64_t C = g.c_in, K = g.c_out;
   // The rotated kernel with channels swapped: wr[k][a][b][c] = w[k][c][r-1-a][r-1-b], then
   // U[p][k][c] vectorised over c.
@@ -208,15 +217,7 @@ void WinogradConv::backward_data(const ConvGeom& g, int m, const float* w, const
       for (int a = 0; a < r; ++a)
         for (int bb = 0; bb < r; ++bb)
           wr[((k * r + a) * r + bb) * C + c] = w[((k * C + c) * r + (r - 1 - a)) * r + (r - 1 - bb)];
-  float* u = grow(u_, alpha * alpha * C * K);
-  const int threads = omp_get_max_threads();
-  float* tmp = grow(tmp_, threads * alpha * r * C);
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < K; ++k)
-    transform2d(
-        t.g, alpha, r, C, [&](int a, int bb) { return wr + ((k * r + a) * r + bb) * C; },
-        [&](int p, int q) { return u + ((p * alpha + q) * K + k) * C; },
-        tmp + omp_get_thread_num() * alpha * r * C);
+  float* u = transform_filters(t, K, C, wr);
   correlate(Corr{t, g.n, g.oh(), g.ow(), K, g.h, g.w, C, g.k - 1 - g.pad}, dy, u, nullptr, dx, v_,
             mt_, acc_);
 }

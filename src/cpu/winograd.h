@@ -11,6 +11,10 @@
 
 namespace dpt::cpu {
 
+namespace wino {
+struct Tables;
+}
+
 // Tile sizes for one convolution shape: m = output tile of the forward and backward-data passes
 // (F(m, k)), mw = gradient tile of the backward-weights pass (F(k, mw)); 0 = use the direct path.
 // A fixed rule of the shape (never of timing), so every rank and every resumed run computes the
@@ -35,6 +39,7 @@ class WinogradConv {
                         bool accumulate);
 
  private:
+  float* transform_filters(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr);
   std::vector<float> wr_, u_, v_, mt_, acc_, tmp_, zeros_;
 };
 
