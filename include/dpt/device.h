@@ -7,8 +7,9 @@
 namespace dpt {
 
 int cuda_device_count();
-// Resolves --device (auto|cpu|cuda) for this build and machine: returns "cpu" or "cuda".
-// --device cuda with no usable device is an input error: "no CUDA device visible ...".
+// Resolves --device (auto|cpu|cuda) for this build and this process: returns "cpu" or "cuda"
+// (auto: "cuda" when a device is visible). --device cuda with no usable device is an input error:
+// "no CUDA device visible ...". run_training makes the ranks agree (auto on a mix gives "cpu").
 std::string resolve_device(const std::string& want, int local_rank);
 
 }  // namespace dpt

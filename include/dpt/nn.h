@@ -76,6 +76,24 @@ struct BackwardCtx {
 // Per-channel statistics shared across replicas (synchronised BatchNorm): sums in place.
 using ChannelSumFn = std::function<void(double* data, int64_t count)>;
 
+class Layer;
+
+// What another backend (the GPU executor, src/cuda/gpu_model.cc) needs to rebuild a built layer:
+// its per-sample shapes, hyper-parameters, parameters and children. Fields a kind does not use stay
+// at their defaults; kind() says which apply.
+struct LayerSpec {
+  Shape in, out;                           // per-sample input/output shapes from build()
+  int64_t kernel = 0, stride = 1, pad = 0;  // Conv2d, AvgPool2d
+  bool relu = false;                        // AvgPool2d fused with the ReLU before it
+  double momentum = 0, eps = 0;             // BatchNorm2d
+  // Conv2d, Linear: weight[, bias]. BatchNorm2d: weight, bias, running_mean, running_var,
+  // num_batches_tracked.
+  std::vector<Param*> params;
+  // Sequential: its children in order. Residual: the main branch (a Sequential), then the 1x1
+  // shortcut if there is one (named "downsample").
+  std::vector<std::pair<std::string, Layer*>> children;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -91,6 +109,8 @@ class Layer {
                         BackwardCtx& ctx) = 0;
   // Visits every layer (composites first, then children) for configuration passes.
   virtual void visit(const std::function<void(Layer&)>& fn) { fn(*this); }
+  // Valid after build(). Layers without one return an empty spec (other backends refuse them).
+  virtual LayerSpec spec() { return {}; }
 };
 
 std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1,
@@ -118,6 +138,7 @@ class Sequential : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override;
   void visit(const std::function<void(Layer&)>& fn) override;
+  LayerSpec spec() override;
   size_t size() const { return children_.size(); }
 
  private:

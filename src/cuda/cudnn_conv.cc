@@ -10,7 +10,11 @@
 //
 // Numerics: CUDNN_FMA_MATH, because CUDNN_DEFAULT_MATH lets cuDNN run fp32 convolutions as TF32 on
 // tensor cores (Ampere and newer), 10-bit mantissas that would break agreement with the CPU
-// backend. Algorithms come from cuDNN's heuristic ranking (cudnnGet*_v7), not from timing
+// backend. With --tf32 (GpuContext::tf32) the descriptor asks for CUDNN_DEFAULT_MATH and tensor-op
+// algorithms are accepted too, each run under the math type cuDNN ranked it with; fp16
+// down-conversion (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) never is. Without it every algorithm runs
+// under CUDNN_FMA_MATH, whatever math type the ranking lists. Algorithms come from cuDNN's
+// heuristic ranking (cudnnGet*_v7), not from timing
 // (cudnnFind*): the choice is then a function of shape and device only, the same on every run and
 // rank, which keeps runs and resumes bit-reproducible; deterministic algorithms are preferred.
 #include "cuda/cudnn_conv.h"
@@ -42,26 +46,38 @@ int as_int(int64_t v, const ConvGeom& g) {
   return static_cast<int>(v);
 }
 
-bool tensor_op(cudnnMathType_t m) { return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; }
+// Whether an algorithm's math type is allowed: tensor-op math only with TF32 allowed, and never
+// with fp16 down-conversion.
+bool math_allowed(cudnnMathType_t m, bool tf32) {
+  if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+  return tf32 || m != CUDNN_TENSOR_OP_MATH;
+}
+// The descriptor's math type while cuDNN ranks algorithms (and between calls).
+cudnnMathType_t base_math(bool tf32) { return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+// The math type an algorithm listed with `m` runs under: FMA (never TF32) unless TF32 is allowed.
+cudnnMathType_t run_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN_FMA_MATH; }
 
-// The first algorithm in cuDNN's ranking (best first) that succeeded, uses no tensor-op math, has a
-// workspace size cuDNN confirms for this descriptor set (cuDNN answers NOT_SUPPORTED for layouts an
-// algorithm lacks) within kMaxAlgoWorkspace, and is deterministic; only if none is, the first
-// non-deterministic one (with a warning). Returns false when nothing qualifies.
+// The first algorithm in cuDNN's ranking (best first) that succeeded, uses an allowed math type,
+// has a workspace size cuDNN confirms for this descriptor set under that math type (cuDNN answers
+// NOT_SUPPORTED for layouts an algorithm lacks) within kMaxAlgoWorkspace, and is deterministic;
+// only if none is, the first non-deterministic one (with a warning). Returns false when nothing
+// qualifies.
 template <class Perf, class Algo, class WorkspaceOf>
-bool pick(const std::vector<Perf>& perf, int count, WorkspaceOf workspace_of, const char* what, const ConvGeom& g,
-          Algo* algo, size_t* ws) {
+bool pick(const std::vector<Perf>& perf, int count, bool tf32, WorkspaceOf workspace_of, const char* what,
+          const ConvGeom& g, Algo* algo, cudnnMathType_t* math, size_t* ws) {
   for (int pass = 0; pass < 2; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<size_t>(i)];
-      if (p.status != CUDNN_STATUS_SUCCESS || tensor_op(p.mathType)) continue;
+      if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tf32)) continue;
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       size_t bytes = 0;
-      if (workspace_of(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxAlgoWorkspace) continue;
+      const cudnnMathType_t m = run_math(p.mathType, tf32);
+      if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxAlgoWorkspace) continue;
       if (pass == 1)
         log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
                                                        << "; results will not be bit-reproducible"));
       *algo = p.algo;
+      *math = m;
       *ws = bytes;
       return true;
     }
@@ -83,6 +99,7 @@ struct CudnnConv::Entry {
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_data_math = CUDNN_FMA_MATH, bwd_filter_math = CUDNN_FMA_MATH;
 
   Entry() = default;
   Entry(const Entry&) = delete;
@@ -124,7 +141,7 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
   // PyTorch's Conv2d is a cross-correlation (no kernel flip).
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, CUDNN_FMA_MATH));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, base_math(ctx_.tf32())));
   int dn = 0, dc = 0, dh = 0, dw = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
   DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
@@ -143,11 +160,13 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e.x, e.w, e.conv, e.y, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-      return cudnnGetConvolutionForwardWorkspaceSize(h, e.x, e.w, e.conv, e.y, a, bytes);
+    auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m, size_t* bytes) {
+      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
+      return st != CUDNN_STATUS_SUCCESS ? st : cudnnGetConvolutionForwardWorkspaceSize(h, e.x, e.w, e.conv, e.y, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ws_of, "forward", g, &e.fwd, &e.fwd_ws),
+    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "forward", g, &e.fwd, &e.fwd_math, &e.fwd_ws),
               "cuDNN offers no fp32 forward algorithm for convolution " << geom_str(g));
     e.have_fwd = true;
   }
@@ -162,6 +181,8 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
     CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
     wk = wt;
   }
+  // One descriptor serves three directions whose algorithms may differ in math type.
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
   CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd, ws + at_algo, e.fwd_ws, &zero, e.y, y));
   if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
 }
@@ -174,11 +195,14 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e.w, e.y, e.conv, e.x, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, e.w, e.y, e.conv, e.x, a, bytes);
+    auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, cudnnMathType_t m, size_t* bytes) {
+      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
+      return st != CUDNN_STATUS_SUCCESS ? st
+                                        : cudnnGetConvolutionBackwardDataWorkspaceSize(h, e.w, e.y, e.conv, e.x, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_ws),
+    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_math, &e.bwd_data_ws),
               "cuDNN offers no fp32 backward-data algorithm for convolution " << geom_str(g));
     e.have_bwd_data = true;
   }
@@ -186,11 +210,15 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e.x, e.y, e.conv, e.w, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e.x, e.y, e.conv, e.w, a, bytes);
+    auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, cudnnMathType_t m, size_t* bytes) {
+      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
+      return st != CUDNN_STATUS_SUCCESS ? st
+                                        : cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e.x, e.y, e.conv, e.w, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_ws),
+    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_math,
+                   &e.bwd_filter_ws),
               "cuDNN offers no fp32 backward-filter algorithm for convolution " << geom_str(g));
     e.have_bwd_filter = true;
   }
@@ -210,10 +238,12 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
       CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
       wk = wt;
     }
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data_math));
     CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data, ws + at_algo,
                                              e.bwd_data_ws, &zero, e.x, dx));
   }
   if (dw) {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter_math));
     if (transform) {
       // dW in OHWI into the workspace, then back to OIHW, adding to dw when accumulating.
       float* dwt = reinterpret_cast<float*>(ws + at_dw);

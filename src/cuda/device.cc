@@ -7,7 +7,6 @@
 #endif
 
 #include "dpt/error.h"
-#include "dpt/log.h"
 
 namespace dpt {
 
@@ -25,20 +24,22 @@ int cuda_device_count() {
 }
 
 std::string resolve_device(const std::string& want, int local_rank) {
-  const int n = cuda_device_count();
   if (want == "cpu") return "cpu";
+  const int n = cuda_device_count();
   if (want == "cuda") {
-    DPT_INPUT_CHECK(n > 0, "--device cuda: no CUDA device visible on rank "
+#ifdef DPT_HAVE_CUDA
+    DPT_INPUT_CHECK(n > 0, "--device cuda: no CUDA device visible on local rank "
                                << local_rank
                                << " (cudaGetDeviceCount found none); use --device cpu or auto");
-    // The GPU compute backend is the next piece of work (issue 4); until it lands, say so.
-    throw Error(ErrorKind::kInput, DPT_MSG("--device cuda: " << n
-                                               << " CUDA device(s) visible, but this build's GPU "
-                                                  "training backend is not implemented yet; use "
-                                                  "--device cpu"));
+#else
+    (void)local_rank;
+    DPT_INPUT_CHECK(false, "--device cuda: no CUDA device visible to this build: it was compiled without "
+                           "the GPU backend (nvcc, cuDNN, cuBLAS or NCCL missing, or -Dgpu=disabled); "
+                           "use --device cpu or auto");
+#endif
+    return "cuda";
   }
-  if (n > 0) log_warn("a CUDA device is visible but the GPU backend is not implemented yet: using the CPU");
-  return "cpu";
+  return n > 0 ? "cuda" : "cpu";
 }
 
 }  // namespace dpt

@@ -90,4 +90,9 @@ const float* GpuContext::ones(int64_t n) {
 
 void GpuContext::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+void GpuContext::set_tf32(bool allow) {
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  tf32_ = allow;
+}
+
 }  // namespace dpt::gpu

@@ -70,12 +70,18 @@ class GpuContext {
   const float* ones(int64_t n);
   // Waits for everything queued on the stream.
   void synchronize();
+  // --tf32: lets cuBLAS (math mode) and cuDNN (convolutions planned from now on) use TF32 tensor
+  // cores for fp32 data: faster, with 10-bit mantissa products, so results leave the CPU's
+  // agreement. Off by default. Set it before the first convolution runs.
+  void set_tf32(bool allow);
+  bool tf32() const { return tf32_; }
 
  private:
   void create();
   void release() noexcept;
 
   int device_;
+  bool tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -62,6 +62,14 @@ class Conv2d : public Layer {
                     b_ ? b_->grad.data() : nullptr, ctx.accumulate);
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.out = {geom_.oh(), geom_.ow(), out_};
+    s.kernel = k_, s.stride = s_, s.pad = p_;
+    s.params = b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_};
+    return s;
+  }
 
  private:
   int64_t out_, k_, s_, p_;
@@ -155,6 +163,13 @@ class BatchNorm2d : public Layer {
     ctx.ready({gamma_, beta_});
   }
   void set_sync(const ChannelSumFn& fn) { sync_ = fn; }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = s.out = in_;
+    s.momentum = momentum_, s.eps = eps_;
+    s.params = {gamma_, beta_, running_mean_, running_var_, num_batches_};
+    return s;
+  }
 
  private:
   double momentum_, eps_;
@@ -179,6 +194,11 @@ class ReLU : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
     if (prepare_dx(dx, x)) cpu::relu_backward(y.data(), dy.data(), dx->data(), x.numel());
+  }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = s.out = in_;
+    return s;
   }
 
  private:
@@ -213,6 +233,13 @@ class AvgPool2d : public Layer {
     else
       cpu::avgpool_backward(dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
   }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.out = {(in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]};
+    s.kernel = k_, s.stride = s_, s.relu = relu_;
+    return s;
+  }
 
  private:
   int k_, s_;
@@ -238,6 +265,12 @@ class GlobalAvgPool : public Layer {
     if (prepare_dx(dx, x))
       cpu::global_avgpool_backward(dy.data(), dx->data(), x.dim(0), in_[0] * in_[1], in_[2]);
   }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.out = {in_[2]};
+    return s;
+  }
 
  private:
   Shape in_;
@@ -260,6 +293,12 @@ class Flatten : public Layer {
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
     if (prepare_dx(dx, x)) cpu::chw_to_nhwc(dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2]);
+  }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.out = {in_[0] * in_[1] * in_[2]};
+    return s;
   }
 
  private:
@@ -290,6 +329,13 @@ class Linear : public Layer {
                          prepare_dx(dx, x) ? dx->data() : nullptr, w_->grad.data(),
                          b_ ? b_->grad.data() : nullptr, x.dim(0), in_[0], out_, ctx.accumulate);
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
+  }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.out = {out_};
+    s.params = b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_};
+    return s;
   }
 
  private:
@@ -349,6 +395,13 @@ class Residual : public Layer {
     fn(*this);
     main_.visit(fn);
     if (shortcut_) shortcut_->visit(fn);
+  }
+  LayerSpec spec() override {
+    LayerSpec s;
+    s.in = in_;
+    s.children.emplace_back("", &main_);
+    if (shortcut_) s.children.emplace_back("downsample", shortcut_.get());
+    return s;
   }
 
  private:
@@ -428,6 +481,12 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
 void Sequential::visit(const std::function<void(Layer&)>& fn) {
   fn(*this);
   for (auto& c : children_) c.second->visit(fn);
+}
+
+LayerSpec Sequential::spec() {
+  LayerSpec s;
+  for (auto& [name, layer] : children_) s.children.emplace_back(name, layer.get());
+  return s;
 }
 
 }  // namespace dpt

@@ -1,6 +1,7 @@
 // The training loop. It reads like single-device training: the DataParallel wrapper hides the
 // ranks (broadcast, bucketed all-reduce during backward, BatchNorm buffer averaging). Each rank
-// trains on its shard of every global batch; evaluation is split across ranks and reduced.
+// trains on its shard of every global batch; evaluation is split across ranks and reduced. The
+// compute of a step sits behind TrainBackend: the CPU one below, or the GPU one (src/cuda).
 #include <omp.h>
 
 #include <chrono>
@@ -8,8 +9,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unistd.h>
@@ -24,6 +27,10 @@
 #include "dpt/log.h"
 #include "dpt/trace.h"
 #include "dpt/train.h"
+
+#if DPT_HAVE_CUDA
+#include "cuda/gpu_trainer.h"
+#endif
 
 namespace dpt {
 
@@ -57,31 +64,131 @@ void gather_batch(const ImageSet& set, const int64_t* idx, int64_t count, Tensor
   for (int64_t i = 0; i < count; ++i) labels[static_cast<size_t>(i)] = set.labels[static_cast<size_t>(idx[i])];
 }
 
-struct EvalResult {
-  double loss_sum = 0;
-  int64_t correct = 0, count = 0;
+// The CPU backend: the model's own layers on host tensors, the DataParallel wrapper's Reducer, and
+// Sgd over the host flat buffers (which are the source of truth, so to_host/from_host do nothing).
+class CpuBackend : public TrainBackend {
+ public:
+  CpuBackend(const TrainConfig& cfg, DataParallel& ddp, Sgd& opt, const ImageSet& train, const ImageSet& test,
+             int64_t local_batch)
+      : cfg_(cfg), ddp_(ddp), opt_(opt), train_(train), test_(test), b_(local_batch),
+        grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
+        x_({b_, 28, 28, 1}), dlogits_({b_, train.num_classes}), labels_(static_cast<size_t>(b_)) {}
+
+  std::string describe() const override { return "cpu"; }
+  void begin_epoch(const ShardedSampler& sampler, int64_t) override {
+    sampler_ = &sampler;
+    epoch_ = Totals{};
+  }
+  void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
+    const int64_t* idx = sampler_->local_indices(batch);
+    {
+      TraceScope span(tr, "data", "data");
+      gather_batch(train_, idx, b_, x_, labels_);
+    }
+    const Tensor* logits;
+    {
+      TraceScope span(tr, "forward", "forward");
+      logits = &ddp_.forward(x_, Mode::kTrain);
+    }
+    int64_t hits = 0;
+    if (!accumulate) step_ = Totals{};
+    step_.loss += cpu::softmax_xent(logits->data(), labels_.data(), b_, logits->dim(1), grad_scale_,
+                                    dlogits_.data(), &hits);
+    step_.correct += hits;
+    step_.count += b_;
+    if (sync) {  // the step's last micro-batch: its totals join the epoch's
+      epoch_.loss += step_.loss;
+      epoch_.correct += step_.correct;
+      epoch_.count += step_.count;
+    }
+    TraceScope span(tr, "backward", "backward");
+    ddp_.backward(dlogits_, step, sync, accumulate, tr);
+  }
+  void finish_gradient_sync() override { ddp_.finish_gradient_sync(); }
+  ReducerStats reducer_stats() const override { return ddp_.reducer().last_stats(); }
+  void optimizer_step(double lr) override {
+    ParamStore& store = ddp_.module().store();
+    opt_.step(store.params(), store.grads(), lr);
+  }
+  Totals step_totals() override { return step_; }
+  Totals epoch_totals() override { return epoch_; }
+  Totals evaluate(int64_t begin, int64_t end) override {
+    const int64_t batch = cfg_.eval_batch_size;
+    Totals r;
+    std::vector<int64_t> idx;
+    for (int64_t s = begin; s < end; s += batch) {
+      const int64_t b = std::min(batch, end - s);
+      idx.resize(static_cast<size_t>(b));
+      for (int64_t i = 0; i < b; ++i) idx[static_cast<size_t>(i)] = s + i;
+      gather_batch(test_, idx.data(), b, ex_, elabels_);
+      const Tensor& logits = ddp_.forward(ex_, Mode::kEval);
+      int64_t hits = 0;
+      r.loss += cpu::softmax_xent(logits.data(), elabels_.data(), b, logits.dim(1), 0.f, nullptr, &hits);
+      r.correct += hits;
+      r.count += b;
+    }
+    return r;
+  }
+  void sync_buffers() override { ddp_.sync_buffers(); }
+  void to_host() override {}
+  void from_host() override {}
+
+ private:
+  const TrainConfig& cfg_;
+  DataParallel& ddp_;
+  Sgd& opt_;
+  const ImageSet& train_;
+  const ImageSet& test_;
+  const ShardedSampler* sampler_ = nullptr;
+  const int64_t b_;
+  const float grad_scale_;
+  Tensor x_, dlogits_, ex_;
+  std::vector<int32_t> labels_, elabels_;
+  Totals step_, epoch_;
 };
 
-EvalResult evaluate(DataParallel& ddp, const ImageSet& test, int64_t batch, Tensor& x,
-                    std::vector<int32_t>& labels) {
-  Communicator& comm = ddp.comm();
-  auto [begin, end] = eval_range(test.n, comm.rank(), comm.size());
-  EvalResult r;
-  std::vector<int64_t> idx;
-  for (int64_t s = begin; s < end; s += batch) {
-    const int64_t b = std::min(batch, end - s);
-    idx.resize(static_cast<size_t>(b));
-    for (int64_t i = 0; i < b; ++i) idx[static_cast<size_t>(i)] = s + i;
-    gather_batch(test, idx.data(), b, x, labels);
-    const Tensor& logits = ddp.forward(x, Mode::kEval);
-    int64_t hits = 0;
-    r.loss_sum += cpu::softmax_xent(logits.data(), labels.data(), b, logits.dim(1), 0.f, nullptr, &hits);
-    r.correct += hits;
-    r.count += b;
-  }
-  double sums[3] = {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(r.count)};
+// Evaluation split across ranks (rank r scores eval_range), totals summed over all of them.
+Totals evaluate(TrainBackend& backend, Communicator& comm, int64_t test_n) {
+  auto [begin, end] = eval_range(test_n, comm.rank(), comm.size());
+  const Totals r = backend.evaluate(begin, end);
+  double sums[3] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count)};
   comm.allreduce(sums, 3, ReduceOp::kSum, "all-reduce of evaluation counts");
   return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
+}
+
+// This rank's position among the ranks on its host (ranks are numbered host by host or not: the
+// count of lower ranks with the same host name is the local rank either way).
+int local_rank_of(const std::vector<char>& hosts, int rank) {
+  int local = 0;
+  for (int r = 0; r < rank; ++r)
+    if (std::strncmp(hosts.data() + 64 * r, hosts.data() + 64 * rank, 64) == 0) ++local;
+  return local;
+}
+
+// --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
+// the failing ranks say why); auto picks cuda only when every rank sees a device, since CPU and GPU
+// ranks cannot share one all-reduce.
+std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int local_rank) {
+  std::string device, error;
+  try {
+    device = resolve_device(cfg.device, local_rank);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInput) throw;
+    error = e.what();
+  }
+  int32_t votes[2] = {error.empty() ? 0 : 1, device == "cuda" ? 1 : 0};
+  comm.allreduce(votes, 2, ReduceOp::kSum, "all-reduce of the device choice");
+  if (votes[0])
+    throw AgreedInputError(error.empty() ? "--device cuda: another rank has no CUDA device visible" : error,
+                           error.empty());
+  if (device == "cuda" && votes[1] < comm.size()) {
+    if (comm.rank() == 0)
+      log_warn(DPT_MSG("--device auto: only " << votes[1] << " of " << comm.size()
+                                              << " ranks see a CUDA device; every rank uses the CPU"));
+    device = "cpu";
+  }
+  if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
+  return device;
 }
 
 }  // namespace
@@ -93,7 +200,12 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
-  const std::string device = resolve_device(cfg.device, comm.rank());
+  // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
+  std::vector<char> host(64, 0), hosts(static_cast<size_t>(64 * world));
+  std::snprintf(host.data(), host.size(), "%s", comm.host().c_str());
+  comm.allgather(reinterpret_cast<uint8_t*>(host.data()), reinterpret_cast<uint8_t*>(hosts.data()), 64);
+  const int local_rank = local_rank_of(hosts, rank);
+  const std::string device = agree_on_device(cfg, comm, local_rank);
   if (cfg.scale_lr) {
     // Linear scaling rule (Goyal et al.): the rate grows with the batch, after a warm-up.
     cfg.lr *= static_cast<double>(cfg.batch_size) / 256.0;
@@ -132,16 +244,22 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   ParamStore& store = model->store();
   Sgd opt(store.num_params(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);
+  std::unique_ptr<TrainBackend> backend;
+#if DPT_HAVE_CUDA
+  if (device == "cuda") backend = make_gpu_backend(cfg, comm, local_rank, *model, ddp, opt, train, test);
+#endif
+  if (!backend) backend = std::make_unique<CpuBackend>(cfg, ddp, opt, train, test, sampler.local_batch());
 
-  // Which host each rank runs on, for the banner.
-  std::vector<char> host(64, 0), hosts(static_cast<size_t>(64 * world));
-  std::snprintf(host.data(), host.size(), "%s", comm.host().c_str());
-  comm.allgather(reinterpret_cast<uint8_t*>(host.data()), reinterpret_cast<uint8_t*>(hosts.data()), 64);
+  // Each rank's device, for the banner.
+  std::vector<char> where(64, 0), wheres(static_cast<size_t>(64 * world));
+  std::snprintf(where.data(), where.size(), "%s", backend->describe().c_str());
+  comm.allgather(reinterpret_cast<uint8_t*>(where.data()), reinterpret_cast<uint8_t*>(wheres.data()), 64);
   if (rank == 0) {
     std::ostringstream os;
     os << "dptrain: " << cfg.model << " (" << store.num_params() << " parameters), world size "
        << world << ", " << cfg.threads << " thread(s) per rank\n";
-    for (int r = 0; r < world; ++r) os << "  rank " << r << ": " << hosts.data() + 64 * r << ", " << device << "\n";
+    for (int r = 0; r < world; ++r)
+      os << "  rank " << r << ": " << hosts.data() + 64 * r << ", " << wheres.data() + 64 * r << "\n";
     os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb
        << " MiB, overlap " << (cfg.overlap ? "on" : "off") << ")\n";
     os << "configuration:\n" << cfg.to_text();
@@ -191,6 +309,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     int64_t sgd_steps = opt.steps();
     comm.broadcast(&sgd_steps, 1);
     opt.set_steps(sgd_steps);
+    backend->from_host();
     start_epoch = pos[1];
     start_step = pos[2];
     global_step = pos[3];
@@ -212,11 +331,6 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   DPT_INPUT_CHECK(start_step <= steps, "--resume: the checkpoint is at step " << start_step
                                            << " of its epoch, but epochs now have " << steps << " steps");
   const int64_t b = sampler.local_batch();
-  const float grad_scale = 1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps);
-  Tensor x({b, 28, 28, 1}), dlogits({b, train.num_classes});
-  std::vector<int32_t> labels(static_cast<size_t>(b));
-  Tensor ex;
-  std::vector<int32_t> elabels;
   std::vector<EpochMetrics> history;
 
   // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
@@ -232,7 +346,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   };
   // The training state at a step boundary, for checkpoints: epoch in progress and steps done in it.
   auto write_checkpoint = [&](const std::string& path, int64_t epoch, int64_t epoch_step) {
-    ddp.sync_buffers();
+    backend->sync_buffers();
+    backend->to_host();
     if (rank == 0)
       save_model(path, *model,
                  with(run_metadata(epoch), {{"epoch_step", std::to_string(epoch_step)},
@@ -277,8 +392,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
   for (int epoch = static_cast<int>(start_epoch); epoch < cfg.epochs; ++epoch) {
     sampler.set_epoch(epoch);
-    double loss_sum = 0, comm_s = 0, exposed_s = 0, lr = 0;
-    int64_t correct = 0, seen = 0;
+    backend->begin_epoch(sampler, batches);
+    double comm_s = 0, exposed_s = 0, lr = 0;
+    int64_t seen = 0;
     const int64_t first = epoch == start_epoch ? start_step : 0;
     const double t0 = now();
     for (int64_t s = first; s < steps; ++s, ++global_step) {
@@ -286,46 +402,31 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       if (tr && global_step == cfg.trace_begin) tracer.start(comm);
       if (tr && global_step == cfg.trace_end) tracer.stop();
       const double step_t0 = now();
-      double step_loss = 0;
-      int64_t step_hits = 0;
       for (int micro = 0; micro < cfg.accum_steps; ++micro) {
-        const int64_t* idx = sampler.local_indices(s * cfg.accum_steps + micro);
-        {
-          TraceScope span(tr, "data", "data");
-          gather_batch(train, idx, b, x, labels);
-        }
-        const Tensor* logits;
-        {
-          TraceScope span(tr, "forward", "forward");
-          logits = &ddp.forward(x, Mode::kTrain);
-        }
-        int64_t hits = 0;
-        step_loss += cpu::softmax_xent(logits->data(), labels.data(), b, logits->dim(1), grad_scale,
-                                       dlogits.data(), &hits);
-        step_hits += hits;
-        seen += b;
         const bool last = micro + 1 == cfg.accum_steps;
-        TraceScope span(tr, "backward", "backward");
-        ddp.backward(dlogits, global_step, /*sync=*/last, /*accumulate=*/micro > 0, tr);
+        backend->micro_step(s * cfg.accum_steps + micro, global_step, /*sync=*/last, /*accumulate=*/micro > 0, tr);
+        seen += b;
       }
-      loss_sum += step_loss;
-      correct += step_hits;
       {
         TraceScope span(tr, "wait for all-reduce", "wait");
-        ddp.finish_gradient_sync();
+        backend->finish_gradient_sync();
       }
       lr = learning_rate(cfg, global_step, steps);
       {
         TraceScope span(tr, "optimizer", "optimizer");
-        opt.step(store.params(), store.grads(), lr);
+        backend->optimizer_step(lr);
       }
-      const ReducerStats& rs = ddp.reducer().last_stats();
+      const ReducerStats rs = backend->reducer_stats();
       comm_s += rs.comm_seconds;
       exposed_s += rs.exposed_seconds;
-      if (cfg.verify_every > 0 && (global_step + 1) % cfg.verify_every == 0) ddp.verify_replicas(global_step);
+      if (cfg.verify_every > 0 && (global_step + 1) % cfg.verify_every == 0) {
+        backend->to_host();
+        ddp.verify_replicas(global_step);
+      }
       if (cfg.metrics_every > 0 && (global_step + 1) % cfg.metrics_every == 0) {
         // Per-step record: the step's global loss (an all-reduce on every rank at the same steps).
-        double st[3] = {step_loss, static_cast<double>(step_hits), static_cast<double>(b * cfg.accum_steps)};
+        const Totals step = backend->step_totals();
+        double st[3] = {step.loss, static_cast<double>(step.correct), static_cast<double>(b * cfg.accum_steps)};
         comm.allreduce(st, 3, ReduceOp::kSum, "all-reduce of step metrics");
         if (metrics.is_open()) {
           nlohmann::json j = {{"type", "step"}, {"epoch", epoch + 1}, {"step", global_step + 1},
@@ -339,17 +440,20 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       }
       if (progress && ((s + 1) % 5 == 0 || s + 1 == steps)) {
         const double el = now() - t0;
-        draw_progress(epoch + 1, cfg.epochs, s + 1 - first, steps - first, loss_sum / static_cast<double>(seen),
-                      static_cast<double>(seen * world) / el, el);
+        draw_progress(epoch + 1, cfg.epochs, s + 1 - first, steps - first,
+                      backend->epoch_totals().loss / static_cast<double>(seen), static_cast<double>(seen * world) / el,
+                      el);
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
+    // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
+    const Totals et = backend->epoch_totals();
     const double train_seconds = now() - t0;
-    double tsum[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(seen)};
+    double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
-    ddp.sync_buffers();
+    backend->sync_buffers();
     const bool eval_now = cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
-    EvalResult ev = eval_now ? evaluate(ddp, test, cfg.eval_batch_size, ex, elabels) : EvalResult{};
+    const Totals ev = eval_now ? evaluate(*backend, comm, test.n) : Totals{};
 
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -357,7 +461,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     m.train_acc = tsum[2] > 0 ? tsum[1] / tsum[2] : 0;
     m.train_count = static_cast<int64_t>(tsum[2]);
     // Not evaluated this epoch: NaN, written as null in the metrics JSON.
-    m.test_loss = ev.count ? ev.loss_sum / static_cast<double>(ev.count) : std::nan("");
+    m.test_loss = ev.count ? ev.loss / static_cast<double>(ev.count) : std::nan("");
     m.test_acc = ev.count ? static_cast<double>(ev.correct) / static_cast<double>(ev.count) : std::nan("");
     m.test_count = ev.count;
     m.steps = steps - first;
@@ -394,6 +498,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   }
   if (!cfg.save.empty()) {
     // Buffers were averaged before the last evaluation; parameters are identical by construction.
+    backend->to_host();
     if (rank == 0)
       save_model(cfg.save, *model, run_metadata(cfg.epochs));
     comm.barrier();

@@ -14,8 +14,11 @@
 #include "dpt/device.h"
 #include "dpt/rng.h"
 #include "gather_images.cuh"
+#include "gpu_test_util.h"
 #include "global_avgpool_backward.cuh"
 #include "global_avgpool_forward.cuh"
+#include "loss_sums.cuh"
+#include "permute_nhwc_chw.cuh"
 #include "relu_backward.cuh"
 #include "relu_forward.cuh"
 #include "sgd_update.cuh"
@@ -24,41 +27,9 @@
 namespace dpt {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : n(h.size()) {
-    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    if (n) CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  explicit Dev(size_t count) : Dev(std::vector<T>(count)) {}
-  ~Dev() { cudaFree(p); }
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    if (n) CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-std::vector<float> random(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
-  Rng r(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(r.uniform(lo, hi));
-  return v;
-}
-
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel = 1e-5) {
-  ASSERT_EQ(gpu.size(), cpu.size());
-  double scale = 0;
-  for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));
-  for (size_t i = 0; i < gpu.size(); ++i)
-    ASSERT_NEAR(gpu[i], cpu[i], rel * std::max(1.0, scale)) << "index " << i;
-}
+using test::Dev;
+using test::expect_close;
+using test::random;
 
 TEST(Kernels, ReluForwardBackward) {
   SKIP_WITHOUT_GPU();
@@ -90,17 +61,63 @@ TEST(Kernels, ResidualAddWithAndWithoutRelu) {
 
 TEST(Kernels, AvgPoolForwardBackwardFloorMode) {
   SKIP_WITHOUT_GPU();
-  for (auto [h, k, s] : {std::tuple{26, 2, 2}, std::tuple{9, 2, 2}, std::tuple{7, 3, 2}}) {
-    const int64_t n = 3, c = 20, oh = (h - k) / s + 1;
-    auto x = random(n * h * h * c, 5), dy = random(n * oh * oh * c, 6);
-    std::vector<float> y(dy.size()), dx(x.size());
-    cpu::avgpool_forward(x.data(), y.data(), n, h, h, c, k, s);
-    cpu::avgpool_backward(dy.data(), dx.data(), n, h, h, c, k, s);
-    Dev<float> x_(x), dy_(dy), y_(y.size()), dx_(dx.size());
-    CUDA_CHECK(cuda::launch_avgpool_forward(x_.p, y_.p, n, h, h, c, k, s, nullptr));
-    CUDA_CHECK(cuda::launch_avgpool_backward(dy_.p, dx_.p, n, h, h, c, k, s, nullptr));
-    expect_close(y_.host(), y);
-    expect_close(dx_.host(), dx);
+  // Non-overlapping (LeNet's 2/2 on even and odd sizes) and overlapping windows; plain and fused
+  // with the ReLU before the pool (against the CPU's fused loops, which take a different path for
+  // non-overlapping windows).
+  for (bool relu : {false, true})
+    for (auto [h, k, s] : {std::tuple{26, 2, 2}, std::tuple{9, 2, 2}, std::tuple{7, 3, 2}}) {
+      const int64_t n = 3, c = 20, oh = (h - k) / s + 1;
+      auto x = random(n * h * h * c, 5), dy = random(n * oh * oh * c, 6);
+      std::vector<float> y(dy.size()), dx(x.size());
+      if (relu) {
+        cpu::relu_avgpool_forward(x.data(), y.data(), n, h, h, c, k, s);
+        cpu::relu_avgpool_backward(x.data(), dy.data(), dx.data(), n, h, h, c, k, s);
+      } else {
+        cpu::avgpool_forward(x.data(), y.data(), n, h, h, c, k, s);
+        cpu::avgpool_backward(dy.data(), dx.data(), n, h, h, c, k, s);
+      }
+      Dev<float> x_(x), dy_(dy), y_(y.size()), dx_(dx.size());
+      CUDA_CHECK(cuda::launch_avgpool_forward(x_.p, y_.p, n, h, h, c, k, s, relu, nullptr));
+      CUDA_CHECK(cuda::launch_avgpool_backward(dy_.p, relu ? x_.p : nullptr, dx_.p, n, h, h, c, k, s, nullptr));
+      SCOPED_TRACE(testing::Message() << "h=" << h << " k=" << k << " s=" << s << " relu=" << relu);
+      expect_close(y_.host(), y);
+      expect_close(dx_.host(), dx);
+    }
+}
+
+TEST(Kernels, FlattenPermutationBothWays) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 3, h = 4, w = 5, c = 50;  // LeNet's flatten is 4x4x50; w != h catches swaps
+  auto x = random(n * h * w * c, 13);
+  std::vector<float> chw(x.size()), back(x.size());
+  cpu::nhwc_to_chw(x.data(), chw.data(), n, h, w, c);
+  cpu::chw_to_nhwc(chw.data(), back.data(), n, h, w, c);
+  Dev<float> x_(x), y_(x.size()), z_(x.size());
+  CUDA_CHECK(cuda::launch_permute_nhwc_chw(x_.p, y_.p, n, h, w, c, true, nullptr));
+  CUDA_CHECK(cuda::launch_permute_nhwc_chw(y_.p, z_.p, n, h, w, c, false, nullptr));
+  EXPECT_EQ(y_.host(), chw);  // a permutation: exact
+  EXPECT_EQ(z_.host(), x);
+}
+
+TEST(Kernels, LossSumsInDoubleOverwriteAndAccumulate) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t n : {0, 1, 255, 256, 257, 1000}) {
+    auto loss = random(static_cast<size_t>(n), 14, 0, 5);
+    std::vector<int32_t> hits(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) hits[static_cast<size_t>(i)] = static_cast<int32_t>(i % 3 == 0);
+    double want = 0, want_hits = 0;
+    for (int64_t i = 0; i < n; ++i) want += loss[static_cast<size_t>(i)], want_hits += hits[static_cast<size_t>(i)];
+    Dev<float> l_(loss);
+    Dev<int32_t> h_(hits);
+    Dev<double> out(std::vector<double>{7.0, 9.0});
+    CUDA_CHECK(cuda::launch_loss_sums(l_.p, h_.p, n, out.p, false, nullptr));
+    auto got = out.host();
+    EXPECT_NEAR(got[0], want, 1e-12 * std::max(1.0, want)) << n;
+    EXPECT_EQ(got[1], want_hits) << n;
+    CUDA_CHECK(cuda::launch_loss_sums(l_.p, h_.p, n, out.p, true, nullptr));
+    got = out.host();
+    EXPECT_NEAR(got[0], 2 * want, 1e-12 * std::max(1.0, want)) << n;
+    EXPECT_EQ(got[1], 2 * want_hits) << n;
   }
 }
 
@@ -123,15 +140,26 @@ TEST(Kernels, GatherImagesScalesTo01) {
   const int64_t images = 50, pixels = 784;
   std::vector<uint8_t> data(images * pixels);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint8_t> labels(images);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(i % 10);
   std::vector<int64_t> idx{49, 0, 17, 17, 3};
-  Dev<uint8_t> d_(data);
+  Dev<uint8_t> d_(data), l_(labels);
   Dev<int64_t> i_(idx);
-  Dev<float> out(idx.size() * pixels);
-  CUDA_CHECK(cuda::launch_gather_images(d_.p, i_.p, static_cast<int64_t>(idx.size()), pixels, out.p, nullptr));
+  Dev<float> out(idx.size() * pixels), plain(idx.size() * pixels);
+  Dev<int32_t> got_labels(idx.size());
+  CUDA_CHECK(cuda::launch_gather_images(d_.p, l_.p, i_.p, static_cast<int64_t>(idx.size()), pixels, out.p,
+                                        got_labels.p, nullptr));
+  CUDA_CHECK(cuda::launch_gather_images(d_.p, nullptr, i_.p, static_cast<int64_t>(idx.size()), pixels, plain.p,
+                                        nullptr, nullptr));
+  EXPECT_EQ(cuda::launch_gather_images(d_.p, l_.p, i_.p, 1, pixels, out.p, nullptr, nullptr), cudaErrorInvalidValue);
   auto got = out.host();
+  // Exactly the CPU's images_to_float (x / 255.f, not x * (1/255.f), which differs for half the bytes).
   for (size_t r = 0; r < idx.size(); ++r)
     for (int64_t p = 0; p < pixels; ++p)
       ASSERT_EQ(got[r * pixels + p], static_cast<float>(data[idx[r] * pixels + p]) / 255.f);
+  EXPECT_EQ(plain.host(), got);
+  const auto gl = got_labels.host();
+  for (size_t r = 0; r < idx.size(); ++r) EXPECT_EQ(gl[r], labels[idx[r]]) << r;
 }
 
 TEST(Kernels, SoftmaxCrossEntropyAndCorrectCount) {

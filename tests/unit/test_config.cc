@@ -63,10 +63,22 @@ TEST(Config, HelpShowsDefaults) {
                            "--weight-decay", "--seed", "--data", "--device", "--threads",
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
-                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report"})
+                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
+}
+
+TEST(Config, Tf32IsOffUnlessAsked) {
+  TrainConfig d = parse({});
+  EXPECT_FALSE(d.tf32);  // fp32 agreement with the CPU by default
+  EXPECT_NE(d.to_json().find("\"tf32\":false"), std::string::npos) << d.to_json();
+  TrainConfig t = parse({"--tf32", "--device", "cuda"});
+  EXPECT_TRUE(t.tf32);
+  EXPECT_EQ(t.device, "cuda");
+  EXPECT_NE(t.to_json().find("\"tf32\":true"), std::string::npos) << t.to_json();
+  std::string msg;
+  EXPECT_EQ(input_error_of({"--tf32", "--device", "cpu"}, &msg), 0) << msg;  // accepted; ignored on the CPU
 }
 
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {

@@ -1,0 +1,346 @@
+// GpuBackend (see gpu_trainer.h): the data sets live on the device; a step gathers its batch by
+// index, runs the GpuModel, scores it with kernels/softmax_xent into per-batch device totals, hangs
+// the GpuReducer on backward's gradient announcements and updates the flat buffers with
+// kernels/sgd_update. The host reads nothing back inside a step; it waits (bounded) only for the
+// previous step's collectives. Only compiled in GPU builds.
+#include "cuda/gpu_trainer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/gpu_model.h"
+#include "cuda/gpu_reducer.h"
+#include "cuda/nccl_communicator.h"
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/device.h"
+#include "dpt/idx.h"
+#include "dpt/log.h"
+#include "dpt/trace.h"
+#include "gather_images.cuh"
+#include "loss_sums.cuh"
+#include "sgd_update.cuh"
+#include "softmax_xent.cuh"
+
+namespace dpt {
+
+namespace {
+
+using gpu::DeviceBuffer;
+using gpu::DeviceTensor;
+
+// A device copy of a host array (uploaded once; the copy completes before this returns).
+template <typename T>
+DeviceBuffer upload(gpu::GpuContext& ctx, const T* host, size_t count) {
+  DeviceBuffer d(std::max<size_t>(count, 1) * sizeof(T));
+  if (count) CUDA_CHECK(cudaMemcpyAsync(d.as<void>(), host, count * sizeof(T), cudaMemcpyHostToDevice, ctx.stream()));
+  ctx.synchronize();
+  return d;
+}
+
+// Whether two ranks would drive the same physical GPU (NCCL refuses that): every rank's device
+// UUID, gathered. UUIDs, not local ranks against device counts, so per-rank CUDA_VISIBLE_DEVICES
+// (Slurm's --gpus-per-task) is recognised as distinct GPUs.
+bool ranks_share_a_gpu(Communicator& comm, const cudaDeviceProp& prop) {
+  constexpr int64_t kBytes = sizeof(prop.uuid.bytes);
+  std::vector<uint8_t> mine(kBytes), all(static_cast<size_t>(kBytes * comm.size()));
+  std::memcpy(mine.data(), prop.uuid.bytes, kBytes);
+  comm.allgather(mine.data(), all.data(), kBytes);
+  for (int a = 0; a < comm.size(); ++a)
+    for (int b = a + 1; b < comm.size(); ++b)
+      if (std::memcmp(all.data() + a * kBytes, all.data() + b * kBytes, kBytes) == 0) return true;
+  return false;
+}
+
+// Everything that lives on the device, in one object so that an error path can abandon it whole
+// (see ~GpuBackend). Members are destroyed in reverse order: buffers, reducer, model, NCCL, context.
+struct GpuState {
+  gpu::GpuContext ctx;
+  std::unique_ptr<Communicator> nccl;
+  std::unique_ptr<gpu::GpuModel> model;
+  std::unique_ptr<gpu::GpuReducer> reducer;
+  DeviceBuffer momentum;
+  DeviceBuffer train_images, train_labels, test_images, test_labels, test_index;
+  DeviceBuffer epoch_index;  // int64: this rank's indices of every micro-batch of the epoch
+  DeviceBuffer batch_stats;  // double [batches][2]: loss sum and correct count of each micro-batch
+  DeviceBuffer labels, loss_rows, correct_rows;
+  DeviceBuffer eval_labels, eval_loss_rows, eval_correct_rows, eval_sums;
+  DeviceTensor x, dlogits, eval_x;
+  explicit GpuState(int device) : ctx(device) {}
+};
+
+class GpuBackend : public TrainBackend {
+ public:
+  GpuBackend(const TrainConfig& cfg, Communicator& comm, int local_rank, Model& model, DataParallel& ddp, Sgd& opt,
+             const ImageSet& train, const ImageSet& test)
+      : cfg_(cfg),
+        comm_(comm),
+        ddp_(ddp),
+        opt_(opt),
+        classes_(model.num_classes()),
+        pixels_(train.rows * train.cols),
+        batch_(cfg.batch_size / comm.size()),
+        eval_batch_(std::max<int64_t>(1, std::min(cfg.eval_batch_size, test.n))),
+        // Gradients are averaged across ranks (ncclAvg), so each rank scales by its own images.
+        grad_scale_(1.f / static_cast<float>(batch_ * cfg.accum_steps)),
+        uncaught_(std::uncaught_exceptions()) {
+    const int count = cuda_device_count();
+    DPT_INPUT_CHECK(count > 0, "--device cuda: no CUDA device visible on local rank " << local_rank);
+    const int device = local_rank % count;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    describe_ = DPT_MSG("cuda:" << device << " (" << prop.name << ")");
+    const bool shared = comm.size() > 1 && ranks_share_a_gpu(comm, prop);
+    if (shared && comm.rank() == 0)
+      log_info("ranks share a GPU (NCCL needs one per rank): gradients are averaged by MPI through host memory");
+
+    s_ = std::make_unique<GpuState>(device);
+    gpu::GpuContext& ctx = s_->ctx;
+    ctx.set_tf32(cfg.tf32);
+    if (comm.size() > 1 && !shared) s_->nccl = make_nccl_communicator(comm, device);
+    s_->model = std::make_unique<gpu::GpuModel>(model, ctx);
+    const int64_t n = model.store().num_params();
+    if (comm.size() > 1) {
+      s_->reducer = std::make_unique<gpu::GpuReducer>(ctx, s_->model->grads(), n, ddp.reducer().buckets(),
+                                                      cfg.overlap, s_->nccl.get(), comm);
+      if (cfg.sync_bn) {
+        gpu::GpuReducer* r = s_->reducer.get();
+        s_->model->set_batchnorm_sync(
+            [r](double* data, int64_t count, cudaStream_t) { r->allreduce_doubles(data, count, "sync-bn statistics"); });
+      }
+    }
+    if (cfg.momentum > 0) {
+      s_->momentum = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
+      DPT_CHECK(static_cast<int64_t>(opt.momentum_buffer().size()) == n, "momentum buffer size");
+    }
+
+    DPT_CHECK(train.rows == test.rows && train.cols == test.cols && pixels_ > 0, "train and test image sizes differ");
+    s_->train_images = upload(ctx, train.images.data(), train.images.size());
+    s_->train_labels = upload(ctx, train.labels.data(), train.labels.size());
+    s_->test_images = upload(ctx, test.images.data(), test.images.size());
+    s_->test_labels = upload(ctx, test.labels.data(), test.labels.size());
+    std::vector<int64_t> iota(static_cast<size_t>(test.n));
+    std::iota(iota.begin(), iota.end(), int64_t{0});
+    s_->test_index = upload(ctx, iota.data(), iota.size());
+
+    s_->labels = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(int32_t));
+    s_->loss_rows = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(float));
+    s_->correct_rows = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(int32_t));
+    s_->eval_labels = DeviceBuffer(static_cast<size_t>(eval_batch_) * sizeof(int32_t));
+    s_->eval_loss_rows = DeviceBuffer(static_cast<size_t>(eval_batch_) * sizeof(float));
+    s_->eval_correct_rows = DeviceBuffer(static_cast<size_t>(eval_batch_) * sizeof(int32_t));
+    s_->eval_sums = DeviceBuffer(2 * sizeof(double));
+    s_->x.resize(ctx, {batch_, train.rows, train.cols, 1});
+    s_->dlogits.resize(ctx, {batch_, classes_});
+    from_host();
+  }
+
+  ~GpuBackend() override {
+    // Unwinding from an error, collectives may never complete (a dead peer) and every teardown call
+    // that waits for the device would hang the job instead of ending it: abandon the device state
+    // (the process is about to end). Otherwise drain the collectives first, bounded by --timeout.
+    bool abandon = std::uncaught_exceptions() > uncaught_;
+    if (!abandon && s_) {
+      try {
+        quiesce();
+        s_->ctx.synchronize();  // nothing queued may outlive the buffers freed next
+      } catch (const std::exception& e) {
+        log_warn(DPT_MSG("GPU teardown: " << e.what()));
+        abandon = true;
+      }
+    }
+    if (abandon) (void)s_.release();
+  }
+
+  std::string describe() const override { return describe_; }
+
+  void begin_epoch(const ShardedSampler& sampler, int64_t batches) override {
+    DPT_CHECK(sampler.local_batch() == batch_, "sampler batch " << sampler.local_batch() << " != " << batch_);
+    gpu::GpuContext& ctx = s_->ctx;
+    // The previous epoch's gathers may still be queued: the new indices go in stream order after them.
+    // `index_host_` stays alive until the next upload (pageable copies are staged when queued anyway).
+    index_host_.resize(static_cast<size_t>(std::max<int64_t>(batches, 1) * batch_));
+    for (int64_t i = 0; i < batches; ++i)
+      std::copy(sampler.local_indices(i), sampler.local_indices(i) + batch_, index_host_.begin() + i * batch_);
+    const size_t index_bytes = index_host_.size() * sizeof(int64_t);
+    const size_t stats_bytes = static_cast<size_t>(std::max<int64_t>(batches, 1)) * 2 * sizeof(double);
+    if (s_->epoch_index.bytes() < index_bytes || s_->batch_stats.bytes() < stats_bytes) {
+      quiesce();
+      ctx.synchronize();  // the old buffers may still be read by queued kernels
+      s_->epoch_index = DeviceBuffer(index_bytes);
+      s_->batch_stats = DeviceBuffer(stats_bytes);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(s_->epoch_index.as<void>(), index_host_.data(), index_bytes, cudaMemcpyHostToDevice,
+                               ctx.stream()));
+    CUDA_CHECK(cudaMemsetAsync(s_->batch_stats.as<void>(), 0, stats_bytes, ctx.stream()));
+    batches_ = batches;
+    epoch_first_ = step_first_ = last_ = -1;
+  }
+
+  void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
+    DPT_CHECK(batch >= 0 && batch < batches_, "micro-batch " << batch << " outside the epoch's " << batches_);
+    gpu::GpuContext& ctx = s_->ctx;
+    const cudaStream_t st = ctx.stream();
+    {
+      TraceScope span(tr, "data", "data");
+      CUDA_CHECK(cuda::launch_gather_images(s_->train_images.as<uint8_t>(), s_->train_labels.as<uint8_t>(),
+                                            s_->epoch_index.as<int64_t>() + batch * batch_, batch_, pixels_,
+                                            s_->x.data(), s_->labels.as<int32_t>(), st));
+    }
+    const DeviceTensor* logits;
+    {
+      TraceScope span(tr, "forward", "forward");
+      logits = &s_->model->forward(s_->x, Mode::kTrain);
+    }
+    CUDA_CHECK(cuda::launch_softmax_xent(logits->data(), s_->labels.as<int32_t>(), batch_, classes_, grad_scale_,
+                                         s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(),
+                                         s_->dlogits.data(), st));
+    CUDA_CHECK(cuda::launch_loss_sums(s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(), batch_,
+                                      s_->batch_stats.as<double>() + 2 * batch, false, st));
+    if (epoch_first_ < 0) epoch_first_ = batch;
+    if (!accumulate) step_first_ = batch;
+    last_ = batch;
+    TraceScope span(tr, "backward", "backward");
+    BackwardCtx bctx;
+    bctx.accumulate = accumulate;
+    if (sync && s_->reducer) {
+      gpu::GpuReducer* r = s_->reducer.get();
+      r->begin(step);
+      bctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
+    }
+    s_->model->backward(s_->dlogits, bctx);
+  }
+
+  void finish_gradient_sync() override {
+    if (s_->reducer) s_->reducer->finish();
+  }
+
+  ReducerStats reducer_stats() const override { return s_->reducer ? s_->reducer->last_stats() : ReducerStats{}; }
+
+  void optimizer_step(double lr) override {
+    gpu::GpuModel& m = *s_->model;
+    CUDA_CHECK(cuda::launch_sgd_update(m.params(), m.grads(), cfg_.momentum > 0 ? s_->momentum.as<float>() : nullptr,
+                                       m.num_params(), static_cast<float>(lr), static_cast<float>(cfg_.momentum),
+                                       static_cast<float>(cfg_.weight_decay), opt_.steps() == 0, s_->ctx.stream()));
+    opt_.set_steps(opt_.steps() + 1);
+  }
+
+  Totals step_totals() override { return totals(step_first_); }
+  Totals epoch_totals() override { return totals(epoch_first_); }
+
+  Totals evaluate(int64_t begin, int64_t end) override {
+    Totals t;
+    if (end <= begin) return t;
+    quiesce();
+    gpu::GpuContext& ctx = s_->ctx;
+    const cudaStream_t st = ctx.stream();
+    for (int64_t s = begin; s < end; s += eval_batch_) {
+      const int64_t b = std::min(eval_batch_, end - s);
+      s_->eval_x.resize(ctx, {b, s_->x.dim(1), s_->x.dim(2), s_->x.dim(3)});
+      CUDA_CHECK(cuda::launch_gather_images(s_->test_images.as<uint8_t>(), s_->test_labels.as<uint8_t>(),
+                                            s_->test_index.as<int64_t>() + s, b, pixels_, s_->eval_x.data(),
+                                            s_->eval_labels.as<int32_t>(), st));
+      const DeviceTensor& logits = s_->model->forward(s_->eval_x, Mode::kEval);
+      CUDA_CHECK(cuda::launch_softmax_xent(logits.data(), s_->eval_labels.as<int32_t>(), b, classes_, 0.f,
+                                           s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(),
+                                           nullptr, st));
+      CUDA_CHECK(cuda::launch_loss_sums(s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(), b,
+                                        s_->eval_sums.as<double>(), s != begin, st));
+    }
+    double sums[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(sums, s_->eval_sums.as<void>(), sizeof sums, cudaMemcpyDeviceToHost, st));
+    ctx.synchronize();
+    t.loss = sums[0];
+    t.correct = static_cast<int64_t>(sums[1]);
+    t.count = end - begin;
+    return t;
+  }
+
+  void sync_buffers() override {
+    if (comm_.size() == 1) return;  // as DataParallel::sync_buffers: nothing to average
+    quiesce();
+    s_->model->download_buffers();
+    ddp_.sync_buffers();
+    s_->model->upload_buffers();
+  }
+
+  void to_host() override {
+    quiesce();
+    s_->model->download();
+    if (cfg_.momentum > 0)
+      copy_momentum(opt_.momentum_buffer().data(), s_->momentum.as<float>(), cudaMemcpyDeviceToHost);
+  }
+
+  void from_host() override {
+    quiesce();
+    s_->model->upload();
+    if (cfg_.momentum > 0)
+      copy_momentum(s_->momentum.as<float>(), opt_.momentum_buffer().data(), cudaMemcpyHostToDevice);
+  }
+
+ private:
+  // Before the host waits for the compute stream without a bound: the collectives it may wait for
+  // are complete (or --timeout ended the job).
+  void quiesce() {
+    if (s_->reducer) s_->reducer->quiesce();
+  }
+
+  void copy_momentum(float* dst, const float* src, cudaMemcpyKind kind) {
+    const size_t bytes = opt_.momentum_buffer().size() * sizeof(float);
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s_->ctx.stream()));
+    s_->ctx.synchronize();
+  }
+
+  // Micro-batches [first, last_] of the epoch, summed as the CPU loop sums them: within each
+  // optimizer step first, then the steps in order.
+  Totals totals(int64_t first) {
+    Totals t;
+    if (first < 0 || last_ < first) return t;
+    quiesce();
+    const size_t count = static_cast<size_t>(last_ - first + 1);
+    stats_host_.resize(2 * count);
+    CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), s_->batch_stats.as<double>() + 2 * first,
+                               stats_host_.size() * sizeof(double), cudaMemcpyDeviceToHost, s_->ctx.stream()));
+    s_->ctx.synchronize();
+    double step_loss = 0, step_hits = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t batch = first + static_cast<int64_t>(i);
+      step_loss += stats_host_[2 * i];
+      step_hits += stats_host_[2 * i + 1];
+      if ((batch + 1) % cfg_.accum_steps == 0 || batch == last_) {
+        t.loss += step_loss;
+        t.correct += static_cast<int64_t>(step_hits);
+        step_loss = step_hits = 0;
+      }
+    }
+    t.count = static_cast<int64_t>(count) * batch_;
+    return t;
+  }
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  DataParallel& ddp_;
+  Sgd& opt_;
+  const int64_t classes_, pixels_, batch_, eval_batch_;
+  const float grad_scale_;
+  const int uncaught_;
+  std::string describe_;
+  std::unique_ptr<GpuState> s_;
+  std::vector<int64_t> index_host_;
+  std::vector<double> stats_host_;
+  int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const TrainConfig& cfg, Communicator& comm, int local_rank,
+                                               Model& model, DataParallel& ddp, Sgd& opt, const ImageSet& train,
+                                               const ImageSet& test) {
+  return std::make_unique<GpuBackend>(cfg, comm, local_rank, model, ddp, opt, train, test);
+}
+
+}  // namespace dpt

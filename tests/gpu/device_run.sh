@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# On the GPU machine (through the device tool, with .gpu-bundle carried): unpacks the bundle made by
+# tests/gpu/device_bundle.sh, finds the machine's own CUDA, cuBLAS, cuDNN and NCCL libraries, and
+# runs the GPU suites one by one, each bounded, logs in $OUT (summary.txt first).
+# Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke kernels ops nccl model cli bench
+#        (default: env smoke kernels ops nccl model cli; bench trains LeNet and ResNet-18 for timing).
+#        Step limits add up to 570 s for "env smoke kernels ops nccl model" and for "cli bench", so
+#        each group fits one 600 s device call.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/dpt-out}
+mkdir -p "$out"
+bundle=$root/.gpu-bundle
+[[ -f $bundle/runtime.tar.xz ]] || { echo "no $bundle/runtime.tar.xz: run tests/gpu/device_bundle.sh and carry .gpu-bundle"; exit 1; }
+if command -v xz > /dev/null; then
+  tar -C / -xJf "$bundle/runtime.tar.xz"
+else  # no xz binary: Python's lzma decompresses
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+    "$bundle/runtime.tar.xz" | tar -C / -xf -
+fi || { echo "unpacking the bundle failed"; exit 1; }
+
+# The machine's CUDA libraries: the toolkit's first (cudart, cuBLAS and cuBLASLt must come from one
+# release), then PyTorch's wheels (cuDNN and NCCL are found only there).
+locate() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [[ -e $d/$1 ]] && { echo "$d/$1"; return; }
+  done
+  find /opt /usr/local /usr/lib -name "$1" -not -path '/opt/dpt/*' 2>/dev/null | head -1
+}
+libdirs=/opt/dpt/lib
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+  path=$(locate "$lib")
+  if [[ -n $path ]]; then
+    dir=$(dirname "$path")
+    [[ :$libdirs: == *:$dir:* ]] || libdirs=$libdirs:$dir
+  else
+    echo "MISSING on this machine: $lib" | tee -a "$out/summary.txt"
+  fi
+done
+export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=/opt/dpt/bin:$PATH MPIRUN=/usr/bin/orterun
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+if [[ -d $bundle/data ]]; then export DPT_TEST_DATA=$bundle/data; fi
+data=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+
+# step NAME LIMIT command...: full log in $OUT/NAME.log, its tail on stdout, "NAME rc=N" in the summary.
+step() {
+  local name=$1 limit=$2 rc
+  shift 2
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$out/summary.txt"
+  tail -n 30 "$out/$name.log"
+}
+
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(env smoke kernels ops nccl model cli)
+for s in "${steps[@]}"; do
+  case $s in
+    env) step env 30 bash -c 'nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd /opt/dpt/bin/dptrain | grep -E "not found|cudnn|nccl|cublas|cudart"' ;;
+    smoke) step smoke 60 dptrain --device cuda --model lenet --epochs 1 --max-steps 3 --eval-every 0 --data "$data" --log-level debug ;;
+    kernels) step kernels 60 test_gpu_kernels ;;
+    ops) step ops 120 test_gpu_ops ;;
+    nccl) step nccl 60 test_gpu_nccl ;;
+    model) step model 240 test_gpu_model ;;
+    cli) step cli 300 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
+    bench)
+      step bench_lenet 120 dptrain --device cuda --model lenet --epochs 10 --data "$data" --progress off
+      step bench_resnet18 180 dptrain --device cuda --model resnet18 --epochs 3 --data "$data" --progress off ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+echo "--- summary"
+cat "$out/summary.txt"

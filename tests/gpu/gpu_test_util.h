@@ -1,0 +1,62 @@
+// Helpers shared by the GPU test suites: skipping without a device, device copies of host vectors,
+// seeded random inputs and the relative comparison every GPU-vs-CPU check uses.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "dpt/device.h"
+#include "dpt/rng.h"
+
+namespace dpt::test {
+
+#define SKIP_WITHOUT_GPU() \
+  if (::dpt::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+// A device copy of a host vector; host() waits for all queued work, then copies back.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    if (n) CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the copy is complete before any stream reads it
+  }
+  explicit Dev(size_t count) : Dev(std::vector<T>(count)) {}
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (n) CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+inline std::vector<float> random(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(r.uniform(lo, hi));
+  return v;
+}
+
+// |gpu - cpu| <= rel * max(1, max |cpu|) element-wise.
+inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what = "",
+                         double rel = 1e-5) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double scale = 0;
+  for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));
+  for (size_t i = 0; i < gpu.size(); ++i)
+    ASSERT_NEAR(gpu[i], cpu[i], rel * std::max(1.0, scale)) << what << ", index " << i;
+}
+
+}  // namespace dpt::test

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# dptrain --device cuda from the command line: LeNet for one epoch on one rank learns (test accuracy
+# > 0.5) and names its GPU in the banner; two ranks (NCCL on two GPUs, the MPI fallback with its log
+# line on one) learn as well; ResNet-18 with --sync-bn at two ranks and --tf32 run a few steps.
+# Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
+set -uo pipefail
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+data=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+mpi=("${MPIRUN:-mpirun}" -np 2 --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+fails=0
+if [[ ! -e $data/train-images-idx3-ubyte.gz && ! -e $data/train-images-idx3-ubyte ]]; then
+  # No Fashion-MNIST here: a learnable synthetic set (class k is a bright band at rows 2+2k, as in
+  # tests/test_util.h), 12800 training and 2000 test images.
+  data=$tmp/synthetic
+  mkdir -p "$data"
+  python3 - "$data" <<'PY'
+import gzip, random, struct, sys
+random.seed(7)
+for split, n in (("train", 12800), ("t10k", 2000)):
+    labels = bytes(random.randrange(10) for _ in range(n))
+    pixels = bytearray()
+    for k in labels:
+        for p in range(784):
+            row = p // 28
+            pixels.append(int((200 if 2 + 2 * k <= row < 4 + 2 * k else 20) + 40 * random.random()))
+    with gzip.open(f"{sys.argv[1]}/{split}-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">iiii", 0x803, n, 28, 28) + bytes(pixels))
+    with gzip.open(f"{sys.argv[1]}/{split}-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">ii", 0x801, n) + labels)
+PY
+  echo "no data set found: using a synthetic one in $data"
+fi
+
+# run NAME TIMEOUT command...: output in $tmp/NAME.out, exit code in $rc.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  timeout -k 5 "$limit" "$@" > "$tmp/$name.out" 2>&1
+  rc=$?
+}
+check() {  # check CONDITION-EXIT-CODE WHAT [LOG]
+  if [[ $1 -eq 0 ]]; then echo "ok: $2"; else echo "FAIL: $2"; [[ -n ${3:-} ]] && tail -15 "$3"; fails=$((fails + 1)); fi
+}
+# acc FILE: the test accuracy of the last epoch record of a --metrics file.
+acc() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"epoch\"" in l][-1]["test_acc"])' "$1"; }
+above() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+run probe 120 "$bin" --device cuda --epochs 1 --max-steps 1 --eval-every 0 --data "$data"
+if grep -q "no CUDA device visible" "$tmp/probe.out"; then
+  echo "SKIP: no CUDA device visible"
+  exit 77
+fi
+check $rc "one step on the GPU runs (exit $rc)" "$tmp/probe.out"
+
+run one 300 "$bin" --device cuda --model lenet --epochs 1 --data "$data" --metrics "$tmp/one.jsonl"
+check $rc "1 rank, LeNet, 1 epoch (exit $rc)" "$tmp/one.out"
+grep -q "rank 0: .*, cuda:0 (" "$tmp/one.out"; check $? "the banner names the GPU" "$tmp/one.out"
+a=$(acc "$tmp/one.jsonl" 2>/dev/null || echo 0)
+above "$a" 0.5; check $? "1 rank: test accuracy $a > 0.5"
+grep -h "s/epoch" "$tmp/one.out" | tail -1
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+run two 300 "${mpi[@]}" "$bin" --device cuda --model lenet --epochs 1 --data "$data" --metrics "$tmp/two.jsonl"
+check $rc "2 ranks, LeNet, 1 epoch ($gpus GPU(s) listed; exit $rc)" "$tmp/two.out"
+a=$(acc "$tmp/two.jsonl" 2>/dev/null || echo 0)
+above "$a" 0.5; check $? "2 ranks: test accuracy $a > 0.5"
+if [[ $gpus -lt 2 ]]; then
+  grep -q "ranks share a GPU" "$tmp/two.out"; check $? "one GPU for two ranks: the MPI fallback says so" "$tmp/two.out"
+fi
+
+run syncbn 300 "${mpi[@]}" "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 \
+  --sync-bn --eval-every 0 --data "$data"
+check $rc "2 ranks, ResNet-18, --sync-bn, 5 steps (exit $rc)" "$tmp/syncbn.out"
+
+run tf32 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 --tf32 \
+  --eval-every 0 --data "$data"
+check $rc "ResNet-18 with --tf32, 5 steps (exit $rc)" "$tmp/tf32.out"
+
+run bad 60 "$bin" --device cuda --model lenet --epochs 1 --batch-size 0 --data "$data"
+[[ $rc -eq 2 ]] && grep -q -- "--batch-size" "$tmp/bad.out"; check $? "a bad flag is still exit 2 on the GPU path"
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]

@@ -1,0 +1,482 @@
+// The GPU training path against the CPU reference: whole-model forward/backward parity for LeNet
+// and ResNet-18 (logits, every parameter gradient, BatchNorm buffers, the gradient announcements),
+// the GPU reducer (NCCL and the MPI fallback) at world size 1, 50 LeNet steps whose losses track the
+// CPU run's, end-to-end --device cuda training, and bit-exact resume. Skipped (exit code 77) where
+// no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "cpu/ops.h"
+#include "cuda/cuda_check.h"
+#include "cuda/gpu_context.h"
+#include "cuda/gpu_model.h"
+#include "cuda/gpu_reducer.h"
+#include "cuda/nccl_communicator.h"
+#include "dpt/checkpoint.h"
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/idx.h"
+#include "dpt/nn.h"
+#include "dpt/rng.h"
+#include "dpt/safetensors.h"
+#include "dpt/train.h"
+#include "gpu_test_util.h"
+#include "test_util.h"
+
+namespace dpt {
+namespace {
+
+using gpu::DeviceTensor;
+
+void to_device(gpu::GpuContext& ctx, const Tensor& host, DeviceTensor& dev) {
+  dev.resize(ctx, host.shape());
+  CUDA_CHECK(cudaMemcpyAsync(dev.data(), host.data(), static_cast<size_t>(host.numel()) * sizeof(float),
+                             cudaMemcpyHostToDevice, ctx.stream()));
+  ctx.synchronize();
+}
+
+std::vector<float> to_host(gpu::GpuContext& ctx, const DeviceTensor& dev) {
+  std::vector<float> h(static_cast<size_t>(dev.numel()));
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), dev.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()));
+  ctx.synchronize();
+  return h;
+}
+
+double max_abs(const float* p, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(p[i])));
+  return m;
+}
+
+// max |gpu - cpu| / max(max |cpu|, floor): a tensor's error relative to its own scale. The floor
+// keeps tensors that are zero up to rounding (conv biases right before a training-mode BatchNorm,
+// whose true gradient is 0) from turning noise into huge relative errors.
+double rel_error(const float* gpu, const float* cpu, int64_t n, double floor) {
+  double diff = 0;
+  for (int64_t i = 0; i < n; ++i) diff = std::max(diff, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+  return diff / std::max(max_abs(cpu, n), floor);
+}
+
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+// One training-mode forward and backward of `name` at batch 8 on both backends from the same
+// state, input and dlogits, then an evaluation-mode forward on the updated running statistics.
+void check_parity(const std::string& name, double tol) {
+  auto model = make_model(name);
+  model->init_parameters("kaiming", 7);
+  ParamStore& store = model->store();
+  gpu::GpuContext ctx(0);
+  gpu::GpuModel gm(*model, ctx);  // takes the state before the CPU's forward moves BatchNorm statistics
+
+  const int64_t n = 8;
+  std::mt19937_64 g(11);
+  Tensor x = test::random_tensor({n, 28, 28, 1}, g, 0.f, 1.f);
+  DeviceTensor dx;
+  to_device(ctx, x, dx);
+
+  const Tensor& logits = model->forward(x, Mode::kTrain);
+  const std::vector<float> glogits = to_host(ctx, gm.forward(dx, Mode::kTrain));
+  ASSERT_EQ(static_cast<int64_t>(glogits.size()), logits.numel());
+  const double logit_err = rel_error(glogits.data(), logits.data(), logits.numel(), 1e-6);
+  EXPECT_LE(logit_err, tol) << name << ": training-mode logits";
+
+  // The same dlogits for both: softmax cross-entropy of the CPU logits, scaled by 1/n.
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 10);
+  Tensor dlogits(logits.shape());
+  cpu::softmax_xent(logits.data(), labels.data(), n, logits.dim(1), 1.f / n, dlogits.data(), nullptr);
+  DeviceTensor ddl;
+  to_device(ctx, dlogits, ddl);
+
+  Ranges cpu_ready, gpu_ready;
+  BackwardCtx cctx, gctx;
+  cctx.on_ready = [&](int64_t b, int64_t e) { cpu_ready.emplace_back(b, e); };
+  gctx.on_ready = [&](int64_t b, int64_t e) { gpu_ready.emplace_back(b, e); };
+  model->backward(dlogits, cctx);
+  gm.backward(ddl, gctx);
+  EXPECT_EQ(gpu_ready, cpu_ready) << name << ": gradient announcements (order and ranges)";
+
+  std::vector<float> ggrads(static_cast<size_t>(store.num_params())), gbuf(static_cast<size_t>(store.num_buffers()));
+  gm.copy_grads_to(ggrads.data());
+  gm.copy_buffers_to(gbuf.data());
+  const double floor = 1e-3 * max_abs(store.grads(), store.num_params());
+  double worst = 0;
+  std::string worst_name;
+  for (const Param& p : store.entries()) {
+    if (p.is_buffer) {
+      const double e = rel_error(gbuf.data() + p.offset, p.value.data(), p.numel(), 1e-6);
+      EXPECT_LE(e, tol) << name << ": buffer " << p.name << " after one training forward";
+      continue;
+    }
+    const double e = rel_error(ggrads.data() + p.offset, p.grad.data(), p.numel(), floor);
+    EXPECT_LE(e, tol) << name << ": gradient of " << p.name << " " << shape_str(p.shape);
+    if (e > worst) worst = e, worst_name = p.name;
+  }
+  std::printf("%s parity at batch %lld: logits %.2e, worst gradient %.2e (%s)\n", name.c_str(),
+              static_cast<long long>(n), logit_err, worst, worst_name.c_str());
+
+  const Tensor& elogits = model->forward(x, Mode::kEval);
+  const std::vector<float> gelogits = to_host(ctx, gm.forward(dx, Mode::kEval));
+  EXPECT_LE(rel_error(gelogits.data(), elogits.data(), elogits.numel(), 1e-6), tol) << name << ": eval logits";
+}
+
+TEST(GpuModel, LenetForwardBackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  check_parity("lenet", 1e-4);
+}
+
+TEST(GpuModel, Resnet18ForwardBackwardMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  // The CPU runs its stride-1 3x3 convolutions with >= 16 channels by Winograd (errors ~1e-5).
+  check_parity("resnet18", 1e-4);
+}
+
+TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
+  SKIP_WITHOUT_GPU();
+  auto model = make_model("lenet");
+  model->init_parameters("kaiming", 3);
+  gpu::GpuContext ctx(0);
+  gpu::GpuModel gm(*model, ctx);
+  std::mt19937_64 g(5);
+  Tensor x = test::random_tensor({4, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({4, 10}, g);
+  DeviceTensor dx, ddl;
+  to_device(ctx, x, dx);
+  to_device(ctx, dl, ddl);
+  const int64_t np = model->num_parameters();
+  std::vector<float> once(static_cast<size_t>(np)), twice(static_cast<size_t>(np));
+  BackwardCtx overwrite, accumulate;
+  accumulate.accumulate = true;
+  gm.forward(dx, Mode::kTrain);
+  gm.backward(ddl, overwrite);
+  gm.copy_grads_to(once.data());
+  gm.backward(ddl, accumulate);
+  gm.copy_grads_to(twice.data());
+  for (int64_t i = 0; i < np; ++i)
+    ASSERT_NEAR(twice[static_cast<size_t>(i)], 2 * once[static_cast<size_t>(i)], 1e-5 * (1 + std::fabs(once[i])))
+        << i;
+}
+
+// ---- GpuReducer at world size 1 -----------------------------------------------------------------
+
+// With one rank an average changes nothing: the reduced gradients equal the plain backward's bit for
+// bit, for NCCL (events, its stream) and the MPI fallback (pinned copies), overlapped or not, over
+// several buckets. Exercises every path of the reducer that a single GPU can.
+TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
+  SKIP_WITHOUT_GPU();
+  auto self = make_mpi_self_communicator();
+  self->set_timeout(60);
+  auto model = make_model("lenet");
+  model->init_parameters("kaiming", 9);
+  ParamStore& store = model->store();
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  for (const Param& p : store.entries())
+    if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
+  const auto buckets = plan_buckets(bounds, 64 * 1024, 16 * 1024);  // several buckets
+  ASSERT_GT(buckets.size(), 2u);
+
+  gpu::GpuContext ctx(0);
+  gpu::GpuModel gm(*model, ctx);
+  std::mt19937_64 g(6);
+  Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({16, 10}, g);
+  DeviceTensor dx, ddl;
+  to_device(ctx, x, dx);
+  to_device(ctx, dl, ddl);
+  const int64_t np = store.num_params();
+  std::vector<float> want(static_cast<size_t>(np)), got(static_cast<size_t>(np));
+  gm.forward(dx, Mode::kTrain);
+  BackwardCtx plain;
+  gm.backward(ddl, plain);
+  gm.copy_grads_to(want.data());
+
+  auto nccl = make_nccl_communicator(*self, 0);
+  for (bool use_nccl : {true, false})
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(testing::Message() << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
+      gpu::GpuReducer reducer(ctx, gm.grads(), np, buckets, overlap, use_nccl ? nccl.get() : nullptr, *self);
+      EXPECT_EQ(reducer.uses_nccl(), use_nccl);
+      for (int64_t step = 0; step < 2; ++step) {  // the second step reuses every event
+        CUDA_CHECK(cudaMemsetAsync(gm.grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
+        reducer.begin(step);
+        BackwardCtx bctx;
+        bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
+        gm.backward(ddl, bctx);
+        reducer.finish();
+        reducer.quiesce();
+        gm.copy_grads_to(got.data());
+        ASSERT_EQ(got, want) << "step " << step;
+      }
+      EXPECT_EQ(reducer.last_stats().buckets, static_cast<int64_t>(buckets.size()));
+      // The synchronised-BatchNorm hook: a sum over one rank leaves the doubles as they are.
+      const std::vector<double> d{1.5, -2.25, 1e300};
+      test::Dev<double> dd(d);
+      reducer.allreduce_doubles(dd.p, 3, "test doubles");
+      reducer.quiesce();
+      EXPECT_EQ(dd.host(), d);
+    }
+}
+
+TEST(GpuReducer, MissingGradientsAreReportedAtFinish) {
+  SKIP_WITHOUT_GPU();
+  auto self = make_mpi_self_communicator();
+  gpu::GpuContext ctx(0);
+  gpu::DeviceBuffer grads(100 * sizeof(float));
+  gpu::GpuReducer reducer(ctx, grads.as<float>(), 100, {Bucket{0, 60}, Bucket{60, 100}}, true, nullptr, *self);
+  reducer.begin(3);
+  reducer.mark_ready(0, 60);
+  try {
+    reducer.finish();
+    FAIL() << "finish() with bucket 1 incomplete must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket 1 of step 3 is missing 40"), std::string::npos) << e.what();
+  }
+}
+
+// ---- Training through run_training ------------------------------------------------------------
+
+std::unique_ptr<Communicator> self_comm() { return test::world_comm(120); }
+
+struct StepRecord {
+  int64_t step;
+  double loss;
+};
+
+std::vector<StepRecord> step_records(const std::string& path) {
+  std::vector<StepRecord> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "step") out.push_back({j["step"].get<int64_t>(), j["loss"].get<double>()});
+  }
+  return out;
+}
+
+// A harder synthetic set than test_util's (which LeNet fits to a loss of 1e-5 within 50 steps, where
+// relative comparisons mean nothing): a faint band over strong noise, and 20% of the labels random,
+// so the loss stays near 1 after 50 steps.
+void write_noisy_dataset(const std::string& dir, int n_train, int n_test, uint64_t seed) {
+  Rng rng(seed);
+  auto make = [&](const std::string& split, int n) {
+    std::vector<uint8_t> images(static_cast<size_t>(n) * 784), labels(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int k = static_cast<int>(rng.below(10));
+      for (int p = 0; p < 784; ++p) {
+        const bool band = p / 28 >= 2 + 2 * k && p / 28 < 4 + 2 * k;
+        images[static_cast<size_t>(i) * 784 + p] = static_cast<uint8_t>(20 + 100 * rng.uniform() + (band ? 60 : 0));
+      }
+      labels[static_cast<size_t>(i)] = static_cast<uint8_t>(rng.uniform() < 0.2 ? rng.below(10) : k);
+    }
+    test::write_idx(dir + "/" + split + "-images-idx3-ubyte", {n, 28, 28}, images);
+    test::write_idx(dir + "/" + split + "-labels-idx1-ubyte", {n}, labels);
+  };
+  make("train", n_train);
+  make("t10k", n_test);
+}
+
+double mean(const std::vector<StepRecord>& r, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += r[i].loss;
+  return s / static_cast<double>(end - begin);
+}
+
+TEST(GpuTraining, LenetLossesTrackTheCpuRunFor50Steps) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::make_temp_dir("gpu_track");
+  write_noisy_dataset(dir, 50 * 64, 500, 21);
+  auto comm = self_comm();
+  std::vector<StepRecord> runs[2];
+  std::vector<EpochMetrics> hist[2];
+  for (int i = 0; i < 2; ++i) {
+    TrainConfig c;
+    c.model = "lenet";
+    apply_recipe(&c);  // He init, momentum, weight decay, warm-up: the whole optimizer on both
+    c.data = dir;
+    c.device = i == 0 ? "cpu" : "cuda";
+    c.epochs = 1;
+    c.batch_size = 64;
+    c.threads = 2;
+    c.quiet = true;
+    c.metrics = dir + "/" + c.device + ".jsonl";
+    c.metrics_every = 1;
+    hist[i] = run_training(c, *comm);
+    runs[i] = step_records(c.metrics);
+  }
+  ASSERT_EQ(runs[0].size(), 50u);
+  ASSERT_EQ(runs[1].size(), 50u);
+  for (size_t s = 0; s < 50; ++s) {
+    const double cpu = runs[0][s].loss, gpu = runs[1][s].loss;
+    ASSERT_TRUE(std::isfinite(gpu)) << "step " << s + 1;
+    if (s < 10) {
+      EXPECT_NEAR(gpu, cpu, 1e-3 * cpu) << "step " << s + 1;
+    }
+  }
+  EXPECT_NEAR(runs[1].back().loss, runs[0].back().loss, 0.05 * runs[0].back().loss) << "final step";
+  EXPECT_NEAR(mean(runs[1], 40, 50), mean(runs[0], 40, 50), 0.03 * mean(runs[0], 40, 50)) << "last 10 steps";
+  EXPECT_LT(mean(runs[1], 40, 50), 0.75 * mean(runs[1], 0, 10)) << "the GPU run learns";
+  std::printf("50 LeNet steps: CPU %.4f -> %.4f, GPU %.4f -> %.4f\n", runs[0].front().loss, runs[0].back().loss,
+              runs[1].front().loss, runs[1].back().loss);
+  EXPECT_NEAR(hist[1][0].train_loss, hist[0][0].train_loss, 0.05 * hist[0][0].train_loss);
+  EXPECT_NEAR(hist[1][0].test_acc, hist[0][0].test_acc, 0.05);
+  EXPECT_EQ(hist[1][0].test_count, 500);
+  std::filesystem::remove_all(dir);
+}
+
+// The real data when installed (DPT_TEST_DATA), else a synthetic set: either is learnable in an epoch.
+std::string data_dir_or_synthetic(const std::string& tmp, int* train_n) {
+  const char* env = std::getenv("DPT_TEST_DATA");
+  const std::string real = env ? env : "/usr/share/datasets/fashion-mnist";
+  if (std::filesystem::exists(real + "/train-images-idx3-ubyte.gz") ||
+      std::filesystem::exists(real + "/train-images-idx3-ubyte")) {
+    *train_n = 60000;
+    return real;
+  }
+  *train_n = 6400;
+  test::write_synthetic_dataset(tmp, *train_n, 1000, 22);
+  return tmp;
+}
+
+TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::make_temp_dir("gpu_e2e");
+  int train_n = 0;
+  TrainConfig c;
+  c.model = "lenet";
+  apply_recipe(&c);
+  c.data = data_dir_or_synthetic(dir, &train_n);
+  c.device = "cuda";
+  c.epochs = 1;
+  c.quiet = true;
+  c.save = dir + "/lenet.safetensors";
+  auto comm = self_comm();
+  auto hist = run_training(c, *comm);
+  ASSERT_EQ(hist.size(), 1u);
+  std::printf("LeNet, 1 epoch on the GPU (%s): test acc %.4f, %.3f s/epoch\n", c.data.c_str(), hist[0].test_acc,
+              hist[0].epoch_seconds);
+  EXPECT_GT(hist[0].test_acc, 0.5);
+  EXPECT_EQ(hist[0].train_count, train_n / 256 * 256);
+  // --save holds the GPU's parameters: the CPU scores them as the GPU did (a few predictions may
+  // flip on rounding differences).
+  auto m = make_model("lenet");
+  load_model(c.save, *m);
+  const ImageSet test = load_image_set(c.data, "t10k");
+  int64_t hits = 0;
+  Tensor x;
+  std::vector<int64_t> idx;
+  for (int64_t s = 0; s < test.n; s += 1000) {
+    const int64_t b = std::min<int64_t>(1000, test.n - s);
+    idx.resize(static_cast<size_t>(b));
+    std::iota(idx.begin(), idx.end(), s);
+    x.resize({b, 28, 28, 1});
+    images_to_float(test, idx.data(), b, x.data());
+    std::vector<int32_t> labels(test.labels.begin() + s, test.labels.begin() + s + b);
+    int64_t h = 0;
+    const Tensor& logits = m->forward(x, Mode::kEval);
+    cpu::softmax_xent(logits.data(), labels.data(), b, logits.dim(1), 0.f, nullptr, &h);
+    hits += h;
+  }
+  EXPECT_NEAR(static_cast<double>(hits) / static_cast<double>(test.n), hist[0].test_acc, 2e-3)
+      << "the saved model scores differently on the CPU";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GpuTraining, Resnet18LossFallsOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::make_temp_dir("gpu_resnet");
+  test::write_synthetic_dataset(dir, 640, 200, 23);
+  TrainConfig c;
+  c.model = "resnet18";
+  apply_recipe(&c);
+  c.data = dir;
+  c.device = "cuda";
+  c.epochs = 2;
+  c.batch_size = 32;
+  c.warmup_epochs = 0;
+  c.schedule = "constant";
+  c.lr = 0.05;
+  c.eval_batch_size = 64;  // 200 test images: a short last batch
+  c.quiet = true;
+  auto comm = self_comm();
+  auto hist = run_training(c, *comm);
+  ASSERT_EQ(hist.size(), 2u);
+  EXPECT_LT(hist[1].train_loss, hist[0].train_loss);
+  EXPECT_LT(hist[1].train_loss, std::log(10.0));
+  EXPECT_EQ(hist[1].test_count, 200);
+  EXPECT_TRUE(std::isfinite(hist[1].test_loss));  // evaluation on running statistics works
+  std::filesystem::remove_all(dir);
+}
+
+// A run checkpointed after epoch 2 and resumed ends bit for bit where the uninterrupted run ends:
+// parameters, BatchNorm buffers and momentum go device -> host -> file -> host -> device intact, and
+// every GPU kernel and algorithm is deterministic.
+void check_resume(const std::string& model) {
+  const std::string dir = test::make_temp_dir("gpu_ckpt");
+  test::write_synthetic_dataset(dir, 640, 200, 4);
+  auto comm = self_comm();
+  auto config = [&] {
+    TrainConfig c;
+    c.model = model;
+    apply_recipe(&c);
+    c.data = dir;
+    c.device = "cuda";
+    c.epochs = 3;
+    c.batch_size = 64;
+    c.eval_batch_size = 100;
+    c.quiet = true;
+    return c;
+  };
+  TrainConfig full = config();
+  full.save = dir + "/full.safetensors";
+  full.checkpoint_every = 2;
+  full.checkpoint_path = dir + "/ckpt.safetensors";
+  run_training(full, *comm);
+  TrainConfig resumed = config();
+  resumed.resume = full.checkpoint_path;
+  resumed.save = dir + "/resumed.safetensors";
+  auto hist = run_training(resumed, *comm);
+  ASSERT_EQ(hist.size(), 1u);
+  StFile a = read_safetensors(full.save), b = read_safetensors(resumed.save);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << model << ": " << a.tensors[i].name << " differs";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GpuTraining, LenetResumeEndsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  check_resume("lenet");
+}
+
+TEST(GpuTraining, Resnet18ResumeEndsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  check_resume("resnet18");
+}
+
+TEST(GpuTraining, Tf32RunsAndStillLearns) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::make_temp_dir("gpu_tf32");
+  test::write_synthetic_dataset(dir, 2048, 200, 24);
+  TrainConfig c;
+  c.model = "lenet";
+  apply_recipe(&c);
+  c.data = dir;
+  c.device = "cuda";
+  c.tf32 = true;
+  c.epochs = 2;
+  c.batch_size = 64;
+  c.quiet = true;
+  auto comm = self_comm();
+  auto hist = run_training(c, *comm);
+  EXPECT_GT(hist.back().test_acc, 0.8);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dpt
