@@ -5,7 +5,6 @@
 // runs. Gradients are SUMMED; the loss is scaled by 1/global_batch, so k ranks match 1 rank.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -78,13 +77,10 @@ class Reducer {
   int64_t step_ = 0;
   ReducerStats stats_;
 
-  // Hand-offs spin briefly on these before sleeping on cv_ (a futex wake-up costs 10-50 us, more
-  // than a whole small all-reduce); both are written under mu_ and read lock-free while spinning.
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> queue_;
-  std::atomic<size_t> queued_{0};     // queue_.size()
-  std::atomic<size_t> completed_{0};  // buckets all-reduced in this step
+  size_t completed_ = 0;
   double comm_seconds_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;

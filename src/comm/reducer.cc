@@ -106,25 +106,9 @@ void Reducer::launch_ready_locked() {
     ++next_launch_;
     any = true;
   }
-  queued_ = queue_.size();
   if (!thread_.joinable()) completed_ = next_launch_;  // one rank: nothing to reduce
   if (any) cv_.notify_all();
 }
-
-namespace {
-// Polls `ready` for up to ~kSpinSeconds, yielding the core between polls (two ranks share two
-// cores here: a spinning thread must not starve the one it waits for). True when it became true.
-constexpr double kSpinSeconds = 100e-6;
-template <class F>
-bool spin_until(F ready) {
-  const double t0 = now_seconds();
-  while (!ready()) {
-    if (now_seconds() - t0 > kSpinSeconds) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-}  // namespace
 
 void Reducer::wait() {
   const double t0 = now_seconds();
@@ -136,11 +120,6 @@ void Reducer::wait() {
   // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
   // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
   auto done = [this] { return completed_ == buckets_.size() || error_; };
-  if (!done()) {
-    lock.unlock();
-    spin_until([this] { return completed_.load() == buckets_.size(); });
-    lock.lock();
-  }
   const double timeout = comm_->timeout();
   if (timeout > 0) {
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), done)) {
@@ -166,16 +145,12 @@ void Reducer::wait() {
 void Reducer::thread_main() {
   for (;;) {
     size_t k;
-    // Buckets of one step arrive in bursts: after each all-reduce, look for the next one for a
-    // moment before sleeping.
-    spin_until([this] { return queued_.load() > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       if (stop_) return;
       k = queue_.front();
       queue_.pop_front();
-      queued_ = queue_.size();
     }
     try {
       const Bucket& b = buckets_[k];
