@@ -91,7 +91,10 @@ class Reducer {
 struct DdpOptions {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
-  bool split_last_bucket = true;  // see DataParallel(): a small last bucket
+  // > 0: the first layers' gradients (produced last) get a last bucket of at most this size and
+  // a quarter of all gradients, so less is left to all-reduce after backward. Off by default: on
+  // 2-core CPU hosts the extra overlap competes with backward for the cores (docs/PERFORMANCE.md).
+  double last_bucket_mb = 0;
   bool overlap = true;
   bool sync_bn = false;
 };

@@ -39,6 +39,7 @@ struct TrainConfig {
   std::string checkpoint_path = "checkpoint.safetensors";
   std::string resume;  // training checkpoint to continue from
   double bucket_mb = 25;
+  double last_bucket_mb = 0;  // 0 = no separate small last bucket
   bool overlap = true;
   int accum_steps = 1;
   bool sync_bn = false;

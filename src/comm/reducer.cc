@@ -178,6 +178,7 @@ void Reducer::thread_main() {
 DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& options)
     : model_(model), comm_(comm), options_(options) {
   DPT_INPUT_CHECK(options.bucket_mb > 0, "--bucket-mb must be > 0, got " << options.bucket_mb);
+  DPT_INPUT_CHECK(options.last_bucket_mb >= 0, "--last-bucket-mb must be >= 0, got " << options.last_bucket_mb);
   check_replicas();
   broadcast_state();
   ParamStore& store = model_.store();
@@ -186,12 +187,10 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
   for (const auto& p : store.entries())
     if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
   const double mib = 1024.0 * 1024.0;
-  // The last bucket (the first layers' gradients, produced last) is capped like the first one
-  // and at a quarter of all gradients, so little is left to all-reduce once backward ends.
   const double first_cap = std::min(options.first_bucket_mb, options.bucket_mb) * mib;
   const double total_bytes = 4.0 * static_cast<double>(store.num_params());
   auto buckets = plan_buckets(bounds, options.bucket_mb * mib, first_cap,
-                              options.split_last_bucket ? std::min(first_cap, total_bytes / 4) : 0);
+                              std::min(options.last_bucket_mb * mib, total_bytes / 4));
   // Every rank must issue the same all-reduces: compare the plans once.
   const uint64_t h = fnv1a(buckets.data(), buckets.size() * sizeof(Bucket));
   const auto all = comm_.allgather(h);

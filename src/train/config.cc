@@ -93,6 +93,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   opts.add_options("Data parallelism")
     ("bucket-mb", "Gradient bucket cap in MiB (the first bucket is capped at 1 MiB)",
      cxxopts::value<double>()->default_value(s(d.bucket_mb)))
+    ("last-bucket-mb", "Cap in MiB of a separate last bucket for the first layers' gradients, which "
+     "backward produces last (0 = none; at most a quarter of all gradients)",
+     cxxopts::value<double>()->default_value(s(d.last_bucket_mb)))
     ("no-overlap", "All-reduce after backward instead of during it")
     ("accum-steps", "Gradient accumulation micro-steps per optimizer step",
      cxxopts::value<int>()->default_value(s(d.accum_steps)))
@@ -159,6 +162,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
     cfg->eval_every = flag<int>(r, "eval-every");
     cfg->bucket_mb = flag<double>(r, "bucket-mb");
+    cfg->last_bucket_mb = flag<double>(r, "last-bucket-mb");
     cfg->overlap = r.count("no-overlap") == 0;
     cfg->accum_steps = flag<int>(r, "accum-steps");
     cfg->sync_bn = r.count("sync-bn") > 0;
@@ -206,6 +210,8 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
   DPT_INPUT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0, got " << c.eval_every);
   DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "--bucket-mb must be > 0, got " << c.bucket_mb);
+  DPT_INPUT_CHECK(std::isfinite(c.last_bucket_mb) && c.last_bucket_mb >= 0,
+                  "--last-bucket-mb must be >= 0, got " << c.last_bucket_mb);
   DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
@@ -249,7 +255,7 @@ std::string TrainConfig::to_json() const {
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume},
-                      {"bucket_mb", bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
+                      {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
                       {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
                       {"metrics_every", metrics_every}, {"report", report}, {"trace", trace},

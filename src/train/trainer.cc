@@ -238,6 +238,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   model->init_parameters(cfg.init, cfg.seed);
   DdpOptions dopt;
   dopt.bucket_mb = cfg.bucket_mb;
+  dopt.last_bucket_mb = cfg.last_bucket_mb;
   dopt.overlap = cfg.overlap;
   dopt.sync_bn = cfg.sync_bn;
   DataParallel ddp(*model, comm, dopt);

@@ -110,7 +110,7 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       o.bucket_mb = mb;
       o.first_bucket_mb = mb;
       o.overlap = overlap;
-      o.split_last_bucket = mb != 1e4;
+      if (mb == 25.0) o.last_bucket_mb = 1.0;  // the opt-in small last bucket
       DataParallel ddp(*m, *c, o);
       if (mb == 1e-7) {
         EXPECT_EQ(ddp.reducer().buckets().size(), 8u);

@@ -61,7 +61,7 @@ TEST(Config, HelpShowsDefaults) {
   EXPECT_FALSE(parse_config(2, argv.data(), &c, &help));
   for (const char* flag : {"--model", "--recipe", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--data", "--device", "--threads",
-                           "--max-steps", "--metrics", "--save", "--bucket-mb", "--no-overlap",
+                           "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
                            "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
@@ -93,6 +93,7 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--epochs", "0"}, "--epochs"},
       {{"--bucket-mb", "0"}, "--bucket-mb"},
       {{"--bucket-mb", "-1"}, "--bucket-mb"},
+      {{"--last-bucket-mb", "-1"}, "--last-bucket-mb"},
       {{"--model", "vgg"}, "--model"},
       {{"--recipe", "fast"}, "--recipe"},
       {{"--device", "tpu"}, "--device"},
