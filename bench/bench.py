@@ -10,6 +10,11 @@ baseline. Suites:
                and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part
   resnet-dp    ResNet-18, d2l recipe, global batch 128, 2 ranks x 1 thread, --max-steps steps
                (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s
+  allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)
+  step         one training step broken down (forward, backward, data, exposed all-reduce,
+               optimizer) from dptrain's --trace at 2 ranks, LeNet and ResNet-18, and the fraction
+               of the all-reduce time hidden behind backward
+  all          every suite above, one table each
 Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N]
 """
 import argparse
@@ -66,7 +71,7 @@ def suite(name, build, max_steps):
                                  "--ddp", "--nproc", "2", "--threads", "1"] + r, False),
         ]
         return runs, {"dptrain np2": "pytorch-ddp np2"}
-    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp)")
+    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | step | all)")
 
 
 def last_json(text):
@@ -81,6 +86,71 @@ def last_json(text):
     return rec
 
 
+def run_allreduce(a, env):
+    """The all-reduce table of build/bench/allreduce_bench (it alternates nothing: one binary
+    times both on the same buffer)."""
+    cmd = mpirun(2) + [os.path.join(a.build, "bench", "allreduce_bench"), "--iters", str(max(20, 10 * a.reps))]
+    p = subprocess.run(cmd + (["--json"] if a.json else []), env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench.py: allreduce_bench failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    print(p.stdout, end="")
+
+
+STEP_SPANS = ["data", "forward", "backward", "wait for all-reduce", "optimizer"]
+
+
+def run_step(a, env):
+    """Per-step time of each phase on rank 0, from --trace (medians over reps), and the share of
+    the bucket all-reduce time (communication thread) that overlapped backward."""
+    cases = [("lenet", ["--model", "lenet", "--recipe", "d2l", "--max-steps", "60"], "10:60"),
+             ("resnet18", ["--model", "resnet18", "--recipe", "d2l", "--batch-size", "128",
+                           "--max-steps", "8"], "3:8")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, args, window in cases:
+            per = {k: [] for k in STEP_SPANS + ["allreduce", "hidden_pct"]}
+            for rep in range(a.reps):
+                print(f"# rep {rep + 1}/{a.reps}: step {model}", file=sys.stderr, flush=True)
+                trace = os.path.join(tmp, "t.json")
+                cmd = mpirun(2) + [os.path.join(a.build, "dptrain")] + args + [
+                    "--epochs", "1", "--eval-every", "0", "--quiet", "--trace", trace, "--trace-steps", window]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if p.returncode != 0:
+                    sys.exit(f"bench.py: step {model} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+                t = json.load(open(trace))
+                ev = t["traceEvents"] if isinstance(t, dict) else t
+                b, e = (int(v) for v in window.split(":"))
+                steps = e - b
+                tot = {k: 0.0 for k in STEP_SPANS + ["allreduce"]}
+                for x in ev:
+                    if x.get("ph") != "X" or x.get("pid") != 0:
+                        continue
+                    name = x["name"]
+                    if name in tot:
+                        tot[name] += x["dur"] / 1000.0
+                    elif name.startswith("allreduce bucket"):
+                        tot["allreduce"] += x["dur"] / 1000.0
+                for k in tot:
+                    per[k].append(tot[k] / steps)
+                ar, ex = tot["allreduce"], tot["wait for all-reduce"]
+                per["hidden_pct"].append(100.0 * max(0.0, 1 - ex / ar) if ar > 0 else 0.0)
+            row = {"model": model, "ranks": 2}
+            row.update({k: statistics.median(v) for k, v in per.items()})
+            rows.append(row)
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print(f"# suite step; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 2 ranks x 1 thread; "
+          f"ms per step on rank 0, medians of {a.reps} runs")
+    print(f"# {'model':<10} {'data':>7} {'forward':>8} {'backward':>9} {'exposed':>8} {'optimizer':>9} "
+          f"{'allreduce':>9} {'hidden':>7}")
+    for r in rows:
+        print(f"  {r['model']:<10} {r['data']:>7.2f} {r['forward']:>8.2f} {r['backward']:>9.2f} "
+              f"{r['wait for all-reduce']:>8.2f} {r['optimizer']:>9.2f} {r['allreduce']:>9.2f} "
+              f"{r['hidden_pct']:>6.0f}%")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite")
@@ -91,8 +161,21 @@ def main():
     a = ap.parse_args()
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
-    runs, baseline = suite(a.suite, a.build, a.max_steps)
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
+    if a.suite == "all":
+        for name in ["allreduce", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]:
+            run_suite(a, name, env)
+            print(flush=True)
+        return
+    run_suite(a, a.suite, env)
+
+
+def run_suite(a, name, env):
+    if name == "allreduce":
+        return run_allreduce(a, env)
+    if name == "step":
+        return run_step(a, env)
+    runs, baseline = suite(name, a.build, a.max_steps)
     results = {name: [] for name, _, _ in runs}
     extra = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,7 +216,7 @@ def main():
             print(json.dumps(r))
         return
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"# suite {a.suite}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+    print(f"# suite {name}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.cpu_count()} cores, {cpu}; {a.reps} reps alternated; epoch_seconds = training loop")
     print(f"# {'run':<24} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
           f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8}  speedup")
