@@ -180,25 +180,25 @@ def run_suite(a, name, env):
     extra = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(a.reps):
-            for name, cmd, is_dptrain in runs:
+            for run, cmd, is_dptrain in runs:
                 metrics = os.path.join(tmp, "m.jsonl")
                 full = cmd + (["--metrics", metrics, "--quiet"] if is_dptrain else [])
-                print(f"# rep {rep + 1}/{a.reps}: {name}", file=sys.stderr, flush=True)
+                print(f"# rep {rep + 1}/{a.reps}: {run}", file=sys.stderr, flush=True)
                 p = subprocess.run(full, env=env, capture_output=True, text=True)
                 if p.returncode != 0:
-                    sys.exit(f"bench.py: '{name}' failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+                    sys.exit(f"bench.py: '{run}' failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
                 rec = last_json(open(metrics).read() if is_dptrain else p.stdout)
                 if not rec:
-                    sys.exit(f"bench.py: '{name}' printed no JSON record")
-                results[name].append(rec["epoch_seconds"])
-                extra[name].append(rec)
+                    sys.exit(f"bench.py: '{run}' printed no JSON record")
+                results[run].append(rec["epoch_seconds"])
+                extra[run].append(rec)
     rows = []
-    for name, _, _ in runs:
-        xs = results[name]
+    for run, _, _ in runs:
+        xs = results[run]
         med = statistics.median(xs)
-        row = {"name": name, "median_s": med, "min_s": min(xs), "max_s": max(xs), "reps": len(xs),
+        row = {"name": run, "median_s": med, "min_s": min(xs), "max_s": max(xs), "reps": len(xs),
                "spread_pct": (max(xs) - min(xs)) / med * 100}
-        recs = extra[name]
+        recs = extra[run]
         if "comm_seconds" in recs[0]:
             row["allreduce_s"] = statistics.median(r["comm_seconds"] for r in recs)
             row["exposed_s"] = statistics.median(r["exposed_comm_seconds"] for r in recs)

@@ -27,7 +27,9 @@ WORKLOADS = [
     ("LeNet, H100 target", 129068 * 4, 0.15 / 234, 0.6),
     ("ResNet-18 fp32 grads, H100 target", 11175818 * 4, 0.8 / 234, 0.65),
     ("ResNet-18 bf16 grads, H100 target", 11175818 * 2, 0.8 / 234, 0.65),
-    ("LeNet, CPU core (measured 38.9 ms/step at 128/rank)", 129068 * 4, 0.0389, 0.74),
+    # bench.py step, 2026-11-21 12:28 UTC: forward + backward + data + optimizer on rank 0.
+    ("LeNet, CPU core (measured 32.0 ms/step at 128/rank)", 129068 * 4, 0.0320, 0.70),
+    ("ResNet-18, CPU core (measured 1.65 s/step at 64/rank)", 11175818 * 4, 1.649, 0.66),
 ]
 P = [1, 2, 4, 8, 16, 32, 64]
 
