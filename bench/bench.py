@@ -11,6 +11,8 @@ baseline. Suites:
   resnet-dp    ResNet-18, d2l recipe, global batch 128, 2 ranks x 1 thread, --max-steps steps
                (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s
   allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)
+  conv         ResNet-18's stride-1 3x3 convolutions: oneDNN direct vs Winograd, per pass, batch 64
+               (build/bench/conv_bench)
   step         one training step broken down (forward, backward, data, exposed all-reduce,
                optimizer) from dptrain's --trace at 2 ranks, LeNet and ResNet-18, and the fraction
                of the all-reduce time hidden behind backward
@@ -71,7 +73,7 @@ def suite(name, build, max_steps):
                                  "--ddp", "--nproc", "2", "--threads", "1"] + r, False),
         ]
         return runs, {"dptrain np2": "pytorch-ddp np2"}
-    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | step | all)")
+    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | conv | step | all)")
 
 
 def last_json(text):
@@ -86,14 +88,19 @@ def last_json(text):
     return rec
 
 
+def run_binary(a, env, cmd, what):
+    """Prints the table (or, with --json, the JSON lines) of one of the compiled benchmarks."""
+    p = subprocess.run(cmd + (["--json"] if a.json else []), env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench.py: {what} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    print(p.stdout, end="")
+
+
 def run_allreduce(a, env):
     """The all-reduce table of build/bench/allreduce_bench (it alternates nothing: one binary
     times both on the same buffer)."""
     cmd = mpirun(2) + [os.path.join(a.build, "bench", "allreduce_bench"), "--iters", str(max(20, 10 * a.reps))]
-    p = subprocess.run(cmd + (["--json"] if a.json else []), env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"bench.py: allreduce_bench failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    print(p.stdout, end="")
+    run_binary(a, env, cmd, "allreduce_bench")
 
 
 STEP_SPANS = ["data", "forward", "backward", "wait for all-reduce", "optimizer"]
@@ -163,7 +170,7 @@ def main():
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
     if a.suite == "all":
-        for name in ["allreduce", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]:
+        for name in ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]:
             run_suite(a, name, env)
             print(flush=True)
         return
@@ -175,6 +182,9 @@ def run_suite(a, name, env):
         return run_allreduce(a, env)
     if name == "step":
         return run_step(a, env)
+    if name == "conv":
+        return run_binary(a, env, [os.path.join(a.build, "bench", "conv_bench"), "--reps", str(a.reps)],
+                          "conv_bench")
     runs, baseline = suite(name, a.build, a.max_steps)
     results = {name: [] for name, _, _ in runs}
     extra = {name: [] for name, _, _ in runs}
