@@ -51,7 +51,12 @@ class NcclRequest : public Request {
       throw Error(ErrorKind::kInternal, DPT_MSG(what_ << " failed on rank " << rank_ << ": NCCL "
                                                       << ncclGetErrorString(async)));
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Not an error, but the runtime may keep it as this thread's last error, and every kernel
+      // launcher returns cudaGetLastError(): clear it so the next launch is not reported failed.
+      (void)cudaGetLastError();
+      return false;
+    }
     CUDA_CHECK(e);
     done_ = true;
     return true;

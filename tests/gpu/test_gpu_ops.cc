@@ -12,6 +12,7 @@
 
 #include "cpu/conv.h"
 #include "cpu/ops.h"
+#include "cpu/winograd.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cudnn_conv.h"
@@ -75,10 +76,15 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   conv.backward(g, x_.p, w_.p, dy_.p, dx_.p, dw_.p, bias ? db_.p : nullptr, false);
   conv.backward(g, x_.p, w_.p, dy_.p, nullptr, dwa_.p, bias ? dba_.p : nullptr, true);
   ctx.synchronize();
-  expect_close(y_.host(), y, what + ": y");
-  expect_close(dx_.host(), dx, what + ": dx");
-  expect_close(dw_.host(), dw, what + ": dw");
-  expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)");
+  // The CPU reference runs Winograd on stride-1 3x3 shapes with >= 16 channels; its own error is
+  // up to 2e-5 of the output's scale (tests/unit/test_ops.cc), so 1e-5 would fail on the CPU's
+  // rounding, not the GPU's.
+  const cpu::WinogradChoice wc = cpu::winograd_choice(g);
+  const double tol_y = wc.m ? 5e-5 : 1e-5, tol_dw = wc.mw ? 5e-5 : 1e-5;
+  expect_close(y_.host(), y, what + ": y", tol_y);
+  expect_close(dx_.host(), dx, what + ": dx", tol_y);
+  expect_close(dw_.host(), dw, what + ": dw", tol_dw);
+  expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)", tol_dw);
   if (bias) {
     expect_close(db_.host(), db, what + ": db");
     expect_close(dba_.host(), db_acc, what + ": db accumulated (dx = null)");

@@ -26,6 +26,9 @@ TEST(Nccl, CollectivesOnDeviceBuffers) {
   float* d = nullptr;
   CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
   CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  // A pageable host-to-device cudaMemcpy may return before its DMA lands, and NCCL's stream is
+  // non-blocking (not ordered after the legacy stream): wait before it reads d.
+  CUDA_CHECK(cudaDeviceSynchronize());
   nccl->allreduce(d, static_cast<int64_t>(n), ReduceOp::kSum);
   CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < n; i += 997) ASSERT_EQ(h[i], static_cast<float>(k * (k + 1) / 2));
@@ -34,6 +37,7 @@ TEST(Nccl, CollectivesOnDeviceBuffers) {
   EXPECT_FLOAT_EQ(h[5], static_cast<float>(k * (k + 1) / 2));
   float v = r == 0 ? 42.f : -1.f;
   CUDA_CHECK(cudaMemcpy(d, &v, sizeof v, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());
   nccl->broadcast(d, 1, 0);
   CUDA_CHECK(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost));
   EXPECT_EQ(v, 42.f);
