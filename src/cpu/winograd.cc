@@ -188,38 +188,39 @@ float* WinogradConv::transform_filters(const wino::Tables& t, int64_t ins, int64
   return u;
 }
 
-void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float* w,
-                           const float* b, float* y) {
+// The filters of the forward pass (U[p][c][k] from w[k][c][a][b]) or, rotated by 180 degrees
+// with channels swapped, of backward-data (U[p][k][c] from w[k][c][r-1-a][r-1-b]): reordered so
+// the vector dimension is innermost, then transformed.
+std::pair<const wino::Tables*, float*> WinogradConv::filters(const ConvGeom& g, int m, const float* w,
+                                                             bool rotate) {
   DPT_CHECK(g.stride == 1, "Winograd convolution needs stride 1");
   const auto& t = tables(m, static_cast<int>(g.k));
   const int r = t.r;
-  const int64_t C = g.c_in, K = g.c_out;
-  // w[k][c][a][b] -> wr[c][a][b][k], then U[p][c][k] = (G w G^T)[p] vectorised over k.
-  float* wr = grow(wr_, C * r * r * K);
+  const int64_t C = g.c_in, K = g.c_out, ins = rotate ? K : C, outs = rotate ? C : K;
+  float* wr = grow(wr_, C * r * r * K);  // wr[in][a][b][out]
   for (int64_t k = 0; k < K; ++k)
     for (int64_t c = 0; c < C; ++c)
-      for (int ab = 0; ab < r * r; ++ab) wr[(c * r * r + ab) * K + k] = w[(k * C + c) * r * r + ab];
-  float* u = transform_filters(t, C, K, wr);
-  correlate(Corr{t, g.n, g.h, g.w, C, g.oh(), g.ow(), K, g.pad}, x, u, b, y, v_, mt_, acc_);
+      for (int a = 0; a < r; ++a)
+        for (int bb = 0; bb < r; ++bb) {
+          const float v = rotate ? w[((k * C + c) * r + (r - 1 - a)) * r + (r - 1 - bb)]
+                                 : w[((k * C + c) * r + a) * r + bb];
+          const int64_t in = rotate ? k : c, out = rotate ? c : k;
+          wr[((in * r + a) * r + bb) * outs + out] = v;
+        }
+  return {&t, transform_filters(t, ins, outs, wr)};
+}
+
+void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float* w,
+                           const float* b, float* y) {
+  const auto [t, u] = filters(g, m, w, false);
+  correlate(Corr{*t, g.n, g.h, g.w, g.c_in, g.oh(), g.ow(), g.c_out, g.pad}, x, u, b, y, v_, mt_, acc_);
 }
 
 void WinogradConv::backward_data(const ConvGeom& g, int m, const float* w, const float* dy,
                                  float* dx) {
-  DPT_CHECK(g.stride == 1, "Winograd convolution needs stride 1");
-  const auto& t = tables(m, static_cast<int>(g.k));
-  const int r = t.r;
-  const int64_t C = g.c_in, K = g.c_out;
-  // The rotated kernel with channels swapped: wr[k][a][b][c] = w[k][c][r-1-a][r-1-b], then
-  // U[p][k][c] vectorised over c.
-  float* wr = grow(wr_, C * r * r * K);
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t c = 0; c < C; ++c)
-      for (int a = 0; a < r; ++a)
-        for (int bb = 0; bb < r; ++bb)
-          wr[((k * r + a) * r + bb) * C + c] = w[((k * C + c) * r + (r - 1 - a)) * r + (r - 1 - bb)];
-  float* u = transform_filters(t, K, C, wr);
-  correlate(Corr{t, g.n, g.oh(), g.ow(), K, g.h, g.w, C, g.k - 1 - g.pad}, dy, u, nullptr, dx, v_,
-            mt_, acc_);
+  const auto [t, u] = filters(g, m, w, true);
+  correlate(Corr{*t, g.n, g.oh(), g.ow(), g.c_out, g.h, g.w, g.c_in, g.k - 1 - g.pad}, dy, u, nullptr,
+            dx, v_, mt_, acc_);
 }
 
 void WinogradConv::backward_weights(const ConvGeom& g, int mw, const float* x, const float* dy,
