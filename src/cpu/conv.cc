@@ -37,7 +37,7 @@ struct ConvPrimitives::Entry {
   memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
   bool has_bias = false;
   // Backward by im2col + sgemm (see backward_gemm): buffers, and which path this shape uses
-  // (-1 = not yet measured, 0 = oneDNN, 1 = sgemm), decided once by timing both.
+  // (-1 = not yet decided, 0 = oneDNN, 1 = sgemm), decided once per shape (see backward()).
   std::vector<float> col, dcol, w_ohwi, dw_ohwi;
   int bwd_path = -1;
 };
@@ -167,12 +167,6 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
 }
 
 namespace {
-// DPT_CONV_BACKWARD=onednn|sgemm|auto pins the backward path (comparisons, debugging).
-std::string force_path() {
-  const char* env = std::getenv("DPT_CONV_BACKWARD");
-  return env ? env : "";
-}
-
 // col[(n, oh, ow), (kh, kw, c)] from NHWC x: each (row, kh, kw) is one contiguous copy of C floats
 // (zeros where the window hangs over the padding).
 void im2col_nhwc(const float* x, const ConvGeom& g, float* col) {
@@ -285,7 +279,8 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     // oneDNN for the rest (one-channel stems, 1x1; stride-1 3x3 with channels is Winograd).
     // DPT_CONV_BACKWARD=onednn|sgemm pins a path; =auto times both once per shape and keeps the
     // faster (not reproducible).
-    const std::string force = force_path();
+    const char* env = std::getenv("DPT_CONV_BACKWARD");
+    const std::string force = env ? env : "";
     if (force == "onednn") e.bwd_path = 0;
     else if (force == "sgemm") e.bwd_path = 1;
     else if (force != "auto") e.bwd_path = g.k >= 5 || (g.k >= 3 && g.stride > 1) ? 1 : 0;

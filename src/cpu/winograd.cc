@@ -88,6 +88,26 @@ int64_t block_tiles(int64_t P, int64_t c, int64_t k, int64_t total) {
   return std::min(total, std::max<int64_t>(64, budget));
 }
 
+// Tiles numbered image by image, row by row: `th` x `tw` per image.
+struct TileAt {
+  int64_t img, ty, tx;
+};
+TileAt tile_at(int64_t tile, int64_t th, int64_t tw) { return {tile / (th * tw), tile / tw % th, tile % tw}; }
+
+// V[p] = (BT d BT^T)[p] for the alpha x alpha patch d of image[H,W,C] whose corner is (y0, x0),
+// zeros outside the image; V[p] is written to v + p * pitch. The input side of every pass.
+void input_tile(const wino::Tables& t, const float* image, int64_t h, int64_t w, int64_t c, int64_t y0,
+                int64_t x0, float* v, int64_t pitch, float* tmp) {
+  const int alpha = t.m + t.r - 1;
+  transform2d(
+      t.bt, alpha, alpha, c,
+      [&](int a, int b) -> const float* {
+        const int64_t y = y0 + a, x = x0 + b;
+        return y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * c : nullptr;
+      },
+      [&](int p, int q) { return v + (p * alpha + q) * pitch; }, tmp);
+}
+
 // Stride-1 correlation out[N,OH,OW,K] = sum_c sum_{a,b} in[N, oy+a-pad, ox+b-pad, c] w[a,b,c,k]
 // (+ bias), with w given transformed: U[p][c][k], p over the alpha x alpha tile points.
 struct Corr {
@@ -126,24 +146,16 @@ void correlate(const Corr& s, const float* in, const float* u, const float* bias
     const int64_t nb = std::min(tb, total - t0);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nb; ++i) {
-      const int64_t tile = t0 + i, img = tile / (th * tw), ty = tile / tw % th, tx = tile % tw;
-      const int64_t y0 = ty * m - s.pad, x0 = tx * m - s.pad;
-      const float* base = in + img * s.h * s.w * s.c;
-      transform2d(
-          s.t.bt, alpha, alpha, s.c,
-          [&](int a, int b) -> const float* {
-            const int64_t y = y0 + a, x = x0 + b;
-            return y >= 0 && y < s.h && x >= 0 && x < s.w ? base + (y * s.w + x) * s.c : nullptr;
-          },
-          [&](int p, int q) { return v + ((p * alpha + q) * tb + i) * s.c; },
-          tmp_all + omp_get_thread_num() * tmp_each);
+      const TileAt at = tile_at(t0 + i, th, tw);
+      input_tile(s.t, in + at.img * s.h * s.w * s.c, s.h, s.w, s.c, at.ty * m - s.pad, at.tx * m - s.pad,
+                 v + i * s.c, tb * s.c, tmp_all + omp_get_thread_num() * tmp_each);
     }
     for (int p = 0; p < P; ++p)
       sgemm('N', 'N', nb, s.k, s.c, v + p * tb * s.c, s.c, u + p * s.c * s.k, s.k, 0.f,
             mt + p * tb * s.k, s.k);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nb; ++i) {
-      const int64_t tile = t0 + i, img = tile / (th * tw), ty = tile / tw % th, tx = tile % tw;
+      const auto [img, ty, tx] = tile_at(t0 + i, th, tw);
       const int tid = omp_get_thread_num();
       float* ytile = tmp_all + threads * tmp_each + tid * m * m * s.k;
       transform2d(
@@ -243,17 +255,10 @@ void WinogradConv::backward_weights(const ConvGeom& g, int mw, const float* x, c
     const int64_t nb = std::min(tb, total - t0);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < nb; ++i) {
-      const int64_t tile = t0 + i, img = tile / (th * tw), ty = tile / tw % th, tx = tile % tw;
+      const auto [img, ty, tx] = tile_at(t0 + i, th, tw);
       float* tm = tmp + omp_get_thread_num() * tmp_each;
-      const int64_t y0 = ty * mw - g.pad, x0 = tx * mw - g.pad;
-      const float* xb = x + img * g.h * g.w * C;
-      transform2d(
-          t.bt, alpha, alpha, C,
-          [&](int a, int b) -> const float* {
-            const int64_t yy = y0 + a, xx = x0 + b;
-            return yy >= 0 && yy < g.h && xx >= 0 && xx < g.w ? xb + (yy * g.w + xx) * C : nullptr;
-          },
-          [&](int p, int q) { return v + ((p * alpha + q) * tb + i) * C; }, tm);
+      input_tile(t, x + img * g.h * g.w * C, g.h, g.w, C, ty * mw - g.pad, tx * mw - g.pad, v + i * C,
+                 tb * C, tm);
       const float* db = dy + img * oh * ow * K;
       transform2d(
           t.g, alpha, mw, K,
