@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -85,6 +86,26 @@ double conv_error(const ConvCase& c, const Tensor& x, const float* W, const floa
   return worst;
 }
 
+// A Conv2d layer (with bias) on case c, weights, bias and input drawn from g: the error of its
+// output against direct loops (conv_error), or +inf after a failure when a shape is wrong.
+double conv_layer_error(const ConvCase& c, std::mt19937_64& g) {
+  Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad), {c.h, c.w, c.cin});
+  const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
+  const int64_t ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
+  Param& w = rig.p("l.weight");
+  Param& b = rig.p("l.bias");
+  if (rig.out != Shape{oh, ow, c.cout} || w.shape != Shape{c.cout, c.cin, c.k, c.k}) {
+    ADD_FAILURE() << "output " << shape_str(rig.out) << " or weight " << shape_str(w.shape) << " shape is wrong";
+    return std::numeric_limits<double>::infinity();
+  }
+  fill_uniform(w.value.data(), w.numel(), g);
+  fill_uniform(b.value.data(), b.numel(), g);
+  Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
+  Tensor y;
+  rig.layer->forward(x, y, Mode::kTrain);
+  return conv_error(c, x, w.value.data(), b.value.data(), y);
+}
+
 TEST(Conv2d, MatchesNaiveDirectConvolution) {
   const ConvCase cases[] = {
       {2, 7, 6, 3, 4, 3, 1, 0},   // k=3, no padding
@@ -102,19 +123,7 @@ TEST(Conv2d, MatchesNaiveDirectConvolution) {
                  std::to_string(c.w) + " cin=" + std::to_string(c.cin) + " cout=" +
                  std::to_string(c.cout) + " k=" + std::to_string(c.k) + " s=" +
                  std::to_string(c.stride) + " p=" + std::to_string(c.pad));
-    Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad), {c.h, c.w, c.cin});
-    const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
-    const int64_t ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
-    ASSERT_EQ(rig.out, (Shape{oh, ow, c.cout}));
-    Param& w = rig.p("l.weight");
-    Param& b = rig.p("l.bias");
-    ASSERT_EQ(w.shape, (Shape{c.cout, c.cin, c.k, c.k}));
-    fill_uniform(w.value.data(), w.numel(), g);
-    fill_uniform(b.value.data(), b.numel(), g);
-    Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
-    Tensor y;
-    rig.layer->forward(x, y, Mode::kTrain);
-    EXPECT_LT(conv_error(c, x, w.value.data(), b.value.data(), y), 1e-5);
+    EXPECT_LT(conv_layer_error(c, g), 1e-5);
   }
 }
 
@@ -864,17 +873,8 @@ TEST(Winograd, ChosenForResNetShapesOnly) {
   EXPECT_EQ(cpu::winograd_choice({8, 28, 28, 1, 64, 3, 1, 1}).m, 0);    // the stem: one channel
   EXPECT_EQ(cpu::winograd_choice({8, 28, 28, 64, 128, 3, 2, 1}).m, 0);  // stride 2
   EXPECT_EQ(cpu::winograd_choice({8, 13, 13, 20, 50, 5, 1, 0}).m, 0);   // LeNet's conv2
-  const ConvCase c{2, 7, 6, 16, 24, 3, 1, 1};
   std::mt19937_64 g(77);
-  Rig rig(make_conv2d(c.cout, c.k, c.stride, c.pad), {c.h, c.w, c.cin});
-  Param& w = rig.p("l.weight");
-  Param& b = rig.p("l.bias");
-  fill_uniform(w.value.data(), w.numel(), g);
-  fill_uniform(b.value.data(), b.numel(), g);
-  Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, g);
-  Tensor y;
-  rig.layer->forward(x, y, Mode::kTrain);
-  EXPECT_LT(conv_error(c, x, w.value.data(), b.value.data(), y), 2e-5);
+  EXPECT_LT(conv_layer_error({2, 7, 6, 16, 24, 3, 1, 1}, g), 2e-5);
 }
 
 // The fused ReLU+AvgPool2d layer equals ReLU then AvgPool2d, values and input gradients, for
