@@ -5,8 +5,9 @@
 namespace dpt::cuda {
 
 static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __restrict__ g,
-                                         float* __restrict__ buf, int64_t n, float lr,
+                                         float* __restrict__ buf, int64_t n, const float* __restrict__ lr_at,
                                          float momentum, float wd, bool first) {
+  const float lr = *lr_at;
   DPT_GRID_STRIDE(i, n) {
     const float d = g[i] + wd * p[i];
     if (momentum > 0.f) {
@@ -19,7 +20,7 @@ static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __r
   }
 }
 
-cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, float lr,
+cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
                               float momentum, float weight_decay, bool first, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, buf, n, lr, momentum, weight_decay, first);

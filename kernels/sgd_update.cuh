@@ -10,8 +10,9 @@
 namespace dpt::cuda {
 
 // p -= lr * buf, buf = first ? g + wd*p : momentum*buf + g + wd*p (buf unused when momentum == 0).
-// Checks the launch; returns the launch status.
-cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, float lr,
+// lr is read from device memory (one float, see store_scalar.cuh), so a step replayed from a CUDA
+// graph follows the schedule. Checks the launch; returns the launch status.
+cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
                               float momentum, float weight_decay, bool first, cudaStream_t stream);
 
 }  // namespace dpt::cuda

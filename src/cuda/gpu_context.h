@@ -24,6 +24,9 @@ class DeviceBuffer {
   template <typename T>
   T* as() const { return static_cast<T*>(p_); }
   size_t bytes() const { return bytes_; }
+  // How many device allocations this process has made so far (every DeviceBuffer of nonzero size).
+  // A CUDA graph holds raw pointers: one captured when this was N stays valid while it is still N.
+  static uint64_t allocations();
 
  private:
   void* p_ = nullptr;
@@ -87,6 +90,7 @@ class GpuContext {
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer workspace_;
   DeviceBuffer ones_;
+  DeviceBuffer cublas_workspace_;  // fixed, so cuBLAS never allocates while a graph is captured
 };
 
 }  // namespace dpt::gpu

@@ -123,7 +123,9 @@ void GpuReducer::launch(size_t k) {
   const Bucket& b = buckets_[k];
   CUDA_CHECK(cudaEventRecord(ready_[k], ctx_.stream()));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_[k], 0));
-  if (nccl_) {
+  if (capturing_) {
+    nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kAvg);
+  } else if (nccl_) {
     CUDA_CHECK(cudaEventRecord(start_[k], comm_stream_));
     inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kAvg, what(k)));
     CUDA_CHECK(cudaEventRecord(end_[k], comm_stream_));
@@ -139,7 +141,9 @@ void GpuReducer::finish() {
     DPT_CHECK(pending_[k] == 0, "bucket " << k << " of step " << step_ << " is missing " << pending_[k]
                                           << " gradient elements after backward");
   launch_ready();
-  if (nccl_) {
+  if (capturing_) {
+    stats_.comm_seconds = stats_.exposed_seconds = 0;  // replays are not timed (no events inside)
+  } else if (nccl_) {
     timed_.clear();
     for (size_t k = 0; k < buckets_.size(); ++k) timed_.push_back(k);
     settled_ = inflight_.size();
@@ -166,12 +170,30 @@ void GpuReducer::finish() {
   CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), done_, 0));
 }
 
+void GpuReducer::set_capturing(bool on) {
+  DPT_CHECK(!on || nccl_, "only NCCL collectives can be captured into a CUDA graph");
+  capturing_ = on;
+}
+
+void GpuReducer::graph_launched(int64_t step) {
+  step_ = step;
+  timed_.clear();
+  stats_ = ReducerStats{};
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  inflight_.push_back(nccl_stream_fence(*nccl_, ctx_.stream(),
+                                        DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
+  settled_ = inflight_.size();
+}
+
 void GpuReducer::allreduce_doubles(double* data, int64_t count, const std::string& what) {
   if (nccl_) {
     // Events may be recorded again once the waits on their last record are queued.
     CUDA_CHECK(cudaEventRecord(bn_ready_, ctx_.stream()));
     CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, bn_ready_, 0));
-    inflight_.push_back(nccl_->iallreduce(data, count, ReduceOp::kSum, what));
+    if (capturing_)
+      nccl_allreduce_queued(*nccl_, data, count, DType::kF64, ReduceOp::kSum);
+    else
+      inflight_.push_back(nccl_->iallreduce(data, count, ReduceOp::kSum, what));
     CUDA_CHECK(cudaEventRecord(bn_done_, comm_stream_));
     CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), bn_done_, 0));
     return;

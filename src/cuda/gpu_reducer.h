@@ -53,6 +53,13 @@ class GpuReducer {
   // step later; exposed time 0, since the host does not wait. MPI fallback: host times).
   const ReducerStats& last_stats() const { return stats_; }
 
+  // CUDA graphs (NCCL only). While capturing, the collectives are queued without requests or
+  // timing events (nothing may be polled inside a capture). After each launch of a graph holding a
+  // step's collectives, graph_launched() hangs one fence on the compute stream in their place: the
+  // next begin() or quiesce() waits for it, bounded by --timeout, so a dead peer still ends the job.
+  void set_capturing(bool on);
+  void graph_launched(int64_t step);
+
  private:
   void release() noexcept;
   void launch_ready();
@@ -64,6 +71,7 @@ class GpuReducer {
   float* grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
+  bool capturing_ = false;
   Communicator* nccl_;
   Communicator& mpi_;
   cudaStream_t comm_stream_ = nullptr;  // NCCL's stream, or our copy stream in the MPI fallback

@@ -2,16 +2,21 @@
 // index, runs the GpuModel, scores it with kernels/softmax_xent into per-batch device totals, hangs
 // the GpuReducer on backward's gradient announcements and updates the flat buffers with
 // kernels/sgd_update. The host reads nothing back inside a step; it waits (bounded) only for the
-// previous step's collectives. Only compiled in GPU builds.
+// previous step's collectives. Once warm, a whole step (forward, backward, NCCL all-reduces,
+// optimizer) and a whole evaluation pass are replayed as CUDA graphs. Only compiled in GPU builds.
 #include "cuda/gpu_trainer.h"
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
+#include <map>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_graph.h"
 #include "cuda/gpu_model.h"
 #include "cuda/gpu_reducer.h"
 #include "cuda/nccl_communicator.h"
@@ -25,6 +30,7 @@
 #include "loss_sums.cuh"
 #include "sgd_update.cuh"
 #include "softmax_xent.cuh"
+#include "store_scalar.cuh"
 
 namespace dpt {
 
@@ -68,10 +74,18 @@ struct GpuState {
   DeviceBuffer epoch_index;  // int64: this rank's indices of every micro-batch of the epoch
   DeviceBuffer batch_stats;  // double [batches][2]: loss sum and correct count of each micro-batch
   DeviceBuffer labels, loss_rows, correct_rows;
+  // Fixed addresses a step reads and writes, so a CUDA graph can replay it: the micro-batch's
+  // indices and its loss/correct totals are copied in and out around it, the learning rate stored.
+  DeviceBuffer step_index, step_stats, lr;
   DeviceBuffer eval_labels, eval_loss_rows, eval_correct_rows, eval_sums;
   DeviceTensor x, dlogits, eval_x;
+  // Destroyed before the buffers they point into (members go in reverse order).
+  gpu::StreamGraph step_graph;
+  std::map<std::pair<int64_t, int64_t>, gpu::StreamGraph> eval_graphs;  // by test range
   explicit GpuState(int device) : ctx(device) {}
 };
+
+constexpr uint64_t kNotWarm = std::numeric_limits<uint64_t>::max();
 
 class GpuBackend : public TrainBackend {
  public:
@@ -127,6 +141,9 @@ class GpuBackend : public TrainBackend {
     std::iota(iota.begin(), iota.end(), int64_t{0});
     s_->test_index = upload(ctx, iota.data(), iota.size());
 
+    s_->step_index = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(int64_t));
+    s_->step_stats = DeviceBuffer(2 * sizeof(double));
+    s_->lr = DeviceBuffer(sizeof(float));
     s_->labels = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(int32_t));
     s_->loss_rows = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(float));
     s_->correct_rows = DeviceBuffer(static_cast<size_t>(batch_) * sizeof(int32_t));
@@ -136,6 +153,15 @@ class GpuBackend : public TrainBackend {
     s_->eval_sums = DeviceBuffer(2 * sizeof(double));
     s_->x.resize(ctx, {batch_, train.rows, train.cols, 1});
     s_->dlogits.resize(ctx, {batch_, classes_});
+    // CUDA graphs need a static step: one micro-batch per optimizer step, NCCL (not host MPI) for
+    // the collectives, and no --trace (whose spans time the phases of an eager step).
+    step_graphs_ = cfg.cuda_graphs && cfg.accum_steps == 1 && cfg.trace.empty() &&
+                   (!s_->reducer || s_->reducer->uses_nccl());
+    eval_graphs_ = cfg.cuda_graphs;
+    if (cfg.cuda_graphs && !step_graphs_ && comm.rank() == 0)
+      log_debug(DPT_MSG("CUDA graphs for evaluation only: training steps need --accum-steps 1, no --trace and "
+                        "NCCL (" << (s_->reducer && !s_->reducer->uses_nccl() ? "ranks share a GPU" : "as configured")
+                                 << ")"));
     from_host();
   }
 
@@ -183,49 +209,36 @@ class GpuBackend : public TrainBackend {
 
   void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
     DPT_CHECK(batch >= 0 && batch < batches_, "micro-batch " << batch << " outside the epoch's " << batches_);
-    gpu::GpuContext& ctx = s_->ctx;
-    const cudaStream_t st = ctx.stream();
-    {
-      TraceScope span(tr, "data", "data");
-      CUDA_CHECK(cuda::launch_gather_images(s_->train_images.as<uint8_t>(), s_->train_labels.as<uint8_t>(),
-                                            s_->epoch_index.as<int64_t>() + batch * batch_, batch_, pixels_,
-                                            s_->x.data(), s_->labels.as<int32_t>(), st));
-    }
-    const DeviceTensor* logits;
-    {
-      TraceScope span(tr, "forward", "forward");
-      logits = &s_->model->forward(s_->x, Mode::kTrain);
-    }
-    CUDA_CHECK(cuda::launch_softmax_xent(logits->data(), s_->labels.as<int32_t>(), batch_, classes_, grad_scale_,
-                                         s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(),
-                                         s_->dlogits.data(), st));
-    CUDA_CHECK(cuda::launch_loss_sums(s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(), batch_,
-                                      s_->batch_stats.as<double>() + 2 * batch, false, st));
     if (epoch_first_ < 0) epoch_first_ = batch;
     if (!accumulate) step_first_ = batch;
     last_ = batch;
-    TraceScope span(tr, "backward", "backward");
-    BackwardCtx bctx;
-    bctx.accumulate = accumulate;
-    if (sync && s_->reducer) {
-      gpu::GpuReducer* r = s_->reducer.get();
-      r->begin(step);
-      bctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
+    if (step_graphs_) {
+      // The whole step runs in optimizer_step, as one graph once warm.
+      DPT_CHECK(sync && !accumulate, "a CUDA-graph step has one micro-batch");
+      deferred_batch_ = batch;
+      deferred_step_ = step;
+      return;
     }
-    s_->model->backward(s_->dlogits, bctx);
+    stage_in(batch);
+    if (sync && s_->reducer) s_->reducer->begin(step);
+    forward_backward(sync, accumulate, tr);
+    stage_out(batch);
   }
 
   void finish_gradient_sync() override {
-    if (s_->reducer) s_->reducer->finish();
+    if (s_->reducer && deferred_batch_ < 0) s_->reducer->finish();
   }
 
   ReducerStats reducer_stats() const override { return s_->reducer ? s_->reducer->last_stats() : ReducerStats{}; }
 
   void optimizer_step(double lr) override {
-    gpu::GpuModel& m = *s_->model;
-    CUDA_CHECK(cuda::launch_sgd_update(m.params(), m.grads(), cfg_.momentum > 0 ? s_->momentum.as<float>() : nullptr,
-                                       m.num_params(), static_cast<float>(lr), static_cast<float>(cfg_.momentum),
-                                       static_cast<float>(cfg_.weight_decay), opt_.steps() == 0, s_->ctx.stream()));
+    const bool first = opt_.steps() == 0;  // momentum starts from the first gradient
+    CUDA_CHECK(cuda::launch_store_scalar(s_->lr.as<float>(), static_cast<float>(lr), s_->ctx.stream()));
+    if (deferred_batch_ >= 0) {
+      graph_step(first);
+    } else {
+      update(first);
+    }
     opt_.set_steps(opt_.steps() + 1);
   }
 
@@ -238,18 +251,35 @@ class GpuBackend : public TrainBackend {
     quiesce();
     gpu::GpuContext& ctx = s_->ctx;
     const cudaStream_t st = ctx.stream();
-    for (int64_t s = begin; s < end; s += eval_batch_) {
-      const int64_t b = std::min(eval_batch_, end - s);
-      s_->eval_x.resize(ctx, {b, s_->x.dim(1), s_->x.dim(2), s_->x.dim(3)});
-      CUDA_CHECK(cuda::launch_gather_images(s_->test_images.as<uint8_t>(), s_->test_labels.as<uint8_t>(),
-                                            s_->test_index.as<int64_t>() + s, b, pixels_, s_->eval_x.data(),
-                                            s_->eval_labels.as<int32_t>(), st));
-      const DeviceTensor& logits = s_->model->forward(s_->eval_x, Mode::kEval);
-      CUDA_CHECK(cuda::launch_softmax_xent(logits.data(), s_->eval_labels.as<int32_t>(), b, classes_, 0.f,
-                                           s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(),
-                                           nullptr, st));
-      CUDA_CHECK(cuda::launch_loss_sums(s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(), b,
-                                        s_->eval_sums.as<double>(), s != begin, st));
+    auto body = [&] {
+      for (int64_t s = begin; s < end; s += eval_batch_) {
+        const int64_t b = std::min(eval_batch_, end - s);
+        s_->eval_x.resize(ctx, {b, s_->x.dim(1), s_->x.dim(2), s_->x.dim(3)});
+        CUDA_CHECK(cuda::launch_gather_images(s_->test_images.as<uint8_t>(), s_->test_labels.as<uint8_t>(),
+                                              s_->test_index.as<int64_t>() + s, b, pixels_, s_->eval_x.data(),
+                                              s_->eval_labels.as<int32_t>(), st));
+        const DeviceTensor& logits = s_->model->forward(s_->eval_x, Mode::kEval);
+        CUDA_CHECK(cuda::launch_softmax_xent(logits.data(), s_->eval_labels.as<int32_t>(), b, classes_, 0.f,
+                                             s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(),
+                                             nullptr, st));
+        CUDA_CHECK(cuda::launch_loss_sums(s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(), b,
+                                          s_->eval_sums.as<double>(), s != begin, st));
+      }
+    };
+    // No collectives inside: each rank decides alone. Captured on the second pass over the same
+    // range (the first allocates the evaluation shapes' activations and workspaces).
+    gpu::StreamGraph& graph = s_->eval_graphs[{begin, end}];
+    uint64_t& warm = eval_warm_.try_emplace({begin, end}, kNotWarm).first->second;
+    const bool capture = eval_graphs_ && warm == DeviceBuffer::allocations();
+    const auto ran = graph.run(st, capture, [](bool) {}, body);
+    warm = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
+    if (ran == gpu::StreamGraph::Ran::kCaptured)
+      log_debug(DPT_MSG("CUDA graph of the evaluation of test images [" << begin << ", " << end << ") captured: "
+                                                                           << graph.nodes() << " nodes"));
+    if (capture && ran == gpu::StreamGraph::Ran::kEager) {
+      log_warn(DPT_MSG("CUDA graph capture of the evaluation failed (" << graph.failure()
+                                                                         << "): evaluation runs without graphs"));
+      eval_graphs_ = false;
     }
     double sums[2] = {0, 0};
     CUDA_CHECK(cudaMemcpyAsync(sums, s_->eval_sums.as<void>(), sizeof sums, cudaMemcpyDeviceToHost, st));
@@ -287,6 +317,93 @@ class GpuBackend : public TrainBackend {
   // are complete (or --timeout ended the job).
   void quiesce() {
     if (s_->reducer) s_->reducer->quiesce();
+  }
+
+  // A micro-batch's indices to the step's fixed index buffer; its loss/correct totals back out to
+  // the epoch's per-batch slots. Device-to-device copies in stream order, outside any graph.
+  void stage_in(int64_t batch) {
+    CUDA_CHECK(cudaMemcpyAsync(s_->step_index.as<void>(), s_->epoch_index.as<int64_t>() + batch * batch_,
+                               static_cast<size_t>(batch_) * sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                               s_->ctx.stream()));
+  }
+  void stage_out(int64_t batch) {
+    CUDA_CHECK(cudaMemcpyAsync(s_->batch_stats.as<double>() + 2 * batch, s_->step_stats.as<void>(),
+                               2 * sizeof(double), cudaMemcpyDeviceToDevice, s_->ctx.stream()));
+  }
+
+  // The staged micro-batch: gather, forward, loss, backward; with sync, backward hands each finished
+  // gradient range to the reducer (whose begin() the caller has called).
+  void forward_backward(bool sync, bool accumulate, Tracer* tr) {
+    const cudaStream_t st = s_->ctx.stream();
+    {
+      TraceScope span(tr, "data", "data");
+      CUDA_CHECK(cuda::launch_gather_images(s_->train_images.as<uint8_t>(), s_->train_labels.as<uint8_t>(),
+                                            s_->step_index.as<int64_t>(), batch_, pixels_, s_->x.data(),
+                                            s_->labels.as<int32_t>(), st));
+    }
+    const DeviceTensor* logits;
+    {
+      TraceScope span(tr, "forward", "forward");
+      logits = &s_->model->forward(s_->x, Mode::kTrain);
+    }
+    CUDA_CHECK(cuda::launch_softmax_xent(logits->data(), s_->labels.as<int32_t>(), batch_, classes_, grad_scale_,
+                                         s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(),
+                                         s_->dlogits.data(), st));
+    CUDA_CHECK(cuda::launch_loss_sums(s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(), batch_,
+                                      s_->step_stats.as<double>(), false, st));
+    TraceScope span(tr, "backward", "backward");
+    BackwardCtx bctx;
+    bctx.accumulate = accumulate;
+    if (sync && s_->reducer) {
+      gpu::GpuReducer* r = s_->reducer.get();
+      bctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
+    }
+    s_->model->backward(s_->dlogits, bctx);
+  }
+
+  // The optimizer over the flat buffers, at the learning rate stored in s_->lr.
+  void update(bool first) {
+    gpu::GpuModel& m = *s_->model;
+    CUDA_CHECK(cuda::launch_sgd_update(m.params(), m.grads(), cfg_.momentum > 0 ? s_->momentum.as<float>() : nullptr,
+                                       m.num_params(), s_->lr.as<float>(), static_cast<float>(cfg_.momentum),
+                                       static_cast<float>(cfg_.weight_decay), first, s_->ctx.stream()));
+  }
+
+  // The deferred micro-batch as one whole step: replayed from the graph when it is valid, captured
+  // once a step has run eagerly without allocating (warm), else eager. The run's first step is
+  // always eager (it starts the momentum buffer, which a graph must not repeat).
+  void graph_step(bool first) {
+    const int64_t batch = std::exchange(deferred_batch_, -1), step = deferred_step_;
+    gpu::GpuReducer* r = s_->reducer.get();
+    if (r) r->begin(step);  // the previous step's collectives, bounded by --timeout
+    stage_in(batch);
+    const bool capture = !first && step_warm_ == DeviceBuffer::allocations();
+    auto prepare = [&](bool capturing) {
+      if (!r) return;
+      r->set_capturing(capturing);
+      r->begin(step);  // a dropped capture may have counted some gradients already
+    };
+    auto body = [&] {
+      forward_backward(true, false, nullptr);
+      if (r) r->finish();
+      update(first);
+    };
+    gpu::StreamGraph& graph = s_->step_graph;
+    const auto ran = graph.run(s_->ctx.stream(), capture, prepare, body);
+    if (r) r->set_capturing(false);
+    step_warm_ = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
+    if (ran != gpu::StreamGraph::Ran::kEager && r) r->graph_launched(step);
+    if (ran == gpu::StreamGraph::Ran::kCaptured && comm_.rank() == 0)
+      log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes()
+                                                                            << " nodes"));
+    if (capture && ran == gpu::StreamGraph::Ran::kEager) {
+      // Not retried: a collective queued into a dropped capture is not worth a second risk.
+      log_warn(DPT_MSG("CUDA graph capture of the training step failed on rank " << comm_.rank() << " ("
+                                                                                   << graph.failure()
+                                                                                   << "): steps run without graphs"));
+      step_graphs_ = false;
+    }
+    stage_out(batch);
   }
 
   void copy_momentum(float* dst, const float* src, cudaMemcpyKind kind) {
@@ -333,6 +450,10 @@ class GpuBackend : public TrainBackend {
   std::vector<int64_t> index_host_;
   std::vector<double> stats_host_;
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
+  bool step_graphs_ = false, eval_graphs_ = false;
+  int64_t deferred_batch_ = -1, deferred_step_ = 0;  // a graph step's micro-batch, run by optimizer_step
+  uint64_t step_warm_ = kNotWarm;  // DeviceBuffer::allocations() after the last eager step
+  std::map<std::pair<int64_t, int64_t>, uint64_t> eval_warm_;  // likewise for each evaluation range
 };
 
 }  // namespace

@@ -111,11 +111,17 @@ class NcclCommunicator : public Communicator {
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
   cudaStream_t stream() const { return stream_; }
+  void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op) {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, stream_));
+  }
+  std::unique_ptr<Request> fence(cudaStream_t stream, const std::string& what) {
+    return std::make_unique<NcclRequest>(comm_, stream, what, timeout_, rank_);
+  }
 
   std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                           const std::string& what) override {
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, stream_));
-    return std::make_unique<NcclRequest>(comm_, stream_, what, timeout_, rank_);
+    allreduce_queued(data, count, dt, op);
+    return fence(stream_, what);
   }
   std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
                                           const std::string& what) override {
@@ -167,6 +173,22 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
 cudaStream_t nccl_stream(Communicator& comm) {
   auto* n = dynamic_cast<NcclCommunicator*>(&comm);
   return n ? n->stream() : nullptr;
+}
+
+namespace {
+NcclCommunicator& as_nccl(Communicator& comm) {
+  auto* n = dynamic_cast<NcclCommunicator*>(&comm);
+  DPT_CHECK(n != nullptr, "an NCCL communicator was expected (make_nccl_communicator)");
+  return *n;
+}
+}  // namespace
+
+void nccl_allreduce_queued(Communicator& nccl, void* data, int64_t count, DType dt, ReduceOp op) {
+  as_nccl(nccl).allreduce_queued(data, count, dt, op);
+}
+
+std::unique_ptr<Request> nccl_stream_fence(Communicator& nccl, cudaStream_t stream, const std::string& what) {
+  return as_nccl(nccl).fence(stream, what);
 }
 
 }  // namespace dpt

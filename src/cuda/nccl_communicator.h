@@ -7,7 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "dpt/comm.h"
 
@@ -20,5 +22,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
 // The stream the NCCL communicator issues its collectives on (nullptr for other communicators):
 // the GPU reducer records the bucket-ready event on the compute stream and makes this stream wait.
 cudaStream_t nccl_stream(Communicator& comm);
+// Queues an all-reduce on the NCCL stream and returns no request: the form for a CUDA graph under
+// capture, where no event may be polled. Completion is watched by a fence after the graph's launch.
+void nccl_allreduce_queued(Communicator& nccl, void* data, int64_t count, DType dt, ReduceOp op);
+// A request that completes when everything queued on `stream` so far has run: waited for with the
+// NCCL communicator's --timeout, checking NCCL's asynchronous errors and aborting the communicator
+// on timeout, exactly as a collective's own request. `what` names it in errors.
+std::unique_ptr<Request> nccl_stream_fence(Communicator& nccl, cudaStream_t stream, const std::string& what);
 
 }  // namespace dpt

@@ -84,6 +84,8 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
                "by local rank", cxxopts::value<std::string>()->default_value(d.device))
     ("tf32", "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with 10-bit "
              "mantissa products (off: results agree with the CPU to fp32 rounding)")
+    ("no-cuda-graphs", "On the GPU, launch every kernel of every step instead of replaying warm steps and "
+                       "evaluations as CUDA graphs (same results; for profiling)")
     ("threads", "Compute threads per rank", cxxopts::value<int>()->default_value(s(d.threads)))
     ("max-steps", "At most N training steps per epoch (0 = all)",
      cxxopts::value<int64_t>()->default_value(s(d.max_steps)))
@@ -157,6 +159,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->data = flag<std::string>(r, "data");
     cfg->device = flag<std::string>(r, "device");
     cfg->tf32 = r.count("tf32") > 0;
+    cfg->cuda_graphs = r.count("no-cuda-graphs") == 0;
     cfg->threads = flag<int>(r, "threads");
     cfg->max_steps = flag<int64_t>(r, "max-steps");
     cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
@@ -251,7 +254,7 @@ std::string TrainConfig::to_json() const {
                       {"weight_decay", weight_decay}, {"schedule", schedule},
                       {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
-                      {"device", device}, {"tf32", tf32}, {"threads", threads}, {"max_steps", max_steps},
+                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume},

@@ -22,6 +22,7 @@
 #include "relu_backward.cuh"
 #include "relu_forward.cuh"
 #include "sgd_update.cuh"
+#include "store_scalar.cuh"
 #include "softmax_xent.cuh"
 
 namespace dpt {
@@ -189,13 +190,15 @@ TEST(Kernels, SgdMatchesCpuOptimizerFormula) {
   const int64_t n = 12345;
   auto p = random(n, 11), g = random(n, 12);
   std::vector<float> buf(n, 0.f), pc = p;
-  Dev<float> p_(p), g_(g), b_(buf);
+  Dev<float> p_(p), g_(g), b_(buf), lr_(size_t{1});
   for (int step = 0; step < 3; ++step) {
-    CUDA_CHECK(cuda::launch_sgd_update(p_.p, g_.p, b_.p, n, 0.1f, 0.9f, 1e-3f, step == 0, nullptr));
+    const float lr = 0.1f * static_cast<float>(step + 1);  // a new rate each step, read from the device
+    CUDA_CHECK(cuda::launch_store_scalar(lr_.p, lr, nullptr));
+    CUDA_CHECK(cuda::launch_sgd_update(p_.p, g_.p, b_.p, n, lr_.p, 0.9f, 1e-3f, step == 0, nullptr));
     for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + 1e-3f * pc[i];
       buf[i] = step == 0 ? d : 0.9f * buf[i] + d;
-      pc[i] -= 0.1f * buf[i];
+      pc[i] -= lr * buf[i];
     }
   }
   expect_close(p_.host(), pc);

@@ -63,7 +63,8 @@ TEST(Config, HelpShowsDefaults) {
                            "--weight-decay", "--seed", "--data", "--device", "--threads",
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
-                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32"})
+                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32",
+                           "--no-cuda-graphs"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
@@ -79,6 +80,15 @@ TEST(Config, Tf32IsOffUnlessAsked) {
   EXPECT_NE(t.to_json().find("\"tf32\":true"), std::string::npos) << t.to_json();
   std::string msg;
   EXPECT_EQ(input_error_of({"--tf32", "--device", "cpu"}, &msg), 0) << msg;  // accepted; ignored on the CPU
+}
+
+TEST(Config, CudaGraphsAreOnUnlessTurnedOff) {
+  TrainConfig d = parse({});
+  EXPECT_TRUE(d.cuda_graphs);
+  EXPECT_NE(d.to_json().find("\"cuda_graphs\":true"), std::string::npos) << d.to_json();
+  TrainConfig off = parse({"--no-cuda-graphs"});
+  EXPECT_FALSE(off.cuda_graphs);
+  EXPECT_NE(off.to_json().find("\"cuda_graphs\":false"), std::string::npos) << off.to_json();
 }
 
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {

@@ -1,0 +1,67 @@
+// StreamGraph (see cuda_graph.h): thread-local stream capture, instantiate, launch; a failed
+// capture is ended and dropped so the stream is usable again. Only compiled in GPU builds.
+#include "cuda/cuda_graph.h"
+
+#include <exception>
+
+#include "cuda/cuda_check.h"
+#include "cuda/gpu_context.h"
+
+namespace dpt::gpu {
+
+StreamGraph::~StreamGraph() { reset(); }
+
+void StreamGraph::reset() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  exec_ = nullptr;
+  nodes_ = 0;
+}
+
+bool StreamGraph::valid() const { return exec_ && captured_at_ == DeviceBuffer::allocations(); }
+
+StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::function<void(bool)>& prepare,
+                                  const std::function<void()>& body) {
+  if (valid()) {
+    CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+    return Ran::kReplayed;
+  }
+  reset();
+  if (capture) {
+    const uint64_t before = DeviceBuffer::allocations();
+    prepare(true);
+    // Thread-local mode: a call in this thread that would be unsafe inside a capture (an implicit
+    // synchronisation, a legacy-stream copy) fails instead of silently running outside the graph.
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    std::string error;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // always ends the capture
+    if (error.empty() && end != cudaSuccess) error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
+    if (error.empty() && DeviceBuffer::allocations() != before) error = "the work allocated device memory";
+    cudaGraphExec_t exec = nullptr;
+    if (error.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      if (inst != cudaSuccess) error = DPT_MSG("cudaGraphInstantiate: " << cudaGetErrorString(inst));
+      else CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes_));
+    }
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // a failed capture may leave its error as this thread's last one
+    if (error.empty()) {
+      exec_ = exec;
+      captured_at_ = before;
+      failure_.clear();
+      CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+      return Ran::kCaptured;
+    }
+    failure_ = error;
+  }
+  prepare(false);
+  body();
+  return Ran::kEager;
+}
+
+}  // namespace dpt::gpu

@@ -1,0 +1,50 @@
+// One piece of repeated stream work (a training step, an evaluation pass) replayed as a CUDA graph:
+// run eagerly until warm, captured once, then launched as one graph. Cuts the per-kernel launch
+// cost, which dominates small models such as LeNet on a large GPU. Only compiled in GPU builds.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace dpt::gpu {
+
+class StreamGraph {
+ public:
+  enum class Ran { kEager, kCaptured, kReplayed };
+
+  StreamGraph() = default;
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+
+  // Queues body's work on `stream` (body queues everything on that stream, or on streams that
+  // fork from and join back into it through events). The work is
+  //  - replayed from the graph when one was captured and no DeviceBuffer was allocated since (a
+  //    graph holds raw pointers; buffers only grow, so a new allocation may have freed one it uses);
+  //  - captured and launched when `capture` is true (the caller's decision: warm, and agreed with
+  //    every rank where the body holds collectives);
+  //  - else run eagerly.
+  // `prepare(capturing)` runs before each attempt at body, outside any capture: the caller resets
+  // its per-run state there and sets its capture switches (the reducer's); it is not called for a
+  // replay, and a capture's switches stay set after run() returns. A body that fails while captured
+  // throws nothing here: the capture is dropped, failure() says why, prepare(false) runs and the
+  // work runs eagerly instead; the caller decides whether to try again. Eager errors propagate.
+  Ran run(cudaStream_t stream, bool capture, const std::function<void(bool capturing)>& prepare,
+          const std::function<void()>& body);
+  // A graph exists and no allocation has happened since its capture.
+  bool valid() const;
+  void reset();
+  const std::string& failure() const { return failure_; }
+  size_t nodes() const { return nodes_; }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+  uint64_t captured_at_ = 0;  // DeviceBuffer::allocations() at capture
+  size_t nodes_ = 0;
+  std::string failure_;
+};
+
+}  // namespace dpt::gpu
