@@ -2,12 +2,24 @@
 // capture is ended and dropped so the stream is usable again. Only compiled in GPU builds.
 #include "cuda/cuda_graph.h"
 
+#include <atomic>
 #include <exception>
 
 #include "cuda/cuda_check.h"
 #include "cuda/gpu_context.h"
 
 namespace dpt::gpu {
+
+namespace {
+std::atomic<uint64_t> g_launches{0};
+
+void launch(cudaGraphExec_t exec, cudaStream_t stream) {
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+uint64_t StreamGraph::launches() { return g_launches.load(std::memory_order_relaxed); }
 
 StreamGraph::~StreamGraph() { reset(); }
 
@@ -22,7 +34,7 @@ bool StreamGraph::valid() const { return exec_ && captured_at_ == DeviceBuffer::
 StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::function<void(bool)>& prepare,
                                   const std::function<void()>& body) {
   if (valid()) {
-    CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+    launch(exec_, stream);
     return Ran::kReplayed;
   }
   reset();
@@ -54,7 +66,7 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
       exec_ = exec;
       captured_at_ = before;
       failure_.clear();
-      CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+      launch(exec_, stream);
       return Ran::kCaptured;
     }
     failure_ = error;

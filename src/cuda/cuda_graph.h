@@ -39,6 +39,8 @@ class StreamGraph {
   void reset();
   const std::string& failure() const { return failure_; }
   size_t nodes() const { return nodes_; }
+  // Graph launches by every StreamGraph of this process so far (tests: graphs really ran).
+  static uint64_t launches();
 
  private:
   cudaGraphExec_t exec_ = nullptr;

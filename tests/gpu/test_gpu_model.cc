@@ -1,8 +1,9 @@
 // The GPU training path against the CPU reference: whole-model forward/backward parity for LeNet
 // and ResNet-18 (logits, every parameter gradient, BatchNorm buffers, the gradient announcements),
 // the GPU reducer (NCCL and the MPI fallback) at world size 1, 50 LeNet steps whose losses track the
-// CPU run's, end-to-end --device cuda training, and bit-exact resume. Skipped (exit code 77) where
-// no CUDA device is visible.
+// CPU run's, end-to-end --device cuda training, bit-exact resume, CUDA graphs (the reducer captured,
+// invalidation, whole runs bit for bit against eager). Skipped (exit code 77) where no CUDA device
+// is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "cpu/ops.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_graph.h"
 #include "cuda/gpu_context.h"
 #include "cuda/gpu_model.h"
 #include "cuda/gpu_reducer.h"
@@ -28,6 +30,7 @@
 #include "dpt/rng.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"
+#include "store_scalar.cuh"
 #include "gpu_test_util.h"
 #include "test_util.h"
 
@@ -166,54 +169,74 @@ TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
 
 // ---- GpuReducer at world size 1 -----------------------------------------------------------------
 
-// With one rank an average changes nothing: the reduced gradients equal the plain backward's bit for
-// bit, for NCCL (events, its stream) and the MPI fallback (pinned copies), overlapped or not, over
-// several buckets. Exercises every path of the reducer that a single GPU can.
+// The reducer tests' set-up: LeNet on the GPU, a plain backward's gradients as the reference
+// (with one rank an average changes nothing, so the reduced gradients must equal them bit for bit)
+// and a plan of several buckets.
+struct ReducerBench {
+  std::unique_ptr<Communicator> self = make_mpi_self_communicator();
+  std::unique_ptr<Model> model = make_model("lenet");
+  std::vector<Bucket> buckets;
+  gpu::GpuContext ctx{0};
+  std::unique_ptr<gpu::GpuModel> gm;
+  DeviceTensor dx, ddl;
+  int64_t np = 0;
+  std::vector<float> want;
+
+  ReducerBench() {
+    self->set_timeout(60);
+    model->init_parameters("kaiming", 9);
+    ParamStore& store = model->store();
+    std::vector<std::pair<int64_t, int64_t>> bounds;
+    for (const Param& p : store.entries())
+      if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
+    buckets = plan_buckets(bounds, 64 * 1024, 16 * 1024);  // several buckets
+    gm = std::make_unique<gpu::GpuModel>(*model, ctx);
+    std::mt19937_64 g(6);
+    Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({16, 10}, g);
+    to_device(ctx, x, dx);
+    to_device(ctx, dl, ddl);
+    np = store.num_params();
+    want.resize(static_cast<size_t>(np));
+    gm->forward(dx, Mode::kTrain);
+    BackwardCtx plain;
+    gm->backward(ddl, plain);
+    gm->copy_grads_to(want.data());
+  }
+  // Garbage in the gradients, then backward through the reducer (begin has been called).
+  void backward_through(gpu::GpuReducer& reducer) {
+    CUDA_CHECK(cudaMemsetAsync(gm->grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
+    BackwardCtx bctx;
+    bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
+    gm->backward(ddl, bctx);
+    reducer.finish();
+  }
+  std::vector<float> grads() {
+    std::vector<float> got(static_cast<size_t>(np));
+    gm->copy_grads_to(got.data());
+    return got;
+  }
+};
+
+// Every path of the reducer a single GPU can exercise: NCCL (events, its stream) and the MPI
+// fallback (pinned copies), overlapped or not, over several buckets.
 TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
   SKIP_WITHOUT_GPU();
-  auto self = make_mpi_self_communicator();
-  self->set_timeout(60);
-  auto model = make_model("lenet");
-  model->init_parameters("kaiming", 9);
-  ParamStore& store = model->store();
-  std::vector<std::pair<int64_t, int64_t>> bounds;
-  for (const Param& p : store.entries())
-    if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
-  const auto buckets = plan_buckets(bounds, 64 * 1024, 16 * 1024);  // several buckets
-  ASSERT_GT(buckets.size(), 2u);
-
-  gpu::GpuContext ctx(0);
-  gpu::GpuModel gm(*model, ctx);
-  std::mt19937_64 g(6);
-  Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({16, 10}, g);
-  DeviceTensor dx, ddl;
-  to_device(ctx, x, dx);
-  to_device(ctx, dl, ddl);
-  const int64_t np = store.num_params();
-  std::vector<float> want(static_cast<size_t>(np)), got(static_cast<size_t>(np));
-  gm.forward(dx, Mode::kTrain);
-  BackwardCtx plain;
-  gm.backward(ddl, plain);
-  gm.copy_grads_to(want.data());
-
-  auto nccl = make_nccl_communicator(*self, 0);
+  ReducerBench rb;
+  ASSERT_GT(rb.buckets.size(), 2u);
+  auto nccl = make_nccl_communicator(*rb.self, 0);
   for (bool use_nccl : {true, false})
     for (bool overlap : {true, false}) {
       SCOPED_TRACE(testing::Message() << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
-      gpu::GpuReducer reducer(ctx, gm.grads(), np, buckets, overlap, use_nccl ? nccl.get() : nullptr, *self);
+      gpu::GpuReducer reducer(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, overlap, use_nccl ? nccl.get() : nullptr,
+                              *rb.self);
       EXPECT_EQ(reducer.uses_nccl(), use_nccl);
       for (int64_t step = 0; step < 2; ++step) {  // the second step reuses every event
-        CUDA_CHECK(cudaMemsetAsync(gm.grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
         reducer.begin(step);
-        BackwardCtx bctx;
-        bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
-        gm.backward(ddl, bctx);
-        reducer.finish();
+        rb.backward_through(reducer);
         reducer.quiesce();
-        gm.copy_grads_to(got.data());
-        ASSERT_EQ(got, want) << "step " << step;
+        ASSERT_EQ(rb.grads(), rb.want) << "step " << step;
       }
-      EXPECT_EQ(reducer.last_stats().buckets, static_cast<int64_t>(buckets.size()));
+      EXPECT_EQ(reducer.last_stats().buckets, static_cast<int64_t>(rb.buckets.size()));
       // The synchronised-BatchNorm hook: a sum over one rank leaves the doubles as they are.
       const std::vector<double> d{1.5, -2.25, 1e300};
       test::Dev<double> dd(d);
@@ -221,6 +244,82 @@ TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
       reducer.quiesce();
       EXPECT_EQ(dd.host(), d);
     }
+}
+
+// The step captured into a CUDA graph (backward, the buckets' NCCL all-reduces queued without
+// requests, the synchronised-BatchNorm hook) and replayed: every replay recomputes the gradients
+// (they are wiped between replays) and the fence after each launch completes.
+TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
+  SKIP_WITHOUT_GPU();
+  ReducerBench rb;
+  auto nccl = make_nccl_communicator(*rb.self, 0);
+  gpu::GpuReducer reducer(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, true, nccl.get(), *rb.self);
+  const std::vector<double> d{1.5, -2.25, 1e300};
+  test::Dev<double> dd(d);
+  gpu::StreamGraph graph;
+  const uint64_t launches = gpu::StreamGraph::launches();
+  for (int64_t step = 0; step < 3; ++step) {
+    CUDA_CHECK(cudaMemsetAsync(rb.gm->grads(), 0, static_cast<size_t>(rb.np) * sizeof(float), rb.ctx.stream()));
+    reducer.begin(step);
+    const auto ran = graph.run(
+        rb.ctx.stream(), /*capture=*/true,
+        [&](bool capturing) {
+          reducer.set_capturing(capturing);
+          reducer.begin(step);
+        },
+        [&] {
+          rb.backward_through(reducer);
+          reducer.allreduce_doubles(dd.p, 3, "test doubles");
+        });
+    reducer.set_capturing(false);
+    ASSERT_EQ(ran, step == 0 ? gpu::StreamGraph::Ran::kCaptured : gpu::StreamGraph::Ran::kReplayed)
+        << "step " << step << ": " << graph.failure();
+    reducer.graph_launched(step);
+    reducer.quiesce();
+    ASSERT_EQ(rb.grads(), rb.want) << "step " << step;
+    EXPECT_EQ(dd.host(), d);
+  }
+  EXPECT_EQ(gpu::StreamGraph::launches() - launches, 3u);
+  EXPECT_GT(graph.nodes(), rb.buckets.size());
+  // Capture mode is refused without NCCL: host MPI cannot sit inside a graph.
+  gpu::GpuReducer mpi(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, true, nullptr, *rb.self);
+  EXPECT_THROW(mpi.set_capturing(true), Error);
+}
+
+// A graph holds raw pointers: a device allocation after the capture invalidates it, and the next
+// run is eager (then a fresh capture), never a replay into freed memory.
+TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
+  SKIP_WITHOUT_GPU();
+  gpu::GpuContext ctx(0);
+  test::Dev<float> v(std::vector<float>{0.f});
+  int eager_bodies = 0;
+  gpu::StreamGraph graph;
+  auto run = [&](float value, bool capture) {
+    return graph.run(ctx.stream(), capture, [&](bool capturing) { eager_bodies += !capturing; },
+                     [&] { CUDA_CHECK(cuda::launch_store_scalar(v.p, value, ctx.stream())); });
+  };
+  EXPECT_EQ(run(1.f, false), gpu::StreamGraph::Ran::kEager);
+  EXPECT_EQ(run(2.f, true), gpu::StreamGraph::Ran::kCaptured);
+  EXPECT_EQ(v.host()[0], 2.f);
+  EXPECT_EQ(run(3.f, true), gpu::StreamGraph::Ran::kReplayed);  // the captured value, not 3
+  EXPECT_EQ(v.host()[0], 2.f);
+  EXPECT_TRUE(graph.valid());
+  gpu::DeviceBuffer fresh(64);
+  EXPECT_FALSE(graph.valid());
+  EXPECT_EQ(run(4.f, false), gpu::StreamGraph::Ran::kEager);
+  EXPECT_EQ(v.host()[0], 4.f);
+  EXPECT_EQ(eager_bodies, 2);
+  // A body that fails inside the capture (a synchronisation is illegal there) falls back to eager.
+  int attempts = 0;
+  const auto ran = graph.run(ctx.stream(), true, [](bool) {}, [&] {
+    ++attempts;
+    ctx.synchronize();
+  });
+  EXPECT_EQ(ran, gpu::StreamGraph::Ran::kEager);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_FALSE(graph.failure().empty());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the stream and the thread are usable again
+  ctx.synchronize();
 }
 
 TEST(GpuReducer, MissingGradientsAreReportedAtFinish) {
@@ -457,6 +556,58 @@ TEST(GpuTraining, LenetResumeEndsBitForBit) {
 TEST(GpuTraining, Resnet18ResumeEndsBitForBit) {
   SKIP_WITHOUT_GPU();
   check_resume("resnet18");
+}
+
+// CUDA graphs change how kernels are launched, never what they compute: three epochs with graphs
+// (an eager warm-up, then captured steps and evaluations replayed) end bit for bit where the eager
+// run ends, metrics included, and graphs really ran (with a short last evaluation batch).
+void check_graphs_match_eager(const std::string& model) {
+  const std::string dir = test::make_temp_dir("gpu_graphs");
+  test::write_synthetic_dataset(dir, 640, 250, 5);
+  auto comm = self_comm();
+  std::vector<EpochMetrics> hist[2];
+  uint64_t launches[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    TrainConfig c;
+    c.model = model;
+    apply_recipe(&c);
+    c.data = dir;
+    c.device = "cuda";
+    c.epochs = 3;
+    c.batch_size = 64;
+    c.eval_batch_size = 100;
+    c.cuda_graphs = graphs == 1;
+    c.quiet = true;
+    c.save = dir + "/graphs" + std::to_string(graphs) + ".safetensors";
+    const uint64_t before = gpu::StreamGraph::launches();
+    hist[graphs] = run_training(c, *comm);
+    launches[graphs] = gpu::StreamGraph::launches() - before;
+  }
+  EXPECT_EQ(launches[0], 0u);
+  // 10 steps an epoch: at least the last two epochs' steps and evaluations come from graphs.
+  EXPECT_GE(launches[1], 2u * (10 + 1)) << model;
+  ASSERT_EQ(hist[0].size(), 3u);
+  ASSERT_EQ(hist[1].size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    EXPECT_EQ(hist[1][e].train_loss, hist[0][e].train_loss) << model << ", epoch " << e + 1;
+    EXPECT_EQ(hist[1][e].test_loss, hist[0][e].test_loss) << model << ", epoch " << e + 1;
+    EXPECT_EQ(hist[1][e].test_acc, hist[0][e].test_acc) << model << ", epoch " << e + 1;
+  }
+  StFile a = read_safetensors(dir + "/graphs0.safetensors"), b = read_safetensors(dir + "/graphs1.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << model << ": " << a.tensors[i].name << " differs";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GpuTraining, LenetCudaGraphsMatchEagerBitForBit) {
+  SKIP_WITHOUT_GPU();
+  check_graphs_match_eager("lenet");
+}
+
+TEST(GpuTraining, Resnet18CudaGraphsMatchEagerBitForBit) {
+  SKIP_WITHOUT_GPU();
+  check_graphs_match_eager("resnet18");
 }
 
 TEST(GpuTraining, Tf32RunsAndStillLearns) {
