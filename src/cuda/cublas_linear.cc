@@ -1,12 +1,15 @@
 // Linear on cuBLAS (see cublas_linear.h). cuBLAS is column-major: a row-major [r, c] matrix is the
 // column-major [c, r] matrix with leading dimension c, i.e. its transpose, so every row-major
-// product below is written as the transposed column-major product. Only compiled in GPU builds.
+// product below is written as the transposed column-major product. With --precision bf16 the
+// operands of each GEMM are cast to bf16 into the workspace and cublasGemmEx accumulates in fp32
+// into the fp32 result (tensor cores); bias and column sums stay fp32. Only compiled in GPU builds.
 #include "cuda/cublas_linear.h"
 
 #include <climits>
 
 #include "column_sums.cuh"
 #include "cuda/cuda_check.h"
+#include "to_bf16.cuh"
 
 namespace dpt::gpu {
 
@@ -15,25 +18,46 @@ int as_int(int64_t v, const char* what) {
   DPT_CHECK(v >= 0 && v <= INT_MAX, what << " = " << v << " does not fit cuBLAS's int dimensions");
   return static_cast<int>(v);
 }
+
+// C[m,n] = op(A) op(B) + beta C, column-major, A holding m*k and B k*n packed values: cuBLAS
+// sgemm in fp32 (TF32 only under --tf32's math mode), or bf16 copies of A and B with fp32 output
+// and accumulation under --precision bf16.
+void gemm(GpuContext& g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  const float one = 1.f;
+  if (!g.bf16()) {
+    CUBLAS_CHECK(cublasSgemm(g.cublas(), ta, tb, m, n, k, &one, a, lda, b, ldb, &beta, c, ldc));
+    return;
+  }
+  const int64_t na = int64_t{m} * k, nb = int64_t{k} * n;
+  WorkspaceLayout layout;
+  const size_t at_a = layout.add(static_cast<size_t>(na) * sizeof(uint16_t));
+  const size_t at_b = layout.add(static_cast<size_t>(nb) * sizeof(uint16_t));
+  char* ws = static_cast<char*>(g.workspace(layout.total()));
+  auto* al = reinterpret_cast<uint16_t*>(ws + at_a);
+  auto* bl = reinterpret_cast<uint16_t*>(ws + at_b);
+  CUDA_CHECK(cuda::launch_to_bf16(a, al, na, g.stream()));
+  CUDA_CHECK(cuda::launch_to_bf16(b, bl, nb, g.stream()));
+  CUBLAS_CHECK(cublasGemmEx(g.cublas(), ta, tb, m, n, k, &one, al, CUDA_R_16BF, lda, bl, CUDA_R_16BF, ldb, &beta, c,
+                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
 }  // namespace
 
 void linear_forward(GpuContext& g, const float* x, const float* w, const float* b, float* y, int64_t n,
                     int64_t in, int64_t out) {
   const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
-  const float one = 1.f, zero = 0.f;
   // Row-major y = x W^T  <=>  column-major y^T[O,N] = W^T[I,O]^T x^T[I,N] = op_T(W') op_N(x').
-  CUBLAS_CHECK(cublasSgemm(g.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, &one, w, I, x, I, &zero, y, O));
+  gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, w, I, x, I, 0.f, y, O);
   if (b) add_row_bias(g, y, b, n, out);
 }
 
 void linear_backward(GpuContext& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                      float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
   const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
-  const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
   // Row-major dx[N,I] = dy[N,O] W[O,I]  <=>  column-major dx^T[I,N] = W'[I,O] dy'[O,N].
-  if (dx) CUBLAS_CHECK(cublasSgemm(g.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, &one, w, I, dy, O, &zero, dx, I));
+  if (dx) gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, w, I, dy, O, 0.f, dx, I);
   // Row-major dW[O,I] (+)= dy^T x  <=>  column-major dW^T[I,O] (+)= x'[I,N] dy'[O,N]^T.
-  CUBLAS_CHECK(cublasSgemm(g.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, &one, x, I, dy, O, &beta, dw, I));
+  gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, I, dy, O, accumulate ? 1.f : 0.f, dw, I);
   if (db) column_sums(g, dy, n, out, db, accumulate);
 }
 

@@ -17,6 +17,12 @@
 // heuristic ranking (cudnnGet*_v7), not from timing
 // (cudnnFind*): the choice is then a function of shape and device only, the same on every run and
 // rank, which keeps runs and resumes bit-reproducible; deterministic algorithms are preferred.
+//
+// --precision bf16 (GpuContext::bf16): x, y and the filter are bf16 tensors (cuDNN's BFLOAT16
+// configuration: fp32 compute, tensor cores). Their bf16 copies are cast into the workspace from
+// the fp32 activations and weights (after the fp32 OIHW -> OHWI transform) on every call, and
+// results are cast back: y and dx overwrite fp32 arrays, dW is added to the fp32 gradient through
+// the fp32 inverse transform. So gradients, the optimizer and the all-reduce stay fp32.
 #include "cuda/cudnn_conv.h"
 
 #include <algorithm>
@@ -28,6 +34,8 @@
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
+#include "from_bf16.cuh"
+#include "to_bf16.cuh"
 
 namespace dpt::gpu {
 
@@ -46,16 +54,28 @@ int as_int(int64_t v, const ConvGeom& g) {
   return static_cast<int>(v);
 }
 
-// Whether an algorithm's math type is allowed: tensor-op math only with TF32 allowed, and never
-// with fp16 down-conversion.
-bool math_allowed(cudnnMathType_t m, bool tf32) {
+// Whether an algorithm's math type is allowed: tensor-op math only where tensor cores are (TF32
+// allowed, or bf16 operands), and never with fp16 down-conversion.
+bool math_allowed(cudnnMathType_t m, bool tensor_ops) {
   if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-  return tf32 || m != CUDNN_TENSOR_OP_MATH;
+  return tensor_ops || m != CUDNN_TENSOR_OP_MATH;
 }
 // The descriptor's math type while cuDNN ranks algorithms (and between calls).
-cudnnMathType_t base_math(bool tf32) { return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
-// The math type an algorithm listed with `m` runs under: FMA (never TF32) unless TF32 is allowed.
-cudnnMathType_t run_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN_FMA_MATH; }
+cudnnMathType_t base_math(bool tensor_ops) { return tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
+// The math type an algorithm listed with `m` runs under: FMA (never TF32) unless tensor cores are allowed.
+cudnnMathType_t run_math(cudnnMathType_t m, bool tensor_ops) { return tensor_ops ? m : CUDNN_FMA_MATH; }
+
+// Where a --precision bf16 operand goes in the workspace: n bf16 values (none in fp32 runs).
+size_t add_bf16(WorkspaceLayout& layout, bool bf16, int64_t n) {
+  return bf16 ? layout.add(static_cast<size_t>(n) * sizeof(uint16_t)) : 0;
+}
+// The bf16 copy of fp32 src at ws + at (bf16 runs), or src itself (fp32 runs).
+const void* operand(bool bf16, const float* src, int64_t n, char* ws, size_t at, cudaStream_t st) {
+  if (!bf16) return src;
+  auto* dst = reinterpret_cast<uint16_t*>(ws + at);
+  CUDA_CHECK(cuda::launch_to_bf16(src, dst, n, st));
+  return dst;
+}
 
 // The first algorithm in cuDNN's ranking (best first) that succeeded, uses an allowed math type,
 // has a workspace size cuDNN confirms for this descriptor set under that math type (cuDNN answers
@@ -63,15 +83,15 @@ cudnnMathType_t run_math(cudnnMathType_t m, bool tf32) { return tf32 ? m : CUDNN
 // only if none is, the first non-deterministic one (with a warning). Returns false when nothing
 // qualifies.
 template <class Perf, class Algo, class WorkspaceOf>
-bool pick(const std::vector<Perf>& perf, int count, bool tf32, WorkspaceOf workspace_of, const char* what,
+bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf workspace_of, const char* what,
           const ConvGeom& g, Algo* algo, cudnnMathType_t* math, size_t* ws) {
   for (int pass = 0; pass < 2; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<size_t>(i)];
-      if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tf32)) continue;
+      if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tensor_ops)) continue;
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       size_t bytes = 0;
-      const cudnnMathType_t m = run_math(p.mathType, tf32);
+      const cudnnMathType_t m = run_math(p.mathType, tensor_ops);
       if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxAlgoWorkspace) continue;
       if (pass == 1)
         log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
@@ -92,7 +112,8 @@ struct CudnnConv::Entry {
   cudnnFilterDescriptor_t w = nullptr;                         // the filter as cuDNN convolves it (NHWC)
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool same_layout = false;  // Cin == 1 or K == 1: OIHW and OHWI are the same bytes
-  size_t weight_bytes = 0;
+  size_t weight_bytes = 0;   // fp32
+  int64_t x_elems = 0, y_elems = 0, w_elems = 0;
   int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
   bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
   cudnnConvolutionFwdAlgo_t fwd{};
@@ -127,29 +148,34 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
             co = as_int(g.c_out, g), k = as_int(g.k, g), s = as_int(g.stride, g), oh = as_int(g.oh(), g),
             ow = as_int(g.ow(), g);
   const int p = static_cast<int>(g.pad);
+  // The convolved tensors' type; the weight transforms stay fp32 (bf16 copies are cast after them).
+  const cudnnDataType_t dt = ctx_.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   auto e = std::make_unique<Entry>();  // owns each descriptor as soon as it exists
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, ci, h, w));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NHWC, dt, n, ci, h, w));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, co, oh, ow));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NHWC, dt, n, co, oh, ow));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_oihw));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_oihw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_ohwi));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_ohwi, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, co, ci, k, k));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, dt, CUDNN_TENSOR_NHWC, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
-  // PyTorch's Conv2d is a cross-correlation (no kernel flip).
+  // PyTorch's Conv2d is a cross-correlation (no kernel flip). Compute in fp32 for both precisions.
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, base_math(ctx_.tf32())));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, base_math(ctx_.tensor_ops())));
   int dn = 0, dc = 0, dh = 0, dw = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
   DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
             "cuDNN's output shape " << dn << "x" << dc << "x" << dh << "x" << dw << " for convolution "
                                     << geom_str(g) << " differs from ConvGeom's");
   e->same_layout = g.c_in == 1 || g.k == 1;
-  e->weight_bytes = static_cast<size_t>(g.c_out * g.c_in * g.k * g.k) * sizeof(float);
+  e->w_elems = g.c_out * g.c_in * g.k * g.k;
+  e->weight_bytes = static_cast<size_t>(e->w_elems) * sizeof(float);
   e->rows = g.n * g.oh() * g.ow();
+  e->x_elems = g.n * g.h * g.w * g.c_in;
+  e->y_elems = e->rows * g.c_out;
   return *cache_.emplace(key, std::move(e)).first->second;
 }
 
@@ -160,18 +186,22 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e.x, e.w, e.conv, e.y, max, &got, perf.data()));
     auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m, size_t* bytes) {
       const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
       return st != CUDNN_STATUS_SUCCESS ? st : cudnnGetConvolutionForwardWorkspaceSize(h, e.x, e.w, e.conv, e.y, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "forward", g, &e.fwd, &e.fwd_math, &e.fwd_ws),
-              "cuDNN offers no fp32 forward algorithm for convolution " << geom_str(g));
+    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "forward", g, &e.fwd, &e.fwd_math, &e.fwd_ws),
+              "cuDNN offers no " << precision() << " forward algorithm for convolution " << geom_str(g));
     e.have_fwd = true;
   }
+  const bool bf16 = ctx_.bf16();
+  const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
   const size_t at_w = e.same_layout ? 0 : layout.add(e.weight_bytes);
+  const size_t at_wl = add_bf16(layout, bf16, e.w_elems), at_xl = add_bf16(layout, bf16, e.x_elems),
+               at_yl = add_bf16(layout, bf16, e.y_elems);
   const size_t at_algo = layout.add(e.fwd_ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f;
@@ -181,9 +211,13 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
     CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
     wk = wt;
   }
+  const void* wc = operand(bf16, wk, e.w_elems, ws, at_wl, st);
+  const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
+  void* yc = bf16 ? static_cast<void*>(ws + at_yl) : y;
   // One descriptor serves three directions whose algorithms may differ in math type.
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd, ws + at_algo, e.fwd_ws, &zero, e.y, y));
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, xc, e.w, wc, e.conv, e.fwd, ws + at_algo, e.fwd_ws, &zero, e.y, yc));
+  if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(yc), y, e.y_elems, false, st));
   if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
 }
 
@@ -195,42 +229,49 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e.w, e.y, e.conv, e.x, max, &got, perf.data()));
     auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, cudnnMathType_t m, size_t* bytes) {
       const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
       return st != CUDNN_STATUS_SUCCESS ? st
                                         : cudnnGetConvolutionBackwardDataWorkspaceSize(h, e.w, e.y, e.conv, e.x, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_math, &e.bwd_data_ws),
-              "cuDNN offers no fp32 backward-data algorithm for convolution " << geom_str(g));
+    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_math, &e.bwd_data_ws),
+              "cuDNN offers no " << precision() << " backward-data algorithm for convolution " << geom_str(g));
     e.have_bwd_data = true;
   }
   if (dw && !e.have_bwd_filter) {
     int max = 0, got = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tf32())));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e.x, e.y, e.conv, e.w, max, &got, perf.data()));
     auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, cudnnMathType_t m, size_t* bytes) {
       const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
       return st != CUDNN_STATUS_SUCCESS ? st
                                         : cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e.x, e.y, e.conv, e.w, a, bytes);
     };
-    DPT_CHECK(pick(perf, got, ctx_.tf32(), ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_math,
+    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_math,
                    &e.bwd_filter_ws),
-              "cuDNN offers no fp32 backward-filter algorithm for convolution " << geom_str(g));
+              "cuDNN offers no " << precision() << " backward-filter algorithm for convolution " << geom_str(g));
     e.have_bwd_filter = true;
   }
-  // Workspace: [OHWI weights (for dx)] [OHWI dW] [algorithm scratch, shared by the two calls].
+  // Workspace: [OHWI weights (for dx)] [OHWI dW] [bf16 copies: dy, weights, dx, x, dW]
+  // [algorithm scratch, shared by the two calls].
+  const bool bf16 = ctx_.bf16();
+  const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
   const bool transform = !e.same_layout;
   const size_t at_w = transform && dx ? layout.add(e.weight_bytes) : 0;
   const size_t at_dw = transform && dw ? layout.add(e.weight_bytes) : 0;
+  const size_t at_dyl = add_bf16(layout, bf16, e.y_elems);
+  const size_t at_wl = add_bf16(layout, bf16 && dx, e.w_elems), at_dxl = add_bf16(layout, bf16 && dx, e.x_elems);
+  const size_t at_xl = add_bf16(layout, bf16 && dw, e.x_elems), at_dwl = add_bf16(layout, bf16 && dw, e.w_elems);
   const size_t algo_ws = std::max(dx ? e.bwd_data_ws : 0, dw ? e.bwd_filter_ws : 0);
   const size_t at_algo = layout.add(algo_ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
+  const void* dyc = operand(bf16, dy, e.y_elems, ws, at_dyl, st);
   if (dx) {
     const float* wk = w;
     if (transform) {
@@ -238,22 +279,26 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
       CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
       wk = wt;
     }
+    const void* wc = operand(bf16, wk, e.w_elems, ws, at_wl, st);
+    void* dxc = bf16 ? static_cast<void*>(ws + at_dxl) : dx;
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data_math));
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data, ws + at_algo,
-                                             e.bwd_data_ws, &zero, e.x, dx));
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wc, e.y, dyc, e.conv, e.bwd_data, ws + at_algo,
+                                             e.bwd_data_ws, &zero, e.x, dxc));
+    if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dxc), dx, e.x_elems, false, st));
   }
   if (dw) {
+    const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter_math));
-    if (transform) {
-      // dW in OHWI into the workspace, then back to OIHW, adding to dw when accumulating.
-      float* dwt = reinterpret_cast<float*>(ws + at_dw);
-      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter, ws + at_algo,
-                                                 e.bwd_filter_ws, &zero, e.w, dwt));
-      CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
-    } else {
-      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter, ws + at_algo,
-                                                 e.bwd_filter_ws, &beta, e.w, dw));
-    }
+    // cuDNN writes dW (OHWI) to the bf16 scratch, the fp32 OHWI scratch (to transform back to
+    // OIHW), or, with neither, straight into dw; the last step adds into dw when accumulating.
+    float* dwt = reinterpret_cast<float*>(ws + at_dw);
+    void* dwc = bf16 ? static_cast<void*>(ws + at_dwl) : transform ? static_cast<void*>(dwt) : dw;
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, xc, e.y, dyc, e.conv, e.bwd_filter, ws + at_algo,
+                                               e.bwd_filter_ws, bf16 || transform ? &zero : &beta, e.w, dwc));
+    if (bf16)
+      CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dwc), transform ? dwt : dw, e.w_elems,
+                                        !transform && accumulate, st));
+    if (transform) CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
   }
   // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the CPU.
   if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);

@@ -15,7 +15,8 @@ namespace dpt::gpu {
 using cpu::ConvGeom;
 
 // One per convolution layer. Descriptors and algorithms are chosen once per geometry (in practice
-// once per batch size) and cached; scratch comes from the context's shared workspace.
+// once per batch size) and cached; scratch comes from the context's shared workspace. Arrays are
+// fp32 in both precisions; with GpuContext::bf16 the convolutions themselves run on bf16 copies.
 class CudnnConv {
  public:
   explicit CudnnConv(GpuContext& ctx);
@@ -34,6 +35,7 @@ class CudnnConv {
   struct Entry;
   using Key = std::array<int64_t, 8>;  // n, h, w, c_in, c_out, k, stride, pad
   Entry& entry(const ConvGeom& g);
+  const char* precision() const { return ctx_.bf16() ? "bf16" : "fp32"; }
 
   GpuContext& ctx_;
   std::map<Key, std::unique_ptr<Entry>> cache_;

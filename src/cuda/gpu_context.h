@@ -78,6 +78,14 @@ class GpuContext {
   // agreement. Off by default. Set it before the first convolution runs.
   void set_tf32(bool allow);
   bool tf32() const { return tf32_; }
+  // --precision bf16: convolutions and Linear GEMMs take bf16 operands (cast from the fp32
+  // activations and master weights into the workspace), accumulate in fp32 on tensor cores, and
+  // give fp32 results; everything else, gradients and the all-reduce stay fp32. Set it before the
+  // first convolution runs.
+  void set_bf16(bool on) { bf16_ = on; }
+  bool bf16() const { return bf16_; }
+  // Whether convolution algorithms may use tensor cores: TF32 allowed, or bf16 operands.
+  bool tensor_ops() const { return tf32_ || bf16_; }
 
  private:
   void create();
@@ -85,6 +93,7 @@ class GpuContext {
 
   int device_;
   bool tf32_ = false;
+  bool bf16_ = false;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -115,6 +115,7 @@ class GpuBackend : public TrainBackend {
     s_ = std::make_unique<GpuState>(device);
     gpu::GpuContext& ctx = s_->ctx;
     ctx.set_tf32(cfg.tf32);
+    ctx.set_bf16(cfg.precision == "bf16");
     if (comm.size() > 1 && !shared) s_->nccl = make_nccl_communicator(comm, device);
     s_->model = std::make_unique<gpu::GpuModel>(model, ctx);
     const int64_t n = model.store().num_params();

@@ -84,6 +84,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
                "by local rank", cxxopts::value<std::string>()->default_value(d.device))
     ("tf32", "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with 10-bit "
              "mantissa products (off: results agree with the CPU to fp32 rounding)")
+    ("precision", "fp32 | bf16: on the GPU, bf16 convolutions and Linear GEMMs on tensor cores with fp32 "
+                  "accumulation; weights, gradients, the optimizer and the all-reduce stay fp32",
+     cxxopts::value<std::string>()->default_value(d.precision))
     ("no-cuda-graphs", "On the GPU, launch every kernel of every step instead of replaying warm steps and "
                        "evaluations as CUDA graphs (same results; for profiling)")
     ("threads", "Compute threads per rank", cxxopts::value<int>()->default_value(s(d.threads)))
@@ -160,6 +163,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->device = flag<std::string>(r, "device");
     cfg->tf32 = r.count("tf32") > 0;
     cfg->cuda_graphs = r.count("no-cuda-graphs") == 0;
+    cfg->precision = flag<std::string>(r, "precision");
     cfg->threads = flag<int>(r, "threads");
     cfg->max_steps = flag<int64_t>(r, "max-steps");
     cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
@@ -208,6 +212,8 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l", "--init: '" << c.init << "' is not kaiming|d2l");
   DPT_INPUT_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda",
                   "--device: '" << c.device << "' is not auto|cpu|cuda");
+  DPT_INPUT_CHECK(c.precision == "fp32" || c.precision == "bf16",
+                  "--precision: '" << c.precision << "' is not fp32|bf16");
   DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads must be in 1..1024, got " << c.threads);
   DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
   DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
@@ -254,7 +260,7 @@ std::string TrainConfig::to_json() const {
                       {"weight_decay", weight_decay}, {"schedule", schedule},
                       {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
-                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"threads", threads}, {"max_steps", max_steps},
+                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume},

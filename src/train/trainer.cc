@@ -188,6 +188,8 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
     device = "cpu";
   }
   if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
+  if (device == "cpu" && cfg.precision != "fp32" && comm.rank() == 0)
+    log_warn("--precision " + cfg.precision + " applies to the GPU only: the CPU trains in fp32");
   return device;
 }
 

@@ -64,7 +64,7 @@ TEST(Config, HelpShowsDefaults) {
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
                            "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32",
-                           "--no-cuda-graphs"})
+                           "--no-cuda-graphs", "--precision"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
@@ -89,6 +89,17 @@ TEST(Config, CudaGraphsAreOnUnlessTurnedOff) {
   TrainConfig off = parse({"--no-cuda-graphs"});
   EXPECT_FALSE(off.cuda_graphs);
   EXPECT_NE(off.to_json().find("\"cuda_graphs\":false"), std::string::npos) << off.to_json();
+}
+
+TEST(Config, PrecisionIsFp32UnlessBf16IsAsked) {
+  EXPECT_EQ(parse({}).precision, "fp32");
+  TrainConfig b = parse({"--precision", "bf16"});
+  EXPECT_EQ(b.precision, "bf16");
+  EXPECT_NE(b.to_json().find("\"precision\":\"bf16\""), std::string::npos) << b.to_json();
+  std::string msg;
+  EXPECT_EQ(input_error_of({"--precision", "fp16"}, &msg), 2);
+  EXPECT_NE(msg.find("--precision: 'fp16' is not fp32|bf16"), std::string::npos) << msg;
+  EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // accepted; fp32 on the CPU
 }
 
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
