@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/conv.h"
@@ -53,6 +54,25 @@ const ConvCase kConvCases[] = {
     {"resnet.layer4 3x3 p1 s1", 2, 4, 512, 512, 3, 1, 1},
 };
 
+// Largest |gpu - cpu| over max(1, max |cpu|): the scale expect_close measures against.
+double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double scale = 1, err = 0;
+  for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));
+  for (size_t i = 0; i < gpu.size() && i < cpu.size(); ++i)
+    err = std::max(err, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+  return err / scale;
+}
+
+// With --precision bf16 (ctx.bf16()) the products are of bf16-rounded operands (8-bit mantissas,
+// relative rounding 2^-9) accumulated in fp32: within 1e-2 of the fp32 CPU, and visibly not fp32
+// (an error above 1e-6 shows the bf16 path really ran).
+constexpr double kBf16Tol = 1e-2;
+void expect_bf16_rounding(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what) {
+  const double e = rel_error(gpu, cpu);
+  EXPECT_GT(e, 1e-6) << what << ": no bf16 rounding visible";
+  EXPECT_LT(e, kBf16Tol) << what;
+}
+
 // Forward; backward with dx, overwriting; backward without dx, accumulating into existing
 // gradients. Each output against cpu::ConvPrimitives.
 void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, bool bias, uint64_t seed) {
@@ -80,12 +100,17 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   // up to 2e-5 of the output's scale (tests/unit/test_ops.cc), so 1e-5 would fail on the CPU's
   // rounding, not the GPU's.
   const cpu::WinogradChoice wc = cpu::winograd_choice(g);
-  const double tol_y = wc.m ? 5e-5 : 1e-5, tol_dw = wc.mw ? 5e-5 : 1e-5;
+  const bool bf16 = ctx.bf16();
+  const double tol_y = bf16 ? kBf16Tol : wc.m ? 5e-5 : 1e-5, tol_dw = bf16 ? kBf16Tol : wc.mw ? 5e-5 : 1e-5;
+  if (bf16) {
+    expect_bf16_rounding(y_.host(), y, what + ": y");
+    expect_bf16_rounding(dw_.host(), dw, what + ": dw");
+  }
   expect_close(y_.host(), y, what + ": y", tol_y);
   expect_close(dx_.host(), dx, what + ": dx", tol_y);
   expect_close(dw_.host(), dw, what + ": dw", tol_dw);
   expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)", tol_dw);
-  if (bias) {
+  if (bias) {  // column sums of the fp32 dy: fp32 agreement in both precisions
     expect_close(db_.host(), db, what + ": db");
     expect_close(dba_.host(), db_acc, what + ": db accumulated (dx = null)");
   } else {
@@ -105,6 +130,18 @@ TEST(GpuOps, ConvolutionMatchesCpuOnLeNetAndResNet18Shapes) {
     }
 }
 
+TEST(GpuOps, Bf16ConvolutionMatchesCpuWithinBf16Rounding) {
+  SKIP_WITHOUT_GPU();
+  gpu::GpuContext ctx(0);
+  ctx.set_bf16(true);
+  uint64_t seed = 500;
+  for (const ConvCase& c : kConvCases) {
+    gpu::CudnnConv conv(ctx);
+    check_conv(ctx, conv, c, /*bias=*/true, seed += 10);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST(GpuOps, ConvolutionCachesPerGeometry) {
   SKIP_WITHOUT_GPU();
   gpu::GpuContext ctx(0);
@@ -119,43 +156,55 @@ TEST(GpuOps, ConvolutionCachesPerGeometry) {
 
 // ---- Linear --------------------------------------------------------------------------------------
 
+// Forward, backward overwriting, backward accumulating without dx, against src/cpu/ops.h.
+void check_linear(gpu::GpuContext& ctx, int64_t n, int64_t in, int64_t out, bool bias, uint64_t seed) {
+  const std::string what = "linear " + std::to_string(n) + "x" + std::to_string(in) + "->" + std::to_string(out) +
+                           (bias ? " +bias" : " no bias");
+  const size_t xs = static_cast<size_t>(n * in), ys = static_cast<size_t>(n * out);
+  const size_t ws = static_cast<size_t>(out * in), bs = static_cast<size_t>(out);
+  auto x = random(xs, seed), w = random(ws, seed + 1, -0.2, 0.2), b = random(bs, seed + 2);
+  auto dy = random(ys, seed + 3), dw0 = random(ws, seed + 4), db0 = random(bs, seed + 5);
+  std::vector<float> y(ys), dx(xs), dw(ws), db(bs), dw_acc = dw0, db_acc = db0;
+  const float* bp = bias ? b.data() : nullptr;
+  cpu::linear_forward(x.data(), w.data(), bp, y.data(), n, in, out);
+  cpu::linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr, n, in, out,
+                       false);
+  cpu::linear_backward(x.data(), w.data(), dy.data(), nullptr, dw_acc.data(), bias ? db_acc.data() : nullptr, n, in,
+                       out, true);
+
+  Dev<float> x_(x), w_(w), b_(b), dy_(dy), y_(ys), dx_(xs), dw_(ws), db_(bs), dwa_(dw0), dba_(db0);
+  gpu::linear_forward(ctx, x_.p, w_.p, bias ? b_.p : nullptr, y_.p, n, in, out);
+  gpu::linear_backward(ctx, x_.p, w_.p, dy_.p, dx_.p, dw_.p, bias ? db_.p : nullptr, n, in, out, false);
+  gpu::linear_backward(ctx, x_.p, w_.p, dy_.p, nullptr, dwa_.p, bias ? dba_.p : nullptr, n, in, out, true);
+  ctx.synchronize();
+  const double tol = ctx.bf16() ? kBf16Tol : 1e-5;
+  if (ctx.bf16()) {
+    expect_bf16_rounding(y_.host(), y, what + ": y");
+    expect_bf16_rounding(dx_.host(), dx, what + ": dx");
+  }
+  expect_close(y_.host(), y, what + ": y", tol);
+  expect_close(dx_.host(), dx, what + ": dx", tol);
+  expect_close(dw_.host(), dw, what + ": dw", tol);
+  expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)", tol);
+  expect_close(dba_.host(), bias ? db_acc : db0, what + ": db accumulated");
+  if (bias) expect_close(db_.host(), db, what + ": db");
+}
+
+// LeNet fc1, fc2 and ResNet-18's fc, at an odd batch size; fp32 and bf16 operands.
 TEST(GpuOps, LinearMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  gpu::GpuContext ctx(0);
-  struct Case {
-    int64_t n, in, out;
-  };
-  uint64_t seed = 300;
-  // LeNet fc1, fc2 and ResNet-18's fc, at an odd batch size.
-  for (Case c : {Case{37, 800, 128}, Case{37, 128, 10}, Case{37, 512, 10}, Case{1, 800, 128}})
-    for (bool bias : {true, false}) {
-      const std::string what = "linear " + std::to_string(c.n) + "x" + std::to_string(c.in) + "->" +
-                               std::to_string(c.out) + (bias ? " +bias" : " no bias");
-      const size_t xs = static_cast<size_t>(c.n * c.in), ys = static_cast<size_t>(c.n * c.out);
-      const size_t ws = static_cast<size_t>(c.out * c.in), bs = static_cast<size_t>(c.out);
-      auto x = random(xs, seed += 10), w = random(ws, seed + 1, -0.2, 0.2), b = random(bs, seed + 2);
-      auto dy = random(ys, seed + 3), dw0 = random(ws, seed + 4), db0 = random(bs, seed + 5);
-      std::vector<float> y(ys), dx(xs), dw(ws), db(bs), dw_acc = dw0, db_acc = db0;
-      const float* bp = bias ? b.data() : nullptr;
-      cpu::linear_forward(x.data(), w.data(), bp, y.data(), c.n, c.in, c.out);
-      cpu::linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr, c.n,
-                           c.in, c.out, false);
-      cpu::linear_backward(x.data(), w.data(), dy.data(), nullptr, dw_acc.data(), bias ? db_acc.data() : nullptr,
-                           c.n, c.in, c.out, true);
-
-      Dev<float> x_(x), w_(w), b_(b), dy_(dy), y_(ys), dx_(xs), dw_(ws), db_(bs), dwa_(dw0), dba_(db0);
-      gpu::linear_forward(ctx, x_.p, w_.p, bias ? b_.p : nullptr, y_.p, c.n, c.in, c.out);
-      gpu::linear_backward(ctx, x_.p, w_.p, dy_.p, dx_.p, dw_.p, bias ? db_.p : nullptr, c.n, c.in, c.out, false);
-      gpu::linear_backward(ctx, x_.p, w_.p, dy_.p, nullptr, dwa_.p, bias ? dba_.p : nullptr, c.n, c.in, c.out, true);
-      ctx.synchronize();
-      expect_close(y_.host(), y, what + ": y");
-      expect_close(dx_.host(), dx, what + ": dx");
-      expect_close(dw_.host(), dw, what + ": dw");
-      expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)");
-      expect_close(dba_.host(), bias ? db_acc : db0, what + ": db accumulated");
-      if (bias) expect_close(db_.host(), db, what + ": db");
-      if (HasFatalFailure()) return;
-    }
+  for (bool bf16 : {false, true}) {
+    gpu::GpuContext ctx(0);
+    ctx.set_bf16(bf16);
+    uint64_t seed = bf16 ? 700 : 300;
+    for (auto [n, in, out] : {std::tuple<int64_t, int64_t, int64_t>{37, 800, 128}, {37, 128, 10}, {37, 512, 10},
+                              {1, 800, 128}})
+      for (bool bias : {true, false}) {
+        SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+        check_linear(ctx, n, in, out, bias, seed += 10);
+        if (HasFatalFailure()) return;
+      }
+  }
 }
 
 TEST(GpuOps, ColumnSumsAccumulateInDouble) {

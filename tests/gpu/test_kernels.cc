@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "dpt/device.h"
 #include "dpt/rng.h"
+#include "from_bf16.cuh"
 #include "gather_images.cuh"
 #include "gpu_test_util.h"
 #include "global_avgpool_backward.cuh"
@@ -24,6 +27,7 @@
 #include "sgd_update.cuh"
 #include "store_scalar.cuh"
 #include "softmax_xent.cuh"
+#include "to_bf16.cuh"
 
 namespace dpt {
 namespace {
@@ -183,6 +187,53 @@ TEST(Kernels, SoftmaxCrossEntropyAndCorrectCount) {
   EXPECT_NEAR(gl, loss, 1e-5 * loss);
   EXPECT_EQ(gc, hits);
   expect_close(d_.host(), dl);
+}
+
+// bf16 is the top half of an fp32 bit pattern. Round to nearest, ties to even, from the bits:
+// the reference the conversion kernels are checked against, bit for bit.
+uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN: the canonical bf16 NaN, as CUDA gives
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST(Kernels, Bf16ConversionsRoundToNearestEvenAndWidenExactly) {
+  SKIP_WITHOUT_GPU();
+  auto x = random(100003, 31, -3, 3);
+  // Ties (the low 16 bits exactly 0x8000, both parities), carries into the exponent, signed zeros,
+  // infinities, the largest finite float and subnormals.
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x3fff8000u, 0x7f7fffffu, 0x80000000u, 0x00000000u, 0x7f800000u,
+                     0xff800000u, 0x00008001u, 0x807fffffu}) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    x.push_back(f);
+  }
+  const size_t n = x.size();
+  std::vector<uint16_t> want(n);
+  std::vector<float> wide(n), base = random(n, 32), acc(n);
+  for (size_t i = 0; i < n; ++i) {
+    want[i] = bf16_bits(x[i]);
+    wide[i] = bf16_value(want[i]);
+    acc[i] = base[i] + wide[i];
+  }
+  Dev<float> x_(x), w_(n), a_(base);
+  Dev<uint16_t> b_(n);
+  CUDA_CHECK(cuda::launch_to_bf16(x_.p, b_.p, static_cast<int64_t>(n), nullptr));
+  CUDA_CHECK(cuda::launch_from_bf16(b_.p, w_.p, static_cast<int64_t>(n), false, nullptr));
+  CUDA_CHECK(cuda::launch_from_bf16(b_.p, a_.p, static_cast<int64_t>(n), true, nullptr));
+  EXPECT_EQ(b_.host(), want);
+  const auto got = w_.host(), got_acc = a_.host();
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &wide[i], sizeof(float)), 0) << "widened " << i;
+    ASSERT_EQ(got_acc[i], acc[i]) << "accumulated " << i;
+  }
 }
 
 TEST(Kernels, SgdMatchesCpuOptimizerFormula) {
