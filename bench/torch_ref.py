@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 # bench/torch_ref.py -- PyTorch reference for dptrain's workloads (LeNet and the
 # d2l ResNet-18 on Fashion-MNIST, d2l "multi-GPU training" chapter recipes).
-# Used by bench/*.sh to compare speed and accuracy against dptrain; CPU only.
-# Run with Debian's interpreter, which has torch 1.13:  /usr/bin/python3 bench/torch_ref.py
+# Used by bench/*.sh to compare speed and accuracy against dptrain; on the CPU (Debian's
+# interpreter, torch 1.13: /usr/bin/python3 bench/torch_ref.py) or, with --device cuda, on a GPU
+# (the device machine's PyTorch): data on the GPU once, no host sync inside the epoch, optional
+# bf16 autocast -- the eager PyTorch a GPU user would write.
 #
 # Examples:
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --recipe d2l --epochs 1 --threads 1 --json
 #   /usr/bin/python3 bench/torch_ref.py --model resnet18 --print-params
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --ddp --nproc 2 --max-steps 20
+#   python3 bench/torch_ref.py --model resnet18 --device cuda --bf16 --epochs 10 --json
 #   WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 #       /usr/bin/python3 bench/torch_ref.py --ddp ...   (one such process per rank)
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -153,13 +157,14 @@ RECIPES = {
 
 
 # ----------------------------------------------------------------------------- train / eval
-def evaluate(model, x, y, batch=1000):
+def evaluate(model, x, y, autocast, batch=1000):
     model.eval()
-    correct = 0
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
     with torch.no_grad():
         for i in range(0, x.shape[0], batch):
-            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
-    return correct / x.shape[0]
+            with autocast():
+                correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum()
+    return correct.item() / x.shape[0]
 
 
 def run(rank, world, args):
@@ -167,7 +172,7 @@ def run(rank, world, args):
     torch.set_num_threads(args.threads)
     if ddp:
         import torch.distributed as dist
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)  # same seed on every rank -> same initial weights
 
     lr_default, batch_default = RECIPES[args.recipe][args.model]
@@ -177,13 +182,24 @@ def run(rank, world, args):
         raise SystemExit(f"global batch {gbatch} not divisible by world size {world}")
     lbatch = gbatch // world
 
-    train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
+    device = torch.device(args.device)
+    if args.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    # bf16 autocast on the GPU (convolutions and matmuls in bf16, fp32 master weights), else a no-op.
+    def autocast():
+        if not args.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in load_fashion_mnist(args.data))
     model = build_model(args.model)
     init_d2l(model)
+    model.to(device)
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model)  # broadcasts rank 0's parameters/buffers at construction
+        # broadcasts rank 0's parameters/buffers at construction
+        net = DDP(model, device_ids=[device.index]) if args.device == "cuda" else DDP(model)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
     loss_fn = nn.CrossEntropyLoss(reduction="mean")
 
@@ -191,9 +207,11 @@ def run(rank, world, args):
     steps = n_train // gbatch                      # drop_last=True
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
+    name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
     if rank == 0:
         print(f"# pytorch {torch.__version__} model={args.model} recipe={args.recipe} lr={lr} "
-              f"global_batch={gbatch} world={world} threads={args.threads} steps/epoch={steps}",
+              f"global_batch={gbatch} world={world} threads={args.threads} steps/epoch={steps} "
+              f"device={name} bf16={args.bf16}",
               file=sys.stderr, flush=True)
 
     for epoch in range(1, args.epochs + 1):
@@ -202,29 +220,35 @@ def run(rank, world, args):
         # is exactly global batch perm[j*B:(j+1)*B].
         g = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
         perm = torch.randperm(n_train, generator=g)[: steps * gbatch]
-        shard = perm[rank::world]
+        shard = perm[rank::world].to(device)
         net.train()
-        stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        # loss sum, correct, count; kept on the device so a GPU epoch never waits for the host
+        stats = torch.zeros(3, dtype=torch.float64, device=device)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for j in range(steps):
             idx = shard[j * lbatch:(j + 1) * lbatch]
             xb, yb = train_x[idx], train_y[idx]
-            out = net(xb)
-            loss = loss_fn(out, yb)
+            with autocast():
+                out = net(xb)
+                loss = loss_fn(out, yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             with torch.no_grad():
-                stats[0] += loss.item() * yb.shape[0]
-                stats[1] += (out.argmax(1) == yb).sum().item()
+                stats[0] += loss.detach().double() * yb.shape[0]
+                stats[1] += (out.argmax(1) == yb).sum()
                 stats[2] += yb.shape[0]
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
         if ddp:
             dist.all_reduce(stats)
         # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
         # (model, not the DDP wrapper, so no collectives). Other ranks wait at the barrier.
         if rank == 0:
-            test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y)
+            test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y, autocast=autocast)
             train_loss = stats[0].item() / stats[2].item()
             train_acc = stats[1].item() / stats[2].item()
             ips = steps * gbatch / epoch_seconds
@@ -235,7 +259,7 @@ def run(rank, world, args):
                 print(json.dumps({"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
                                   "test_acc": test_acc, "epoch_seconds": epoch_seconds,
                                   "images_per_second": ips, "world_size": world,
-                                  "framework": "pytorch"}), flush=True)
+                                  "framework": "pytorch", "device": name, "bf16": args.bf16}), flush=True)
             else:
                 print(human, flush=True)
         if ddp:
@@ -273,7 +297,7 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
     p.add_argument("--max-steps", type=int, default=None, help="limit steps per epoch")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ddp", action="store_true", help="torch.distributed (gloo) + DDP")
+    p.add_argument("--ddp", action="store_true", help="torch.distributed (gloo; NCCL with --device cuda) + DDP")
     p.add_argument("--nproc", type=int, default=None,
                    help="with --ddp: spawn this many local ranks (else use env WORLD_SIZE/RANK)")
     p.add_argument("--json", action="store_true", help="one JSON line per epoch on stdout")
@@ -281,6 +305,9 @@ def main():
     p.add_argument("--print-params", action="store_true",
                    help="print state_dict keys/shapes and parameter count, then exit")
     p.add_argument("--data", default=DATA_DIR_DEFAULT, help="Fashion-MNIST IDX .gz directory")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: one GPU per process (rank mod visible GPUs); DDP then uses NCCL")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU only)")
     args = p.parse_args()
 
     if args.print_params:

@@ -4,7 +4,7 @@
 # runs the GPU suites one by one, each bounded, logs in $OUT (summary.txt first).
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke kernels ops nccl model cli bench
 #        (default: env smoke kernels ops nccl model cli; bench trains LeNet and ResNet-18 for timing).
-#        Step limits add up to 570 s for "env smoke kernels ops nccl model" and 540 s for "cli bench", so
+#        Step limits add up to 570 s for "env smoke kernels ops nccl model" and 550 s for "cli bench", so
 #        each group fits one 600 s device call.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -68,12 +68,18 @@ for s in "${steps[@]}"; do
     ops) step ops 120 test_gpu_ops ;;
     nccl) step nccl 60 test_gpu_nccl ;;
     model) step model 240 test_gpu_model ;;
-    cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
-    bench)  # LeNet with and without CUDA graphs, side by side
-      step bench_lenet 90 dptrain --device cuda --model lenet --epochs 10 --data "$data" --progress off
-      step bench_lenet_eager 90 dptrain --device cuda --model lenet --epochs 10 --data "$data" --progress off \
-        --no-cuda-graphs
-      step bench_resnet18 120 dptrain --device cuda --model resnet18 --epochs 3 --data "$data" --progress off ;;
+    cli) step cli 200 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
+    bench)  # the d2l recipes side by side with eager PyTorch on the same GPU (bench/torch_ref.py)
+      d2l=(--recipe d2l --data "$data" --progress off)
+      # PyTorch loads its own CUDA libraries: not the ones found for dptrain above.
+      torch=(env -u LD_LIBRARY_PATH python3 bench/torch_ref.py --recipe d2l --device cuda --data "$data")
+      step bench_lenet 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}"
+      step bench_lenet_eager 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --no-cuda-graphs
+      step bench_lenet_torch 50 "${torch[@]}" --model lenet --epochs 10
+      step bench_resnet18 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}"
+      step bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16
+      step bench_resnet18_torch 50 "${torch[@]}" --model resnet18 --epochs 3
+      step bench_resnet18_torch_bf16 50 "${torch[@]}" --model resnet18 --epochs 3 --bf16 ;;
     *) echo "unknown step $s" ;;
   esac
 done

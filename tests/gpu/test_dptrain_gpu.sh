@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dptrain --device cuda from the command line: LeNet for one epoch on one rank learns (test accuracy
 # > 0.5) and names its GPU in the banner; two ranks (NCCL on two GPUs, the MPI fallback with its log
-# line on one) learn as well; ResNet-18 with --sync-bn at two ranks and --tf32 run a few steps.
+# line on one) learn as well; ResNet-18 with --sync-bn at two ranks, --tf32 and --precision bf16 run
+# a few steps; CUDA graphs are captured by default and not with --no-cuda-graphs.
 # Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -79,6 +80,17 @@ check $rc "2 ranks, ResNet-18, --sync-bn, 5 steps (exit $rc)" "$tmp/syncbn.out"
 run tf32 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 --tf32 \
   --eval-every 0 --data "$data"
 check $rc "ResNet-18 with --tf32, 5 steps (exit $rc)" "$tmp/tf32.out"
+
+run bf16 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 --precision bf16 \
+  --eval-every 0 --log-level debug --data "$data"
+check $rc "ResNet-18 with --precision bf16, 5 steps (exit $rc)" "$tmp/bf16.out"
+grep -q "CUDA graph of the training step captured" "$tmp/bf16.out"
+check $? "the training step is captured as a CUDA graph (--log-level debug says so)" "$tmp/bf16.out"
+
+run nographs 300 "$bin" --device cuda --model lenet --epochs 1 --max-steps 5 --eval-every 0 --no-cuda-graphs \
+  --log-level debug --data "$data"
+check $rc "--no-cuda-graphs, 5 steps (exit $rc)" "$tmp/nographs.out"
+! grep -q "CUDA graph of" "$tmp/nographs.out"; check $? "--no-cuda-graphs captures nothing" "$tmp/nographs.out"
 
 run bad 60 "$bin" --device cuda --model lenet --epochs 1 --batch-size 0 --data "$data"
 [[ $rc -eq 2 ]] && grep -q -- "--batch-size" "$tmp/bad.out"; check $? "a bad flag is still exit 2 on the GPU path"
