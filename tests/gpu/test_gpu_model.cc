@@ -500,22 +500,28 @@ TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
   std::filesystem::remove_all(dir);
 }
 
+// A quiet --device cuda run of `model` with its recipe over the data in dir.
+TrainConfig gpu_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
+  TrainConfig c;
+  c.model = model;
+  apply_recipe(&c);
+  c.data = dir;
+  c.device = "cuda";
+  c.epochs = epochs;
+  c.batch_size = batch;
+  c.quiet = true;
+  return c;
+}
+
 TEST(GpuTraining, Resnet18LossFallsOnTheGpu) {
   SKIP_WITHOUT_GPU();
   const std::string dir = test::make_temp_dir("gpu_resnet");
   test::write_synthetic_dataset(dir, 640, 200, 23);
-  TrainConfig c;
-  c.model = "resnet18";
-  apply_recipe(&c);
-  c.data = dir;
-  c.device = "cuda";
-  c.epochs = 2;
-  c.batch_size = 32;
+  TrainConfig c = gpu_config("resnet18", dir, 2, 32);
   c.warmup_epochs = 0;
   c.schedule = "constant";
   c.lr = 0.05;
   c.eval_batch_size = 64;  // 200 test images: a short last batch
-  c.quiet = true;
   auto comm = self_comm();
   auto hist = run_training(c, *comm);
   ASSERT_EQ(hist.size(), 2u);
@@ -526,6 +532,14 @@ TEST(GpuTraining, Resnet18LossFallsOnTheGpu) {
   std::filesystem::remove_all(dir);
 }
 
+// Three short epochs of `model` (10 steps of 64 on 640 images, evaluation batches of 100): the
+// runs that must end bit for bit alike.
+TrainConfig three_epochs(const std::string& model, const std::string& dir) {
+  TrainConfig c = gpu_config(model, dir, 3, 64);
+  c.eval_batch_size = 100;
+  return c;
+}
+
 // A run checkpointed after epoch 2 and resumed ends bit for bit where the uninterrupted run ends:
 // parameters, BatchNorm buffers and momentum go device -> host -> file -> host -> device intact, and
 // every GPU kernel and algorithm is deterministic.
@@ -533,24 +547,12 @@ void check_resume(const std::string& model) {
   const std::string dir = test::make_temp_dir("gpu_ckpt");
   test::write_synthetic_dataset(dir, 640, 200, 4);
   auto comm = self_comm();
-  auto config = [&] {
-    TrainConfig c;
-    c.model = model;
-    apply_recipe(&c);
-    c.data = dir;
-    c.device = "cuda";
-    c.epochs = 3;
-    c.batch_size = 64;
-    c.eval_batch_size = 100;
-    c.quiet = true;
-    return c;
-  };
-  TrainConfig full = config();
+  TrainConfig full = three_epochs(model, dir);
   full.save = dir + "/full.safetensors";
   full.checkpoint_every = 2;
   full.checkpoint_path = dir + "/ckpt.safetensors";
   run_training(full, *comm);
-  TrainConfig resumed = config();
+  TrainConfig resumed = three_epochs(model, dir);
   resumed.resume = full.checkpoint_path;
   resumed.save = dir + "/resumed.safetensors";
   auto hist = run_training(resumed, *comm);
@@ -582,16 +584,8 @@ void check_graphs_match_eager(const std::string& model) {
   std::vector<EpochMetrics> hist[2];
   uint64_t launches[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
-    TrainConfig c;
-    c.model = model;
-    apply_recipe(&c);
-    c.data = dir;
-    c.device = "cuda";
-    c.epochs = 3;
-    c.batch_size = 64;
-    c.eval_batch_size = 100;
+    TrainConfig c = three_epochs(model, dir);
     c.cuda_graphs = graphs == 1;
-    c.quiet = true;
     c.save = dir + "/graphs" + std::to_string(graphs) + ".safetensors";
     const uint64_t before = gpu::StreamGraph::launches();
     hist[graphs] = run_training(c, *comm);
@@ -629,16 +623,9 @@ TEST(GpuTraining, Resnet18CudaGraphsMatchEagerBitForBit) {
 void check_learns(bool tf32, const std::string& precision) {
   const std::string dir = test::make_temp_dir("gpu_tensor_cores");
   test::write_synthetic_dataset(dir, 2048, 200, 24);
-  TrainConfig c;
-  c.model = "lenet";
-  apply_recipe(&c);
-  c.data = dir;
-  c.device = "cuda";
+  TrainConfig c = gpu_config("lenet", dir, 2, 64);
   c.tf32 = tf32;
   c.precision = precision;
-  c.epochs = 2;
-  c.batch_size = 64;
-  c.quiet = true;
   auto comm = self_comm();
   auto hist = run_training(c, *comm);
   EXPECT_GT(hist.back().test_acc, 0.8) << (tf32 ? "tf32" : precision);

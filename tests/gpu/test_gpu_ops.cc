@@ -73,6 +73,22 @@ void expect_bf16_rounding(const std::vector<float>& gpu, const std::vector<float
   EXPECT_LT(e, kBf16Tol) << what;
 }
 
+// What each layer check compares: y, dx, dw (overwritten) and dw accumulated without dx.
+struct LayerResults {
+  std::vector<float> y, dx, dw, dw_acc;
+};
+void expect_layer(const LayerResults& gpu, const LayerResults& cpu, const std::string& what, bool bf16, double tol_y,
+                  double tol_dw) {
+  if (bf16) {
+    expect_bf16_rounding(gpu.y, cpu.y, what + ": y");
+    expect_bf16_rounding(gpu.dw, cpu.dw, what + ": dw");
+  }
+  expect_close(gpu.y, cpu.y, what + ": y", tol_y);
+  expect_close(gpu.dx, cpu.dx, what + ": dx", tol_y);
+  expect_close(gpu.dw, cpu.dw, what + ": dw", tol_dw);
+  expect_close(gpu.dw_acc, cpu.dw_acc, what + ": dw accumulated (dx = null)", tol_dw);
+}
+
 // Forward; backward with dx, overwriting; backward without dx, accumulating into existing
 // gradients. Each output against cpu::ConvPrimitives.
 void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, bool bias, uint64_t seed) {
@@ -101,15 +117,8 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   // rounding, not the GPU's.
   const cpu::WinogradChoice wc = cpu::winograd_choice(g);
   const bool bf16 = ctx.bf16();
-  const double tol_y = bf16 ? kBf16Tol : wc.m ? 5e-5 : 1e-5, tol_dw = bf16 ? kBf16Tol : wc.mw ? 5e-5 : 1e-5;
-  if (bf16) {
-    expect_bf16_rounding(y_.host(), y, what + ": y");
-    expect_bf16_rounding(dw_.host(), dw, what + ": dw");
-  }
-  expect_close(y_.host(), y, what + ": y", tol_y);
-  expect_close(dx_.host(), dx, what + ": dx", tol_y);
-  expect_close(dw_.host(), dw, what + ": dw", tol_dw);
-  expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)", tol_dw);
+  expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, bf16,
+               bf16 ? kBf16Tol : wc.m ? 5e-5 : 1e-5, bf16 ? kBf16Tol : wc.mw ? 5e-5 : 1e-5);
   if (bias) {  // column sums of the fp32 dy: fp32 agreement in both precisions
     expect_close(db_.host(), db, what + ": db");
     expect_close(dba_.host(), db_acc, what + ": db accumulated (dx = null)");
@@ -178,14 +187,7 @@ void check_linear(gpu::GpuContext& ctx, int64_t n, int64_t in, int64_t out, bool
   gpu::linear_backward(ctx, x_.p, w_.p, dy_.p, nullptr, dwa_.p, bias ? dba_.p : nullptr, n, in, out, true);
   ctx.synchronize();
   const double tol = ctx.bf16() ? kBf16Tol : 1e-5;
-  if (ctx.bf16()) {
-    expect_bf16_rounding(y_.host(), y, what + ": y");
-    expect_bf16_rounding(dx_.host(), dx, what + ": dx");
-  }
-  expect_close(y_.host(), y, what + ": y", tol);
-  expect_close(dx_.host(), dx, what + ": dx", tol);
-  expect_close(dw_.host(), dw, what + ": dw", tol);
-  expect_close(dwa_.host(), dw_acc, what + ": dw accumulated (dx = null)", tol);
+  expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, ctx.bf16(), tol, tol);
   expect_close(dba_.host(), bias ? db_acc : db0, what + ": db accumulated");
   if (bias) expect_close(db_.host(), db, what + ": db");
 }
