@@ -180,9 +180,11 @@ void GpuReducer::graph_launched(int64_t step) {
   timed_.clear();
   stats_ = ReducerStats{};
   stats_.buckets = static_cast<int64_t>(buckets_.size());
+  // The fences before this one are the next begin()'s to wait for; this one is left to the begin()
+  // after, so the host queues step k+1 while the GPU still runs step k's graph (no launch gap).
+  settled_ = inflight_.size();
   inflight_.push_back(nccl_stream_fence(*nccl_, ctx_.stream(),
                                         DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
-  settled_ = inflight_.size();
 }
 
 void GpuReducer::allreduce_doubles(double* data, int64_t count, const std::string& what) {

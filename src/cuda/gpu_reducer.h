@@ -56,7 +56,8 @@ class GpuReducer {
   // CUDA graphs (NCCL only). While capturing, the collectives are queued without requests or
   // timing events (nothing may be polled inside a capture). After each launch of a graph holding a
   // step's collectives, graph_launched() hangs one fence on the compute stream in their place: the
-  // next begin() or quiesce() waits for it, bounded by --timeout, so a dead peer still ends the job.
+  // begin() one step later (so one graph may still run while the host queues the next) or any
+  // quiesce() waits for it, bounded by --timeout, so a dead peer still ends the job.
   void set_capturing(bool on);
   void graph_launched(int64_t step);
 
