@@ -32,7 +32,7 @@ void StreamGraph::reset() {
 bool StreamGraph::valid() const { return exec_ && captured_at_ == DeviceBuffer::allocations(); }
 
 StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::function<void(bool)>& prepare,
-                                  const std::function<void()>& body) {
+                                  const std::function<void()>& body, const std::function<bool(bool)>& agree) {
   if (valid()) {
     launch(exec_, stream);
     return Ran::kReplayed;
@@ -42,34 +42,41 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
     const uint64_t before = DeviceBuffer::allocations();
     prepare(true);
     // Thread-local mode: a call in this thread that would be unsafe inside a capture (an implicit
-    // synchronisation, a legacy-stream copy) fails instead of silently running outside the graph.
+    // synchronisation, an allocation) fails instead of silently running outside the graph.
     CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     std::string error;
     try {
       body();
     } catch (const std::exception& e) {
       error = e.what();
+    } catch (...) {
+      error = "an unknown exception";
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // always ends the capture
     if (error.empty() && end != cudaSuccess) error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
     if (error.empty() && DeviceBuffer::allocations() != before) error = "the work allocated device memory";
     cudaGraphExec_t exec = nullptr;
+    size_t nodes = 0;
     if (error.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-      if (inst != cudaSuccess) error = DPT_MSG("cudaGraphInstantiate: " << cudaGetErrorString(inst));
-      else CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes_));
+      cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      if (e == cudaSuccess) e = cudaGraphGetNodes(graph, nullptr, &nodes);
+      if (e != cudaSuccess) error = DPT_MSG("graph instantiation: " << cudaGetErrorString(e));
     }
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();  // a failed capture may leave its error as this thread's last one
-    if (error.empty()) {
+    // Every rank's verdict before any rank launches: a collective is captured on all ranks or none.
+    const bool all_ok = agree(error.empty());
+    if (all_ok) {
       exec_ = exec;
+      nodes_ = nodes;
       captured_at_ = before;
       failure_.clear();
       launch(exec_, stream);
       return Ran::kCaptured;
     }
-    failure_ = error;
+    if (exec) cudaGraphExecDestroy(exec);
+    failure_ = error.empty() ? "the capture failed on another rank" : error;
   }
   prepare(false);
   body();

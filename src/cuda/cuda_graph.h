@@ -24,16 +24,18 @@ class StreamGraph {
   // fork from and join back into it through events). The work is
   //  - replayed from the graph when one was captured and no DeviceBuffer was allocated since (a
   //    graph holds raw pointers; buffers only grow, so a new allocation may have freed one it uses);
-  //  - captured and launched when `capture` is true (the caller's decision: warm, and agreed with
-  //    every rank where the body holds collectives);
+  //  - else, when `capture` is true (the caller's decision: warm, and the same on every rank where
+  //    the body holds collectives), captured; launched if agree(captured here) says every rank
+  //    captured (a collective where the body holds collectives, else the identity);
   //  - else run eagerly.
   // `prepare(capturing)` runs before each attempt at body, outside any capture: the caller resets
   // its per-run state there and sets its capture switches (the reducer's); it is not called for a
-  // replay, and a capture's switches stay set after run() returns. A body that fails while captured
-  // throws nothing here: the capture is dropped, failure() says why, prepare(false) runs and the
+  // replay, and a capture's switches stay set after run() returns. A capture that fails here or on
+  // another rank throws nothing: it is dropped, failure() says why, prepare(false) runs and the
   // work runs eagerly instead; the caller decides whether to try again. Eager errors propagate.
   Ran run(cudaStream_t stream, bool capture, const std::function<void(bool capturing)>& prepare,
-          const std::function<void()>& body);
+          const std::function<void()>& body, const std::function<bool(bool captured)>& agree);
+  bool exists() const { return exec_ != nullptr; }
   // A graph exists and no allocation has happened since its capture.
   bool valid() const;
   void reset();

@@ -47,7 +47,7 @@ GpuContext::GpuContext(int device) : device_(device) {
 
 void GpuContext::create() {
   CUDA_CHECK(cudaSetDevice(device_));
-  CUDA_CHECK(cudaStreamCreate(&stream_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDNN_CHECK(cudnnCreate(&cudnn_));
   CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
   CUBLAS_CHECK(cublasCreate(&cublas_));

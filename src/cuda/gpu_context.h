@@ -52,8 +52,9 @@ class WorkspaceLayout {
 class GpuContext {
  public:
   // Makes `device` current for this thread and creates the stream and both handles. The stream is
-  // an ordinary (blocking) one on purpose: host code that copies with plain cudaMemcpy on the
-  // legacy default stream (tests, checkpoints) stays ordered with the work queued here.
+  // non-blocking: while it is captured into a CUDA graph, work on the legacy default stream from
+  // any thread (a library's plain cudaMemcpy) would invalidate the capture of a blocking stream.
+  // So nothing orders itself with it implicitly: host code synchronises it (or the device) first.
   explicit GpuContext(int device);
   ~GpuContext();
   GpuContext(const GpuContext&) = delete;

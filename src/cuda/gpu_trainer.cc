@@ -206,6 +206,13 @@ class GpuBackend : public TrainBackend {
     CUDA_CHECK(cudaMemsetAsync(s_->batch_stats.as<void>(), 0, stats_bytes, ctx.stream()));
     batches_ = batches;
     epoch_first_ = step_first_ = last_ = -1;
+    // Allocations happen between epochs (evaluation shapes, this method): a step graph that one
+    // rank can no longer replay is dropped by every rank, so all ranks replay or capture alike.
+    gpu::StreamGraph& graph = s_->step_graph;
+    if (step_graphs_ && graph.exists() && !all_ranks(graph.valid(), "agreement on replaying the step's CUDA graph")) {
+      graph.reset();
+      step_warm_ = kNotWarm;
+    }
   }
 
   void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
@@ -272,7 +279,7 @@ class GpuBackend : public TrainBackend {
     gpu::StreamGraph& graph = s_->eval_graphs[{begin, end}];
     uint64_t& warm = eval_warm_.try_emplace({begin, end}, kNotWarm).first->second;
     const bool capture = eval_graphs_ && warm == DeviceBuffer::allocations();
-    const auto ran = graph.run(st, capture, [](bool) {}, body);
+    const auto ran = graph.run(st, capture, [](bool) {}, body, [](bool captured) { return captured; });
     warm = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
     if (ran == gpu::StreamGraph::Ran::kCaptured)
       log_debug(DPT_MSG("CUDA graph of the evaluation of test images [" << begin << ", " << end << ") captured: "
@@ -370,15 +377,34 @@ class GpuBackend : public TrainBackend {
                                        static_cast<float>(cfg_.weight_decay), first, s_->ctx.stream()));
   }
 
+  // Whether `mine` holds on every rank: an MPI all-reduce where the step holds NCCL collectives
+  // (which NCCL requires to be captured on all ranks or on none), else this rank's value.
+  bool all_ranks(bool mine, const char* what) {
+    if (!s_->reducer) return mine;
+    int32_t v = mine ? 1 : 0;
+    comm_.allreduce(&v, 1, ReduceOp::kMin, what);
+    return v == 1;
+  }
+
   // The deferred micro-batch as one whole step: replayed from the graph when it is valid, captured
-  // once a step has run eagerly without allocating (warm), else eager. The run's first step is
-  // always eager (it starts the momentum buffer, which a graph must not repeat).
+  // once a step has run eagerly without allocating (warm) on every rank, else eager. The run's
+  // first step is always eager (it starts the momentum buffer, which a graph must not repeat).
   void graph_step(bool first) {
     const int64_t batch = std::exchange(deferred_batch_, -1), step = deferred_step_;
     gpu::GpuReducer* r = s_->reducer.get();
-    if (r) r->begin(step);  // the previous step's collectives, bounded by --timeout
+    gpu::StreamGraph& graph = s_->step_graph;
+    if (graph.exists() && !graph.valid()) {
+      // Nothing allocates inside an epoch once warm, and begin_epoch drops graphs that went stale.
+      DPT_CHECK(!r, "rank " << comm_.rank() << " allocated device memory inside an epoch after capturing its "
+                                                "step's CUDA graph; replaying on the other ranks would desynchronise NCCL");
+      graph.reset();  // one rank, no collectives: just capture again when warm
+    }
+    if (r) r->begin(step);  // collectives two steps back, bounded by --timeout
     stage_in(batch);
-    const bool capture = !first && step_warm_ == DeviceBuffer::allocations();
+    // Uniform across ranks: the replay state was agreed in begin_epoch, and the capture decision is
+    // agreed here (only on eager steps, i.e. while warming up).
+    const bool capture = !graph.exists() && all_ranks(!first && step_warm_ == DeviceBuffer::allocations(),
+                                                      "agreement on capturing the step's CUDA graph");
     auto prepare = [&](bool capturing) {
       if (!r) return;
       r->set_capturing(capturing);
@@ -389,8 +415,9 @@ class GpuBackend : public TrainBackend {
       if (r) r->finish();
       update(first);
     };
-    gpu::StreamGraph& graph = s_->step_graph;
-    const auto ran = graph.run(s_->ctx.stream(), capture, prepare, body);
+    const auto ran = graph.run(s_->ctx.stream(), capture, prepare, body, [&](bool captured) {
+      return all_ranks(captured, "agreement on the CUDA graph capture of the step");
+    });
     if (r) r->set_capturing(false);
     step_warm_ = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
     if (ran != gpu::StreamGraph::Ran::kEager && r) r->graph_launched(step);
@@ -398,7 +425,8 @@ class GpuBackend : public TrainBackend {
       log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes()
                                                                             << " nodes"));
     if (capture && ran == gpu::StreamGraph::Ran::kEager) {
-      // Not retried: a collective queued into a dropped capture is not worth a second risk.
+      // Not retried (on any rank: the verdict was agreed): a collective queued into a dropped
+      // capture is not worth a second risk.
       log_warn(DPT_MSG("CUDA graph capture of the training step failed on rank " << comm_.rank() << " ("
                                                                                    << graph.failure()
                                                                                    << "): steps run without graphs"));

@@ -284,7 +284,8 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
         [&] {
           rb.backward_through(reducer);
           reducer.allreduce_doubles(dd.p, 3, "test doubles");
-        });
+        },
+        [](bool captured) { return captured; });
     reducer.set_capturing(false);
     ASSERT_EQ(ran, step == 0 ? gpu::StreamGraph::Ran::kCaptured : gpu::StreamGraph::Ran::kReplayed)
         << "step " << step << ": " << graph.failure();
@@ -301,16 +302,20 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
 }
 
 // A graph holds raw pointers: a device allocation after the capture invalidates it, and the next
-// run is eager (then a fresh capture), never a replay into freed memory.
+// run is eager (then a fresh capture), never a replay into freed memory. A capture is launched only
+// when every rank captured; a failing body falls back to eager.
 TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
   SKIP_WITHOUT_GPU();
   gpu::GpuContext ctx(0);
   test::Dev<float> v(std::vector<float>{0.f});
   int eager_bodies = 0;
   gpu::StreamGraph graph;
+  bool others_agree = true;  // what the other ranks say of a capture
   auto run = [&](float value, bool capture) {
-    return graph.run(ctx.stream(), capture, [&](bool capturing) { eager_bodies += !capturing; },
-                     [&] { CUDA_CHECK(cuda::launch_store_scalar(v.p, value, ctx.stream())); });
+    return graph.run(
+        ctx.stream(), capture, [&](bool capturing) { eager_bodies += !capturing; },
+        [&] { CUDA_CHECK(cuda::launch_store_scalar(v.p, value, ctx.stream())); },
+        [&](bool captured) { return captured && others_agree; });
   };
   EXPECT_EQ(run(1.f, false), gpu::StreamGraph::Ran::kEager);
   EXPECT_EQ(run(2.f, true), gpu::StreamGraph::Ran::kCaptured);
@@ -323,12 +328,22 @@ TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
   EXPECT_EQ(run(4.f, false), gpu::StreamGraph::Ran::kEager);
   EXPECT_EQ(v.host()[0], 4.f);
   EXPECT_EQ(eager_bodies, 2);
+  // A capture that succeeded here but not on another rank is dropped: the work runs eagerly.
+  others_agree = false;
+  EXPECT_EQ(run(5.f, true), gpu::StreamGraph::Ran::kEager);
+  EXPECT_EQ(v.host()[0], 5.f);
+  EXPECT_FALSE(graph.exists());
+  EXPECT_EQ(graph.failure(), "the capture failed on another rank");
+  EXPECT_EQ(eager_bodies, 3);
   // A body that fails inside the capture (a synchronisation is illegal there) falls back to eager.
   int attempts = 0;
-  const auto ran = graph.run(ctx.stream(), true, [](bool) {}, [&] {
-    ++attempts;
-    ctx.synchronize();
-  });
+  const auto ran = graph.run(
+      ctx.stream(), true, [](bool) {},
+      [&] {
+        ++attempts;
+        ctx.synchronize();
+      },
+      [](bool captured) { return captured; });
   EXPECT_EQ(ran, gpu::StreamGraph::Ran::kEager);
   EXPECT_EQ(attempts, 2);
   EXPECT_FALSE(graph.failure().empty());
