@@ -22,7 +22,8 @@
 // configuration: fp32 compute, tensor cores). Their bf16 copies are cast into the workspace from
 // the fp32 activations and weights (after the fp32 OIHW -> OHWI transform) on every call, and
 // results are cast back: y and dx overwrite fp32 arrays, dW is added to the fp32 gradient through
-// the fp32 inverse transform. So gradients, the optimizer and the all-reduce stay fp32.
+// the fp32 inverse transform. So gradients, the optimizer and the all-reduce stay fp32. A shape
+// for which cuDNN ranks no bf16 algorithm in some direction convolves in fp32 (see choose).
 #include "cuda/cudnn_conv.h"
 
 #include <algorithm>
@@ -104,6 +105,84 @@ bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf
   return false;
 }
 
+// The descriptors every direction's cuDNN calls take, in their own orders.
+struct Descs {
+  cudnnHandle_t h;
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+};
+
+// cuDNN's calls and types for each direction, so that one search serves all three.
+struct FwdOps {
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr const char* kName = "forward";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(h, n); }
+  static cudnnStatus_t rank(const Descs& d, int max, int* got, Perf* p) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(d.h, d.x, d.w, d.conv, d.y, max, got, p);
+  }
+  static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(d.h, d.x, d.w, d.conv, d.y, a, bytes);
+  }
+};
+struct BwdDataOps {
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr const char* kName = "backward-data";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* n) {
+    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, n);
+  }
+  static cudnnStatus_t rank(const Descs& d, int max, int* got, Perf* p) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(d.h, d.w, d.y, d.conv, d.x, max, got, p);
+  }
+  static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(d.h, d.w, d.y, d.conv, d.x, a, bytes);
+  }
+};
+struct BwdFilterOps {
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr const char* kName = "backward-filter";
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* n) {
+    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, n);
+  }
+  static cudnnStatus_t rank(const Descs& d, int max, int* got, Perf* p) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(d.h, d.x, d.y, d.conv, d.w, max, got, p);
+  }
+  static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.h, d.x, d.y, d.conv, d.w, a, bytes);
+  }
+};
+
+}  // namespace
+
+// One direction's algorithm and how to run it.
+template <class Algo>
+struct ConvChoice {
+  Algo algo{};
+  size_t ws = 0;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+};
+
+namespace {
+
+// cuDNN's ranking for one direction, then pick(). False when nothing qualifies (or cuDNN cannot
+// rank this descriptor set at all, as for a data type no engine supports).
+template <class Ops>
+bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typename Ops::Algo>* c) {
+  int max = 0, got = 0;
+  CUDNN_CHECK(Ops::max_count(d.h, &max));
+  std::vector<typename Ops::Perf> perf(static_cast<size_t>(std::max(max, 1)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, base_math(tensor_ops)));
+  if (Ops::rank(d, max, &got, perf.data()) != CUDNN_STATUS_SUCCESS) return false;
+  auto ws_of = [&](typename Ops::Algo a, cudnnMathType_t m, size_t* bytes) {
+    const cudnnStatus_t st = cudnnSetConvolutionMathType(d.conv, m);
+    return st != CUDNN_STATUS_SUCCESS ? st : Ops::workspace(d, a, bytes);
+  };
+  return pick(perf, got, tensor_ops, ws_of, Ops::kName, g, &c->algo, &c->math, &c->ws);
+}
+
 }  // namespace
 
 struct CudnnConv::Entry {
@@ -115,12 +194,12 @@ struct CudnnConv::Entry {
   size_t weight_bytes = 0;   // fp32
   int64_t x_elems = 0, y_elems = 0, w_elems = 0;
   int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
-  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
-  cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_data_math = CUDNN_FMA_MATH, bwd_filter_math = CUDNN_FMA_MATH;
+  bool bf16 = false;        // x, y and the filter are bf16 (see describe)
+  bool tensor_ops = false;  // algorithms may use tensor cores (bf16, or fp32 with --tf32)
+  bool chosen = false;      // fwd, bwd_data and bwd_filter hold this data type's algorithms
+  ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
+  ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
+  ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
 
   Entry() = default;
   Entry(const Entry&) = delete;
@@ -148,23 +227,18 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
             co = as_int(g.c_out, g), k = as_int(g.k, g), s = as_int(g.stride, g), oh = as_int(g.oh(), g),
             ow = as_int(g.ow(), g);
   const int p = static_cast<int>(g.pad);
-  // The convolved tensors' type; the weight transforms stay fp32 (bf16 copies are cast after them).
-  const cudnnDataType_t dt = ctx_.bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   auto e = std::make_unique<Entry>();  // owns each descriptor as soon as it exists
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NHWC, dt, n, ci, h, w));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NHWC, dt, n, co, oh, ow));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_oihw));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_oihw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_ohwi));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_ohwi, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, co, ci, k, k));
-  CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, dt, CUDNN_TENSOR_NHWC, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
   // PyTorch's Conv2d is a cross-correlation (no kernel flip). Compute in fp32 for both precisions.
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, base_math(ctx_.tensor_ops())));
+  describe(*e, g, ctx_.bf16());
   int dn = 0, dc = 0, dh = 0, dw = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
   DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
@@ -179,30 +253,57 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   return *cache_.emplace(key, std::move(e)).first->second;
 }
 
+void CudnnConv::describe(Entry& e, const ConvGeom& g, bool bf16) {
+  // The convolved tensors' type; the weight transforms stay fp32 (bf16 copies are cast after them).
+  const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  const int n = as_int(g.n, g), h = as_int(g.h, g), w = as_int(g.w, g), ci = as_int(g.c_in, g),
+            co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.x, CUDNN_TENSOR_NHWC, dt, n, ci, h, w));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.y, CUDNN_TENSOR_NHWC, dt, n, co, oh, ow));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e.w, dt, CUDNN_TENSOR_NHWC, co, ci, k, k));
+  e.bf16 = bf16;
+  e.tensor_ops = bf16 || ctx_.tf32();
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
+  e.chosen = false;
+}
+
+bool CudnnConv::runs_bf16(const ConvGeom& g) {
+  Entry& e = entry(g);
+  choose(e, g);
+  return e.bf16;
+}
+
+void CudnnConv::choose(Entry& e, const ConvGeom& g) {
+  if (e.chosen) return;
+  const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
+  const char* missing = !search<FwdOps>(d, e.tensor_ops, g, &e.fwd)             ? FwdOps::kName
+                        : !search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data)     ? BwdDataOps::kName
+                        : !search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter) ? BwdFilterOps::kName
+                                                                                    : nullptr;
+  if (!missing) {
+    e.chosen = true;
+    return;
+  }
+  DPT_CHECK(e.bf16, "cuDNN offers no fp32 " << missing << " algorithm for convolution " << geom_str(g));
+  // A shape no bf16 engine takes (a single input channel, say): this layer convolves in fp32.
+  // Decided per shape, so the same on every rank and run.
+  log_debug(DPT_MSG("cuDNN offers no bf16 " << missing << " algorithm for convolution " << geom_str(g)
+                                            << ": it runs in fp32"));
+  describe(e, g, false);
+  choose(e, g);
+}
+
 void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
-  if (!e.have_fwd) {
-    int max = 0, got = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, e.x, e.w, e.conv, e.y, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionFwdAlgo_t a, cudnnMathType_t m, size_t* bytes) {
-      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
-      return st != CUDNN_STATUS_SUCCESS ? st : cudnnGetConvolutionForwardWorkspaceSize(h, e.x, e.w, e.conv, e.y, a, bytes);
-    };
-    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "forward", g, &e.fwd, &e.fwd_math, &e.fwd_ws),
-              "cuDNN offers no " << precision() << " forward algorithm for convolution " << geom_str(g));
-    e.have_fwd = true;
-  }
-  const bool bf16 = ctx_.bf16();
+  choose(e, g);
+  const bool bf16 = e.bf16;
   const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
   const size_t at_w = e.same_layout ? 0 : layout.add(e.weight_bytes);
   const size_t at_wl = add_bf16(layout, bf16, e.w_elems), at_xl = add_bf16(layout, bf16, e.x_elems),
                at_yl = add_bf16(layout, bf16, e.y_elems);
-  const size_t at_algo = layout.add(e.fwd_ws);
+  const size_t at_algo = layout.add(e.fwd.ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f;
   const float* wk = w;
@@ -215,8 +316,9 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
   const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
   void* yc = bf16 ? static_cast<void*>(ws + at_yl) : y;
   // One descriptor serves three directions whose algorithms may differ in math type.
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd_math));
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, xc, e.w, wc, e.conv, e.fwd, ws + at_algo, e.fwd_ws, &zero, e.y, yc));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd.math));
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, xc, e.w, wc, e.conv, e.fwd.algo, ws + at_algo, e.fwd.ws, &zero, e.y,
+                                      yc));
   if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(yc), y, e.y_elems, false, st));
   if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
 }
@@ -225,40 +327,10 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
                          float* db, bool accumulate) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
-  if (dx && !e.have_bwd_data) {
-    int max = 0, got = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, e.w, e.y, e.conv, e.x, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t a, cudnnMathType_t m, size_t* bytes) {
-      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
-      return st != CUDNN_STATUS_SUCCESS ? st
-                                        : cudnnGetConvolutionBackwardDataWorkspaceSize(h, e.w, e.y, e.conv, e.x, a, bytes);
-    };
-    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "backward-data", g, &e.bwd_data, &e.bwd_data_math, &e.bwd_data_ws),
-              "cuDNN offers no " << precision() << " backward-data algorithm for convolution " << geom_str(g));
-    e.have_bwd_data = true;
-  }
-  if (dw && !e.have_bwd_filter) {
-    int max = 0, got = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(std::max(max, 1)));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, e.x, e.y, e.conv, e.w, max, &got, perf.data()));
-    auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t a, cudnnMathType_t m, size_t* bytes) {
-      const cudnnStatus_t st = cudnnSetConvolutionMathType(e.conv, m);
-      return st != CUDNN_STATUS_SUCCESS ? st
-                                        : cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e.x, e.y, e.conv, e.w, a, bytes);
-    };
-    DPT_CHECK(pick(perf, got, ctx_.tensor_ops(), ws_of, "backward-filter", g, &e.bwd_filter, &e.bwd_filter_math,
-                   &e.bwd_filter_ws),
-              "cuDNN offers no " << precision() << " backward-filter algorithm for convolution " << geom_str(g));
-    e.have_bwd_filter = true;
-  }
+  choose(e, g);
   // Workspace: [OHWI weights (for dx)] [OHWI dW] [bf16 copies: dy, weights, dx, x, dW]
   // [algorithm scratch, shared by the two calls].
-  const bool bf16 = ctx_.bf16();
+  const bool bf16 = e.bf16;
   const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
   const bool transform = !e.same_layout;
@@ -267,7 +339,7 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
   const size_t at_dyl = add_bf16(layout, bf16, e.y_elems);
   const size_t at_wl = add_bf16(layout, bf16 && dx, e.w_elems), at_dxl = add_bf16(layout, bf16 && dx, e.x_elems);
   const size_t at_xl = add_bf16(layout, bf16 && dw, e.x_elems), at_dwl = add_bf16(layout, bf16 && dw, e.w_elems);
-  const size_t algo_ws = std::max(dx ? e.bwd_data_ws : 0, dw ? e.bwd_filter_ws : 0);
+  const size_t algo_ws = std::max(dx ? e.bwd_data.ws : 0, dw ? e.bwd_filter.ws : 0);
   const size_t at_algo = layout.add(algo_ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
@@ -281,20 +353,20 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
     }
     const void* wc = operand(bf16, wk, e.w_elems, ws, at_wl, st);
     void* dxc = bf16 ? static_cast<void*>(ws + at_dxl) : dx;
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data_math));
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wc, e.y, dyc, e.conv, e.bwd_data, ws + at_algo,
-                                             e.bwd_data_ws, &zero, e.x, dxc));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data.math));
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wc, e.y, dyc, e.conv, e.bwd_data.algo, ws + at_algo,
+                                             e.bwd_data.ws, &zero, e.x, dxc));
     if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dxc), dx, e.x_elems, false, st));
   }
   if (dw) {
     const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter_math));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter.math));
     // cuDNN writes dW (OHWI) to the bf16 scratch, the fp32 OHWI scratch (to transform back to
     // OIHW), or, with neither, straight into dw; the last step adds into dw when accumulating.
     float* dwt = reinterpret_cast<float*>(ws + at_dw);
     void* dwc = bf16 ? static_cast<void*>(ws + at_dwl) : transform ? static_cast<void*>(dwt) : dw;
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, xc, e.y, dyc, e.conv, e.bwd_filter, ws + at_algo,
-                                               e.bwd_filter_ws, bf16 || transform ? &zero : &beta, e.w, dwc));
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, xc, e.y, dyc, e.conv, e.bwd_filter.algo, ws + at_algo,
+                                               e.bwd_filter.ws, bf16 || transform ? &zero : &beta, e.w, dwc));
     if (bf16)
       CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dwc), transform ? dwt : dw, e.w_elems,
                                         !transform && accumulate, st));

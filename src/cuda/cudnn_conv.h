@@ -16,7 +16,8 @@ using cpu::ConvGeom;
 
 // One per convolution layer. Descriptors and algorithms are chosen once per geometry (in practice
 // once per batch size) and cached; scratch comes from the context's shared workspace. Arrays are
-// fp32 in both precisions; with GpuContext::bf16 the convolutions themselves run on bf16 copies.
+// fp32 in both precisions; with GpuContext::bf16 the convolutions themselves run on bf16 copies
+// (per shape, fp32 where cuDNN has no bf16 algorithm).
 class CudnnConv {
  public:
   explicit CudnnConv(GpuContext& ctx);
@@ -30,12 +31,20 @@ class CudnnConv {
   // accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, bool accumulate);
+  // Whether convolutions of this geometry run on bf16 operands (GpuContext::bf16, and cuDNN has
+  // bf16 algorithms for the shape); chooses the algorithms if not done yet.
+  bool runs_bf16(const ConvGeom& g);
 
  private:
   struct Entry;
   using Key = std::array<int64_t, 8>;  // n, h, w, c_in, c_out, k, stride, pad
   Entry& entry(const ConvGeom& g);
-  const char* precision() const { return ctx_.bf16() ? "bf16" : "fp32"; }
+  // Sets the descriptors' data type (bf16 or fp32) and forgets every chosen algorithm.
+  void describe(Entry& e, const ConvGeom& g, bool bf16);
+  // The algorithms of all three directions, chosen together on the entry's first use (so nothing
+  // is chosen later, inside a captured CUDA graph); where cuDNN has none for one direction in bf16,
+  // the entry falls back to fp32 whole.
+  void choose(Entry& e, const ConvGeom& g);
 
   GpuContext& ctx_;
   std::map<Key, std::unique_ptr<Entry>> cache_;
