@@ -40,12 +40,15 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
   reset();
   if (capture) {
     const uint64_t before = DeviceBuffer::allocations();
-    prepare(true);
-    // Thread-local mode: a call in this thread that would be unsafe inside a capture (an implicit
-    // synchronisation, an allocation) fails instead of silently running outside the graph.
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     std::string error;
+    bool capturing = false;
+    // Whatever fails here, every rank still reaches agree() below (it may be a collective).
     try {
+      prepare(true);
+      // Thread-local mode: a call in this thread that would be unsafe inside a capture (an implicit
+      // synchronisation, an allocation) fails instead of silently running outside the graph.
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      capturing = true;
       body();
     } catch (const std::exception& e) {
       error = e.what();
@@ -53,8 +56,10 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
       error = "an unknown exception";
     }
     cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // always ends the capture
-    if (error.empty() && end != cudaSuccess) error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
+    if (capturing) {
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // ends the capture, failed or not
+      if (error.empty() && end != cudaSuccess) error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
+    }
     if (error.empty() && DeviceBuffer::allocations() != before) error = "the work allocated device memory";
     cudaGraphExec_t exec = nullptr;
     size_t nodes = 0;

@@ -21,9 +21,11 @@
 // --precision bf16 (GpuContext::bf16): x, y and the filter are bf16 tensors (cuDNN's BFLOAT16
 // configuration: fp32 compute, tensor cores). Their bf16 copies are cast into the workspace from
 // the fp32 activations and weights (after the fp32 OIHW -> OHWI transform) on every call, and
-// results are cast back: y and dx overwrite fp32 arrays, dW is added to the fp32 gradient through
-// the fp32 inverse transform. So gradients, the optimizer and the all-reduce stay fp32. A shape
-// for which cuDNN ranks no bf16 algorithm in some direction convolves in fp32 (see choose).
+// results are cast back: y and dx overwrite fp32 arrays; dW, which cuDNN writes in the filter's
+// type (bf16: the legacy API cannot mix types), is widened and added to the fp32 gradient through
+// the fp32 inverse transform. So the gradient buffers, the optimizer and the all-reduce are fp32,
+// with each convolution's dW rounded to bf16 once. A shape for which cuDNN ranks no bf16 algorithm
+// in a direction it needs convolves in fp32 (see choose).
 #include "cuda/cudnn_conv.h"
 
 #include <algorithm>
@@ -160,6 +162,7 @@ struct BwdFilterOps {
 // One direction's algorithm and how to run it.
 template <class Algo>
 struct ConvChoice {
+  bool have = false;
   Algo algo{};
   size_t ws = 0;
   cudnnMathType_t math = CUDNN_FMA_MATH;
@@ -196,7 +199,6 @@ struct CudnnConv::Entry {
   int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
   bool bf16 = false;        // x, y and the filter are bf16 (see describe)
   bool tensor_ops = false;  // algorithms may use tensor cores (bf16, or fp32 with --tf32)
-  bool chosen = false;      // fwd, bwd_data and bwd_filter hold this data type's algorithms
   ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
   ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
@@ -264,39 +266,40 @@ void CudnnConv::describe(Entry& e, const ConvGeom& g, bool bf16) {
   e.bf16 = bf16;
   e.tensor_ops = bf16 || ctx_.tf32();
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
-  e.chosen = false;
+  e.fwd = {}, e.bwd_data = {}, e.bwd_filter = {};
 }
 
 bool CudnnConv::runs_bf16(const ConvGeom& g) {
   Entry& e = entry(g);
-  choose(e, g);
+  choose(e, g, true, true);
   return e.bf16;
 }
 
-void CudnnConv::choose(Entry& e, const ConvGeom& g) {
-  if (e.chosen) return;
+void CudnnConv::choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter) {
   const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
-  const char* missing = !search<FwdOps>(d, e.tensor_ops, g, &e.fwd)             ? FwdOps::kName
-                        : !search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data)     ? BwdDataOps::kName
-                        : !search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter) ? BwdFilterOps::kName
-                                                                                    : nullptr;
-  if (!missing) {
-    e.chosen = true;
-    return;
-  }
+  const char* missing = nullptr;
+  if (!e.fwd.have && !(e.fwd.have = search<FwdOps>(d, e.tensor_ops, g, &e.fwd)))
+    missing = FwdOps::kName;
+  else if (bwd_data && !e.bwd_data.have && !(e.bwd_data.have = search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data)))
+    missing = BwdDataOps::kName;
+  else if (bwd_filter && !e.bwd_filter.have &&
+           !(e.bwd_filter.have = search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter)))
+    missing = BwdFilterOps::kName;
+  if (!missing) return;
   DPT_CHECK(e.bf16, "cuDNN offers no fp32 " << missing << " algorithm for convolution " << geom_str(g));
   // A shape no bf16 engine takes (a single input channel, say): this layer convolves in fp32.
-  // Decided per shape, so the same on every rank and run.
+  // Decided per shape, so the same on every rank and run. The forward is chosen again right away
+  // (with what is asked for now), so no choice is left for a later step that may be captured.
   log_debug(DPT_MSG("cuDNN offers no bf16 " << missing << " algorithm for convolution " << geom_str(g)
                                             << ": it runs in fp32"));
   describe(e, g, false);
-  choose(e, g);
+  choose(e, g, bwd_data, bwd_filter);
 }
 
 void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
-  choose(e, g);
+  choose(e, g, false, false);
   const bool bf16 = e.bf16;
   const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
@@ -327,7 +330,7 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
                          float* db, bool accumulate) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
-  choose(e, g);
+  choose(e, g, dx != nullptr, dw != nullptr);
   // Workspace: [OHWI weights (for dx)] [OHWI dW] [bf16 copies: dy, weights, dx, x, dW]
   // [algorithm scratch, shared by the two calls].
   const bool bf16 = e.bf16;

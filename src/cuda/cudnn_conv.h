@@ -41,10 +41,10 @@ class CudnnConv {
   Entry& entry(const ConvGeom& g);
   // Sets the descriptors' data type (bf16 or fp32) and forgets every chosen algorithm.
   void describe(Entry& e, const ConvGeom& g, bool bf16);
-  // The algorithms of all three directions, chosen together on the entry's first use (so nothing
-  // is chosen later, inside a captured CUDA graph); where cuDNN has none for one direction in bf16,
-  // the entry falls back to fp32 whole.
-  void choose(Entry& e, const ConvGeom& g);
+  // The algorithms of the forward and of the backward directions asked for, each chosen on first
+  // use (an eager step: the first step is never captured); where cuDNN has none for one of them
+  // in bf16, the entry falls back to fp32 whole.
+  void choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter);
 
   GpuContext& ctx_;
   std::map<Key, std::unique_ptr<Entry>> cache_;

@@ -81,8 +81,9 @@ class GpuContext {
   bool tf32() const { return tf32_; }
   // --precision bf16: convolutions and Linear GEMMs take bf16 operands (cast from the fp32
   // activations and master weights into the workspace), accumulate in fp32 on tensor cores, and
-  // give fp32 results; everything else, gradients and the all-reduce stay fp32. Set it before the
-  // first convolution runs.
+  // give fp32 results (a convolution's outputs, dW included, pass through bf16 first); the
+  // gradient buffers, the optimizer and the all-reduce stay fp32. Set it before the first
+  // convolution runs.
   void set_bf16(bool on) { bf16_ = on; }
   bool bf16() const { return bf16_; }
   // Whether convolution algorithms may use tensor cores: TF32 allowed, or bf16 operands.
