@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (through the device tool, with .gpu-bundle carried): unpacks the bundle made by
 # tests/gpu/device_bundle.sh, finds the machine's own CUDA, cuBLAS, cuDNN and NCCL libraries, and
-# runs the GPU suites one by one, each bounded, logs in $OUT (summary.txt first).
+# runs the GPU suites one by one, each bounded. $OUT gets summary.txt, logs.tar.gz (every step's
+# log and metrics: the device tool returns at most 8 files) and, after bench, gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke kernels ops nccl model cli bench
 #        (default: env smoke kernels ops nccl model cli; bench trains LeNet and ResNet-18 for timing).
 #        Step limits add up to 570 s for "env smoke kernels ops nccl model" and 550 s for "cli bench", so
@@ -10,7 +11,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${OUT:-/tmp/dpt-out}
-mkdir -p "$out"
+logs=/tmp/dpt-logs
+mkdir -p "$out" "$logs"
 bundle=$root/.gpu-bundle
 [[ -f $bundle/runtime.tar.xz ]] || { echo "no $bundle/runtime.tar.xz: run tests/gpu/device_bundle.sh and carry .gpu-bundle"; exit 1; }
 if command -v xz > /dev/null; then
@@ -46,16 +48,16 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
 if [[ -d $bundle/data ]]; then export DPT_TEST_DATA=$bundle/data; fi
 data=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
 
-# step NAME LIMIT command...: full log in $OUT/NAME.log, its tail on stdout, "NAME rc=N" in the summary.
+# step NAME LIMIT command...: full log in $logs/NAME.log, its tail on stdout, "NAME rc=N" in the summary.
 step() {
   local name=$1 limit=$2 rc
   shift 2
   echo "=== $name: $*"
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$out/summary.txt"
-  tail -n 30 "$out/$name.log"
+  tail -n 30 "$logs/$name.log"
 }
 
 steps=("$@")
@@ -73,15 +75,23 @@ for s in "${steps[@]}"; do
       d2l=(--recipe d2l --data "$data" --progress off)
       # PyTorch loads its own CUDA libraries: not the ones found for dptrain above.
       torch=(env -u LD_LIBRARY_PATH python3 bench/torch_ref.py --recipe d2l --device cuda --data "$data")
-      step bench_lenet 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}"
-      step bench_lenet_eager 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --no-cuda-graphs
-      step bench_lenet_torch 50 "${torch[@]}" --model lenet --epochs 10
-      step bench_resnet18 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}"
-      step bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16
-      step bench_resnet18_torch 50 "${torch[@]}" --model resnet18 --epochs 3
-      step bench_resnet18_torch_bf16 50 "${torch[@]}" --model resnet18 --epochs 3 --bf16 ;;
+      # dptrain's epoch records go to NAME.jsonl, PyTorch's (--json) into its log: bench/gpu_table.py
+      # reads both.
+      m() { echo --metrics "$logs/$1.jsonl"; }
+      step bench_lenet 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" $(m bench_lenet)
+      step bench_lenet_eager 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --no-cuda-graphs \
+        $(m bench_lenet_eager)
+      step bench_lenet_torch 50 "${torch[@]}" --model lenet --epochs 10 --json
+      step bench_resnet18 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" $(m bench_resnet18)
+      step bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16 \
+        $(m bench_resnet18_bf16)
+      step bench_resnet18_torch 50 "${torch[@]}" --model resnet18 --epochs 3 --json
+      step bench_resnet18_torch_bf16 50 "${torch[@]}" --model resnet18 --epochs 3 --bf16 --json
+      nvidia-smi -L > "$logs/device.txt" 2>&1
+      python3 bench/gpu_table.py "$logs" | tee "$out/gpu_table.md" ;;
     *) echo "unknown step $s" ;;
   esac
 done
-echo "--- summary"
+tar -C "$logs" -czf "$out/logs.tar.gz" .
+echo "--- summary (logs: logs.tar.gz)"
 cat "$out/summary.txt"
