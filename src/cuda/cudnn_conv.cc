@@ -225,9 +225,8 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   if (it != cache_.end()) return *it->second;
 
   DPT_CHECK(g.stride > 0 && g.pad >= 0 && g.oh() > 0 && g.ow() > 0, "convolution " << geom_str(g) << " is empty");
-  const int n = as_int(g.n, g), h = as_int(g.h, g), w = as_int(g.w, g), ci = as_int(g.c_in, g),
-            co = as_int(g.c_out, g), k = as_int(g.k, g), s = as_int(g.stride, g), oh = as_int(g.oh(), g),
-            ow = as_int(g.ow(), g);
+  const int n = as_int(g.n, g), ci = as_int(g.c_in, g), co = as_int(g.c_out, g), k = as_int(g.k, g),
+            s = as_int(g.stride, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
   const int p = static_cast<int>(g.pad);
   auto e = std::make_unique<Entry>();  // owns each descriptor as soon as it exists
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));

@@ -20,6 +20,7 @@ ninja -C "$build" dptrain tests/gpu/test_gpu_kernels tests/gpu/test_gpu_ops test
 bins=("$build/dptrain" "$build"/tests/gpu/test_gpu_{kernels,ops,nccl,model})
 
 stage=$(mktemp -d)
+chmod 755 "$stage"  # it becomes the archive's ./: never a 700 entry for /
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/opt/dpt/bin" "$stage/opt/dpt/lib"
 cp "${bins[@]}" "$stage/opt/dpt/bin/"

@@ -14,12 +14,14 @@ out=${OUT:-/tmp/dpt-out}
 logs=/tmp/dpt-logs
 mkdir -p "$out" "$logs"
 bundle=$root/.gpu-bundle
+# --no-overwrite-dir: directories that exist keep their modes (an archive's ./ must never make /
+# private, which breaks every non-root daemon, munged for one).
 [[ -f $bundle/runtime.tar.xz ]] || { echo "no $bundle/runtime.tar.xz: run tests/gpu/device_bundle.sh and carry .gpu-bundle"; exit 1; }
 if command -v xz > /dev/null; then
-  tar -C / -xJf "$bundle/runtime.tar.xz"
+  tar --no-overwrite-dir -C / -xJf "$bundle/runtime.tar.xz"
 else  # no xz binary: Python's lzma decompresses
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
-    "$bundle/runtime.tar.xz" | tar -C / -xf -
+    "$bundle/runtime.tar.xz" | tar --no-overwrite-dir -C / -xf -
 fi || { echo "unpacking the bundle failed"; exit 1; }
 
 # The machine's CUDA libraries: the toolkit's first (cudart, cuBLAS and cuBLASLt must come from one

@@ -151,8 +151,9 @@ TEST(GpuOps, Bf16ConvolutionMatchesCpuWithinBf16Rounding) {
     check_conv(ctx, conv, c, /*bias=*/true, seed += 10);
     if (HasFatalFailure()) return;
     // Channel counts that are multiples of 8 are tensor-core shapes: no fp32 fall back there.
-    if (c.c_in % 8 == 0 && c.c_out % 8 == 0)
+    if (c.c_in % 8 == 0 && c.c_out % 8 == 0) {
       EXPECT_TRUE(conv.runs_bf16({c.n, c.h, c.h, c.c_in, c.c_out, c.k, c.stride, c.pad})) << c.name;
+    }
   }
 }
 
