@@ -31,8 +31,11 @@ void StreamGraph::reset() {
 
 bool StreamGraph::valid() const { return exec_ && captured_at_ == DeviceBuffer::allocations(); }
 
+bool StreamGraph::warm() const { return eager_at_ == DeviceBuffer::allocations(); }
+
 StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::function<void(bool)>& prepare,
                                   const std::function<void()>& body, const std::function<bool(bool)>& agree) {
+  eager_at_ = ~uint64_t{0};
   if (valid()) {
     launch(exec_, stream);
     return Ran::kReplayed;
@@ -85,6 +88,7 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
   }
   prepare(false);
   body();
+  eager_at_ = DeviceBuffer::allocations();
   return Ran::kEager;
 }
 

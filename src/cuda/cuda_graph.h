@@ -38,6 +38,9 @@ class StreamGraph {
   bool exists() const { return exec_ != nullptr; }
   // A graph exists and no allocation has happened since its capture.
   bool valid() const;
+  // The last run() was eager and nothing has been allocated since: a capture now would allocate
+  // nothing either (the same body, the same shapes), so it is the time to capture.
+  bool warm() const;
   void reset();
   const std::string& failure() const { return failure_; }
   size_t nodes() const { return nodes_; }
@@ -47,6 +50,7 @@ class StreamGraph {
  private:
   cudaGraphExec_t exec_ = nullptr;
   uint64_t captured_at_ = 0;  // DeviceBuffer::allocations() at capture
+  uint64_t eager_at_ = ~uint64_t{0};  // DeviceBuffer::allocations() after the last run, if eager
   size_t nodes_ = 0;
   std::string failure_;
 };

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <limits>
 #include <map>
 #include <numeric>
 #include <utility>
@@ -84,8 +83,6 @@ struct GpuState {
   std::map<std::pair<int64_t, int64_t>, gpu::StreamGraph> eval_graphs;  // by test range
   explicit GpuState(int device) : ctx(device) {}
 };
-
-constexpr uint64_t kNotWarm = std::numeric_limits<uint64_t>::max();
 
 class GpuBackend : public TrainBackend {
  public:
@@ -209,10 +206,8 @@ class GpuBackend : public TrainBackend {
     // Allocations happen between epochs (evaluation shapes, this method): a step graph that one
     // rank can no longer replay is dropped by every rank, so all ranks replay or capture alike.
     gpu::StreamGraph& graph = s_->step_graph;
-    if (step_graphs_ && graph.exists() && !all_ranks(graph.valid(), "agreement on replaying the step's CUDA graph")) {
-      graph.reset();
-      step_warm_ = kNotWarm;
-    }
+    if (step_graphs_ && graph.exists() && !all_ranks(graph.valid(), "agreement on replaying the step's CUDA graph"))
+      graph.reset();  // not warm either: its last run was a replay
   }
 
   void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
@@ -277,10 +272,8 @@ class GpuBackend : public TrainBackend {
     // No collectives inside: each rank decides alone. Captured on the second pass over the same
     // range (the first allocates the evaluation shapes' activations and workspaces).
     gpu::StreamGraph& graph = s_->eval_graphs[{begin, end}];
-    uint64_t& warm = eval_warm_.try_emplace({begin, end}, kNotWarm).first->second;
-    const bool capture = eval_graphs_ && warm == DeviceBuffer::allocations();
+    const bool capture = eval_graphs_ && graph.warm();
     const auto ran = graph.run(st, capture, [](bool) {}, body, [](bool captured) { return captured; });
-    warm = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
     if (ran == gpu::StreamGraph::Ran::kCaptured)
       log_debug(DPT_MSG("CUDA graph of the evaluation of test images [" << begin << ", " << end << ") captured: "
                                                                            << graph.nodes() << " nodes"));
@@ -403,8 +396,8 @@ class GpuBackend : public TrainBackend {
     stage_in(batch);
     // Uniform across ranks: the replay state was agreed in begin_epoch, and the capture decision is
     // agreed here (only on eager steps, i.e. while warming up).
-    const bool capture = !graph.exists() && all_ranks(!first && step_warm_ == DeviceBuffer::allocations(),
-                                                      "agreement on capturing the step's CUDA graph");
+    const bool capture =
+        !graph.exists() && all_ranks(!first && graph.warm(), "agreement on capturing the step's CUDA graph");
     auto prepare = [&](bool capturing) {
       if (!r) return;
       r->set_capturing(capturing);
@@ -419,7 +412,6 @@ class GpuBackend : public TrainBackend {
       return all_ranks(captured, "agreement on the CUDA graph capture of the step");
     });
     if (r) r->set_capturing(false);
-    step_warm_ = ran == gpu::StreamGraph::Ran::kEager ? DeviceBuffer::allocations() : kNotWarm;
     if (ran != gpu::StreamGraph::Ran::kEager && r) r->graph_launched(step);
     if (ran == gpu::StreamGraph::Ran::kCaptured && comm_.rank() == 0)
       log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes()
@@ -481,8 +473,6 @@ class GpuBackend : public TrainBackend {
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
   bool step_graphs_ = false, eval_graphs_ = false;
   int64_t deferred_batch_ = -1, deferred_step_ = 0;  // a graph step's micro-batch, run by optimizer_step
-  uint64_t step_warm_ = kNotWarm;  // DeviceBuffer::allocations() after the last eager step
-  std::map<std::pair<int64_t, int64_t>, uint64_t> eval_warm_;  // likewise for each evaluation range
 };
 
 }  // namespace

@@ -317,15 +317,23 @@ TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
         [&] { CUDA_CHECK(cuda::launch_store_scalar(v.p, value, ctx.stream())); },
         [&](bool captured) { return captured && others_agree; });
   };
+  EXPECT_FALSE(graph.warm());  // nothing has run yet
   EXPECT_EQ(run(1.f, false), gpu::StreamGraph::Ran::kEager);
+  EXPECT_TRUE(graph.warm());  // eager, and nothing allocated since
   EXPECT_EQ(run(2.f, true), gpu::StreamGraph::Ran::kCaptured);
   EXPECT_EQ(v.host()[0], 2.f);
   EXPECT_EQ(run(3.f, true), gpu::StreamGraph::Ran::kReplayed);  // the captured value, not 3
   EXPECT_EQ(v.host()[0], 2.f);
   EXPECT_TRUE(graph.valid());
+  EXPECT_FALSE(graph.warm());  // the last run was a replay
   gpu::DeviceBuffer fresh(64);
   EXPECT_FALSE(graph.valid());
   EXPECT_EQ(run(4.f, false), gpu::StreamGraph::Ran::kEager);
+  EXPECT_TRUE(graph.warm());
+  {
+    gpu::DeviceBuffer another(64);
+    EXPECT_FALSE(graph.warm());  // an allocation since the eager run
+  }
   EXPECT_EQ(v.host()[0], 4.f);
   EXPECT_EQ(eager_bodies, 2);
   // A capture that succeeded here but not on another rank is dropped: the work runs eagerly.
