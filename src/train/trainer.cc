@@ -9,7 +9,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -156,12 +155,23 @@ Totals evaluate(TrainBackend& backend, Communicator& comm, int64_t test_n) {
   return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
 }
 
+// Every rank's `mine` (up to 63 characters each), in rank order: host names, device names.
+std::vector<std::string> allgather_names(Communicator& comm, const std::string& mine) {
+  constexpr int64_t kLen = 64;
+  std::vector<char> one(kLen, 0), all(static_cast<size_t>(kLen * comm.size()));
+  std::snprintf(one.data(), one.size(), "%s", mine.c_str());
+  comm.allgather(reinterpret_cast<uint8_t*>(one.data()), reinterpret_cast<uint8_t*>(all.data()), kLen);
+  std::vector<std::string> names;
+  for (int r = 0; r < comm.size(); ++r) names.emplace_back(all.data() + kLen * r);  // each NUL-terminated
+  return names;
+}
+
 // This rank's position among the ranks on its host (ranks are numbered host by host or not: the
 // count of lower ranks with the same host name is the local rank either way).
-int local_rank_of(const std::vector<char>& hosts, int rank) {
+int local_rank_of(const std::vector<std::string>& hosts, int rank) {
   int local = 0;
   for (int r = 0; r < rank; ++r)
-    if (std::strncmp(hosts.data() + 64 * r, hosts.data() + 64 * rank, 64) == 0) ++local;
+    if (hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]) ++local;
   return local;
 }
 
@@ -203,9 +213,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
   // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
-  std::vector<char> host(64, 0), hosts(static_cast<size_t>(64 * world));
-  std::snprintf(host.data(), host.size(), "%s", comm.host().c_str());
-  comm.allgather(reinterpret_cast<uint8_t*>(host.data()), reinterpret_cast<uint8_t*>(hosts.data()), 64);
+  const std::vector<std::string> hosts = allgather_names(comm, comm.host());
   const int local_rank = local_rank_of(hosts, rank);
   const std::string device = agree_on_device(cfg, comm, local_rank);
   if (cfg.scale_lr) {
@@ -254,15 +262,14 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   if (!backend) backend = std::make_unique<CpuBackend>(cfg, ddp, opt, train, test, sampler.local_batch());
 
   // Each rank's device, for the banner.
-  std::vector<char> where(64, 0), wheres(static_cast<size_t>(64 * world));
-  std::snprintf(where.data(), where.size(), "%s", backend->describe().c_str());
-  comm.allgather(reinterpret_cast<uint8_t*>(where.data()), reinterpret_cast<uint8_t*>(wheres.data()), 64);
+  const std::vector<std::string> devices = allgather_names(comm, backend->describe());
   if (rank == 0) {
     std::ostringstream os;
     os << "dptrain: " << cfg.model << " (" << store.num_params() << " parameters), world size "
        << world << ", " << cfg.threads << " thread(s) per rank\n";
     for (int r = 0; r < world; ++r)
-      os << "  rank " << r << ": " << hosts.data() + 64 * r << ", " << wheres.data() + 64 * r << "\n";
+      os << "  rank " << r << ": " << hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)]
+         << "\n";
     os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb
        << " MiB, overlap " << (cfg.overlap ? "on" : "off") << ")\n";
     os << "configuration:\n" << cfg.to_text();
