@@ -479,17 +479,24 @@ std::string data_dir_or_synthetic(const std::string& tmp, int* train_n) {
   return tmp;
 }
 
+// A quiet --device cuda run of `model` with its recipe over the data in dir.
+TrainConfig gpu_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
+  TrainConfig c;
+  c.model = model;
+  apply_recipe(&c);
+  c.data = dir;
+  c.device = "cuda";
+  c.epochs = epochs;
+  c.batch_size = batch;
+  c.quiet = true;
+  return c;
+}
+
 TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
   SKIP_WITHOUT_GPU();
   const std::string dir = test::make_temp_dir("gpu_e2e");
   int train_n = 0;
-  TrainConfig c;
-  c.model = "lenet";
-  apply_recipe(&c);
-  c.data = data_dir_or_synthetic(dir, &train_n);
-  c.device = "cuda";
-  c.epochs = 1;
-  c.quiet = true;
+  TrainConfig c = gpu_config("lenet", data_dir_or_synthetic(dir, &train_n), 1, 256);
   c.save = dir + "/lenet.safetensors";
   auto comm = self_comm();
   auto hist = run_training(c, *comm);
@@ -521,19 +528,6 @@ TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
   EXPECT_NEAR(static_cast<double>(hits) / static_cast<double>(test.n), hist[0].test_acc, 2e-3)
       << "the saved model scores differently on the CPU";
   std::filesystem::remove_all(dir);
-}
-
-// A quiet --device cuda run of `model` with its recipe over the data in dir.
-TrainConfig gpu_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
-  TrainConfig c;
-  c.model = model;
-  apply_recipe(&c);
-  c.data = dir;
-  c.device = "cuda";
-  c.epochs = epochs;
-  c.batch_size = batch;
-  c.quiet = true;
-  return c;
 }
 
 TEST(GpuTraining, Resnet18LossFallsOnTheGpu) {
