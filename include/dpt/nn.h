@@ -1,4 +1,5 @@
-// Layers, the parameter store with its flat buffers, and models.
+// Layers, the parameter store with its flat buffers, and models, written once over the operations
+// interface of backend.h: the same layer tree runs on every backend (the one its ParamStore names).
 // Invariant: all parameters of a model live in ONE flat buffer and all gradients in another, laid
 // out in reverse registration order (= the order backward produces them), so a gradient bucket is a
 // contiguous slice and backward announces a growing prefix [0, k) of the gradient buffer.
@@ -12,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "dpt/backend.h"
 #include "dpt/tensor.h"
 
 namespace dpt {
@@ -29,33 +31,54 @@ struct Param {
   bool is_buffer = false;
   bool is_counter = false;  // num_batches_tracked: stored as float, saved as int64
   int64_t offset = 0;       // element offset in the flat parameter (or buffer) array
-  Tensor value;             // view, valid after ParamStore::finalize()
-  Tensor grad;              // view (parameters only)
+  Tensor value;             // host view, valid after ParamStore::finalize()
+  Tensor grad;              // host view (parameters only)
+  // The same in the backend's memory, where the layers compute (the host views' own memory on
+  // the CPU; device memory, synchronised by ParamStore::to_host/from_host, on a GPU).
+  float* device_value = nullptr;
+  float* device_grad = nullptr;
   int64_t numel() const { return shape_numel(shape); }
 };
 
 class ParamStore {
  public:
+  explicit ParamStore(Backend& backend = cpu_backend()) : backend_(&backend) {}
+  Backend& backend() const { return *backend_; }
   Param* add_param(const std::string& name, const Shape& shape, Init init, int64_t fan_in,
                    int64_t fan_out);
   Param* add_buffer(const std::string& name, const Shape& shape, Init init, bool counter = false);
-  // Allocates the flat buffers and points every Param's views into them.
+  // Allocates the flat buffers (host, and the backend's when its memory is not the host's) and
+  // points every Param's views into them.
   void finalize();
   bool finalized() const { return finalized_; }
 
   std::deque<Param>& entries() { return entries_; }  // registration (= PyTorch state_dict) order
   const std::deque<Param>& entries() const { return entries_; }
   Param* find(const std::string& name);
+  // Host flat arrays: the source of checkpoints, initialisation and broadcasts.
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   float* buffers() { return buffers_.data(); }
+  // The backend's flat arrays, where the layers, the reducer and the optimizer work.
+  float* device_params() { return dparams_ ? dparams_->data() : params_.data(); }
+  float* device_grads() { return dgrads_ ? dgrads_->data() : grads_.data(); }
+  float* device_buffers() { return dbuffers_ ? dbuffers_->data() : buffers_.data(); }
   int64_t num_params() const { return num_params_; }
   int64_t num_buffers() const { return num_buffers_; }
-  void zero_grads() { grads_.zero(); }
+  // Parameters and buffers between the host arrays and the backend's (no-ops on the CPU); the
+  // gradients stay where they are computed (grads_to_host for tests and checks).
+  void to_host();
+  void from_host();
+  void buffers_to_host();
+  void buffers_from_host();
+  void grads_to_host();
+  void zero_grads();
 
  private:
+  Backend* backend_;
   std::deque<Param> entries_;  // deque: Param* handed to layers stay valid
   Tensor params_, grads_, buffers_;
+  std::unique_ptr<Tensor> dparams_, dgrads_, dbuffers_;  // only where the backend's memory is not the host's
   int64_t num_params_ = 0, num_buffers_ = 0;
   bool finalized_ = false;
 };
@@ -73,26 +96,7 @@ struct BackwardCtx {
   void ready(const std::vector<Param*>& params) const;
 };
 
-// Per-channel statistics shared across replicas (synchronised BatchNorm): sums in place.
-using ChannelSumFn = std::function<void(double* data, int64_t count)>;
-
 class Layer;
-
-// What another backend (the GPU executor, src/cuda/gpu_model.cc) needs to rebuild a built layer:
-// its per-sample shapes, hyper-parameters, parameters and children. Fields a kind does not use stay
-// at their defaults; kind() says which apply.
-struct LayerSpec {
-  Shape in, out;                           // per-sample input/output shapes from build()
-  int64_t kernel = 0, stride = 1, pad = 0;  // Conv2d, AvgPool2d
-  bool relu = false;                        // AvgPool2d fused with the ReLU before it
-  double momentum = 0, eps = 0;             // BatchNorm2d
-  // Conv2d, Linear: weight[, bias]. BatchNorm2d: weight, bias, running_mean, running_var,
-  // num_batches_tracked.
-  std::vector<Param*> params;
-  // Sequential: its children in order. Residual: the main branch (a Sequential), then the 1x1
-  // shortcut if there is one (named "downsample").
-  std::vector<std::pair<std::string, Layer*>> children;
-};
 
 class Layer {
  public:
@@ -109,8 +113,6 @@ class Layer {
                         BackwardCtx& ctx) = 0;
   // Visits every layer (composites first, then children) for configuration passes.
   virtual void visit(const std::function<void(Layer&)>& fn) { fn(*this); }
-  // Valid after build(). Layers without one return an empty spec (other backends refuse them).
-  virtual LayerSpec spec() { return {}; }
 };
 
 std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1,
@@ -138,7 +140,6 @@ class Sequential : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override;
   void visit(const std::function<void(Layer&)>& fn) override;
-  LayerSpec spec() override;
   size_t size() const { return children_.size(); }
 
  private:
@@ -148,10 +149,11 @@ class Sequential : public Layer {
   std::vector<Tensor> grads_;  // dL/d(output of child i)
 };
 
-// A network plus its parameter store, input shape and class count.
+// A network plus its parameter store, input shape and class count, on one backend.
 class Model {
  public:
-  Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes);
+  Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes,
+        Backend& backend = cpu_backend());
   const std::string& name() const { return name_; }
   ParamStore& store() { return store_; }
   const ParamStore& store() const { return store_; }
@@ -159,9 +161,10 @@ class Model {
   int num_classes() const { return num_classes_; }
   int64_t num_parameters() const { return store_.num_params(); }
   // "kaiming" (He-normal weights, zero biases) or "d2l" (N(0, 0.01) weights, zero biases);
-  // BatchNorm weight 1, bias 0, running mean 0, running var 1 in both.
+  // BatchNorm weight 1, bias 0, running mean 0, running var 1 in both. Host and backend alike.
   void init_parameters(const std::string& scheme, uint64_t seed);
-  // x: {N, H, W, C}. Returns logits {N, classes} (owned by the model, valid until next forward).
+  // x: {N, H, W, C} in the backend's memory. Returns logits {N, classes} (owned by the model,
+  // valid until next forward); a device backend has only queued the work.
   const Tensor& forward(const Tensor& x, Mode mode);
   // Backward from dL/dlogits; the input gradient is not computed.
   void backward(const Tensor& dlogits, BackwardCtx& ctx);
@@ -180,6 +183,7 @@ class Model {
 };
 
 // "lenet" or "resnet18" (the d2l chapter's models) for 28x28x1 inputs; input error otherwise.
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10);
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
+                                  Backend& backend = cpu_backend());
 
 }  // namespace dpt

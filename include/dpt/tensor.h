@@ -1,15 +1,16 @@
-// Tensor: a float array with a shape, either owning 64-byte-aligned storage or viewing someone
-// else's (parameters are views into a model's flat buffers). 4-D activations are NHWC: {N, H, W, C}.
+// Tensor: a float array with a shape, either owning storage from a backend (host memory when none
+// is named) or viewing someone else's (parameters are views into a model's flat buffers). 4-D
+// activations are NHWC: {N, H, W, C}. Move-only; storage is released through its backend.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dpt {
 
+class Backend;
 using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& s);
@@ -19,19 +20,28 @@ class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(const Shape& shape) { resize(shape); }
+  Tensor(const Shape& shape, Backend* backend) { resize(shape, backend); }
+  ~Tensor() { release(); }
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
 
-  // A view of memory owned elsewhere (must outlive the view).
-  static Tensor view(float* data, const Shape& shape) {
+  // A view of memory owned elsewhere (must outlive the view), on `backend` (null: host).
+  static Tensor view(float* data, const Shape& shape, Backend* backend = nullptr) {
     Tensor t;
     t.data_ = data;
     t.shape_ = shape;
     t.capacity_ = shape_numel(shape);
+    t.backend_ = backend;
     return t;
   }
 
   // Reshapes; reallocates only when more elements than ever before are needed, so buffers that are
-  // resized every step (activations) allocate once. New storage is zero-filled.
+  // resized every step (activations) allocate once. New storage is zero-filled. With a backend
+  // other than the tensor's own, the storage moves to it (contents are not kept).
   void resize(const Shape& shape);
+  void resize(const Shape& shape, Backend* backend);
   void zero();
 
   float* data() { return data_; }
@@ -41,12 +51,12 @@ class Tensor {
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const { return shape_numel(shape_); }
   bool empty() const { return data_ == nullptr; }
+  Backend* backend() const { return backend_; }  // null: host memory
 
  private:
-  struct FreeDeleter {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, FreeDeleter> storage_;
+  void release() noexcept;
+  float* owned_ = nullptr;  // storage this tensor allocated (null for views)
+  Backend* backend_ = nullptr;
   int64_t capacity_ = 0;
   float* data_ = nullptr;
   Shape shape_;

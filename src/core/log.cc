@@ -2,8 +2,11 @@
 #include "dpt/log.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 
+#include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/tensor.h"
 
@@ -55,17 +58,53 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) {
+    release();
+    owned_ = std::exchange(o.owned_, nullptr);
+    backend_ = std::exchange(o.backend_, nullptr);
+    capacity_ = std::exchange(o.capacity_, 0);
+    data_ = std::exchange(o.data_, nullptr);
+    shape_ = std::move(o.shape_);
+  }
+  return *this;
+}
+
+void Tensor::release() noexcept {
+  if (!owned_) return;
+  if (backend_) backend_->release(owned_); else std::free(owned_);
+  owned_ = nullptr;
+}
+
+void Tensor::resize(const Shape& shape, Backend* backend) {
+  if (backend != backend_) {
+    DPT_CHECK(owned_ || data_ == nullptr, "cannot move a view to another backend");
+    release();
+    data_ = nullptr;
+    capacity_ = 0;
+    backend_ = backend;
+  }
+  resize(shape);
+}
+
 void Tensor::resize(const Shape& shape) {
   int64_t n = shape_numel(shape);
   DPT_CHECK(n >= 0, "negative tensor size " << shape_str(shape));
   if (data_ == nullptr || n > capacity_) {
-    DPT_CHECK(storage_ || data_ == nullptr, "cannot grow a view to " << shape_str(shape));
+    DPT_CHECK(owned_ || data_ == nullptr, "cannot grow a view to " << shape_str(shape));
     size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
     if (bytes == 0) bytes = 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
-    DPT_CHECK(p != nullptr, "out of memory allocating " << bytes << " bytes");
-    std::memset(p, 0, bytes);
-    storage_.reset(p);
+    release();  // a device backend waits for queued work that may still read the old storage
+    data_ = nullptr;
+    float* p;
+    if (backend_) {
+      p = static_cast<float*>(backend_->allocate(bytes));
+    } else {
+      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      DPT_CHECK(p != nullptr, "out of memory allocating " << bytes << " bytes");
+      std::memset(p, 0, bytes);
+    }
+    owned_ = p;
     capacity_ = n;
     data_ = p;
   }
@@ -73,7 +112,9 @@ void Tensor::resize(const Shape& shape) {
 }
 
 void Tensor::zero() {
-  if (data_) std::memset(data_, 0, static_cast<size_t>(numel()) * sizeof(float));
+  if (!data_) return;
+  const size_t bytes = static_cast<size_t>(numel()) * sizeof(float);
+  if (backend_) backend_->zero(data_, bytes); else std::memset(data_, 0, bytes);
 }
 
 }  // namespace dpt

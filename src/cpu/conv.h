@@ -7,25 +7,23 @@
 #include <map>
 #include <memory>
 
+#include "dpt/backend.h"
+
 namespace dpt::cpu {
 
 class WinogradConv;
+using dpt::ConvGeom;
 
-struct ConvGeom {
-  int64_t n = 0, h = 0, w = 0, c_in = 0, c_out = 0, k = 0, stride = 1, pad = 0;
-  int64_t oh() const { return (h + 2 * pad - k) / stride + 1; }
-  int64_t ow() const { return (w + 2 * pad - k) / stride + 1; }
-};
-
-class ConvPrimitives {
+// The CPU backend's ConvOp (backend.h).
+class ConvPrimitives : public ConvOp {
  public:
   ConvPrimitives();
-  ~ConvPrimitives();
+  ~ConvPrimitives() override;
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y);
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
   // dx (nullable) = conv_backward_data; dw, db (nullable) = gradients, added to when accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
-                float* dw, float* db, bool accumulate);
+                float* dw, float* db, bool accumulate) override;
 
  private:
   struct Entry;

@@ -1,5 +1,5 @@
 // GpuBackend (see gpu_trainer.h): the data sets live on the device; a step gathers its batch by
-// index, runs the GpuModel, scores it with kernels/softmax_xent into per-batch device totals, hangs
+// index, runs the Model (built on the CUDA operations backend), scores it with kernels/softmax_xent into per-batch device totals, hangs
 // the GpuReducer on backward's gradient announcements and updates the flat buffers with
 // kernels/sgd_update. The host reads nothing back inside a step; it waits (bounded) only for the
 // previous step's collectives. Once warm, a whole step (forward, backward, NCCL all-reduces,
@@ -16,7 +16,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_graph.h"
-#include "cuda/gpu_model.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/gpu_reducer.h"
 #include "cuda/nccl_communicator.h"
 #include "dpt/comm.h"
@@ -36,7 +36,6 @@ namespace dpt {
 namespace {
 
 using gpu::DeviceBuffer;
-using gpu::DeviceTensor;
 
 // A device copy of a host array (uploaded once; the copy completes before this returns).
 template <typename T>
@@ -61,12 +60,11 @@ bool ranks_share_a_gpu(Communicator& comm, const cudaDeviceProp& prop) {
   return false;
 }
 
-// Everything that lives on the device, in one object so that an error path can abandon it whole
-// (see ~GpuBackend). Members are destroyed in reverse order: buffers, reducer, model, NCCL, context.
+// What this backend keeps on the device, in one object so that an error path can abandon it whole
+// (see ~GpuBackend; the model and the context are the CudaBackend's, abandoned with it). Members
+// are destroyed in reverse order: buffers, reducer, NCCL.
 struct GpuState {
-  gpu::GpuContext ctx;
   std::unique_ptr<Communicator> nccl;
-  std::unique_ptr<gpu::GpuModel> model;
   std::unique_ptr<gpu::GpuReducer> reducer;
   DeviceBuffer momentum;
   DeviceBuffer train_images, train_labels, test_images, test_labels, test_index;
@@ -77,19 +75,20 @@ struct GpuState {
   // indices and its loss/correct totals are copied in and out around it, the learning rate stored.
   DeviceBuffer step_index, step_stats, lr;
   DeviceBuffer eval_labels, eval_loss_rows, eval_correct_rows, eval_sums;
-  DeviceTensor x, dlogits, eval_x;
+  Tensor x, dlogits, eval_x;
   // Destroyed before the buffers they point into (members go in reverse order).
   gpu::StreamGraph step_graph;
   std::map<std::pair<int64_t, int64_t>, gpu::StreamGraph> eval_graphs;  // by test range
-  explicit GpuState(int device) : ctx(device) {}
 };
 
 class GpuBackend : public TrainBackend {
  public:
-  GpuBackend(const TrainConfig& cfg, Communicator& comm, int local_rank, Model& model, DataParallel& ddp, Sgd& opt,
-             const ImageSet& train, const ImageSet& test)
+  GpuBackend(const TrainConfig& cfg, Communicator& comm, gpu::CudaBackend& be, Model& model, DataParallel& ddp,
+             Sgd& opt, const ImageSet& train, const ImageSet& test)
       : cfg_(cfg),
         comm_(comm),
+        be_(be),
+        model_(model),
         ddp_(ddp),
         opt_(opt),
         classes_(model.num_classes()),
@@ -99,9 +98,8 @@ class GpuBackend : public TrainBackend {
         // Gradients are averaged across ranks (ncclAvg), so each rank scales by its own images.
         grad_scale_(1.f / static_cast<float>(batch_ * cfg.accum_steps)),
         uncaught_(std::uncaught_exceptions()) {
-    const int count = cuda_device_count();
-    DPT_INPUT_CHECK(count > 0, "--device cuda: no CUDA device visible on local rank " << local_rank);
-    const int device = local_rank % count;
+    DPT_CHECK(&model.store().backend() == &be, "the GPU backend needs a model built on the CUDA operations");
+    const int device = be.context().device();
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     describe_ = DPT_MSG("cuda:" << device << " (" << prop.name << ")");
@@ -109,20 +107,21 @@ class GpuBackend : public TrainBackend {
     if (shared && comm.rank() == 0)
       log_info("ranks share a GPU (NCCL needs one per rank): gradients are averaged by MPI through host memory");
 
-    s_ = std::make_unique<GpuState>(device);
-    gpu::GpuContext& ctx = s_->ctx;
-    ctx.set_tf32(cfg.tf32);
-    ctx.set_bf16(cfg.precision == "bf16");
+    s_ = std::make_unique<GpuState>();
+    gpu::GpuContext& ctx = be.context();
     if (comm.size() > 1 && !shared) s_->nccl = make_nccl_communicator(comm, device);
-    s_->model = std::make_unique<gpu::GpuModel>(model, ctx);
     const int64_t n = model.store().num_params();
     if (comm.size() > 1) {
-      s_->reducer = std::make_unique<gpu::GpuReducer>(ctx, s_->model->grads(), n, ddp.reducer().buckets(),
+      s_->reducer = std::make_unique<gpu::GpuReducer>(ctx, model.store().device_grads(), n, ddp.reducer().buckets(),
                                                       cfg.overlap, s_->nccl.get(), comm);
       if (cfg.sync_bn) {
+        // Replaces DataParallel's host all-reduce: the statistics are in device memory here.
         gpu::GpuReducer* r = s_->reducer.get();
-        s_->model->set_batchnorm_sync(
-            [r](double* data, int64_t count, cudaStream_t) { r->allreduce_doubles(data, count, "sync-bn statistics"); });
+        model.net().visit([r](Layer& l) {
+          set_batchnorm_sync(l, [r](double* data, int64_t count) {
+            r->allreduce_doubles(data, count, "sync-bn statistics");
+          });
+        });
       }
     }
     if (cfg.momentum > 0) {
@@ -149,8 +148,8 @@ class GpuBackend : public TrainBackend {
     s_->eval_loss_rows = DeviceBuffer(static_cast<size_t>(eval_batch_) * sizeof(float));
     s_->eval_correct_rows = DeviceBuffer(static_cast<size_t>(eval_batch_) * sizeof(int32_t));
     s_->eval_sums = DeviceBuffer(2 * sizeof(double));
-    s_->x.resize(ctx, {batch_, train.rows, train.cols, 1});
-    s_->dlogits.resize(ctx, {batch_, classes_});
+    s_->x.resize({batch_, train.rows, train.cols, 1}, &be);
+    s_->dlogits.resize({batch_, classes_}, &be);
     // CUDA graphs need a static step: one micro-batch per optimizer step, NCCL (not host MPI) for
     // the collectives, and no --trace (whose spans time the phases of an eager step).
     step_graphs_ = cfg.cuda_graphs && cfg.accum_steps == 1 && cfg.trace.empty() &&
@@ -171,20 +170,23 @@ class GpuBackend : public TrainBackend {
     if (!abandon && s_) {
       try {
         quiesce();
-        s_->ctx.synchronize();  // nothing queued may outlive the buffers freed next
+        ctx().synchronize();  // nothing queued may outlive the buffers freed next
       } catch (const std::exception& e) {
         log_warn(DPT_MSG("GPU teardown: " << e.what()));
         abandon = true;
       }
     }
-    if (abandon) (void)s_.release();
+    if (abandon) {
+      be_.abandon();  // the model's tensors and the context are leaked with it
+      (void)s_.release();
+    }
   }
 
   std::string describe() const override { return describe_; }
 
   void begin_epoch(const ShardedSampler& sampler, int64_t batches) override {
     DPT_CHECK(sampler.local_batch() == batch_, "sampler batch " << sampler.local_batch() << " != " << batch_);
-    gpu::GpuContext& ctx = s_->ctx;
+    gpu::GpuContext& ctx = this->ctx();
     // The previous epoch's gathers may still be queued: the new indices go in stream order after them.
     // `index_host_` stays alive until the next upload (pageable copies are staged when queued anyway).
     index_host_.resize(static_cast<size_t>(std::max<int64_t>(batches, 1) * batch_));
@@ -236,7 +238,7 @@ class GpuBackend : public TrainBackend {
 
   void optimizer_step(double lr) override {
     const bool first = opt_.steps() == 0;  // momentum starts from the first gradient
-    CUDA_CHECK(cuda::launch_store_scalar(s_->lr.as<float>(), static_cast<float>(lr), s_->ctx.stream()));
+    CUDA_CHECK(cuda::launch_store_scalar(s_->lr.as<float>(), static_cast<float>(lr), ctx().stream()));
     if (deferred_batch_ >= 0) {
       graph_step(first);
     } else {
@@ -252,16 +254,16 @@ class GpuBackend : public TrainBackend {
     Totals t;
     if (end <= begin) return t;
     quiesce();
-    gpu::GpuContext& ctx = s_->ctx;
+    gpu::GpuContext& ctx = this->ctx();
     const cudaStream_t st = ctx.stream();
     auto body = [&] {
       for (int64_t s = begin; s < end; s += eval_batch_) {
         const int64_t b = std::min(eval_batch_, end - s);
-        s_->eval_x.resize(ctx, {b, s_->x.dim(1), s_->x.dim(2), s_->x.dim(3)});
+        s_->eval_x.resize({b, s_->x.dim(1), s_->x.dim(2), s_->x.dim(3)}, &be_);
         CUDA_CHECK(cuda::launch_gather_images(s_->test_images.as<uint8_t>(), s_->test_labels.as<uint8_t>(),
                                               s_->test_index.as<int64_t>() + s, b, pixels_, s_->eval_x.data(),
                                               s_->eval_labels.as<int32_t>(), st));
-        const DeviceTensor& logits = s_->model->forward(s_->eval_x, Mode::kEval);
+        const Tensor& logits = model_.forward(s_->eval_x, Mode::kEval);
         CUDA_CHECK(cuda::launch_softmax_xent(logits.data(), s_->eval_labels.as<int32_t>(), b, classes_, 0.f,
                                              s_->eval_loss_rows.as<float>(), s_->eval_correct_rows.as<int32_t>(),
                                              nullptr, st));
@@ -294,21 +296,21 @@ class GpuBackend : public TrainBackend {
   void sync_buffers() override {
     if (comm_.size() == 1) return;  // as DataParallel::sync_buffers: nothing to average
     quiesce();
-    s_->model->download_buffers();
+    model_.store().buffers_to_host();
     ddp_.sync_buffers();
-    s_->model->upload_buffers();
+    model_.store().buffers_from_host();
   }
 
   void to_host() override {
     quiesce();
-    s_->model->download();
+    model_.store().to_host();
     if (cfg_.momentum > 0)
       copy_momentum(opt_.momentum_buffer().data(), s_->momentum.as<float>(), cudaMemcpyDeviceToHost);
   }
 
   void from_host() override {
     quiesce();
-    s_->model->upload();
+    model_.store().from_host();
     if (cfg_.momentum > 0)
       copy_momentum(s_->momentum.as<float>(), opt_.momentum_buffer().data(), cudaMemcpyHostToDevice);
   }
@@ -325,27 +327,27 @@ class GpuBackend : public TrainBackend {
   void stage_in(int64_t batch) {
     CUDA_CHECK(cudaMemcpyAsync(s_->step_index.as<void>(), s_->epoch_index.as<int64_t>() + batch * batch_,
                                static_cast<size_t>(batch_) * sizeof(int64_t), cudaMemcpyDeviceToDevice,
-                               s_->ctx.stream()));
+                               ctx().stream()));
   }
   void stage_out(int64_t batch) {
     CUDA_CHECK(cudaMemcpyAsync(s_->batch_stats.as<double>() + 2 * batch, s_->step_stats.as<void>(),
-                               2 * sizeof(double), cudaMemcpyDeviceToDevice, s_->ctx.stream()));
+                               2 * sizeof(double), cudaMemcpyDeviceToDevice, ctx().stream()));
   }
 
   // The staged micro-batch: gather, forward, loss, backward; with sync, backward hands each finished
   // gradient range to the reducer (whose begin() the caller has called).
   void forward_backward(bool sync, bool accumulate, Tracer* tr) {
-    const cudaStream_t st = s_->ctx.stream();
+    const cudaStream_t st = ctx().stream();
     {
       TraceScope span(tr, "data", "data");
       CUDA_CHECK(cuda::launch_gather_images(s_->train_images.as<uint8_t>(), s_->train_labels.as<uint8_t>(),
                                             s_->step_index.as<int64_t>(), batch_, pixels_, s_->x.data(),
                                             s_->labels.as<int32_t>(), st));
     }
-    const DeviceTensor* logits;
+    const Tensor* logits;
     {
       TraceScope span(tr, "forward", "forward");
-      logits = &s_->model->forward(s_->x, Mode::kTrain);
+      logits = &model_.forward(s_->x, Mode::kTrain);
     }
     CUDA_CHECK(cuda::launch_softmax_xent(logits->data(), s_->labels.as<int32_t>(), batch_, classes_, grad_scale_,
                                          s_->loss_rows.as<float>(), s_->correct_rows.as<int32_t>(),
@@ -359,15 +361,15 @@ class GpuBackend : public TrainBackend {
       gpu::GpuReducer* r = s_->reducer.get();
       bctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
     }
-    s_->model->backward(s_->dlogits, bctx);
+    model_.backward(s_->dlogits, bctx);
   }
 
   // The optimizer over the flat buffers, at the learning rate stored in s_->lr.
   void update(bool first) {
-    gpu::GpuModel& m = *s_->model;
-    CUDA_CHECK(cuda::launch_sgd_update(m.params(), m.grads(), cfg_.momentum > 0 ? s_->momentum.as<float>() : nullptr,
-                                       m.num_params(), s_->lr.as<float>(), static_cast<float>(cfg_.momentum),
-                                       static_cast<float>(cfg_.weight_decay), first, s_->ctx.stream()));
+    ParamStore& m = model_.store();
+    CUDA_CHECK(cuda::launch_sgd_update(m.device_params(), m.device_grads(),
+                                       cfg_.momentum > 0 ? s_->momentum.as<float>() : nullptr, m.num_params(), s_->lr.as<float>(), static_cast<float>(cfg_.momentum),
+                                       static_cast<float>(cfg_.weight_decay), first, ctx().stream()));
   }
 
   // Whether `mine` holds on every rank: an MPI all-reduce where the step holds NCCL collectives
@@ -408,7 +410,7 @@ class GpuBackend : public TrainBackend {
       if (r) r->finish();
       update(first);
     };
-    const auto ran = graph.run(s_->ctx.stream(), capture, prepare, body, [&](bool captured) {
+    const auto ran = graph.run(ctx().stream(), capture, prepare, body, [&](bool captured) {
       return all_ranks(captured, "agreement on the CUDA graph capture of the step");
     });
     if (r) r->set_capturing(false);
@@ -429,8 +431,8 @@ class GpuBackend : public TrainBackend {
 
   void copy_momentum(float* dst, const float* src, cudaMemcpyKind kind) {
     const size_t bytes = opt_.momentum_buffer().size() * sizeof(float);
-    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s_->ctx.stream()));
-    s_->ctx.synchronize();
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, ctx().stream()));
+    ctx().synchronize();
   }
 
   // Micro-batches [first, last_] of the epoch, summed as the CPU loop sums them: within each
@@ -442,8 +444,8 @@ class GpuBackend : public TrainBackend {
     const size_t count = static_cast<size_t>(last_ - first + 1);
     stats_host_.resize(2 * count);
     CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), s_->batch_stats.as<double>() + 2 * first,
-                               stats_host_.size() * sizeof(double), cudaMemcpyDeviceToHost, s_->ctx.stream()));
-    s_->ctx.synchronize();
+                               stats_host_.size() * sizeof(double), cudaMemcpyDeviceToHost, ctx().stream()));
+    ctx().synchronize();
     double step_loss = 0, step_hits = 0;
     for (size_t i = 0; i < count; ++i) {
       const int64_t batch = first + static_cast<int64_t>(i);
@@ -459,8 +461,12 @@ class GpuBackend : public TrainBackend {
     return t;
   }
 
+  gpu::GpuContext& ctx() { return be_.context(); }
+
   const TrainConfig& cfg_;
   Communicator& comm_;
+  gpu::CudaBackend& be_;
+  Model& model_;
   DataParallel& ddp_;
   Sgd& opt_;
   const int64_t classes_, pixels_, batch_, eval_batch_;
@@ -477,10 +483,21 @@ class GpuBackend : public TrainBackend {
 
 }  // namespace
 
-std::unique_ptr<TrainBackend> make_gpu_backend(const TrainConfig& cfg, Communicator& comm, int local_rank,
-                                               Model& model, DataParallel& ddp, Sgd& opt, const ImageSet& train,
+std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_rank) {
+  const int count = cuda_device_count();
+  DPT_INPUT_CHECK(count > 0, "--device cuda: no CUDA device visible on local rank " << local_rank);
+  auto be = std::make_unique<gpu::CudaBackend>(local_rank % count);
+  be->context().set_tf32(cfg.tf32);
+  be->context().set_bf16(cfg.precision == "bf16");
+  return be;
+}
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const TrainConfig& cfg, Communicator& comm, Backend& ops, Model& model,
+                                               DataParallel& ddp, Sgd& opt, const ImageSet& train,
                                                const ImageSet& test) {
-  return std::make_unique<GpuBackend>(cfg, comm, local_rank, model, ddp, opt, train, test);
+  auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
+  DPT_CHECK(be != nullptr, "make_gpu_backend needs the CUDA operations backend, got " << ops.name());
+  return std::make_unique<GpuBackend>(cfg, comm, *be, model, ddp, opt, train, test);
 }
 
 }  // namespace dpt

@@ -1,10 +1,10 @@
-// The layers of include/dpt/nn.h on the CPU backend. Each public forward/backward checks the
-// shapes it is handed, then calls src/cpu; each leaf backward ends by announcing its gradients.
-#include <cmath>
+// The layers of include/dpt/nn.h, once for every backend: each public forward/backward checks the
+// shapes it is handed, then calls the backend's operations (backend.h) on the backend memory of its
+// tensors and parameters; each leaf backward ends by announcing its gradients. The backend is the
+// ParamStore's, taken at build().
 #include <vector>
 
-#include "cpu/conv.h"
-#include "cpu/ops.h"
+#include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/nn.h"
 #include "dpt/trace.h"
@@ -19,334 +19,238 @@ std::string join(const std::string& prefix, const std::string& name) {
   return prefix + "." + name;
 }
 
-// Checks x is {N, per_sample...} for the shape the layer was built with.
-void check_input(const char* layer, const Tensor& x, const Shape& per_sample) {
-  bool ok = x.rank() == static_cast<int>(per_sample.size()) + 1 && x.dim(0) > 0;
-  for (size_t i = 0; ok && i < per_sample.size(); ++i) ok = x.shape()[i + 1] == per_sample[i];
-  DPT_CHECK(ok, layer << ": input " << shape_str(x.shape()) << " does not match built shape [N, "
-                      << shape_str(per_sample) << "]");
-}
+// What every non-composite layer shares: its backend and per-sample input shape from build(), the
+// input check and the allocation of outputs in the backend's memory.
+class Leaf : public Layer {
+ protected:
+  void bind(const Shape& in, ParamStore& store) {
+    in_ = in;
+    be_ = &store.backend();
+  }
+  // x must be {N, in...} for the shape the layer was built with.
+  void check_input(const Tensor& x) const {
+    bool ok = x.rank() == static_cast<int>(in_.size()) + 1 && x.dim(0) > 0;
+    for (size_t i = 0; ok && i < in_.size(); ++i) ok = x.shape()[i + 1] == in_[i];
+    DPT_CHECK(ok, kind() << ": input " << shape_str(x.shape()) << " does not match built shape [N, "
+                         << shape_str(in_) << "]");
+  }
+  void output(Tensor& y, const Shape& shape) const { y.resize(shape, be_); }
+  float* prepare_dx(Tensor* dx, const Tensor& x) const {
+    if (!dx) return nullptr;
+    dx->resize(x.shape(), be_);
+    return dx->data();
+  }
+  static float* value(Param* p) { return p ? p->device_value : nullptr; }
+  static float* grad(Param* p) { return p ? p->device_grad : nullptr; }
 
-Tensor* prepare_dx(Tensor* dx, const Tensor& x) {
-  if (dx) dx->resize(x.shape());
-  return dx;
-}
+  Backend* be_ = nullptr;
+  Shape in_;
+};
 
-class Conv2d : public Layer {
+class Conv2d : public Leaf {
  public:
   Conv2d(int64_t out, int64_t k, int64_t s, int64_t p, bool bias)
       : out_(out), k_(k), s_(s), p_(p), bias_(bias) {}
   std::string kind() const override { return "Conv2d"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     DPT_CHECK(in.size() == 3, "Conv2d needs an {H, W, C} input, got " << shape_str(in));
-    in_ = in;
-    geom_ = cpu::ConvGeom{0, in[0], in[1], in[2], out_, k_, s_, p_};
+    bind(in, store);
+    geom_ = ConvGeom{0, in[0], in[1], in[2], out_, k_, s_, p_};
     DPT_CHECK(geom_.oh() > 0 && geom_.ow() > 0, "Conv2d output would be empty for " << shape_str(in));
     w_ = store.add_param(join(prefix, "weight"), {out_, in[2], k_, k_}, Init::kWeight,
                          in[2] * k_ * k_, out_ * k_ * k_);
     if (bias_) b_ = store.add_param(join(prefix, "bias"), {out_}, Init::kBias, in[2] * k_ * k_, 0);
+    op_ = be_->make_conv();
     return {geom_.oh(), geom_.ow(), out_};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("Conv2d", x, in_);
+    check_input(x);
     geom_.n = x.dim(0);
-    y.resize({geom_.n, geom_.oh(), geom_.ow(), out_});
-    prims_.forward(geom_, x.data(), w_->value.data(), b_ ? b_->value.data() : nullptr, y.data());
+    output(y, {geom_.n, geom_.oh(), geom_.ow(), out_});
+    op_->forward(geom_, x.data(), value(w_), value(b_), y.data());
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    check_input("Conv2d", x, in_);
+    check_input(x);
     geom_.n = x.dim(0);
-    prims_.backward(geom_, x.data(), w_->value.data(), dy.data(),
-                    prepare_dx(dx, x) ? dx->data() : nullptr, w_->grad.data(),
-                    b_ ? b_->grad.data() : nullptr, ctx.accumulate);
+    op_->backward(geom_, x.data(), value(w_), dy.data(), prepare_dx(dx, x), grad(w_), grad(b_), ctx.accumulate);
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
-  }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.out = {geom_.oh(), geom_.ow(), out_};
-    s.kernel = k_, s.stride = s_, s.pad = p_;
-    s.params = b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_};
-    return s;
   }
 
  private:
   int64_t out_, k_, s_, p_;
   bool bias_;
-  Shape in_;
-  cpu::ConvGeom geom_;
+  ConvGeom geom_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
-  cpu::ConvPrimitives prims_;
+  std::unique_ptr<ConvOp> op_;
 };
 
-class BatchNorm2d : public Layer {
+class BatchNorm2d : public Leaf {
  public:
   BatchNorm2d(double momentum, double eps) : momentum_(momentum), eps_(eps) {}
   std::string kind() const override { return "BatchNorm2d"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     DPT_CHECK(in.size() == 3, "BatchNorm2d needs an {H, W, C} input, got " << shape_str(in));
-    in_ = in;
+    bind(in, store);
     const int64_t c = in[2];
     gamma_ = store.add_param(join(prefix, "weight"), {c}, Init::kOnes, 0, 0);
     beta_ = store.add_param(join(prefix, "bias"), {c}, Init::kZeros, 0, 0);
     running_mean_ = store.add_buffer(join(prefix, "running_mean"), {c}, Init::kZeros);
     running_var_ = store.add_buffer(join(prefix, "running_var"), {c}, Init::kOnes);
     num_batches_ = store.add_buffer(join(prefix, "num_batches_tracked"), {}, Init::kZeros, true);
-    mean_.resize(static_cast<size_t>(c));
-    invstd_.resize(static_cast<size_t>(c));
+    op_ = be_->make_batchnorm(c, momentum_, eps_);
     return in;
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
-    check_input("BatchNorm2d", x, in_);
-    const int64_t c = in_[2], m = x.numel() / c;
-    y.resize(x.shape());
-    train_mode_ = mode == Mode::kTrain;
-    if (mode == Mode::kTrain) {
-      // [sum(c), sumsq(c), rows]: one buffer so synchronised BN needs one all-reduce.
-      std::vector<double> stats(static_cast<size_t>(2 * c + 1));
-      cpu::bn_sums(x.data(), m, c, stats.data(), stats.data() + c);
-      stats[2 * c] = static_cast<double>(m);
-      if (sync_) sync_(stats.data(), 2 * c + 1);
-      const double count = stats[2 * c];
-      count_ = count;
-      float* rm = running_mean_->value.data();
-      float* rv = running_var_->value.data();
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const double mean = stats[ch] / count;
-        const double var = std::max(0.0, stats[c + ch] / count - mean * mean);
-        mean_[ch] = static_cast<float>(mean);
-        invstd_[ch] = static_cast<float>(1.0 / std::sqrt(var + eps_));
-        const double unbiased = count > 1 ? var * count / (count - 1) : var;
-        rm[ch] = static_cast<float>((1 - momentum_) * rm[ch] + momentum_ * mean);
-        rv[ch] = static_cast<float>((1 - momentum_) * rv[ch] + momentum_ * unbiased);
-      }
-      num_batches_->value.data()[0] += 1.f;
-    } else {
-      const float* rm = running_mean_->value.data();
-      const float* rv = running_var_->value.data();
-      for (int64_t ch = 0; ch < c; ++ch) {
-        mean_[ch] = rm[ch];
-        invstd_[ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps_));
-      }
-    }
-    cpu::bn_apply(x.data(), y.data(), mean_.data(), invstd_.data(), gamma_->value.data(),
-                  beta_->value.data(), m, c);
+    check_input(x);
+    const int64_t m = x.numel() / in_[2];
+    output(y, x.shape());
+    if (mode == Mode::kTrain)
+      op_->forward_train(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
+                         value(running_var_), value(num_batches_), sync_);
+    else
+      op_->forward_eval(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
+                        value(running_var_));
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    check_input("BatchNorm2d", x, in_);
-    const int64_t c = in_[2], m = x.numel() / c;
-    std::vector<double> sums(static_cast<size_t>(2 * c));
-    cpu::bn_backward_sums(x.data(), dy.data(), mean_.data(), invstd_.data(), m, c, sums.data(),
-                          sums.data() + c);
-    // Parameter gradients are this replica's own sums (the reducer adds the replicas up).
-    float* dg = gamma_->grad.data();
-    float* db = beta_->grad.data();
-    for (int64_t ch = 0; ch < c; ++ch) {
-      dg[ch] = static_cast<float>((ctx.accumulate ? dg[ch] : 0.0) + sums[c + ch]);
-      db[ch] = static_cast<float>((ctx.accumulate ? db[ch] : 0.0) + sums[ch]);
-    }
-    if (prepare_dx(dx, x) && !train_mode_) {
-      // Eval mode: the statistics are constants, so dx = dy * gamma * invstd.
-      std::vector<float> zero(static_cast<size_t>(c), 0.f);
-      cpu::bn_apply(dy.data(), dx->data(), zero.data(), invstd_.data(), gamma_->value.data(),
-                    zero.data(), m, c);
-    } else if (dx) {
-      // The input gradient needs the sums over every row the statistics were taken over.
-      if (sync_) sync_(sums.data(), 2 * c);
-      cpu::bn_backward_apply(x.data(), dy.data(), mean_.data(), invstd_.data(),
-                             gamma_->value.data(), sums.data(), sums.data() + c, count_, m, c,
-                             dx->data());
-    }
+    check_input(x);
+    const int64_t m = x.numel() / in_[2];
+    op_->backward(x.data(), dy.data(), prepare_dx(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
+                  ctx.accumulate, sync_);
     ctx.ready({gamma_, beta_});
   }
   void set_sync(const ChannelSumFn& fn) { sync_ = fn; }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = s.out = in_;
-    s.momentum = momentum_, s.eps = eps_;
-    s.params = {gamma_, beta_, running_mean_, running_var_, num_batches_};
-    return s;
-  }
 
  private:
   double momentum_, eps_;
-  Shape in_;
   Param *gamma_ = nullptr, *beta_ = nullptr, *running_mean_ = nullptr, *running_var_ = nullptr,
         *num_batches_ = nullptr;
-  std::vector<float> mean_, invstd_;
-  double count_ = 0;
-  bool train_mode_ = true;  // mode of the last forward: backward must match it
+  std::unique_ptr<BatchNormOp> op_;
   ChannelSumFn sync_;
 };
 
-class ReLU : public Layer {
+class ReLU : public Leaf {
  public:
   std::string kind() const override { return "ReLU"; }
-  Shape build(const Shape& in, ParamStore&, const std::string&) override { return in_ = in; }
+  Shape build(const Shape& in, ParamStore& store, const std::string&) override {
+    bind(in, store);
+    return in;
+  }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("ReLU", x, in_);
-    y.resize(x.shape());
-    cpu::relu_forward(x.data(), y.data(), x.numel());
+    check_input(x);
+    output(y, x.shape());
+    be_->relu_forward(x.data(), y.data(), x.numel());
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (prepare_dx(dx, x)) cpu::relu_backward(y.data(), dy.data(), dx->data(), x.numel());
+    if (float* d = prepare_dx(dx, x)) be_->relu_backward(y.data(), dy.data(), d, x.numel());
   }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = s.out = in_;
-    return s;
-  }
-
- private:
-  Shape in_;
 };
 
 // AvgPool2d, optionally fused with the ReLU before it (relu = true): one pass each way, and the
 // ReLU output is never stored (backward masks with the input instead). The fused form gives the
 // same results as ReLU then AvgPool2d.
-class AvgPool2d : public Layer {
+class AvgPool2d : public Leaf {
  public:
   AvgPool2d(int k, int s, bool relu) : k_(k), s_(s), relu_(relu) {}
   std::string kind() const override { return relu_ ? "ReLU+AvgPool2d" : "AvgPool2d"; }
-  Shape build(const Shape& in, ParamStore&, const std::string&) override {
+  Shape build(const Shape& in, ParamStore& store, const std::string&) override {
     DPT_CHECK(in.size() == 3 && in[0] >= k_ && in[1] >= k_,
               kind() << "(" << k_ << ") needs an {H, W, C} input of at least that size, got "
                      << shape_str(in));
-    in_ = in;
+    bind(in, store);
     return {(in[0] - k_) / s_ + 1, (in[1] - k_) / s_ + 1, in[2]};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input(kind().c_str(), x, in_);
-    y.resize({x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
-    (relu_ ? cpu::relu_avgpool_forward : cpu::avgpool_forward)(x.data(), y.data(), x.dim(0), in_[0],
-                                                               in_[1], in_[2], k_, s_);
+    check_input(x);
+    output(y, {x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
+    be_->avgpool_forward(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_, relu_);
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (!prepare_dx(dx, x)) return;
-    if (relu_)
-      cpu::relu_avgpool_backward(x.data(), dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
-    else
-      cpu::avgpool_backward(dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_);
-  }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.out = {(in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]};
-    s.kernel = k_, s.stride = s_, s.relu = relu_;
-    return s;
+    if (float* d = prepare_dx(dx, x))
+      be_->avgpool_backward(dy.data(), relu_ ? x.data() : nullptr, d, x.dim(0), in_[0], in_[1], in_[2], k_, s_);
   }
 
  private:
   int k_, s_;
   bool relu_;
-  Shape in_;
 };
 
-class GlobalAvgPool : public Layer {
+class GlobalAvgPool : public Leaf {
  public:
   std::string kind() const override { return "GlobalAvgPool"; }
-  Shape build(const Shape& in, ParamStore&, const std::string&) override {
+  Shape build(const Shape& in, ParamStore& store, const std::string&) override {
     DPT_CHECK(in.size() == 3, "GlobalAvgPool needs an {H, W, C} input, got " << shape_str(in));
-    in_ = in;
+    bind(in, store);
     return {in[2]};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("GlobalAvgPool", x, in_);
-    y.resize({x.dim(0), in_[2]});
-    cpu::global_avgpool_forward(x.data(), y.data(), x.dim(0), in_[0] * in_[1], in_[2]);
+    check_input(x);
+    output(y, {x.dim(0), in_[2]});
+    be_->global_avgpool_forward(x.data(), y.data(), x.dim(0), in_[0] * in_[1], in_[2]);
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (prepare_dx(dx, x))
-      cpu::global_avgpool_backward(dy.data(), dx->data(), x.dim(0), in_[0] * in_[1], in_[2]);
+    if (float* d = prepare_dx(dx, x)) be_->global_avgpool_backward(dy.data(), d, x.dim(0), in_[0] * in_[1], in_[2]);
   }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.out = {in_[2]};
-    return s;
-  }
-
- private:
-  Shape in_;
 };
 
 // NHWC {H, W, C} -> {C*H*W} in PyTorch's (c, h, w) order, so fc1.weight keeps PyTorch's layout.
-class Flatten : public Layer {
+class Flatten : public Leaf {
  public:
   std::string kind() const override { return "Flatten"; }
-  Shape build(const Shape& in, ParamStore&, const std::string&) override {
+  Shape build(const Shape& in, ParamStore& store, const std::string&) override {
     DPT_CHECK(in.size() == 3, "Flatten needs an {H, W, C} input, got " << shape_str(in));
-    in_ = in;
+    bind(in, store);
     return {in[0] * in[1] * in[2]};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("Flatten", x, in_);
-    y.resize({x.dim(0), in_[0] * in_[1] * in_[2]});
-    cpu::nhwc_to_chw(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2]);
+    check_input(x);
+    output(y, {x.dim(0), in_[0] * in_[1] * in_[2]});
+    be_->flatten(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/true);
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (prepare_dx(dx, x)) cpu::chw_to_nhwc(dy.data(), dx->data(), x.dim(0), in_[0], in_[1], in_[2]);
+    if (float* d = prepare_dx(dx, x)) be_->flatten(dy.data(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
   }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.out = {in_[0] * in_[1] * in_[2]};
-    return s;
-  }
-
- private:
-  Shape in_;
 };
 
-class Linear : public Layer {
+class Linear : public Leaf {
  public:
   Linear(int64_t out, bool bias) : out_(out), bias_(bias) {}
   std::string kind() const override { return "Linear"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     DPT_CHECK(in.size() == 1, "Linear needs a flat {F} input, got " << shape_str(in));
-    in_ = in;
+    bind(in, store);
     w_ = store.add_param(join(prefix, "weight"), {out_, in[0]}, Init::kWeight, in[0], out_);
     if (bias_) b_ = store.add_param(join(prefix, "bias"), {out_}, Init::kBias, in[0], 0);
     return {out_};
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
-    check_input("Linear", x, in_);
-    y.resize({x.dim(0), out_});
-    cpu::linear_forward(x.data(), w_->value.data(), b_ ? b_->value.data() : nullptr, y.data(),
-                        x.dim(0), in_[0], out_);
+    check_input(x);
+    output(y, {x.dim(0), out_});
+    be_->linear_forward(x.data(), value(w_), value(b_), y.data(), x.dim(0), in_[0], out_);
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    check_input("Linear", x, in_);
-    cpu::linear_backward(x.data(), w_->value.data(), dy.data(),
-                         prepare_dx(dx, x) ? dx->data() : nullptr, w_->grad.data(),
-                         b_ ? b_->grad.data() : nullptr, x.dim(0), in_[0], out_, ctx.accumulate);
+    check_input(x);
+    be_->linear_backward(x.data(), value(w_), dy.data(), prepare_dx(dx, x), grad(w_), grad(b_), x.dim(0), in_[0],
+                         out_, ctx.accumulate);
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
-  }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.out = {out_};
-    s.params = b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_};
-    return s;
   }
 
  private:
   int64_t out_;
   bool bias_;
-  Shape in_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
 };
 
-class Residual : public Layer {
+// d2l's Residual: relu(main(x) + (shortcut ? shortcut(x) : x)), the add and ReLU in one operation.
+class Residual : public Leaf {
  public:
   Residual(int64_t channels, bool use_1x1conv, int64_t stride) {
     main_.add("conv1", make_conv2d(channels, 3, stride, 1))
@@ -358,7 +262,7 @@ class Residual : public Layer {
   }
   std::string kind() const override { return "Residual"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
-    in_ = in;
+    bind(in, store);
     // Registration order main-then-shortcut puts the shortcut's gradients first in the flat
     // buffer, matching backward, which does the shortcut first.
     Shape out = main_.build(in, store, prefix);
@@ -372,43 +276,39 @@ class Residual : public Layer {
     return out;
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
-    check_input("Residual", x, in_);
+    check_input(x);
     main_.forward(x, main_out_, mode);
     const Tensor* skip = &x;
     if (shortcut_) {
       shortcut_->forward(x, short_out_, mode);
       skip = &short_out_;
     }
-    y.resize(main_out_.shape());
-    cpu::add(main_out_.data(), skip->data(), y.data(), y.numel());
-    cpu::relu_forward(y.data(), y.data(), y.numel());
+    DPT_CHECK(skip->shape() == main_out_.shape(),
+              "Residual: shortcut " << shape_str(skip->shape()) << " != main " << shape_str(main_out_.shape()));
+    output(y, main_out_.shape());
+    be_->add(main_out_.data(), skip->data(), y.data(), y.numel(), /*relu=*/true);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    dz_.resize(y.shape());
-    cpu::relu_backward(y.data(), dy.data(), dz_.data(), y.numel());
+    output(dz_, y.shape());
+    be_->relu_backward(y.data(), dy.data(), dz_.data(), y.numel());
     if (shortcut_) shortcut_->backward(x, short_out_, dz_, dx ? &dskip_ : nullptr, ctx);
-    main_.backward(x, main_out_, dz_, prepare_dx(dx, x), ctx);
-    if (dx) cpu::add_inplace(dx->data(), shortcut_ ? dskip_.data() : dz_.data(), dx->numel());
+    // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
+    // runs in place (the GPU kernel's operands are restrict-qualified).
+    main_.backward(x, main_out_, dz_, dx ? &dmain_ : nullptr, ctx);
+    if (float* d = prepare_dx(dx, x))
+      be_->add(dmain_.data(), shortcut_ ? dskip_.data() : dz_.data(), d, dx->numel(), /*relu=*/false);
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
     main_.visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
-  LayerSpec spec() override {
-    LayerSpec s;
-    s.in = in_;
-    s.children.emplace_back("", &main_);
-    if (shortcut_) s.children.emplace_back("downsample", shortcut_.get());
-    return s;
-  }
 
  private:
   Sequential main_;
   std::unique_ptr<Layer> shortcut_;
-  Shape in_;
-  Tensor main_out_, short_out_, dz_, dskip_;
+  Tensor main_out_, short_out_, dz_, dskip_, dmain_;
 };
 
 }  // namespace
@@ -481,12 +381,6 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
 void Sequential::visit(const std::function<void(Layer&)>& fn) {
   fn(*this);
   for (auto& c : children_) c.second->visit(fn);
-}
-
-LayerSpec Sequential::spec() {
-  LayerSpec s;
-  for (auto& [name, layer] : children_) s.children.emplace_back(name, layer.get());
-  return s;
 }
 
 }  // namespace dpt

@@ -1,6 +1,8 @@
-// ParamStore (flat buffers in backward order), gradient-ready announcements, and Model.
+// ParamStore (flat buffers in backward order, on the host and, for a device backend, mirrored in
+// its memory), gradient-ready announcements, and Model.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <sstream>
 
 #include "dpt/error.h"
@@ -53,15 +55,56 @@ void ParamStore::finalize() {
   params_.resize({num_params_});
   grads_.resize({num_params_});
   buffers_.resize({std::max<int64_t>(num_buffers_, 1)});
+  if (!backend_->host_memory()) {
+    dparams_ = std::make_unique<Tensor>(Shape{std::max<int64_t>(num_params_, 1)}, backend_);
+    dgrads_ = std::make_unique<Tensor>(Shape{std::max<int64_t>(num_params_, 1)}, backend_);
+    dbuffers_ = std::make_unique<Tensor>(Shape{std::max<int64_t>(num_buffers_, 1)}, backend_);
+  }
   for (auto& p : entries_) {
     if (p.is_buffer) {
       p.value = Tensor::view(buffers_.data() + p.offset, p.shape);
+      p.device_value = device_buffers() + p.offset;
     } else {
       p.value = Tensor::view(params_.data() + p.offset, p.shape);
       p.grad = Tensor::view(grads_.data() + p.offset, p.shape);
+      p.device_value = device_params() + p.offset;
+      p.device_grad = device_grads() + p.offset;
     }
   }
   finalized_ = true;
+}
+
+namespace {
+size_t bytes_of(int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); }
+}  // namespace
+
+void ParamStore::to_host() {
+  if (!dparams_) return;
+  backend_->copy_to_host(params_.data(), dparams_->data(), bytes_of(num_params_));
+  buffers_to_host();
+}
+
+void ParamStore::from_host() {
+  if (!dparams_) return;
+  backend_->copy_from_host(dparams_->data(), params_.data(), bytes_of(num_params_));
+  buffers_from_host();
+}
+
+void ParamStore::buffers_to_host() {
+  if (dbuffers_) backend_->copy_to_host(buffers_.data(), dbuffers_->data(), bytes_of(num_buffers_));
+}
+
+void ParamStore::buffers_from_host() {
+  if (dbuffers_) backend_->copy_from_host(dbuffers_->data(), buffers_.data(), bytes_of(num_buffers_));
+}
+
+void ParamStore::grads_to_host() {
+  if (dgrads_) backend_->copy_to_host(grads_.data(), dgrads_->data(), bytes_of(num_params_));
+}
+
+void ParamStore::zero_grads() {
+  grads_.zero();
+  if (dgrads_) dgrads_->zero();
 }
 
 void BackwardCtx::ready(const std::vector<Param*>& params) const {
@@ -74,9 +117,10 @@ void BackwardCtx::ready(const std::vector<Param*>& params) const {
   on_ready(begin, end);
 }
 
-Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes)
+Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes,
+             Backend& backend)
     : name_(std::move(name)), net_(std::move(net)), input_shape_(std::move(input_shape)),
-      num_classes_(num_classes) {
+      num_classes_(num_classes), store_(backend) {
   Shape out = net_->build(input_shape_, store_, "");
   DPT_CHECK(out == Shape{num_classes_}, name_ << " produces " << shape_str(out) << ", expected ["
                                                << num_classes_ << "]");
@@ -106,12 +150,15 @@ void Model::init_parameters(const std::string& scheme, uint64_t seed) {
         break;
     }
   }
+  store_.from_host();
 }
 
 const Tensor& Model::forward(const Tensor& x, Mode mode) {
   DPT_CHECK(x.rank() == 4 && Shape(x.shape().begin() + 1, x.shape().end()) == input_shape_,
             name_ << ": input " << shape_str(x.shape()) << " is not [N, " << shape_str(input_shape_)
                   << "]");
+  DPT_CHECK(x.backend() == &store_.backend() || (x.backend() == nullptr && store_.backend().host_memory()),
+            name_ << ": input tensor is not in " << store_.backend().name() << " memory");
   input_ = &x;
   net_->forward(x, logits_, mode);
   return logits_;

@@ -38,11 +38,11 @@ std::unique_ptr<Sequential> resnet18(int num_classes) {
 
 }  // namespace
 
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes) {
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend) {
   const Shape input{28, 28, 1};
-  if (name == "lenet") return std::make_unique<Model>(name, lenet(num_classes), input, num_classes);
+  if (name == "lenet") return std::make_unique<Model>(name, lenet(num_classes), input, num_classes, backend);
   if (name == "resnet18")
-    return std::make_unique<Model>(name, resnet18(num_classes), input, num_classes);
+    return std::make_unique<Model>(name, resnet18(num_classes), input, num_classes, backend);
   throw Error(ErrorKind::kInput, "--model: unknown model '" + name + "' (lenet|resnet18)");
 }
 

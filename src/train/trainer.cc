@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cpu/ops.h"
+#include "dpt/backend.h"
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
@@ -244,7 +245,12 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                            load_error.empty());
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
 
-  auto model = make_model(cfg.model, train.num_classes);
+  // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here).
+  std::unique_ptr<Backend> gpu_ops;
+#if DPT_HAVE_CUDA
+  if (device == "cuda") gpu_ops = make_cuda_backend(cfg, local_rank);
+#endif
+  auto model = make_model(cfg.model, train.num_classes, gpu_ops ? *gpu_ops : cpu_backend());
   model->init_parameters(cfg.init, cfg.seed);
   DdpOptions dopt;
   dopt.bucket_mb = cfg.bucket_mb;
@@ -257,7 +263,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);
   std::unique_ptr<TrainBackend> backend;
 #if DPT_HAVE_CUDA
-  if (device == "cuda") backend = make_gpu_backend(cfg, comm, local_rank, *model, ddp, opt, train, test);
+  if (gpu_ops) backend = make_gpu_backend(cfg, comm, *gpu_ops, *model, ddp, opt, train, test);
 #endif
   if (!backend) backend = std::make_unique<CpuBackend>(cfg, ddp, opt, train, test, sampler.local_batch());
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Checks that two dptrain binaries train bit for bit alike on the CPU: the same short runs of LeNet
+# (1, 2 and 4 ranks) and ResNet-18 (2 ranks, with and without --sync-bn, with gradient accumulation)
+# with each binary, then cmp of the saved safetensors and of the training checkpoints, and the
+# metrics lines with their timings removed. For refactors that must move code, not arithmetic.
+# Usage: bench/compare_builds.sh OLD_DPTRAIN NEW_DPTRAIN [WORKDIR]   (exit 0 when all are equal)
+set -uo pipefail
+old=$1 new=$2 work=${3:-$(mktemp -d)}
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$work"
+runs=(
+  "1|--model lenet --epochs 2 --max-steps 20 --checkpoint-every 1"
+  "2|--model lenet --epochs 2 --max-steps 20 --checkpoint-every 1"
+  "4|--model lenet --epochs 1 --max-steps 20 --accum-steps 2"
+  "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --checkpoint-every 1"
+  "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --sync-bn"
+  "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --accum-steps 2 --sync-bn"
+)
+fail=0
+i=0
+for run in "${runs[@]}"; do
+  np=${run%%|*} flags=${run#*|}
+  for which in old new; do
+    bin=${!which}
+    d=$work/$i-$which
+    rm -rf "$d"; mkdir -p "$d"
+    # shellcheck disable=SC2086
+    (cd "$d" && bash "$here/launch/mpirun.sh" -np "$np" "$bin" $flags --threads 1 --eval-batch-size 500 \
+        --save model.safetensors --metrics metrics.jsonl --checkpoint-path ckpt.safetensors --quiet \
+        >out.txt 2>&1) || { echo "run $i ($which, -np $np $flags) failed: see $d/out.txt"; fail=1; }
+    # Timings differ run to run: drop them, keep every value computed from the data.
+    python3 - "$d/metrics.jsonl" >"$d/metrics.cmp" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    for k in [k for k in r if "second" in k]:
+        del r[k]
+    print(json.dumps(r, sort_keys=True))
+PY
+  done
+  for f in model.safetensors ckpt.safetensors metrics.cmp; do
+    a=$work/$i-old/$f b=$work/$i-new/$f
+    [[ -e $a || -e $b ]] || continue
+    if cmp -s "$a" "$b"; then echo "run $i (-np $np $flags): $f equal"
+    else echo "run $i (-np $np $flags): $f DIFFERS"; fail=1; fi
+  done
+  i=$((i + 1))
+done
+exit $fail

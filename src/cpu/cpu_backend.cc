@@ -1,0 +1,159 @@
+// The CPU implementation of the operations interface (include/dpt/backend.h): host memory and the
+// loops of src/cpu (oneDNN, Winograd and our own), called as they were before the interface
+// existed, so the CPU's arithmetic is that of src/cpu and nothing else.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/conv.h"
+#include "cpu/ops.h"
+#include "dpt/backend.h"
+#include "dpt/error.h"
+
+namespace dpt::cpu {
+
+namespace {
+
+// Batch statistics in double: [sum(c), sumsq(c), rows] in one buffer, so synchronised BatchNorm
+// needs one all-reduce; the mean and invstd of the last forward are kept for backward.
+class CpuBatchNorm : public BatchNormOp {
+ public:
+  CpuBatchNorm(int64_t c, double momentum, double eps)
+      : c_(c), momentum_(momentum), eps_(eps), mean_(static_cast<size_t>(c)), invstd_(static_cast<size_t>(c)) {}
+
+  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                     float* running_mean, float* running_var, float* num_batches_tracked,
+                     const ChannelSumFn& sync) override {
+    const int64_t c = c_;
+    std::vector<double> stats(static_cast<size_t>(2 * c + 1));
+    bn_sums(x, m, c, stats.data(), stats.data() + c);
+    stats[2 * c] = static_cast<double>(m);
+    if (sync) sync(stats.data(), 2 * c + 1);
+    const double count = stats[2 * c];
+    count_ = count;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const double mean = stats[ch] / count;
+      const double var = std::max(0.0, stats[c + ch] / count - mean * mean);
+      mean_[ch] = static_cast<float>(mean);
+      invstd_[ch] = static_cast<float>(1.0 / std::sqrt(var + eps_));
+      const double unbiased = count > 1 ? var * count / (count - 1) : var;
+      running_mean[ch] = static_cast<float>((1 - momentum_) * running_mean[ch] + momentum_ * mean);
+      running_var[ch] = static_cast<float>((1 - momentum_) * running_var[ch] + momentum_ * unbiased);
+    }
+    if (num_batches_tracked) num_batches_tracked[0] += 1.f;
+    train_mode_ = true;
+    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c);
+  }
+
+  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                    const float* running_mean, const float* running_var) override {
+    for (int64_t ch = 0; ch < c_; ++ch) {
+      mean_[ch] = running_mean[ch];
+      invstd_[ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps_));
+    }
+    train_mode_ = false;
+    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c_);
+  }
+
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
+                float* dbeta, bool accumulate, const ChannelSumFn& sync) override {
+    const int64_t c = c_;
+    std::vector<double> sums(static_cast<size_t>(2 * c));
+    bn_backward_sums(x, dy, mean_.data(), invstd_.data(), m, c, sums.data(), sums.data() + c);
+    // Parameter gradients are this replica's own sums (the reducer adds the replicas up).
+    for (int64_t ch = 0; ch < c; ++ch) {
+      dgamma[ch] = static_cast<float>((accumulate ? dgamma[ch] : 0.0) + sums[c + ch]);
+      dbeta[ch] = static_cast<float>((accumulate ? dbeta[ch] : 0.0) + sums[ch]);
+    }
+    if (dx && !train_mode_) {
+      // Eval mode: the statistics are constants, so dx = dy * gamma * invstd.
+      std::vector<float> zero(static_cast<size_t>(c), 0.f);
+      bn_apply(dy, dx, zero.data(), invstd_.data(), gamma, zero.data(), m, c);
+    } else if (dx) {
+      // The input gradient needs the sums over every row the statistics were taken over.
+      if (sync) sync(sums.data(), 2 * c);
+      bn_backward_apply(x, dy, mean_.data(), invstd_.data(), gamma, sums.data(), sums.data() + c, count_, m, c, dx);
+    }
+  }
+
+ private:
+  int64_t c_;
+  double momentum_, eps_;
+  std::vector<float> mean_, invstd_;
+  double count_ = 0;
+  bool train_mode_ = true;  // mode of the last forward: backward must match it
+};
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+
+  void* allocate(size_t bytes) override {
+    const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+    void* p = std::aligned_alloc(64, rounded);
+    DPT_CHECK(p != nullptr, "out of memory allocating " << rounded << " bytes");
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy_to_host(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  std::unique_ptr<ConvOp> make_conv() override { return std::make_unique<ConvPrimitives>(); }
+  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override {
+    return std::make_unique<CpuBatchNorm>(channels, momentum, eps);
+  }
+  void relu_forward(const float* x, float* y, int64_t n) override { cpu::relu_forward(x, y, n); }
+  void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override {
+    cpu::relu_backward(y, dy, dx, n);
+  }
+  void add(const float* a, const float* b, float* y, int64_t n, bool relu) override {
+    cpu::add(a, b, y, n);
+    if (relu) cpu::relu_forward(y, y, n);
+  }
+  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                       bool relu) override {
+    (relu ? cpu::relu_avgpool_forward : cpu::avgpool_forward)(x, y, n, h, w, c, k, s);
+  }
+  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s) override {
+    if (relu_input)
+      cpu::relu_avgpool_backward(relu_input, dy, dx, n, h, w, c, k, s);
+    else
+      cpu::avgpool_backward(dy, dx, n, h, w, c, k, s);
+  }
+  void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override {
+    cpu::global_avgpool_forward(x, y, n, hw, c);
+  }
+  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) override {
+    cpu::global_avgpool_backward(dy, dx, n, hw, c);
+  }
+  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override {
+    (to_chw ? cpu::nhwc_to_chw : cpu::chw_to_nhwc)(x, y, n, h, w, c);
+  }
+  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
+                      int64_t out) override {
+    cpu::linear_forward(x, w, b, y, n, in, out);
+  }
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
+                       int64_t in, int64_t out, bool accumulate) override {
+    cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate);
+  }
+};
+
+}  // namespace
+
+}  // namespace dpt::cpu
+
+namespace dpt {
+
+Backend& cpu_backend() {
+  static cpu::CpuBackend backend;
+  return backend;
+}
+
+}  // namespace dpt

@@ -1,0 +1,59 @@
+// The CUDA implementation of the operations interface (include/dpt/backend.h): device memory from
+// cudaMalloc (counted by DeviceBuffer::allocations, so CUDA graphs notice new allocations), and the
+// layer operations through cuDNN (CudnnConv), cuBLAS (cublas_linear.h), GpuBatchNorm and kernels/,
+// all queued on the context's one stream. Only compiled in GPU builds.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cuda/gpu_context.h"
+#include "dpt/backend.h"
+
+namespace dpt::gpu {
+
+class CudaBackend : public Backend {
+ public:
+  // Makes `device` current and creates its context (stream, cuDNN, cuBLAS).
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  bool host_memory() const override { return false; }
+  GpuContext& context() { return *ctx_; }
+
+  // After an error that may leave the stream waiting forever (a collective a dead peer never
+  // completes): from now on release() frees nothing and the context is never destroyed, so no
+  // teardown waits for the device. The process is about to end.
+  void abandon() { abandoned_ = true; }
+  bool abandoned() const { return abandoned_; }
+
+  void* allocate(size_t bytes) override;
+  void release(void* p) noexcept override;
+  void zero(void* p, size_t bytes) override;
+  void copy_to_host(void* host, const void* src, size_t bytes) override;
+  void copy_from_host(void* dst, const void* host, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+
+  std::unique_ptr<ConvOp> make_conv() override;
+  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override;
+  void relu_forward(const float* x, float* y, int64_t n) override;
+  void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override;
+  void add(const float* a, const float* b, float* y, int64_t n, bool relu) override;
+  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                       bool relu) override;
+  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s) override;
+  void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override;
+  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) override;
+  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override;
+  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
+                      int64_t out) override;
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
+                       int64_t in, int64_t out, bool accumulate) override;
+
+ private:
+  std::unique_ptr<GpuContext> ctx_;
+  bool abandoned_ = false;
+};
+
+}  // namespace dpt::gpu
