@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       if (it >= 2) raw.push_back(now() - t0);
     }
     // The reducer on one bucket of the same bytes, launched by mark_ready as backward would.
-    dpt::Reducer reducer(comm->duplicate(), buf.data(), {dpt::Bucket{0, count}}, true);
+    dpt::Reducer reducer(dpt::make_mpi_transport(*comm, buf.data()), {dpt::Bucket{0, count}}, true);
     for (int it = 0; it < iters + 2; ++it) {
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = now();

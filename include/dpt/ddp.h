@@ -5,14 +5,9 @@
 // runs. Gradients are SUMMED; the loss is scaled by 1/global_batch, so k ranks match 1 rank.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dpt/comm.h"
@@ -38,54 +33,75 @@ std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds
 
 struct ReducerStats {
   double comm_seconds = 0;     // sum over buckets of launch-to-completion time
-  double exposed_seconds = 0;  // time wait() blocked the training thread
+  double exposed_seconds = 0;  // time the training thread waited for all-reduces
   int64_t buckets = 0;
 };
 
+// How the Reducer moves gradients between ranks, and nothing else: the MPI communication thread
+// (CPU, make_mpi_transport), NCCL on its own stream or pinned host buffers + MPI (GPU,
+// src/cuda/gpu_reducer.h). Every all-reduce SUMS. One transport per Reducer.
+class ReduceTransport {
+ public:
+  virtual ~ReduceTransport() = default;
+  // Before a step's first launch: a stream transport waits (bounded by --timeout) for collectives
+  // of earlier steps that are still in flight.
+  virtual void begin(int64_t step) = 0;
+  // Sums [b.begin, b.end) of the gradient buffer across ranks. Called once per bucket per step, in
+  // bucket order (the same on every rank); `what` names the all-reduce in errors.
+  virtual void launch(size_t k, const Bucket& b, const std::string& what) = 0;
+  // Every bucket of the step is launched: returns once the sums are complete (host transports) or
+  // ordered before whatever is queued next (stream transports), and fills the timings. A collective
+  // not done within --timeout ends the job with an error naming it and the silent ranks.
+  virtual void finish(ReducerStats& stats) = 0;
+  // Waits (bounded) for everything issued so far: before the host waits on a stream unbounded.
+  virtual void quiesce() {}
+  // Sums `count` doubles of backend memory across ranks, ordered after the compute queued so far
+  // and before the compute queued next (synchronised BatchNorm's statistics).
+  virtual void allreduce_doubles(double* data, int64_t count, const std::string& what) = 0;
+  // CUDA graphs: whether a step's collectives can be captured into a graph, capture mode (nothing
+  // polled, nothing timed), and the fence after a graph holding a step's collectives is launched.
+  virtual bool capturable() const { return false; }
+  virtual void set_capturing(bool) {}
+  virtual void graph_launched(int64_t) {}
+  virtual void set_tracer(Tracer*) {}
+};
+
+// The CPU transport: a thread that owns a duplicate of `comm` and all-reduces each launched bucket
+// of `grads` (host memory) with MPI's fastest blocking all-reduce; finish() waits for it, bounded by
+// comm's --timeout. At world size 1 nothing is sent. allreduce_doubles uses `comm` itself, on the
+// calling thread.
+std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads);
+
+// Buckets of the flat gradient buffer all-reduced in order while backward runs, over any transport:
+// the one place of the bucket bookkeeping, its checks and its statistics, for every backend.
 class Reducer {
  public:
-  // comm: a communicator used only by the reducer's thread. grads: the flat gradient buffer.
-  Reducer(std::unique_ptr<Communicator> comm, float* grads, std::vector<Bucket> buckets,
-          bool overlap);
-  ~Reducer();
+  Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets, bool overlap);
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  ReduceTransport& transport() { return *transport_; }
   // Starts a step: every bucket waits for its gradients again. `step` names it in errors.
   void begin(int64_t step);
   // Backward announces that [begin, end) of the gradient buffer is final for this step. Bucket k
   // is launched once complete and after bucket k-1 (all ranks issue the same order).
   void mark_ready(int64_t begin, int64_t end);
-  // Launches what is left (all buckets with --no-overlap) and waits for every all-reduce.
+  // Launches what is left (all buckets with --no-overlap) and finishes the step's all-reduces.
   void wait();
   const ReducerStats& last_stats() const { return stats_; }
-  // Bucket all-reduces are recorded as "comm" spans on the communication thread when active.
-  void set_tracer(Tracer* t) { tracer_ = t; }
+  void set_tracer(Tracer* t) { transport_->set_tracer(t); }
 
  private:
-  void launch_ready_locked();
-  void thread_main();
+  void launch_ready();
 
-  std::unique_ptr<Communicator> comm_;
-  Tracer* tracer_ = nullptr;
-  float* grads_;
+  std::unique_ptr<ReduceTransport> transport_;
   std::vector<Bucket> buckets_;
   bool overlap_;
   std::vector<int64_t> pending_;  // elements still to be marked ready, per bucket
   size_t next_launch_ = 0;
   int64_t step_ = 0;
   ReducerStats stats_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> queue_;
-  size_t completed_ = 0;
-  double comm_seconds_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  bool stuck_ = false;  // wait() timed out: the thread may never return from its collective
-  std::thread thread_;
 };
 
 struct DdpOptions {
@@ -101,7 +117,9 @@ struct DdpOptions {
 
 class DataParallel {
  public:
-  DataParallel(Model& model, Communicator& comm, const DdpOptions& options);
+  // transport: how gradients travel (null: make_mpi_transport over comm and the host gradients).
+  DataParallel(Model& model, Communicator& comm, const DdpOptions& options,
+               std::unique_ptr<ReduceTransport> transport = nullptr);
   Model& module() { return model_; }
   Communicator& comm() { return comm_; }
   Reducer& reducer() { return *reducer_; }

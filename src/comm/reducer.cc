@@ -1,8 +1,13 @@
-// Bucket planning, the Reducer (a communication thread that all-reduces buckets in order while
-// backward runs) and the DataParallel wrapper.
+// Bucket planning, the Reducer (buckets all-reduced in order while backward runs, over a transport),
+// the CPU's transport (an MPI communication thread) and the DataParallel wrapper.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "dpt/ddp.h"
 #include "dpt/error.h"
@@ -52,40 +57,152 @@ std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds
   return out;
 }
 
-// ---- Reducer ---------------------------------------------------------------------------------
+// ---- the MPI transport -------------------------------------------------------------------------
 
-Reducer::Reducer(std::unique_ptr<Communicator> comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap)
-    : comm_(std::move(comm)), grads_(grads), buckets_(std::move(buckets)), overlap_(overlap) {
-  pending_.resize(buckets_.size());
-  if (comm_->size() > 1) thread_ = std::thread([this] { thread_main(); });
+namespace {
+
+class MpiThreadTransport : public ReduceTransport {
+ public:
+  MpiThreadTransport(Communicator& comm, float* grads) : main_(comm), comm_(comm.duplicate()), grads_(grads) {
+    if (comm_->size() > 1) thread_ = std::thread([this] { thread_main(); });
+  }
+  ~MpiThreadTransport() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+      // A thread stuck in a collective that will never finish cannot be joined; the process is
+      // ending anyway (the job is aborted after a timeout).
+      if (error_ || stuck_) thread_.detach(); else thread_.join();
+    }
+  }
+
+  void begin(int64_t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    DPT_CHECK(queue_.empty() && completed_ == launched_.size(), "Reducer::begin with all-reduces in flight");
+    launched_.clear();
+    completed_ = 0;
+    comm_seconds_ = 0;
+  }
+
+  void launch(size_t k, const Bucket& b, const std::string& what) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    launched_.push_back({k, b, what});
+    if (!thread_.joinable()) {  // one rank: nothing to reduce
+      completed_ = launched_.size();
+      return;
+    }
+    queue_.push_back(launched_.size() - 1);
+    cv_.notify_all();
+  }
+
+  void finish(ReducerStats& stats) override {
+    const double t0 = now_seconds();
+    std::unique_lock<std::mutex> lock(mu_);
+    // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
+    // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
+    auto done = [this] { return completed_ == launched_.size() || error_; };
+    const double timeout = comm_->timeout();
+    if (timeout > 0) {
+      if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), done)) {
+        const Launched& l = launched_[completed_];
+        stuck_ = true;
+        lock.unlock();
+        throw Error(ErrorKind::kInternal, DPT_MSG(l.what << " did not complete within --timeout " << timeout
+                                                         << " s on rank " << comm_->rank() << ": "
+                                                         << comm_->diagnose()));
+      }
+    } else {
+      cv_.wait(lock, done);
+    }
+    if (error_) std::rethrow_exception(error_);
+    stats.exposed_seconds = now_seconds() - t0;
+    stats.comm_seconds = comm_seconds_;
+  }
+
+  void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
+    if (main_.size() > 1) main_.allreduce(data, count, ReduceOp::kSum, what);
+  }
+  bool capturable() const override { return comm_->size() == 1; }  // nothing to capture
+  void set_tracer(Tracer* t) override { tracer_ = t; }
+
+ private:
+  struct Launched {
+    size_t bucket;
+    Bucket range;
+    std::string what;
+  };
+
+  void thread_main() {
+    for (;;) {
+      Launched l;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        l = launched_[queue_.front()];
+        queue_.pop_front();
+      }
+      try {
+        const double t0 = now_seconds();
+        const double s0 = tracer_ && tracer_->active() ? tracer_->now_us() : 0;
+        comm_->allreduce_unbounded_raw(grads_ + l.range.begin, l.range.size(), DType::kF32, ReduceOp::kSum);
+        const double dt = now_seconds() - t0;
+        if (tracer_ && tracer_->active())
+          tracer_->span("allreduce bucket " + std::to_string(l.bucket), "comm", Tracer::kComm, s0, tracer_->now_us());
+        std::lock_guard<std::mutex> lock(mu_);
+        comm_seconds_ += dt;
+        ++completed_;
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  Communicator& main_;
+  std::unique_ptr<Communicator> comm_;  // the thread's own: its collectives never interleave with main_'s
+  float* grads_;
+  Tracer* tracer_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Launched> launched_;  // this step's launches, in order
+  std::deque<size_t> queue_;        // indices into launched_ not yet taken by the thread
+  size_t completed_ = 0;
+  double comm_seconds_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  bool stuck_ = false;  // finish() timed out: the thread may never return from its collective
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads) {
+  return std::make_unique<MpiThreadTransport>(comm, grads);
 }
 
-Reducer::~Reducer() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) {
-    // A thread stuck in a collective that will never finish cannot be joined; the process is
-    // ending anyway (the job is aborted after a timeout).
-    if (error_ || stuck_) thread_.detach(); else thread_.join();
-  }
+// ---- Reducer ---------------------------------------------------------------------------------
+
+Reducer::Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets, bool overlap)
+    : transport_(std::move(transport)), buckets_(std::move(buckets)), overlap_(overlap) {
+  DPT_CHECK(transport_ != nullptr, "Reducer without a transport");
+  pending_.resize(buckets_.size());
 }
 
 void Reducer::begin(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  DPT_CHECK(queue_.empty() && completed_ == next_launch_, "Reducer::begin with all-reduces in flight");
+  transport_->begin(step);
   step_ = step;
   for (size_t k = 0; k < buckets_.size(); ++k) pending_[k] = buckets_[k].size();
   next_launch_ = 0;
-  completed_ = 0;
-  comm_seconds_ = 0;
 }
 
 void Reducer::mark_ready(int64_t begin, int64_t end) {
-  std::lock_guard<std::mutex> lock(mu_);
   // Buckets are sorted and disjoint: find the first that overlaps and walk forward.
   auto it = std::upper_bound(buckets_.begin(), buckets_.end(), begin,
                              [](int64_t v, const Bucket& b) { return v < b.end; });
@@ -96,86 +213,32 @@ void Reducer::mark_ready(int64_t begin, int64_t end) {
     DPT_CHECK(left >= 0, "gradients of bucket " << (it - buckets_.begin())
                                                 << " announced twice in step " << step_);
   }
-  if (overlap_) launch_ready_locked();
+  if (overlap_) launch_ready();
 }
 
-void Reducer::launch_ready_locked() {
-  bool any = false;
+void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
-    if (thread_.joinable()) queue_.push_back(next_launch_);
-    ++next_launch_;
-    any = true;
+    const size_t k = next_launch_++;
+    transport_->launch(k, buckets_[k],
+                       DPT_MSG("all-reduce of gradient bucket " << k << " (" << buckets_[k].size()
+                                                                << " floats) in step " << step_));
   }
-  if (!thread_.joinable()) completed_ = next_launch_;  // one rank: nothing to reduce
-  if (any) cv_.notify_all();
 }
 
 void Reducer::wait() {
-  const double t0 = now_seconds();
-  std::unique_lock<std::mutex> lock(mu_);
   for (size_t k = 0; k < buckets_.size(); ++k)
     DPT_CHECK(pending_[k] == 0, "bucket " << k << " of step " << step_ << " is missing "
                                           << pending_[k] << " gradient elements at wait()");
-  launch_ready_locked();
-  // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
-  // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
-  auto done = [this] { return completed_ == buckets_.size() || error_; };
-  const double timeout = comm_->timeout();
-  if (timeout > 0) {
-    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), done)) {
-      const size_t k = completed_;
-      stuck_ = true;
-      lock.unlock();
-      throw Error(ErrorKind::kInternal,
-                  DPT_MSG("all-reduce of gradient bucket " << k << " (" << buckets_[k].size()
-                                                          << " floats) in step " << step_
-                                                          << " did not complete within --timeout "
-                                                          << timeout << " s on rank " << comm_->rank()
-                                                          << ": " << comm_->diagnose()));
-    }
-  } else {
-    cv_.wait(lock, done);
-  }
-  if (error_) std::rethrow_exception(error_);
-  stats_.exposed_seconds = now_seconds() - t0;
-  stats_.comm_seconds = comm_seconds_;
+  launch_ready();
+  stats_ = ReducerStats{};
+  transport_->finish(stats_);
   stats_.buckets = static_cast<int64_t>(buckets_.size());
-}
-
-void Reducer::thread_main() {
-  for (;;) {
-    size_t k;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      k = queue_.front();
-      queue_.pop_front();
-    }
-    try {
-      const Bucket& b = buckets_[k];
-      const double t0 = now_seconds();
-      const double s0 = tracer_ && tracer_->active() ? tracer_->now_us() : 0;
-      comm_->allreduce_unbounded_raw(grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
-      const double dt = now_seconds() - t0;
-      if (tracer_ && tracer_->active())
-        tracer_->span("allreduce bucket " + std::to_string(k), "comm", Tracer::kComm, s0, tracer_->now_us());
-      std::lock_guard<std::mutex> lock(mu_);
-      comm_seconds_ += dt;
-      ++completed_;
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = std::current_exception();
-      cv_.notify_all();
-      return;
-    }
-    cv_.notify_all();
-  }
 }
 
 // ---- DataParallel ------------------------------------------------------------------------------
 
-DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& options)
+DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& options,
+                           std::unique_ptr<ReduceTransport> transport)
     : model_(model), comm_(comm), options_(options) {
   DPT_INPUT_CHECK(options.bucket_mb > 0, "--bucket-mb must be > 0, got " << options.bucket_mb);
   DPT_INPUT_CHECK(options.last_bucket_mb >= 0, "--last-bucket-mb must be >= 0, got " << options.last_bucket_mb);
@@ -197,14 +260,13 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
   for (int r = 0; r < comm_.size(); ++r)
     DPT_CHECK(all[static_cast<size_t>(r)] == all[0],
               "gradient bucket plan of rank " << r << " differs from rank 0's");
-  reducer_ = std::make_unique<Reducer>(comm_.duplicate(), store.grads(), std::move(buckets),
-                                       options.overlap);
+  if (!transport) transport = make_mpi_transport(comm_, store.device_grads());
+  reducer_ = std::make_unique<Reducer>(std::move(transport), std::move(buckets), options.overlap);
   if (options.sync_bn && comm_.size() > 1) {
-    Communicator* c = &comm_;
-    model_.net().visit([c](Layer& l) {
-      set_batchnorm_sync(l, [c](double* data, int64_t n) {
-        c->allreduce(data, n, ReduceOp::kSum, "sync-bn statistics");
-      });
+    // Through the transport: the statistics are in the backend's memory, ordered with its compute.
+    ReduceTransport* t = &reducer_->transport();
+    model_.net().visit([t](Layer& l) {
+      set_batchnorm_sync(l, [t](double* data, int64_t n) { t->allreduce_doubles(data, n, "sync-bn statistics"); });
     });
   }
 }

@@ -1,5 +1,6 @@
-// GPU convolution through cuDNN with the interface and semantics of cpu::ConvPrimitives
-// (src/cpu/conv.h): NHWC activations, PyTorch-layout (OIHW) weights, device pointers.
+// GPU convolution through cuDNN: the CUDA backend's ConvOp (include/dpt/backend.h), with the
+// semantics of cpu::ConvPrimitives (src/cpu/conv.h): NHWC activations, PyTorch-layout (OIHW)
+// weights, device pointers.
 #pragma once
 
 #include <array>
@@ -7,30 +8,30 @@
 #include <map>
 #include <memory>
 
-#include "cpu/conv.h"
 #include "cuda/gpu_context.h"
+#include "dpt/backend.h"
 
 namespace dpt::gpu {
 
-using cpu::ConvGeom;
+using dpt::ConvGeom;
 
 // One per convolution layer. Descriptors and algorithms are chosen once per geometry (in practice
 // once per batch size) and cached; scratch comes from the context's shared workspace. Arrays are
 // fp32 in both precisions; with GpuContext::bf16 the convolutions themselves run on bf16 copies
 // (per shape, fp32 where cuDNN has no bf16 algorithm).
-class CudnnConv {
+class CudnnConv : public ConvOp {
  public:
   explicit CudnnConv(GpuContext& ctx);
-  ~CudnnConv();
+  ~CudnnConv() override;
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
 
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y);
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
   // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
   // accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                float* db, bool accumulate);
+                float* db, bool accumulate) override;
   // Whether convolutions of this geometry run on bf16 operands (GpuContext::bf16, and cuDNN has
   // bf16 algorithms for the shape); chooses the algorithms if not done yet.
   bool runs_bf16(const ConvGeom& g);

@@ -28,7 +28,7 @@ GpuBatchNorm::GpuBatchNorm(GpuContext& ctx, int64_t channels, double momentum, d
 
 void GpuBatchNorm::forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                                  float* running_mean, float* running_var, float* num_batches_tracked,
-                                 const DeviceSumFn& sync) {
+                                 const ChannelSumFn& sync) {
   DPT_CHECK(m > 0, "BatchNorm training forward over " << m << " rows");
   cudaStream_t s = ctx_.stream();
   double* stats = stats_.as<double>();
@@ -36,7 +36,7 @@ void GpuBatchNorm::forward_train(const float* x, float* y, int64_t m, const floa
       ctx_.workspace(static_cast<size_t>(cuda::bn_sums_scratch_elems(m, c_)) * sizeof(double)));
   // [sum(C), sumsq(C), count]: one buffer, so synchronised BN needs one all-reduce (as on the CPU).
   CUDA_CHECK(cuda::launch_bn_sums(x, m, c_, stats, stats + c_, stats + 2 * c_, scratch, s));
-  if (sync) sync(stats, 2 * c_ + 1, s);
+  if (sync) sync(stats, 2 * c_ + 1);
   CUDA_CHECK(cuda::launch_bn_stats(stats, stats + c_, stats + 2 * c_, c_, momentum_, eps_, running_mean, running_var,
                                    num_batches_tracked, mean_.as<float>(), invstd_.as<float>(), s));
   CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, s));
@@ -52,7 +52,7 @@ void GpuBatchNorm::forward_eval(const float* x, float* y, int64_t m, const float
 }
 
 void GpuBatchNorm::backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
-                            float* dgamma, float* dbeta, bool accumulate, const DeviceSumFn& sync) {
+                            float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync) {
   cudaStream_t s = ctx_.stream();
   double* sums = sums_.as<double>();
   auto* scratch = static_cast<double*>(
@@ -68,7 +68,7 @@ void GpuBatchNorm::backward(const float* x, const float* dy, float* dx, int64_t 
     return;
   }
   // The input gradient needs the sums over every row the statistics were taken over.
-  if (sync) sync(sums, 2 * c_, s);
+  if (sync) sync(sums, 2 * c_);
   const double* stats = stats_.as<double>();
   CUDA_CHECK(cuda::launch_bn_backward_apply(x, dy, mean_.as<float>(), invstd_.as<float>(), gamma, sums, sums + c_,
                                             stats + 2 * c_, m, c_, dx, s));

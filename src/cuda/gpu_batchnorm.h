@@ -1,24 +1,19 @@
-// GPU BatchNorm over NHWC activations: the semantics of the CPU BatchNorm2d layer (src/nn/layers.cc
-// over src/cpu/ops.h's bn_* kernels) on device pointers, including synchronised BatchNorm's hook.
+// GPU BatchNorm over NHWC activations: the CUDA backend's BatchNormOp (include/dpt/backend.h), with
+// the semantics of the CPU's (src/cpu/cpu_backend.cc over src/cpu/ops.h's bn_* kernels) on device
+// pointers, including synchronised BatchNorm's hook.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
-#include <functional>
 
 #include "cuda/gpu_context.h"
+#include "dpt/backend.h"
 
 namespace dpt::gpu {
-
-// Sums `count` device doubles in place across the replicas (synchronised BatchNorm), ordered on
-// `stream` (e.g. an NCCL all-reduce on it, or one made to wait for it). Empty: per-replica stats.
-using DeviceSumFn = std::function<void(double* device_data, int64_t count, cudaStream_t stream)>;
 
 // One per BatchNorm layer: it keeps, on the device, the mean and invstd of the last forward and
 // the row count they came from, which backward needs (as the CPU layer keeps mean_, invstd_,
 // count_). Parameters and running statistics stay the caller's (the flat parameter buffers).
-class GpuBatchNorm {
+class GpuBatchNorm : public BatchNormOp {
  public:
   // momentum: PyTorch's convention, running = (1 - momentum) running + momentum batch_stat.
   GpuBatchNorm(GpuContext& ctx, int64_t channels, double momentum, double eps);
@@ -28,18 +23,20 @@ class GpuBatchNorm {
   // Training: y = (x - mean) invstd gamma + beta with the batch's statistics over the m rows of
   // x [m, C] (m = N*H*W); [sum, sumsq, count] go through `sync` when set; running_mean and
   // running_var (unbiased, count/(count-1)) are updated; *num_batches_tracked (nullable) += 1.
+  // `sync` gets device doubles and must order its work on the context's stream (an NCCL
+  // all-reduce on it, or one made to wait for it).
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                      float* running_mean, float* running_var, float* num_batches_tracked,
-                     const DeviceSumFn& sync = {});
+                     const ChannelSumFn& sync) override;
   // Evaluation: the running statistics normalise; nothing is updated.
   void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var);
+                    const float* running_mean, const float* running_var) override;
   // Backward of the last forward (same x and m). dgamma (+)= sum dy*xhat and dbeta (+)= sum dy
   // from this replica's rows (the reducer adds replicas up); dx (nullable) after a training
   // forward uses [sum dy, sum dy*xhat] over every replica (through `sync`), after an evaluation
   // forward is dy*gamma*invstd.
   void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const DeviceSumFn& sync = {});
+                float* dbeta, bool accumulate, const ChannelSumFn& sync) override;
 
   int64_t channels() const { return c_; }
   const float* saved_mean() const { return mean_.as<float>(); }      // device, C floats

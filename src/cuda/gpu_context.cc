@@ -17,11 +17,13 @@ std::atomic<uint64_t> g_allocations{0};
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes_ > 0) {
     CUDA_CHECK(cudaMalloc(&p_, bytes_));
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    note_allocation();
   }
 }
 
 uint64_t DeviceBuffer::allocations() { return g_allocations.load(std::memory_order_relaxed); }
+
+void DeviceBuffer::note_allocation() { g_allocations.fetch_add(1, std::memory_order_relaxed); }
 
 DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);  // no throwing from a destructor; a failed free leaks, nothing worse

@@ -27,6 +27,9 @@ class DeviceBuffer {
   // How many device allocations this process has made so far (every DeviceBuffer of nonzero size).
   // A CUDA graph holds raw pointers: one captured when this was N stays valid while it is still N.
   static uint64_t allocations();
+  // Counts a device allocation made outside DeviceBuffer (CudaBackend::allocate), so the count
+  // above stays complete.
+  static void note_allocation();
 
  private:
   void* p_ = nullptr;

@@ -1,5 +1,5 @@
-// Helpers shared by the GPU test suites: skipping without a device, device copies of host vectors,
-// seeded random inputs and the relative comparison every GPU-vs-CPU check uses.
+// Helpers shared by the GPU test suites: skipping without a device, device copies of host vectors
+// and tensors, seeded random inputs and the relative comparison every GPU-vs-CPU check uses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "dpt/device.h"
 #include "dpt/rng.h"
+#include "dpt/tensor.h"
 
 namespace dpt::test {
 
@@ -41,6 +43,18 @@ struct Dev {
     return h;
   }
 };
+
+// A copy of a host tensor in the backend's memory, and the host values of one there.
+inline Tensor to_device(gpu::CudaBackend& be, const Tensor& host) {
+  Tensor dev(host.shape(), &be);
+  be.copy_from_host(dev.data(), host.data(), static_cast<size_t>(host.numel()) * sizeof(float));
+  return dev;
+}
+inline std::vector<float> to_host(gpu::CudaBackend& be, const Tensor& dev) {
+  std::vector<float> h(static_cast<size_t>(dev.numel()));
+  be.copy_to_host(h.data(), dev.data(), h.size() * sizeof(float));
+  return h;
+}
 
 inline std::vector<float> random(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
   Rng r(seed);

@@ -1,11 +1,13 @@
 // The GPU training path against the CPU reference: whole-model forward/backward parity for LeNet
-// and ResNet-18 (logits, every parameter gradient, BatchNorm buffers, the gradient announcements),
+// and ResNet-18, the same Model on the CUDA backend against the CPU one (logits, every parameter
+// gradient, BatchNorm buffers, the gradient announcements),
 // the GPU reducer (NCCL and the MPI fallback) at world size 1, 50 LeNet steps whose losses track the
 // CPU run's, end-to-end --device cuda training, bit-exact resume, CUDA graphs (the reducer captured,
 // invalidation, whole runs bit for bit against eager). Skipped (exit code 77) where no CUDA device
 // is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,10 +18,10 @@
 #include <sstream>
 
 #include "cpu/ops.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_graph.h"
 #include "cuda/gpu_context.h"
-#include "cuda/gpu_model.h"
 #include "cuda/gpu_reducer.h"
 #include "cuda/nccl_communicator.h"
 #include "dpt/checkpoint.h"
@@ -37,20 +39,14 @@
 namespace dpt {
 namespace {
 
-using gpu::DeviceTensor;
+using test::to_device;
+using test::to_host;
 
-void to_device(gpu::GpuContext& ctx, const Tensor& host, DeviceTensor& dev) {
-  dev.resize(ctx, host.shape());
-  CUDA_CHECK(cudaMemcpyAsync(dev.data(), host.data(), static_cast<size_t>(host.numel()) * sizeof(float),
-                             cudaMemcpyHostToDevice, ctx.stream()));
-  ctx.synchronize();
-}
-
-std::vector<float> to_host(gpu::GpuContext& ctx, const DeviceTensor& dev) {
-  std::vector<float> h(static_cast<size_t>(dev.numel()));
-  CUDA_CHECK(cudaMemcpyAsync(h.data(), dev.data(), h.size() * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()));
-  ctx.synchronize();
-  return h;
+// A model's gradients, copied from its backend's memory.
+std::vector<float> host_grads(Model& m) {
+  ParamStore& s = m.store();
+  s.grads_to_host();
+  return {s.grads(), s.grads() + s.num_params()};
 }
 
 double max_abs(const float* p, int64_t n) {
@@ -77,18 +73,22 @@ void check_parity(const std::string& name, double tol, bool bf16 = false) {
   auto model = make_model(name);
   model->init_parameters("kaiming", 7);
   ParamStore& store = model->store();
-  gpu::GpuContext ctx(0);
-  ctx.set_bf16(bf16);
-  gpu::GpuModel gm(*model, ctx);  // takes the state before the CPU's forward moves BatchNorm statistics
+  gpu::CudaBackend be(0);
+  be.context().set_bf16(bf16);
+  auto gm = make_model(name, 10, be);
+  // The CPU's state, taken before its forward moves the BatchNorm statistics.
+  ParamStore& gstore = gm->store();
+  std::copy_n(store.params(), store.num_params(), gstore.params());
+  std::copy_n(store.buffers(), store.num_buffers(), gstore.buffers());
+  gstore.from_host();
 
   const int64_t n = 8;
   std::mt19937_64 g(11);
   Tensor x = test::random_tensor({n, 28, 28, 1}, g, 0.f, 1.f);
-  DeviceTensor dx;
-  to_device(ctx, x, dx);
+  const Tensor dx = to_device(be, x);
 
   const Tensor& logits = model->forward(x, Mode::kTrain);
-  const std::vector<float> glogits = to_host(ctx, gm.forward(dx, Mode::kTrain));
+  const std::vector<float> glogits = to_host(be, gm->forward(dx, Mode::kTrain));
   ASSERT_EQ(static_cast<int64_t>(glogits.size()), logits.numel());
   const double logit_err = rel_error(glogits.data(), logits.data(), logits.numel(), 1e-6);
   EXPECT_LE(logit_err, tol) << name << ": training-mode logits";
@@ -98,30 +98,30 @@ void check_parity(const std::string& name, double tol, bool bf16 = false) {
   for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 10);
   Tensor dlogits(logits.shape());
   cpu::softmax_xent(logits.data(), labels.data(), n, logits.dim(1), 1.f / n, dlogits.data(), nullptr);
-  DeviceTensor ddl;
-  to_device(ctx, dlogits, ddl);
+  const Tensor ddl = to_device(be, dlogits);
 
   Ranges cpu_ready, gpu_ready;
   BackwardCtx cctx, gctx;
   cctx.on_ready = [&](int64_t b, int64_t e) { cpu_ready.emplace_back(b, e); };
   gctx.on_ready = [&](int64_t b, int64_t e) { gpu_ready.emplace_back(b, e); };
   model->backward(dlogits, cctx);
-  gm.backward(ddl, gctx);
+  gm->backward(ddl, gctx);
   EXPECT_EQ(gpu_ready, cpu_ready) << name << ": gradient announcements (order and ranges)";
 
-  std::vector<float> ggrads(static_cast<size_t>(store.num_params())), gbuf(static_cast<size_t>(store.num_buffers()));
-  gm.copy_grads_to(ggrads.data());
-  gm.copy_buffers_to(gbuf.data());
+  gstore.grads_to_host();
+  gstore.buffers_to_host();
+  const float* ggrads = gstore.grads();
+  const float* gbuf = gstore.buffers();
   const double floor = 1e-3 * max_abs(store.grads(), store.num_params());
   double worst = 0;
   std::string worst_name;
   for (const Param& p : store.entries()) {
     if (p.is_buffer) {
-      const double e = rel_error(gbuf.data() + p.offset, p.value.data(), p.numel(), 1e-6);
+      const double e = rel_error(gbuf + p.offset, p.value.data(), p.numel(), 1e-6);
       EXPECT_LE(e, tol) << name << ": buffer " << p.name << " after one training forward";
       continue;
     }
-    const double e = rel_error(ggrads.data() + p.offset, p.grad.data(), p.numel(), floor);
+    const double e = rel_error(ggrads + p.offset, p.grad.data(), p.numel(), floor);
     EXPECT_LE(e, tol) << name << ": gradient of " << p.name << " " << shape_str(p.shape);
     if (e > worst) worst = e, worst_name = p.name;
   }
@@ -129,7 +129,7 @@ void check_parity(const std::string& name, double tol, bool bf16 = false) {
               static_cast<long long>(n), bf16 ? "bf16" : "fp32", logit_err, worst, worst_name.c_str());
 
   const Tensor& elogits = model->forward(x, Mode::kEval);
-  const std::vector<float> gelogits = to_host(ctx, gm.forward(dx, Mode::kEval));
+  const std::vector<float> gelogits = to_host(be, gm->forward(dx, Mode::kEval));
   EXPECT_LE(rel_error(gelogits.data(), elogits.data(), elogits.numel(), 1e-6), tol) << name << ": eval logits";
 }
 
@@ -158,24 +158,20 @@ TEST(GpuModel, Resnet18ForwardBackwardMatchesCpuInBf16) {
 
 TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
   SKIP_WITHOUT_GPU();
-  auto model = make_model("lenet");
+  gpu::CudaBackend be(0);
+  auto model = make_model("lenet", 10, be);
   model->init_parameters("kaiming", 3);
-  gpu::GpuContext ctx(0);
-  gpu::GpuModel gm(*model, ctx);
   std::mt19937_64 g(5);
   Tensor x = test::random_tensor({4, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({4, 10}, g);
-  DeviceTensor dx, ddl;
-  to_device(ctx, x, dx);
-  to_device(ctx, dl, ddl);
+  const Tensor dx = to_device(be, x), ddl = to_device(be, dl);
   const int64_t np = model->num_parameters();
-  std::vector<float> once(static_cast<size_t>(np)), twice(static_cast<size_t>(np));
   BackwardCtx overwrite, accumulate;
   accumulate.accumulate = true;
-  gm.forward(dx, Mode::kTrain);
-  gm.backward(ddl, overwrite);
-  gm.copy_grads_to(once.data());
-  gm.backward(ddl, accumulate);
-  gm.copy_grads_to(twice.data());
+  model->forward(dx, Mode::kTrain);
+  model->backward(ddl, overwrite);
+  const std::vector<float> once = host_grads(*model);
+  model->backward(ddl, accumulate);
+  const std::vector<float> twice = host_grads(*model);
   for (int64_t i = 0; i < np; ++i)
     ASSERT_NEAR(twice[static_cast<size_t>(i)], 2 * once[static_cast<size_t>(i)], 1e-5 * (1 + std::fabs(once[i])))
         << i;
@@ -188,11 +184,11 @@ TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
 // and a plan of several buckets.
 struct ReducerBench {
   std::unique_ptr<Communicator> self = make_mpi_self_communicator();
-  std::unique_ptr<Model> model = make_model("lenet");
+  gpu::CudaBackend be{0};  // before everything in its memory, which must be released first
+  gpu::GpuContext& ctx = be.context();
+  std::unique_ptr<Model> model = make_model("lenet", 10, be);
   std::vector<Bucket> buckets;
-  gpu::GpuContext ctx{0};
-  std::unique_ptr<gpu::GpuModel> gm;
-  DeviceTensor dx, ddl;
+  Tensor dx, ddl;
   int64_t np = 0;
   std::vector<float> want;
 
@@ -204,31 +200,27 @@ struct ReducerBench {
     for (const Param& p : store.entries())
       if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
     buckets = plan_buckets(bounds, 64 * 1024, 16 * 1024);  // several buckets
-    gm = std::make_unique<gpu::GpuModel>(*model, ctx);
     std::mt19937_64 g(6);
     Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({16, 10}, g);
-    to_device(ctx, x, dx);
-    to_device(ctx, dl, ddl);
+    dx = to_device(be, x);
+    ddl = to_device(be, dl);
     np = store.num_params();
-    want.resize(static_cast<size_t>(np));
-    gm->forward(dx, Mode::kTrain);
+    model->forward(dx, Mode::kTrain);
     BackwardCtx plain;
-    gm->backward(ddl, plain);
-    gm->copy_grads_to(want.data());
+    model->backward(ddl, plain);
+    want = host_grads(*model);
   }
+  // The flat device gradient buffer the reducer works on.
+  float* device_grads() { return model->store().device_grads(); }
   // Garbage in the gradients, then backward through the reducer (begin has been called).
   void backward_through(gpu::GpuReducer& reducer) {
-    CUDA_CHECK(cudaMemsetAsync(gm->grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
+    CUDA_CHECK(cudaMemsetAsync(device_grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
     BackwardCtx bctx;
     bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
-    gm->backward(ddl, bctx);
+    model->backward(ddl, bctx);
     reducer.finish();
   }
-  std::vector<float> grads() {
-    std::vector<float> got(static_cast<size_t>(np));
-    gm->copy_grads_to(got.data());
-    return got;
-  }
+  std::vector<float> grads() { return host_grads(*model); }
 };
 
 // Every path of the reducer a single GPU can exercise: NCCL (events, its stream) and the MPI
@@ -241,7 +233,7 @@ TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
   for (bool use_nccl : {true, false})
     for (bool overlap : {true, false}) {
       SCOPED_TRACE(testing::Message() << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
-      gpu::GpuReducer reducer(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, overlap, use_nccl ? nccl.get() : nullptr,
+      gpu::GpuReducer reducer(rb.ctx, rb.device_grads(), rb.np, rb.buckets, overlap, use_nccl ? nccl.get() : nullptr,
                               *rb.self);
       EXPECT_EQ(reducer.uses_nccl(), use_nccl);
       for (int64_t step = 0; step < 2; ++step) {  // the second step reuses every event
@@ -267,13 +259,13 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
   SKIP_WITHOUT_GPU();
   ReducerBench rb;
   auto nccl = make_nccl_communicator(*rb.self, 0);
-  gpu::GpuReducer reducer(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, true, nccl.get(), *rb.self);
+  gpu::GpuReducer reducer(rb.ctx, rb.device_grads(), rb.np, rb.buckets, true, nccl.get(), *rb.self);
   const std::vector<double> d{1.5, -2.25, 1e300};
   test::Dev<double> dd(d);
   gpu::StreamGraph graph;
   const uint64_t launches = gpu::StreamGraph::launches();
   for (int64_t step = 0; step < 3; ++step) {
-    CUDA_CHECK(cudaMemsetAsync(rb.gm->grads(), 0, static_cast<size_t>(rb.np) * sizeof(float), rb.ctx.stream()));
+    rb.be.zero(rb.device_grads(), static_cast<size_t>(rb.np) * sizeof(float));
     reducer.begin(step);
     const auto ran = graph.run(
         rb.ctx.stream(), /*capture=*/true,
@@ -297,7 +289,7 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
   EXPECT_EQ(gpu::StreamGraph::launches() - launches, 3u);
   EXPECT_GT(graph.nodes(), rb.buckets.size());
   // Capture mode is refused without NCCL: host MPI cannot sit inside a graph.
-  gpu::GpuReducer mpi(rb.ctx, rb.gm->grads(), rb.np, rb.buckets, true, nullptr, *rb.self);
+  gpu::GpuReducer mpi(rb.ctx, rb.device_grads(), rb.np, rb.buckets, true, nullptr, *rb.self);
   EXPECT_THROW(mpi.set_capturing(true), Error);
 }
 
@@ -306,7 +298,8 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
 // when every rank captured; a failing body falls back to eager.
 TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
   SKIP_WITHOUT_GPU();
-  gpu::GpuContext ctx(0);
+  gpu::CudaBackend be(0);
+  gpu::GpuContext& ctx = be.context();
   test::Dev<float> v(std::vector<float>{0.f});
   int eager_bodies = 0;
   gpu::StreamGraph graph;
@@ -362,9 +355,9 @@ TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
 TEST(GpuReducer, MissingGradientsAreReportedAtFinish) {
   SKIP_WITHOUT_GPU();
   auto self = make_mpi_self_communicator();
-  gpu::GpuContext ctx(0);
-  gpu::DeviceBuffer grads(100 * sizeof(float));
-  gpu::GpuReducer reducer(ctx, grads.as<float>(), 100, {Bucket{0, 60}, Bucket{60, 100}}, true, nullptr, *self);
+  gpu::CudaBackend be(0);
+  Tensor grads({100}, &be);
+  gpu::GpuReducer reducer(be.context(), grads.data(), 100, {Bucket{0, 60}, Bucket{60, 100}}, true, nullptr, *self);
   reducer.begin(3);
   reducer.mark_ready(0, 60);
   try {
