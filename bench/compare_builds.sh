@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 runs=(
   "1|--model lenet --epochs 2 --max-steps 20 --checkpoint-every 1"
-  "2|--model lenet --epochs 2 --max-steps 20 --checkpoint-every 1"
+  "2|--model lenet --epochs 2 --max-steps 20 --checkpoint-every 1 --metrics-every 5"
   "4|--model lenet --epochs 1 --max-steps 20 --accum-steps 2"
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --checkpoint-every 1"
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --sync-bn"

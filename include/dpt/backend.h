@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace dpt {
 
@@ -27,6 +28,27 @@ struct ConvGeom {
 // Sums `count` doubles of backend memory in place across the replicas (synchronised BatchNorm);
 // empty: per-replica statistics.
 using ChannelSumFn = std::function<void(double* data, int64_t count)>;
+
+// Work a backend can record once and replay with one launch (CUDA graphs); the CPU has none.
+// Recordings hold raw pointers: every allocation on the backend since the capture makes one stale.
+class Recorder {
+ public:
+  enum class Ran { kEager, kCaptured, kReplayed };
+  virtual ~Recorder() = default;
+  // Queues body's work: replayed when a valid recording exists; else, with `capture` (the
+  // caller's decision, the same on every rank where the body holds collectives), captured and
+  // launched if agree(captured here) says every rank captured; else eager. prepare(capturing) runs
+  // before each attempt at body (not before a replay). A failed capture is dropped (failure()
+  // says why) and the work runs eagerly; eager errors propagate.
+  virtual Ran run(bool capture, const std::function<void(bool capturing)>& prepare,
+                  const std::function<void()>& body, const std::function<bool(bool captured)>& agree) = 0;
+  virtual bool exists() const = 0;
+  virtual bool valid() const = 0;  // exists, and nothing allocated since its capture
+  virtual bool warm() const = 0;   // the last run was eager and nothing was allocated since
+  virtual void reset() = 0;
+  virtual const std::string& failure() const = 0;
+  virtual size_t nodes() const = 0;
+};
 
 // One per convolution layer: it may cache plans per geometry (oneDNN primitives, cuDNN algorithms).
 class ConvOp {
@@ -64,8 +86,17 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
+  // This rank's device for the start-up banner: "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string describe() const { return name(); }
   // Whether its memory is host memory (then host views need no copies).
   virtual bool host_memory() const = 0;
+  // Waits for everything queued. Callers first make sure nothing queued waits for a peer.
+  virtual void synchronize() {}
+  // After an error that may leave queued work waiting forever (a collective a dead peer never
+  // completes): from now on nothing waits for the device and nothing is freed (process ending).
+  virtual void abandon() {}
+  // A recorder of queued work (CUDA graphs), or null where the backend has none.
+  virtual std::unique_ptr<Recorder> make_recorder() { return nullptr; }
 
   // ---- memory --------------------------------------------------------------------------------
   // Zero-filled storage of `bytes` (at least 64-byte aligned); release waits for queued work that
@@ -103,6 +134,80 @@ class Backend {
   // dx (nullable) = dy W; dW (+)= dy^T x; db (nullable) (+)= sum_n dy.
   virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                                int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
+
+  // ---- training-step operations --------------------------------------------------------------
+  // x[i, p] = images[idx[i], p] / 255 and labels_out[i] = labels[idx[i]] for i < count, from a data
+  // set of num_images images of `pixels` uint8 each.
+  virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
+                             const int64_t* idx, int64_t count, float* x, int32_t* labels_out) = 0;
+  // Softmax cross-entropy on logits [n, k]: sums[0] (+)= the summed loss and sums[1] (+)= the count
+  // of argmax hits (doubles; added to when accumulate); dlogits (nullable) = (softmax - onehot) *
+  // grad_scale.
+  virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
+                            float* dlogits, double* sums, bool accumulate) = 0;
+  // *dst = v, in the order of the queued work (a learning rate a recorded step reads).
+  virtual void store_scalar(float* dst, float v) = 0;
+  // PyTorch's SGD over n floats: d = g + wd p; buf = first ? d : momentum buf + d; p -= lr buf
+  // (buf unused and p -= lr d when momentum is 0). lr: one float of backend memory.
+  virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
+                          float weight_decay, bool first) = 0;
+};
+
+// A typed, move-only array of backend memory (zero-filled), or a view of host memory where the
+// backend's memory is the host's (data sets are not copied there).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Backend& be, int64_t count) : be_(&be), count_(count) {
+    data_ = static_cast<T*>(be.allocate(static_cast<size_t>(count > 0 ? count : 1) * sizeof(T)));
+    owned_ = true;
+  }
+  // The host array in backend memory: a view of it on a host backend, else a copy.
+  static DeviceArray mirror(Backend& be, const T* host, int64_t count) {
+    if (be.host_memory()) {
+      DeviceArray a;
+      a.be_ = &be;
+      a.count_ = count;
+      a.data_ = const_cast<T*>(host);
+      return a;
+    }
+    DeviceArray a(be, count);
+    a.copy_from_host(host, count);
+    return a;
+  }
+  ~DeviceArray() { release(); }
+  DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      release();
+      be_ = o.be_, data_ = o.data_, count_ = o.count_, owned_ = o.owned_;
+      o.data_ = nullptr, o.count_ = 0, o.owned_ = false;
+    }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* data() const { return data_; }
+  int64_t size() const { return count_; }
+  void copy_from_host(const T* host, int64_t count, int64_t at = 0) {
+    if (count > 0) be_->copy_from_host(data_ + at, host, static_cast<size_t>(count) * sizeof(T));
+  }
+  void copy_to_host(T* host, int64_t count, int64_t at = 0) const {
+    if (count > 0) be_->copy_to_host(host, data_ + at, static_cast<size_t>(count) * sizeof(T));
+  }
+
+ private:
+  void release() noexcept {
+    if (owned_ && data_) be_->release(data_);
+    data_ = nullptr;
+    owned_ = false;
+  }
+  Backend* be_ = nullptr;
+  T* data_ = nullptr;
+  int64_t count_ = 0;
+  bool owned_ = false;
 };
 
 // The process's CPU backend (src/cpu), shared: it holds no state of its own.

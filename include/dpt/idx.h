@@ -40,5 +40,8 @@ ImageSet load_image_set(const std::string& dir, const std::string& split, int nu
 // out[i*rows*cols + p] = images[indices[i]*rows*cols + p] / 255.f for i in [0, count).
 // `out` holds count*rows*cols floats; every index must be in [0, set.n).
 void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out);
+// The same on raw arrays: num_images images of `pixels` uint8 each.
+void images_to_float(const uint8_t* images, int64_t num_images, int64_t pixels, const int64_t* indices,
+                     int64_t count, float* out);
 
 }  // namespace dpt

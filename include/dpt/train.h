@@ -132,41 +132,6 @@ struct Totals {
   int64_t correct = 0, count = 0;
 };
 
-// Where one rank's training and evaluation compute: the CPU (src/train/trainer.cc) or a GPU
-// (src/cuda/gpu_trainer.cc). run_training drives it and keeps everything else (data order,
-// schedules, metrics, signals, checkpoints). The host Model, its flat buffers and the Sgd state stay
-// the source of truth: a device backend copies them back in to_host() and takes them in from_host().
-class TrainBackend {
- public:
-  virtual ~TrainBackend() = default;
-  // This rank's device for the start-up banner: "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)".
-  virtual std::string describe() const = 0;
-  // The sampler is at the new epoch; micro-batches [0, batches) of it may be asked for.
-  virtual void begin_epoch(const ShardedSampler& sampler, int64_t batches) = 0;
-  // Micro-batch `batch` of the epoch (this rank's sampler.local_indices(batch)): forward, softmax
-  // cross-entropy scaled so that the all-reduced gradient is the mean over the global batch and
-  // its micro-steps, backward. accumulate: add to the gradients (micro-steps after the first);
-  // sync: the step's last micro-batch, whose backward all-reduces the gradients of optimizer step
-  // `step` (which names it in errors).
-  virtual void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tracer) = 0;
-  // Before the optimizer: the all-reduces of the last synchronised backward are complete (CPU) or
-  // ordered before it (GPU streams).
-  virtual void finish_gradient_sync() = 0;
-  virtual ReducerStats reducer_stats() const = 0;
-  virtual void optimizer_step(double lr) = 0;
-  // The last optimizer step's, and the epoch's, totals on this rank (a GPU waits for them).
-  virtual Totals step_totals() = 0;
-  virtual Totals epoch_totals() = 0;
-  // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals.
-  virtual Totals evaluate(int64_t begin, int64_t end) = 0;
-  // BatchNorm running statistics averaged across ranks (DataParallel::sync_buffers).
-  virtual void sync_buffers() = 0;
-  // Parameters, buffers and momentum to the host model and Sgd (checkpoints, --save, replica
-  // checks), and back after the host state changed (broadcast, resume).
-  virtual void to_host() = 0;
-  virtual void from_host() = 0;
-};
-
 // Writes the learning curves of `history` as a self-contained SVG (atomically).
 void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& history,
                       int epochs, const std::string& title);

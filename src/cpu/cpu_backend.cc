@@ -10,6 +10,7 @@
 #include "cpu/ops.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
+#include "dpt/idx.h"
 
 namespace dpt::cpu {
 
@@ -142,6 +143,24 @@ class CpuBackend : public Backend {
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                        int64_t in, int64_t out, bool accumulate) override {
     cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate);
+  }
+
+  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
+                     const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override {
+    images_to_float(images, num_images, pixels, idx, count, x);
+    for (int64_t i = 0; i < count; ++i) labels_out[i] = labels[idx[i]];
+  }
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
+                    float* dlogits, double* sums, bool accumulate) override {
+    int64_t hits = 0;
+    const double loss = cpu::softmax_xent(logits, labels, n, k, grad_scale, dlogits, &hits);
+    sums[0] = (accumulate ? sums[0] : 0.0) + loss;
+    sums[1] = (accumulate ? sums[1] : 0.0) + static_cast<double>(hits);
+  }
+  void store_scalar(float* dst, float v) override { *dst = v; }
+  void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
+                  float weight_decay, bool first) override {
+    cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first);
   }
 };
 

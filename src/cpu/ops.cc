@@ -293,6 +293,20 @@ void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int6
       for (int64_t ch = 0; ch < c; ++ch) y[(b * h * w + p) * c + ch] = x[(b * c + ch) * h * w + p];
 }
 
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float wd, bool first) {
+  if (mom > 0) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      buf[i] = first ? d : mom * buf[i] + d;
+      p[i] -= lr * buf[i];
+    }
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+  }
+}
+
 double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                     float grad_scale, float* dlogits, int64_t* correct) {
   double loss = 0;

@@ -61,6 +61,10 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
 void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
 
+// PyTorch's SGD step over n floats (buf unused when momentum is 0); see Backend::sgd_update.
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
+                bool first);
+
 // Softmax cross-entropy on logits [N,K]: returns the summed loss; *correct counts argmax hits;
 // dlogits (optional) = (softmax - onehot) * grad_scale.
 double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,

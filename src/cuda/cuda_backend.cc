@@ -6,6 +6,7 @@
 #include <string>
 
 #include "add.cuh"
+#include "cuda/cuda_graph.h"
 #include "avgpool_backward.cuh"
 #include "avgpool_forward.cuh"
 #include "cuda/cublas_linear.h"
@@ -13,10 +14,15 @@
 #include "cuda/cudnn_conv.h"
 #include "cuda/gpu_batchnorm.h"
 #include "global_avgpool_backward.cuh"
+#include "gather_images.cuh"
 #include "global_avgpool_forward.cuh"
+#include "loss_sums.cuh"
 #include "permute_nhwc_chw.cuh"
 #include "relu_backward.cuh"
 #include "relu_forward.cuh"
+#include "sgd_update.cuh"
+#include "softmax_xent.cuh"
+#include "store_scalar.cuh"
 
 namespace dpt::gpu {
 
@@ -129,6 +135,80 @@ void CudaBackend::linear_forward(const float* x, const float* w, const float* b,
 void CudaBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                                   int64_t n, int64_t in, int64_t out, bool accumulate) {
   gpu::linear_backward(*ctx_, x, w, dy, dx, dw, db, n, in, out, accumulate);
+}
+
+// ---- training-step operations --------------------------------------------------------------------
+
+void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t, int64_t pixels,
+                                const int64_t* idx, int64_t count, float* x, int32_t* labels_out) {
+  CUDA_CHECK(cuda::launch_gather_images(images, labels, idx, count, pixels, x, labels_out, ctx_->stream()));
+}
+
+void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
+                               float* dlogits, double* sums, bool accumulate) {
+  // Per-row losses and hits in the shared workspace, summed in a fixed order (bit-reproducible).
+  WorkspaceLayout lay;
+  const size_t loss_at = lay.add(static_cast<size_t>(n) * sizeof(float));
+  const size_t hits_at = lay.add(static_cast<size_t>(n) * sizeof(int32_t));
+  auto* ws = static_cast<char*>(ctx_->workspace(lay.total()));
+  auto* loss = reinterpret_cast<float*>(ws + loss_at);
+  auto* hits = reinterpret_cast<int32_t*>(ws + hits_at);
+  CUDA_CHECK(cuda::launch_softmax_xent(logits, labels, n, k, grad_scale, loss, hits, dlogits, ctx_->stream()));
+  CUDA_CHECK(cuda::launch_loss_sums(loss, hits, n, sums, accumulate, ctx_->stream()));
+}
+
+void CudaBackend::store_scalar(float* dst, float v) {
+  CUDA_CHECK(cuda::launch_store_scalar(dst, v, ctx_->stream()));
+}
+
+void CudaBackend::sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
+                             float weight_decay, bool first) {
+  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, ctx_->stream()));
+}
+
+// ---- recorded work: CUDA graphs of the context's stream ---------------------------------------
+
+namespace {
+
+class GraphRecorder : public Recorder {
+ public:
+  explicit GraphRecorder(cudaStream_t stream) : stream_(stream) {}
+  Ran run(bool capture, const std::function<void(bool)>& prepare, const std::function<void()>& body,
+          const std::function<bool(bool)>& agree) override {
+    switch (graph_.run(stream_, capture, prepare, body, agree)) {
+      case StreamGraph::Ran::kCaptured: return Ran::kCaptured;
+      case StreamGraph::Ran::kReplayed: return Ran::kReplayed;
+      case StreamGraph::Ran::kEager: break;
+    }
+    return Ran::kEager;
+  }
+  bool exists() const override { return graph_.exists(); }
+  bool valid() const override { return graph_.valid(); }
+  bool warm() const override { return graph_.warm(); }
+  void reset() override { graph_.reset(); }
+  const std::string& failure() const override { return graph_.failure(); }
+  size_t nodes() const override { return graph_.nodes(); }
+
+ private:
+  cudaStream_t stream_;
+  StreamGraph graph_;
+};
+
+}  // namespace
+
+std::unique_ptr<Recorder> CudaBackend::make_recorder() { return std::make_unique<GraphRecorder>(ctx_->stream()); }
+
+std::string CudaBackend::describe() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, ctx_->device()) != cudaSuccess) {
+    cudaGetLastError();
+    return "cuda:" + std::to_string(ctx_->device());
+  }
+  return "cuda:" + std::to_string(ctx_->device()) + " (" + prop.name + ")";
+}
+
+void CudaBackend::synchronize() {
+  if (!abandoned_) ctx_->synchronize();
 }
 
 }  // namespace dpt::gpu

@@ -18,13 +18,16 @@ class CudaBackend : public Backend {
   explicit CudaBackend(int device);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
+  std::string describe() const override;  // "cuda:0 (NVIDIA H100 80GB HBM3)"
   bool host_memory() const override { return false; }
   GpuContext& context() { return *ctx_; }
+  void synchronize() override;
+  std::unique_ptr<Recorder> make_recorder() override;
 
   // After an error that may leave the stream waiting forever (a collective a dead peer never
   // completes): from now on release() frees nothing and the context is never destroyed, so no
   // teardown waits for the device. The process is about to end.
-  void abandon() { abandoned_ = true; }
+  void abandon() override { abandoned_ = true; }
   bool abandoned() const { return abandoned_; }
 
   void* allocate(size_t bytes) override;
@@ -50,6 +53,13 @@ class CudaBackend : public Backend {
                       int64_t out) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                        int64_t in, int64_t out, bool accumulate) override;
+  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
+                     const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override;
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
+                    float* dlogits, double* sums, bool accumulate) override;
+  void store_scalar(float* dst, float v) override;
+  void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
+                  float weight_decay, bool first) override;
 
  private:
   std::unique_ptr<GpuContext> ctx_;

@@ -334,6 +334,11 @@ ImageSet load_image_set(const std::string& dir, const std::string& split, int nu
 }
 
 void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out) {
+  images_to_float(set.images.data(), set.n, set.rows * set.cols, indices, count, out);
+}
+
+void images_to_float(const uint8_t* images, int64_t num_images, int64_t per, const int64_t* indices,
+                     int64_t count, float* out) {
   // A table lookup is exact (the same float as x / 255.f) and cheaper than a divide per pixel.
   static const std::array<float, 256> kTable = [] {
     std::array<float, 256> t{};
@@ -341,12 +346,11 @@ void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count,
     return t;
   }();
   DPT_CHECK(count >= 0, "images_to_float: negative count " << count);
-  const int64_t per = set.rows * set.cols;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t idx = indices[i];
-    DPT_CHECK(idx >= 0 && idx < set.n,
-              "images_to_float: image index " << idx << " out of range [0, " << set.n << ")");
-    const uint8_t* src = set.images.data() + idx * per;
+    DPT_CHECK(idx >= 0 && idx < num_images,
+              "images_to_float: image index " << idx << " out of range [0, " << num_images << ")");
+    const uint8_t* src = images + idx * per;
     float* dst = out + i * per;
     for (int64_t p = 0; p < per; ++p) dst[p] = kTable[src[p]];
   }

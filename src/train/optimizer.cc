@@ -2,6 +2,7 @@
 // record: the small pieces of training with exact, testable semantics.
 #include <nlohmann/json.hpp>
 
+#include "cpu/ops.h"
 #include "dpt/error.h"
 #include "dpt/rng.h"
 #include "dpt/train.h"
@@ -9,22 +10,9 @@
 namespace dpt {
 
 void Sgd::step(float* p, const float* g, double lr) {
-  const float wd = static_cast<float>(weight_decay_), mom = static_cast<float>(momentum_);
-  const float a = static_cast<float>(lr);
-  const int64_t n = n_;
-  if (mom > 0) {
-    float* buf = buf_.data();
-    const bool first = steps_ == 0;  // PyTorch starts the buffer at the first gradient
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + wd * p[i];
-      buf[i] = first ? d : mom * buf[i] + d;
-      p[i] -= a * buf[i];
-    }
-  } else {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] -= a * (g[i] + wd * p[i]);
-  }
+  // PyTorch starts the momentum buffer at the first gradient.
+  cpu::sgd_update(p, g, buf_.data(), n_, static_cast<float>(lr), static_cast<float>(momentum_),
+                  static_cast<float>(weight_decay_), steps_ == 0);
   ++steps_;
 }
 

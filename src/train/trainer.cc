@@ -1,7 +1,7 @@
 // The training loop. It reads like single-device training: the DataParallel wrapper hides the
 // ranks (broadcast, bucketed all-reduce during backward, BatchNorm buffer averaging). Each rank
 // trains on its shard of every global batch; evaluation is split across ranks and reduced. The
-// compute of a step sits behind TrainBackend: the CPU one below, or the GPU one (src/cuda).
+// compute of a step is the StepEngine (engine.h), written once over the Backend operations.
 #include <omp.h>
 
 #include <chrono>
@@ -16,12 +16,12 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "cpu/ops.h"
 #include "dpt/backend.h"
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
 #include "dpt/device.h"
+#include "dpt/engine.h"
 #include "dpt/error.h"
 #include "dpt/idx.h"
 #include "dpt/log.h"
@@ -29,7 +29,7 @@
 #include "dpt/train.h"
 
 #if DPT_HAVE_CUDA
-#include "cuda/gpu_trainer.h"
+#include "cuda/gpu_setup.h"
 #endif
 
 namespace dpt {
@@ -55,100 +55,8 @@ void draw_progress(int epoch, int epochs, int64_t done, int64_t total, double lo
   std::fflush(stderr);
 }
 
-// A batch of `count` images (as floats in [0, 1]) and their labels, gathered by index.
-void gather_batch(const ImageSet& set, const int64_t* idx, int64_t count, Tensor& x,
-                  std::vector<int32_t>& labels) {
-  x.resize({count, set.rows, set.cols, 1});
-  images_to_float(set, idx, count, x.data());
-  labels.resize(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) labels[static_cast<size_t>(i)] = set.labels[static_cast<size_t>(idx[i])];
-}
-
-// The CPU backend: the model's own layers on host tensors, the DataParallel wrapper's Reducer, and
-// Sgd over the host flat buffers (which are the source of truth, so to_host/from_host do nothing).
-class CpuBackend : public TrainBackend {
- public:
-  CpuBackend(const TrainConfig& cfg, DataParallel& ddp, Sgd& opt, const ImageSet& train, const ImageSet& test,
-             int64_t local_batch)
-      : cfg_(cfg), ddp_(ddp), opt_(opt), train_(train), test_(test), b_(local_batch),
-        grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
-        x_({b_, 28, 28, 1}), dlogits_({b_, train.num_classes}), labels_(static_cast<size_t>(b_)) {}
-
-  std::string describe() const override { return "cpu"; }
-  void begin_epoch(const ShardedSampler& sampler, int64_t) override {
-    sampler_ = &sampler;
-    epoch_ = Totals{};
-  }
-  void micro_step(int64_t batch, int64_t step, bool sync, bool accumulate, Tracer* tr) override {
-    const int64_t* idx = sampler_->local_indices(batch);
-    {
-      TraceScope span(tr, "data", "data");
-      gather_batch(train_, idx, b_, x_, labels_);
-    }
-    const Tensor* logits;
-    {
-      TraceScope span(tr, "forward", "forward");
-      logits = &ddp_.forward(x_, Mode::kTrain);
-    }
-    int64_t hits = 0;
-    if (!accumulate) step_ = Totals{};
-    step_.loss += cpu::softmax_xent(logits->data(), labels_.data(), b_, logits->dim(1), grad_scale_,
-                                    dlogits_.data(), &hits);
-    step_.correct += hits;
-    step_.count += b_;
-    if (sync) {  // the step's last micro-batch: its totals join the epoch's
-      epoch_.loss += step_.loss;
-      epoch_.correct += step_.correct;
-      epoch_.count += step_.count;
-    }
-    TraceScope span(tr, "backward", "backward");
-    ddp_.backward(dlogits_, step, sync, accumulate, tr);
-  }
-  void finish_gradient_sync() override { ddp_.finish_gradient_sync(); }
-  ReducerStats reducer_stats() const override { return ddp_.reducer().last_stats(); }
-  void optimizer_step(double lr) override {
-    ParamStore& store = ddp_.module().store();
-    opt_.step(store.params(), store.grads(), lr);
-  }
-  Totals step_totals() override { return step_; }
-  Totals epoch_totals() override { return epoch_; }
-  Totals evaluate(int64_t begin, int64_t end) override {
-    const int64_t batch = cfg_.eval_batch_size;
-    Totals r;
-    std::vector<int64_t> idx;
-    for (int64_t s = begin; s < end; s += batch) {
-      const int64_t b = std::min(batch, end - s);
-      idx.resize(static_cast<size_t>(b));
-      for (int64_t i = 0; i < b; ++i) idx[static_cast<size_t>(i)] = s + i;
-      gather_batch(test_, idx.data(), b, ex_, elabels_);
-      const Tensor& logits = ddp_.forward(ex_, Mode::kEval);
-      int64_t hits = 0;
-      r.loss += cpu::softmax_xent(logits.data(), elabels_.data(), b, logits.dim(1), 0.f, nullptr, &hits);
-      r.correct += hits;
-      r.count += b;
-    }
-    return r;
-  }
-  void sync_buffers() override { ddp_.sync_buffers(); }
-  void to_host() override {}
-  void from_host() override {}
-
- private:
-  const TrainConfig& cfg_;
-  DataParallel& ddp_;
-  Sgd& opt_;
-  const ImageSet& train_;
-  const ImageSet& test_;
-  const ShardedSampler* sampler_ = nullptr;
-  const int64_t b_;
-  const float grad_scale_;
-  Tensor x_, dlogits_, ex_;
-  std::vector<int32_t> labels_, elabels_;
-  Totals step_, epoch_;
-};
-
 // Evaluation split across ranks (rank r scores eval_range), totals summed over all of them.
-Totals evaluate(TrainBackend& backend, Communicator& comm, int64_t test_n) {
+Totals evaluate(StepEngine& backend, Communicator& comm, int64_t test_n) {
   auto [begin, end] = eval_range(test_n, comm.rank(), comm.size());
   const Totals r = backend.evaluate(begin, end);
   double sums[3] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count)};
@@ -257,15 +165,15 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   dopt.last_bucket_mb = cfg.last_bucket_mb;
   dopt.overlap = cfg.overlap;
   dopt.sync_bn = cfg.sync_bn;
-  DataParallel ddp(*model, comm, dopt);
   ParamStore& store = model->store();
+  std::unique_ptr<ReduceTransport> transport;  // null: the MPI thread over the host gradients
+#if DPT_HAVE_CUDA
+  if (gpu_ops) transport = make_gpu_transport(comm, *gpu_ops, store.device_grads(), store.num_params());
+#endif
+  DataParallel ddp(*model, comm, dopt, std::move(transport));
   Sgd opt(store.num_params(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);
-  std::unique_ptr<TrainBackend> backend;
-#if DPT_HAVE_CUDA
-  if (gpu_ops) backend = make_gpu_backend(cfg, comm, *gpu_ops, *model, ddp, opt, train, test);
-#endif
-  if (!backend) backend = std::make_unique<CpuBackend>(cfg, ddp, opt, train, test, sampler.local_batch());
+  auto backend = std::make_unique<StepEngine>(cfg, comm, *model, ddp, opt, train, test);
 
   // Each rank's device, for the banner.
   const std::vector<std::string> devices = allgather_names(comm, backend->describe());
@@ -418,20 +326,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       if (tr && global_step == cfg.trace_begin) tracer.start(comm);
       if (tr && global_step == cfg.trace_end) tracer.stop();
       const double step_t0 = now();
-      for (int micro = 0; micro < cfg.accum_steps; ++micro) {
-        const bool last = micro + 1 == cfg.accum_steps;
-        backend->micro_step(s * cfg.accum_steps + micro, global_step, /*sync=*/last, /*accumulate=*/micro > 0, tr);
-        seen += b;
-      }
-      {
-        TraceScope span(tr, "wait for all-reduce", "wait");
-        backend->finish_gradient_sync();
-      }
       lr = learning_rate(cfg, global_step, steps);
-      {
-        TraceScope span(tr, "optimizer", "optimizer");
-        backend->optimizer_step(lr);
-      }
+      backend->step(s * cfg.accum_steps, global_step, lr, tr);
+      seen += b * cfg.accum_steps;
       const ReducerStats rs = backend->reducer_stats();
       comm_s += rs.comm_seconds;
       exposed_s += rs.exposed_seconds;

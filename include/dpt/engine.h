@@ -1,0 +1,94 @@
+// The per-rank training engine, written once for every backend: one optimizer step (micro-batches
+// in, totals out), evaluation and state synchronisation over a Model on a Backend, the
+// DataParallel wrapper's Reducer and the backend's SGD. Where the backend records work (CUDA
+// graphs), a warm step and a warm evaluation pass are replayed whole. run_training drives it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpt/backend.h"
+#include "dpt/ddp.h"
+#include "dpt/idx.h"
+#include "dpt/train.h"
+
+namespace dpt {
+
+class Communicator;
+class Tracer;
+
+class StepEngine {
+ public:
+  // The model must be built on its backend and wrapped by ddp; the data sets are mirrored in the
+  // backend's memory, the parameters and momentum taken from the host (from_host). Everything
+  // passed must outlive the engine.
+  StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
+             const ImageSet& train, const ImageSet& test);
+  // Unwinding from an error, the backend is abandoned (queued work may wait for a dead peer);
+  // otherwise everything in flight is drained first, bounded by --timeout.
+  ~StepEngine();
+  StepEngine(const StepEngine&) = delete;
+  StepEngine& operator=(const StepEngine&) = delete;
+
+  std::string describe() const { return be_.describe(); }
+  // The sampler is at the new epoch; micro-batches [0, batches) of it may be asked for.
+  void begin_epoch(const ShardedSampler& sampler, int64_t batches);
+  // One optimizer step on micro-batches [first, first + --accum-steps) of the epoch: forward,
+  // softmax cross-entropy scaled by 1/(global batch x accumulation), backward (the last micro-batch
+  // all-reduces the summed gradients bucket by bucket), SGD at `lr`. `step` names it in errors.
+  void step(int64_t first_batch, int64_t step, double lr, Tracer* tracer);
+  const ReducerStats& reducer_stats() const { return stats_; }
+  // This rank's totals of the last step, and of the epoch so far (the host waits for them).
+  Totals step_totals() { return totals(step_first_); }
+  Totals epoch_totals() { return totals(epoch_first_); }
+  // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals.
+  Totals evaluate(int64_t begin, int64_t end);
+  // BatchNorm running statistics averaged across ranks (DataParallel::sync_buffers).
+  void sync_buffers();
+  // Parameters, buffers and momentum to the host model and Sgd (checkpoints, --save, replica
+  // checks), and back after the host state changed (broadcast, resume).
+  void to_host();
+  void from_host();
+
+ private:
+  void stage_in(int64_t batch);
+  void stage_out(int64_t batch);
+  void forward_backward(bool sync, bool accumulate, Tracer* tracer);
+  void update(bool first);
+  void recorded_step(int64_t batch, int64_t step, bool first);
+  bool all_ranks(bool mine, const char* what);
+  void quiesce() { ddp_.reducer().transport().quiesce(); }
+  Totals totals(int64_t first);
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  Model& model_;
+  Backend& be_;
+  DataParallel& ddp_;
+  Sgd& opt_;
+  const int64_t classes_, pixels_, batch_, eval_batch_;
+  const float grad_scale_;
+  const int uncaught_;
+  // Backend memory. Data sets (views on a host backend), the epoch's indices and per-micro-batch
+  // [loss, correct] totals; fixed addresses a recorded step reads and writes: its micro-batch's
+  // indices, labels and totals, and the learning rate.
+  DeviceArray<uint8_t> train_images_, train_labels_, test_images_, test_labels_;
+  DeviceArray<int64_t> test_index_, epoch_index_, step_index_;
+  DeviceArray<double> batch_stats_, step_stats_, eval_sums_;
+  DeviceArray<int32_t> labels_, eval_labels_;
+  DeviceArray<float> lr_, momentum_;
+  Tensor x_, dlogits_, eval_x_;
+  std::unique_ptr<Recorder> step_graph_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recorder>> eval_graphs_;  // by test range
+  bool step_graphs_ = false, eval_graphs_on_ = false;
+  std::vector<int64_t> index_host_;
+  std::vector<double> stats_host_;
+  int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
+  ReducerStats stats_;
+};
+
+}  // namespace dpt

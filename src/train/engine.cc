@@ -1,0 +1,323 @@
+// StepEngine (see include/dpt/engine.h): one training step, evaluation and state synchronisation,
+// written once over the Backend operations. A step gathers its micro-batch by index from the data
+// set in backend memory, runs the Model, scores it with the backend's softmax_xent into per-batch
+// totals in backend memory, hangs the Reducer on backward's gradient announcements, and updates the
+// flat buffers with the backend's sgd_update. The host reads nothing back inside a step. Where the
+// backend records work (CUDA graphs), a warm step and a warm evaluation pass are replayed whole.
+#include "dpt/engine.h"
+
+#include <algorithm>
+#include <exception>
+#include <numeric>
+#include <utility>
+
+#include "dpt/comm.h"
+#include "dpt/error.h"
+#include "dpt/log.h"
+#include "dpt/trace.h"
+
+namespace dpt {
+
+StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
+                       const ImageSet& train, const ImageSet& test)
+    : cfg_(cfg),
+      comm_(comm),
+      model_(model),
+      be_(model.store().backend()),
+      ddp_(ddp),
+      opt_(opt),
+      classes_(model.num_classes()),
+      pixels_(train.rows * train.cols),
+      batch_(cfg.batch_size / comm.size()),
+      eval_batch_(std::max<int64_t>(1, std::min(cfg.eval_batch_size, test.n))),
+      // The gradients are summed across ranks: each rank scales its loss by the global batch.
+      grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
+      uncaught_(std::uncaught_exceptions()) {
+  DPT_CHECK(train.rows == test.rows && train.cols == test.cols && pixels_ > 0, "train and test image sizes differ");
+  train_images_ = DeviceArray<uint8_t>::mirror(be_, train.images.data(), static_cast<int64_t>(train.images.size()));
+  train_labels_ = DeviceArray<uint8_t>::mirror(be_, train.labels.data(), static_cast<int64_t>(train.labels.size()));
+  test_images_ = DeviceArray<uint8_t>::mirror(be_, test.images.data(), static_cast<int64_t>(test.images.size()));
+  test_labels_ = DeviceArray<uint8_t>::mirror(be_, test.labels.data(), static_cast<int64_t>(test.labels.size()));
+  std::vector<int64_t> iota(static_cast<size_t>(test.n));
+  std::iota(iota.begin(), iota.end(), int64_t{0});
+  test_index_ = DeviceArray<int64_t>(be_, test.n);
+  test_index_.copy_from_host(iota.data(), test.n);
+  step_index_ = DeviceArray<int64_t>(be_, batch_);
+  step_stats_ = DeviceArray<double>(be_, 2);
+  eval_sums_ = DeviceArray<double>(be_, 2);
+  labels_ = DeviceArray<int32_t>(be_, batch_);
+  eval_labels_ = DeviceArray<int32_t>(be_, eval_batch_);
+  lr_ = DeviceArray<float>(be_, 1);
+  const int64_t n = model.store().num_params();
+  if (cfg.momentum > 0) {
+    DPT_CHECK(static_cast<int64_t>(opt.momentum_buffer().size()) == n, "momentum buffer size");
+    momentum_ = DeviceArray<float>(be_, n);
+  }
+  x_.resize({batch_, train.rows, train.cols, 1}, &be_);
+  dlogits_.resize({batch_, classes_}, &be_);
+  // A recorded step must be static: one micro-batch per optimizer step, collectives the transport
+  // can record (NCCL, or none), and no --trace (whose spans time the phases of an eager step).
+  step_graph_ = cfg.cuda_graphs ? be_.make_recorder() : nullptr;
+  eval_graphs_on_ = step_graph_ != nullptr;
+  step_graphs_ = step_graph_ && cfg.accum_steps == 1 && cfg.trace.empty() && ddp.reducer().transport().capturable();
+  if (eval_graphs_on_ && !step_graphs_ && comm.rank() == 0)
+    log_debug(DPT_MSG("CUDA graphs for evaluation only: training steps need --accum-steps 1, no --trace and "
+                      "NCCL (" << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
+                               << ")"));
+  from_host();
+}
+
+StepEngine::~StepEngine() {
+  // Unwinding from an error, collectives may never complete (a dead peer) and every teardown call
+  // that waits for the device would hang the job instead of ending it: abandon the backend's state
+  // (the process is about to end). Otherwise drain the collectives first, bounded by --timeout.
+  bool abandon = std::uncaught_exceptions() > uncaught_;
+  if (!abandon) {
+    try {
+      quiesce();
+      be_.synchronize();  // nothing queued may outlive the buffers freed next
+    } catch (const std::exception& e) {
+      log_warn(DPT_MSG("teardown of the " << be_.name() << " backend: " << e.what()));
+      abandon = true;
+    }
+  }
+  if (abandon) be_.abandon();
+}
+
+void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
+  DPT_CHECK(sampler.local_batch() == batch_, "sampler batch " << sampler.local_batch() << " != " << batch_);
+  // The previous epoch's gathers may still be queued: the new indices go in stream order after them.
+  index_host_.resize(static_cast<size_t>(std::max<int64_t>(batches, 1) * batch_));
+  for (int64_t i = 0; i < batches; ++i)
+    std::copy(sampler.local_indices(i), sampler.local_indices(i) + batch_, index_host_.begin() + i * batch_);
+  const int64_t indices = static_cast<int64_t>(index_host_.size()), stats = 2 * std::max<int64_t>(batches, 1);
+  if (epoch_index_.size() < indices || batch_stats_.size() < stats) {
+    quiesce();  // the old arrays may still be read by queued work, which may wait for collectives
+    epoch_index_ = DeviceArray<int64_t>(be_, indices);
+    batch_stats_ = DeviceArray<double>(be_, stats);
+  }
+  epoch_index_.copy_from_host(index_host_.data(), indices);
+  be_.zero(batch_stats_.data(), static_cast<size_t>(stats) * sizeof(double));
+  batches_ = batches;
+  epoch_first_ = step_first_ = last_ = -1;
+  // Allocations happen between epochs (evaluation shapes, this method): a step graph that one rank
+  // can no longer replay is dropped by every rank, so all ranks replay or capture alike.
+  if (step_graphs_ && step_graph_->exists() &&
+      !all_ranks(step_graph_->valid(), "agreement on replaying the step's CUDA graph"))
+    step_graph_->reset();  // not warm either: its last run was a replay
+}
+
+void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) {
+  DPT_CHECK(first_batch >= 0 && first_batch + cfg_.accum_steps <= batches_,
+            "micro-batches [" << first_batch << ", " << first_batch + cfg_.accum_steps << ") outside the epoch's "
+                              << batches_);
+  const bool first = opt_.steps() == 0;  // momentum starts from the first gradient
+  if (epoch_first_ < 0) epoch_first_ = first_batch;
+  step_first_ = first_batch;
+  last_ = first_batch + cfg_.accum_steps - 1;
+  be_.store_scalar(lr_.data(), static_cast<float>(lr));
+  Reducer& reducer = ddp_.reducer();
+  if (step_graphs_) {
+    recorded_step(first_batch, step, first);
+  } else {
+    for (int micro = 0; micro < cfg_.accum_steps; ++micro) {
+      const bool sync = micro + 1 == cfg_.accum_steps;
+      stage_in(first_batch + micro);
+      if (sync) reducer.begin(step);
+      forward_backward(sync, micro > 0, tr);
+      stage_out(first_batch + micro);
+    }
+    {
+      TraceScope span(tr, "wait for all-reduce", "wait");
+      reducer.wait();
+    }
+    TraceScope span(tr, "optimizer", "optimizer");
+    update(first);
+  }
+  stats_ = reducer.last_stats();
+  opt_.set_steps(opt_.steps() + 1);
+}
+
+// A micro-batch's indices to the step's fixed index array; its loss/correct totals back out to the
+// epoch's per-batch slots. Copies in stream order, outside any recording.
+void StepEngine::stage_in(int64_t batch) {
+  be_.copy(step_index_.data(), epoch_index_.data() + batch * batch_, static_cast<size_t>(batch_) * sizeof(int64_t));
+}
+
+void StepEngine::stage_out(int64_t batch) {
+  be_.copy(batch_stats_.data() + 2 * batch, step_stats_.data(), 2 * sizeof(double));
+}
+
+// The staged micro-batch: gather, forward, loss, backward; with sync, backward hands each finished
+// gradient range to the reducer (whose begin() the caller has called).
+void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
+  {
+    TraceScope span(tr, "data", "data");
+    be_.gather_images(train_images_.data(), train_labels_.data(), train_labels_.size(), pixels_, step_index_.data(),
+                      batch_, x_.data(), labels_.data());
+  }
+  const Tensor* logits;
+  {
+    TraceScope span(tr, "forward", "forward");
+    logits = &model_.forward(x_, Mode::kTrain);
+  }
+  be_.softmax_xent(logits->data(), labels_.data(), batch_, classes_, grad_scale_, dlogits_.data(),
+                   step_stats_.data(), false);
+  TraceScope span(tr, "backward", "backward");
+  BackwardCtx ctx;
+  ctx.accumulate = accumulate;
+  ctx.tracer = tr;
+  if (sync) {
+    Reducer* r = &ddp_.reducer();
+    ctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
+  }
+  model_.backward(dlogits_, ctx);
+}
+
+// The optimizer over the flat buffers, at the learning rate stored in lr_.
+void StepEngine::update(bool first) {
+  ParamStore& m = model_.store();
+  be_.sgd_update(m.device_params(), m.device_grads(), cfg_.momentum > 0 ? momentum_.data() : nullptr, m.num_params(),
+                 lr_.data(), static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first);
+}
+
+// Whether `mine` holds on every rank: an MPI all-reduce where the step holds collectives (which
+// NCCL requires to be captured on all ranks or on none), else this rank's value.
+bool StepEngine::all_ranks(bool mine, const char* what) {
+  if (comm_.size() == 1) return mine;
+  int32_t v = mine ? 1 : 0;
+  comm_.allreduce(&v, 1, ReduceOp::kMin, what);
+  return v == 1;
+}
+
+// One micro-batch as one whole step: replayed from the recording when it is valid, captured once a
+// step has run eagerly without allocating (warm) on every rank, else eager. The run's first step is
+// always eager (it starts the momentum buffer, which a replay must not repeat).
+void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
+  Reducer& r = ddp_.reducer();
+  ReduceTransport& t = r.transport();
+  Recorder& graph = *step_graph_;
+  if (graph.exists() && !graph.valid()) {
+    // Nothing allocates inside an epoch once warm, and begin_epoch drops recordings that went stale.
+    DPT_CHECK(comm_.size() == 1, "rank " << comm_.rank() << " allocated device memory inside an epoch after capturing "
+                                             "its step's CUDA graph; replaying on the other ranks would desynchronise NCCL");
+    graph.reset();  // one rank, no collectives: just capture again when warm
+  }
+  r.begin(step);  // collectives two steps back, bounded by --timeout
+  stage_in(batch);
+  // Uniform across ranks: the replay state was agreed in begin_epoch, and the capture decision is
+  // agreed here (only on eager steps, i.e. while warming up).
+  const bool capture = !graph.exists() && all_ranks(!first && graph.warm(), "agreement on capturing the step's CUDA graph");
+  auto prepare = [&](bool capturing) {
+    t.set_capturing(capturing);
+    r.begin(step);  // a dropped capture may have counted some gradients already
+  };
+  auto body = [&] {
+    forward_backward(true, false, nullptr);
+    r.wait();
+    update(first);
+  };
+  const auto ran = graph.run(capture, prepare, body, [&](bool captured) {
+    return all_ranks(captured, "agreement on the CUDA graph capture of the step");
+  });
+  t.set_capturing(false);
+  if (ran != Recorder::Ran::kEager) t.graph_launched(step);
+  if (ran == Recorder::Ran::kCaptured && comm_.rank() == 0)
+    log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes() << " nodes"));
+  if (capture && ran == Recorder::Ran::kEager) {
+    // Not retried (on any rank: the verdict was agreed): a collective queued into a dropped capture
+    // is not worth a second risk.
+    log_warn(DPT_MSG("CUDA graph capture of the training step failed on rank " << comm_.rank() << " ("
+                                                                                 << graph.failure()
+                                                                                 << "): steps run without graphs"));
+    step_graphs_ = false;
+  }
+  stage_out(batch);
+}
+
+Totals StepEngine::evaluate(int64_t begin, int64_t end) {
+  Totals t;
+  if (end <= begin) return t;
+  quiesce();
+  auto body = [&] {
+    for (int64_t s = begin; s < end; s += eval_batch_) {
+      const int64_t b = std::min(eval_batch_, end - s);
+      eval_x_.resize({b, x_.dim(1), x_.dim(2), x_.dim(3)}, &be_);
+      be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), pixels_,
+                        test_index_.data() + s, b, eval_x_.data(), eval_labels_.data());
+      const Tensor& logits = model_.forward(eval_x_, Mode::kEval);
+      be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, nullptr, eval_sums_.data(), s != begin);
+    }
+  };
+  if (!eval_graphs_on_) {
+    body();
+  } else {
+    // No collectives inside: each rank decides alone. Captured on the second pass over the same
+    // range (the first allocates the evaluation shapes' activations and workspaces).
+    auto& graph = eval_graphs_[{begin, end}];
+    if (!graph) graph = be_.make_recorder();
+    const bool capture = graph->warm();
+    const auto ran = graph->run(capture, [](bool) {}, body, [](bool captured) { return captured; });
+    if (ran == Recorder::Ran::kCaptured)
+      log_debug(DPT_MSG("CUDA graph of the evaluation of test images [" << begin << ", " << end << ") captured: "
+                                                                         << graph->nodes() << " nodes"));
+    if (capture && ran == Recorder::Ran::kEager) {
+      log_warn(DPT_MSG("CUDA graph capture of the evaluation failed (" << graph->failure()
+                                                                         << "): evaluation runs without graphs"));
+      eval_graphs_on_ = false;
+    }
+  }
+  double sums[2] = {0, 0};
+  eval_sums_.copy_to_host(sums, 2);
+  t.loss = sums[0];
+  t.correct = static_cast<int64_t>(sums[1]);
+  t.count = end - begin;
+  return t;
+}
+
+void StepEngine::sync_buffers() {
+  if (comm_.size() == 1) return;  // as DataParallel::sync_buffers: nothing to average
+  quiesce();
+  ParamStore& store = model_.store();
+  store.buffers_to_host();
+  ddp_.sync_buffers();
+  store.buffers_from_host();
+}
+
+void StepEngine::to_host() {
+  quiesce();
+  model_.store().to_host();
+  if (cfg_.momentum > 0) momentum_.copy_to_host(opt_.momentum_buffer().data(), momentum_.size());
+}
+
+void StepEngine::from_host() {
+  quiesce();
+  model_.store().from_host();
+  if (cfg_.momentum > 0) momentum_.copy_from_host(opt_.momentum_buffer().data(), momentum_.size());
+}
+
+// Micro-batches [first, last_] of the epoch, summed within each optimizer step first, then the
+// steps in order (the order in which a rank's totals have always been summed).
+Totals StepEngine::totals(int64_t first) {
+  Totals t;
+  if (first < 0 || last_ < first) return t;
+  quiesce();
+  const int64_t count = last_ - first + 1;
+  stats_host_.resize(static_cast<size_t>(2 * count));
+  batch_stats_.copy_to_host(stats_host_.data(), 2 * count, 2 * first);
+  double step_loss = 0, step_hits = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t batch = first + i;
+    step_loss += stats_host_[static_cast<size_t>(2 * i)];
+    step_hits += stats_host_[static_cast<size_t>(2 * i + 1)];
+    if ((batch + 1) % cfg_.accum_steps == 0 || batch == last_) {
+      t.loss += step_loss;
+      t.correct += static_cast<int64_t>(step_hits);
+      step_loss = step_hits = 0;
+    }
+  }
+  t.count = count * batch_;
+  return t;
+}
+
+}  // namespace dpt
