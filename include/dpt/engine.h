@@ -84,7 +84,7 @@ class StepEngine {
   Tensor x_, dlogits_, eval_x_;
   std::unique_ptr<Recorder> step_graph_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recorder>> eval_graphs_;  // by test range
-  bool step_graphs_ = false, eval_graphs_on_ = false;
+  bool step_graphs_ = false, eval_graphs_on_ = false, replayed_ = false;
   std::vector<int64_t> index_host_;
   std::vector<double> stats_host_;
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;

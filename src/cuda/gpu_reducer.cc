@@ -1,12 +1,16 @@
-// GpuReducer (see gpu_reducer.h): events and streams for the NCCL path, pinned staging for the MPI
-// fallback. Only compiled in GPU builds.
+// The NCCL and host-MPI transports of the Reducer (see gpu_reducer.h), over one base that owns
+// what both need: the communication stream, the events ordering it with the compute stream, and
+// their release. Only compiled in GPU builds.
 #include "cuda/gpu_reducer.h"
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/nccl_communicator.h"
+#include "dpt/error.h"
 
 namespace dpt::gpu {
 
@@ -16,72 +20,179 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-cudaEvent_t make_event(bool timing) {
-  cudaEvent_t e = nullptr;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
-  return e;
-}
+size_t bytes_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(float); }
 
-}  // namespace
+// What both transports share: the compute stream (the backend's context), the stream the
+// collectives or copies run on, the events ordering the two, and their release.
+class StreamTransport : public ReduceTransport {
+ public:
+  ~StreamTransport() override { release(); }
+  StreamTransport(const StreamTransport&) = delete;
+  StreamTransport& operator=(const StreamTransport&) = delete;
 
-GpuReducer::GpuReducer(GpuContext& ctx, float* grads, int64_t num_grads, std::vector<Bucket> buckets, bool overlap,
-                       Communicator* nccl, Communicator& mpi)
-    : ctx_(ctx), grads_(grads), buckets_(std::move(buckets)), overlap_(overlap), nccl_(nccl), mpi_(mpi) {
-  DPT_CHECK(!buckets_.empty() && buckets_.front().begin == 0 && buckets_.back().end == num_grads,
-            "GPU gradient buckets do not cover the " << num_grads << " gradients");
-  pending_.resize(buckets_.size());
-  try {
-    if (nccl_) {
-      comm_stream_ = nccl_stream(*nccl_);
-      DPT_CHECK(comm_stream_ != nullptr, "GpuReducer needs an NCCL communicator (make_nccl_communicator)");
-    } else {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-      own_stream_ = true;
-      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), static_cast<size_t>(num_grads) * sizeof(float),
-                               cudaHostAllocDefault));
-    }
-    for (size_t k = 0; k < buckets_.size(); ++k) {
-      ready_.push_back(make_event(false));
-      if (nccl_) {
-        start_.push_back(make_event(true));
-        end_.push_back(make_event(true));
-      } else {
-        copied_.push_back(make_event(false));
+ protected:
+  // comm_stream: the stream to order the work on (NCCL's, borrowed); nullptr creates a
+  // non-blocking one of its own (non-blocking, as the compute stream, so a CUDA graph capture on
+  // the compute stream is never disturbed by it).
+  StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream)
+      : be_(be), ctx_(be.context()), grads_(grads), count_(count), comm_(comm_stream) {
+    try {
+      if (!comm_) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+        own_stream_ = true;
       }
+      ready_ = event(false);
+      done_ = event(false);
+    } catch (...) {
+      release();  // the destructor does not run for a half-built object
+      throw;
     }
-    done_ = make_event(false);
-    bn_ready_ = make_event(false);
-    bn_done_ = make_event(false);
-  } catch (...) {
-    release();  // the destructor does not run for a half-built object
-    throw;
   }
-}
 
-GpuReducer::~GpuReducer() { release(); }
+  // An event released with the transport; timing ones can be read by cudaEventElapsedTime.
+  cudaEvent_t event(bool timing) {
+    events_.push_back(nullptr);  // owned before it exists: nothing leaks whichever call fails
+    CUDA_CHECK(cudaEventCreateWithFlags(&events_.back(), timing ? cudaEventDefault : cudaEventDisableTiming));
+    return events_.back();
+  }
+  // Bucket k's event in `list`, created on first use: a transport learns the buckets from launch().
+  cudaEvent_t bucket_event(std::vector<cudaEvent_t>& list, size_t k, bool timing) {
+    while (list.size() <= k) list.push_back(event(timing));
+    return list[k];
+  }
 
-void GpuReducer::release() noexcept {
-  // Best effort, never throwing: events and streams are released once their work completes.
-  for (auto* list : {&ready_, &start_, &end_, &copied_})
-    for (cudaEvent_t e : *list) cudaEventDestroy(e);
-  ready_.clear(), start_.clear(), end_.clear(), copied_.clear();
-  for (cudaEvent_t* e : {&done_, &bn_ready_, &bn_done_})
-    if (*e) cudaEventDestroy(*e), *e = nullptr;
-  if (host_) cudaFreeHost(host_), host_ = nullptr;
-  if (own_stream_ && comm_stream_) cudaStreamDestroy(comm_stream_);
-  comm_stream_ = nullptr;
-}
+  void check_bucket(const Bucket& b) const {
+    DPT_CHECK(b.begin >= 0 && b.begin <= b.end && b.end <= count_,
+              "gradient bucket [" << b.begin << ", " << b.end << ") outside the " << count_ << " gradients");
+  }
+  // The communication stream waits for the work queued on the compute stream so far (a bucket's
+  // gradients). One event serves every wait: a wait binds to the record before it, so the event
+  // may be recorded again as soon as the wait is queued (under capture too).
+  void comm_follows_compute() {
+    CUDA_CHECK(cudaEventRecord(ready_, ctx_.stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
+  }
+  // The compute stream waits for the work queued on the communication stream so far, so what is
+  // queued next (the optimizer, the next layer) reads the sums. The host does not wait.
+  void compute_follows_comm() {
+    CUDA_CHECK(cudaEventRecord(done_, comm_));
+    CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), done_, 0));
+  }
+  bool abandoned() const { return be_.abandoned(); }
 
-std::string GpuReducer::what(size_t k) const {
-  return DPT_MSG("all-reduce of gradient bucket " << k << " (" << buckets_[k].size() << " floats) in step " << step_
-                                                  << (nccl_ ? " (NCCL)" : " (MPI, through host memory)"));
-}
+  CudaBackend& be_;
+  GpuContext& ctx_;
+  float* const grads_;
+  const int64_t count_;
+  cudaStream_t comm_ = nullptr;
 
-void GpuReducer::wait_requests(size_t count) {
-  for (size_t i = 0; i < count; ++i) inflight_[i]->wait();  // each bounded by --timeout, naming itself
-  inflight_.erase(inflight_.begin(), inflight_.begin() + static_cast<std::ptrdiff_t>(count));
-  settled_ = settled_ > count ? settled_ - count : 0;
-  if (!timed_.empty()) {
+ private:
+  void release() noexcept {
+    // Abandoned after an error: the streams may never drain (a collective a dead peer never
+    // completes) and the process is about to end, so leak rather than call into the device.
+    if (be_.abandoned()) return;
+    // Best effort, never throwing: events and streams are released once their work completes.
+    for (cudaEvent_t e : events_)
+      if (e) cudaEventDestroy(e);
+    events_.clear();
+    if (own_stream_ && comm_) cudaStreamDestroy(comm_);
+    comm_ = nullptr;
+  }
+
+  std::vector<cudaEvent_t> events_;  // every event created, for release()
+  bool own_stream_ = false;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+};
+
+// ---- NCCL ------------------------------------------------------------------------------------
+
+class NcclTransport final : public StreamTransport {
+ public:
+  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<Communicator> nccl)
+      : StreamTransport(be, grads, count, stream_of(nccl.get())), nccl_(std::move(nccl)) {}
+
+  ~NcclTransport() override {
+    // ncclCommDestroy finalizes, i.e. waits for the collectives queued: never after an error.
+    if (abandoned()) {
+      (void)nccl_.release();
+      for (auto& r : inflight_) (void)r.release();
+    }
+  }
+
+  void begin(int64_t) override {
+    wait_requests(settled_);
+    launched_.clear();
+  }
+
+  void launch(size_t k, const Bucket& b, const std::string& what) override {
+    check_bucket(b);
+    comm_follows_compute();
+    if (capturing_) {  // nothing may be polled or timed inside a capture
+      nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
+      return;
+    }
+    const cudaEvent_t start = bucket_event(start_, k, true), end = bucket_event(end_, k, true);
+    CUDA_CHECK(cudaEventRecord(start, comm_));
+    inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kSum, what + " (NCCL)"));
+    CUDA_CHECK(cudaEventRecord(end, comm_));
+    launched_.push_back(k);
+  }
+
+  void finish(ReducerStats& stats) override {
+    if (capturing_) {
+      stats.comm_seconds = stats.exposed_seconds = 0;  // replays are not timed (no events inside)
+    } else {
+      // This step's requests are the next begin()'s to wait for, and its timing events then read.
+      timed_.swap(launched_);
+      launched_.clear();
+      settled_ = inflight_.size();
+      stats.comm_seconds = comm_seconds_;  // of the last step whose events have been read
+      stats.exposed_seconds = 0;           // the host does not wait
+    }
+    compute_follows_comm();
+  }
+
+  void quiesce() override { wait_requests(inflight_.size()); }
+
+  void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
+    comm_follows_compute();
+    if (capturing_)
+      nccl_allreduce_queued(*nccl_, data, count, DType::kF64, ReduceOp::kSum);
+    else
+      inflight_.push_back(nccl_->iallreduce(data, count, ReduceOp::kSum, what));
+    compute_follows_comm();
+  }
+
+  bool capturable() const override { return true; }
+  void set_capturing(bool on) override { capturing_ = on; }
+
+  // After each launch of a graph holding a step's collectives: one fence on the compute stream in
+  // their place. The fences before this one are the next begin()'s to wait for; this one is left to
+  // the begin() after, so the host queues step k+1 while the GPU still runs step k's graph (no
+  // launch gap). quiesce() waits for all of them, bounded by --timeout, so a dead peer still ends
+  // the job.
+  void graph_launched(int64_t step) override {
+    timed_.clear();
+    comm_seconds_ = 0;
+    settled_ = inflight_.size();
+    inflight_.push_back(nccl_stream_fence(*nccl_, ctx_.stream(),
+                                          DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
+  }
+
+ private:
+  static cudaStream_t stream_of(Communicator* nccl) {
+    const cudaStream_t s = nccl ? nccl_stream(*nccl) : nullptr;
+    DPT_CHECK(s != nullptr, "the NCCL transport needs an NCCL communicator (make_nccl_communicator)");
+    return s;
+  }
+
+  // Waits for the first `count` requests in flight (each bounded by --timeout, naming itself), then
+  // reads the timing events of the last finished step once its requests are among those done.
+  void wait_requests(size_t count) {
+    for (size_t i = 0; i < count; ++i) inflight_[i]->wait();
+    inflight_.erase(inflight_.begin(), inflight_.begin() + static_cast<std::ptrdiff_t>(count));
+    settled_ = settled_ > count ? settled_ - count : 0;
+    if (timed_.empty()) return;
     // Each end event was recorded right after its request's own event, with nothing in between.
     double seconds = 0;
     for (size_t k : timed_) {
@@ -90,123 +201,104 @@ void GpuReducer::wait_requests(size_t count) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, start_[k], end_[k]));
       seconds += ms * 1e-3;
     }
-    stats_.comm_seconds = seconds;
+    comm_seconds_ = seconds;
     timed_.clear();
   }
-}
 
-void GpuReducer::begin(int64_t step) {
-  wait_requests(settled_);
-  step_ = step;
-  for (size_t k = 0; k < buckets_.size(); ++k) pending_[k] = buckets_[k].size();
-  next_ = 0;
-}
+  std::unique_ptr<Communicator> nccl_;
+  bool capturing_ = false;
+  std::vector<cudaEvent_t> start_, end_;  // per bucket, around its all-reduce (timing)
+  std::vector<std::unique_ptr<Request>> inflight_;
+  size_t settled_ = 0;            // inflight_[0, settled_) belong to finished steps
+  std::vector<size_t> launched_;  // buckets of this step with timing events
+  std::vector<size_t> timed_;     // those of the last finished step, until their events are read
+  double comm_seconds_ = 0;
+};
 
-void GpuReducer::quiesce() { wait_requests(inflight_.size()); }
+// ---- pinned host memory and MPI --------------------------------------------------------------
 
-void GpuReducer::mark_ready(int64_t begin, int64_t end) {
-  // A handful of buckets: a linear walk is cheaper than anything clever.
-  for (size_t k = 0; k < buckets_.size(); ++k) {
-    const int64_t overlap = std::min(end, buckets_[k].end) - std::max(begin, buckets_[k].begin);
-    if (overlap <= 0) continue;
-    pending_[k] -= overlap;
-    DPT_CHECK(pending_[k] >= 0, "gradients of bucket " << k << " announced twice in step " << step_);
+class HostMpiTransport final : public StreamTransport {
+ public:
+  HostMpiTransport(CudaBackend& be, float* grads, int64_t count, Communicator& mpi)
+      : StreamTransport(be, grads, count, nullptr), mpi_(mpi) {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_),
+                             static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float), cudaHostAllocDefault));
   }
-  if (overlap_) launch_ready();
-}
 
-void GpuReducer::launch_ready() {
-  while (next_ < buckets_.size() && pending_[next_] == 0) launch(next_++);
-}
-
-void GpuReducer::launch(size_t k) {
-  const Bucket& b = buckets_[k];
-  CUDA_CHECK(cudaEventRecord(ready_[k], ctx_.stream()));
-  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_[k], 0));
-  if (capturing_) {
-    nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kAvg);
-  } else if (nccl_) {
-    CUDA_CHECK(cudaEventRecord(start_[k], comm_stream_));
-    inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kAvg, what(k)));
-    CUDA_CHECK(cudaEventRecord(end_[k], comm_stream_));
-  } else {
-    CUDA_CHECK(cudaMemcpyAsync(host_ + b.begin, grads_ + b.begin, static_cast<size_t>(b.size()) * sizeof(float),
-                               cudaMemcpyDeviceToHost, comm_stream_));
-    CUDA_CHECK(cudaEventRecord(copied_[k], comm_stream_));
+  ~HostMpiTransport() override {
+    // cudaFreeHost synchronises the device: never after an error (see StreamTransport::release).
+    if (host_ && !abandoned()) cudaFreeHost(host_);
   }
-}
 
-void GpuReducer::finish() {
-  for (size_t k = 0; k < buckets_.size(); ++k)
-    DPT_CHECK(pending_[k] == 0, "bucket " << k << " of step " << step_ << " is missing " << pending_[k]
-                                          << " gradient elements after backward");
-  launch_ready();
-  if (capturing_) {
-    stats_.comm_seconds = stats_.exposed_seconds = 0;  // replays are not timed (no events inside)
-  } else if (nccl_) {
-    timed_.clear();
-    for (size_t k = 0; k < buckets_.size(); ++k) timed_.push_back(k);
-    settled_ = inflight_.size();
-    stats_.exposed_seconds = 0;
-  } else {
+  void begin(int64_t) override { launched_.clear(); }
+
+  void launch(size_t k, const Bucket& b, const std::string& what) override {
+    check_bucket(b);
+    comm_follows_compute();
+    CUDA_CHECK(cudaMemcpyAsync(host_ + b.begin, grads_ + b.begin, bytes_of(b), cudaMemcpyDeviceToHost, comm_));
+    const cudaEvent_t copied = bucket_event(copied_, k, false);
+    CUDA_CHECK(cudaEventRecord(copied, comm_));
+    launched_.push_back({b, copied, what + " (MPI, through host memory)"});
+  }
+
+  void finish(ReducerStats& stats) override {
     // Each bucket's copy was queued as soon as backward finished it; the MPI all-reduce of bucket
     // k overlaps the GPU still computing the gradients of the buckets after it.
     const double t0 = now_seconds();
     double comm = 0;
-    for (size_t k = 0; k < buckets_.size(); ++k) {
-      const Bucket& b = buckets_[k];
-      CUDA_CHECK(cudaEventSynchronize(copied_[k]));  // local GPU work only: it always ends
+    for (const Launched& l : launched_) {
+      CUDA_CHECK(cudaEventSynchronize(l.copied));  // local GPU work only: it always ends
       const double c0 = now_seconds();
-      mpi_.allreduce(host_ + b.begin, b.size(), ReduceOp::kAvg, what(k));
+      mpi_.allreduce(host_ + l.range.begin, l.range.size(), ReduceOp::kSum, l.what);
       comm += now_seconds() - c0;
-      CUDA_CHECK(cudaMemcpyAsync(grads_ + b.begin, host_ + b.begin, static_cast<size_t>(b.size()) * sizeof(float),
-                                 cudaMemcpyHostToDevice, comm_stream_));
+      CUDA_CHECK(cudaMemcpyAsync(grads_ + l.range.begin, host_ + l.range.begin, bytes_of(l.range),
+                                 cudaMemcpyHostToDevice, comm_));
     }
-    stats_.comm_seconds = comm;
-    stats_.exposed_seconds = now_seconds() - t0;
+    launched_.clear();
+    stats.comm_seconds = comm;
+    stats.exposed_seconds = now_seconds() - t0;
+    compute_follows_comm();
   }
-  stats_.buckets = static_cast<int64_t>(buckets_.size());
-  CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), done_, 0));
-}
 
-void GpuReducer::set_capturing(bool on) {
-  DPT_CHECK(!on || nccl_, "only NCCL collectives can be captured into a CUDA graph");
-  capturing_ = on;
-}
-
-void GpuReducer::graph_launched(int64_t step) {
-  step_ = step;
-  timed_.clear();
-  stats_ = ReducerStats{};
-  stats_.buckets = static_cast<int64_t>(buckets_.size());
-  // The fences before this one are the next begin()'s to wait for; this one is left to the begin()
-  // after, so the host queues step k+1 while the GPU still runs step k's graph (no launch gap).
-  settled_ = inflight_.size();
-  inflight_.push_back(nccl_stream_fence(*nccl_, ctx_.stream(),
-                                        DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
-}
-
-void GpuReducer::allreduce_doubles(double* data, int64_t count, const std::string& what) {
-  if (nccl_) {
-    // Events may be recorded again once the waits on their last record are queued.
-    CUDA_CHECK(cudaEventRecord(bn_ready_, ctx_.stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, bn_ready_, 0));
-    if (capturing_)
-      nccl_allreduce_queued(*nccl_, data, count, DType::kF64, ReduceOp::kSum);
-    else
-      inflight_.push_back(nccl_->iallreduce(data, count, ReduceOp::kSum, what));
-    CUDA_CHECK(cudaEventRecord(bn_done_, comm_stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), bn_done_, 0));
-    return;
+  void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
+    // The compute stream waits only for local work (copies), so its sync always ends.
+    std::vector<double> host(static_cast<size_t>(count));
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), data, host.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                               ctx_.stream()));
+    ctx_.synchronize();
+    mpi_.allreduce(host.data(), count, ReduceOp::kSum, what);
+    CUDA_CHECK(cudaMemcpyAsync(data, host.data(), host.size() * sizeof(double), cudaMemcpyHostToDevice,
+                               ctx_.stream()));
+    ctx_.synchronize();  // `host` dies at the end of this scope
   }
-  // MPI fallback: the compute stream waits only for local work (copies), so its sync always ends.
-  std::vector<double> host(static_cast<size_t>(count));
-  CUDA_CHECK(cudaMemcpyAsync(host.data(), data, host.size() * sizeof(double), cudaMemcpyDeviceToHost, ctx_.stream()));
-  ctx_.synchronize();
-  mpi_.allreduce(host.data(), count, ReduceOp::kSum, what);
-  CUDA_CHECK(cudaMemcpyAsync(data, host.data(), host.size() * sizeof(double), cudaMemcpyHostToDevice, ctx_.stream()));
-  ctx_.synchronize();  // `host` dies at the end of this scope
+
+  void set_capturing(bool on) override {
+    DPT_CHECK(!on, "only NCCL collectives can be captured into a CUDA graph (ranks sharing a GPU sum by MPI)");
+  }
+
+ private:
+  struct Launched {
+    Bucket range;
+    cudaEvent_t copied;  // its copy to host_ is complete
+    std::string what;
+  };
+
+  Communicator& mpi_;
+  float* host_ = nullptr;  // pinned mirror of the gradients
+  std::vector<cudaEvent_t> copied_;  // per bucket
+  std::vector<Launched> launched_;   // this step's buckets, in launch order
+};
+
+}  // namespace
+
+std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
+                                                     std::unique_ptr<Communicator> nccl) {
+  return std::make_unique<NcclTransport>(be, grads, count, std::move(nccl));
+}
+
+std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads, int64_t count,
+                                                         Communicator& mpi) {
+  return std::make_unique<HostMpiTransport>(be, grads, count, mpi);
 }
 
 }  // namespace dpt::gpu

@@ -135,6 +135,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
     update(first);
   }
   stats_ = reducer.last_stats();
+  if (std::exchange(replayed_, false)) stats_.comm_seconds = stats_.exposed_seconds = 0;
   opt_.set_steps(opt_.steps() + 1);
 }
 
@@ -222,6 +223,8 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
   });
   t.set_capturing(false);
   if (ran != Recorder::Ran::kEager) t.graph_launched(step);
+  // A replay is not timed (no events inside a graph), and no wait() ran to say so.
+  replayed_ = ran == Recorder::Ran::kReplayed;
   if (ran == Recorder::Ran::kCaptured && comm_.rank() == 0)
     log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes() << " nodes"));
   if (capture && ran == Recorder::Ran::kEager) {

@@ -84,25 +84,36 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
   return local;
 }
 
-// --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
-// the failing ranks say why); auto picks cuda only when every rank sees a device, since CPU and GPU
-// ranks cannot share one all-reduce.
-std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int local_rank) {
-  std::string device, error;
+// Runs fn and makes every rank agree on its input errors, so no rank waits in the next collective
+// for one that gave up: when fn throws an input error on any rank, every rank throws
+// AgreedInputError (exit 2, no MPI_Abort), the failing ranks with their message and the others
+// quietly with `elsewhere`. Other errors propagate (and end the job through main's abort).
+template <typename F>
+void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
+  std::string error;
   try {
-    device = resolve_device(cfg.device, local_rank);
+    fn();
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kInput) throw;
     error = e.what();
   }
-  int32_t votes[2] = {error.empty() ? 0 : 1, device == "cuda" ? 1 : 0};
-  comm.allreduce(votes, 2, ReduceOp::kSum, "all-reduce of the device choice");
-  if (votes[0])
-    throw AgreedInputError(error.empty() ? "--device cuda: another rank has no CUDA device visible" : error,
-                           error.empty());
-  if (device == "cuda" && votes[1] < comm.size()) {
+  int32_t failed = error.empty() ? 0 : 1;
+  comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of the input-error flag");
+  if (failed) throw AgreedInputError(error.empty() ? elsewhere : error, error.empty());
+}
+
+// --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
+// the failing ranks say why); auto picks cuda only when every rank sees a device, since CPU and GPU
+// ranks cannot share one all-reduce.
+std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int local_rank) {
+  std::string device;
+  agree_on_input(comm, "--device cuda: another rank has no CUDA device visible",
+                 [&] { device = resolve_device(cfg.device, local_rank); });
+  int32_t cuda = device == "cuda" ? 1 : 0;
+  comm.allreduce(&cuda, 1, ReduceOp::kSum, "all-reduce of the device choice");
+  if (device == "cuda" && cuda < comm.size()) {
     if (comm.rank() == 0)
-      log_warn(DPT_MSG("--device auto: only " << votes[1] << " of " << comm.size()
+      log_warn(DPT_MSG("--device auto: only " << cuda << " of " << comm.size()
                                               << " ranks see a CUDA device; every rank uses the CPU"));
     device = "cpu";
   }
@@ -111,6 +122,178 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
     log_warn("--precision " + cfg.precision + " applies to the GPU only: the CPU trains in fp32");
   return device;
 }
+
+// SIGINT/SIGTERM while training: noted, acted on at the next step boundary; the previous handlers
+// come back when the guard goes.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    old_int_ = std::signal(SIGINT, on_stop_signal);
+    old_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignals() {
+    std::signal(SIGINT, old_int_);
+    std::signal(SIGTERM, old_term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The signal any rank received (0: none), agreed by every rank.
+  int agreed(Communicator& comm) const {
+    int32_t sig = g_stop_signal;
+    if (comm.size() > 1) comm.allreduce(&sig, 1, ReduceOp::kMax, "all-reduce of the stop flag");
+    return sig;
+  }
+
+ private:
+  void (*old_int_)(int) = nullptr;
+  void (*old_term_)(int) = nullptr;
+};
+
+// Where a resumed run starts: epoch in progress, steps done in it, global step.
+struct ResumePoint {
+  int64_t epoch = 0, epoch_step = 0, global_step = 0;
+};
+
+// Rank 0 reads the checkpoint (no shared file system needed) into the host model and Sgd, and the
+// other ranks take its state and position by broadcast; the engine then takes the host state. A
+// bad file is reported by rank 0 and ends every rank with exit code 2.
+ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
+                   StepEngine& engine) {
+  int64_t pos[4] = {0, 0, 0, 0};  // epoch, epoch step, global step, optimizer steps
+  agree_on_input(comm, "rank 0 could not read --resume " + cfg.resume, [&] {
+    if (comm.rank() != 0) return;
+    auto meta = load_model(cfg.resume, model, &opt.momentum_buffer());
+    auto num = [&](const char* key) -> int64_t {
+      auto it = meta.find(key);
+      DPT_INPUT_CHECK(it != meta.end(), cfg.resume << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
+      try {
+        return std::stoll(it->second);
+      } catch (const std::exception&) {
+        throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata '" << key << "' is not a number"));
+      }
+    };
+    pos[0] = num("epoch");
+    pos[1] = num("epoch_step");
+    pos[2] = num("step");
+    pos[3] = num("optimizer_steps");
+    auto ws = meta.find("world_size");
+    if (ws != meta.end() && ws->second != std::to_string(comm.size()))
+      log_warn(cfg.resume + " was written at world size " + ws->second + ", resuming at " +
+               std::to_string(comm.size()) + ": the data order is the same, float sums may differ");
+  });
+  comm.broadcast(pos, 4, 0, "broadcast of the resume position");
+  ddp.broadcast_state();
+  if (!opt.momentum_buffer().empty())
+    comm.broadcast(opt.momentum_buffer().data(), static_cast<int64_t>(opt.momentum_buffer().size()), 0,
+                   "broadcast of the optimizer state");
+  opt.set_steps(pos[3]);
+  engine.from_host();
+  log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << pos[0] + 1 << ", step " << pos[1]
+                                   << " (global step " << pos[2] << ")"));
+  return {pos[0], pos[1], pos[2]};
+}
+
+// The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
+void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model, DataParallel& ddp,
+                  const std::vector<std::string>& hosts, const std::vector<std::string>& devices) {
+  if (comm.rank() != 0) return;
+  std::ostringstream os;
+  os << "dptrain: " << cfg.model << " (" << model.num_parameters() << " parameters), world size " << comm.size()
+     << ", " << cfg.threads << " thread(s) per rank\n";
+  for (int r = 0; r < comm.size(); ++r)
+    os << "  rank " << r << ": " << hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)] << "\n";
+  os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb << " MiB, overlap "
+     << (cfg.overlap ? "on" : "off") << ")\n";
+  os << "configuration:\n" << cfg.to_text();
+  log_info(os.str());
+}
+
+// Everything a run writes (rank 0) and keeps between epochs: metrics, report, checkpoints, --save.
+class RunOutputs {
+ public:
+  RunOutputs(const TrainConfig& cfg, Communicator& comm, Model& model, Sgd& opt, StepEngine& engine)
+      : cfg_(cfg), comm_(comm), model_(model), opt_(opt), engine_(engine),
+        title_(DPT_MSG(cfg.model << ", " << comm.size() << " rank(s), global batch " << cfg.batch_size)) {
+    if (comm.rank() == 0 && !cfg.metrics.empty()) {
+      metrics_.open(cfg.metrics, cfg.resume.empty() ? std::ios::trunc : std::ios::app);
+      DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
+    }
+  }
+
+  // One record of a step's metrics (rank 0; the caller made them global).
+  void step_record(const nlohmann::json& j) {
+    if (!metrics_.is_open()) return;
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+
+  // End of an epoch: the line, the metrics record, the report (rank 0); the checkpoint when due.
+  void epoch_done(const EpochMetrics& m, int64_t global_step) {
+    history_.push_back(m);
+    if (comm_.rank() == 0) {
+      char line[256];
+      std::snprintf(line, sizeof line, "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
+                    m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds, m.images_per_second);
+      if (cfg_.quiet && m.epoch == cfg_.epochs) std::printf("%s\n", line);
+      log_info(line);
+      if (metrics_.is_open()) {
+        metrics_ << m.to_json() << "\n";
+        metrics_.flush();
+      }
+      if (!cfg_.report.empty()) write_report_svg(cfg_.report, history_, cfg_.epochs, title_);
+    }
+    if (cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) {
+      checkpoint(m.epoch, 0, global_step);
+      log_info("checkpoint written to " + cfg_.checkpoint_path);
+    }
+  }
+
+  // The training state at a step boundary: epoch in progress and steps done in it.
+  void checkpoint(int64_t epoch, int64_t epoch_step, int64_t global_step) {
+    engine_.sync_buffers();
+    engine_.to_host();
+    if (comm_.rank() == 0)
+      save_model(cfg_.checkpoint_path, model_,
+                 with(metadata(epoch, global_step), {{"epoch_step", std::to_string(epoch_step)},
+                                                     {"optimizer_steps", std::to_string(opt_.steps())}}),
+                 &opt_.momentum_buffer());
+    comm_.barrier();
+  }
+
+  // --save at the end: buffers were averaged before the last evaluation; parameters are
+  // identical by construction.
+  void save(int64_t global_step) {
+    if (cfg_.save.empty()) return;
+    engine_.to_host();
+    if (comm_.rank() == 0) save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step));
+    comm_.barrier();
+    log_info("saved " + cfg_.save);
+  }
+
+  const std::vector<EpochMetrics>& history() const { return history_; }
+
+ private:
+  using Meta = std::map<std::string, std::string>;
+  // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
+  Meta metadata(int64_t epoch, int64_t global_step) const {
+    return Meta{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
+                {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
+  }
+  static Meta with(Meta m, const Meta& more) {
+    m.insert(more.begin(), more.end());
+    return m;
+  }
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  Model& model_;
+  Sgd& opt_;
+  StepEngine& engine_;
+  const std::string title_;
+  std::ofstream metrics_;
+  std::vector<EpochMetrics> history_;
+};
 
 }  // namespace
 
@@ -131,154 +314,54 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     cfg.warmup_epochs = std::max(cfg.warmup_epochs, 1.0);
   }
 
+  // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say why).
   const double t_load = now();
   ImageSet train, test;
-  // Every rank reads the data; if any rank fails, all agree to stop with exit code 2 (the failing
-  // ranks print why), instead of the healthy ones waiting in the next collective.
-  std::string load_error;
-  try {
+  agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
     train = load_image_set(cfg.data, "train");
     test = load_image_set(cfg.data, "t10k");
     DPT_INPUT_CHECK(train.rows == 28 && train.cols == 28 && test.rows == 28 && test.cols == 28,
-                    cfg.data << ": images are " << train.rows << "x" << train.cols
-                             << ", the models need 28x28");
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kInput) throw;
-    load_error = e.what();
-  }
-  int32_t failed = load_error.empty() ? 0 : 1;
-  comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of data-loading status");
-  if (failed)
-    throw AgreedInputError(load_error.empty() ? "another rank could not read --data " + cfg.data : load_error,
-                           load_error.empty());
+                    cfg.data << ": images are " << train.rows << "x" << train.cols << ", the models need 28x28");
+  });
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
 
-  // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here).
+  // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here),
+  // and how its gradients travel (null: the MPI thread over the host gradients).
   std::unique_ptr<Backend> gpu_ops;
+  std::unique_ptr<ReduceTransport> transport;
+  auto model_on = [&](Backend& be) { return make_model(cfg.model, train.num_classes, be); };
+  std::unique_ptr<Model> model;
 #if DPT_HAVE_CUDA
-  if (device == "cuda") gpu_ops = make_cuda_backend(cfg, local_rank);
+  if (device == "cuda") {
+    gpu_ops = make_cuda_backend(cfg, local_rank);
+    model = model_on(*gpu_ops);
+    transport = make_gpu_transport(comm, *gpu_ops, model->store().device_grads(), model->num_parameters());
+  }
 #endif
-  auto model = make_model(cfg.model, train.num_classes, gpu_ops ? *gpu_ops : cpu_backend());
+  if (!model) model = model_on(cpu_backend());
   model->init_parameters(cfg.init, cfg.seed);
   DdpOptions dopt;
   dopt.bucket_mb = cfg.bucket_mb;
   dopt.last_bucket_mb = cfg.last_bucket_mb;
   dopt.overlap = cfg.overlap;
   dopt.sync_bn = cfg.sync_bn;
-  ParamStore& store = model->store();
-  std::unique_ptr<ReduceTransport> transport;  // null: the MPI thread over the host gradients
-#if DPT_HAVE_CUDA
-  if (gpu_ops) transport = make_gpu_transport(comm, *gpu_ops, store.device_grads(), store.num_params());
-#endif
   DataParallel ddp(*model, comm, dopt, std::move(transport));
-  Sgd opt(store.num_params(), cfg.momentum, cfg.weight_decay);
+  Sgd opt(model->num_parameters(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);
-  auto backend = std::make_unique<StepEngine>(cfg, comm, *model, ddp, opt, train, test);
+  StepEngine engine(cfg, comm, *model, ddp, opt, train, test);
+  print_banner(cfg, comm, *model, ddp, hosts, allgather_names(comm, engine.describe()));
 
-  // Each rank's device, for the banner.
-  const std::vector<std::string> devices = allgather_names(comm, backend->describe());
-  if (rank == 0) {
-    std::ostringstream os;
-    os << "dptrain: " << cfg.model << " (" << store.num_params() << " parameters), world size "
-       << world << ", " << cfg.threads << " thread(s) per rank\n";
-    for (int r = 0; r < world; ++r)
-      os << "  rank " << r << ": " << hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)]
-         << "\n";
-    os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb
-       << " MiB, overlap " << (cfg.overlap ? "on" : "off") << ")\n";
-    os << "configuration:\n" << cfg.to_text();
-    log_info(os.str());
-  }
-
-  // Resume: rank 0 reads the checkpoint and the replicas take its state by broadcast (no shared
-  // file system needed). A bad file is reported by rank 0 and ends every rank with exit code 2.
-  int64_t start_epoch = 0, start_step = 0, global_step = 0;
-  if (!cfg.resume.empty()) {
-    int64_t pos[4] = {0, 0, 0, 0};  // ok, epoch, epoch step, global step
-    std::string failure;
-    if (rank == 0) {
-      try {
-        auto meta = load_model(cfg.resume, *model, &opt.momentum_buffer());
-        auto num = [&](const char* key) -> int64_t {
-          auto it = meta.find(key);
-          DPT_INPUT_CHECK(it != meta.end(), cfg.resume << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
-          try {
-            return std::stoll(it->second);
-          } catch (const std::exception&) {
-            throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata '" << key << "' is not a number"));
-          }
-        };
-        pos[1] = num("epoch");
-        pos[2] = num("epoch_step");
-        pos[3] = num("step");
-        opt.set_steps(num("optimizer_steps"));
-        auto ws = meta.find("world_size");
-        if (ws != meta.end() && ws->second != std::to_string(world))
-          log_warn(cfg.resume + " was written at world size " + ws->second + ", resuming at " +
-                   std::to_string(world) + ": the data order is the same, float sums may differ");
-        pos[0] = 1;
-      } catch (const Error& e) {
-        failure = e.what();
-      }
-    }
-    comm.broadcast(pos, 4, 0, "broadcast of the resume position");
-    if (!pos[0]) {
-      if (rank == 0) throw Error(ErrorKind::kInput, failure);
-      throw Error(ErrorKind::kInput, "rank 0 could not read --resume " + cfg.resume);
-    }
-    ddp.broadcast_state();
-    if (!opt.momentum_buffer().empty())
-      comm.broadcast(opt.momentum_buffer().data(), static_cast<int64_t>(opt.momentum_buffer().size()), 0,
-                     "broadcast of the optimizer state");
-    int64_t sgd_steps = opt.steps();
-    comm.broadcast(&sgd_steps, 1);
-    opt.set_steps(sgd_steps);
-    backend->from_host();
-    start_epoch = pos[1];
-    start_step = pos[2];
-    global_step = pos[3];
-    log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << start_epoch + 1 << ", step "
-                                     << start_step << " (global step " << global_step << ")"));
-  }
-
-  std::ofstream metrics;
-  if (rank == 0 && !cfg.metrics.empty()) {
-    metrics.open(cfg.metrics, cfg.resume.empty() ? std::ios::trunc : std::ios::app);
-    DPT_INPUT_CHECK(metrics.good(), "--metrics: cannot write " << cfg.metrics);
-  }
-
+  const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : resume(cfg, comm, *model, ddp, opt, engine);
+  RunOutputs out(cfg, comm, *model, opt, engine);
   const int64_t batches = sampler.steps_per_epoch();
   int64_t steps = batches / cfg.accum_steps;
   DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps << " leaves no optimizer step in an epoch of "
                                                << batches << " batches");
   if (cfg.max_steps > 0) steps = std::min(steps, cfg.max_steps);
-  DPT_INPUT_CHECK(start_step <= steps, "--resume: the checkpoint is at step " << start_step
-                                           << " of its epoch, but epochs now have " << steps << " steps");
+  DPT_INPUT_CHECK(start.epoch_step <= steps, "--resume: the checkpoint is at step " << start.epoch_step
+                                                 << " of its epoch, but epochs now have " << steps << " steps");
   const int64_t b = sampler.local_batch();
-  std::vector<EpochMetrics> history;
-
-  // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
-  auto run_metadata = [&](int64_t epoch) {
-    return std::map<std::string, std::string>{
-        {"config", cfg.to_json()}, {"epoch", std::to_string(epoch)},
-        {"step", std::to_string(global_step)}, {"seed", std::to_string(cfg.seed)},
-        {"world_size", std::to_string(world)}};
-  };
-  auto with = [](std::map<std::string, std::string> m, const std::map<std::string, std::string>& more) {
-    m.insert(more.begin(), more.end());
-    return m;
-  };
-  // The training state at a step boundary, for checkpoints: epoch in progress and steps done in it.
-  auto write_checkpoint = [&](const std::string& path, int64_t epoch, int64_t epoch_step) {
-    backend->sync_buffers();
-    backend->to_host();
-    if (rank == 0)
-      save_model(path, *model,
-                 with(run_metadata(epoch), {{"epoch_step", std::to_string(epoch_step)},
-                                            {"optimizer_steps", std::to_string(opt.steps())}}),
-                 &opt.momentum_buffer());
-    comm.barrier();
-  };
+  int64_t global_step = start.global_step;
 
   Tracer tracer;
   Tracer* tr = cfg.trace.empty() ? nullptr : &tracer;
@@ -289,37 +372,27 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   const bool tty = isatty(2) || (env_tty && std::string(env_tty) == "1");
   const bool progress = rank == 0 && !cfg.quiet && log_level() >= LogLevel::kInfo &&
                         (cfg.progress == "on" || (cfg.progress == "auto" && tty));
-  const std::string title = DPT_MSG(cfg.model << ", " << world << " rank(s), global batch " << cfg.batch_size);
 
-  // SIGINT/SIGTERM: finish the step, agree on stopping, checkpoint if configured, exit 128+sig.
-  g_stop_signal = 0;
-  auto old_int = std::signal(SIGINT, on_stop_signal);
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
-  struct Restore {
-    decltype(old_int) i, t;
-    ~Restore() {
-      std::signal(SIGINT, i);
-      std::signal(SIGTERM, t);
-    }
-  } restore{old_int, old_term};
+  // SIGINT/SIGTERM: every rank finishes its step, agrees on stopping, checkpoints if configured,
+  // and main exits with 128 + signal.
+  StopSignals signals;
   auto check_stop = [&](int64_t epoch, int64_t epoch_step) {
-    int32_t sig = g_stop_signal;
-    if (world > 1) comm.allreduce(&sig, 1, ReduceOp::kMax, "all-reduce of the stop flag");
+    const int sig = signals.agreed(comm);
     if (!sig) return;
     if (cfg.checkpoint_every > 0) {
-      write_checkpoint(cfg.checkpoint_path, epoch, epoch_step);
+      out.checkpoint(epoch, epoch_step, global_step);
       log_info(DPT_MSG("signal " << sig << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
                                  << " written to " << cfg.checkpoint_path));
     }
     throw Stopped{sig, global_step};
   };
 
-  for (int epoch = static_cast<int>(start_epoch); epoch < cfg.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(start.epoch); epoch < cfg.epochs; ++epoch) {
     sampler.set_epoch(epoch);
-    backend->begin_epoch(sampler, batches);
+    engine.begin_epoch(sampler, batches);
     double comm_s = 0, exposed_s = 0, lr = 0;
     int64_t seen = 0;
-    const int64_t first = epoch == start_epoch ? start_step : 0;
+    const int64_t first = epoch == start.epoch ? start.epoch_step : 0;
     const double t0 = now();
     for (int64_t s = first; s < steps; ++s, ++global_step) {
       check_stop(epoch, s);
@@ -327,46 +400,41 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       if (tr && global_step == cfg.trace_end) tracer.stop();
       const double step_t0 = now();
       lr = learning_rate(cfg, global_step, steps);
-      backend->step(s * cfg.accum_steps, global_step, lr, tr);
+      engine.step(s * cfg.accum_steps, global_step, lr, tr);
       seen += b * cfg.accum_steps;
-      const ReducerStats rs = backend->reducer_stats();
+      const ReducerStats rs = engine.reducer_stats();
       comm_s += rs.comm_seconds;
       exposed_s += rs.exposed_seconds;
       if (cfg.verify_every > 0 && (global_step + 1) % cfg.verify_every == 0) {
-        backend->to_host();
+        engine.to_host();
         ddp.verify_replicas(global_step);
       }
       if (cfg.metrics_every > 0 && (global_step + 1) % cfg.metrics_every == 0) {
         // Per-step record: the step's global loss (an all-reduce on every rank at the same steps).
-        const Totals step = backend->step_totals();
+        const Totals step = engine.step_totals();
         double st[3] = {step.loss, static_cast<double>(step.correct), static_cast<double>(b * cfg.accum_steps)};
         comm.allreduce(st, 3, ReduceOp::kSum, "all-reduce of step metrics");
-        if (metrics.is_open()) {
-          nlohmann::json j = {{"type", "step"}, {"epoch", epoch + 1}, {"step", global_step + 1},
-                              {"loss", st[0] / st[2]}, {"train_acc", st[1] / st[2]}, {"lr", lr},
-                              {"images_per_second", st[2] / (now() - step_t0)},
-                              {"allreduce_seconds", rs.comm_seconds},
-                              {"exposed_comm_seconds", rs.exposed_seconds}, {"world_size", world}};
-          metrics << j.dump() << "\n";
-          metrics.flush();
-        }
+        if (rank == 0)
+          out.step_record({{"type", "step"}, {"epoch", epoch + 1}, {"step", global_step + 1},
+                           {"loss", st[0] / st[2]}, {"train_acc", st[1] / st[2]}, {"lr", lr},
+                           {"images_per_second", st[2] / (now() - step_t0)}, {"allreduce_seconds", rs.comm_seconds},
+                           {"exposed_comm_seconds", rs.exposed_seconds}, {"world_size", world}});
       }
       if (progress && ((s + 1) % 5 == 0 || s + 1 == steps)) {
         const double el = now() - t0;
         draw_progress(epoch + 1, cfg.epochs, s + 1 - first, steps - first,
-                      backend->epoch_totals().loss / static_cast<double>(seen), static_cast<double>(seen * world) / el,
-                      el);
+                      engine.epoch_totals().loss / static_cast<double>(seen), static_cast<double>(seen * world) / el, el);
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
     // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
-    const Totals et = backend->epoch_totals();
+    const Totals et = engine.epoch_totals();
     const double train_seconds = now() - t0;
     double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
-    backend->sync_buffers();
+    engine.sync_buffers();
     const bool eval_now = cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
-    const Totals ev = eval_now ? evaluate(*backend, comm, test.n) : Totals{};
+    const Totals ev = eval_now ? evaluate(engine, comm, test.n) : Totals{};
 
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -384,40 +452,15 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     m.comm_seconds = comm_s;
     m.exposed_comm_seconds = exposed_s;
     m.world_size = world;
-    history.push_back(m);
-    if (rank == 0) {
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
-                    m.epoch, cfg.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds,
-                    m.images_per_second);
-      if (cfg.quiet && epoch + 1 == cfg.epochs) std::printf("%s\n", line);
-      log_info(line);
-      if (metrics.is_open()) {
-        metrics << m.to_json() << "\n";
-        metrics.flush();
-      }
-      if (!cfg.report.empty()) write_report_svg(cfg.report, history, cfg.epochs, title);
-    }
-    if (cfg.checkpoint_every > 0 && (epoch + 1) % cfg.checkpoint_every == 0) {
-      write_checkpoint(cfg.checkpoint_path, epoch + 1, 0);
-      log_info("checkpoint written to " + cfg.checkpoint_path);
-    }
+    out.epoch_done(m, global_step);
   }
   if (tr) {
     tracer.write(comm, cfg.trace, comm.host());
     log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end) +
              " written to " + cfg.trace);
   }
-  if (!cfg.save.empty()) {
-    // Buffers were averaged before the last evaluation; parameters are identical by construction.
-    backend->to_host();
-    if (rank == 0)
-      save_model(cfg.save, *model, run_metadata(cfg.epochs));
-    comm.barrier();
-    log_info("saved " + cfg.save);
-  }
-  return history;
+  out.save(global_step);
+  return out.history();
 }
 
 }  // namespace dpt

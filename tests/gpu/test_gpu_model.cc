@@ -177,10 +177,10 @@ TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
         << i;
 }
 
-// ---- GpuReducer at world size 1 -----------------------------------------------------------------
+// ---- The GPU transports of the Reducer at world size 1 -------------------------------------------
 
 // The reducer tests' set-up: LeNet on the GPU, a plain backward's gradients as the reference
-// (with one rank an average changes nothing, so the reduced gradients must equal them bit for bit)
+// (a sum over one rank changes nothing, so the reduced gradients must equal them bit for bit)
 // and a plan of several buckets.
 struct ReducerBench {
   std::unique_ptr<Communicator> self = make_mpi_self_communicator();
@@ -212,42 +212,47 @@ struct ReducerBench {
   }
   // The flat device gradient buffer the reducer works on.
   float* device_grads() { return model->store().device_grads(); }
+  // A transport over it: NCCL (which owns its communicator, so each gets one of its own) or the
+  // MPI fallback through pinned host memory.
+  std::unique_ptr<ReduceTransport> transport(bool nccl) {
+    if (nccl) return gpu::make_nccl_transport(be, device_grads(), np, make_nccl_communicator(*self, 0));
+    return gpu::make_host_mpi_transport(be, device_grads(), np, *self);
+  }
   // Garbage in the gradients, then backward through the reducer (begin has been called).
-  void backward_through(gpu::GpuReducer& reducer) {
+  void backward_through(Reducer& reducer) {
     CUDA_CHECK(cudaMemsetAsync(device_grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
     BackwardCtx bctx;
     bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
     model->backward(ddl, bctx);
-    reducer.finish();
+    reducer.wait();
   }
   std::vector<float> grads() { return host_grads(*model); }
 };
 
-// Every path of the reducer a single GPU can exercise: NCCL (events, its stream) and the MPI
-// fallback (pinned copies), overlapped or not, over several buckets.
+// Every path of the GPU transports a single GPU can exercise: NCCL (events, its stream) and the
+// MPI fallback (pinned copies), overlapped or not, over several buckets.
 TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
   SKIP_WITHOUT_GPU();
   ReducerBench rb;
   ASSERT_GT(rb.buckets.size(), 2u);
-  auto nccl = make_nccl_communicator(*rb.self, 0);
   for (bool use_nccl : {true, false})
     for (bool overlap : {true, false}) {
       SCOPED_TRACE(testing::Message() << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
-      gpu::GpuReducer reducer(rb.ctx, rb.device_grads(), rb.np, rb.buckets, overlap, use_nccl ? nccl.get() : nullptr,
-                              *rb.self);
-      EXPECT_EQ(reducer.uses_nccl(), use_nccl);
+      Reducer reducer(rb.transport(use_nccl), rb.buckets, overlap);
+      ReduceTransport& t = reducer.transport();
+      EXPECT_EQ(t.capturable(), use_nccl);  // only NCCL collectives go into CUDA graphs
       for (int64_t step = 0; step < 2; ++step) {  // the second step reuses every event
         reducer.begin(step);
         rb.backward_through(reducer);
-        reducer.quiesce();
+        t.quiesce();
         ASSERT_EQ(rb.grads(), rb.want) << "step " << step;
       }
       EXPECT_EQ(reducer.last_stats().buckets, static_cast<int64_t>(rb.buckets.size()));
       // The synchronised-BatchNorm hook: a sum over one rank leaves the doubles as they are.
       const std::vector<double> d{1.5, -2.25, 1e300};
       test::Dev<double> dd(d);
-      reducer.allreduce_doubles(dd.p, 3, "test doubles");
-      reducer.quiesce();
+      t.allreduce_doubles(dd.p, 3, "test doubles");
+      t.quiesce();
       EXPECT_EQ(dd.host(), d);
     }
 }
@@ -258,8 +263,8 @@ TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
 TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
   SKIP_WITHOUT_GPU();
   ReducerBench rb;
-  auto nccl = make_nccl_communicator(*rb.self, 0);
-  gpu::GpuReducer reducer(rb.ctx, rb.device_grads(), rb.np, rb.buckets, true, nccl.get(), *rb.self);
+  Reducer reducer(rb.transport(true), rb.buckets, true);
+  ReduceTransport& t = reducer.transport();
   const std::vector<double> d{1.5, -2.25, 1e300};
   test::Dev<double> dd(d);
   gpu::StreamGraph graph;
@@ -270,27 +275,27 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
     const auto ran = graph.run(
         rb.ctx.stream(), /*capture=*/true,
         [&](bool capturing) {
-          reducer.set_capturing(capturing);
+          t.set_capturing(capturing);
           reducer.begin(step);
         },
         [&] {
           rb.backward_through(reducer);
-          reducer.allreduce_doubles(dd.p, 3, "test doubles");
+          t.allreduce_doubles(dd.p, 3, "test doubles");
         },
         [](bool captured) { return captured; });
-    reducer.set_capturing(false);
+    t.set_capturing(false);
     ASSERT_EQ(ran, step == 0 ? gpu::StreamGraph::Ran::kCaptured : gpu::StreamGraph::Ran::kReplayed)
         << "step " << step << ": " << graph.failure();
-    reducer.graph_launched(step);
-    reducer.quiesce();
+    t.graph_launched(step);
+    t.quiesce();
     ASSERT_EQ(rb.grads(), rb.want) << "step " << step;
     EXPECT_EQ(dd.host(), d);
   }
   EXPECT_EQ(gpu::StreamGraph::launches() - launches, 3u);
   EXPECT_GT(graph.nodes(), rb.buckets.size());
   // Capture mode is refused without NCCL: host MPI cannot sit inside a graph.
-  gpu::GpuReducer mpi(rb.ctx, rb.device_grads(), rb.np, rb.buckets, true, nullptr, *rb.self);
-  EXPECT_THROW(mpi.set_capturing(true), Error);
+  auto mpi = rb.transport(false);
+  EXPECT_THROW(mpi->set_capturing(true), Error);
 }
 
 // A graph holds raw pointers: a device allocation after the capture invalidates it, and the next
@@ -352,19 +357,22 @@ TEST(StreamGraph, AnAllocationInvalidatesTheGraph) {
   ctx.synchronize();
 }
 
-TEST(GpuReducer, MissingGradientsAreReportedAtFinish) {
+TEST(GpuReducer, MissingGradientsAreReportedAtWait) {
   SKIP_WITHOUT_GPU();
   auto self = make_mpi_self_communicator();
   gpu::CudaBackend be(0);
   Tensor grads({100}, &be);
-  gpu::GpuReducer reducer(be.context(), grads.data(), 100, {Bucket{0, 60}, Bucket{60, 100}}, true, nullptr, *self);
+  Reducer reducer(gpu::make_host_mpi_transport(be, grads.data(), 100, *self), {Bucket{0, 60}, Bucket{60, 100}},
+                  true);
   reducer.begin(3);
   reducer.mark_ready(0, 60);
   try {
-    reducer.finish();
-    FAIL() << "finish() with bucket 1 incomplete must throw";
+    reducer.wait();
+    FAIL() << "wait() with bucket 1 incomplete must throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bucket 1 of step 3 is missing 40"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bucket 1 of step 3 is missing 40 gradient elements at wait()"),
+              std::string::npos)
+        << e.what();
   }
 }
 

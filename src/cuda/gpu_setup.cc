@@ -1,0 +1,63 @@
+// What run_training takes from the GPU build (see gpu_setup.h): the CUDA operations backend and the
+// Reducer's transport on it (NCCL, or host MPI where ranks share a GPU). Only compiled in GPU builds.
+#include "cuda/gpu_setup.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/gpu_reducer.h"
+#include "cuda/nccl_communicator.h"
+#include "dpt/comm.h"
+#include "dpt/device.h"
+#include "dpt/error.h"
+#include "dpt/log.h"
+
+namespace dpt {
+
+namespace {
+
+// Whether two ranks would drive the same physical GPU (NCCL refuses that): every rank's device
+// UUID, gathered. UUIDs, not local ranks against device counts, so per-rank CUDA_VISIBLE_DEVICES
+// (Slurm's --gpus-per-task) is recognised as distinct GPUs.
+bool ranks_share_a_gpu(Communicator& comm, const cudaDeviceProp& prop) {
+  constexpr int64_t kBytes = sizeof(prop.uuid.bytes);
+  std::vector<uint8_t> mine(kBytes), all(static_cast<size_t>(kBytes * comm.size()));
+  std::memcpy(mine.data(), prop.uuid.bytes, kBytes);
+  comm.allgather(mine.data(), all.data(), kBytes);
+  for (int a = 0; a < comm.size(); ++a)
+    for (int b = a + 1; b < comm.size(); ++b)
+      if (std::memcmp(all.data() + a * kBytes, all.data() + b * kBytes, kBytes) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_rank) {
+  const int count = cuda_device_count();
+  DPT_INPUT_CHECK(count > 0, "--device cuda: no CUDA device visible on local rank " << local_rank);
+  auto be = std::make_unique<gpu::CudaBackend>(local_rank % count);
+  be->context().set_tf32(cfg.tf32);
+  be->context().set_bf16(cfg.precision == "bf16");
+  return be;
+}
+
+std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count) {
+  auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
+  DPT_CHECK(be != nullptr, "make_gpu_transport needs the CUDA operations backend, got " << ops.name());
+  if (comm.size() == 1) return nullptr;
+  const int device = be->context().device();
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  if (ranks_share_a_gpu(comm, prop)) {
+    if (comm.rank() == 0)
+      log_info("ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host memory");
+    return gpu::make_host_mpi_transport(*be, grads, count, comm);
+  }
+  return gpu::make_nccl_transport(*be, grads, count, make_nccl_communicator(comm, device));
+}
+
+}  // namespace dpt
