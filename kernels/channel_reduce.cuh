@@ -1,5 +1,6 @@
 // Per-channel sums over the rows of a row-major [m, c] view (NHWC with m = N*H*W), in double, in
-// a fixed order: shared by column_sums, bn_sums and bn_backward_sums (a helper, not an op).
+// a fixed order: shared by column_sums (linear.cu), bn_sums and bn_backward_sums (batchnorm.cu)
+// (a private helper, not an op).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -7,9 +7,9 @@
 
 #include <climits>
 
-#include "column_sums.cuh"
 #include "cuda/cuda_check.h"
-#include "to_bf16.cuh"
+#include "linear.cuh"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 

@@ -5,24 +5,16 @@
 
 #include <string>
 
-#include "add.cuh"
+#include "activation.cuh"
 #include "cuda/cuda_graph.h"
-#include "avgpool_backward.cuh"
-#include "avgpool_forward.cuh"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cudnn_conv.h"
 #include "cuda/gpu_batchnorm.h"
-#include "global_avgpool_backward.cuh"
-#include "gather_images.cuh"
-#include "global_avgpool_forward.cuh"
-#include "loss_sums.cuh"
-#include "permute_nhwc_chw.cuh"
-#include "relu_backward.cuh"
-#include "relu_forward.cuh"
-#include "sgd_update.cuh"
-#include "softmax_xent.cuh"
-#include "store_scalar.cuh"
+#include "data.cuh"
+#include "loss.cuh"
+#include "optimizer.cuh"
+#include "pooling.cuh"
 
 namespace dpt::gpu {
 

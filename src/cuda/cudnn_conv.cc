@@ -37,8 +37,7 @@
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
-#include "from_bf16.cuh"
-#include "to_bf16.cuh"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 

@@ -1,15 +1,10 @@
-// GpuBatchNorm (see gpu_batchnorm.h): the CPU layer's steps, one kernel each from kernels/bn_*,
+// GpuBatchNorm (see gpu_batchnorm.h): the CPU layer's steps, one kernel each from kernels/batchnorm,
 // with every statistic kept on the device (no host round trip per step). Only in GPU builds.
 #include "cuda/gpu_batchnorm.h"
 
 #include <algorithm>
 
-#include "bn_apply.cuh"
-#include "bn_backward_apply.cuh"
-#include "bn_backward_sums.cuh"
-#include "bn_eval_stats.cuh"
-#include "bn_stats.cuh"
-#include "bn_sums.cuh"
+#include "batchnorm.cuh"
 #include "cuda/cuda_check.h"
 
 namespace dpt::gpu {

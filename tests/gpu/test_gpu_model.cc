@@ -32,7 +32,7 @@
 #include "dpt/rng.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"
-#include "store_scalar.cuh"
+#include "optimizer.cuh"
 #include "gpu_test_util.h"
 #include "test_util.h"
 

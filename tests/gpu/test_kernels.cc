@@ -8,26 +8,17 @@
 #include <cstring>
 #include <vector>
 
-#include "add.cuh"
-#include "avgpool_backward.cuh"
-#include "avgpool_forward.cuh"
+#include "activation.cuh"
 #include "cpu/ops.h"
 #include "cuda/cuda_check.h"
+#include "data.cuh"
 #include "dpt/device.h"
 #include "dpt/rng.h"
-#include "from_bf16.cuh"
-#include "gather_images.cuh"
 #include "gpu_test_util.h"
-#include "global_avgpool_backward.cuh"
-#include "global_avgpool_forward.cuh"
-#include "loss_sums.cuh"
-#include "permute_nhwc_chw.cuh"
-#include "relu_backward.cuh"
-#include "relu_forward.cuh"
-#include "sgd_update.cuh"
-#include "softmax_xent.cuh"
-#include "store_scalar.cuh"
-#include "to_bf16.cuh"
+#include "loss.cuh"
+#include "optimizer.cuh"
+#include "pooling.cuh"
+#include "precision.cuh"
 
 namespace dpt {
 namespace {

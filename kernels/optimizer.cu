@@ -1,8 +1,12 @@
-// The SGD update kernel of kernels/sgd_update.cuh: one grid-stride pass over the flat buffers.
+// Optimizer kernels and their launchers (see optimizer.cuh): the SGD update and the one-thread
+// scalar store that feeds it the learning rate.
 #include "launch_util.cuh"
-#include "sgd_update.cuh"
+#include "optimizer.cuh"
 
 namespace dpt::cuda {
+
+// ----------------------------------------------------------------------------
+// The SGD update kernel: one grid-stride pass over the flat buffers.
 
 static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __restrict__ g,
                                          float* __restrict__ buf, int64_t n, const float* __restrict__ lr_at,
@@ -24,6 +28,17 @@ cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, c
                               float momentum, float weight_decay, bool first, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, buf, n, lr, momentum, weight_decay, first);
+  return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
+// The one-thread store kernel. A kernel rather than cudaMemcpyAsync from the host: the value
+// travels in the launch's parameters, so no host buffer has to outlive the call.
+
+static __global__ void store_scalar_kernel(float* dst, float value) { *dst = value; }
+
+cudaError_t launch_store_scalar(float* dst, float value, cudaStream_t stream) {
+  store_scalar_kernel<<<1, 1, 0, stream>>>(dst, value);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
-// Column sums of a row-major [rows, cols] matrix on the GPU (same semantics as cpu::column_sums):
-// the bias gradients of Linear and of convolution.
+// Linear and convolution helpers on the GPU that cuBLAS/cuDNN do not cover: the bias gradients
+// (column sums of a row-major matrix).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +7,10 @@
 #include <cstdint>
 
 namespace dpt::cuda {
+
+// ----------------------------------------------------------------------------
+// Column sums of a row-major [rows, cols] matrix on the GPU (same semantics as cpu::column_sums):
+// the bias gradients of Linear and of convolution.
 
 // Doubles of scratch launch_column_sums needs for this shape.
 int64_t column_sums_scratch_elems(int64_t rows, int64_t cols);

@@ -1,8 +1,12 @@
-// Softmax cross-entropy: one block of 32 threads (a warp) per row; max and sum by warp shuffles.
+// Loss kernels and their launchers (see loss.cuh): softmax cross-entropy one warp per row, and its
+// batch totals in one block with a fixed reduction order.
 #include "launch_util.cuh"
-#include "softmax_xent.cuh"
+#include "loss.cuh"
 
 namespace dpt::cuda {
+
+// ----------------------------------------------------------------------------
+// Softmax cross-entropy: one block of 32 threads (a warp) per row; max and sum by warp shuffles.
 
 static __global__ void softmax_xent_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels,
                                            int64_t n, int64_t k, float grad_scale, float* __restrict__ loss,
@@ -43,6 +47,42 @@ cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int6
   if (k <= 0 || k > 1024 || n > 2147483647LL) return cudaErrorInvalidValue;
   softmax_xent_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(logits, labels, n, k, grad_scale, loss, correct,
                                                                    dlogits);
+  return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
+// Loss and correct-count totals: one block of 256 threads, strided partial sums, then a fixed
+// tree in shared memory (no atomics, so every run adds in the same order).
+
+static __global__ void loss_sums_kernel(const float* __restrict__ loss, const int32_t* __restrict__ correct,
+                                        int64_t n, double* __restrict__ out, bool accumulate) {
+  __shared__ double s_loss[kThreads], s_hits[kThreads];
+  double l = 0.0, h = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    l += static_cast<double>(loss[i]);
+    h += static_cast<double>(correct[i]);
+  }
+  s_loss[threadIdx.x] = l;
+  s_hits[threadIdx.x] = h;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) {
+      s_loss[threadIdx.x] += s_loss[threadIdx.x + half];
+      s_hits[threadIdx.x] += s_hits[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out[0] = (accumulate ? out[0] : 0.0) + s_loss[0];
+    out[1] = (accumulate ? out[1] : 0.0) + s_hits[0];
+  }
+}
+
+cudaError_t launch_loss_sums(const float* loss, const int32_t* correct, int64_t n, double* out, bool accumulate,
+                             cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  // n == 0 still runs: it writes zeros (or leaves the totals) like an empty CPU batch would.
+  loss_sums_kernel<<<1, kThreads, 0, stream>>>(loss, correct, n, out, accumulate);
   return cudaGetLastError();
 }
 

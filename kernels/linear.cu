@@ -1,8 +1,11 @@
-// Column sums (bias gradients): the fixed-order double reduction of channel_reduce.cuh.
+// Linear/convolution bias helpers and their launchers (see linear.cuh).
 #include "channel_reduce.cuh"
-#include "column_sums.cuh"
+#include "linear.cuh"
 
 namespace dpt::cuda {
+
+// ----------------------------------------------------------------------------
+// Column sums (bias gradients): the fixed-order double reduction of channel_reduce.cuh.
 
 namespace {
 struct ColumnTerm {
