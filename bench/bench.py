@@ -17,7 +17,10 @@ baseline. Suites:
                optimizer) from dptrain's --trace at 2 ranks, LeNet and ResNet-18, and the fraction
                of the all-reduce time hidden behind backward
   all          every suite above, one table each
-Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N]
+  builds       this build against another dptrain binary (--baseline PATH, e.g. a copy of the
+               previous commit's build/dptrain), alternated: LeNet 1 epoch and ResNet-18 --max-steps
+               steps (default 10), 2 ranks x 1 thread; for refactors that must not cost speed
+Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N] [--baseline PATH]
 """
 import argparse
 import json
@@ -41,7 +44,7 @@ def mpirun(np):
     return cmd
 
 
-def suite(name, build, max_steps):
+def suite(name, build, max_steps, baseline=None):
     dp = os.path.join(build, "dptrain")
     common = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
     torch = [PY, os.path.join(ROOT, "bench", "torch_ref.py"), "--json"] + common
@@ -73,7 +76,22 @@ def suite(name, build, max_steps):
                                  "--ddp", "--nproc", "2", "--threads", "1"] + r, False),
         ]
         return runs, {"dptrain np2": "pytorch-ddp np2"}
-    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | conv | step | all)")
+    if name == "builds":
+        if not baseline or not os.access(baseline, os.X_OK):
+            sys.exit("bench.py: the builds suite needs --baseline PATH, an executable dptrain")
+        steps = max_steps or 10
+        r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
+             "--max-steps", str(steps), "--eval-every", "0"]
+        l = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
+        runs = [
+            ("lenet np2 this", mpirun(2) + [dp] + l, True),
+            ("lenet np2 baseline", mpirun(2) + [baseline] + l, True),
+            ("resnet18 np2 this", mpirun(2) + [dp] + r, True),
+            ("resnet18 np2 baseline", mpirun(2) + [baseline] + r, True),
+        ]
+        return runs, {"lenet np2 this": "lenet np2 baseline", "resnet18 np2 this": "resnet18 np2 baseline"}
+    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | conv | step | "
+             "builds | all)")
 
 
 def last_json(text):
@@ -165,6 +183,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--baseline", help="another dptrain binary (builds suite)")
     a = ap.parse_args()
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
@@ -185,7 +204,7 @@ def run_suite(a, name, env):
     if name == "conv":
         return run_binary(a, env, [os.path.join(a.build, "bench", "conv_bench"), "--reps", str(a.reps)],
                           "conv_bench")
-    runs, baseline = suite(name, a.build, a.max_steps)
+    runs, baseline = suite(name, a.build, a.max_steps, a.baseline)
     results = {name: [] for name, _, _ in runs}
     extra = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
