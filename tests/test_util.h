@@ -1,6 +1,6 @@
-// Helpers shared by tests: temporary directories and a small synthetic, learnable IDX data set
+// Helpers shared by tests: temporary directories, a small synthetic, learnable IDX data set
 // (class k has a bright band at a class-specific position, plus noise), so training tests need
-// no download and run in seconds.
+// no download and run in seconds, and host <-> backend copies of test values.
 #pragma once
 
 #include <unistd.h>
@@ -14,7 +14,9 @@
 
 #include <memory>
 #include <random>
+#include <stdexcept>
 
+#include "dpt/backend.h"
 #include "dpt/comm.h"
 #include "dpt/rng.h"
 #include "dpt/tensor.h"
@@ -30,6 +32,38 @@ inline Tensor random_tensor(const Shape& s, std::mt19937_64& g, float lo = -1.f,
   Tensor t(s);
   fill_uniform(t.data(), t.numel(), g, lo, hi);
   return t;
+}
+
+// Host values into a new tensor of `shape` (1-D without one) in be's memory, and a tensor's values
+// back to the host: only Backend::copy_from_host/copy_to_host, so they work on every backend.
+inline Tensor to_backend(Backend& be, const std::vector<float>& v, const Shape& shape) {
+  Tensor t(shape, &be);
+  if (t.numel() != static_cast<int64_t>(v.size()))
+    throw std::invalid_argument("to_backend: " + std::to_string(v.size()) + " values for shape " +
+                                shape_str(shape));
+  if (!v.empty()) be.copy_from_host(t.data(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+inline Tensor to_backend(Backend& be, const std::vector<float>& v) {
+  return to_backend(be, v, Shape{static_cast<int64_t>(v.size())});
+}
+inline std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> h(static_cast<size_t>(t.numel()));
+  if (!h.empty()) be.copy_to_host(h.data(), t.data(), h.size() * sizeof(float));
+  return h;
+}
+// The same for arrays of any element type (indices, labels, statistics).
+template <typename T>
+DeviceArray<T> to_backend_array(Backend& be, const std::vector<T>& v) {
+  DeviceArray<T> a(be, static_cast<int64_t>(v.size()));
+  a.copy_from_host(v.data(), a.size());
+  return a;
+}
+template <typename T>
+std::vector<T> to_host(const DeviceArray<T>& a) {
+  std::vector<T> h(static_cast<size_t>(a.size()));
+  a.copy_to_host(h.data(), a.size());
+  return h;
 }
 
 // The world communicator with a timeout, so a failing rank ends a test instead of hanging it.

@@ -3,10 +3,10 @@
 # tests/gpu/device_bundle.sh, finds the machine's own CUDA, cuBLAS, cuDNN and NCCL libraries, and
 # runs the GPU suites one by one, each bounded. $OUT gets summary.txt, logs.tar.gz (every step's
 # log and metrics: the device tool returns at most 8 files) and, after bench, gpu_table.md.
-# Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke kernels ops nccl model cli bench
-#        (default: env smoke kernels ops nccl model cli; bench trains LeNet and ResNet-18 for timing).
-#        Step limits add up to 570 s for "env smoke kernels ops nccl model" and 550 s for "cli bench", so
-#        each group fits one 600 s device call.
+# Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
+#        (default: all but bench; bench trains LeNet and ResNet-18 for timing). Step limits add up to
+#        570 s for "env smoke backend kernels ops nccl model" and 550 s for "cli bench", so each group
+#        fits one 600 s device call.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -63,15 +63,17 @@ step() {
 }
 
 steps=("$@")
-[[ ${#steps[@]} -eq 0 ]] && steps=(env smoke kernels ops nccl model cli)
+[[ ${#steps[@]} -eq 0 ]] && steps=(env smoke backend kernels ops nccl model cli)
 for s in "${steps[@]}"; do
   case $s in
     env) step env 30 bash -c 'nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd /opt/dpt/bin/dptrain | grep -E "not found|cudnn|nccl|cublas|cudart"' ;;
     smoke) step smoke 60 dptrain --device cuda --model lenet --epochs 1 --max-steps 3 --eval-every 0 --data "$data" --log-level debug ;;
+    # Every operation and layer on the CPU and the CUDA backend against independent references.
+    backend) step backend 60 test_backend_ops ;;
     kernels) step kernels 60 test_gpu_kernels ;;
-    ops) step ops 120 test_gpu_ops ;;
+    ops) step ops 90 test_gpu_ops ;;
     nccl) step nccl 60 test_gpu_nccl ;;
-    model) step model 240 test_gpu_model ;;
+    model) step model 210 test_gpu_model ;;
     cli) step cli 200 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
     bench)  # the d2l recipes side by side with eager PyTorch on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)

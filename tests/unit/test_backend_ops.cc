@@ -1,0 +1,1249 @@
+// test-backend-ops (ggml's harness is the model): every operation of the Backend interface and
+// every layer, run on each backend ("cpu"; "cuda" in GPU builds with a visible device, else skipped
+// with the reason) against independent references: direct loops and double-precision formulas
+// written here, the same layer on the CPU backend, and central finite differences.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpt/backend.h"
+#include "dpt/device.h"
+#include "dpt/nn.h"
+#include "dpt/tensor.h"
+#include "test_util.h"
+#ifdef DPT_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace dpt {
+namespace {
+
+using test::to_backend;
+using test::to_backend_array;
+using test::to_host;
+
+std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// ---- comparisons --------------------------------------------------------------------------------
+
+// How a result is held to its reference. kExact: the reference does the same float arithmetic
+// (copies, selections, one add), == on every backend. kOrdered: the reference sums in the CPU's
+// order (pooling), == on the CPU; a device kernel may sum in another order, so the floors below.
+// kApprox: |got - ref| <= rel * max|ref| + abs, rel 1e-4 (abs 0) on the CPU, 1e-4 and an absolute
+// floor of 1e-5 elsewhere (test_gpu_ops.cc's scale).
+enum class Cmp { kExact, kOrdered, kApprox };
+struct Tol {
+  bool exact;
+  double rel, abs;
+};
+
+// Element-wise comparison; reports the first few mismatches (`where` names an index) and fails
+// when the reference is all zeros for an approximate check (it could not tell wrong from right).
+void expect_match(const std::vector<float>& got, const std::vector<double>& ref,
+                  const std::string& what, Tol t,
+                  const std::function<std::string(size_t)>& where = {}) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double scale = 0;
+  for (double r : ref) scale = std::max(scale, std::fabs(r));
+  if (!t.exact) {
+    EXPECT_GT(scale, 0.0) << what << ": the reference is all zeros";
+  }
+  const double tol = t.rel * scale + t.abs;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i];
+    const bool ok = t.exact ? g == ref[i] : std::fabs(g - ref[i]) <= tol;
+    if (ok) continue;
+    if (++bad <= 5)
+      ADD_FAILURE() << what << ": index " << i << (where ? " (" + where(i) + ")" : std::string())
+                    << " got " << g << ", expected " << ref[i]
+                    << (t.exact ? " exactly" : ", tolerance " + std::to_string(tol));
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " values differ";
+}
+void expect_match(const std::vector<float>& got, const std::vector<float>& ref,
+                  const std::string& what, Tol t) {
+  expect_match(got, as_double(ref), what, t);
+}
+
+// ---- the backends -------------------------------------------------------------------------------
+
+// One CUDA backend for the whole suite (a context per test would cost more than the tests).
+std::unique_ptr<Backend>& shared_cuda() {
+  static std::unique_ptr<Backend> be;
+  return be;
+}
+
+class BackendOps : public ::testing::TestWithParam<std::string> {
+ public:
+  static void TearDownTestSuite() { shared_cuda().reset(); }
+
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cpu") {
+      be_ = &cpu_backend();
+      return;
+    }
+    ASSERT_EQ(GetParam(), "cuda");
+#ifdef DPT_HAVE_CUDA
+    if (cuda_device_count() == 0) GTEST_SKIP() << "cuda: no CUDA device visible";
+    if (!shared_cuda()) shared_cuda() = std::make_unique<gpu::CudaBackend>(0);
+    be_ = shared_cuda().get();
+#else
+    GTEST_SKIP() << "cuda: this build has no CUDA backend (configure with -Dgpu=enabled)";
+#endif
+  }
+  Backend& be() { return *be_; }
+  bool is_cpu() const { return be_->name() == "cpu"; }
+  Tol tol(Cmp c) const {
+    if (c == Cmp::kExact || (c == Cmp::kOrdered && is_cpu())) return {true, 0, 0};
+    return is_cpu() ? Tol{false, 1e-4, 0} : Tol{false, 1e-4, 1e-5};
+  }
+  // A float array of backend memory holding v, and its values back on the host.
+  DeviceArray<float> put(const std::vector<float>& v) { return to_backend_array(be(), v); }
+  static std::vector<float> get(const DeviceArray<float>& a) { return to_host(a); }
+
+  Backend* be_ = nullptr;
+};
+
+// ---- memory -------------------------------------------------------------------------------------
+
+TEST_P(BackendOps, AllocateIsZeroedAndAligned) {
+  const size_t n = 1000, bytes = n * sizeof(float);
+  const std::vector<float> garbage(n, 7.f);
+  // A block that held values and was released is likely handed out again: it must come back zeroed.
+  void* used = be().allocate(bytes);
+  be().copy_from_host(used, garbage.data(), bytes);
+  be().release(used);
+  for (size_t b : {bytes, size_t{13}, size_t{64}}) {
+    SCOPED_TRACE("bytes " + std::to_string(b));
+    void* p = be().allocate(b);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    std::vector<uint8_t> h(b, 0xAB);
+    be().copy_to_host(h.data(), p, b);
+    EXPECT_EQ(h, std::vector<uint8_t>(b, 0));
+    be().release(p);
+  }
+}
+
+TEST_P(BackendOps, CopyZeroAndHostRoundTrip) {
+  const size_t n = 777, bytes = n * sizeof(float);
+  const std::vector<float> v = uniform(n, 1);
+  auto* a = static_cast<float*>(be().allocate(bytes));
+  auto* b = static_cast<float*>(be().allocate(bytes));
+  be().copy_from_host(a, v.data(), bytes);
+  std::vector<float> h(n, -1.f);
+  be().copy_to_host(h.data(), a, bytes);
+  EXPECT_EQ(h, v) << "copy_from_host then copy_to_host";
+  be().copy(b, a, bytes);
+  be().copy_to_host(h.data(), b, bytes);
+  EXPECT_EQ(h, v) << "copy within backend memory";
+  // Sub-ranges: offsets on both sides, and zero() of a middle slice only.
+  be().copy(b + 10, a + 500, 100 * sizeof(float));
+  be().zero(a + 200, 50 * sizeof(float));
+  std::vector<float> want_a = v, want_b = v;
+  std::fill(want_a.begin() + 200, want_a.begin() + 250, 0.f);
+  std::copy(v.begin() + 500, v.begin() + 600, want_b.begin() + 10);
+  be().copy_to_host(h.data(), a, bytes);
+  EXPECT_EQ(h, want_a) << "zero of a slice";
+  be().copy_to_host(h.data(), b, bytes);
+  EXPECT_EQ(h, want_b) << "copy between offsets";
+  std::vector<float> part(30);
+  be().copy_to_host(part.data(), b + 5, part.size() * sizeof(float));
+  EXPECT_EQ(part, std::vector<float>(want_b.begin() + 5, want_b.begin() + 35))
+      << "copy_to_host from an offset";
+  be().copy_from_host(b + 700, v.data(), 5 * sizeof(float));
+  be().copy_to_host(h.data(), b, bytes);
+  std::copy(v.begin(), v.begin() + 5, want_b.begin() + 700);
+  EXPECT_EQ(h, want_b) << "copy_from_host to an offset";
+  be().release(a);
+  be().release(b);
+  // The test helpers and Tensor storage go through the same calls.
+  Tensor t = to_backend(be(), v, {7, 111});
+  EXPECT_EQ(t.backend(), &be());
+  EXPECT_EQ(to_host(be(), t), v);
+  t.zero();
+  EXPECT_EQ(to_host(be(), t), std::vector<float>(n, 0.f));
+}
+
+TEST_P(BackendOps, DeviceArrayMirrorViewsHostMemoryElseCopies) {
+  std::vector<uint8_t> host(300);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
+  const std::vector<uint8_t> orig = host;
+  DeviceArray<uint8_t> m =
+      DeviceArray<uint8_t>::mirror(be(), host.data(), static_cast<int64_t>(host.size()));
+  EXPECT_EQ(m.size(), static_cast<int64_t>(host.size()));
+  EXPECT_EQ(to_host(m), orig);
+  host[5] = 0;  // a view sees the change, a copy does not
+  if (be().host_memory()) {
+    EXPECT_EQ(m.data(), host.data()) << "a host backend's mirror is a view";
+    EXPECT_EQ(to_host(m)[5], 0);
+  } else {
+    EXPECT_NE(m.data(), host.data()) << "a device backend's mirror is a copy";
+    EXPECT_EQ(to_host(m), orig);
+  }
+  // Owned arrays are zero-filled, move-only, and move their storage.
+  DeviceArray<int64_t> z(be(), 9);
+  EXPECT_EQ(to_host(z), std::vector<int64_t>(9, 0));
+  z.copy_from_host(std::vector<int64_t>{4, 5}.data(), 2, 3);
+  int64_t* p = z.data();
+  DeviceArray<int64_t> moved(std::move(z));
+  EXPECT_EQ(moved.data(), p);
+  EXPECT_EQ(z.data(), nullptr);
+  EXPECT_EQ(z.size(), 0);
+  EXPECT_EQ(to_host(moved), (std::vector<int64_t>{0, 0, 0, 4, 5, 0, 0, 0, 0}));
+}
+
+// ---- convolution --------------------------------------------------------------------------------
+
+// Direct convolution in double over NHWC x [n,h,w,cin], OIHW w: y, and for dy the gradients dx,
+// dw and db (the loops of the definition, nothing shared with the backends).
+struct ConvRef {
+  std::vector<double> y, dx, dw, db;
+};
+ConvRef conv_reference(const ConvGeom& g, const std::vector<float>& x, const std::vector<float>& w,
+                       const float* b, const std::vector<float>& dy) {
+  const int64_t oh = g.oh(), ow = g.ow();
+  ConvRef r;
+  r.y.assign(sz(g.n * oh * ow * g.c_out), 0.0);
+  r.dx.assign(x.size(), 0.0);
+  r.dw.assign(w.size(), 0.0);
+  r.db.assign(sz(g.c_out), 0.0);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t co = 0; co < g.c_out; ++co) {
+          const size_t yi = sz(((n * oh + i) * ow + j) * g.c_out + co);
+          double acc = b ? b[co] : 0.0;
+          const double d = dy[yi];
+          r.db[sz(co)] += d;
+          for (int64_t ci = 0; ci < g.c_in; ++ci)
+            for (int64_t kh = 0; kh < g.k; ++kh)
+              for (int64_t kw = 0; kw < g.k; ++kw) {
+                const int64_t hi = i * g.stride - g.pad + kh, wi = j * g.stride - g.pad + kw;
+                if (hi < 0 || hi >= g.h || wi < 0 || wi >= g.w) continue;
+                const size_t xi = sz(((n * g.h + hi) * g.w + wi) * g.c_in + ci);
+                const size_t wk = sz(((co * g.c_in + ci) * g.k + kh) * g.k + kw);
+                acc += static_cast<double>(x[xi]) * w[wk];
+                r.dx[xi] += d * w[wk];
+                r.dw[wk] += d * x[xi];
+              }
+          r.y[yi] = acc;
+        }
+  return r;
+}
+
+TEST_P(BackendOps, ConvForwardBackward) {
+  struct Case {
+    const char* name;
+    ConvGeom g;  // n, h, w, c_in, c_out, k, stride, pad
+    bool bias;
+  };
+  const Case cases[] = {
+      {"3x3 s1 p0", {2, 6, 5, 3, 4, 3, 1, 0}, true},
+      {"3x3 s2 p1, odd width", {2, 7, 8, 3, 5, 3, 2, 1}, true},
+      {"3x3 s1 p1, 16 channels (the CPU's Winograd shape)", {1, 5, 6, 16, 16, 3, 1, 1}, false},
+      {"1x1 s1", {2, 4, 4, 6, 5, 1, 1, 0}, true},
+      {"1x1 s2, odd size", {2, 7, 7, 4, 6, 1, 2, 0}, false},
+      {"5x5 p2, no bias", {2, 6, 6, 2, 3, 5, 1, 2}, false},
+      {"5x5 p0", {2, 9, 8, 2, 3, 5, 1, 0}, true},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ConvGeom& g = c.g;
+    const size_t xs = sz(g.n * g.h * g.w * g.c_in), ys = sz(g.n * g.oh() * g.ow() * g.c_out);
+    const size_t ws = sz(g.c_out * g.c_in * g.k * g.k), bs = sz(g.c_out);
+    const auto x = uniform(xs, ++seed), w = uniform(ws, ++seed, -0.5f, 0.5f),
+               b = uniform(bs, ++seed);
+    const auto dy = uniform(ys, ++seed), dw0 = uniform(ws, ++seed), db0 = uniform(bs, ++seed);
+    const ConvRef ref = conv_reference(g, x, w, c.bias ? b.data() : nullptr, dy);
+
+    auto x_ = put(x), w_ = put(w), b_ = put(b), dy_ = put(dy);
+    auto y_ = put(std::vector<float>(ys, 7.f)), dx_ = put(std::vector<float>(xs, 7.f));
+    auto dw_ = put(std::vector<float>(ws, 7.f)), db_ = put(std::vector<float>(bs, 7.f));
+    auto dwa_ = put(dw0), dba_ = put(db0);
+    const std::unique_ptr<ConvOp> op = be().make_conv();
+    op->forward(g, x_.data(), w_.data(), c.bias ? b_.data() : nullptr, y_.data());
+    op->backward(g, x_.data(), w_.data(), dy_.data(), dx_.data(), dw_.data(),
+                 c.bias ? db_.data() : nullptr, false);
+    op->backward(g, x_.data(), w_.data(), dy_.data(), nullptr, dwa_.data(),
+                 c.bias ? dba_.data() : nullptr, true);
+    expect_match(get(y_), ref.y, "y", tol(Cmp::kApprox));
+    expect_match(get(dx_), ref.dx, "dx (overwritten)", tol(Cmp::kApprox));
+    expect_match(get(dw_), ref.dw, "dw (overwritten)", tol(Cmp::kApprox));
+    std::vector<double> dw_acc(ws), db_acc(bs);
+    for (size_t i = 0; i < ws; ++i) dw_acc[i] = dw0[i] + ref.dw[i];
+    for (size_t i = 0; i < bs; ++i) db_acc[i] = db0[i] + ref.db[i];
+    expect_match(get(dwa_), dw_acc, "dw accumulated (dx null)", tol(Cmp::kApprox));
+    if (c.bias) {
+      expect_match(get(db_), ref.db, "db (overwritten)", tol(Cmp::kApprox));
+      expect_match(get(dba_), db_acc, "db accumulated (dx null)", tol(Cmp::kApprox));
+    }
+    // The same op at another batch size (plans are cached per geometry): the first image alone.
+    ConvGeom g1 = g;
+    g1.n = 1;
+    auto y1_ = put(std::vector<float>(ys / sz(g.n), 7.f));
+    op->forward(g1, x_.data(), w_.data(), c.bias ? b_.data() : nullptr, y1_.data());
+    expect_match(
+        get(y1_),
+        std::vector<double>(ref.y.begin(), ref.y.begin() + static_cast<int64_t>(ys / sz(g.n))),
+        "y at batch 1 on the same op", tol(Cmp::kApprox));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ---- batch normalisation ------------------------------------------------------------------------
+
+// Per-channel sums of x and x^2 over the rows of an [m, c] array, in double.
+void channel_sums(const std::vector<float>& x, int64_t c, std::vector<double>& sum,
+                  std::vector<double>& sumsq) {
+  sum.assign(sz(c), 0.0);
+  sumsq.assign(sz(c), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum[i % sz(c)] += x[i];
+    sumsq[i % sz(c)] += static_cast<double>(x[i]) * x[i];
+  }
+}
+
+// BatchNorm's formulas in double, for statistics (mean, biased var) taken over `count` rows.
+struct BnRef {
+  std::vector<double> mean, var, invstd;
+  double count = 0;
+  BnRef(const std::vector<double>& sum, const std::vector<double>& sumsq, double n, double eps)
+      : mean(sum.size()), var(sum.size()), invstd(sum.size()), count(n) {
+    for (size_t c = 0; c < sum.size(); ++c) {
+      mean[c] = sum[c] / n;
+      var[c] = sumsq[c] / n - mean[c] * mean[c];
+      invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+    }
+  }
+  std::vector<double> apply(const std::vector<float>& x, const std::vector<float>& gamma,
+                            const std::vector<float>& beta) const {
+    const size_t c = mean.size();
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      y[i] = (x[i] - mean[i % c]) * invstd[i % c] * gamma[i % c] + beta[i % c];
+    return y;
+  }
+  // [sum dy, sum dy*xhat] over these rows (the layout of the backward sync hook's buffer).
+  std::vector<double> backward_sums(const std::vector<float>& x,
+                                    const std::vector<float>& dy) const {
+    const size_t c = mean.size();
+    std::vector<double> s(2 * c, 0.0);
+    for (size_t i = 0; i < x.size(); ++i) {
+      s[i % c] += dy[i];
+      s[c + i % c] += dy[i] * (x[i] - mean[i % c]) * invstd[i % c];
+    }
+    return s;
+  }
+  // dx = gamma invstd (dy - sum_dy/count - xhat sum_dy_xhat/count) with `sums` over every replica.
+  std::vector<double> dx(const std::vector<float>& x, const std::vector<float>& dy,
+                         const std::vector<float>& gamma, const std::vector<double>& sums) const {
+    const size_t c = mean.size();
+    std::vector<double> d(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t ch = i % c;
+      const double xhat = (x[i] - mean[ch]) * invstd[ch];
+      d[i] = gamma[ch] * invstd[ch] * (dy[i] - sums[ch] / count - xhat * sums[c + ch] / count);
+    }
+    return d;
+  }
+};
+
+// Values with per-channel offsets and spreads, so the statistics are far from (0, 1).
+std::vector<float> bn_input(size_t n, int64_t c, uint64_t seed) {
+  std::vector<float> x = uniform(n, seed);
+  const auto off = uniform(sz(c), seed + 1, -3.f, 3.f),
+             spread = uniform(sz(c), seed + 2, 0.3f, 4.f);
+  for (size_t i = 0; i < n; ++i) x[i] = off[i % sz(c)] + spread[i % sz(c)] * x[i];
+  return x;
+}
+
+TEST_P(BackendOps, BatchNormTrainEvalBackward) {
+  const int64_t c = 5, m = 3 * 4 * 4;  // N*H*W rows
+  const double momentum = 0.1, eps = 1e-5;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x1 = bn_input(xs, c, 200), x2 = bn_input(xs, c, 210), dy = uniform(xs, 220);
+  const auto gamma = uniform(cs, 221, 0.5f, 1.5f), beta = uniform(cs, 222);
+  const auto rm0 = uniform(cs, 223), rv0 = uniform(cs, 224, 0.5f, 2.f);
+  const auto d0 = uniform(cs, 225);  // prior gradients the accumulating backward adds to
+
+  auto g_ = put(gamma), b_ = put(beta), rm_ = put(rm0), rv_ = put(rv0), nbt_ = put({0.f});
+  auto x1_ = put(x1), x2_ = put(x2), dy_ = put(dy), y_ = put(std::vector<float>(xs, 7.f));
+  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
+       db_ = put(std::vector<float>(cs, 7.f));
+  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, momentum, eps);
+
+  // Two training steps: the batch statistics normalise; running statistics move twice (unbiased
+  // variance), the counter reaches 2.
+  std::vector<double> rm(rm0.begin(), rm0.end()), rv(rv0.begin(), rv0.end());
+  std::vector<double> s, ss;
+  channel_sums(x1, c, s, ss);
+  const BnRef ref1(s, ss, static_cast<double>(m), eps);
+  bn->forward_train(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(),
+                    nbt_.data(), {});
+  expect_match(get(y_), ref1.apply(x1, gamma, beta), "training y, step 1", tol(Cmp::kApprox));
+  channel_sums(x2, c, s, ss);
+  const BnRef ref2(s, ss, static_cast<double>(m), eps);
+  bn->forward_train(x2_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(),
+                    nbt_.data(), {});
+  expect_match(get(y_), ref2.apply(x2, gamma, beta), "training y, step 2", tol(Cmp::kApprox));
+  for (const BnRef* r : {&ref1, &ref2})
+    for (size_t ch = 0; ch < cs; ++ch) {
+      rm[ch] = (1 - momentum) * rm[ch] + momentum * r->mean[ch];
+      rv[ch] = (1 - momentum) * rv[ch] + momentum * r->var[ch] * m / (m - 1.0);
+    }
+  expect_match(get(rm_), rm, "running_mean", tol(Cmp::kApprox));
+  expect_match(get(rv_), rv, "running_var (unbiased)", tol(Cmp::kApprox));
+  EXPECT_EQ(get(nbt_), std::vector<float>{2.f});
+
+  // Backward of step 2: overwrite with dx, then accumulate onto d0 without dx.
+  const std::vector<double> sums = ref2.backward_sums(x2, dy);
+  const std::vector<double> dbeta(sums.begin(), sums.begin() + c),
+      dgamma(sums.begin() + c, sums.end());
+  bn->backward(x2_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {});
+  expect_match(get(dx_), ref2.dx(x2, dy, gamma, sums), "training dx", tol(Cmp::kApprox));
+  expect_match(get(dg_), dgamma, "dgamma", tol(Cmp::kApprox));
+  expect_match(get(db_), dbeta, "dbeta", tol(Cmp::kApprox));
+  auto dga_ = put(d0), dba_ = put(d0);
+  bn->backward(x2_.data(), dy_.data(), nullptr, m, g_.data(), dga_.data(), dba_.data(), true, {});
+  std::vector<double> dg_acc(cs), db_acc(cs);
+  for (size_t ch = 0; ch < cs; ++ch)
+    dg_acc[ch] = d0[ch] + dgamma[ch], db_acc[ch] = d0[ch] + dbeta[ch];
+  expect_match(get(dga_), dg_acc, "dgamma accumulated (dx null)", tol(Cmp::kApprox));
+  expect_match(get(dba_), db_acc, "dbeta accumulated (dx null)", tol(Cmp::kApprox));
+
+  // Evaluation: the running statistics (as the backend holds them) normalise and do not move; the
+  // backward then treats them as constants: dx = dy gamma invstd, dgamma = sum dy xhat.
+  const std::vector<float> rm_now = get(rm_), rv_now = get(rv_);
+  std::vector<double> ev_mean(cs), ev_invstd(cs);
+  std::vector<double> y_ev(xs), dx_ev(xs), dg_ev(cs, 0.0), db_ev(cs, 0.0);
+  for (size_t i = 0; i < xs; ++i) {
+    const size_t ch = i % cs;
+    const double inv = 1.0 / std::sqrt(static_cast<double>(rv_now[ch]) + eps),
+                 xhat = (x1[i] - rm_now[ch]) * inv;
+    y_ev[i] = xhat * gamma[ch] + beta[ch];
+    dx_ev[i] = dy[i] * gamma[ch] * inv;
+    dg_ev[ch] += dy[i] * xhat;
+    db_ev[ch] += dy[i];
+  }
+  bn->forward_eval(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data());
+  expect_match(get(y_), y_ev, "eval y", tol(Cmp::kApprox));
+  EXPECT_EQ(get(rm_), rm_now) << "eval moved running_mean";
+  EXPECT_EQ(get(rv_), rv_now) << "eval moved running_var";
+  EXPECT_EQ(get(nbt_), std::vector<float>{2.f}) << "eval moved num_batches_tracked";
+  bn->backward(x1_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {});
+  expect_match(get(dx_), dx_ev, "eval dx", tol(Cmp::kApprox));
+  expect_match(get(dg_), dg_ev, "eval dgamma", tol(Cmp::kApprox));
+  expect_match(get(db_), db_ev, "eval dbeta", tol(Cmp::kApprox));
+}
+
+// A ChannelSumFn standing in for the all-reduce over replicas: reads the backend's doubles, lets
+// `combine` change them (the peer's contribution), writes them back; records each count.
+ChannelSumFn host_hook(Backend& be, std::vector<int64_t>& seen,
+                       std::function<void(std::vector<double>&, size_t call)> combine) {
+  return [&be, &seen, combine](double* d, int64_t count) {
+    std::vector<double> h(sz(count));
+    be.copy_to_host(h.data(), d, h.size() * sizeof(double));
+    combine(h, seen.size());
+    seen.push_back(count);
+    be.copy_from_host(d, h.data(), h.size() * sizeof(double));
+  };
+}
+
+TEST_P(BackendOps, BatchNormSyncHookDoublingIsTheInputSeenTwice) {
+  // Doubling every sum (the count too) is a replica holding the same data: the statistics are those
+  // of x seen twice, so y and dx are unchanged, running_var's unbiased correction uses 2m rows, and
+  // dgamma/dbeta stay this replica's own sums.
+  const int64_t c = 4, m = 2 * 3 * 3;  // few rows: m/(m-1) and 2m/(2m-1) differ by 3%
+  const double eps = 1e-5;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x = bn_input(xs, c, 300), dy = uniform(xs, 301), gamma = uniform(cs, 302, 0.5f, 1.5f);
+  const auto beta = uniform(cs, 303);
+  std::vector<int64_t> seen;
+  const ChannelSumFn twice = host_hook(be(), seen, [](std::vector<double>& h, size_t) {
+    for (double& v : h) v *= 2;
+  });
+  auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta),
+       rm_ = put(std::vector<float>(cs, 0.f));
+  auto rv_ = put(std::vector<float>(cs, 1.f)), y_ = put(std::vector<float>(xs, 7.f));
+  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
+       db_ = put(std::vector<float>(cs, 7.f));
+  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
+  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
+                    twice);
+  bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false,
+               twice);
+  ASSERT_EQ(seen, (std::vector<int64_t>{2 * c + 1, 2 * c}));
+
+  std::vector<float> xx = x;  // x seen twice
+  xx.insert(xx.end(), x.begin(), x.end());
+  std::vector<double> s, ss;
+  channel_sums(xx, c, s, ss);
+  const BnRef ref(s, ss, 2.0 * m, eps);
+  std::vector<double> rm(cs), rv(cs);
+  for (size_t ch = 0; ch < cs; ++ch) {
+    rm[ch] = 0.1 * ref.mean[ch];
+    rv[ch] = 0.9 + 0.1 * ref.var[ch] * (2.0 * m) / (2.0 * m - 1);
+  }
+  const std::vector<double> local = ref.backward_sums(x, dy);
+  std::vector<double> both = local;
+  for (double& v : both) v *= 2;
+  expect_match(get(y_), ref.apply(x, gamma, beta), "synced y", tol(Cmp::kApprox));
+  expect_match(get(rm_), rm, "synced running_mean", tol(Cmp::kApprox));
+  expect_match(get(rv_), rv, "synced running_var (2m rows)", tol(Cmp::kApprox));
+  expect_match(get(dx_), ref.dx(x, dy, gamma, both), "synced dx", tol(Cmp::kApprox));
+  expect_match(get(dg_), std::vector<double>(local.begin() + c, local.end()),
+               "synced dgamma (local)", tol(Cmp::kApprox));
+  expect_match(get(db_), std::vector<double>(local.begin(), local.begin() + c),
+               "synced dbeta (local)", tol(Cmp::kApprox));
+}
+
+TEST_P(BackendOps, BatchNormSyncHookAddsAPeersStatistics) {
+  // A peer replica with different data: its sums, added by the hook, must enter the statistics
+  // (y normalised over both inputs) and the input gradient (dx uses both replicas' sums).
+  const int64_t c = 3, m = 2 * 2 * 4;
+  const double eps = 1e-5;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x = bn_input(xs, c, 310), peer = bn_input(xs, c, 320), dy = uniform(xs, 330),
+             dyp = uniform(xs, 331);
+  const auto gamma = uniform(cs, 332, 0.5f, 1.5f), beta = uniform(cs, 333);
+  std::vector<double> s, ss, ps, pss;
+  channel_sums(x, c, s, ss);
+  channel_sums(peer, c, ps, pss);
+  std::vector<double> ts(cs), tss(cs);
+  for (size_t ch = 0; ch < cs; ++ch) ts[ch] = s[ch] + ps[ch], tss[ch] = ss[ch] + pss[ch];
+  const BnRef ref(ts, tss, 2.0 * m, eps);
+  const std::vector<double> peer_bwd = ref.backward_sums(peer, dyp),
+                            local = ref.backward_sums(x, dy);
+  std::vector<double> both(2 * cs);
+  for (size_t i = 0; i < both.size(); ++i) both[i] = local[i] + peer_bwd[i];
+
+  std::vector<int64_t> seen;
+  const ChannelSumFn add_peer = host_hook(be(), seen, [&](std::vector<double>& h, size_t call) {
+    if (call == 0) {
+      ASSERT_EQ(h.size(), 2 * cs + 1);
+      EXPECT_DOUBLE_EQ(h[2 * cs], static_cast<double>(m)) << "the row count";
+      for (size_t ch = 0; ch < cs; ++ch) h[ch] += ps[ch], h[cs + ch] += pss[ch];
+      h[2 * cs] += static_cast<double>(m);
+    } else {
+      ASSERT_EQ(h.size(), 2 * cs);
+      for (size_t i = 0; i < h.size(); ++i) h[i] += peer_bwd[i];
+    }
+  });
+  auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta),
+       rm_ = put(std::vector<float>(cs, 0.f));
+  auto rv_ = put(std::vector<float>(cs, 1.f)), y_ = put(std::vector<float>(xs, 7.f));
+  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
+       db_ = put(std::vector<float>(cs, 7.f));
+  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
+  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
+                    add_peer);
+  bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false,
+               add_peer);
+  ASSERT_EQ(seen, (std::vector<int64_t>{2 * c + 1, 2 * c}));
+  expect_match(get(y_), ref.apply(x, gamma, beta), "y over both replicas' statistics",
+               tol(Cmp::kApprox));
+  expect_match(get(dx_), ref.dx(x, dy, gamma, both), "dx with both replicas' sums",
+               tol(Cmp::kApprox));
+  expect_match(get(dg_), std::vector<double>(local.begin() + c, local.end()), "dgamma (local)",
+               tol(Cmp::kApprox));
+  expect_match(get(db_), std::vector<double>(local.begin(), local.begin() + c), "dbeta (local)",
+               tol(Cmp::kApprox));
+}
+
+// ---- element-wise -------------------------------------------------------------------------------
+
+TEST_P(BackendOps, ReluForwardBackward) {
+  const size_t n = 517;
+  std::vector<float> x = uniform(n, 400), dy = uniform(n, 401);
+  for (size_t i = 0; i < n; i += 9) x[i] = 0.f;  // the kink itself: relu(0) = 0, no gradient
+  std::vector<float> y(n), dx(n);
+  for (size_t i = 0; i < n; ++i) {
+    y[i] = x[i] > 0.f ? x[i] : 0.f;
+    dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+  }
+  auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(n, 7.f)),
+       dx_ = put(std::vector<float>(n, 7.f));
+  be().relu_forward(x_.data(), y_.data(), static_cast<int64_t>(n));
+  be().relu_backward(y_.data(), dy_.data(), dx_.data(), static_cast<int64_t>(n));
+  expect_match(get(y_), y, "relu y", tol(Cmp::kExact));
+  expect_match(get(dx_), dx, "relu dx", tol(Cmp::kExact));
+}
+
+TEST_P(BackendOps, AddWithAndWithoutRelu) {
+  const size_t n = 1031;
+  const auto a = uniform(n, 410), b = uniform(n, 411);
+  auto a_ = put(a), b_ = put(b);
+  for (bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "relu" : "plain");
+    std::vector<float> y(n);
+    for (size_t i = 0; i < n; ++i) {
+      y[i] = a[i] + b[i];
+      if (relu) y[i] = y[i] > 0.f ? y[i] : 0.f;
+    }
+    auto y_ = put(std::vector<float>(n, 7.f));
+    be().add(a_.data(), b_.data(), y_.data(), static_cast<int64_t>(n), relu);
+    expect_match(get(y_), y, "add", tol(Cmp::kExact));
+    EXPECT_EQ(get(a_), a) << "an operand changed";
+  }
+}
+
+// ---- pooling ------------------------------------------------------------------------------------
+
+// AvgPool2d in float, summing in the CPU's order: forward window row by row then * 1/k^2;
+// backward each covering window's dy * 1/k^2 in window order, masked by relu(x) when fused.
+std::vector<float> avgpool_ref_forward(const std::vector<float>& x, int64_t n, int64_t h, int64_t w,
+                                       int64_t c, int k, int s, bool relu) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  const float inv = 1.f / static_cast<float>(k * k);
+  std::vector<float> y(sz(n * oh * ow * c));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float acc = 0.f;
+          for (int di = 0; di < k; ++di)
+            for (int dj = 0; dj < k; ++dj) {
+              const float v = x[sz(((b * h + i * s + di) * w + j * s + dj) * c + ch)];
+              acc += relu ? (v > 0.f ? v : 0.f) : v;
+            }
+          y[sz(((b * oh + i) * ow + j) * c + ch)] = acc * inv;
+        }
+  return y;
+}
+std::vector<float> avgpool_ref_backward(const std::vector<float>& dy,
+                                        const std::vector<float>* relu_x, int64_t n, int64_t h,
+                                        int64_t w, int64_t c, int k, int s) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  const float inv = 1.f / static_cast<float>(k * k);
+  std::vector<float> dx(sz(n * h * w * c));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t q = 0; q < w; ++q)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const size_t at = sz(((b * h + r) * w + q) * c + ch);
+          float acc = 0.f;
+          for (int64_t i = 0; i < oh; ++i)
+            for (int64_t j = 0; j < ow; ++j)
+              if (r >= i * s && r < i * s + k && q >= j * s && q < j * s + k)
+                acc += dy[sz(((b * oh + i) * ow + j) * c + ch)] * inv;
+          dx[at] = relu_x && !((*relu_x)[at] > 0.f) ? 0.f : acc;
+        }
+  return dx;
+}
+
+TEST_P(BackendOps, AvgPoolForwardBackwardPlainAndFusedRelu) {
+  struct Case {
+    int64_t n, h, w, c;
+    int k, s;
+  };
+  // Floor mode dropping a row and a column (5x7, 2/2), overlapping windows (3/1), and 3/2 (overlap
+  // by one, odd sizes).
+  const Case cases[] = {{2, 5, 7, 3, 2, 2}, {2, 5, 4, 2, 3, 1}, {1, 7, 6, 4, 3, 2}};
+  uint64_t seed = 500;
+  for (const Case& k : cases)
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE("k=" + std::to_string(k.k) + " s=" + std::to_string(k.s) +
+                   (relu ? " fused relu" : ""));
+      const int64_t oh = (k.h - k.k) / k.s + 1, ow = (k.w - k.k) / k.s + 1;
+      const size_t xs = sz(k.n * k.h * k.w * k.c), ys = sz(k.n * oh * ow * k.c);
+      std::vector<float> x = uniform(xs, ++seed), dy = uniform(ys, ++seed);
+      for (size_t i = 0; i < xs; i += 11) x[i] = 0.f;  // the fused ReLU's kink
+      auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(ys, 7.f)),
+           dx_ = put(std::vector<float>(xs, 7.f));
+      be().avgpool_forward(x_.data(), y_.data(), k.n, k.h, k.w, k.c, k.k, k.s, relu);
+      be().avgpool_backward(dy_.data(), relu ? x_.data() : nullptr, dx_.data(), k.n, k.h, k.w, k.c,
+                            k.k, k.s);
+      expect_match(get(y_), avgpool_ref_forward(x, k.n, k.h, k.w, k.c, k.k, k.s, relu), "avgpool y",
+                   tol(Cmp::kOrdered));
+      expect_match(get(dx_),
+                   avgpool_ref_backward(dy, relu ? &x : nullptr, k.n, k.h, k.w, k.c, k.k, k.s),
+                   "avgpool dx (uncovered positions 0)", tol(Cmp::kOrdered));
+    }
+}
+
+TEST_P(BackendOps, GlobalAvgPoolForwardBackward) {
+  const int64_t n = 3, hw = 4 * 5, c = 6;
+  const auto x = uniform(sz(n * hw * c), 600), dy = uniform(sz(n * c), 601);
+  const float inv = 1.f / static_cast<float>(hw);
+  std::vector<float> y(sz(n * c)), dx(x.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float acc = 0.f;
+      for (int64_t p = 0; p < hw; ++p) acc += x[sz((b * hw + p) * c + ch)];
+      y[sz(b * c + ch)] = acc * inv;
+      for (int64_t p = 0; p < hw; ++p) dx[sz((b * hw + p) * c + ch)] = dy[sz(b * c + ch)] * inv;
+    }
+  auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(y.size(), 7.f)),
+       dx_ = put(std::vector<float>(x.size(), 7.f));
+  be().global_avgpool_forward(x_.data(), y_.data(), n, hw, c);
+  be().global_avgpool_backward(dy_.data(), dx_.data(), n, hw, c);
+  expect_match(get(y_), y, "global avgpool y", tol(Cmp::kOrdered));
+  expect_match(get(dx_), dx, "global avgpool dx", tol(Cmp::kOrdered));
+}
+
+// ---- layout -------------------------------------------------------------------------------------
+
+TEST_P(BackendOps, FlattenBothWays) {
+  const int64_t n = 2, h = 3, w = 4, c = 5;
+  const auto x = uniform(sz(n * h * w * c), 700);
+  std::vector<float> chw(x.size());  // PyTorch's flatten order: (c, h, w) per image
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        for (int64_t ch = 0; ch < c; ++ch)
+          chw[sz(b * c * h * w + (ch * h + i) * w + j)] = x[sz(((b * h + i) * w + j) * c + ch)];
+  auto x_ = put(x), f_ = put(std::vector<float>(x.size(), 7.f)),
+       back_ = put(std::vector<float>(x.size(), 7.f));
+  be().flatten(x_.data(), f_.data(), n, h, w, c, /*to_chw=*/true);
+  expect_match(get(f_), chw, "NHWC -> CHW", tol(Cmp::kExact));
+  auto chw_ = put(chw);
+  be().flatten(chw_.data(), back_.data(), n, h, w, c, /*to_chw=*/false);
+  expect_match(get(back_), x, "CHW -> NHWC", tol(Cmp::kExact));
+}
+
+// ---- linear -------------------------------------------------------------------------------------
+
+TEST_P(BackendOps, LinearForwardBackward) {
+  const int64_t n = 5, in = 7, out = 4;
+  uint64_t seed = 800;
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    const auto x = uniform(sz(n * in), ++seed), w = uniform(sz(out * in), ++seed),
+               b = uniform(sz(out), ++seed);
+    const auto dy = uniform(sz(n * out), ++seed), dw0 = uniform(sz(out * in), ++seed),
+               db0 = uniform(sz(out), ++seed);
+    std::vector<double> y(sz(n * out)), dx(sz(n * in), 0.0), dw(sz(out * in), 0.0),
+        db(sz(out), 0.0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = bias ? b[sz(o)] : 0.0;
+        const double d = dy[sz(r * out + o)];
+        db[sz(o)] += d;
+        for (int64_t i = 0; i < in; ++i) {
+          acc += static_cast<double>(x[sz(r * in + i)]) * w[sz(o * in + i)];
+          dx[sz(r * in + i)] += d * w[sz(o * in + i)];
+          dw[sz(o * in + i)] += d * x[sz(r * in + i)];
+        }
+        y[sz(r * out + o)] = acc;
+      }
+    auto x_ = put(x), w_ = put(w), b_ = put(b), dy_ = put(dy),
+         y_ = put(std::vector<float>(y.size(), 7.f));
+    auto dx_ = put(std::vector<float>(dx.size(), 7.f)),
+         dw_ = put(std::vector<float>(dw.size(), 7.f));
+    auto db_ = put(std::vector<float>(db.size(), 7.f)), dwa_ = put(dw0), dba_ = put(db0);
+    be().linear_forward(x_.data(), w_.data(), bias ? b_.data() : nullptr, y_.data(), n, in, out);
+    be().linear_backward(x_.data(), w_.data(), dy_.data(), dx_.data(), dw_.data(),
+                         bias ? db_.data() : nullptr, n, in, out, false);
+    be().linear_backward(x_.data(), w_.data(), dy_.data(), nullptr, dwa_.data(),
+                         bias ? dba_.data() : nullptr, n, in, out, true);
+    expect_match(get(y_), y, "y", tol(Cmp::kApprox));
+    expect_match(get(dx_), dx, "dx", tol(Cmp::kApprox));
+    expect_match(get(dw_), dw, "dw (overwritten)", tol(Cmp::kApprox));
+    std::vector<double> dw_acc(dw.size()), db_acc(db.size());
+    for (size_t i = 0; i < dw.size(); ++i) dw_acc[i] = dw0[i] + dw[i];
+    for (size_t i = 0; i < db.size(); ++i) db_acc[i] = db0[i] + db[i];
+    expect_match(get(dwa_), dw_acc, "dw accumulated (dx null)", tol(Cmp::kApprox));
+    if (bias) {
+      expect_match(get(db_), db, "db (overwritten)", tol(Cmp::kApprox));
+      expect_match(get(dba_), db_acc, "db accumulated (dx null)", tol(Cmp::kApprox));
+    }
+  }
+}
+
+// ---- training-step operations -------------------------------------------------------------------
+
+TEST_P(BackendOps, GatherImages) {
+  const int64_t num = 6, pixels = 10;
+  std::vector<uint8_t> images(sz(num * pixels)), labels(sz(num));
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+  images[3] = 0, images[4] = 255;
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>((i * 3 + 1) % 10);
+  const std::vector<int64_t> idx = {5, 0, 3, 3, 1};  // repeats, first and last image
+  const int64_t count = static_cast<int64_t>(idx.size());
+  DeviceArray<uint8_t> im_ = DeviceArray<uint8_t>::mirror(be(), images.data(), num * pixels);
+  DeviceArray<uint8_t> lab_ = DeviceArray<uint8_t>::mirror(be(), labels.data(), num);
+  DeviceArray<int64_t> idx_ = to_backend_array(be(), idx);
+  // One row more than gathered: it must keep its values.
+  auto x_ = put(std::vector<float>(sz((count + 1) * pixels), 7.f));
+  DeviceArray<int32_t> lo_ = to_backend_array(be(), std::vector<int32_t>(sz(count + 1), -1));
+  be().gather_images(im_.data(), lab_.data(), num, pixels, idx_.data(), count, x_.data(),
+                     lo_.data());
+  std::vector<float> x(sz((count + 1) * pixels), 7.f);
+  std::vector<int32_t> lo(sz(count + 1), -1);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t p = 0; p < pixels; ++p)
+      x[sz(i * pixels + p)] = static_cast<float>(images[sz(idx[sz(i)] * pixels + p)]) / 255.f;
+    lo[sz(i)] = labels[sz(idx[sz(i)])];
+  }
+  expect_match(get(x_), x, "gathered pixels / 255", tol(Cmp::kExact));
+  EXPECT_EQ(to_host(lo_), lo);
+}
+
+TEST_P(BackendOps, SoftmaxCrossEntropy) {
+  const int64_t n = 6, k = 5;
+  const float scale = 0.25f;
+  const auto z = uniform(sz(n * k), 900, -3.f, 3.f);
+  // Labels: the argmax for even rows (hits), another class for odd rows (misses).
+  std::vector<int32_t> labels(sz(n));
+  std::vector<double> d(sz(n * k));
+  double loss = 0, hits = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* zr = z.data() + r * k;
+    const int32_t arg = static_cast<int32_t>(std::max_element(zr, zr + k) - zr);
+    labels[sz(r)] =
+        r % 2 == 0 ? arg : (arg + 1 + static_cast<int32_t>(r)) % static_cast<int32_t>(k);
+    if (labels[sz(r)] == arg) hits += 1;
+    double se = 0;
+    for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(zr[j]));
+    const double lse = std::log(se);
+    loss += lse - zr[labels[sz(r)]];
+    for (int64_t j = 0; j < k; ++j)
+      d[sz(r * k + j)] = (std::exp(zr[j] - lse) - (j == labels[sz(r)] ? 1.0 : 0.0)) * scale;
+  }
+  ASSERT_EQ(hits, 3.0);
+  auto z_ = put(z), d_ = put(std::vector<float>(d.size(), 7.f));
+  DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
+  DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
+  be().softmax_xent(z_.data(), l_.data(), n, k, scale, d_.data(), s_.data(), false);
+  expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
+  std::vector<double> s = to_host(s_);
+  EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed loss (overwritten)";
+  EXPECT_EQ(s[1], hits) << "argmax hits (overwritten)";
+  // Accumulating without dlogits: the totals double, dlogits untouched.
+  be().softmax_xent(z_.data(), l_.data(), n, k, scale, nullptr, s_.data(), true);
+  s = to_host(s_);
+  EXPECT_NEAR(s[0], 2 * loss, 2e-4 * loss) << "summed loss (accumulated)";
+  EXPECT_EQ(s[1], 2 * hits) << "argmax hits (accumulated)";
+  expect_match(get(d_), d, "dlogits after a call without them", tol(Cmp::kApprox));
+}
+
+TEST_P(BackendOps, StoreScalar) {
+  auto a_ = put({1.f, 2.f, 3.f, 4.f});
+  be().store_scalar(a_.data() + 2, 0.3f);
+  EXPECT_EQ(get(a_), (std::vector<float>{1.f, 2.f, 0.3f, 4.f}));
+  be().store_scalar(a_.data(), -5.5f);
+  EXPECT_EQ(get(a_), (std::vector<float>{-5.5f, 2.f, 0.3f, 4.f}));
+}
+
+TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
+  const int64_t n = 37;
+  const float lr = 0.5f, mom = 0.9f, wd = 0.1f;
+  const auto p0 = uniform(sz(n), 1000), g1 = uniform(sz(n), 1001), g2 = uniform(sz(n), 1002);
+  const auto garbage = uniform(sz(n), 1003);
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), lr);  // the learning rate lives in backend memory
+
+  // Momentum: the first step sets buf = d (whatever buf held), later ones buf = mom buf + d.
+  std::vector<double> p(p0.begin(), p0.end()), buf(sz(n));
+  auto p_ = put(p0), g1_ = put(g1), g2_ = put(g2), buf_ = put(garbage);
+  be().sgd_update(p_.data(), g1_.data(), buf_.data(), n, lr_.data(), mom, wd, true);
+  for (size_t i = 0; i < sz(n); ++i) {
+    buf[i] = g1[i] + wd * p[i];
+    p[i] -= lr * buf[i];
+  }
+  expect_match(get(p_), p, "momentum, first step: p", tol(Cmp::kApprox));
+  expect_match(get(buf_), buf, "momentum, first step: buf", tol(Cmp::kApprox));
+  be().sgd_update(p_.data(), g2_.data(), buf_.data(), n, lr_.data(), mom, wd, false);
+  for (size_t i = 0; i < sz(n); ++i) {
+    buf[i] = mom * buf[i] + g2[i] + wd * p[i];
+    p[i] -= lr * buf[i];
+  }
+  expect_match(get(p_), p, "momentum, second step: p", tol(Cmp::kApprox));
+  expect_match(get(buf_), buf, "momentum, second step: buf", tol(Cmp::kApprox));
+
+  // Without momentum the buffer is not used: p -= lr (g + wd p), buf keeps its values.
+  std::vector<double> q(p0.begin(), p0.end());
+  auto q_ = put(p0), qbuf_ = put(garbage);
+  for (bool first : {true, false}) {
+    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first);
+    for (size_t i = 0; i < sz(n); ++i) q[i] -= lr * (g1[i] + wd * q[i]);
+  }
+  expect_match(get(q_), q, "no momentum: p after two steps", tol(Cmp::kApprox));
+  EXPECT_EQ(get(qbuf_), garbage) << "no momentum: buf touched";
+}
+
+// ---- layers on the backend ----------------------------------------------------------------------
+
+// Parameter values for a store: BatchNorm gammas (Init::kOnes) in [0.5, 1.5], running means in
+// [-0.5, 0.5], running variances in [0.5, 2], counters 0, everything else in [-0.5, 0.5].
+void init_values(ParamStore& st, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  for (Param& p : st.entries()) {
+    float* v = p.value.data();
+    if (p.is_counter) {
+      std::fill(v, v + p.numel(), 0.f);
+    } else if (p.is_buffer && p.name.ends_with("running_var")) {
+      test::fill_uniform(v, p.numel(), g, 0.5f, 2.f);
+    } else if (p.init == Init::kOnes) {
+      test::fill_uniform(v, p.numel(), g, 0.5f, 1.5f);
+    } else {
+      test::fill_uniform(v, p.numel(), g, -0.5f, 0.5f);
+    }
+  }
+}
+
+// Which parameter an index of the flat gradient array belongs to.
+std::string param_at(const ParamStore& st, size_t i) {
+  for (const Param& p : st.entries())
+    if (!p.is_buffer && static_cast<int64_t>(i) >= p.offset &&
+        static_cast<int64_t>(i) < p.offset + p.numel())
+      return p.name + "[" + std::to_string(static_cast<int64_t>(i) - p.offset) + "]";
+  return "?";
+}
+
+// Every parameter's gradient range is announced exactly once, the announcements are disjoint and
+// grow a prefix [0, k) of the flat gradient array (nn.h's invariant), and a layer without
+// parameters announces nothing.
+void expect_announcements(const ParamStore& st,
+                          const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                          const std::string& what) {
+  SCOPED_TRACE(what);
+  const int64_t np = st.num_params();
+  if (np == 0) {
+    EXPECT_TRUE(ranges.empty()) << "announcements from a layer without parameters";
+    return;
+  }
+  std::vector<int> times(sz(np), 0);
+  int64_t next = 0;
+  for (const auto& [b, e] : ranges) {
+    ASSERT_TRUE(0 <= b && b < e && e <= np)
+        << "range [" << b << ", " << e << ") outside [0, " << np << ")";
+    EXPECT_EQ(b, next) << "announcements do not grow a prefix";
+    next = e;
+    for (int64_t j = b; j < e; ++j) ++times[sz(j)];
+  }
+  for (const Param& p : st.entries()) {
+    if (p.is_buffer) continue;
+    int lo = 1 << 30, hi = 0;
+    for (int64_t j = p.offset; j < p.offset + p.numel(); ++j)
+      lo = std::min(lo, times[sz(j)]), hi = std::max(hi, times[sz(j)]);
+    EXPECT_TRUE(lo == 1 && hi == 1) << p.name << " announced " << lo << " to " << hi << " times";
+  }
+}
+
+struct LayerCase {
+  std::string what;
+  std::function<std::unique_ptr<Layer>()> make;
+  Shape in;  // per sample
+  int64_t n = 2;
+  Mode mode = Mode::kTrain;
+  float gap = 0;     // inputs kept at |x| >= gap (a ReLU on the input: no kink within the step)
+  double shift = 0;  // added to the input per channel (BatchNorm statistics away from (0, 1))
+  // ReLUs behind train-mode BatchNorm (Residual, Sequential): their kinks cannot be kept away from
+  // the step, so a smaller step, several difference quotients (see check_input_gradient), and the
+  // loss's rounding noise (measured: ~1e-6 on these losses) in the tolerances.
+  bool kinks = false;
+  float eps = 1e-2f;  // finite-difference step
+  double noise = 0;   // rounding noise of one loss evaluation
+};
+LayerCase with_kinks(LayerCase lc) {
+  lc.kinks = true;
+  lc.eps = 2e-3f;
+  lc.noise = 1e-6;
+  return lc;
+}
+
+// dL/dx of L = sum r*y on the backend against central differences of L, each evaluated by a
+// forward on the backend (float) and summed in double on the host, on up to 128 coordinates.
+// FD_VERBOSE=1 prints each coordinate.
+void check_input_gradient(Backend& be, Layer& layer, const LayerCase& lc, const Shape& xs,
+                          const std::vector<float>& x, const std::vector<float>& r,
+                          const std::vector<float>& dx) {
+  SCOPED_TRACE(lc.what + ": finite differences of dx");
+  Tensor t(xs, &be), y;  // reused: a device backend allocates once
+  std::vector<float> yh;
+  auto loss = [&](const std::vector<float>& v) {
+    be.copy_from_host(t.data(), v.data(), v.size() * sizeof(float));
+    layer.forward(t, y, lc.mode);
+    yh.resize(sz(y.numel()));
+    be.copy_to_host(yh.data(), y.data(), yh.size() * sizeof(float));
+    double l = 0;
+    for (size_t i = 0; i < yh.size(); ++i) l += static_cast<double>(r[i]) * yh[i];
+    return l;
+  };
+  std::vector<size_t> idx(x.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::shuffle(idx.begin(), idx.end(), std::mt19937_64(17));
+  idx.resize(std::min<size_t>(idx.size(), 128));
+  // Difference quotients over the offsets actually applied (those of the rounded floats), each
+  // with its share of the loss's rounding noise.
+  struct Diff {
+    double d, noise;
+  };
+  const double l0 = loss(x);
+  auto at = [&](size_t i, float h) {
+    std::vector<float> v = x;
+    v[i] = x[i] + h;
+    return std::pair<double, double>{static_cast<double>(v[i]) - x[i], loss(v)};
+  };
+  auto central = [&](std::pair<double, double> p, std::pair<double, double> m) {
+    return Diff{(p.second - m.second) / (p.first - m.first), 2 * lc.noise / (p.first - m.first)};
+  };
+  // One-sided, second order (exact for quadratics) from the offsets a and b on the same side.
+  auto one_sided = [&](std::pair<double, double> pa, std::pair<double, double> pb) {
+    const double a = pa.first, b = pb.first;
+    const double w0 = -(1 / a + 1 / b), wa = b / (a * (b - a)), wb = -a / (b * (b - a));
+    return Diff{w0 * l0 + wa * pa.second + wb * pb.second,
+                lc.noise * (std::fabs(w0) + std::fabs(wa) + std::fabs(wb))};
+  };
+  // Estimates of each coordinate's derivative: the central difference; with kinks also the central
+  // difference at half the step and the one-sided ones on either side. A ReLU whose kink lies
+  // within the step spoils the differences crossing it, not those on the side away from it (at a
+  // kink the analytic gradient is one side's slope).
+  std::vector<std::pair<size_t, std::vector<Diff>>> pts;
+  double max_num = 0;
+  for (size_t i : idx) {
+    const auto p = at(i, lc.eps), m = at(i, -lc.eps);
+    std::vector<Diff> e{central(p, m)};
+    if (lc.kinks) {
+      const auto p2 = at(i, lc.eps / 2), m2 = at(i, -lc.eps / 2);
+      e.push_back(central(p2, m2));
+      e.push_back(one_sided(p2, p));
+      e.push_back(one_sided(m2, m));
+    }
+    max_num = std::max(max_num, std::fabs(e[0].d));
+    pts.emplace_back(i, std::move(e));
+  }
+  ASSERT_GT(max_num, 1e-2) << "the numeric gradient is ~0: the check would mean nothing";
+  // Per estimate: 3e-3 of max(|estimate|, a tenth of the sample's largest), plus its noise.
+  const double floor = 0.1 * max_num, rtol = 3e-3;
+  auto tol_of = [&](const Diff& e) { return rtol * std::max(floor, std::fabs(e.d)) + e.noise; };
+  int skipped = 0, checked = 0;
+  double err2 = 0, num2 = 0, worst = 0;
+  for (const auto& [i, e] : pts) {
+    const double a = dx[i];
+    size_t best = 0;
+    double lo = e[0].d, hi = e[0].d;
+    for (size_t k = 0; k < e.size(); ++k) {
+      if (std::fabs(a - e[k].d) / tol_of(e[k]) < std::fabs(a - e[best].d) / tol_of(e[best]))
+        best = k;
+      lo = std::min(lo, e[k].d), hi = std::max(hi, e[k].d);
+    }
+    const double ratio = std::fabs(a - e[best].d) / tol_of(e[best]);
+    // No estimate matches, and they disagree among themselves: a ReLU flipped within the step.
+    const bool skip = ratio > 1 && hi - lo > tol_of(e[0]) + e.back().noise;
+    if (std::getenv("FD_VERBOSE")) {
+      std::printf("  %-24s x[%zu] analytic %.7f numeric", lc.what.c_str(), i, a);
+      for (const Diff& d : e) std::printf(" %.7f", d.d);
+      std::printf(" err/tol %.3f%s\n", ratio, skip ? " skipped" : "");
+    }
+    if (skip) {
+      ++skipped;
+      continue;
+    }
+    ++checked;
+    err2 += (a - e[best].d) * (a - e[best].d);
+    num2 += e[best].d * e[best].d;
+    worst = std::max(worst, ratio);
+    EXPECT_NEAR(a, e[best].d, tol_of(e[best])) << "coordinate " << i;
+  }
+  EXPECT_LE(skipped, static_cast<int>(pts.size()) / 4) << "too many coordinates at ReLU kinks";
+  EXPECT_GT(checked, 0);
+  EXPECT_LT(std::sqrt(err2), 1e-2 * std::sqrt(num2)) << "relative L2 error over the sample";
+  if (std::getenv("FD_VERBOSE"))
+    std::printf("  %-24s checked %d skipped %d worst err/tol %.3f\n", lc.what.c_str(), checked,
+                skipped, worst);
+}
+
+// One layer kind on the backend: built on a ParamStore there and, as the reference, on the CPU
+// backend with the same parameter values. Forward, backward (overwriting, then accumulating) and
+// the running statistics must agree; the announcements cover every parameter once; and dx must
+// match finite differences computed on the backend.
+void check_layer(Backend& be, Tol tol, const LayerCase& lc, uint64_t seed) {
+  SCOPED_TRACE(lc.what + " on " + be.name());
+  ParamStore st(be), rst(cpu_backend());
+  const std::unique_ptr<Layer> layer = lc.make(), ref = lc.make();
+  const Shape out = layer->build(lc.in, st, "l");
+  ASSERT_EQ(ref->build(lc.in, rst, "l"), out);
+  st.finalize();
+  rst.finalize();
+  ASSERT_EQ(st.num_params(), rst.num_params());
+  init_values(st, seed);
+  std::copy(st.params(), st.params() + st.num_params(), rst.params());
+  std::copy(st.buffers(), st.buffers() + st.num_buffers(), rst.buffers());
+  st.from_host();
+  rst.from_host();
+
+  Shape xs{lc.n}, ys{lc.n};
+  xs.insert(xs.end(), lc.in.begin(), lc.in.end());
+  ys.insert(ys.end(), out.begin(), out.end());
+  std::vector<float> x = uniform(sz(shape_numel(xs)), seed + 1);
+  const std::vector<float> r = uniform(sz(shape_numel(ys)), seed + 2);
+  const int64_t ch = lc.in.back();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (lc.gap > 0) x[i] = (x[i] < 0 ? -lc.gap : lc.gap) + (1 - lc.gap) * x[i];
+    x[i] += static_cast<float>(lc.shift * static_cast<double>(i % sz(ch)));
+  }
+  const Tensor x_ = to_backend(be, x, xs), r_ = to_backend(be, r, ys);
+  const Tensor xr = to_backend(cpu_backend(), x, xs), rr = to_backend(cpu_backend(), r, ys);
+
+  Tensor y_, yr;
+  layer->forward(x_, y_, lc.mode);
+  ref->forward(xr, yr, lc.mode);
+  ASSERT_EQ(y_.shape(), ys);
+  expect_match(to_host(be, y_), as_double(to_host(cpu_backend(), yr)), "y", tol);
+
+  // Backward must overwrite dx and the gradients (both start as garbage).
+  const std::vector<float> garbage(sz(st.num_params()), -3.f);
+  if (st.num_params() > 0) {
+    be.copy_from_host(st.device_grads(), garbage.data(), garbage.size() * sizeof(float));
+    std::copy(garbage.begin(), garbage.end(), rst.device_grads());
+  }
+  Tensor dx_ = to_backend(be, std::vector<float>(x.size(), 7.f), xs), dxr;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  BackwardCtx ctx, rctx;
+  ctx.on_ready = [&](int64_t b, int64_t e) { ranges.emplace_back(b, e); };
+  layer->backward(x_, y_, r_, &dx_, ctx);
+  ref->backward(xr, yr, rr, &dxr, rctx);
+  ASSERT_EQ(dx_.shape(), xs);
+  const std::vector<float> dx = to_host(be, dx_);
+  expect_match(dx, as_double(to_host(cpu_backend(), dxr)), "dx", tol);
+  st.grads_to_host();
+  const std::vector<float> g1(st.grads(), st.grads() + st.num_params());
+  const std::vector<double> gref(rst.grads(), rst.grads() + rst.num_params());
+  if (st.num_params() > 0)
+    expect_match(g1, gref, "parameter gradients", tol, [&](size_t i) { return param_at(st, i); });
+  if (st.num_buffers() > 0) {
+    st.buffers_to_host();
+    expect_match(std::vector<float>(st.buffers(), st.buffers() + st.num_buffers()),
+                 std::vector<double>(rst.buffers(), rst.buffers() + rst.num_buffers()),
+                 "running statistics", tol);
+  }
+  expect_announcements(st, ranges, "announcements");
+
+  // Accumulating: the gradients double, dx is the same, the announcements are the same.
+  ranges.clear();
+  ctx.accumulate = true;
+  Tensor dx2;
+  layer->backward(x_, y_, r_, &dx2, ctx);
+  expect_match(to_host(be, dx2), as_double(dx), "dx of the accumulating backward", tol);
+  if (st.num_params() > 0) {
+    st.grads_to_host();
+    std::vector<double> twice(g1.begin(), g1.end());
+    for (double& v : twice) v *= 2;
+    expect_match(std::vector<float>(st.grads(), st.grads() + st.num_params()), twice,
+                 "accumulated gradients", tol, [&](size_t i) { return param_at(st, i); });
+  }
+  expect_announcements(st, ranges, "announcements (accumulating)");
+  if (::testing::Test::HasFatalFailure()) return;
+
+  check_input_gradient(be, *layer, lc, xs, x, r, dx);
+}
+
+TEST_P(BackendOps, LayerConv2d) {
+  check_layer(be(), tol(Cmp::kApprox),
+              {"conv 3x3 p1", [] { return make_conv2d(4, 3, 1, 1); }, {5, 6, 3}}, 2000);
+  check_layer(be(), tol(Cmp::kApprox),
+              {"conv 3x3 s2 p1", [] { return make_conv2d(5, 3, 2, 1); }, {7, 8, 3}}, 2010);
+  check_layer(be(), tol(Cmp::kApprox),
+              {"conv 1x1 s2 no bias", [] { return make_conv2d(6, 1, 2, 0, false); }, {7, 7, 4}},
+              2020);
+  check_layer(be(), tol(Cmp::kApprox),
+              {"conv 5x5 p2 no bias", [] { return make_conv2d(3, 5, 1, 2, false); }, {6, 6, 2}},
+              2030);
+}
+
+TEST_P(BackendOps, LayerBatchNorm2d) {
+  LayerCase lc{"batchnorm train", [] { return make_batchnorm2d(); }, {4, 3, 3}, 3};
+  lc.shift = 0.7;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2100);
+  lc.what = "batchnorm eval";
+  lc.mode = Mode::kEval;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2110);
+}
+
+TEST_P(BackendOps, LayerReLU) {
+  LayerCase lc{"relu", [] { return make_relu(); }, {3, 4, 5}};
+  lc.gap = 0.1f;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2200);
+}
+
+TEST_P(BackendOps, LayerAvgPool2d) {
+  check_layer(be(), tol(Cmp::kApprox),
+              {"avgpool 2/2", [] { return make_avgpool2d(2, 2); }, {5, 7, 3}}, 2300);
+  check_layer(be(), tol(Cmp::kApprox),
+              {"avgpool 3/1", [] { return make_avgpool2d(3, 1); }, {5, 4, 2}}, 2310);
+}
+
+TEST_P(BackendOps, LayerReluAvgPool2d) {
+  LayerCase lc{"relu+avgpool 2/2", [] { return make_relu_avgpool2d(2, 2); }, {5, 7, 3}};
+  lc.gap = 0.1f;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2400);
+  lc = {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}};
+  lc.gap = 0.1f;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2410);
+}
+
+TEST_P(BackendOps, LayerGlobalAvgPool) {
+  check_layer(be(), tol(Cmp::kApprox),
+              {"global avgpool", [] { return make_global_avgpool(); }, {3, 4, 5}}, 2500);
+}
+
+TEST_P(BackendOps, LayerFlatten) {
+  check_layer(be(), tol(Cmp::kApprox), {"flatten", [] { return make_flatten(); }, {2, 3, 4}}, 2600);
+}
+
+TEST_P(BackendOps, LayerLinear) {
+  check_layer(be(), tol(Cmp::kApprox), {"linear", [] { return make_linear(7); }, {13}, 4}, 2700);
+  check_layer(be(), tol(Cmp::kApprox),
+              {"linear no bias", [] { return make_linear(5, false); }, {9}, 3}, 2710);
+}
+
+TEST_P(BackendOps, LayerResidual) {
+  LayerCase lc =
+      with_kinks({"residual identity", [] { return make_residual(3, false, 1); }, {5, 5, 3}});
+  check_layer(be(), tol(Cmp::kApprox), lc, 2800);
+  // 8 input channels on the 1x1 stride-2 shortcut (oneDNN's jit_1x1 note in test_gradcheck.cc).
+  lc = with_kinks({"residual 1x1 s2", [] { return make_residual(4, true, 2); }, {6, 6, 8}});
+  check_layer(be(), tol(Cmp::kApprox), lc, 2810);
+  lc.what = "residual 1x1 s2 eval";
+  lc.mode = Mode::kEval;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2820);
+}
+
+TEST_P(BackendOps, LayerSmallSequential) {
+  // conv-BN-ReLU+pool-flatten-linear: the leaves chained, announcements in backward order.
+  const LayerCase lc = with_kinks({"sequential",
+                                   [] {
+                                     auto s = std::make_unique<Sequential>();
+                                     s->add("conv", make_conv2d(4, 3, 1, 1))
+                                         .add("bn", make_batchnorm2d())
+                                         .add("", make_relu_avgpool2d(2, 2))
+                                         .add("", make_flatten())
+                                         .add("fc", make_linear(5));
+                                     return std::unique_ptr<Layer>(std::move(s));
+                                   },
+                                   {6, 6, 2},
+                                   3});
+  check_layer(be(), tol(Cmp::kApprox), lc, 2900);
+}
+
+std::string backend_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+INSTANTIATE_TEST_SUITE_P(Backends, BackendOps,
+                         ::testing::Values(std::string("cpu"), std::string("cuda")), backend_name);
+
+}  // namespace
+}  // namespace dpt
