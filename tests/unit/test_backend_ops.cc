@@ -122,6 +122,24 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
   DeviceArray<float> put(const std::vector<float>& v) { return to_backend_array(be(), v); }
   static std::vector<float> get(const DeviceArray<float>& a) { return to_host(a); }
 
+  // One BatchNorm training forward and backward (not accumulating) through `hook` on fresh buffers:
+  // running statistics 0 and 1, outputs prefilled with 7 so an unwritten value shows.
+  struct SyncedBn {
+    std::vector<float> y, rm, rv, dx, dg, db;
+  };
+  SyncedBn synced_bn(int64_t c, int64_t m, double eps, const std::vector<float>& x, const std::vector<float>& dy,
+                     const std::vector<float>& gamma, const std::vector<float>& beta, const ChannelSumFn& hook) {
+    const size_t xs = x.size(), cs = static_cast<size_t>(c);
+    auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta);
+    auto rm_ = put(std::vector<float>(cs, 0.f)), rv_ = put(std::vector<float>(cs, 1.f));
+    auto y_ = put(std::vector<float>(xs, 7.f)), dx_ = put(std::vector<float>(xs, 7.f));
+    auto dg_ = put(std::vector<float>(cs, 7.f)), db_ = put(std::vector<float>(cs, 7.f));
+    const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
+    bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, hook);
+    bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, hook);
+    return {get(y_), get(rm_), get(rv_), get(dx_), get(dg_), get(db_)};
+  }
+
   Backend* be_ = nullptr;
 };
 
@@ -485,16 +503,7 @@ TEST_P(BackendOps, BatchNormSyncHookDoublingIsTheInputSeenTwice) {
   const ChannelSumFn twice = host_hook(be(), seen, [](std::vector<double>& h, size_t) {
     for (double& v : h) v *= 2;
   });
-  auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta),
-       rm_ = put(std::vector<float>(cs, 0.f));
-  auto rv_ = put(std::vector<float>(cs, 1.f)), y_ = put(std::vector<float>(xs, 7.f));
-  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
-       db_ = put(std::vector<float>(cs, 7.f));
-  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
-  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
-                    twice);
-  bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false,
-               twice);
+  const SyncedBn r = synced_bn(c, m, eps, x, dy, gamma, beta, twice);
   ASSERT_EQ(seen, (std::vector<int64_t>{2 * c + 1, 2 * c}));
 
   std::vector<float> xx = x;  // x seen twice
@@ -510,13 +519,13 @@ TEST_P(BackendOps, BatchNormSyncHookDoublingIsTheInputSeenTwice) {
   const std::vector<double> local = ref.backward_sums(x, dy);
   std::vector<double> both = local;
   for (double& v : both) v *= 2;
-  expect_match(get(y_), ref.apply(x, gamma, beta), "synced y", tol(Cmp::kApprox));
-  expect_match(get(rm_), rm, "synced running_mean", tol(Cmp::kApprox));
-  expect_match(get(rv_), rv, "synced running_var (2m rows)", tol(Cmp::kApprox));
-  expect_match(get(dx_), ref.dx(x, dy, gamma, both), "synced dx", tol(Cmp::kApprox));
-  expect_match(get(dg_), std::vector<double>(local.begin() + c, local.end()),
+  expect_match(r.y, ref.apply(x, gamma, beta), "synced y", tol(Cmp::kApprox));
+  expect_match(r.rm, rm, "synced running_mean", tol(Cmp::kApprox));
+  expect_match(r.rv, rv, "synced running_var (2m rows)", tol(Cmp::kApprox));
+  expect_match(r.dx, ref.dx(x, dy, gamma, both), "synced dx", tol(Cmp::kApprox));
+  expect_match(r.dg, std::vector<double>(local.begin() + c, local.end()),
                "synced dgamma (local)", tol(Cmp::kApprox));
-  expect_match(get(db_), std::vector<double>(local.begin(), local.begin() + c),
+  expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c),
                "synced dbeta (local)", tol(Cmp::kApprox));
 }
 
@@ -552,24 +561,15 @@ TEST_P(BackendOps, BatchNormSyncHookAddsAPeersStatistics) {
       for (size_t i = 0; i < h.size(); ++i) h[i] += peer_bwd[i];
     }
   });
-  auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta),
-       rm_ = put(std::vector<float>(cs, 0.f));
-  auto rv_ = put(std::vector<float>(cs, 1.f)), y_ = put(std::vector<float>(xs, 7.f));
-  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
-       db_ = put(std::vector<float>(cs, 7.f));
-  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
-  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
-                    add_peer);
-  bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false,
-               add_peer);
+  const SyncedBn r = synced_bn(c, m, eps, x, dy, gamma, beta, add_peer);
   ASSERT_EQ(seen, (std::vector<int64_t>{2 * c + 1, 2 * c}));
-  expect_match(get(y_), ref.apply(x, gamma, beta), "y over both replicas' statistics",
+  expect_match(r.y, ref.apply(x, gamma, beta), "y over both replicas' statistics",
                tol(Cmp::kApprox));
-  expect_match(get(dx_), ref.dx(x, dy, gamma, both), "dx with both replicas' sums",
+  expect_match(r.dx, ref.dx(x, dy, gamma, both), "dx with both replicas' sums",
                tol(Cmp::kApprox));
-  expect_match(get(dg_), std::vector<double>(local.begin() + c, local.end()), "dgamma (local)",
+  expect_match(r.dg, std::vector<double>(local.begin() + c, local.end()), "dgamma (local)",
                tol(Cmp::kApprox));
-  expect_match(get(db_), std::vector<double>(local.begin(), local.begin() + c), "dbeta (local)",
+  expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c), "dbeta (local)",
                tol(Cmp::kApprox));
 }
 
