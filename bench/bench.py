@@ -2,8 +2,8 @@
 """Side-by-side benchmarks of dptrain against PyTorch on the same work.
 
 Each suite is a list of named commands that print JSON lines with `epoch_seconds` (dptrain's
---metrics file, torch_ref.py --json). The commands are run alternately (A B C, A B C, ...) so
-machine noise hits all of them alike; the table shows medians, spread and the ratio to the suite's
+--metrics file, torch_ref.py --json). The commands are run alternately, forwards then backwards
+(A B C, C B A, ...) so machine noise and position hit all of them alike; the table shows medians, spread and the ratio to the suite's
 baseline. Suites:
   lenet-1rank  LeNet, d2l recipe, 1 epoch, 1 rank, 1 and 2 threads: dptrain vs PyTorch
   lenet-dp     LeNet, d2l recipe, 1 epoch, 1 thread per rank: dptrain np1, np2 with overlap on
@@ -209,7 +209,9 @@ def run_suite(a, name, env):
     extra = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(a.reps):
-            for run, cmd, is_dptrain in runs:
+            # A B C, then C B A: the slot right after another run was measured 2-3 % slower (an
+            # A/A run of one binary in both slots), so every command takes every position alike.
+            for run, cmd, is_dptrain in (runs if rep % 2 == 0 else runs[::-1]):
                 metrics = os.path.join(tmp, "m.jsonl")
                 full = cmd + (["--metrics", metrics, "--quiet"] if is_dptrain else [])
                 print(f"# rep {rep + 1}/{a.reps}: {run}", file=sys.stderr, flush=True)

@@ -129,6 +129,9 @@ class DataParallel {
   // sync=false (gradient-accumulation micro-steps) only accumulates locally.
   void backward(const Tensor& dlogits, int64_t step, bool sync = true, bool accumulate = false,
                 Tracer* tracer = nullptr);
+  // The context of such a backward whose Reducer::begin the caller has called (with sync): the
+  // StepEngine's, which begins the step before anything else of it is queued.
+  BackwardCtx backward_ctx(bool sync, bool accumulate, Tracer* tracer);
   // Waits for the all-reduces of the last synchronised backward (call before the optimizer).
   void finish_gradient_sync() { reducer_->wait(); }
   // Gives every rank rank 0's parameters and buffers (done at construction; again after a resume).

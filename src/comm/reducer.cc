@@ -315,16 +315,21 @@ void DataParallel::check_replicas() {
   }
 }
 
-void DataParallel::backward(const Tensor& dlogits, int64_t step, bool sync, bool accumulate,
-                            Tracer* tracer) {
+BackwardCtx DataParallel::backward_ctx(bool sync, bool accumulate, Tracer* tracer) {
   BackwardCtx ctx;
   ctx.accumulate = accumulate;
   ctx.tracer = tracer;
   if (sync) {
-    reducer_->begin(step);
     Reducer* r = reducer_.get();
     ctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
   }
+  return ctx;
+}
+
+void DataParallel::backward(const Tensor& dlogits, int64_t step, bool sync, bool accumulate,
+                            Tracer* tracer) {
+  if (sync) reducer_->begin(step);
+  BackwardCtx ctx = backward_ctx(sync, accumulate, tracer);
   model_.backward(dlogits, ctx);
 }
 

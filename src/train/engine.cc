@@ -165,13 +165,7 @@ void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
   be_.softmax_xent(logits->data(), labels_.data(), batch_, classes_, grad_scale_, dlogits_.data(),
                    step_stats_.data(), false);
   TraceScope span(tr, "backward", "backward");
-  BackwardCtx ctx;
-  ctx.accumulate = accumulate;
-  ctx.tracer = tr;
-  if (sync) {
-    Reducer* r = &ddp_.reducer();
-    ctx.on_ready = [r](int64_t b, int64_t e) { r->mark_ready(b, e); };
-  }
+  BackwardCtx ctx = ddp_.backward_ctx(sync, accumulate, tr);
   model_.backward(dlogits_, ctx);
 }
 
