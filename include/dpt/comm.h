@@ -93,6 +93,13 @@ class Communicator {
   }
 };
 
+// A cheap, platform-independent checksum for cross-rank agreement checks (FNV-1a over 64-bit words,
+// then the tail bytes): the same bytes give the same value on every rank.
+uint64_t checksum(const void* data, size_t bytes, uint64_t seed = 1469598103934665603ULL);
+
+// Every rank's `mine` (any length), in rank order: host names, device names, signatures.
+std::vector<std::string> allgather_text(Communicator& comm, const std::string& mine);
+
 // MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD.
 std::unique_ptr<Communicator> make_mpi_communicator();
 // A communicator of this process alone (MPI_COMM_SELF): single-replica reference runs in tests.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dpt/error.h"
@@ -40,6 +41,7 @@ struct TrainConfig {
   int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)
   std::string checkpoint_path = "checkpoint.safetensors";
   std::string resume;  // training checkpoint to continue from
+  bool allow_config_change = false;  // --resume may continue with other training settings
   double bucket_mb = 25;
   double last_bucket_mb = 0;  // 0 = no separate small last bucket
   bool overlap = true;
@@ -59,6 +61,18 @@ struct TrainConfig {
   std::string to_json() const;  // one line, every field
   std::string to_text() const;  // "key: value" lines for the start-up banner
 };
+
+// The values every rank must share, as (flag, value) pairs in a fixed order: everything that shapes
+// the training (model, recipe, optimiser, schedule, batch, accumulation, epochs, steps, seed,
+// numerics, buckets) or decides which collectives a rank issues (evaluation, checkpoints, step
+// metrics, replica checks, and whether --resume, --save and --trace are given). Paths, threads,
+// logging and --timeout may differ; the data files are compared by digest instead.
+std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg);
+// The same values (without the three "given" ones) from a configuration's JSON (a checkpoint's
+// metadata); keys it lacks read "(not recorded)". Throws on malformed JSON.
+std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
+// Of those, the ones a resumed run may change without changing the trajectory it continues.
+bool may_change_on_resume(const std::string& flag);
 
 // Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
 // input errors naming the flag. Returns false when --help was printed (exit 0).

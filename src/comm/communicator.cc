@@ -1,6 +1,8 @@
 // The MPI Communicator and the process bootstrap. Waits poll MPI_Test with short sleeps instead of
 // MPI_Wait: a sleeping waiter leaves the core to the compute thread (2 ranks x 2 threads share 2
 // cores here), and polling is what lets every wait end with a clear error after --timeout.
+#include <algorithm>
+#include <cstring>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -252,6 +254,30 @@ class MpiCommunicator : public Communicator {
 };
 
 }  // namespace
+
+uint64_t checksum(const void* data, size_t bytes, uint64_t h) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ULL;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+std::vector<std::string> allgather_text(Communicator& comm, const std::string& mine) {
+  const auto lens = comm.allgather(static_cast<int64_t>(mine.size()));
+  const int64_t width = std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end()));
+  std::vector<uint8_t> one(static_cast<size_t>(width), 0), all(static_cast<size_t>(width * comm.size()));
+  std::copy(mine.begin(), mine.end(), one.begin());
+  comm.allgather(one.data(), all.data(), width);
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * width, static_cast<size_t>(lens[static_cast<size_t>(r)]));
+  return out;
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);

@@ -20,12 +20,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// FNV-1a over bytes: a cheap, platform-independent hash for cross-rank agreement checks.
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
-  return h;
-}
 }  // namespace
 
 std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
@@ -255,7 +249,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
   auto buckets = plan_buckets(bounds, options.bucket_mb * mib, first_cap,
                               std::min(options.last_bucket_mb * mib, total_bytes / 4));
   // Every rank must issue the same all-reduces: compare the plans once.
-  const uint64_t h = fnv1a(buckets.data(), buckets.size() * sizeof(Bucket));
+  const uint64_t h = checksum(buckets.data(), buckets.size() * sizeof(Bucket));
   const auto all = comm_.allgather(h);
   for (int r = 0; r < comm_.size(); ++r)
     DPT_CHECK(all[static_cast<size_t>(r)] == all[0],
@@ -280,20 +274,10 @@ void DataParallel::broadcast_state() {
 
 void DataParallel::check_replicas() {
   // Every rank gathers every rank's signature, so all of them can name the same difference.
-  const std::string sig = model_.signature();
-  const int64_t len = static_cast<int64_t>(sig.size());
-  const auto lens = comm_.allgather(len);
-  const int64_t maxlen = *std::max_element(lens.begin(), lens.end());
-  std::vector<uint8_t> mine(static_cast<size_t>(maxlen), 0), all(static_cast<size_t>(maxlen * comm_.size()));
-  std::memcpy(mine.data(), sig.data(), sig.size());
-  comm_.allgather(mine.data(), all.data(), maxlen);
-  auto sig_of = [&](int r) {
-    return std::string(reinterpret_cast<const char*>(all.data()) + r * maxlen,
-                       static_cast<size_t>(lens[static_cast<size_t>(r)]));
-  };
-  const std::string ref = sig_of(0);
+  const std::vector<std::string> all = allgather_text(comm_, model_.signature());
   for (int r = 1; r < comm_.size(); ++r) {
-    const std::string other = sig_of(r);
+    const std::string& ref = all[0];
+    const std::string& other = all[static_cast<size_t>(r)];
     if (other == ref) continue;
     // Find the first differing line (tensor).
     size_t a = 0, b = 0;
@@ -342,7 +326,7 @@ void DataParallel::sync_buffers() {
 
 void DataParallel::verify_replicas(int64_t step) {
   ParamStore& store = model_.store();
-  const uint64_t h = fnv1a(store.params(), static_cast<size_t>(store.num_params()) * sizeof(float));
+  const uint64_t h = checksum(store.params(), static_cast<size_t>(store.num_params()) * sizeof(float));
   const auto all = comm_.allgather(h);
   std::string bad;
   for (int r = 1; r < comm_.size(); ++r)

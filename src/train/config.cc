@@ -1,5 +1,6 @@
 // Command-line flags (cxxopts), recipes and validation of TrainConfig. A recipe sets the defaults
 // of the optimisation flags; a flag given explicitly always wins.
+#include <algorithm>
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
@@ -119,6 +120,8 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
      cxxopts::value<std::string>()->default_value(d.checkpoint_path))
     ("resume", "Continue training from a checkpoint FILE (parameters, buffers, optimizer, position)",
      cxxopts::value<std::string>())
+    ("allow-config-change", "Let --resume continue with training settings other than the checkpoint's "
+     "(refused otherwise); the position in the epoch is recomputed for a new batch or accumulation")
     ("metrics-every", "Also write a per-step record to --metrics every N steps (0 = never)",
      cxxopts::value<int64_t>()->default_value(s(d.metrics_every)))
     ("report", "Learning-curve SVG, rewritten after every epoch (open it in a browser)",
@@ -181,6 +184,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->checkpoint_every = flag<int>(r, "checkpoint-every");
     cfg->checkpoint_path = flag<std::string>(r, "checkpoint-path");
     if (r.count("resume")) cfg->resume = flag<std::string>(r, "resume");
+    cfg->allow_config_change = r.count("allow-config-change") > 0;
     cfg->log_level = flag<std::string>(r, "log-level");
     cfg->quiet = r.count("quiet") > 0;
     cfg->progress = flag<std::string>(r, "progress");
@@ -264,13 +268,47 @@ std::string TrainConfig::to_json() const {
                       {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
-                      {"resume", resume},
+                      {"resume", resume}, {"allow_config_change", allow_config_change},
                       {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
                       {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
                       {"metrics_every", metrics_every}, {"report", report}, {"trace", trace},
                       {"trace_steps", std::to_string(trace_begin) + ":" + std::to_string(trace_end)}};
   return j.dump();
+}
+
+std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg) {
+  auto out = agreed_values(nlohmann::json::parse(cfg.to_json()).dump());
+  // Only whether they are given: each decides collectives (the resume broadcasts, the final
+  // barrier, the trace gather); the paths themselves are rank 0's business.
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--resume", &cfg.resume},
+                                    {"--save", &cfg.save}, {"--trace", &cfg.trace}})
+    out.emplace_back(flag, value->empty() ? "(not given)" : "(given)");
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
+  static const char* const kKeys[] = {
+      "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
+      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
+      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "bucket_mb", "last_bucket_mb",
+      "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps"};
+  const auto j = nlohmann::json::parse(config_json);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* key : kKeys) {
+    std::string flag = std::string("--") + (std::string(key) == "cuda_graphs" ? "no_cuda_graphs" : key);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    out.emplace_back(flag, j.contains(key) ? j.at(key).dump() : "(not recorded)");
+  }
+  return out;
+}
+
+bool may_change_on_resume(const std::string& flag) {
+  // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here).
+  static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--verify-every",
+                                      "--metrics-every", "--trace-steps", "--resume", "--save", "--trace",
+                                      "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb"};
+  return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
 }
 
 std::string TrainConfig::to_text() const {

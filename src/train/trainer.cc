@@ -64,16 +64,6 @@ Totals evaluate(StepEngine& backend, Communicator& comm, int64_t test_n) {
   return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
 }
 
-// Every rank's `mine` (up to 63 characters each), in rank order: host names, device names.
-std::vector<std::string> allgather_names(Communicator& comm, const std::string& mine) {
-  constexpr int64_t kLen = 64;
-  std::vector<char> one(kLen, 0), all(static_cast<size_t>(kLen * comm.size()));
-  std::snprintf(one.data(), one.size(), "%s", mine.c_str());
-  comm.allgather(reinterpret_cast<uint8_t*>(one.data()), reinterpret_cast<uint8_t*>(all.data()), kLen);
-  std::vector<std::string> names;
-  for (int r = 0; r < comm.size(); ++r) names.emplace_back(all.data() + kLen * r);  // each NUL-terminated
-  return names;
-}
 
 // This rank's position among the ranks on its host (ranks are numbered host by host or not: the
 // count of lower ranks with the same host name is the local rank either way).
@@ -100,6 +90,59 @@ void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
   int32_t failed = error.empty() ? 0 : 1;
   comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of the input-error flag");
   if (failed) throw AgreedInputError(error.empty() ? elsewhere : error, error.empty());
+}
+
+// "images 60000 of 28x28, checksum 0x...": a data set as every rank must see it.
+std::string data_digest(const ImageSet& set) {
+  std::ostringstream os;
+  os << "images " << set.n << " of " << set.rows << "x" << set.cols << ", checksum 0x" << std::hex
+     << checksum(set.labels.data(), set.labels.size(), checksum(set.images.data(), set.images.size()));
+  return os.str();
+}
+
+// The lines of `text` ("flag<TAB>value" each).
+std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    out.emplace_back(line.substr(0, tab), tab == std::string::npos ? "" : line.substr(tab + 1));
+  }
+  return out;
+}
+
+// Ranks started with different settings (an MPMD line, a stale copy of a job script) would train
+// different things, or issue different collectives and hang: every rank compares every rank's
+// agreed values and data digests, and a difference ends them all with exit 2 naming the flag and
+// the ranks (rank 0 prints it).
+void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test) {
+  auto values = agreed_values(cfg);
+  values.emplace_back("--data (training set)", data_digest(train));
+  values.emplace_back("--data (test set)", data_digest(test));
+  std::string mine;
+  for (const auto& [flag, value] : values) mine += flag + "\t" + value + "\n";
+  const std::vector<std::string> all = allgather_text(comm, mine);
+  std::vector<std::vector<std::pair<std::string, std::string>>> lines;
+  for (const std::string& text : all) lines.push_back(agreed_lines(text));
+  for (size_t i = 0; i < lines[0].size(); ++i) {
+    std::vector<std::pair<std::string, std::vector<int>>> ranks_of;  // value -> ranks, rank 0's first
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto& l = lines[static_cast<size_t>(r)];
+      const std::string v = i < l.size() && l[i].first == lines[0][i].first ? l[i].second : "(another dptrain version)";
+      auto it = std::find_if(ranks_of.begin(), ranks_of.end(), [&](const auto& g) { return g.first == v; });
+      if (it == ranks_of.end()) ranks_of.push_back({v, {r}}); else it->second.push_back(r);
+    }
+    if (ranks_of.size() == 1) continue;
+    std::ostringstream os;
+    os << "ranks were started with different " << lines[0][i].first << ":";
+    for (const auto& [value, ranks] : ranks_of) {
+      os << (ranks.size() == 1 ? " rank " : " ranks ");
+      for (size_t k = 0; k < ranks.size(); ++k) os << (k ? "," : "") << ranks[k];
+      os << " " << (ranks.size() == 1 ? "has " : "have ") << value << ";";
+    }
+    os << " every rank must be given the same training settings and data";
+    throw AgreedInputError(os.str(), comm.rank() != 0);
+  }
 }
 
 // --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
@@ -150,17 +193,38 @@ class StopSignals {
   void (*old_term_)(int) = nullptr;
 };
 
-// Where a resumed run starts: epoch in progress, steps done in it, global step.
+// Where a resumed run starts: epoch in progress, steps done in it, global step. With
+// --allow-config-change and other settings than the checkpoint's, the images per step it was
+// written with (0: unchanged), so run_training can recompute the position in the new units.
 struct ResumePoint {
   int64_t epoch = 0, epoch_step = 0, global_step = 0;
+  int64_t images_per_step_then = 0;
 };
+
+// The checkpoint's training settings against this run's: "--lr 0.1 -> 0.2" for each value that
+// differs and that a resumed run may not change silently.
+std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& then_json) {
+  std::vector<std::pair<std::string, std::string>> then;
+  try {
+    then = agreed_values(then_json);
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata 'config' is not valid JSON"));
+  }
+  const auto now_values = agreed_values(cfg);
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
+    if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
+        then[i].second != now_values[i].second)
+      changed.push_back(then[i].first + " " + then[i].second + " -> " + now_values[i].second);
+  return changed;
+}
 
 // Rank 0 reads the checkpoint (no shared file system needed) into the host model and Sgd, and the
 // other ranks take its state and position by broadcast; the engine then takes the host state. A
 // bad file is reported by rank 0 and ends every rank with exit code 2.
 ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
                    StepEngine& engine) {
-  int64_t pos[4] = {0, 0, 0, 0};  // epoch, epoch step, global step, optimizer steps
+  int64_t pos[5] = {0, 0, 0, 0, 0};  // epoch, epoch step, global step, optimizer steps, images per step then
   agree_on_input(comm, "rank 0 could not read --resume " + cfg.resume, [&] {
     if (comm.rank() != 0) return;
     auto meta = load_model(cfg.resume, model, &opt.momentum_buffer());
@@ -173,16 +237,38 @@ ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, Dat
         throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata '" << key << "' is not a number"));
       }
     };
-    pos[0] = num("epoch");
-    pos[1] = num("epoch_step");
-    pos[2] = num("step");
-    pos[3] = num("optimizer_steps");
+    // Range-checked: a damaged or hand-edited file must not train "epoch -2147483169".
+    auto in_range = [&](const char* key, int64_t hi) {
+      const int64_t v = num(key);
+      DPT_INPUT_CHECK(v >= 0 && v <= hi, cfg.resume << ": metadata '" << key << "' is " << v << ", outside [0, " << hi
+                                                    << "]: not a checkpoint of a run this can continue");
+      return v;
+    };
+    pos[0] = in_range("epoch", 1'000'000);
+    pos[1] = in_range("epoch_step", 1'000'000'000);
+    pos[2] = in_range("step", 1'000'000'000'000);
+    pos[3] = in_range("optimizer_steps", pos[2]);
+    // The same training, or an explicit change (--allow-config-change).
+    auto then = meta.find("config");
+    const std::vector<std::string> changed =
+        then == meta.end() ? std::vector<std::string>{} : config_changes(cfg, then->second);
+    if (!changed.empty()) {
+      std::string list;
+      for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+      DPT_INPUT_CHECK(cfg.allow_config_change,
+                      cfg.resume << ": the checkpoint was written with other training settings (" << list
+                                 << "); a resumed run continues the same training (--allow-config-change "
+                                    "accepts the change and recomputes the position)");
+      log_warn("--allow-config-change: resuming " + cfg.resume + " with " + list);
+      const auto j = nlohmann::json::parse(then->second);
+      pos[4] = j.value("batch_size", cfg.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg.accum_steps));
+    }
     auto ws = meta.find("world_size");
     if (ws != meta.end() && ws->second != std::to_string(comm.size()))
       log_warn(cfg.resume + " was written at world size " + ws->second + ", resuming at " +
                std::to_string(comm.size()) + ": the data order is the same, float sums may differ");
   });
-  comm.broadcast(pos, 4, 0, "broadcast of the resume position");
+  comm.broadcast(pos, 5, 0, "broadcast of the resume position");
   ddp.broadcast_state();
   if (!opt.momentum_buffer().empty())
     comm.broadcast(opt.momentum_buffer().data(), static_cast<int64_t>(opt.momentum_buffer().size()), 0,
@@ -191,7 +277,7 @@ ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, Dat
   engine.from_host();
   log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
-  return {pos[0], pos[1], pos[2]};
+  return {pos[0], pos[1], pos[2], pos[4]};
 }
 
 // The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
@@ -305,7 +391,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
   // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
-  const std::vector<std::string> hosts = allgather_names(comm, comm.host());
+  const std::vector<std::string> hosts = allgather_text(comm, comm.host());
   const int local_rank = local_rank_of(hosts, rank);
   const std::string device = agree_on_device(cfg, comm, local_rank);
   if (cfg.scale_lr) {
@@ -324,6 +410,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                     cfg.data << ": images are " << train.rows << "x" << train.cols << ", the models need 28x28");
   });
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
+  agree_on_config(cfg, comm, train, test);
 
   // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here),
   // and how its gradients travel (null: the MPI thread over the host gradients).
@@ -349,15 +436,24 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   Sgd opt(model->num_parameters(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);
   StepEngine engine(cfg, comm, *model, ddp, opt, train, test);
-  print_banner(cfg, comm, *model, ddp, hosts, allgather_names(comm, engine.describe()));
+  print_banner(cfg, comm, *model, ddp, hosts, allgather_text(comm, engine.describe()));
 
-  const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : resume(cfg, comm, *model, ddp, opt, engine);
+  ResumePoint start = cfg.resume.empty() ? ResumePoint{} : resume(cfg, comm, *model, ddp, opt, engine);
   RunOutputs out(cfg, comm, *model, opt, engine);
   const int64_t batches = sampler.steps_per_epoch();
   int64_t steps = batches / cfg.accum_steps;
   DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps << " leaves no optimizer step in an epoch of "
                                                << batches << " batches");
   if (cfg.max_steps > 0) steps = std::min(steps, cfg.max_steps);
+  if (start.images_per_step_then > 0) {
+    // Settings changed on purpose: the images of the epoch already trained on stay done, and the
+    // schedule continues from the position they make in the new units.
+    const int64_t now_per_step = cfg.batch_size * cfg.accum_steps;
+    start.epoch_step = std::min(steps, start.epoch_step * start.images_per_step_then / now_per_step);
+    start.global_step = start.epoch * steps + start.epoch_step;
+    log_info(DPT_MSG("--allow-config-change: continuing at epoch " << start.epoch + 1 << ", step " << start.epoch_step
+                                                                   << " (global step " << start.global_step << ")"));
+  }
   DPT_INPUT_CHECK(start.epoch_step <= steps, "--resume: the checkpoint is at step " << start.epoch_step
                                                  << " of its epoch, but epochs now have " << steps << " steps");
   const int64_t b = sampler.local_batch();

@@ -64,7 +64,7 @@ TEST(Config, HelpShowsDefaults) {
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
                            "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32",
-                           "--no-cuda-graphs", "--precision"})
+                           "--no-cuda-graphs", "--precision", "--allow-config-change"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);

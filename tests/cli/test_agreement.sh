@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Ranks started with different settings, and resumes with other settings than the checkpoint's:
+# each case must end with exit 2 and a message naming the flag (and the ranks), never train two
+# different things, crash in a collective or wait out --timeout. Each run is bounded by `timeout`.
+# Usage: test_agreement.sh path/to/dptrain
+set -uo pipefail
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+fails=0
+mpi=(mpirun --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+short=(--epochs 1 --max-steps 2 --eval-every 0 --timeout 60)
+cd "$tmp" || exit 1
+
+# expect CODE NEEDLE -- command...
+expect() {
+  local code=$1 needle=$2
+  shift 3
+  local out rc
+  out=$(timeout -k 5 90 "$@" 2>&1)
+  rc=$?
+  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" <<<"$out"; then
+    echo "FAIL: $* -> exit $rc (want $code), output lacks '$needle':"
+    tail -5 <<<"$out"
+    fails=$((fails + 1))
+  else
+    echo "ok: exit $rc, '$needle'"
+  fi
+}
+
+# two FLAGS0... : FLAGS1...: sets CMD to two ranks, each with its own flags (an MPMD line, as a
+# stale copy of a job script would make).
+two() {
+  local a=()
+  while [[ $1 != : ]]; do a+=("$1"); shift; done
+  shift
+  CMD=("${mpi[@]}" -np 1 "$bin" "${short[@]}" "${a[@]}" : -np 1 "$bin" "${short[@]}" "$@")
+}
+
+echo "== ranks started with different settings"
+two : --lr 0.1
+expect 2 "ranks were started with different --lr: rank 0 has 0.05; rank 1 has 0.1" -- "${CMD[@]}"
+two --seed 1 : --seed 2
+expect 2 "different --seed" -- "${CMD[@]}"
+# Without the check: rank 0 sends 128 images' worth, rank 1 expects 64 (MPI_ERR_TRUNCATE or a hang).
+two --batch-size 128 : --batch-size 256
+expect 2 "different --batch-size" -- "${CMD[@]}"
+two : --momentum 0.5
+expect 2 "different --momentum" -- "${CMD[@]}"
+two --model resnet18 --batch-size 4 --sync-bn : --model resnet18 --batch-size 4
+expect 2 "different --sync-bn" -- "${CMD[@]}"
+two --eval-every 1 : --eval-every 0
+expect 2 "different --eval-every" -- "${CMD[@]}"
+# Only rank 0 would write --save, but every rank takes part in its barrier: presence must agree.
+two --save "$tmp/s.st" :
+expect 2 "different --save: rank 0 has (given); rank 1 has (not given)" -- "${CMD[@]}"
+expect 2 "ranks 1,2 have" -- "${mpi[@]}" -np 1 "$bin" "${short[@]}" --batch-size 12 --seed 5 : \
+  -np 2 "$bin" "${short[@]}" --batch-size 12
+# The same data set at another path is fine; a copy with one label changed is not.
+mkdir -p "$tmp/copy" "$tmp/bad"
+cp /usr/share/datasets/fashion-mnist/* "$tmp/copy/"
+cp /usr/share/datasets/fashion-mnist/* "$tmp/bad/"
+python3 - "$tmp/bad/t10k-labels-idx1-ubyte.gz" <<'PY'
+import gzip, sys
+d = bytearray(gzip.open(sys.argv[1]).read())
+d[-1] = (d[-1] + 1) % 10
+gzip.open(sys.argv[1], "wb").write(bytes(d))
+PY
+two : --data "$tmp/copy"
+expect 0 "epoch 1/1" -- "${CMD[@]}"
+two : --data "$tmp/bad"
+expect 2 "different --data (test set)" -- "${CMD[@]}"
+
+echo "== resuming with other settings than the checkpoint's"
+"$bin" --epochs 2 --max-steps 4 --eval-every 0 --checkpoint-every 1 --checkpoint-path "$tmp/c.st" --quiet \
+  > /dev/null 2>&1 || { echo "FAIL: could not write the checkpoint"; fails=$((fails + 1)); }
+"$bin" --epochs 1 --max-steps 4 --eval-every 0 --checkpoint-every 1 --checkpoint-path "$tmp/e1.st" --quiet \
+  > /dev/null 2>&1 || { echo "FAIL: could not write the epoch-1 checkpoint"; fails=$((fails + 1)); }
+expect 2 "--lr 0.05 -> 0.2" -- "$bin" --epochs 2 --max-steps 4 --eval-every 0 --lr 0.2 --resume "$tmp/c.st"
+expect 2 "--epochs 1 -> 3" -- "$bin" --epochs 3 --max-steps 4 --eval-every 0 --resume "$tmp/e1.st"
+expect 2 "--max-steps 4 -> 2" -- "$bin" --epochs 1 --max-steps 2 --eval-every 0 --resume "$tmp/e1.st"
+# Outputs and checks may change; the trajectory may not.
+expect 0 "resumed from" -- "$bin" --epochs 1 --max-steps 4 --eval-every 1 --metrics-every 1 --resume "$tmp/e1.st"
+# An explicit change: accepted, named, and the position recomputed in the new units (epoch 2 of 3,
+# from its start: the epoch-1 checkpoint has 0 steps of epoch 2 done; 4 steps an epoch -> 4).
+expect 0 "continuing at epoch 2, step 0 (global step 4)" -- "$bin" --epochs 3 --max-steps 4 --eval-every 0 \
+  --allow-config-change --resume "$tmp/e1.st"
+expect 0 "--batch-size 256 -> 128" -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --batch-size 128 \
+  --allow-config-change --resume "$tmp/e1.st"
+
+echo "== checkpoint metadata out of range"
+# Rewrites one metadata value of a safetensors file (the header is JSON after an 8-byte length).
+edit() {
+  python3 - "$1" "$2" "$3" "$4" <<'PY'
+import json, struct, sys
+src, dst, key, value = sys.argv[1:]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+head["__metadata__"][key] = value
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+}
+edit "$tmp/c.st" "$tmp/neg.st" epoch -2147483169
+expect 2 "metadata 'epoch' is -2147483169, outside [0, 1000000]" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
+edit "$tmp/c.st" "$tmp/huge.st" step 99999999999999999
+expect 2 "metadata 'step' is 99999999999999999" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/huge.st"
+edit "$tmp/c.st" "$tmp/opt.st" optimizer_steps -1
+expect 2 "metadata 'optimizer_steps' is -1" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/opt.st"
+edit "$tmp/c.st" "$tmp/cfg.st" config '{not json'
+expect 2 "metadata 'config' is not valid JSON" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/cfg.st"
+# Under mpirun: rank 0 reads and says why; the job ends with 2, not an abort.
+expect 2 "outside [0, 1000000]" -- "${mpi[@]}" -np 2 "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
