@@ -147,10 +147,16 @@ class Backend {
                             float* dlogits, double* sums, bool accumulate) = 0;
   // *dst = v, in the order of the queued work (a learning rate a recorded step reads).
   virtual void store_scalar(float* dst, float v) = 0;
-  // PyTorch's SGD over n floats: d = g + wd p; buf = first ? d : momentum buf + d; p -= lr buf
-  // (buf unused and p -= lr d when momentum is 0). lr: one float of backend memory.
+  // PyTorch's SGD over n floats: d = c g + wd p; buf = first ? d : momentum buf + d; p -= lr buf
+  // (buf unused and p -= lr d when momentum is 0). lr: one float of backend memory. grad_sumsq
+  // (nullable, one double of backend memory, sum_squares of g): when it is not finite nothing is
+  // updated (the non-finite guard, decided where the data is: no host round trip); with
+  // clip_norm > 0, c = clip_norm / (norm + 1e-6) where the norm exceeds clip_norm (PyTorch's
+  // clip_grad_norm_), else c = 1.
   virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                          float weight_decay, bool first) = 0;
+                          float weight_decay, bool first, const double* grad_sumsq, float clip_norm) = 0;
+  // out[0] = sum of x[i]^2 over n floats, in double, in a fixed order (out: backend memory).
+  virtual void sum_squares(const float* x, int64_t n, double* out) = 0;
 };
 
 // A typed, move-only array of backend memory (zero-filled), or a view of host memory where the

@@ -42,6 +42,14 @@ class StepEngine {
   // all-reduces the summed gradients bucket by bucket), SGD at `lr`. `step` names it in errors.
   void step(int64_t first_batch, int64_t step, double lr, Tracer* tracer);
   const ReducerStats& reducer_stats() const { return stats_; }
+  // The all-reduced gradients' sum of squares of every step of the epoch so far, in order (the host
+  // waits for them), and of the last step alone. A step whose value is not finite changed nothing:
+  // the backend's sgd_update skipped it (the non-finite guard; run_training decides what follows).
+  std::vector<double> epoch_grad_sumsq();
+  double last_grad_sumsq();
+  // The name of the first parameter, in gradient-buffer (backward) order, whose gradient holds a
+  // non-finite value now, or "" (the host waits for the gradients).
+  std::string first_nonfinite_gradient();
   // This rank's totals of the last step, and of the epoch so far (the host waits for them).
   Totals step_totals() { return totals(step_first_); }
   Totals epoch_totals() { return totals(epoch_first_); }
@@ -79,6 +87,7 @@ class StepEngine {
   DeviceArray<uint8_t> train_images_, train_labels_, test_images_, test_labels_;
   DeviceArray<int64_t> test_index_, epoch_index_, step_index_;
   DeviceArray<double> batch_stats_, step_stats_, eval_sums_;
+  DeviceArray<double> grad_sumsq_, step_sumsq_;  // per step of the epoch; the fixed slot a step writes
   DeviceArray<int32_t> labels_, eval_labels_;
   DeviceArray<float> lr_, momentum_;
   Tensor x_, dlogits_, eval_x_;
@@ -88,6 +97,7 @@ class StepEngine {
   std::vector<int64_t> index_host_;
   std::vector<double> stats_host_;
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
+  int64_t first_step_ = -1, last_step_ = -1;  // the epoch's steps run so far (index within the epoch)
   ReducerStats stats_;
 };
 

@@ -46,6 +46,9 @@ struct TrainConfig {
   double last_bucket_mb = 0;  // 0 = no separate small last bucket
   bool overlap = true;
   int accum_steps = 1;
+  double clip_grad_norm = 0;        // > 0: clip the global gradient norm (torch clip_grad_norm_)
+  std::string nonfinite = "stop";   // stop | skip: what follows a step with non-finite gradients
+  int64_t nonfinite_max_skips = 10; // with skip: at most this many skipped steps in all
   bool sync_bn = false;
   bool scale_lr = false;
   int64_t verify_every = 0;
@@ -132,6 +135,8 @@ struct EpochMetrics {
   int64_t test_count = 0, train_count = 0, steps = 0;
   double epoch_seconds = 0, images_per_second = 0, lr = 0;
   double comm_seconds = 0, exposed_comm_seconds = 0;
+  double grad_norm = 0, grad_norm_max = 0;  // of the epoch's applied steps: mean and largest
+  int64_t nonfinite_steps = 0;              // steps not applied (non-finite gradients)
   int world_size = 1;
   std::string to_json() const;
 };

@@ -159,9 +159,16 @@ class CpuBackend : public Backend {
   }
   void store_scalar(float* dst, float v) override { *dst = v; }
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first) override {
-    cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first);
+                  float weight_decay, bool first, const double* grad_sumsq, float clip_norm) override {
+    float coef = 1.f;
+    if (grad_sumsq) {
+      if (!std::isfinite(*grad_sumsq)) return;  // the non-finite guard: this step changes nothing
+      const double norm = std::sqrt(*grad_sumsq);
+      if (clip_norm > 0.f && norm > clip_norm) coef = static_cast<float>(clip_norm / (norm + 1e-6));
+    }
+    cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first, coef);
   }
+  void sum_squares(const float* x, int64_t n, double* out) override { *out = cpu::sum_squares(x, n); }
 };
 
 }  // namespace

@@ -293,7 +293,17 @@ void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int6
       for (int64_t ch = 0; ch < c; ++ch) y[(b * h * w + p) * c + ch] = x[(b * c + ch) * h * w + p];
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float wd, bool first) {
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float wd, bool first,
+                float coef) {
+  if (coef != 1.f) {
+    // Clipped: the gradients scaled first, then the same step (a separate loop, so the unclipped
+    // one keeps its exact arithmetic).
+    std::vector<float> scaled(static_cast<size_t>(n));
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) scaled[static_cast<size_t>(i)] = coef * g[i];
+    sgd_update(p, scaled.data(), buf, n, lr, mom, wd, first, 1.f);
+    return;
+  }
   if (mom > 0) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -305,6 +315,16 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
   }
+}
+
+double sum_squares(const float* x, int64_t n) {
+  // Four interleaved accumulators (a fixed order, and no loop-carried latency on one of them).
+  double acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(x[i + k]) * static_cast<double>(x[i + k]);
+  for (; i < n; ++i) acc[0] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,

@@ -61,9 +61,12 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
 void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
 
-// PyTorch's SGD step over n floats (buf unused when momentum is 0); see Backend::sgd_update.
+// PyTorch's SGD step over n floats (buf unused when momentum is 0), gradients scaled by `coef`
+// (clipping; 1: none); see Backend::sgd_update.
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
-                bool first);
+                bool first, float coef = 1.f);
+// Sum of x[i]^2 in double, in a fixed order.
+double sum_squares(const float* x, int64_t n);
 
 // Softmax cross-entropy on logits [N,K]: returns the summed loss; *correct counts argmax hits;
 // dlogits (optional) = (softmax - onehot) * grad_scale.

@@ -154,8 +154,14 @@ void CudaBackend::store_scalar(float* dst, float v) {
 }
 
 void CudaBackend::sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                             float weight_decay, bool first) {
-  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, ctx_->stream()));
+                             float weight_decay, bool first, const double* grad_sumsq, float clip_norm) {
+  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq, clip_norm,
+                                     ctx_->stream()));
+}
+
+void CudaBackend::sum_squares(const float* x, int64_t n, double* out) {
+  auto* partials = static_cast<double*>(ctx_->workspace(sizeof(double) * cuda::sum_squares_partials()));
+  CUDA_CHECK(cuda::launch_sum_squares(x, n, partials, out, ctx_->stream()));
 }
 
 // ---- recorded work: CUDA graphs of the context's stream ---------------------------------------

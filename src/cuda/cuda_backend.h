@@ -59,7 +59,8 @@ class CudaBackend : public Backend {
                     float* dlogits, double* sums, bool accumulate) override;
   void store_scalar(float* dst, float v) override;
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first) override;
+                  float weight_decay, bool first, const double* grad_sumsq, float clip_norm) override;
+  void sum_squares(const float* x, int64_t n, double* out) override;
 
  private:
   std::unique_ptr<GpuContext> ctx_;

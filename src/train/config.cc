@@ -107,6 +107,13 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     ("accum-steps", "Gradient accumulation micro-steps per optimizer step",
      cxxopts::value<int>()->default_value(s(d.accum_steps)))
     ("sync-bn", "Share BatchNorm batch statistics across ranks")
+    ("clip-grad-norm", "Scale the all-reduced gradients down to this global L2 norm when above it, as "
+     "torch.nn.utils.clip_grad_norm_ (0 = off)", cxxopts::value<double>()->default_value(s(d.clip_grad_norm)))
+    ("nonfinite", "A step whose gradients are not finite (NaN/Inf) is never applied; then: stop (name the "
+     "step and the tensor, exit 2) | skip (go on; stop after --nonfinite-max-skips such steps)",
+     cxxopts::value<std::string>()->default_value(d.nonfinite))
+    ("nonfinite-max-skips", "With --nonfinite skip: stop at the step that would skip more than N in all",
+     cxxopts::value<int64_t>()->default_value(s(d.nonfinite_max_skips)))
     ("verify-every", "Compare parameter checksums across ranks every N steps (0 = never)",
      cxxopts::value<int64_t>()->default_value(s(d.verify_every)))
     ("timeout", "Seconds a collective may take before every rank stops (0 = never)",
@@ -139,7 +146,23 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   try {
     r = opts.parse(argc, argv);
   } catch (const std::exception& e) {
-    throw Error(ErrorKind::kInput, std::string(e.what()) + " (see dptrain --help)");
+    // cxxopts converts typed values while parsing and names only the value ("Argument 'nan' failed
+    // to parse"): find the flag it was given to, so the message says which one.
+    const std::string what = e.what(), open = "\u2018", close = "\u2019";
+    const size_t a = what.find(open), b = a == std::string::npos ? a : what.find(close, a + open.size());
+    if (b != std::string::npos) {
+      const std::string value = what.substr(a + open.size(), b - a - open.size());
+      for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const size_t eq = arg.find('=');
+        std::string flag;
+        if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == value) flag = arg.substr(0, eq);
+        if (arg == value && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0) flag = argv[i - 1];
+        if (!flag.empty())
+          throw Error(ErrorKind::kInput, flag + ": '" + value + "' is not a valid value (see dptrain --help)");
+      }
+    }
+    throw Error(ErrorKind::kInput, what + " (see dptrain --help)");
   }
   if (r.count("help")) {
     *help_text = opts.help();
@@ -177,6 +200,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->overlap = r.count("no-overlap") == 0;
     cfg->accum_steps = flag<int>(r, "accum-steps");
     cfg->sync_bn = r.count("sync-bn") > 0;
+    cfg->clip_grad_norm = flag<double>(r, "clip-grad-norm");
+    cfg->nonfinite = flag<std::string>(r, "nonfinite");
+    cfg->nonfinite_max_skips = flag<int64_t>(r, "nonfinite-max-skips");
     cfg->verify_every = flag<int64_t>(r, "verify-every");
     cfg->timeout = flag<double>(r, "timeout");
     if (r.count("metrics")) cfg->metrics = flag<std::string>(r, "metrics");
@@ -227,6 +253,11 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(std::isfinite(c.last_bucket_mb) && c.last_bucket_mb >= 0,
                   "--last-bucket-mb must be >= 0, got " << c.last_bucket_mb);
   DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
+  DPT_INPUT_CHECK(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
+                  "--clip-grad-norm must be >= 0 (0 = off), got " << c.clip_grad_norm);
+  DPT_INPUT_CHECK(c.nonfinite == "stop" || c.nonfinite == "skip",
+                  "--nonfinite must be stop or skip, got '" << c.nonfinite << "'");
+  DPT_INPUT_CHECK(c.nonfinite_max_skips >= 0, "--nonfinite-max-skips must be >= 0, got " << c.nonfinite_max_skips);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
   DPT_INPUT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
@@ -270,6 +301,7 @@ std::string TrainConfig::to_json() const {
                       {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume}, {"allow_config_change", allow_config_change},
                       {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
+                      {"clip_grad_norm", clip_grad_norm}, {"nonfinite", nonfinite}, {"nonfinite_max_skips", nonfinite_max_skips},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
                       {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
                       {"metrics_every", metrics_every}, {"report", report}, {"trace", trace},
@@ -292,7 +324,8 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
       "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
       "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
       "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "bucket_mb", "last_bucket_mb",
-      "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps"};
+      "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
+      "nonfinite", "nonfinite_max_skips"};
   const auto j = nlohmann::json::parse(config_json);
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* key : kKeys) {
@@ -307,7 +340,8 @@ bool may_change_on_resume(const std::string& flag) {
   // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here).
   static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--verify-every",
                                       "--metrics-every", "--trace-steps", "--resume", "--save", "--trace",
-                                      "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb"};
+                                      "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb", "--nonfinite",
+                                      "--nonfinite-max-skips"};
   return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
 }
 

@@ -7,6 +7,7 @@
 #include "dpt/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <numeric>
 #include <utility>
@@ -48,6 +49,7 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   labels_ = DeviceArray<int32_t>(be_, batch_);
   eval_labels_ = DeviceArray<int32_t>(be_, eval_batch_);
   lr_ = DeviceArray<float>(be_, 1);
+  step_sumsq_ = DeviceArray<double>(be_, 1);
   const int64_t n = model.store().num_params();
   if (cfg.momentum > 0) {
     DPT_CHECK(static_cast<int64_t>(opt.momentum_buffer().size()) == n, "momentum buffer size");
@@ -91,15 +93,18 @@ void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
   for (int64_t i = 0; i < batches; ++i)
     std::copy(sampler.local_indices(i), sampler.local_indices(i) + batch_, index_host_.begin() + i * batch_);
   const int64_t indices = static_cast<int64_t>(index_host_.size()), stats = 2 * std::max<int64_t>(batches, 1);
-  if (epoch_index_.size() < indices || batch_stats_.size() < stats) {
+  const int64_t steps = std::max<int64_t>(batches / cfg_.accum_steps, 1);
+  if (epoch_index_.size() < indices || batch_stats_.size() < stats || grad_sumsq_.size() < steps) {
     quiesce();  // the old arrays may still be read by queued work, which may wait for collectives
     epoch_index_ = DeviceArray<int64_t>(be_, indices);
     batch_stats_ = DeviceArray<double>(be_, stats);
+    grad_sumsq_ = DeviceArray<double>(be_, steps);
   }
   epoch_index_.copy_from_host(index_host_.data(), indices);
   be_.zero(batch_stats_.data(), static_cast<size_t>(stats) * sizeof(double));
   batches_ = batches;
   epoch_first_ = step_first_ = last_ = -1;
+  first_step_ = last_step_ = -1;
   // Allocations happen between epochs (evaluation shapes, this method): a step graph that one rank
   // can no longer replay is dropped by every rank, so all ranks replay or capture alike.
   if (step_graphs_ && step_graph_->exists() &&
@@ -115,6 +120,8 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   if (epoch_first_ < 0) epoch_first_ = first_batch;
   step_first_ = first_batch;
   last_ = first_batch + cfg_.accum_steps - 1;
+  last_step_ = first_batch / cfg_.accum_steps;
+  if (first_step_ < 0) first_step_ = last_step_;
   be_.store_scalar(lr_.data(), static_cast<float>(lr));
   Reducer& reducer = ddp_.reducer();
   if (step_graphs_) {
@@ -134,6 +141,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
     TraceScope span(tr, "optimizer", "optimizer");
     update(first);
   }
+  be_.copy(grad_sumsq_.data() + last_step_, step_sumsq_.data(), sizeof(double));
   stats_ = reducer.last_stats();
   if (std::exchange(replayed_, false)) stats_.comm_seconds = stats_.exposed_seconds = 0;
   opt_.set_steps(opt_.steps() + 1);
@@ -169,11 +177,44 @@ void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
   model_.backward(dlogits_, ctx);
 }
 
-// The optimizer over the flat buffers, at the learning rate stored in lr_.
+// The optimizer over the flat buffers, at the learning rate stored in lr_: the all-reduced
+// gradients' sum of squares first (the same on every rank), which the update reads to skip a
+// non-finite step and to clip (--clip-grad-norm).
 void StepEngine::update(bool first) {
   ParamStore& m = model_.store();
+  be_.sum_squares(m.device_grads(), m.num_params(), step_sumsq_.data());
   be_.sgd_update(m.device_params(), m.device_grads(), cfg_.momentum > 0 ? momentum_.data() : nullptr, m.num_params(),
-                 lr_.data(), static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first);
+                 lr_.data(), static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first,
+                 step_sumsq_.data(), static_cast<float>(cfg_.clip_grad_norm));
+}
+
+std::vector<double> StepEngine::epoch_grad_sumsq() {
+  if (first_step_ < 0) return {};
+  quiesce();
+  std::vector<double> out(static_cast<size_t>(last_step_ - first_step_ + 1));
+  grad_sumsq_.copy_to_host(out.data(), static_cast<int64_t>(out.size()), first_step_);
+  return out;
+}
+
+double StepEngine::last_grad_sumsq() {
+  if (last_step_ < 0) return 0;
+  quiesce();
+  double v = 0;
+  grad_sumsq_.copy_to_host(&v, 1, last_step_);
+  return v;
+}
+
+std::string StepEngine::first_nonfinite_gradient() {
+  quiesce();
+  ParamStore& store = model_.store();
+  store.grads_to_host();
+  const Param* first = nullptr;
+  for (const Param& p : store.entries()) {
+    if (p.is_buffer || (first && p.offset > first->offset)) continue;
+    const float* g = store.grads() + p.offset;
+    if (std::any_of(g, g + p.numel(), [](float v) { return !std::isfinite(v); })) first = &p;
+  }
+  return first ? first->name : "";
 }
 
 // Whether `mine` holds on every rank: an MPI all-reduce where the step holds collectives (which

@@ -60,6 +60,9 @@ std::string EpochMetrics::to_json() const {
                       {"images_per_second", images_per_second},
                       {"comm_seconds", comm_seconds},
                       {"exposed_comm_seconds", exposed_comm_seconds},
+                      {"grad_norm", grad_norm},
+                      {"grad_norm_max", grad_norm_max},
+                      {"nonfinite_steps", nonfinite_steps},
                       {"world_size", world_size}};
   return j.dump();
 }

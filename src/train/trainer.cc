@@ -193,6 +193,42 @@ class StopSignals {
   void (*old_term_)(int) = nullptr;
 };
 
+// What follows a step whose all-reduced gradients were not finite (the backend did not apply it):
+// --nonfinite stop ends the run naming the step and the first tensor; skip goes on, up to
+// --nonfinite-max-skips such steps. Every rank sees the same sums (they are of the all-reduced
+// gradients), so every rank decides alike without a collective.
+class NonFiniteGuard {
+ public:
+  NonFiniteGuard(const TrainConfig& cfg, Communicator& comm, StepEngine& engine)
+      : cfg_(cfg), comm_(comm), engine_(engine) {}
+  // Step `step` (global) of epoch `epoch` (0-based) had the sum of squares `sumsq`.
+  void check(double sumsq, int64_t step, int epoch) {
+    if (std::isfinite(sumsq)) return;
+    ++skipped_;
+    if (cfg_.nonfinite == "skip" && skipped_ <= cfg_.nonfinite_max_skips) {
+      if (comm_.rank() == 0)
+        log_warn(DPT_MSG("step " << step + 1 << " (epoch " << epoch + 1 << "): the gradients are not finite; the step "
+                                 << "was skipped (" << skipped_ << " of at most " << cfg_.nonfinite_max_skips << ")"));
+      return;
+    }
+    const std::string tensor = engine_.first_nonfinite_gradient();
+    std::ostringstream os;
+    os << "step " << step + 1 << " (epoch " << epoch + 1 << "): the gradients are not finite"
+       << (tensor.empty() ? "" : " (first: " + tensor + ")") << "; the step was not applied and training stops";
+    if (cfg_.nonfinite == "skip") os << " after " << skipped_ - 1 << " skipped steps (--nonfinite-max-skips)";
+    os << ". Nothing non-finite was saved" << (cfg_.checkpoint_every > 0 ? "; the last checkpoint is kept" : "")
+       << ". A smaller --lr, a longer --warmup-epochs or --clip-grad-norm may help";
+    throw AgreedInputError(os.str(), comm_.rank() != 0);
+  }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  StepEngine& engine_;
+  int64_t skipped_ = 0;
+};
+
 // Where a resumed run starts: epoch in progress, steps done in it, global step. With
 // --allow-config-change and other settings than the checkpoint's, the images per step it was
 // written with (0: unchanged), so run_training can recompute the position in the new units.
@@ -339,6 +375,7 @@ class RunOutputs {
   void checkpoint(int64_t epoch, int64_t epoch_step, int64_t global_step) {
     engine_.sync_buffers();
     engine_.to_host();
+    refuse_nonfinite(cfg_.checkpoint_path);
     if (comm_.rank() == 0)
       save_model(cfg_.checkpoint_path, model_,
                  with(metadata(epoch, global_step), {{"epoch_step", std::to_string(epoch_step)},
@@ -352,6 +389,7 @@ class RunOutputs {
   void save(int64_t global_step) {
     if (cfg_.save.empty()) return;
     engine_.to_host();
+    refuse_nonfinite(cfg_.save);
     if (comm_.rank() == 0) save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step));
     comm_.barrier();
     log_info("saved " + cfg_.save);
@@ -360,6 +398,22 @@ class RunOutputs {
   const std::vector<EpochMetrics>& history() const { return history_; }
 
  private:
+  // Nothing non-finite is ever written over a good file (a BatchNorm buffer can still take a NaN
+  // from a forward pass whose step was then skipped). The host state is the same on every rank
+  // (parameters by construction, buffers averaged, momentum), so every rank refuses alike.
+  void refuse_nonfinite(const std::string& path) {
+    auto finite = [](const float* v, int64_t n) { return std::all_of(v, v + n, [](float x) { return std::isfinite(x); }); };
+    std::string bad;
+    for (const Param& p : model_.store().entries())
+      if (bad.empty() && !finite(p.value.data(), p.numel())) bad = p.name;
+    const auto& mom = opt_.momentum_buffer();
+    if (bad.empty() && !finite(mom.data(), static_cast<int64_t>(mom.size()))) bad = "optimizer.momentum_buffer";
+    if (!bad.empty())
+      throw AgreedInputError(DPT_MSG("not writing " << path << ": '" << bad << "' holds non-finite values (the file "
+                                                    << "there, if any, is kept)"),
+                             comm_.rank() != 0);
+  }
+
   using Meta = std::map<std::string, std::string>;
   // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
   Meta metadata(int64_t epoch, int64_t global_step) const {
@@ -472,6 +526,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   // SIGINT/SIGTERM: every rank finishes its step, agrees on stopping, checkpoints if configured,
   // and main exits with 128 + signal.
   StopSignals signals;
+  NonFiniteGuard guard(cfg, comm, engine);
+  const bool host_backend = model->store().backend().host_memory();
   auto check_stop = [&](int64_t epoch, int64_t epoch_step) {
     const int sig = signals.agreed(comm);
     if (!sig) return;
@@ -498,6 +554,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       lr = learning_rate(cfg, global_step, steps);
       engine.step(s * cfg.accum_steps, global_step, lr, tr);
       seen += b * cfg.accum_steps;
+      // A host backend has the sum at once; a device one is checked at the epoch's end (its
+      // non-finite steps were not applied either, so the state stays finite meanwhile).
+      if (host_backend) guard.check(engine.last_grad_sumsq(), global_step, epoch);
       const ReducerStats rs = engine.reducer_stats();
       comm_s += rs.comm_seconds;
       exposed_s += rs.exposed_seconds;
@@ -513,6 +572,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
         if (rank == 0)
           out.step_record({{"type", "step"}, {"epoch", epoch + 1}, {"step", global_step + 1},
                            {"loss", st[0] / st[2]}, {"train_acc", st[1] / st[2]}, {"lr", lr},
+                           {"grad_norm", std::sqrt(engine.last_grad_sumsq())},
                            {"images_per_second", st[2] / (now() - step_t0)}, {"allreduce_seconds", rs.comm_seconds},
                            {"exposed_comm_seconds", rs.exposed_seconds}, {"world_size", world}});
       }
@@ -526,6 +586,18 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
     const Totals et = engine.epoch_totals();
     const double train_seconds = now() - t0;
+    const std::vector<double> sumsq = engine.epoch_grad_sumsq();
+    double norm_sum = 0, norm_max = 0;
+    int64_t applied = 0, nonfinite = 0;
+    for (size_t i = 0; i < sumsq.size(); ++i) {
+      if (!host_backend) guard.check(sumsq[i], global_step - static_cast<int64_t>(sumsq.size() - i), epoch);
+      if (!std::isfinite(sumsq[i])) {
+        ++nonfinite;
+        continue;
+      }
+      const double norm = std::sqrt(sumsq[i]);
+      norm_sum += norm, norm_max = std::max(norm_max, norm), ++applied;
+    }
     double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
     engine.sync_buffers();
@@ -547,6 +619,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     m.images_per_second = tsum[2] / train_seconds;
     m.comm_seconds = comm_s;
     m.exposed_comm_seconds = exposed_s;
+    m.grad_norm = applied ? norm_sum / static_cast<double>(applied) : 0;
+    m.grad_norm_max = norm_max;
+    m.nonfinite_steps = nonfinite;
     m.world_size = world;
     out.epoch_done(m, global_step);
   }

@@ -236,7 +236,7 @@ TEST(Kernels, SgdMatchesCpuOptimizerFormula) {
   for (int step = 0; step < 3; ++step) {
     const float lr = 0.1f * static_cast<float>(step + 1);  // a new rate each step, read from the device
     CUDA_CHECK(cuda::launch_store_scalar(lr_.p, lr, nullptr));
-    CUDA_CHECK(cuda::launch_sgd_update(p_.p, g_.p, b_.p, n, lr_.p, 0.9f, 1e-3f, step == 0, nullptr));
+    CUDA_CHECK(cuda::launch_sgd_update(p_.p, g_.p, b_.p, n, lr_.p, 0.9f, 1e-3f, step == 0, nullptr, 0.f, nullptr));
     for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + 1e-3f * pc[i];
       buf[i] = step == 0 ? d : 0.9f * buf[i] + d;

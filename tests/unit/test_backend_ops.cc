@@ -859,14 +859,14 @@ TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
   // Momentum: the first step sets buf = d (whatever buf held), later ones buf = mom buf + d.
   std::vector<double> p(p0.begin(), p0.end()), buf(sz(n));
   auto p_ = put(p0), g1_ = put(g1), g2_ = put(g2), buf_ = put(garbage);
-  be().sgd_update(p_.data(), g1_.data(), buf_.data(), n, lr_.data(), mom, wd, true);
+  be().sgd_update(p_.data(), g1_.data(), buf_.data(), n, lr_.data(), mom, wd, true, nullptr, 0.f);
   for (size_t i = 0; i < sz(n); ++i) {
     buf[i] = g1[i] + wd * p[i];
     p[i] -= lr * buf[i];
   }
   expect_match(get(p_), p, "momentum, first step: p", tol(Cmp::kApprox));
   expect_match(get(buf_), buf, "momentum, first step: buf", tol(Cmp::kApprox));
-  be().sgd_update(p_.data(), g2_.data(), buf_.data(), n, lr_.data(), mom, wd, false);
+  be().sgd_update(p_.data(), g2_.data(), buf_.data(), n, lr_.data(), mom, wd, false, nullptr, 0.f);
   for (size_t i = 0; i < sz(n); ++i) {
     buf[i] = mom * buf[i] + g2[i] + wd * p[i];
     p[i] -= lr * buf[i];
@@ -878,11 +878,62 @@ TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
   std::vector<double> q(p0.begin(), p0.end());
   auto q_ = put(p0), qbuf_ = put(garbage);
   for (bool first : {true, false}) {
-    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first);
+    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first, nullptr, 0.f);
     for (size_t i = 0; i < sz(n); ++i) q[i] -= lr * (g1[i] + wd * q[i]);
   }
   expect_match(get(q_), q, "no momentum: p after two steps", tol(Cmp::kApprox));
   EXPECT_EQ(get(qbuf_), garbage) << "no momentum: buf touched";
+}
+
+TEST_P(BackendOps, SumSquaresInDouble) {
+  // Values whose squares need double: 3e20^2 overflows float; the sum must not.
+  for (int64_t n : {0, 1, 5, 1000, 70001}) {
+    std::vector<float> x = uniform(sz(n), 1100 + static_cast<uint64_t>(n), -2.f, 2.f);
+    if (n > 3) x[3] = 3e20f;
+    double ref = 0;
+    for (float v : x) ref += static_cast<double>(v) * static_cast<double>(v);
+    auto x_ = put(x.empty() ? std::vector<float>{9.f} : x);
+    auto out_ = to_backend_array(be(), std::vector<double>{-1.0});
+    be().sum_squares(x_.data(), n, out_.data());
+    const double got = to_host(out_)[0];
+    EXPECT_NEAR(got, ref, 1e-12 * std::max(1.0, ref)) << "n " << n;
+  }
+}
+
+// The guard and clipping of sgd_update against PyTorch's rules written out: a non-finite sum of
+// squares leaves everything as it was; clip_grad_norm_ scales by max_norm / (norm + 1e-6) only
+// above max_norm.
+TEST_P(BackendOps, SgdUpdateGuardAndClip) {
+  const int64_t n = 29;
+  const float lr = 0.25f, mom = 0.9f, wd = 0.01f;
+  const auto p0 = uniform(sz(n), 1200), g = uniform(sz(n), 1201, -3.f, 3.f), b0 = uniform(sz(n), 1202);
+  double sumsq = 0;
+  for (float v : g) sumsq += static_cast<double>(v) * v;
+  const double norm = std::sqrt(sumsq);
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), lr);
+  auto g_ = put(g);
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    auto p_ = put(p0), buf_ = put(b0);
+    auto s_ = to_backend_array(be(), std::vector<double>{bad});
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(), 1.f);
+    EXPECT_EQ(get(p_), p0) << "a non-finite step changed the parameters (" << bad << ")";
+    EXPECT_EQ(get(buf_), b0) << "a non-finite step changed the momentum (" << bad << ")";
+  }
+  auto s_ = to_backend_array(be(), std::vector<double>{sumsq});
+  for (double max_norm : {0.0, norm * 2, norm / 4}) {  // off, above the norm (no change), below it
+    const double c = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    std::vector<double> p(p0.begin(), p0.end()), buf(b0.begin(), b0.end());
+    for (size_t i = 0; i < sz(n); ++i) {
+      buf[i] = mom * buf[i] + c * g[i] + wd * p[i];
+      p[i] -= lr * buf[i];
+    }
+    auto p_ = put(p0), buf_ = put(b0);
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(),
+                    static_cast<float>(max_norm));
+    expect_match(get(p_), p, "clip " + std::to_string(max_norm) + ": p", tol(Cmp::kApprox));
+    expect_match(get(buf_), buf, "clip " + std::to_string(max_norm) + ": buf", tol(Cmp::kApprox));
+  }
 }
 
 // ---- layers on the backend ----------------------------------------------------------------------
