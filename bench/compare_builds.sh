@@ -18,7 +18,7 @@ runs=(
   "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --accum-steps 2 --sync-bn"
 )
 # Files equal byte for byte; safetensors: every tensor (name, type, shape, bytes) and every metadata
-# value but "config", whose JSON gains the keys of flags a newer build has.
+# value but "config" (its JSON gains the keys of a newer build's flags) and "history".
 same() {
   [[ $1 == *.safetensors ]] || { cmp -s "$1" "$2"; return; }
   python3 - "$1" "$2" <<'PY'
@@ -29,6 +29,7 @@ def load(p):
     head = json.loads(raw[8:8 + n])
     meta = head.pop("__metadata__", {})
     meta.pop("config", None)
+    meta.pop("history", None)  # the epoch records checkpoints carry since 2026-11-22
     data = raw[8 + n:]
     return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in head.items()}
 sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)

@@ -139,6 +139,8 @@ struct EpochMetrics {
   int64_t nonfinite_steps = 0;              // steps not applied (non-finite gradients)
   int world_size = 1;
   std::string to_json() const;
+  // The record to_json wrote (fields it lacks stay at their defaults; a null value is NaN).
+  static EpochMetrics from_json(const std::string& json);
 };
 
 class Communicator;

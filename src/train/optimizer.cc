@@ -1,6 +1,8 @@
 // SGD over the flat buffers, the per-epoch sharded sampler, the evaluation split and the metrics
 // record: the small pieces of training with exact, testable semantics.
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "cpu/ops.h"
 #include "dpt/error.h"
@@ -43,6 +45,23 @@ std::pair<int64_t, int64_t> eval_range(int64_t n, int rank, int world) {
   const int64_t base = n / world, extra = n % world;
   const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
   return {begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+EpochMetrics EpochMetrics::from_json(const std::string& json) {
+  const auto j = nlohmann::json::parse(json);
+  EpochMetrics m;
+  auto num = [&](const char* key, auto& field) {
+    using T = std::remove_reference_t<decltype(field)>;
+    if (!j.contains(key)) return;
+    field = j.at(key).is_null() ? static_cast<T>(std::nan("")) : j.at(key).get<T>();
+  };
+  num("epoch", m.epoch), num("train_loss", m.train_loss), num("train_acc", m.train_acc);
+  num("test_loss", m.test_loss), num("test_acc", m.test_acc), num("test_count", m.test_count);
+  num("train_count", m.train_count), num("steps", m.steps), num("epoch_seconds", m.epoch_seconds);
+  num("images_per_second", m.images_per_second), num("lr", m.lr), num("comm_seconds", m.comm_seconds);
+  num("exposed_comm_seconds", m.exposed_comm_seconds), num("grad_norm", m.grad_norm);
+  num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps), num("world_size", m.world_size);
+  return m;
 }
 
 std::string EpochMetrics::to_json() const {

@@ -33,7 +33,8 @@ void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& 
   const double pw = W - L - R, ph = H - T - B;
   const double xmax = std::max<double>(epochs, h.empty() ? 1 : h.back().epoch);
   double lmax = 0;
-  for (const auto& m : h) lmax = std::max(lmax, m.train_loss);
+  for (const auto& m : h)
+    if (std::isfinite(m.train_loss)) lmax = std::max(lmax, m.train_loss);
   const double lstep = nice_step(lmax > 0 ? lmax : 1, 5);
   const double ltop = std::max(lstep, std::ceil(lmax / lstep) * lstep);
   auto X = [&](double e) { return L + pw * e / xmax; };
@@ -83,7 +84,9 @@ void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& 
     s << "<polyline class=\"curve\" data-name=\"" << c.name << "\" fill=\"none\" stroke=\"" << c.color
       << "\" stroke-width=\"2\"" << (*c.dash ? std::string(" stroke-dasharray=\"") + c.dash + "\"" : "")
       << " points=\"";
-    for (const auto& m : h) s << X(m.epoch) << "," << (c.loss_axis ? YL(c.get(m)) : YA(c.get(m))) << " ";
+    // Epochs without the value (not evaluated: --eval-every; a non-finite loss) have no point.
+    for (const auto& m : h)
+      if (std::isfinite(c.get(m))) s << X(m.epoch) << "," << (c.loss_axis ? YL(c.get(m)) : YA(c.get(m))) << " ";
     s << "\"/>\n";
     // Legend entry.
     const double ly = T + 14 + 16 * i++;

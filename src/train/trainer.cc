@@ -235,6 +235,7 @@ class NonFiniteGuard {
 struct ResumePoint {
   int64_t epoch = 0, epoch_step = 0, global_step = 0;
   int64_t images_per_step_then = 0;
+  std::vector<EpochMetrics> history;  // the epochs before (rank 0: the report draws them again)
 };
 
 // The checkpoint's training settings against this run's: "--lr 0.1 -> 0.2" for each value that
@@ -261,6 +262,7 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
 ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
                    StepEngine& engine) {
   int64_t pos[5] = {0, 0, 0, 0, 0};  // epoch, epoch step, global step, optimizer steps, images per step then
+  std::vector<EpochMetrics> history;
   agree_on_input(comm, "rank 0 could not read --resume " + cfg.resume, [&] {
     if (comm.rank() != 0) return;
     auto meta = load_model(cfg.resume, model, &opt.momentum_buffer());
@@ -284,6 +286,13 @@ ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, Dat
     pos[1] = in_range("epoch_step", 1'000'000'000);
     pos[2] = in_range("step", 1'000'000'000'000);
     pos[3] = in_range("optimizer_steps", pos[2]);
+    if (auto h = meta.find("history"); h != meta.end()) {
+      try {
+        for (const auto& rec : nlohmann::json::parse(h->second)) history.push_back(EpochMetrics::from_json(rec.dump()));
+      } catch (const std::exception&) {
+        throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata 'history' is not a list of epoch records"));
+      }
+    }
     // The same training, or an explicit change (--allow-config-change).
     auto then = meta.find("config");
     const std::vector<std::string> changed =
@@ -313,7 +322,7 @@ ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, Dat
   engine.from_host();
   log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
-  return {pos[0], pos[1], pos[2], pos[4]};
+  return {pos[0], pos[1], pos[2], pos[4], std::move(history)};
 }
 
 // The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
@@ -334,10 +343,16 @@ void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model
 // Everything a run writes (rank 0) and keeps between epochs: metrics, report, checkpoints, --save.
 class RunOutputs {
  public:
-  RunOutputs(const TrainConfig& cfg, Communicator& comm, Model& model, Sgd& opt, StepEngine& engine)
+  // After a resume, the metrics file keeps only the records up to the checkpoint (the steps run
+  // after it, before the interruption, are run again and recorded again), and the report draws the
+  // epochs before it again (the checkpoint carries their records).
+  RunOutputs(const TrainConfig& cfg, Communicator& comm, Model& model, Sgd& opt, StepEngine& engine,
+             const ResumePoint& start)
       : cfg_(cfg), comm_(comm), model_(model), opt_(opt), engine_(engine),
-        title_(DPT_MSG(cfg.model << ", " << comm.size() << " rank(s), global batch " << cfg.batch_size)) {
+        title_(DPT_MSG(cfg.model << ", " << comm.size() << " rank(s), global batch " << cfg.batch_size)),
+        history_(start.history) {
     if (comm.rank() == 0 && !cfg.metrics.empty()) {
+      if (!cfg.resume.empty()) keep_records_until(start);
       metrics_.open(cfg.metrics, cfg.resume.empty() ? std::ios::trunc : std::ios::app);
       DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
     }
@@ -353,6 +368,7 @@ class RunOutputs {
   // End of an epoch: the line, the metrics record, the report (rank 0); the checkpoint when due.
   void epoch_done(const EpochMetrics& m, int64_t global_step) {
     history_.push_back(m);
+    ran_.push_back(m);
     if (comm_.rank() == 0) {
       char line[256];
       std::snprintf(line, sizeof line, "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
@@ -379,7 +395,8 @@ class RunOutputs {
     if (comm_.rank() == 0)
       save_model(cfg_.checkpoint_path, model_,
                  with(metadata(epoch, global_step), {{"epoch_step", std::to_string(epoch_step)},
-                                                     {"optimizer_steps", std::to_string(opt_.steps())}}),
+                                                     {"optimizer_steps", std::to_string(opt_.steps())},
+                                                     {"history", history_json()}}),
                  &opt_.momentum_buffer());
     comm_.barrier();
   }
@@ -395,9 +412,39 @@ class RunOutputs {
     log_info("saved " + cfg_.save);
   }
 
-  const std::vector<EpochMetrics>& history() const { return history_; }
+  // The epochs this run trained (not those a resumed checkpoint brought).
+  const std::vector<EpochMetrics>& ran() const { return ran_; }
 
  private:
+  // Rewrites --metrics (atomically) without the records past the checkpoint's position: epoch
+  // records of later epochs and step records of later steps. Other lines stay.
+  void keep_records_until(const ResumePoint& start) {
+    std::ifstream in(cfg_.metrics);
+    if (!in) return;  // nothing written yet
+    std::string kept;
+    size_t dropped = 0;
+    for (std::string line; std::getline(in, line);) {
+      bool keep = true;
+      try {
+        const auto j = nlohmann::json::parse(line);
+        const std::string type = j.value("type", "");
+        if (type == "epoch") keep = j.value("epoch", int64_t{0}) <= start.epoch;
+        if (type == "step") keep = j.value("step", int64_t{0}) <= start.global_step;
+      } catch (const std::exception&) {
+      }
+      if (keep) kept += line + "\n"; else ++dropped;
+    }
+    if (!dropped) return;
+    const std::string tmp = cfg_.metrics + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kept;
+      DPT_INPUT_CHECK(out.good(), "--metrics: cannot write " << tmp);
+    }
+    DPT_INPUT_CHECK(std::rename(tmp.c_str(), cfg_.metrics.c_str()) == 0, "--metrics: cannot replace " << cfg_.metrics);
+    log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from " << cfg_.metrics));
+  }
+
   // Nothing non-finite is ever written over a good file (a BatchNorm buffer can still take a NaN
   // from a forward pass whose step was then skipped). The host state is the same on every rank
   // (parameters by construction, buffers averaged, momentum), so every rank refuses alike.
@@ -420,6 +467,12 @@ class RunOutputs {
     return Meta{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
                 {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
   }
+  // The epoch records so far, for a resumed run's report.
+  std::string history_json() const {
+    std::string out = "[";
+    for (const EpochMetrics& m : history_) out += (out.size() > 1 ? "," : "") + m.to_json();
+    return out + "]";
+  }
   static Meta with(Meta m, const Meta& more) {
     m.insert(more.begin(), more.end());
     return m;
@@ -432,7 +485,8 @@ class RunOutputs {
   StepEngine& engine_;
   const std::string title_;
   std::ofstream metrics_;
-  std::vector<EpochMetrics> history_;
+  std::vector<EpochMetrics> history_;  // every epoch of the training, for the report and checkpoints
+  std::vector<EpochMetrics> ran_;
 };
 
 }  // namespace
@@ -493,7 +547,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   print_banner(cfg, comm, *model, ddp, hosts, allgather_text(comm, engine.describe()));
 
   ResumePoint start = cfg.resume.empty() ? ResumePoint{} : resume(cfg, comm, *model, ddp, opt, engine);
-  RunOutputs out(cfg, comm, *model, opt, engine);
+  RunOutputs out(cfg, comm, *model, opt, engine, start);
   const int64_t batches = sampler.steps_per_epoch();
   int64_t steps = batches / cfg.accum_steps;
   DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps << " leaves no optimizer step in an epoch of "
@@ -631,7 +685,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
              " written to " + cfg.trace);
   }
   out.save(global_step);
-  return out.history();
+  return out.ran();
 }
 
 }  // namespace dpt

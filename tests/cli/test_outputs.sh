@@ -70,3 +70,47 @@ if command -v script >/dev/null; then
   grep -q "s left" "$tmp/out" && { echo "FAIL: progress bar written to a non-terminal"; exit 1; }
   echo "ok: plain lines when not a terminal"
 fi
+
+# Resumed runs: the report still draws the epochs before the checkpoint (the checkpoint carries
+# their records), --eval-every leaves no NaN in the SVG, and --metrics holds every step and epoch
+# once: the records written after the checkpoint by the interrupted run are dropped, not repeated.
+short=(--model lenet --max-steps 4 --batch-size 64 --eval-every 2 --checkpoint-every 1 --metrics-every 1)
+timeout -k 5 120 "$bin" "${short[@]}" --epochs 1 --checkpoint-path "$tmp/e1.st" > /dev/null 2>&1 \
+  || { echo "FAIL: the epoch-1 run failed"; exit 1; }
+# The "interrupted" run: three epochs recorded, its checkpoint after epoch 1 is the one resumed.
+timeout -k 5 120 "$bin" "${short[@]}" --epochs 3 --checkpoint-path "$tmp/c.st" --metrics "$tmp/r.jsonl" \
+  --report "$tmp/r.svg" > /dev/null 2>&1 || { echo "FAIL: the first run failed"; exit 1; }
+grep -qi nan "$tmp/r.svg" && { echo "FAIL: NaN in the report of a run with --eval-every 2"; exit 1; }
+# Evaluated: epoch 2 (--eval-every 2) and 3 (the last); epoch 1 has no test-acc point.
+[[ $(grep -o 'data-name="test acc"[^>]*' "$tmp/r.svg" | grep -o 'points="[^"]*"' | grep -o '[0-9.]*,[0-9.]*' | wc -l) -eq 2 ]] \
+  || { echo "FAIL: want two test-acc points (epochs 2 and 3)"; exit 1; }
+cp "$tmp/e1.st" "$tmp/resume.st"
+python3 - "$tmp/resume.st" <<'PY' || exit 1
+# The epoch-1 checkpoint of a 1-epoch run: give it the 3-epoch configuration it would have had
+# mid-run (same seed and data order), so the resume continues the 3-epoch training.
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; head = json.loads(raw[8:8 + n])
+cfg = json.loads(head["__metadata__"]["config"]); cfg["epochs"] = 3; head["__metadata__"]["config"] = json.dumps(cfg)
+h = json.dumps(head).encode(); h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+timeout -k 5 120 "$bin" "${short[@]}" --epochs 3 --checkpoint-path "$tmp/c2.st" --metrics "$tmp/r.jsonl" \
+  --report "$tmp/r.svg" --resume "$tmp/resume.st" > "$tmp/resumed.out" 2>&1 \
+  || { echo "FAIL: the resumed run failed"; tail -3 "$tmp/resumed.out"; exit 1; }
+grep -q "record(s) past the checkpoint dropped" "$tmp/resumed.out" || { echo "FAIL: no dropped-records note"; exit 1; }
+python3 - "$tmp/r.jsonl" "$tmp/r.svg" <<'PY' || exit 1
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["step"] for r in recs if r["type"] == "step"]
+epochs = [r["epoch"] for r in recs if r["type"] == "epoch"]
+assert steps == list(range(1, 13)), f"step records {steps}"
+assert epochs == [1, 2, 3], f"epoch records {epochs}"
+svg = open(sys.argv[2]).read()
+assert "nan" not in svg.lower(), "NaN in the report"
+import re
+pts = {m.group(1): m.group(2).split() for m in re.finditer(r'data-name="([^"]+)"[^>]*points="([^"]*)"', svg)}
+assert len(pts["train loss"]) == 3, f"train loss points {pts['train loss']} (the epoch before the resume is missing)"
+# Evaluated: epoch 1 (the last of the 1-epoch run the checkpoint comes from), 2 and 3 (the last).
+assert len(pts["test acc"]) == 3, f"test acc points {pts['test acc']}"
+print("ok: resumed metrics have every record once; the report draws every epoch and no NaN")
+PY
