@@ -1,5 +1,6 @@
 // Command-line flags (cxxopts), recipes and validation of TrainConfig. A recipe sets the defaults
 // of the optimisation flags; a flag given explicitly always wins.
+#include <filesystem>
 #include <algorithm>
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -170,6 +171,11 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   }
   DPT_INPUT_CHECK(r.unmatched().empty(), "unexpected argument '" << r.unmatched()[0]
                                                                  << "' (see dptrain --help)");
+  // `--resume "$CKPT"` with the variable unset would start from scratch and then overwrite the
+  // checkpoint: an empty path is an error, never "not given".
+  for (const char* path_flag : {"data", "metrics", "save", "checkpoint-path", "resume", "report", "trace"})
+    DPT_INPUT_CHECK(!r.count(path_flag) || !r[path_flag].as<std::string>().empty(),
+                    "--" << path_flag << ": empty path (an unset variable?)");
   {
     cfg->model = flag<std::string>(r, "model");
     cfg->recipe = flag<std::string>(r, "recipe");
@@ -228,7 +234,21 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   return true;
 }
 
+namespace {
+// Whether two paths name the same file (as they would be resolved; neither needs to exist).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const auto pa = std::filesystem::weakly_canonical(a, ea), pb = std::filesystem::weakly_canonical(b, eb);
+  return ea || eb ? a == b : pa == pb;
+}
+}  // namespace
+
 void validate_config(const TrainConfig& c, int world) {
+  // A --save file (parameters only) written over a training checkpoint would end every later resume.
+  DPT_INPUT_CHECK(c.save.empty() || c.checkpoint_every == 0 || !same_file(c.save, c.checkpoint_path),
+                  "--save " << c.save << " names the training checkpoint (--checkpoint-path): choose another file");
+  DPT_INPUT_CHECK(c.save.empty() || c.resume.empty() || !same_file(c.save, c.resume),
+                  "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
   DPT_INPUT_CHECK(c.model == "lenet" || c.model == "resnet18",
                   "--model: unknown model '" << c.model << "' (lenet|resnet18)");
   DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);

@@ -9,9 +9,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unistd.h>
@@ -142,6 +144,27 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
     }
     os << " every rank must be given the same training settings and data";
     throw AgreedInputError(os.str(), comm.rank() != 0);
+  }
+}
+
+// Every file rank 0 will write can be written, checked before the first step instead of after
+// hours of training: its directory exists and is writable, and the file, if there, is writable.
+void preflight_outputs(const TrainConfig& cfg) {
+  std::vector<std::pair<const char*, std::string>> outputs = {
+      {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
+  if (cfg.checkpoint_every > 0) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    const std::filesystem::path p(path);
+    const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+    std::error_code ec;
+    DPT_INPUT_CHECK(std::filesystem::is_directory(dir, ec),
+                    flag << " " << path << ": the directory " << dir.string() << " does not exist");
+    DPT_INPUT_CHECK(access(dir.c_str(), W_OK) == 0,
+                    flag << " " << path << ": the directory " << dir.string() << " is not writable");
+    DPT_INPUT_CHECK(!std::filesystem::exists(p, ec) || access(p.c_str(), W_OK) == 0,
+                    flag << " " << path << ": the file exists and is not writable");
+    DPT_INPUT_CHECK(!std::filesystem::is_directory(p, ec), flag << " " << path << " is a directory, not a file");
   }
 }
 
@@ -359,10 +382,19 @@ class RunOutputs {
   }
 
   // One record of a step's metrics (rank 0; the caller made them global).
-  void step_record(const nlohmann::json& j) {
-    if (!metrics_.is_open()) return;
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+  void step_record(const nlohmann::json& j) { write_metrics(j.dump()); }
+
+  // A file that could not be written (a full disk, a vanished mount): said once when it happens and
+  // again at the end, and training goes on; the metrics, report and trace are not worth a run.
+  void output_failed(const std::string& flag, const std::string& what) {
+    if (!failed_.insert(flag).second) return;
+    log_warn(flag + ": " + what + "; training goes on without it (said again at the end)");
+  }
+  void report_failures() const {
+    if (comm_.rank() != 0 || failed_.empty()) return;
+    std::string list;
+    for (const std::string& f : failed_) list += (list.empty() ? "" : ", ") + f;
+    log_warn("these outputs were not (all) written: " + list + " (see the warnings above)");
   }
 
   // End of an epoch: the line, the metrics record, the report (rank 0); the checkpoint when due.
@@ -375,11 +407,14 @@ class RunOutputs {
                     m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds, m.images_per_second);
       if (cfg_.quiet && m.epoch == cfg_.epochs) std::printf("%s\n", line);
       log_info(line);
-      if (metrics_.is_open()) {
-        metrics_ << m.to_json() << "\n";
-        metrics_.flush();
+      write_metrics(m.to_json());
+      if (!cfg_.report.empty()) {
+        try {
+          write_report_svg(cfg_.report, history_, cfg_.epochs, title_);
+        } catch (const Error& e) {
+          output_failed("--report", e.what());
+        }
       }
-      if (!cfg_.report.empty()) write_report_svg(cfg_.report, history_, cfg_.epochs, title_);
     }
     if (cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) {
       checkpoint(m.epoch, 0, global_step);
@@ -461,6 +496,13 @@ class RunOutputs {
                              comm_.rank() != 0);
   }
 
+  void write_metrics(const std::string& record) {
+    if (!metrics_.is_open() || failed_.count("--metrics")) return;
+    metrics_ << record << "\n";
+    metrics_.flush();
+    if (!metrics_.good()) output_failed("--metrics", "writing " + cfg_.metrics + " failed (disk full?)");
+  }
+
   using Meta = std::map<std::string, std::string>;
   // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
   Meta metadata(int64_t epoch, int64_t global_step) const {
@@ -487,6 +529,7 @@ class RunOutputs {
   std::ofstream metrics_;
   std::vector<EpochMetrics> history_;  // every epoch of the training, for the report and checkpoints
   std::vector<EpochMetrics> ran_;
+  std::set<std::string> failed_;  // outputs that could not be written (rank 0)
 };
 
 }  // namespace
@@ -519,6 +562,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   });
   log_debug(DPT_MSG("data loaded in " << now() - t_load << " s"));
   agree_on_config(cfg, comm, train, test);
+  agree_on_input(comm, "rank 0 cannot write an output file", [&] {
+    if (rank == 0) preflight_outputs(cfg);
+  });
 
   // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here),
   // and how its gradients travel (null: the MPI thread over the host gradients).
@@ -680,11 +726,18 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     out.epoch_done(m, global_step);
   }
   if (tr) {
-    tracer.write(comm, cfg.trace, comm.host());
-    log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end) +
-             " written to " + cfg.trace);
+    try {
+      // The collectives come first inside; only rank 0's file writing can throw here.
+      tracer.write(comm, cfg.trace, comm.host());
+      log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end) +
+               " written to " + cfg.trace);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kInput) throw;
+      out.output_failed("--trace", e.what());
+    }
   }
   out.save(global_step);
+  out.report_failures();
   return out.ran();
 }
 

@@ -79,5 +79,24 @@ mpi=(mpirun --oversubscribe --bind-to none)
 expect 2 "not divisible by the world size 3" -- "${mpi[@]}" -np 3 "$bin" --batch-size 256
 expect 2 "/nonexistent/dir" -- "${mpi[@]}" -np 2 "$bin" --data /nonexistent/dir
 
+# Output paths: empty (an unset variable), unwritable, or naming the checkpoint, refused before
+# the first step; a disk that fills up loses the metrics with a warning, not the run.
+quick=(--epochs 1 --max-steps 2 --eval-every 0)
+for f in save resume metrics report trace data checkpoint-path; do
+  expect 2 "--$f: empty path (an unset variable?)" -- "$bin" "${quick[@]}" "--$f" ""
+done
+expect 2 "the directory $tmp/nodir does not exist" -- "$bin" "${quick[@]}" --metrics "$tmp/nodir/m.jsonl"
+expect 2 "--trace $tmp is a directory, not a file" -- "$bin" "${quick[@]}" --trace "$tmp"
+expect 2 "names the training checkpoint (--checkpoint-path)" -- "$bin" "${quick[@]}" --checkpoint-every 1 \
+  --checkpoint-path "$tmp/ck.st" --save "$tmp/../$(basename "$tmp")/ck.st"
+expect 2 "names the checkpoint being resumed (--resume)" -- "$bin" "${quick[@]}" --resume "$tmp/r.st" --save "$tmp/r.st"
+if [[ $(id -u) -ne 0 ]]; then  # root may write anywhere
+  mkdir -p "$tmp/ro" && chmod 555 "$tmp/ro"
+  expect 2 "is not writable" -- "$bin" "${quick[@]}" --save "$tmp/ro/s.st"
+fi
+expect 0 "these outputs were not (all) written: --metrics" -- "$bin" --epochs 2 --max-steps 2 --eval-every 0 \
+  --metrics /dev/full
+expect 2 "nodir does not exist" -- "${mpi[@]}" -np 2 "$bin" "${quick[@]}" --metrics "$tmp/nodir/m.jsonl"
+
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]
