@@ -39,8 +39,12 @@ struct TrainConfig {
   std::string metrics;  // JSON lines file
   std::string save;     // safetensors at the end
   int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)
+  int64_t checkpoint_every_steps = 0;    // --checkpoint-every Nsteps
+  double checkpoint_every_minutes = 0;   // --checkpoint-every Nmin
+  int keep_checkpoints = 0;  // > 0: files named by step beside --checkpoint-path, the newest K kept
+  bool checkpoints() const { return checkpoint_every > 0 || checkpoint_every_steps > 0 || checkpoint_every_minutes > 0; }
   std::string checkpoint_path = "checkpoint.safetensors";
-  std::string resume;  // training checkpoint to continue from
+  std::string resume;  // training checkpoint to continue from; "auto": the newest valid one, if any
   bool allow_config_change = false;  // --resume may continue with other training settings
   double bucket_mb = 25;
   double last_bucket_mb = 0;  // 0 = no separate small last bucket
@@ -80,6 +84,8 @@ bool may_change_on_resume(const std::string& flag);
 // Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
 // input errors naming the flag. Returns false when --help was printed (exit 0).
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
+// --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
+void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);
 // Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests).
 void apply_recipe(TrainConfig* cfg);
 // Checks ranges and the world size (batch divisible by it); throws input errors naming the flag.

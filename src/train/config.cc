@@ -26,6 +26,32 @@ T flag(const cxxopts::ParseResult& r, const char* name) {
 }
 }  // namespace
 
+void parse_checkpoint_every(const std::string& v, TrainConfig* c) {
+  // A number, then an optional unit: epochs (the default), steps or minutes.
+  size_t end = 0;
+  double n = 0;
+  try {
+    n = std::stod(v, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string unit = v.substr(end);
+  DPT_INPUT_CHECK(end > 0 && std::isfinite(n) && n >= 0,
+                  "--checkpoint-every: '" << v << "' is not N, Nepochs, Nsteps or Nmin with N >= 0");
+  c->checkpoint_every = 0, c->checkpoint_every_steps = 0, c->checkpoint_every_minutes = 0;
+  if (unit.empty() || unit == "epoch" || unit == "epochs" || unit == "steps" || unit == "step") {
+    DPT_INPUT_CHECK(n == std::floor(n) && n <= 1e9, "--checkpoint-every: '" << v << "': a whole number of "
+                                                                           << (unit.rfind("step", 0) == 0 ? "steps" : "epochs"));
+    if (unit.rfind("step", 0) == 0) c->checkpoint_every_steps = static_cast<int64_t>(n);
+    else c->checkpoint_every = static_cast<int>(n);
+  } else if (unit == "min" || unit == "minutes") {
+    c->checkpoint_every_minutes = n;
+  } else {
+    throw Error(ErrorKind::kInput, DPT_MSG("--checkpoint-every: unknown unit '" << unit << "' in '" << v
+                                                                                 << "' (epochs, steps or min)"));
+  }
+}
+
 void apply_recipe(TrainConfig* c) {
   DPT_INPUT_CHECK(c->model == "lenet" || c->model == "resnet18",
                   "--model: unknown model '" << c->model << "' (lenet|resnet18)");
@@ -122,8 +148,11 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   opts.add_options("Output")
     ("metrics", "Write one JSON line per epoch to FILE", cxxopts::value<std::string>())
     ("save", "Write parameters and buffers to FILE (safetensors) at the end", cxxopts::value<std::string>())
-    ("checkpoint-every", "Write a training checkpoint every N epochs (0 = never)",
-     cxxopts::value<int>()->default_value(s(d.checkpoint_every)))
+    ("checkpoint-every", "Write a training checkpoint every N epochs (N or Nepochs), N steps (Nsteps) or N "
+     "minutes (Nmin, decided by rank 0's clock); 0 = never", cxxopts::value<std::string>()->default_value("0"))
+    ("keep-checkpoints", "Name checkpoints by their step beside --checkpoint-path (stem.stepN.ext) and keep "
+     "the newest K (0 = one file at --checkpoint-path, replaced each time)",
+     cxxopts::value<int>()->default_value(s(d.keep_checkpoints)))
     ("checkpoint-path", "Where training checkpoints go (replaced atomically each time)",
      cxxopts::value<std::string>()->default_value(d.checkpoint_path))
     ("resume", "Continue training from a checkpoint FILE (parameters, buffers, optimizer, position)",
@@ -213,7 +242,8 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->timeout = flag<double>(r, "timeout");
     if (r.count("metrics")) cfg->metrics = flag<std::string>(r, "metrics");
     if (r.count("save")) cfg->save = flag<std::string>(r, "save");
-    cfg->checkpoint_every = flag<int>(r, "checkpoint-every");
+    parse_checkpoint_every(flag<std::string>(r, "checkpoint-every"), cfg);
+    cfg->keep_checkpoints = flag<int>(r, "keep-checkpoints");
     cfg->checkpoint_path = flag<std::string>(r, "checkpoint-path");
     if (r.count("resume")) cfg->resume = flag<std::string>(r, "resume");
     cfg->allow_config_change = r.count("allow-config-change") > 0;
@@ -245,7 +275,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 void validate_config(const TrainConfig& c, int world) {
   // A --save file (parameters only) written over a training checkpoint would end every later resume.
-  DPT_INPUT_CHECK(c.save.empty() || c.checkpoint_every == 0 || !same_file(c.save, c.checkpoint_path),
+  DPT_INPUT_CHECK(c.save.empty() || !c.checkpoints() || !same_file(c.save, c.checkpoint_path),
                   "--save " << c.save << " names the training checkpoint (--checkpoint-path): choose another file");
   DPT_INPUT_CHECK(c.save.empty() || c.resume.empty() || !same_file(c.save, c.resume),
                   "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
@@ -281,6 +311,7 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
   DPT_INPUT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
+  DPT_INPUT_CHECK(c.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0, got " << c.keep_checkpoints);
   DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
   DPT_INPUT_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off",
                   "--progress: '" << c.progress << "' is not auto|on|off");
@@ -318,7 +349,9 @@ std::string TrainConfig::to_json() const {
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
                       {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
-                      {"checkpoint_every", checkpoint_every}, {"checkpoint_path", checkpoint_path},
+                      {"checkpoint_every", checkpoint_every},
+                      {"checkpoint_every_steps", checkpoint_every_steps}, {"checkpoint_every_minutes", checkpoint_every_minutes},
+                      {"keep_checkpoints", keep_checkpoints}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume}, {"allow_config_change", allow_config_change},
                       {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"clip_grad_norm", clip_grad_norm}, {"nonfinite", nonfinite}, {"nonfinite_max_skips", nonfinite_max_skips},
@@ -343,7 +376,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
   static const char* const kKeys[] = {
       "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
       "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
-      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "bucket_mb", "last_bucket_mb",
+      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb",
       "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
       "nonfinite", "nonfinite_max_skips"};
   const auto j = nlohmann::json::parse(config_json);
@@ -358,7 +391,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
 
 bool may_change_on_resume(const std::string& flag) {
   // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here).
-  static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--verify-every",
+  static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--checkpoint-every-steps", "--checkpoint-every-minutes", "--verify-every",
                                       "--metrics-every", "--trace-steps", "--resume", "--save", "--trace",
                                       "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb", "--nonfinite",
                                       "--nonfinite-max-skips"};

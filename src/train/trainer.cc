@@ -4,6 +4,8 @@
 // compute of a step is the StepEngine (engine.h), written once over the Backend operations.
 #include <omp.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -11,11 +13,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <signal.h>
 #include <unistd.h>
 
 #include "dpt/backend.h"
@@ -152,7 +156,7 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 void preflight_outputs(const TrainConfig& cfg) {
   std::vector<std::pair<const char*, std::string>> outputs = {
       {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
-  if (cfg.checkpoint_every > 0) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
+  if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
     const std::filesystem::path p(path);
@@ -204,11 +208,12 @@ class StopSignals {
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  // The signal any rank received (0: none), agreed by every rank.
-  int agreed(Communicator& comm) const {
-    int32_t sig = g_stop_signal;
-    if (comm.size() > 1) comm.allreduce(&sig, 1, ReduceOp::kMax, "all-reduce of the stop flag");
-    return sig;
+  // The signal any rank received (0: none) and whether `due` holds on any rank, agreed by every
+  // rank in one all-reduce (the step boundary's only collective).
+  std::pair<int, bool> agreed(Communicator& comm, bool due) const {
+    int32_t v[2] = {g_stop_signal, due ? 1 : 0};
+    if (comm.size() > 1) comm.allreduce(v, 2, ReduceOp::kMax, "all-reduce of the stop flag");
+    return {v[0], v[1] != 0};
   }
 
  private:
@@ -239,7 +244,7 @@ class NonFiniteGuard {
     os << "step " << step + 1 << " (epoch " << epoch + 1 << "): the gradients are not finite"
        << (tensor.empty() ? "" : " (first: " + tensor + ")") << "; the step was not applied and training stops";
     if (cfg_.nonfinite == "skip") os << " after " << skipped_ - 1 << " skipped steps (--nonfinite-max-skips)";
-    os << ". Nothing non-finite was saved" << (cfg_.checkpoint_every > 0 ? "; the last checkpoint is kept" : "")
+    os << ". Nothing non-finite was saved" << (cfg_.checkpoints() ? "; the last checkpoint is kept" : "")
        << ". A smaller --lr, a longer --warmup-epochs or --clip-grad-norm may help";
     throw AgreedInputError(os.str(), comm_.rank() != 0);
   }
@@ -252,6 +257,71 @@ class NonFiniteGuard {
   int64_t skipped_ = 0;
 };
 
+// The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
+// "<stem>.step<N><ext>" beside it.
+std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
+  if (cfg.keep_checkpoints == 0) return cfg.checkpoint_path;
+  const std::filesystem::path p(cfg.checkpoint_path);
+  return (p.parent_path() / (p.stem().string() + ".step" + std::to_string(global_step) + p.extension().string()))
+      .string();
+}
+
+// The global step a checkpoint records, read from its header alone (the file is not trusted: a
+// name says nothing); -1 when the file is not a readable dptrain checkpoint.
+int64_t recorded_step(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  if (!f.read(reinterpret_cast<char*>(&n), 8) || n == 0 || n > (100u << 20)) return -1;
+  std::string head(n, '\0');
+  if (!f.read(head.data(), static_cast<std::streamsize>(n))) return -1;
+  try {
+    const auto j = nlohmann::json::parse(head);
+    const std::string step = j.at("__metadata__").at("step").get<std::string>();
+    return j.at("__metadata__").contains("optimizer_steps") ? std::stoll(step) : -1;  // a --save file: no
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Every checkpoint this configuration may have written: --checkpoint-path and "<stem>.step*<ext>"
+// beside it, newest first by the step each records (unreadable headers last, still tried).
+std::vector<std::string> checkpoints_newest_first(const TrainConfig& cfg) {
+  const std::filesystem::path p(cfg.checkpoint_path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  const std::string prefix = p.stem().string() + ".step", ext = p.extension().string();
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool rotated = name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + ext.size() &&
+                         name.compare(name.size() - ext.size(), ext.size(), ext) == 0 &&
+                         name.find(".tmp.") == std::string::npos;
+    if (e.is_regular_file(ec) && (rotated || name == p.filename().string()))
+      found.emplace_back(recorded_step(e.path().string()), e.path().string());
+  }
+  std::sort(found.begin(), found.end(), std::greater<>());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+// Temporary files of checkpoint writers that no longer run ("<file>.tmp.<pid>", a killed writer's
+// leftovers, 85 MB each for ResNet-18) are removed at start-up (rank 0).
+void remove_stale_temporaries(const TrainConfig& cfg) {
+  const std::filesystem::path p(cfg.checkpoint_path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || name.rfind(p.stem().string(), 0) != 0) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // its writer runs
+    if (std::filesystem::remove(e.path(), ec)) log_info("removed " + e.path().string() + ", left by a killed writer");
+  }
+}
+
 // Where a resumed run starts: epoch in progress, steps done in it, global step. With
 // --allow-config-change and other settings than the checkpoint's, the images per step it was
 // written with (0: unchanged), so run_training can recompute the position in the new units.
@@ -259,16 +329,17 @@ struct ResumePoint {
   int64_t epoch = 0, epoch_step = 0, global_step = 0;
   int64_t images_per_step_then = 0;
   std::vector<EpochMetrics> history;  // the epochs before (rank 0: the report draws them again)
+  bool resumed = false;               // false: a fresh start (no --resume, or auto found nothing)
 };
 
 // The checkpoint's training settings against this run's: "--lr 0.1 -> 0.2" for each value that
 // differs and that a resumed run may not change silently.
-std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& then_json) {
+std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& path, const std::string& then_json) {
   std::vector<std::pair<std::string, std::string>> then;
   try {
     then = agreed_values(then_json);
   } catch (const std::exception&) {
-    throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata 'config' is not valid JSON"));
+    throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'config' is not valid JSON"));
   }
   const auto now_values = agreed_values(cfg);
   std::vector<std::string> changed;
@@ -284,24 +355,51 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
 // bad file is reported by rank 0 and ends every rank with exit code 2.
 ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
                    StepEngine& engine) {
-  int64_t pos[5] = {0, 0, 0, 0, 0};  // epoch, epoch step, global step, optimizer steps, images per step then
+  // epoch, epoch step, global step, optimizer steps, images per step then, found (--resume auto)
+  int64_t pos[6] = {0, 0, 0, 0, 0, 1};
   std::vector<EpochMetrics> history;
+  std::string path;  // the file resumed (rank 0)
   agree_on_input(comm, "rank 0 could not read --resume " + cfg.resume, [&] {
     if (comm.rank() != 0) return;
-    auto meta = load_model(cfg.resume, model, &opt.momentum_buffer());
+    std::map<std::string, std::string> meta;
+    if (cfg.resume == "auto") {
+      // The newest by the step each file records; one that cannot be read falls back to the one before.
+      std::string tried;
+      for (const std::string& c : checkpoints_newest_first(cfg)) {
+        try {
+          meta = load_model(c, model, &opt.momentum_buffer());
+          path = c;
+          break;
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::kInput) throw;
+          log_warn("--resume auto: " + c + " cannot be used (" + e.what() + "): trying the one before");
+          tried += (tried.empty() ? "" : ", ") + c;
+        }
+      }
+      if (path.empty()) {
+        DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg.checkpoint_path
+                                                                          << " could be read (" << tried << ")");
+        pos[5] = 0;
+        log_info("--resume auto: no checkpoint at or beside " + cfg.checkpoint_path + ": starting fresh");
+        return;
+      }
+    } else {
+      path = cfg.resume;
+      meta = load_model(path, model, &opt.momentum_buffer());
+    }
     auto num = [&](const char* key) -> int64_t {
       auto it = meta.find(key);
-      DPT_INPUT_CHECK(it != meta.end(), cfg.resume << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
+      DPT_INPUT_CHECK(it != meta.end(), path << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
       try {
         return std::stoll(it->second);
       } catch (const std::exception&) {
-        throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata '" << key << "' is not a number"));
+        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata '" << key << "' is not a number"));
       }
     };
     // Range-checked: a damaged or hand-edited file must not train "epoch -2147483169".
     auto in_range = [&](const char* key, int64_t hi) {
       const int64_t v = num(key);
-      DPT_INPUT_CHECK(v >= 0 && v <= hi, cfg.resume << ": metadata '" << key << "' is " << v << ", outside [0, " << hi
+      DPT_INPUT_CHECK(v >= 0 && v <= hi, path << ": metadata '" << key << "' is " << v << ", outside [0, " << hi
                                                     << "]: not a checkpoint of a run this can continue");
       return v;
     };
@@ -313,39 +411,40 @@ ResumePoint resume(const TrainConfig& cfg, Communicator& comm, Model& model, Dat
       try {
         for (const auto& rec : nlohmann::json::parse(h->second)) history.push_back(EpochMetrics::from_json(rec.dump()));
       } catch (const std::exception&) {
-        throw Error(ErrorKind::kInput, DPT_MSG(cfg.resume << ": metadata 'history' is not a list of epoch records"));
+        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'history' is not a list of epoch records"));
       }
     }
     // The same training, or an explicit change (--allow-config-change).
     auto then = meta.find("config");
     const std::vector<std::string> changed =
-        then == meta.end() ? std::vector<std::string>{} : config_changes(cfg, then->second);
+        then == meta.end() ? std::vector<std::string>{} : config_changes(cfg, path, then->second);
     if (!changed.empty()) {
       std::string list;
       for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
       DPT_INPUT_CHECK(cfg.allow_config_change,
-                      cfg.resume << ": the checkpoint was written with other training settings (" << list
+                      path << ": the checkpoint was written with other training settings (" << list
                                  << "); a resumed run continues the same training (--allow-config-change "
                                     "accepts the change and recomputes the position)");
-      log_warn("--allow-config-change: resuming " + cfg.resume + " with " + list);
+      log_warn("--allow-config-change: resuming " + path + " with " + list);
       const auto j = nlohmann::json::parse(then->second);
       pos[4] = j.value("batch_size", cfg.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg.accum_steps));
     }
     auto ws = meta.find("world_size");
     if (ws != meta.end() && ws->second != std::to_string(comm.size()))
-      log_warn(cfg.resume + " was written at world size " + ws->second + ", resuming at " +
+      log_warn(path + " was written at world size " + ws->second + ", resuming at " +
                std::to_string(comm.size()) + ": the data order is the same, float sums may differ");
   });
-  comm.broadcast(pos, 5, 0, "broadcast of the resume position");
+  comm.broadcast(pos, 6, 0, "broadcast of the resume position");
+  if (!pos[5]) return {};  // --resume auto found nothing: a fresh start on every rank
   ddp.broadcast_state();
   if (!opt.momentum_buffer().empty())
     comm.broadcast(opt.momentum_buffer().data(), static_cast<int64_t>(opt.momentum_buffer().size()), 0,
                    "broadcast of the optimizer state");
   opt.set_steps(pos[3]);
   engine.from_host();
-  log_info(DPT_MSG("resumed from " << cfg.resume << " at epoch " << pos[0] + 1 << ", step " << pos[1]
+  log_info(DPT_MSG("resumed from " << path << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
-  return {pos[0], pos[1], pos[2], pos[4], std::move(history)};
+  return {pos[0], pos[1], pos[2], pos[4], std::move(history), true};
 }
 
 // The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
@@ -375,8 +474,8 @@ class RunOutputs {
         title_(DPT_MSG(cfg.model << ", " << comm.size() << " rank(s), global batch " << cfg.batch_size)),
         history_(start.history) {
     if (comm.rank() == 0 && !cfg.metrics.empty()) {
-      if (!cfg.resume.empty()) keep_records_until(start);
-      metrics_.open(cfg.metrics, cfg.resume.empty() ? std::ios::trunc : std::ios::app);
+      if (start.resumed) keep_records_until(start);
+      metrics_.open(cfg.metrics, start.resumed ? std::ios::app : std::ios::trunc);
       DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
     }
   }
@@ -416,24 +515,48 @@ class RunOutputs {
         }
       }
     }
-    if (cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) {
+    // At an epoch's end: due by epochs, or a step-count checkpoint that falls on this boundary
+    // (a step boundary inside the epoch writes those; see run_training).
+    if ((cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) ||
+        (cfg_.checkpoint_every_steps > 0 && global_step % cfg_.checkpoint_every_steps == 0))
       checkpoint(m.epoch, 0, global_step);
-      log_info("checkpoint written to " + cfg_.checkpoint_path);
-    }
+  }
+
+  // Minutes since the last checkpoint (or the start), by this rank's clock.
+  double minutes_since_checkpoint() const { return (now() - last_checkpoint_) / 60.0; }
+
+  // The checkpoint due at a step boundary inside an epoch, if any: by steps on every rank alike,
+  // by minutes as rank 0's clock says (`minutes_due`, agreed by the caller).
+  void maybe_checkpoint(int64_t epoch, int64_t epoch_step, int64_t global_step, bool minutes_due) {
+    if ((cfg_.checkpoint_every_steps > 0 && global_step % cfg_.checkpoint_every_steps == 0) || minutes_due)
+      checkpoint(epoch, epoch_step, global_step);
   }
 
   // The training state at a step boundary: epoch in progress and steps done in it.
   void checkpoint(int64_t epoch, int64_t epoch_step, int64_t global_step) {
     engine_.sync_buffers();
     engine_.to_host();
-    refuse_nonfinite(cfg_.checkpoint_path);
+    const std::string file = checkpoint_file(cfg_, global_step);
+    refuse_nonfinite(file);
     if (comm_.rank() == 0)
-      save_model(cfg_.checkpoint_path, model_,
+      save_model(file, model_,
                  with(metadata(epoch, global_step), {{"epoch_step", std::to_string(epoch_step)},
                                                      {"optimizer_steps", std::to_string(opt_.steps())},
                                                      {"history", history_json()}}),
                  &opt_.momentum_buffer());
+    if (comm_.rank() == 0) prune_checkpoints();
     comm_.barrier();
+    last_checkpoint_ = now();
+    log_info("checkpoint written to " + file + " (global step " + std::to_string(global_step) + ")");
+  }
+
+  // With --keep-checkpoints K: only the K newest (by the step each records) stay.
+  void prune_checkpoints() {
+    if (cfg_.keep_checkpoints == 0) return;
+    const std::vector<std::string> all = checkpoints_newest_first(cfg_);
+    std::error_code ec;
+    for (size_t k = static_cast<size_t>(cfg_.keep_checkpoints); k < all.size(); ++k)
+      if (all[k] != cfg_.checkpoint_path) std::filesystem::remove(all[k], ec);
   }
 
   // --save at the end: buffers were averaged before the last evaluation; parameters are
@@ -530,6 +653,7 @@ class RunOutputs {
   std::vector<EpochMetrics> history_;  // every epoch of the training, for the report and checkpoints
   std::vector<EpochMetrics> ran_;
   std::set<std::string> failed_;  // outputs that could not be written (rank 0)
+  double last_checkpoint_ = now();
 };
 
 }  // namespace
@@ -592,6 +716,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   StepEngine engine(cfg, comm, *model, ddp, opt, train, test);
   print_banner(cfg, comm, *model, ddp, hosts, allgather_text(comm, engine.describe()));
 
+  if (rank == 0 && (cfg.checkpoints() || !cfg.resume.empty())) remove_stale_temporaries(cfg);
   ResumePoint start = cfg.resume.empty() ? ResumePoint{} : resume(cfg, comm, *model, ddp, opt, engine);
   RunOutputs out(cfg, comm, *model, opt, engine, start);
   const int64_t batches = sampler.steps_per_epoch();
@@ -628,15 +753,21 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   StopSignals signals;
   NonFiniteGuard guard(cfg, comm, engine);
   const bool host_backend = model->store().backend().host_memory();
-  auto check_stop = [&](int64_t epoch, int64_t epoch_step) {
-    const int sig = signals.agreed(comm);
-    if (!sig) return;
-    if (cfg.checkpoint_every > 0) {
-      out.checkpoint(epoch, epoch_step, global_step);
-      log_info(DPT_MSG("signal " << sig << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
-                                 << " written to " << cfg.checkpoint_path));
+  // A step boundary inside an epoch: a stop signal (checkpoint, then exit 128+signal), else a
+  // checkpoint due by steps or by rank 0's clock (--checkpoint-every Nsteps / Nmin).
+  auto at_boundary = [&](int64_t epoch, int64_t epoch_step, bool any_step_since) {
+    const bool minutes_due = rank == 0 && any_step_since && cfg.checkpoint_every_minutes > 0 &&
+                             out.minutes_since_checkpoint() >= cfg.checkpoint_every_minutes;
+    const auto [sig, due] = signals.agreed(comm, minutes_due);
+    if (sig) {
+      if (cfg.checkpoints()) {
+        out.checkpoint(epoch, epoch_step, global_step);
+        log_info(DPT_MSG("signal " << sig << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
+                                   << " written to " << checkpoint_file(cfg, global_step)));
+      }
+      throw Stopped{sig, global_step};
     }
-    throw Stopped{sig, global_step};
+    if (any_step_since) out.maybe_checkpoint(epoch, epoch_step, global_step, due);
   };
 
   for (int epoch = static_cast<int>(start.epoch); epoch < cfg.epochs; ++epoch) {
@@ -647,7 +778,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     const int64_t first = epoch == start.epoch ? start.epoch_step : 0;
     const double t0 = now();
     for (int64_t s = first; s < steps; ++s, ++global_step) {
-      check_stop(epoch, s);
+      at_boundary(epoch, s, s > first);
       if (tr && global_step == cfg.trace_begin) tracer.start(comm);
       if (tr && global_step == cfg.trace_end) tracer.stop();
       const double step_t0 = now();

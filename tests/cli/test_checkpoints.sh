@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Checkpoints that cannot go backwards: --checkpoint-every in epochs, steps or minutes; the newest K
+# kept, named by step; --resume auto takes the newest valid one by the step it records (not by its
+# name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
+# a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
+# where an uninterrupted one ends. Usage: test_checkpoints.sh path/to/dptrain
+set -uo pipefail
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+fails=0
+mpi=(mpirun -np 2 --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+cd "$tmp" || exit 1
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+run() {  # run LOG args...: a bounded run, its output in LOG
+  local log=$1; shift
+  timeout -k 5 180 "$@" > "$log" 2>&1
+}
+# The step a checkpoint records in its metadata.
+step_of() {
+  python3 -c '
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+print(json.loads(raw[8:8 + n])["__metadata__"]["step"])' "$1"
+}
+base=(--epochs 3 --max-steps 5 --eval-every 0 --batch-size 64)
+
+echo "== every 2 steps, the newest 2 kept, named by step (2 ranks)"
+run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path run/ck.st \
+  || true  # run/ does not exist: refused before the first step
+grep -q "run/ck.st: the directory run does not exist" a.log || fail "a missing checkpoint directory was not refused"
+mkdir run
+run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path run/ck.st \
+  --save full.st || fail "the run failed: $(tail -2 a.log)"
+[[ $(ls run) == $'ck.step12.st\nck.step14.st' ]] || fail "want ck.step12.st and ck.step14.st, have: $(ls run | tr '\n' ' ')"
+[[ $(grep -c "checkpoint written" a.log) -eq 7 ]] || fail "want 7 checkpoints (steps 2..14), got $(grep -c 'checkpoint written' a.log)"
+[[ $(step_of run/ck.step14.st) == 14 ]] || fail "ck.step14.st records step $(step_of run/ck.step14.st)"
+
+echo "== --resume auto: the newest by recorded step, not by name; bit for bit at the end"
+mkdir auto && cp run/ck.step12.st auto/ck.step99.st && cp run/ck.step14.st auto/ck.step1.st
+run b.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path auto/ck.st \
+  --resume auto --save resumed.st || fail "the auto resume failed: $(tail -2 b.log)"
+grep -q "resumed from auto/ck.step1.st at epoch 3, step 4 (global step 14)" b.log \
+  || fail "did not resume from the file recording step 14: $(grep -i resum b.log)"
+python3 - full.st resumed.st <<'PY' || fail "the auto-resumed run does not end where the uninterrupted one ends"
+import json, struct, sys
+def tensors(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), [k for k in a if a[k] != b.get(k)][:3]
+PY
+
+echo "== a corrupt newest checkpoint falls back to the one before"
+mkdir bad && cp run/ck.step12.st bad/ck.step12.st
+python3 - run/ck.step14.st bad/ck.step14.st <<'PY'
+import sys
+raw = open(sys.argv[1], "rb").read()
+open(sys.argv[2], "wb").write(raw[:len(raw) // 2])  # a writer killed mid-copy: the header is intact
+PY
+run c.log "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path bad/ck.st --resume auto \
+  || fail "the fallback resume failed: $(tail -2 c.log)"
+grep -q "bad/ck.step14.st cannot be used" c.log || fail "no warning about the corrupt newest file"
+grep -q "resumed from bad/ck.step12.st" c.log || fail "did not fall back to step 12: $(grep -i resum c.log)"
+
+echo "== nothing to resume: a fresh start that says so; a killed writer's leftovers removed"
+mkdir fresh && touch fresh/ck.st.tmp.999999 fresh/ck.step4.st.tmp.999998 fresh/other.tmp.999997
+run d.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path fresh/ck.st --resume auto \
+  || fail "the fresh auto run failed: $(tail -2 d.log)"
+grep -q "no checkpoint at or beside fresh/ck.st: starting fresh" d.log || fail "no fresh-start message"
+[[ ! -e fresh/ck.st.tmp.999999 && ! -e fresh/ck.step4.st.tmp.999998 ]] || fail "leftover temporary files were not removed"
+[[ -e fresh/other.tmp.999997 ]] || fail "a file that is not ours was removed"
+[[ -e fresh/ck.st ]] || fail "no checkpoint written"
+
+echo "== minutes, and bad values"
+run e.log "$bin" --epochs 1 --max-steps 6 --eval-every 0 --checkpoint-every 0.0001min --checkpoint-path m.st \
+  || fail "the minutes run failed"
+[[ $(grep -c "checkpoint written" e.log) -ge 5 ]] || fail "want a checkpoint at (nearly) every step boundary: $(grep -c 'checkpoint written' e.log)"
+for v in 2parsecs -1 1.5steps x; do
+  run f.log "$bin" --checkpoint-every "$v"
+  [[ $? -eq 2 ]] && grep -q -- "--checkpoint-every" f.log || fail "--checkpoint-every $v: $(cat f.log)"
+done
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
