@@ -52,10 +52,14 @@ class Tensor {
   int64_t numel() const { return shape_numel(shape_); }
   bool empty() const { return data_ == nullptr; }
   Backend* backend() const { return backend_; }  // null: host memory
+  // Bytes of storage all tensors of this process own right now (the memory estimate measures a
+  // probe step with it).
+  static int64_t live_bytes();
 
  private:
   void release() noexcept;
   float* owned_ = nullptr;  // storage this tensor allocated (null for views)
+  int64_t owned_bytes_ = 0;
   Backend* backend_ = nullptr;
   int64_t capacity_ = 0;
   float* data_ = nullptr;

@@ -1,6 +1,7 @@
 // Logging and the Tensor's out-of-line parts (small core pieces with no better home).
 #include "dpt/log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,10 +59,17 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+namespace {
+std::atomic<int64_t> g_live_bytes{0};
+}  // namespace
+
+int64_t Tensor::live_bytes() { return g_live_bytes.load(std::memory_order_relaxed); }
+
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
     release();
     owned_ = std::exchange(o.owned_, nullptr);
+    owned_bytes_ = std::exchange(o.owned_bytes_, 0);
     backend_ = std::exchange(o.backend_, nullptr);
     capacity_ = std::exchange(o.capacity_, 0);
     data_ = std::exchange(o.data_, nullptr);
@@ -73,7 +81,9 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
 void Tensor::release() noexcept {
   if (!owned_) return;
   if (backend_) backend_->release(owned_); else std::free(owned_);
+  g_live_bytes.fetch_sub(owned_bytes_, std::memory_order_relaxed);
   owned_ = nullptr;
+  owned_bytes_ = 0;
 }
 
 void Tensor::resize(const Shape& shape, Backend* backend) {
@@ -105,6 +115,8 @@ void Tensor::resize(const Shape& shape) {
       std::memset(p, 0, bytes);
     }
     owned_ = p;
+    owned_bytes_ = static_cast<int64_t>(bytes);
+    g_live_bytes.fetch_add(owned_bytes_, std::memory_order_relaxed);
     capacity_ = n;
     data_ = p;
   }

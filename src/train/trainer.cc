@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <set>
@@ -170,6 +171,78 @@ void preflight_outputs(const TrainConfig& cfg) {
                     flag << " " << path << ": the file exists and is not writable");
     DPT_INPUT_CHECK(!std::filesystem::is_directory(p, ec), flag << " " << path << " is a directory, not a file");
   }
+}
+
+// Bytes one image costs in a training step (activations, their gradients, layer temporaries) and
+// in an evaluation pass, measured on a probe model on the CPU: the growth of live tensor storage
+// from batch 2 to batch 4, halved, so the fixed costs (parameters, plans) cancel.
+std::pair<double, double> bytes_per_image(const std::string& name, int classes) {
+  double per[2] = {0, 0};
+  for (int train = 0; train < 2; ++train) {
+    auto probe = make_model(name, classes, cpu_backend());
+    int64_t live[2] = {0, 0};
+    Tensor x, dl;
+    for (int k = 0; k < 2; ++k) {
+      const int64_t b = 2 + 2 * k;
+      x.resize({b, 28, 28, 1});
+      probe->forward(x, train ? Mode::kTrain : Mode::kEval);
+      if (train) {
+        dl.resize({b, classes});
+        BackwardCtx ctx;
+        probe->backward(dl, ctx);
+      }
+      live[k] = Tensor::live_bytes();
+    }
+    per[train] = static_cast<double>(live[1] - live[0]) / 2;
+  }
+  return {per[1], per[0]};
+}
+
+// The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit.
+double available_bytes() {
+  double avail = -1;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string key; mi >> key;) {
+    double kb = 0;
+    mi >> kb;
+    mi.ignore(64, '\n');
+    if (key == "MemAvailable:") avail = kb * 1024;
+  }
+  auto read_number = [](const char* path) {
+    std::ifstream f(path);
+    double v = -1;
+    return (f >> v) ? v : -1.0;
+  };
+  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                      "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double l = read_number(limit), u = read_number(usage);  // "max" reads as no number
+    if (l > 0 && u >= 0 && l < 1e18 && (avail < 0 || l - u < avail)) avail = std::max(0.0, l - u);
+  }
+  return avail;
+}
+
+// A batch too large for the host ends in a bare SIGKILL from the kernel hours later: refuse it
+// now, with the estimate (CPU backend: host memory, the ranks on this host together; what is
+// already loaded is already out of MemAvailable, so only the per-image part counts).
+void check_memory(const TrainConfig& cfg, int world, int classes, int ranks_here, int64_t test_n) {
+  const double avail = available_bytes();
+  if (avail < 0) return;  // no /proc/meminfo: nothing to compare with
+  const auto [train, eval] = bytes_per_image(cfg.model, classes);
+  const double local = static_cast<double>(cfg.batch_size / world);
+  const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
+  const double per_rank = std::max(train * local, eval * eval_batch);
+  const double need = per_rank * ranks_here;
+  auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
+  auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
+  DPT_INPUT_CHECK(need <= avail,
+                  "--batch-size " << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory on this host ("
+                                  << ranks_here << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
+                                  << " MiB per image of a training step x " << cfg.batch_size / world
+                                  << ", or " << mib(eval) << " MiB per image of evaluation x " << eval_batch
+                                  << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
+                                  << "--eval-batch-size, or fewer ranks per host");
+  log_debug(DPT_MSG("memory estimate: " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
 }
 
 // --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
@@ -689,6 +762,11 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
     if (rank == 0) preflight_outputs(cfg);
   });
+  if (device == "cpu") {
+    const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
+    agree_on_input(comm, "another host has not enough memory for this batch",
+                   [&] { check_memory(cfg, world, train.num_classes, ranks_here, test.n); });
+  }
 
   // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here),
   // and how its gradients travel (null: the MPI thread over the host gradients).

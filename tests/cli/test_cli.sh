@@ -98,5 +98,10 @@ expect 0 "these outputs were not (all) written: --metrics" -- "$bin" --epochs 2 
   --metrics /dev/full
 expect 2 "nodir does not exist" -- "${mpi[@]}" -np 2 "$bin" "${quick[@]}" --metrics "$tmp/nodir/m.jsonl"
 
+# A batch too large for the host is refused before the first step with the estimate (it would end
+# in a bare SIGKILL from the kernel otherwise); two ranks on one host count twice.
+expect 2 "MiB per image of a training step x 60000" -- "$bin" --model resnet18 --batch-size 60000 "${quick[@]}"
+expect 2 "2 rank(s) x" -- "${mpi[@]}" -np 2 "$bin" --model resnet18 --batch-size 60000 "${quick[@]}"
+
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]
