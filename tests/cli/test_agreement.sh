@@ -4,31 +4,9 @@
 # different things, crash in a collective or wait out --timeout. Each run is bounded by `timeout`.
 # Usage: test_agreement.sh path/to/dptrain
 set -uo pipefail
-bin=$(realpath "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
-fails=0
-mpi=(mpirun --oversubscribe --bind-to none)
-[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+source "$(dirname "$0")/lib.sh"
 short=(--epochs 1 --max-steps 2 --eval-every 0 --timeout 60)
 cd "$tmp" || exit 1
-
-# expect CODE NEEDLE -- command...
-expect() {
-  local code=$1 needle=$2
-  shift 3
-  local out rc
-  out=$(timeout -k 5 90 "$@" 2>&1)
-  rc=$?
-  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" <<<"$out"; then
-    echo "FAIL: $* -> exit $rc (want $code), output lacks '$needle':"
-    tail -5 <<<"$out"
-    fails=$((fails + 1))
-  else
-    echo "ok: exit $rc, '$needle'"
-  fi
-}
 
 # two FLAGS0... : FLAGS1...: sets CMD to two ranks, each with its own flags (an MPMD line, as a
 # stale copy of a job script would make).

@@ -5,15 +5,9 @@
 # a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
 # where an uninterrupted one ends. Usage: test_checkpoints.sh path/to/dptrain
 set -uo pipefail
-bin=$(realpath "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
-fails=0
-mpi=(mpirun -np 2 --oversubscribe --bind-to none)
-[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+source "$(dirname "$0")/lib.sh"
+mpi+=(-np 2)
 cd "$tmp" || exit 1
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 run() {  # run LOG args...: a bounded run, its output in LOG
   local log=$1; shift
   timeout -k 5 180 "$@" > "$log" 2>&1

@@ -4,29 +4,10 @@
 # (an MPI singleton) and, for the world-size cases, under mpirun -np 3.
 # Usage: test_cli.sh path/to/dptrain
 set -uo pipefail
-bin=$(realpath "$1")
+source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
-fails=0
 data=/usr/share/datasets/fashion-mnist
-
-# expect CODE NEEDLE -- command...
-expect() {
-  local code=$1 needle=$2
-  shift 3
-  local out rc
-  out=$(timeout -k 5 60 "$@" 2>&1)
-  rc=$?
-  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" <<<"$out"; then
-    echo "FAIL: $* -> exit $rc (want $code), output lacks '$needle':"
-    tail -5 <<<"$out"
-    fails=$((fails + 1))
-  else
-    echo "ok: exit $rc, '$needle' <- ${*: -3}"
-  fi
-}
+EXPECT_TIMEOUT=60
 
 # Flags.
 expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size 0
@@ -74,8 +55,6 @@ expect 2 "bad.safetensors" -- "$bin" --resume "$tmp/bad.safetensors" --epochs 1
 expect 2 "missing.safetensors" -- "$bin" --resume "$tmp/missing.safetensors" --epochs 1
 
 # World size: a batch that 3 ranks cannot split, and a data error on every rank, under mpirun.
-mpi=(mpirun --oversubscribe --bind-to none)
-[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
 expect 2 "not divisible by the world size 3" -- "${mpi[@]}" -np 3 "$bin" --batch-size 256
 expect 2 "/nonexistent/dir" -- "${mpi[@]}" -np 2 "$bin" --data /nonexistent/dir
 

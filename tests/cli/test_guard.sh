@@ -4,30 +4,8 @@
 # --nonfinite skip goes on up to a bound; --clip-grad-norm and the gradient norm in the metrics.
 # Each run is bounded by `timeout`. Usage: test_guard.sh path/to/dptrain
 set -uo pipefail
-bin=$(realpath "$1")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
-fails=0
-mpi=(mpirun --oversubscribe --bind-to none)
-[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+source "$(dirname "$0")/lib.sh"
 cd "$tmp" || exit 1
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-# expect CODE NEEDLE -- command...
-expect() {
-  local code=$1 needle=$2
-  shift 3
-  local rc
-  timeout -k 5 120 "$@" > out.txt 2>&1
-  rc=$?
-  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" out.txt; then
-    fail "$* -> exit $rc (want $code), output lacks '$needle':"
-    tail -5 out.txt
-  else
-    echo "ok: exit $rc, '$needle'"
-  fi
-}
 
 short=(--epochs 2 --max-steps 4 --eval-every 0 --checkpoint-every 1 --checkpoint-path ck.st)
 echo "== a learning rate that blows up, after a good epoch (2 ranks)"

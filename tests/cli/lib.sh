@@ -1,0 +1,28 @@
+# What the command-line test scripts share (sourced, after `set -uo pipefail`, with the dptrain
+# binary as $1): bin, a temporary directory tmp removed on exit, the MPI environment, an mpirun
+# command line `mpi` (add -np), the failure count, fail() and expect().
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_pml=ob1 OMP_NUM_THREADS=1
+fails=0
+mpi=(mpirun --oversubscribe --bind-to none)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect CODE NEEDLE -- command...: the command, bounded by $EXPECT_TIMEOUT seconds (default 120),
+# must exit with CODE and print NEEDLE; its output stays in $tmp/out.txt for further checks.
+expect() {
+  local code=$1 needle=$2
+  shift 3
+  local rc
+  timeout -k 5 "${EXPECT_TIMEOUT:-120}" "$@" > "$tmp/out.txt" 2>&1
+  rc=$?
+  if [[ $rc -ne $code ]] || ! grep -qF -- "$needle" "$tmp/out.txt"; then
+    fail "$* -> exit $rc (want $code), output lacks '$needle':"
+    tail -5 "$tmp/out.txt"
+  else
+    echo "ok: exit $rc, '$needle' <- ${*: -3}"
+  fi
+}
