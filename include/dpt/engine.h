@@ -97,7 +97,6 @@ class StepEngine {
   std::vector<int64_t> index_host_;
   std::vector<double> stats_host_;
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;
-  int64_t first_step_ = -1, last_step_ = -1;  // the epoch's steps run so far (index within the epoch)
   ReducerStats stats_;
 };
 

@@ -293,28 +293,31 @@ void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int6
       for (int64_t ch = 0; ch < c; ++ch) y[(b * h * w + p) * c + ch] = x[(b * c + ch) * h * w + p];
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float wd, bool first,
-                float coef) {
-  if (coef != 1.f) {
-    // Clipped: the gradients scaled first, then the same step (a separate loop, so the unclipped
-    // one keeps its exact arithmetic).
-    std::vector<float> scaled(static_cast<size_t>(n));
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) scaled[static_cast<size_t>(i)] = coef * g[i];
-    sgd_update(p, scaled.data(), buf, n, lr, mom, wd, first, 1.f);
-    return;
-  }
+namespace {
+// The SGD loops, with the gradient read through `grad(i)`: the plain g[i], or coef * g[i] when
+// clipping (a separate instantiation, so the unclipped loop keeps its exact arithmetic).
+template <typename Grad>
+void sgd_loop(float* p, float* buf, int64_t n, float lr, float mom, float wd, bool first, Grad grad) {
   if (mom > 0) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + wd * p[i];
+      const float d = grad(i) + wd * p[i];
       buf[i] = first ? d : mom * buf[i] + d;
       p[i] -= lr * buf[i];
     }
   } else {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (grad(i) + wd * p[i]);
   }
+}
+}  // namespace
+
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float mom, float wd, bool first,
+                float coef) {
+  if (coef != 1.f)
+    sgd_loop(p, buf, n, lr, mom, wd, first, [g, coef](int64_t i) { return coef * g[i]; });
+  else
+    sgd_loop(p, buf, n, lr, mom, wd, first, [g](int64_t i) { return g[i]; });
 }
 
 double sum_squares(const float* x, int64_t n) {

@@ -363,7 +363,7 @@ std::string TrainConfig::to_json() const {
 }
 
 std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg) {
-  auto out = agreed_values(nlohmann::json::parse(cfg.to_json()).dump());
+  auto out = agreed_values(cfg.to_json());
   // Only whether they are given: each decides collectives (the resume broadcasts, the final
   // barrier, the trace gather); the paths themselves are rank 0's business.
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--resume", &cfg.resume},

@@ -104,7 +104,6 @@ void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
   be_.zero(batch_stats_.data(), static_cast<size_t>(stats) * sizeof(double));
   batches_ = batches;
   epoch_first_ = step_first_ = last_ = -1;
-  first_step_ = last_step_ = -1;
   // Allocations happen between epochs (evaluation shapes, this method): a step graph that one rank
   // can no longer replay is dropped by every rank, so all ranks replay or capture alike.
   if (step_graphs_ && step_graph_->exists() &&
@@ -120,8 +119,6 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   if (epoch_first_ < 0) epoch_first_ = first_batch;
   step_first_ = first_batch;
   last_ = first_batch + cfg_.accum_steps - 1;
-  last_step_ = first_batch / cfg_.accum_steps;
-  if (first_step_ < 0) first_step_ = last_step_;
   be_.store_scalar(lr_.data(), static_cast<float>(lr));
   Reducer& reducer = ddp_.reducer();
   if (step_graphs_) {
@@ -141,7 +138,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
     TraceScope span(tr, "optimizer", "optimizer");
     update(first);
   }
-  be_.copy(grad_sumsq_.data() + last_step_, step_sumsq_.data(), sizeof(double));
+  be_.copy(grad_sumsq_.data() + step_first_ / cfg_.accum_steps, step_sumsq_.data(), sizeof(double));
   stats_ = reducer.last_stats();
   if (std::exchange(replayed_, false)) stats_.comm_seconds = stats_.exposed_seconds = 0;
   opt_.set_steps(opt_.steps() + 1);
@@ -189,18 +186,20 @@ void StepEngine::update(bool first) {
 }
 
 std::vector<double> StepEngine::epoch_grad_sumsq() {
-  if (first_step_ < 0) return {};
+  if (epoch_first_ < 0) return {};
+  // Steps of the epoch run so far, as indices within it (micro-batches / accumulation).
+  const int64_t first_step = epoch_first_ / cfg_.accum_steps, last_step = step_first_ / cfg_.accum_steps;
   quiesce();
-  std::vector<double> out(static_cast<size_t>(last_step_ - first_step_ + 1));
-  grad_sumsq_.copy_to_host(out.data(), static_cast<int64_t>(out.size()), first_step_);
+  std::vector<double> out(static_cast<size_t>(last_step - first_step + 1));
+  grad_sumsq_.copy_to_host(out.data(), static_cast<int64_t>(out.size()), first_step);
   return out;
 }
 
 double StepEngine::last_grad_sumsq() {
-  if (last_step_ < 0) return 0;
+  if (step_first_ < 0) return 0;
   quiesce();
   double v = 0;
-  grad_sumsq_.copy_to_host(&v, 1, last_step_);
+  grad_sumsq_.copy_to_host(&v, 1, step_first_ / cfg_.accum_steps);
   return v;
 }
 

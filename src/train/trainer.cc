@@ -590,9 +590,13 @@ class RunOutputs {
     }
     // At an epoch's end: due by epochs, or a step-count checkpoint that falls on this boundary
     // (a step boundary inside the epoch writes those; see run_training).
-    if ((cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) ||
-        (cfg_.checkpoint_every_steps > 0 && global_step % cfg_.checkpoint_every_steps == 0))
+    if ((cfg_.checkpoint_every > 0 && m.epoch % cfg_.checkpoint_every == 0) || due_by_steps(global_step))
       checkpoint(m.epoch, 0, global_step);
+  }
+
+  // Whether --checkpoint-every Nsteps falls on the boundary after `global_step` steps.
+  bool due_by_steps(int64_t global_step) const {
+    return cfg_.checkpoint_every_steps > 0 && global_step % cfg_.checkpoint_every_steps == 0;
   }
 
   // Minutes since the last checkpoint (or the start), by this rank's clock.
@@ -601,7 +605,7 @@ class RunOutputs {
   // The checkpoint due at a step boundary inside an epoch, if any: by steps on every rank alike,
   // by minutes as rank 0's clock says (`minutes_due`, agreed by the caller).
   void maybe_checkpoint(int64_t epoch, int64_t epoch_step, int64_t global_step, bool minutes_due) {
-    if ((cfg_.checkpoint_every_steps > 0 && global_step % cfg_.checkpoint_every_steps == 0) || minutes_due)
+    if (due_by_steps(global_step) || minutes_due)
       checkpoint(epoch, epoch_step, global_step);
   }
 
@@ -708,7 +712,10 @@ class RunOutputs {
   // The epoch records so far, for a resumed run's report.
   std::string history_json() const {
     std::string out = "[";
-    for (const EpochMetrics& m : history_) out += (out.size() > 1 ? "," : "") + m.to_json();
+    for (const EpochMetrics& m : history_) {
+      if (out.size() > 1) out += ',';
+      out += m.to_json();
+    }
     return out + "]";
   }
   static Meta with(Meta m, const Meta& more) {
@@ -764,8 +771,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   });
   if (device == "cpu") {
     const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
-    agree_on_input(comm, "another host has not enough memory for this batch",
-                   [&] { check_memory(cfg, world, train.num_classes, ranks_here, test.n); });
+    // Once per host (its first rank): the estimate covers every rank there.
+    agree_on_input(comm, "another host has not enough memory for this batch", [&] {
+      if (local_rank == 0) check_memory(cfg, world, train.num_classes, ranks_here, test.n);
+    });
   }
 
   // The operations the model runs on: the CPU's, or a GPU's (whose context this rank creates here),
