@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     if (!e.quiet) dpt::log_error(e.what());
     return e.exit_code();
   } catch (const dpt::Stopped& s) {
-    dpt::log_info("stopped by signal " + std::to_string(s.signal) + " after step " + std::to_string(s.step));
+    dpt::log_info("stopped by " + dpt::signal_name(s.signal) + " after global step " + std::to_string(s.step) +
+                  " (exit " + std::to_string(128 + s.signal) + ")");
     return 128 + s.signal;
   } catch (const dpt::Error& e) {
     dpt::log_error(e.what());

@@ -5,7 +5,7 @@
 # counted per test case from the logs. Exit code 0 only when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash launch/deps.sh slurm-wlm munge iproute2 procps python3 clang libclang-rt-14-dev || exit 1  # procps: pgrep
+bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev || exit 1  # procps: pgrep; openssh-client: the launcher's unreachable-host test
 bash launch/build.sh || exit 1
 build=${BUILD:-build}
 asan=${BUILD_ASAN:-build-asan}

@@ -163,12 +163,15 @@ struct Totals {
 void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& history,
                       int epochs, const std::string& title);
 
-// Thrown when SIGINT/SIGTERM stopped training (every rank agrees on the step, a checkpoint is
-// written first when checkpoints are configured); main exits with 128 + signal.
+// Thrown when a stop signal (INT, TERM, HUP, USR1) stopped training (every rank agrees on the
+// step, a checkpoint is written first when checkpoints are configured); main exits with
+// 128 + signal.
 struct Stopped {
   int signal = 0;
   int64_t step = 0;
 };
+// "SIGTERM" for 15: how logs name a signal.
+std::string signal_name(int sig);
 
 // An input error every rank knows about (agreed by a collective), so no MPI_Abort is needed.
 // Ranks that were not themselves at fault carry quiet = true and print nothing.

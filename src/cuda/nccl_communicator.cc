@@ -1,17 +1,40 @@
 // NCCL implementation of Communicator (see nccl_communicator.h). Counts are elements; pointers are
 // device pointers. Only compiled in GPU builds.
+//
+// The communicator is non-blocking (ncclConfig_t::blocking = 0) so that no NCCL call can hang the
+// host: its set-up runs on NCCL's own thread while this one polls it against --timeout. NCCL's
+// rule for such a communicator: any call may return ncclInProgress, and then its state
+// (ncclCommGetAsyncError) must be polled until it leaves ncclInProgress before the next NCCL call
+// on it, or anything else queued on its stream; settle() is that poll, after every call here.
 #include "cuda/nccl_communicator.h"
 
 #include <chrono>
 #include <cstring>
-#include <thread>
+#include <memory>
+#include <string>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 #include "dpt/error.h"
+#include "dpt/poll.h"
 
 namespace dpt {
 
 namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// Pauses between polls: set-up and split take milliseconds to seconds (and NCCL's thread needs the
+// core meanwhile); a collective's launch or completion takes microseconds.
+constexpr PollPause kSetUpPause{milliseconds(1), milliseconds(10)};
+constexpr PollPause kCollectivePause{microseconds(20), microseconds(20)};
+
+// What a timeout's message tells the user to check.
+constexpr const char* kPeerBehind = "a peer rank is stopped, dead or far behind";
+constexpr const char* kPeerAbsent =
+    "a peer rank did not join; check NCCL_SOCKET_IFNAME / the network between hosts, or run with "
+    "NCCL_DEBUG=INFO";
 
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {
@@ -35,21 +58,72 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// This rank as its errors name it, and the --timeout its waits use (0 = never).
+struct Where {
+  double timeout;
+  int rank;
+  std::string host;
+};
+
+// The NCCL communicator, shared by an NcclCommunicator and its requests. A timeout or an
+// asynchronous error aborts it (ncclCommAbort stops its kernels and threads and frees it) and
+// clears it here, so nothing polls or destroys it afterwards.
+struct CommHandle {
+  ncclComm_t comm = nullptr;
+  void abort() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+};
+using SharedComm = std::shared_ptr<CommHandle>;
+
+[[noreturn]] void throw_timeout(CommHandle& h, const std::string& what, const Where& w, const char* check) {
+  h.abort();
+  throw Error(ErrorKind::kInternal,
+              DPT_MSG(what << " did not complete within --timeout " << w.timeout << " s on rank " << w.rank
+                           << " (host " << w.host << "; NCCL communicator aborted): " << check));
+}
+
+// The communicator's asynchronous state: ncclSuccess, or ncclInProgress while an operation of a
+// non-blocking communicator is unfinished. Any other state broke the communicator: it is aborted
+// (NCCL's documented way out of an error) and the error thrown with NCCL's own explanation.
+ncclResult_t comm_state(CommHandle& h, const std::string& what, const Where& w) {
+  DPT_CHECK(h.comm != nullptr, what << " on rank " << w.rank << ": the NCCL communicator is gone "
+                                    << "(aborted after an error or timeout, or destroyed)");
+  ncclResult_t state = ncclSuccess;
+  // The query itself can fail: on reaching ncclSuccess it joins NCCL's thread for the finished
+  // call and returns that call's error, which breaks the communicator just the same.
+  const ncclResult_t queried = ncclCommGetAsyncError(h.comm, &state);
+  if (queried != ncclSuccess) state = queried;
+  if (state == ncclSuccess || state == ncclInProgress) return state;
+  const char* last_error = ncclGetLastError(h.comm);  // read before the abort adds messages of its own
+  const std::string last = last_error ? last_error : "";
+  h.abort();
+  throw Error(ErrorKind::kInternal, DPT_MSG(what << " failed on rank " << w.rank << " (host " << w.host << "): NCCL "
+                                                 << ncclGetErrorString(state) << (last.empty() ? "" : ": ") << last));
+}
+
+// Waits, bounded by w.timeout, until the communicator's last call has finished (its state left
+// ncclInProgress); on timeout aborts it and throws, naming `what` and what to `check`. Returns at
+// the first poll when the call was already complete: every collective launched outside a set-up
+// or a first connection, and every call when NCCL_COMM_BLOCKING=1 overrides the configuration.
+void settle(CommHandle& h, const std::string& what, const Where& w, const char* check, PollPause pause) {
+  poll_with_deadline(
+      w.timeout, [&] { return comm_state(h, what, w) != ncclInProgress; },
+      [&] { throw_timeout(h, what, w, check); }, pause);
+}
+
 class NcclRequest : public Request {
  public:
-  NcclRequest(ncclComm_t comm, cudaStream_t stream, std::string what, double timeout, int rank)
-      : comm_(comm), what_(std::move(what)), timeout_(timeout), rank_(rank) {
+  NcclRequest(SharedComm comm, cudaStream_t stream, std::string what, Where where)
+      : comm_(std::move(comm)), what_(std::move(what)), where_(std::move(where)) {
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~NcclRequest() override { cudaEventDestroy(event_); }
   bool test() override {
     if (done_) return true;
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess && async != ncclInProgress)
-      throw Error(ErrorKind::kInternal, DPT_MSG(what_ << " failed on rank " << rank_ << ": NCCL "
-                                                      << ncclGetErrorString(async)));
+    (void)comm_state(*comm_, what_, where_);  // throws on an asynchronous error
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) {
       // Not an error, but the runtime may keep it as this thread's last error, and every kernel
@@ -62,26 +136,18 @@ class NcclRequest : public Request {
     return true;
   }
   void wait() override {
-    const auto start = std::chrono::steady_clock::now();
-    while (!test()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      if (timeout_ > 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_) {
-        ncclCommAbort(comm_);  // frees the GPU from a collective that can never complete
-        throw Error(ErrorKind::kInternal,
-                    DPT_MSG(what_ << " did not complete within --timeout " << timeout_ << " s on rank "
-                                  << rank_ << " (NCCL communicator aborted): a peer rank is stopped, "
-                                                 "dead or far behind"));
-      }
-    }
+    // On timeout the communicator is aborted, which frees the GPU from a collective that can never
+    // complete.
+    poll_with_deadline(
+        where_.timeout, [&] { return test(); }, [&] { throw_timeout(*comm_, what_, where_, kPeerBehind); },
+        kCollectivePause);
   }
 
  private:
-  ncclComm_t comm_;
+  SharedComm comm_;
   cudaEvent_t event_{};
   std::string what_;
-  double timeout_;
-  int rank_;
+  Where where_;
   bool done_ = false;
 };
 
@@ -89,8 +155,8 @@ class NcclRequest : public Request {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::string host, double timeout)
-      : comm_(comm), rank_(rank), size_(size), device_(device), host_(std::move(host)), timeout_(timeout) {
+  NcclCommunicator(SharedComm comm, int rank, int size, int device, std::string host, double timeout)
+      : comm_(std::move(comm)), rank_(rank), size_(size), device_(device), host_(std::move(host)), timeout_(timeout) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
@@ -98,58 +164,86 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
-    ncclCommDestroy(comm_);
+    if (comm_->comm) ncclCommDestroy(comm_->comm);
+    comm_->comm = nullptr;  // for requests that outlive this communicator
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& host() const override { return host_; }
   std::unique_ptr<Communicator> duplicate() const override {
-    ncclComm_t split;
-    NCCL_CHECK(ncclCommSplit(comm_, 0, rank_, &split, nullptr));
-    return std::make_unique<NcclCommunicator>(split, rank_, size_, device_, host_, timeout_);
+    auto child = std::make_shared<CommHandle>();
+    // config nullptr: the child inherits this communicator's configuration, non-blocking included.
+    NCCL_CHECK(ncclCommSplit(live(), 0, rank_, &child->comm, nullptr));
+    // The split is a collective over this communicator: its state, not the child's, is the one in
+    // progress, and the child's handle is written when the split completes.
+    settle(*comm_, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
+    DPT_CHECK(child->comm != nullptr, "ncclCommSplit completed without a communicator on rank " << rank_);
+    settle(*child, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
+    return std::make_unique<NcclCommunicator>(std::move(child), rank_, size_, device_, host_, timeout_);
   }
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
   cudaStream_t stream() const { return stream_; }
-  void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op) {
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, stream_));
+  void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op,
+                        const std::string& what = "queued all-reduce") {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
+    launched(what, timeout_);
   }
   std::unique_ptr<Request> fence(cudaStream_t stream, const std::string& what) {
-    return std::make_unique<NcclRequest>(comm_, stream, what, timeout_, rank_);
+    return std::make_unique<NcclRequest>(comm_, stream, what, where());
   }
 
   std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                           const std::string& what) override {
-    allreduce_queued(data, count, dt, op);
+    allreduce_queued(data, count, dt, op, what);
     return fence(stream_, what);
   }
   std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
                                           const std::string& what) override {
-    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, comm_, stream_));
-    return std::make_unique<NcclRequest>(comm_, stream_, what, timeout_, rank_);
+    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, live(), stream_));
+    launched(what, timeout_);
+    return fence(stream_, what);
   }
   void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op, int root) override {
-    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root, comm_, stream_));
-    NcclRequest(comm_, stream_, "reduce", timeout_, rank_).wait();
+    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root, live(), stream_));
+    launched("reduce", timeout_);
+    NcclRequest(comm_, stream_, "reduce", where()).wait();
   }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
-    NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), comm_, stream_));
-    NcclRequest(comm_, stream_, "allgather", timeout_, rank_).wait();
+    NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), live(), stream_));
+    launched("allgather", timeout_);
+    NcclRequest(comm_, stream_, "allgather", where()).wait();
   }
   void barrier() override { iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait(); }
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
-    // NCCL collectives are asynchronous anyway; completion is awaited without a deadline.
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, stream_));
+    // No deadline, as the interface says: neither for the launch nor for the completion.
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
+    launched("all-reduce launch", 0);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   std::string diagnose() override {
+    if (!comm_->comm) return "NCCL communicator aborted";
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &async);
+    ncclCommGetAsyncError(comm_->comm, &async);
     return std::string("NCCL state: ") + ncclGetErrorString(async);
   }
 
  private:
-  ncclComm_t comm_;
+  Where where() const { return Where{timeout_, rank_, host_}; }
+  // The communicator for the next NCCL call; an error once a timeout or failure aborted it.
+  ncclComm_t live() const {
+    DPT_CHECK(comm_->comm != nullptr,
+              "rank " << rank_ << ": the NCCL communicator was aborted after an earlier error or timeout");
+    return comm_->comm;
+  }
+  // After a collective call: waits until NCCL has queued it on the stream (on a non-blocking
+  // communicator the first collective of a kind connects the peers on NCCL's thread first), so
+  // that an event recorded next, or a call that follows, comes after it.
+  void launched(const std::string& what, double timeout) {
+    settle(*comm_, what, Where{timeout, rank_, host_}, kPeerBehind, kCollectivePause);
+  }
+
+  SharedComm comm_;
   int rank_, size_, device_;
   std::string host_;
   double timeout_;
@@ -164,9 +258,16 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
   if (bootstrap.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   bootstrap.broadcast(reinterpret_cast<uint8_t*>(&id), static_cast<int64_t>(sizeof id), 0,
                       "broadcast of the NCCL unique id");
-  ncclComm_t comm;
-  NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
-  return std::make_unique<NcclCommunicator>(comm, bootstrap.rank(), bootstrap.size(), device,
+  // Non-blocking: the call returns at once (ncclInProgress) and NCCL joins the peers on its own
+  // thread, so a peer that never joins costs --timeout, then an abort, instead of a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  auto comm = std::make_shared<CommHandle>();
+  NCCL_CHECK(ncclCommInitRankConfig(&comm->comm, bootstrap.size(), id, bootstrap.rank(), &config));
+  DPT_CHECK(comm->comm != nullptr, "ncclCommInitRankConfig returned no communicator on rank " << bootstrap.rank());
+  settle(*comm, "NCCL communicator set-up", Where{bootstrap.timeout(), bootstrap.rank(), bootstrap.host()},
+         kPeerAbsent, kSetUpPause);
+  return std::make_unique<NcclCommunicator>(std::move(comm), bootstrap.rank(), bootstrap.size(), device,
                                             bootstrap.host(), bootstrap.timeout());
 }
 

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -266,18 +267,21 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
   return device;
 }
 
-// SIGINT/SIGTERM while training: noted, acted on at the next step boundary; the previous handlers
-// come back when the guard goes.
+// The signals that stop training at the next step boundary with a checkpoint: INT (a terminal),
+// TERM (kill, timeout, scancel), HUP (a closed terminal) and USR1, which mpirun forwards to every
+// rank on every host while it would answer TERM/INT itself by killing the ranks after 1 s:
+// launch/mpirun.sh turns the signals it receives into USR1 for that reason, and the Slurm script
+// asks for USR1 before the time limit. Installed when training starts, so that a signal during
+// set-up also ends in the agreed stop at the first boundary; the previous handlers come back when
+// the guard goes.
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
-    old_int_ = std::signal(SIGINT, on_stop_signal);
-    old_term_ = std::signal(SIGTERM, on_stop_signal);
+    for (size_t i = 0; i < kSignals.size(); ++i) old_[i] = std::signal(kSignals[i], on_stop_signal);
   }
   ~StopSignals() {
-    std::signal(SIGINT, old_int_);
-    std::signal(SIGTERM, old_term_);
+    for (size_t i = 0; i < kSignals.size(); ++i) std::signal(kSignals[i], old_[i]);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -290,8 +294,8 @@ class StopSignals {
   }
 
  private:
-  void (*old_int_)(int) = nullptr;
-  void (*old_term_)(int) = nullptr;
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+  std::array<void (*)(int), 4> old_{};
 };
 
 // What follows a step whose all-reduced gradients were not finite (the backend did not apply it):
@@ -741,6 +745,9 @@ class RunOutputs {
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& comm) {
   TrainConfig cfg = cfg_in;
   const int world = comm.size(), rank = comm.rank();
+  // A stop signal (see StopSignals): every rank finishes its step, agrees on stopping at the next
+  // boundary, checkpoints if configured, and main exits with 128 + signal.
+  StopSignals signals;
   validate_config(cfg, world);
   set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
   omp_set_num_threads(cfg.threads);
@@ -835,9 +842,6 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   const bool progress = rank == 0 && !cfg.quiet && log_level() >= LogLevel::kInfo &&
                         (cfg.progress == "on" || (cfg.progress == "auto" && tty));
 
-  // SIGINT/SIGTERM: every rank finishes its step, agrees on stopping, checkpoints if configured,
-  // and main exits with 128 + signal.
-  StopSignals signals;
   NonFiniteGuard guard(cfg, comm, engine);
   const bool host_backend = model->store().backend().host_memory();
   // A step boundary inside an epoch: a stop signal (checkpoint, then exit 128+signal), else a
@@ -849,8 +853,11 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     if (sig) {
       if (cfg.checkpoints()) {
         out.checkpoint(epoch, epoch_step, global_step);
-        log_info(DPT_MSG("signal " << sig << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
-                                   << " written to " << checkpoint_file(cfg, global_step)));
+        log_info(DPT_MSG(signal_name(sig) << ": checkpoint of epoch " << epoch + 1 << " step " << epoch_step
+                                          << " written to " << checkpoint_file(cfg, global_step)));
+      } else if (rank == 0) {
+        log_warn(DPT_MSG(signal_name(sig) << ": stopping at global step " << global_step
+                                          << " without a checkpoint (no --checkpoint-every was given)"));
       }
       throw Stopped{sig, global_step};
     }
@@ -957,6 +964,11 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   out.save(global_step);
   out.report_failures();
   return out.ran();
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
 }  // namespace dpt

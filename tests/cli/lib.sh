@@ -1,6 +1,6 @@
 # What the command-line test scripts share (sourced, after `set -uo pipefail`, with the dptrain
 # binary as $1): bin, a temporary directory tmp removed on exit, the MPI environment, an mpirun
-# command line `mpi` (add -np), the failure count, fail() and expect().
+# command line `mpi` (add -np), the failure count, fail(), expect() and same_tensors().
 bin=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,3 +26,7 @@ expect() {
     echo "ok: exit $rc, '$needle' <- ${*: -3}"
   fi
 }
+
+# same_tensors A B: the two safetensors files hold the same tensors, bit for bit (metadata aside).
+lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+same_tensors() { python3 "$lib_dir/same_tensors.py" "$1" "$2"; }

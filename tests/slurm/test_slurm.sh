@@ -2,7 +2,9 @@
 # Slurm launch test: starts a private one-node Slurm cluster (munged, slurmctld, slurmd, all under
 # a temp dir on free ports, config generated from `slurmd -C`), submits
 # launch/slurm/dptrain.sbatch for a short 2-rank LeNet run, and checks that the job COMPLETED
-# with exit code 0 and that its metrics line says world_size 2 and test_count 10000. The daemons
+# with exit code 0 and that its metrics line says world_size 2 and test_count 10000. Then a second
+# job gets the time-limit warning (SIGUSR1) mid-run: it must checkpoint, requeue itself, resume and
+# end bit for bit where an uninterrupted run ends. The daemons
 # are stopped by their PIDs and the temp dir removed on every exit. Exits 77 (meson's skip code)
 # with the reason when the machine cannot host the cluster.
 # Usage: tests/slurm/test_slurm.sh path/to/dptrain
@@ -257,4 +259,47 @@ grep -q 'world size 2' "$tmp/job-$jobid.out" || fail "job output lacks 'world si
 echo "check: job output says 'world size 2'"
 
 log "PASS: Slurm job $jobid ran dptrain on 2 ranks via srun --mpi=pmix"
+
+# ---- the time-limit warning: SIGUSR1 mid-run, checkpoint, requeue, resume; bit for bit ----
+# What Slurm sends 120 s before the limit (#SBATCH --signal=USR1@120) is sent here at once with
+# scancel --signal=USR1, which signals the job's steps: the ranks.
+run2=(--model lenet --epochs 2 --max-steps 100 --batch-size 64 --eval-batch-size 2000 --data "$data"
+      --checkpoint-every 10steps)
+mkdir -p "$tmp/ref" "$tmp/j2"
+OMPI_MCA_pml=ob1 timeout -k 5 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$DPTRAIN" \
+  "${run2[@]}" --threads 1 --checkpoint-path "$tmp/ref/ck.st" --save "$tmp/ref/final.st" >"$tmp/ref.log" 2>&1 ||
+  fail "the uninterrupted reference run failed: $(tail -3 "$tmp/ref.log")"
+jobid=$(sbatch --parsable --chdir="$tmp/j2" --output="$tmp/job-%j.out" --time=5 \
+  "$script" "${run2[@]}" --checkpoint-path "$tmp/j2/ck.st" --save "$tmp/j2/final.st") || fail "sbatch failed"
+jobid=${jobid%%;*}
+log "submitted job $jobid; waiting for its first checkpoint"
+wait_for 90 test -f "$tmp/j2/ck.st" || fail "job $jobid wrote no checkpoint within 90 s (state $(job_state))"
+scancel --signal=USR1 "$jobid" || fail "scancel --signal=USR1 $jobid failed"
+log "sent SIGUSR1 to the steps of job $jobid"
+# Requeued: it leaves RUNNING, comes back and completes (job_done is not true for a requeue).
+# Slurm holds a requeued job back for a while (its BeginTime is set into the future): once it is
+# pending again, it is let go at once, to keep the test short.
+requeued() { scontrol show job -o "$jobid" | grep -q 'Restarts=1 .*JobState=PENDING\|JobState=PENDING.*Restarts=1'; }
+if wait_for 60 requeued; then
+  log "job $jobid requeued: $(scontrol show job -o "$jobid" | grep -o 'JobState=[A-Z]* Reason=[^ ]*\|BeginTime=[^ ]*' | tr '\n' ' ')"
+  scontrol update JobId="$jobid" StartTime=now || true
+fi
+wait_for 180 job_done || fail "job $jobid not finished within 180 s of the signal (state $(job_state))"
+echo "---- job output ----"
+cat "$tmp/job-$jobid.out"
+echo "--------------------"
+info=$(scontrol show job -o "$jobid")
+state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
+restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2)
+exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
+echo "check: job $jobid: state $state, exit code $exit_code, restarts $restarts"
+[[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job $jobid: state $state exit code $exit_code, want COMPLETED 0:0"
+[[ $restarts == 1 ]] || fail "job $jobid was requeued ${restarts:-?} times, want 1"
+out=$tmp/job-$jobid.out
+grep -q "SIGUSR1: checkpoint of epoch" "$out" || fail "no stop checkpoint in the job output"
+grep -q "requeueing job $jobid" "$out" || fail "the script did not requeue"
+grep -q "resumed from $tmp/j2/ck.st" "$out" || fail "the requeued job did not resume from the checkpoint"
+python3 "$repo/tests/cli/same_tensors.py" "$tmp/ref/final.st" "$tmp/j2/final.st" ||
+  fail "the requeued job does not end where the uninterrupted run ends"
+log "PASS: job $jobid stopped on SIGUSR1 with a checkpoint, requeued itself and ended bit for bit"
 exit 0

@@ -1,0 +1,44 @@
+// poll_with_deadline: the one polling loop behind the NCCL communicator's waits (its set-up, a
+// split, a collective's launch and its completion): a probe is called until it reports done, with
+// a growing pause between calls, and a deadline (--timeout) after which on_timeout is called.
+// Header-only and free of CUDA, so that it is unit-tested without a GPU (tests/unit/test_poll.cc).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace dpt {
+
+// The pause between two polls: `first` after the first unsuccessful poll, doubled after each
+// further one up to `max`. A short first pause answers a quick operation quickly; the cap bounds
+// how late a slow one is noticed; sleeping at all leaves the core to the threads doing the work
+// (NCCL's set-up runs on its own thread, and a rank may have only one core).
+struct PollPause {
+  std::chrono::microseconds first{1000};
+  std::chrono::microseconds max{10000};
+};
+
+// Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
+// said no and timeout_s seconds or more have passed since the call, calls on_timeout() once and
+// returns false, probing no more (on_timeout usually throws: the callers abort and report).
+// timeout_s <= 0 waits for ever, as --timeout 0 means. The probe always runs at least once, so an
+// operation already complete succeeds whatever the deadline.
+template <typename Probe, typename OnTimeout>
+bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
+                        PollPause pause = {}) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto sleep = pause.first;
+  while (!probe()) {
+    if (timeout_s > 0 && std::chrono::duration<double>(clock::now() - start).count() >= timeout_s) {
+      on_timeout();
+      return false;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, pause.max);
+  }
+  return true;
+}
+
+}  // namespace dpt

@@ -1,0 +1,117 @@
+// Unit tests for poll_with_deadline (include/dpt/poll.h), the loop behind every wait of the NCCL
+// communicator (set-up, split, collectives), run here without a GPU: a probe done after a known
+// number of polls, one that never completes against a short deadline, 0 meaning no deadline, and
+// the growing pause. Timings are checked as lower bounds only (a loaded machine only adds time).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "dpt/error.h"
+#include "dpt/poll.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+TEST(Poll, ReturnsWhenTheProbeReportsDoneAfterExactlyThatManyPolls) {
+  for (const int k : {1, 2, 7}) {
+    int polls = 0, timeouts = 0;
+    const bool done = dpt::poll_with_deadline(
+        30.0, [&] { return ++polls == k; }, [&] { ++timeouts; },
+        dpt::PollPause{microseconds(1), microseconds(8)});
+    EXPECT_TRUE(done) << "k = " << k;
+    EXPECT_EQ(polls, k);
+    EXPECT_EQ(timeouts, 0);
+  }
+}
+
+TEST(Poll, AProbeThatNeverCompletesTimesOutOnceAfterTheDeadline) {
+  const double deadline = 0.05;
+  int polls = 0, timeouts = 0, polls_at_timeout = -1;
+  const auto start = clock_type::now();
+  const bool done = dpt::poll_with_deadline(
+      deadline,
+      [&] {
+        ++polls;
+        return false;
+      },
+      [&] {
+        ++timeouts;
+        polls_at_timeout = polls;
+      },
+      dpt::PollPause{milliseconds(1), milliseconds(10)});
+  const double elapsed = seconds_since(start);
+  EXPECT_FALSE(done);
+  EXPECT_EQ(timeouts, 1);
+  EXPECT_GE(elapsed, deadline);
+  EXPECT_GE(polls, 1);
+  EXPECT_EQ(polls, polls_at_timeout) << "no probe after the timeout";
+}
+
+TEST(Poll, AThrowingTimeoutHandlerEndsTheWaitWithItsError) {
+  // The NCCL communicator's handler aborts the communicator and throws: the error comes out as is.
+  int polls = 0;
+  try {
+    dpt::poll_with_deadline(
+        0.01,
+        [&] {
+          ++polls;
+          return false;
+        },
+        [] {
+          throw dpt::Error(dpt::ErrorKind::kInternal,
+                           "set-up did not complete within --timeout 0.01 s");
+        });
+    FAIL() << "no error";
+  } catch (const dpt::Error& e) {
+    EXPECT_EQ(e.exit_code(), 3);
+    EXPECT_STREQ(e.what(), "set-up did not complete within --timeout 0.01 s");
+  }
+  EXPECT_GE(polls, 1);
+}
+
+TEST(Poll, ZeroTimeoutMeansNeverGiveUp) {
+  // Read as a deadline of 0 s, the first unsuccessful poll would already time out.
+  int polls = 0, timeouts = 0;
+  const bool done = dpt::poll_with_deadline(
+      0.0, [&] { return ++polls == 50; }, [&] { ++timeouts; },
+      dpt::PollPause{microseconds(100), microseconds(100)});
+  EXPECT_TRUE(done);
+  EXPECT_EQ(polls, 50);
+  EXPECT_EQ(timeouts, 0);
+}
+
+TEST(Poll, AnAlreadyCompleteOperationSucceedsWhateverTheDeadline) {
+  int polls = 0, timeouts = 0;
+  EXPECT_TRUE(dpt::poll_with_deadline(
+      1e-9, [&] { return ++polls > 0; }, [&] { ++timeouts; }));
+  EXPECT_EQ(polls, 1);
+  EXPECT_EQ(timeouts, 0);
+}
+
+TEST(Poll, ThePauseDoublesFromFirstUpToMax) {
+  // 1 ms, 2 ms, 4 ms, then 4 ms again: each gap between two polls lasts at least its pause.
+  std::vector<clock_type::time_point> at;
+  dpt::poll_with_deadline(
+      0.0,
+      [&] {
+        at.push_back(clock_type::now());
+        return at.size() == 6;
+      },
+      [] {}, dpt::PollPause{milliseconds(1), milliseconds(4)});
+  ASSERT_EQ(at.size(), 6u);
+  const double expected_ms[] = {1, 2, 4, 4, 4};
+  for (size_t i = 0; i + 1 < at.size(); ++i) {
+    const double gap_ms = std::chrono::duration<double, std::milli>(at[i + 1] - at[i]).count();
+    EXPECT_GE(gap_ms, expected_ms[i]) << "gap " << i;
+  }
+}
+
+}  // namespace
