@@ -144,6 +144,13 @@ struct EpochMetrics {
   double grad_norm = 0, grad_norm_max = 0;  // of the epoch's applied steps: mean and largest
   int64_t nonfinite_steps = 0;              // steps not applied (non-finite gradients)
   int world_size = 1;
+  // Per-rank timings, gathered once at the epoch's end (seconds per step; see run_training for the
+  // definitions): compute = the rank's step time less its exposed all-reduce wait; wait = that
+  // wait plus the stop-flag all-reduce at step boundaries. The slowest rank by compute, its
+  // compute, the median over ranks and (max - min) / median.
+  int slowest_rank = 0;
+  double slowest_compute_seconds = 0, median_compute_seconds = 0, compute_spread = 0;
+  std::vector<double> rank_compute_seconds, rank_wait_seconds;  // in rank order
   std::string to_json() const;
   // The record to_json wrote (fields it lacks stay at their defaults; a null value is NaN).
   static EpochMetrics from_json(const std::string& json);

@@ -61,6 +61,12 @@ EpochMetrics EpochMetrics::from_json(const std::string& json) {
   num("images_per_second", m.images_per_second), num("lr", m.lr), num("comm_seconds", m.comm_seconds);
   num("exposed_comm_seconds", m.exposed_comm_seconds), num("grad_norm", m.grad_norm);
   num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps), num("world_size", m.world_size);
+  num("slowest_rank", m.slowest_rank), num("slowest_compute_seconds", m.slowest_compute_seconds);
+  num("median_compute_seconds", m.median_compute_seconds), num("compute_spread", m.compute_spread);
+  auto list = [&](const char* key, std::vector<double>& field) {
+    if (j.contains(key) && j.at(key).is_array()) field = j.at(key).get<std::vector<double>>();
+  };
+  list("rank_compute_seconds", m.rank_compute_seconds), list("rank_wait_seconds", m.rank_wait_seconds);
   return m;
 }
 
@@ -82,7 +88,13 @@ std::string EpochMetrics::to_json() const {
                       {"grad_norm", grad_norm},
                       {"grad_norm_max", grad_norm_max},
                       {"nonfinite_steps", nonfinite_steps},
-                      {"world_size", world_size}};
+                      {"world_size", world_size},
+                      {"slowest_rank", slowest_rank},
+                      {"slowest_compute_seconds", slowest_compute_seconds},
+                      {"median_compute_seconds", median_compute_seconds},
+                      {"compute_spread", compute_spread},
+                      {"rank_compute_seconds", rank_compute_seconds},
+                      {"rank_wait_seconds", rank_wait_seconds}};
   return j.dump();
 }
 

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -581,6 +582,12 @@ class RunOutputs {
       char line[256];
       std::snprintf(line, sizeof line, "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
                     m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds, m.images_per_second);
+      if (m.world_size > 1 && m.median_compute_seconds > 0) {
+        // The slowest rank's compute per step against the median (the metrics have every rank's).
+        const size_t len = std::strlen(line);
+        std::snprintf(line + len, sizeof line - len, "  slowest r%d +%.0f%%", m.slowest_rank,
+                      (m.slowest_compute_seconds / m.median_compute_seconds - 1) * 100);
+      }
       if (cfg_.quiet && m.epoch == cfg_.epochs) std::printf("%s\n", line);
       log_info(line);
       write_metrics(m.to_json());
@@ -740,6 +747,55 @@ class RunOutputs {
   double last_checkpoint_ = now();
 };
 
+// A rank counts as a straggler when its compute time per step is more than kStragglerSlower above
+// the median of all ranks for kStragglerEpochs epochs in a row: one slow epoch is noise (a page
+// cache miss, a checkpoint), a streak is a slow host or a noisy neighbour. With two ranks the
+// median is their mean, so the slow one must be 1.5 times the other to be 20 % above it.
+constexpr double kStragglerSlower = 0.20;
+constexpr int kStragglerEpochs = 3;
+
+// Fills m's per-rank fields from every rank's {compute, wait} seconds per step (`all`, rank-major).
+void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {
+  const size_t n = all.size() / 2;
+  m.rank_compute_seconds.resize(n), m.rank_wait_seconds.resize(n);
+  for (size_t r = 0; r < n; ++r) m.rank_compute_seconds[r] = all[2 * r], m.rank_wait_seconds[r] = all[2 * r + 1];
+  const std::vector<double>& c = m.rank_compute_seconds;
+  const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
+  m.slowest_rank = static_cast<int>(hi - c.begin());  // the first of equals: rank 0 when alone
+  m.slowest_compute_seconds = *hi;
+  std::vector<double> sorted = c;
+  std::sort(sorted.begin(), sorted.end());
+  m.median_compute_seconds = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  m.compute_spread = m.median_compute_seconds > 0 ? (*hi - *lo) / m.median_compute_seconds : 0;
+}
+
+// Rank 0's count, per rank, of consecutive epochs above the straggler threshold; warns once per
+// streak, when it reaches kStragglerEpochs, naming the rank and its host.
+class StragglerWatch {
+ public:
+  void epoch_done(const EpochMetrics& m, const std::vector<std::string>& hosts) {
+    const std::vector<double>& c = m.rank_compute_seconds;
+    const double median = m.median_compute_seconds;
+    streak_.resize(c.size(), 0);
+    for (size_t r = 0; r < c.size(); ++r) {
+      if (!(median > 0 && c[r] > median * (1 + kStragglerSlower))) {
+        streak_[r] = 0;
+        continue;
+      }
+      if (++streak_[r] != kStragglerEpochs) continue;
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "rank %zu (host %s) has been %.0f%% slower than the median for %d epochs in a row (%.3g s against "
+                    "%.3g s of compute per step): a slow host or a noisy neighbour?",
+                    r, hosts[r].c_str(), (c[r] / median - 1) * 100, kStragglerEpochs, c[r], median);
+      log_warn(line);
+    }
+  }
+
+ private:
+  std::vector<int> streak_;
+};
+
 }  // namespace
 
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& comm) {
@@ -843,13 +899,17 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                         (cfg.progress == "on" || (cfg.progress == "auto" && tty));
 
   NonFiniteGuard guard(cfg, comm, engine);
+  StragglerWatch stragglers;
+  double boundary_wait_s = 0;  // this epoch's seconds in the stop-flag all-reduce (a wait for peers)
   const bool host_backend = model->store().backend().host_memory();
   // A step boundary inside an epoch: a stop signal (checkpoint, then exit 128+signal), else a
   // checkpoint due by steps or by rank 0's clock (--checkpoint-every Nsteps / Nmin).
   auto at_boundary = [&](int64_t epoch, int64_t epoch_step, bool any_step_since) {
     const bool minutes_due = rank == 0 && any_step_since && cfg.checkpoint_every_minutes > 0 &&
                              out.minutes_since_checkpoint() >= cfg.checkpoint_every_minutes;
+    const double agree_t0 = now();
     const auto [sig, due] = signals.agreed(comm, minutes_due);
+    boundary_wait_s += now() - agree_t0;
     if (sig) {
       if (cfg.checkpoints()) {
         out.checkpoint(epoch, epoch_step, global_step);
@@ -867,7 +927,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   for (int epoch = static_cast<int>(start.epoch); epoch < cfg.epochs; ++epoch) {
     sampler.set_epoch(epoch);
     engine.begin_epoch(sampler, batches);
-    double comm_s = 0, exposed_s = 0, lr = 0;
+    double comm_s = 0, exposed_s = 0, step_s = 0, lr = 0;
+    boundary_wait_s = 0;
     int64_t seen = 0;
     const int64_t first = epoch == start.epoch ? start.epoch_step : 0;
     const double t0 = now();
@@ -878,6 +939,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       const double step_t0 = now();
       lr = learning_rate(cfg, global_step, steps);
       engine.step(s * cfg.accum_steps, global_step, lr, tr);
+      step_s += now() - step_t0;
       seen += b * cfg.accum_steps;
       // A host backend has the sum at once; a device one is checked at the epoch's end (its
       // non-finite steps were not applied either, so the state stays finite meanwhile).
@@ -909,8 +971,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
     // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
+    const double drain_t0 = now();
     const Totals et = engine.epoch_totals();
     const double train_seconds = now() - t0;
+    step_s += now() - drain_t0;
     const std::vector<double> sumsq = engine.epoch_grad_sumsq();
     double norm_sum = 0, norm_max = 0;
     int64_t applied = 0, nonfinite = 0;
@@ -925,6 +989,14 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     }
     double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(seen)};
     comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
+    // Every rank's timings per step, gathered once per epoch (no collective per step): compute =
+    // time in its steps (plus a GPU's end-of-epoch drain) less the exposed all-reduce wait;
+    // wait = that exposed wait plus the stop-flag all-reduce at step boundaries.
+    const double n_steps = static_cast<double>(steps - first);
+    const double mine[2] = {n_steps > 0 ? std::max(0.0, step_s - exposed_s) / n_steps : 0,
+                            n_steps > 0 ? (exposed_s + boundary_wait_s) / n_steps : 0};
+    std::vector<double> timings(2 * static_cast<size_t>(world));
+    comm.allgather(mine, timings.data(), 2);
     engine.sync_buffers();
     const bool eval_now = cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
     const Totals ev = eval_now ? evaluate(engine, comm, test.n) : Totals{};
@@ -948,7 +1020,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     m.grad_norm_max = norm_max;
     m.nonfinite_steps = nonfinite;
     m.world_size = world;
+    set_rank_timings(m, timings);
     out.epoch_done(m, global_step);
+    if (rank == 0) stragglers.epoch_done(m, hosts);  // after the epoch line it refers to
   }
   if (tr) {
     try {
