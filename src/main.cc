@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   // step, paying page faults and zeroing each time.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // Before MPI starts its threads, so that they inherit the mask (see StopSignals in trainer.cc).
+  dpt::block_stop_signals();
   dpt::MpiSession mpi(&argc, &argv);
   const int world = mpi.world().size;
   dpt::TrainConfig cfg;

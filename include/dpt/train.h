@@ -179,6 +179,9 @@ struct Stopped {
 };
 // "SIGTERM" for 15: how logs name a signal.
 std::string signal_name(int sig);
+// Blocks the stop signals (INT, TERM, HUP, USR1) in the calling thread and every thread it starts
+// afterwards; run_training takes them on a thread of its own. main calls it before MPI starts.
+void block_stop_signals();
 
 // An input error every rank knows about (agreed by a collective), so no MPI_Abort is needed.
 // Ranks that were not themselves at fault carry quiet = true and print nothing.
