@@ -8,7 +8,9 @@
 Inputs are measured figures (compute per step, gradient bytes) and published link figures; the
 table prints the efficiency for 1..64 GPUs and the bucket size that keeps the per-bucket latency
 term under 10 % of the bucket's transfer time (alpha * B / 0.1 bytes, rounded to MiB).
-Usage: bench/forecast.py [--json]
+Usage: bench/forecast.py [--json] [--link NAME ALPHA BW ...]
+  --link adds a measured link (ALPHA: seconds per hop, BW: bus bandwidth in bytes/s), e.g. the
+  fits bench/thinlink.sh prints for its tc-shaped links; given one or more, only those are used.
 """
 import json
 import sys
@@ -38,10 +40,25 @@ def t_allreduce(n, p, alpha, bw):
     return 0.0 if p == 1 else 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bw
 
 
+def links_from_argv(argv):
+    """The --link NAME ALPHA BW triples of the command line, or the published LINKS."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--link":
+            if i + 3 >= len(argv):
+                sys.exit("forecast.py: --link needs NAME ALPHA BW")
+            out.append((argv[i + 1], float(argv[i + 3]), float(argv[i + 2])))
+            i += 4
+        else:
+            i += 1
+    return out or LINKS
+
+
 def main():
     rows = []
+    links = links_from_argv(sys.argv[1:])
     for wname, n, tc, bshare in WORKLOADS:
-        for lname, bw, alpha in LINKS:
+        for lname, bw, alpha in links:
             effs = []
             for p in P:
                 ar = t_allreduce(n, p, alpha, bw)
