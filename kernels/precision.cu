@@ -1,41 +1,71 @@
-// The fp32 <-> bf16 cast kernels and their launchers (see precision.cuh): element-wise grid-stride
-// passes over the 16-bit patterns reinterpreted as __nv_bfloat16.
+// The fp32 <-> 16-bit cast kernels and their launchers (see precision.cuh): element-wise grid-stride
+// passes over the 16-bit patterns reinterpreted as __nv_bfloat16 or __half, one kernel per direction
+// templated on the 16-bit type.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "launch_util.cuh"
 #include "precision.cuh"
 
 namespace dpt::cuda {
 
-// ----------------------------------------------------------------------------
-// fp32 -> bf16, rounded to nearest even.
+namespace {
 
-static __global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
-  DPT_GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+// Round to nearest even (NaN becomes the canonical NaN of the type), and the exact widening.
+__device__ __forceinline__ void narrow(float x, __nv_bfloat16& y) { y = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void narrow(float x, __half& y) { y = __float2half_rn(x); }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// fp32 -> 16-bit, rounded to nearest even.
+
+template <typename H>
+static __global__ void to_16_kernel(const float* __restrict__ x, H* __restrict__ y, int64_t n) {
+  DPT_GRID_STRIDE(i, n) narrow(x[i], y[i]);
 }
 
-cudaError_t launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+template <typename H>
+static cudaError_t launch_to_16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16*>(y), n);
+  to_16_kernel<H><<<blocks_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<H*>(y), n);
   return cudaGetLastError();
 }
 
-// ----------------------------------------------------------------------------
-// bf16 -> fp32 (exact), optionally accumulated.
+cudaError_t launch_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  return launch_to_16<__nv_bfloat16>(x, y, n, stream);
+}
 
-static __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int64_t n,
-                                        bool accumulate) {
+cudaError_t launch_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  return launch_to_16<__half>(x, y, n, stream);
+}
+
+// ----------------------------------------------------------------------------
+// 16-bit -> fp32 (exact), optionally accumulated.
+
+template <typename H>
+static __global__ void from_16_kernel(const H* __restrict__ x, float* __restrict__ y, int64_t n, bool accumulate) {
   DPT_GRID_STRIDE(i, n) {
-    const float v = __bfloat162float(x[i]);
+    const float v = widen(x[i]);
     y[i] = accumulate ? y[i] + v : v;
   }
 }
 
-cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+template <typename H>
+static cudaError_t launch_from_16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(x), y, n,
-                                                           accumulate);
+  from_16_kernel<H><<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const H*>(x), y, n, accumulate);
   return cudaGetLastError();
+}
+
+cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+  return launch_from_16<__nv_bfloat16>(x, y, n, accumulate, stream);
+}
+
+cudaError_t launch_from_f16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+  return launch_from_16<__half>(x, y, n, accumulate, stream);
 }
 
 }  // namespace dpt::cuda

@@ -11,7 +11,9 @@
 namespace dpt {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
-enum class DType { kF32, kF64, kI32, kI64, kU64, kU8 };
+// kBF16 and kF16 are 16-bit floats stored as uint16_t (see half.h); only kSum reduces them, adding
+// in float and rounding each partial sum (gradients sent compressed, --grad-dtype).
+enum class DType { kF32, kF64, kI32, kI64, kU64, kU8, kBF16, kF16 };
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::kF32; }

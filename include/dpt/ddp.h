@@ -70,7 +70,12 @@ class ReduceTransport {
 // of `grads` (host memory) with MPI's fastest blocking all-reduce; finish() waits for it, bounded by
 // comm's --timeout. At world size 1 nothing is sent. allreduce_doubles uses `comm` itself, on the
 // calling thread.
-std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads);
+// wire: the type gradients travel in: kF32, or kBF16 / kF16 (--grad-dtype), cast from and back to
+// the float buffer around each bucket's all-reduce, which adds in float and rounds each partial sum.
+std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads, DType wire = DType::kF32);
+
+// --grad-dtype's value ("fp32", "bf16", "fp16") as the wire type; throws an input error otherwise.
+DType grad_wire_dtype(const std::string& name);
 
 // Buckets of the flat gradient buffer all-reduced in order while backward runs, over any transport:
 // the one place of the bucket bookkeeping, its checks and its statistics, for every backend.
@@ -113,6 +118,7 @@ struct DdpOptions {
   double last_bucket_mb = 0;
   bool overlap = true;
   bool sync_bn = false;
+  DType grad_dtype = DType::kF32;  // the wire type of the default (MPI) transport
 };
 
 class DataParallel {

@@ -48,6 +48,7 @@ struct TrainConfig {
   bool allow_config_change = false;  // --resume may continue with other training settings
   double bucket_mb = 25;
   double last_bucket_mb = 0;  // 0 = no separate small last bucket
+  std::string grad_dtype = "fp32";  // fp32 | bf16 | fp16: the type gradient buckets travel in
   bool overlap = true;
   int accum_steps = 1;
   double clip_grad_norm = 0;        // > 0: clip the global gradient norm (torch clip_grad_norm_)

@@ -8,12 +8,15 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <vector>
 #include <thread>
 
 #include "comm/mpi_check.h"
+
 #include "dpt/bootstrap.h"
 #include "dpt/comm.h"
+#include "dpt/half.h"
 #include "dpt/log.h"
 
 namespace dpt {
@@ -28,11 +31,38 @@ MPI_Datatype mpi_type(DType dt) {
     case DType::kI64: return MPI_INT64_T;
     case DType::kU64: return MPI_UINT64_T;
     case DType::kU8: return MPI_UINT8_T;
+    case DType::kBF16:
+    case DType::kF16: return MPI_UINT16_T;  // bit patterns, summed by the operations below
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// The sum of 16-bit floats as an MPI operation: each pair added in float, the result rounded back
+// (MPI has no bfloat16, and MPI_SUM on their bit patterns would add integers).
+template <uint16_t (*To)(float), float (*From)(uint16_t)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = To(From(a[i]) + From(b[i]));
+}
+
+MPI_Op sum16_op(DType dt) {
+  // Created once, after MPI_Init (the first 16-bit reduction comes long after), on whichever
+  // thread asks first; MPI frees them at MPI_Finalize.
+  static MPI_Op bf16 = MPI_OP_NULL, f16 = MPI_OP_NULL;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_CHECK(MPI_Op_create(&sum16<bf16_from_float, float_from_bf16>, 1, &bf16));
+    MPI_CHECK(MPI_Op_create(&sum16<f16_from_float, float_from_f16>, 1, &f16));
+  });
+  return dt == DType::kBF16 ? bf16 : f16;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dt) {
+  if (dt == DType::kBF16 || dt == DType::kF16) {
+    DPT_CHECK(op == ReduceOp::kSum, "16-bit floats are only summed");
+    return sum16_op(dt);
+  }
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides after completion
@@ -141,7 +171,7 @@ class MpiCommunicator : public Communicator {
                                           const std::string& what) override {
     ++seq_;
     MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op),
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op, dt),
                              comm_, &req));
     auto r = make_request(req, what);
     if (op == ReduceOp::kAvg) {
@@ -162,7 +192,7 @@ class MpiCommunicator : public Communicator {
     ++seq_;
     MPI_Request req;
     const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
-    MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op), root, comm_,
+    MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op, dt), root, comm_,
                           &req));
     make_request(req, "reduce")->wait();
     if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
@@ -187,7 +217,7 @@ class MpiCommunicator : public Communicator {
   // about to be aborted, and waiting for them could hang on the very rank that is gone.
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     ++seq_;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op), comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op, dt), comm_));
     if (op == ReduceOp::kAvg) divide(data, count, dt, size_);
   }
 

@@ -11,6 +11,7 @@
 
 #include "dpt/ddp.h"
 #include "dpt/error.h"
+#include "dpt/half.h"
 #include "dpt/log.h"
 
 namespace dpt {
@@ -57,7 +58,10 @@ namespace {
 
 class MpiThreadTransport : public ReduceTransport {
  public:
-  MpiThreadTransport(Communicator& comm, float* grads) : main_(comm), comm_(comm.duplicate()), grads_(grads) {
+  MpiThreadTransport(Communicator& comm, float* grads, DType wire)
+      : main_(comm), comm_(comm.duplicate()), grads_(grads), wire_(wire) {
+    DPT_CHECK(wire == DType::kF32 || wire == DType::kBF16 || wire == DType::kF16,
+              "gradients travel as fp32, bf16 or fp16");
     if (comm_->size() > 1) thread_ = std::thread([this] { thread_main(); });
   }
   ~MpiThreadTransport() override {
@@ -142,7 +146,17 @@ class MpiThreadTransport : public ReduceTransport {
       try {
         const double t0 = now_seconds();
         const double s0 = tracer_ && tracer_->active() ? tracer_->now_us() : 0;
-        comm_->allreduce_unbounded_raw(grads_ + l.range.begin, l.range.size(), DType::kF32, ReduceOp::kSum);
+        float* g = grads_ + l.range.begin;
+        if (wire_ == DType::kF32) {
+          comm_->allreduce_unbounded_raw(g, l.range.size(), DType::kF32, ReduceOp::kSum);
+        } else {
+          // Compressed: cast into 16-bit values, sum those (in float, rounded per partial sum),
+          // cast back. The optimizer and the master weights never see anything but float.
+          if (static_cast<int64_t>(wire_buf_.size()) < l.range.size()) wire_buf_.resize(static_cast<size_t>(l.range.size()));
+          compress16(g, wire_buf_.data(), l.range.size(), wire_);
+          comm_->allreduce_unbounded_raw(wire_buf_.data(), l.range.size(), wire_, ReduceOp::kSum);
+          decompress16(wire_buf_.data(), g, l.range.size(), wire_);
+        }
         const double dt = now_seconds() - t0;
         if (tracer_ && tracer_->active())
           tracer_->span("allreduce bucket " + std::to_string(l.bucket), "comm", Tracer::kComm, s0, tracer_->now_us());
@@ -162,6 +176,8 @@ class MpiThreadTransport : public ReduceTransport {
   Communicator& main_;
   std::unique_ptr<Communicator> comm_;  // the thread's own: its collectives never interleave with main_'s
   float* grads_;
+  DType wire_;
+  std::vector<uint16_t> wire_buf_;  // the thread's: a bucket in 16-bit values (compressed wire only)
   Tracer* tracer_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -177,8 +193,15 @@ class MpiThreadTransport : public ReduceTransport {
 
 }  // namespace
 
-std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads) {
-  return std::make_unique<MpiThreadTransport>(comm, grads);
+std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads, DType wire) {
+  return std::make_unique<MpiThreadTransport>(comm, grads, wire);
+}
+
+DType grad_wire_dtype(const std::string& name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  throw Error(ErrorKind::kInput, "--grad-dtype: '" + name + "' is not fp32|bf16|fp16");
 }
 
 // ---- Reducer ---------------------------------------------------------------------------------
@@ -254,7 +277,7 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
   for (int r = 0; r < comm_.size(); ++r)
     DPT_CHECK(all[static_cast<size_t>(r)] == all[0],
               "gradient bucket plan of rank " << r << " differs from rank 0's");
-  if (!transport) transport = make_mpi_transport(comm_, store.device_grads());
+  if (!transport) transport = make_mpi_transport(comm_, store.device_grads(), options.grad_dtype);
   reducer_ = std::make_unique<Reducer>(std::move(transport), std::move(buckets), options.overlap);
   if (options.sync_bn && comm_.size() > 1) {
     // Through the transport: the statistics are in the backend's memory, ordered with its compute.

@@ -1,6 +1,18 @@
 // The NCCL and host-MPI transports of the Reducer (see gpu_reducer.h), over one base that owns
-// what both need: the communication stream, the events ordering it with the compute stream, and
-// their release. Only compiled in GPU builds.
+// what both need: the communication stream, the events ordering it with the compute stream, the
+// 16-bit staging buffer of a compressed wire (--grad-dtype bf16 / fp16), and their release. Only
+// compiled in GPU builds.
+//
+// A compressed wire, per bucket, everything on the communication stream after it waited for the
+// bucket's gradients (so the casts, like the all-reduce, overlap the rest of backward and sit in a
+// CUDA graph with it):
+//   NCCL:     cast grads -> stage (16-bit), ncclAllReduce(stage, ncclBfloat16 / ncclFloat16, sum),
+//             cast stage -> grads (exact).
+//   host MPI: cast grads -> stage, copy stage -> pinned host (half the bytes of fp32), MPI sum of
+//             the 16-bit values (Communicator's float-add-and-round operation), copy back to stage,
+//             cast stage -> grads.
+// A bucket's slice of the staging buffer is its own ([begin, end) as in the gradients), and the
+// stream orders one step's use of it after the last's: no other synchronisation is needed.
 #include "cuda/gpu_reducer.h"
 
 #include <algorithm>
@@ -11,6 +23,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/nccl_communicator.h"
 #include "dpt/error.h"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 
@@ -21,6 +34,11 @@ double now_seconds() {
 }
 
 size_t bytes_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(float); }
+size_t bytes16_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(uint16_t); }
+
+const char* wire_name(DType wire) {
+  return wire == DType::kBF16 ? "bf16" : wire == DType::kF16 ? "fp16" : "fp32";
+}
 
 // What both transports share: the compute stream (the backend's context), the stream the
 // collectives or copies run on, the events ordering the two, and their release.
@@ -34,8 +52,12 @@ class StreamTransport : public ReduceTransport {
   // comm_stream: the stream to order the work on (NCCL's, borrowed); nullptr creates a
   // non-blocking one of its own (non-blocking, as the compute stream, so a CUDA graph capture on
   // the compute stream is never disturbed by it).
-  StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream)
-      : be_(be), ctx_(be.context()), grads_(grads), count_(count), comm_(comm_stream) {
+  // wire: kF32, or kBF16 / kF16 with a device staging buffer of `count` 16-bit values, allocated
+  // once here through the backend (so CUDA graphs count it), never inside a step.
+  StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream, DType wire)
+      : be_(be), ctx_(be.context()), grads_(grads), count_(count), comm_(comm_stream), wire_(wire) {
+    DPT_CHECK(wire == DType::kF32 || wire == DType::kBF16 || wire == DType::kF16,
+              "gradients travel as fp32, bf16 or fp16");
     try {
       if (!comm_) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
@@ -43,6 +65,8 @@ class StreamTransport : public ReduceTransport {
       }
       ready_ = event(false);
       done_ = event(false);
+      if (compressed())
+        stage_ = static_cast<uint16_t*>(be_.allocate(static_cast<size_t>(std::max<int64_t>(count_, 1)) * sizeof(uint16_t)));
     } catch (...) {
       release();  // the destructor does not run for a half-built object
       throw;
@@ -80,17 +104,44 @@ class StreamTransport : public ReduceTransport {
   }
   bool abandoned() const { return be_.abandoned(); }
 
+  bool compressed() const { return wire_ != DType::kF32; }
+  // On the communication stream: bucket b's gradients into its slice of the staging buffer, as
+  // 16-bit values rounded to nearest even; and the slice back into the gradients (exact).
+  void compress_on_stream(const Bucket& b) {
+    const int64_t n = b.size();
+    CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_to_bf16(grads_ + b.begin, stage_ + b.begin, n, comm_)
+                                     : cuda::launch_to_f16(grads_ + b.begin, stage_ + b.begin, n, comm_));
+  }
+  void decompress_on_stream(const Bucket& b) {
+    const int64_t n = b.size();
+    CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_from_bf16(stage_ + b.begin, grads_ + b.begin, n, false, comm_)
+                                     : cuda::launch_from_f16(stage_ + b.begin, grads_ + b.begin, n, false, comm_));
+  }
+  // Frees the staging buffer once the communication stream's work on it is done. Derived
+  // destructors call it while that stream still exists (NCCL's dies with its communicator).
+  void release_stage() noexcept {
+    if (!stage_ || be_.abandoned()) return;  // abandoned: leak (see release())
+    cudaStreamSynchronize(comm_);            // best effort: the casts still queued read and write it
+    be_.release(stage_);
+    stage_ = nullptr;
+  }
+
   CudaBackend& be_;
   GpuContext& ctx_;
   float* const grads_;
   const int64_t count_;
   cudaStream_t comm_ = nullptr;
+  const DType wire_;
+  uint16_t* stage_ = nullptr;  // compressed wire: `count_` 16-bit values on the device
 
  private:
   void release() noexcept {
     // Abandoned after an error: the streams may never drain (a collective a dead peer never
     // completes) and the process is about to end, so leak rather than call into the device.
     if (be_.abandoned()) return;
+    // Still here only when a constructor failed (destructors call release_stage()): nothing queued.
+    if (stage_) be_.release(stage_);
+    stage_ = nullptr;
     // Best effort, never throwing: events and streams are released once their work completes.
     for (cudaEvent_t e : events_)
       if (e) cudaEventDestroy(e);
@@ -108,8 +159,8 @@ class StreamTransport : public ReduceTransport {
 
 class NcclTransport final : public StreamTransport {
  public:
-  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<Communicator> nccl)
-      : StreamTransport(be, grads, count, stream_of(nccl.get())), nccl_(std::move(nccl)) {}
+  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<Communicator> nccl, DType wire)
+      : StreamTransport(be, grads, count, stream_of(nccl.get()), wire), nccl_(std::move(nccl)) {}
 
   ~NcclTransport() override {
     // ncclCommDestroy finalizes, i.e. waits for the collectives queued: never after an error.
@@ -117,6 +168,7 @@ class NcclTransport final : public StreamTransport {
       (void)nccl_.release();
       for (auto& r : inflight_) (void)r.release();
     }
+    release_stage();  // while NCCL's stream, which the casts run on, still exists
   }
 
   void begin(int64_t) override {
@@ -128,12 +180,28 @@ class NcclTransport final : public StreamTransport {
     check_bucket(b);
     comm_follows_compute();
     if (capturing_) {  // nothing may be polled or timed inside a capture
-      nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
+      if (!compressed()) {
+        nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
+        return;
+      }
+      // The casts are kernels on NCCL's stream, captured with the all-reduce between them.
+      compress_on_stream(b);
+      nccl_allreduce_queued(*nccl_, stage_ + b.begin, b.size(), wire_, ReduceOp::kSum);
+      decompress_on_stream(b);
       return;
     }
     const cudaEvent_t start = bucket_event(start_, k, true), end = bucket_event(end_, k, true);
     CUDA_CHECK(cudaEventRecord(start, comm_));
-    inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kSum, what + " (NCCL)"));
+    if (!compressed()) {
+      inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kSum, what + " (NCCL)"));
+    } else {
+      // The request completes with the all-reduce; the cast back after it is ordered before the
+      // compute stream's next work by finish(), and inside the timing (start .. end).
+      compress_on_stream(b);
+      inflight_.push_back(nccl_->iallreduce_raw(stage_ + b.begin, b.size(), wire_, ReduceOp::kSum,
+                                                what + " (NCCL, " + wire_name(wire_) + ")"));
+      decompress_on_stream(b);
+    }
     CUDA_CHECK(cudaEventRecord(end, comm_));
     launched_.push_back(k);
   }
@@ -219,15 +287,24 @@ class NcclTransport final : public StreamTransport {
 
 class HostMpiTransport final : public StreamTransport {
  public:
-  HostMpiTransport(CudaBackend& be, float* grads, int64_t count, Communicator& mpi)
-      : StreamTransport(be, grads, count, nullptr), mpi_(mpi) {
-    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_),
-                             static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float), cudaHostAllocDefault));
+  // A compressed wire casts on the device (into the staging buffer) rather than on the host after
+  // an fp32 copy: the copies move half the bytes, and the casts run on the GPU as each bucket is
+  // ready, overlapping backward, instead of on the host inside finish(), where they would add to
+  // the exposed time. The host never converts (the MPI sum rounds each partial sum itself).
+  HostMpiTransport(CudaBackend& be, float* grads, int64_t count, Communicator& mpi, DType wire)
+      : StreamTransport(be, grads, count, nullptr, wire), mpi_(mpi) {
+    const size_t n = static_cast<size_t>(std::max<int64_t>(count, 1));
+    if (!compressed())
+      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), n * sizeof(float), cudaHostAllocDefault));
+    else
+      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host16_), n * sizeof(uint16_t), cudaHostAllocDefault));
   }
 
   ~HostMpiTransport() override {
     // cudaFreeHost synchronises the device: never after an error (see StreamTransport::release).
     if (host_ && !abandoned()) cudaFreeHost(host_);
+    if (host16_ && !abandoned()) cudaFreeHost(host16_);
+    release_stage();
   }
 
   void begin(int64_t) override { launched_.clear(); }
@@ -235,10 +312,17 @@ class HostMpiTransport final : public StreamTransport {
   void launch(size_t k, const Bucket& b, const std::string& what) override {
     check_bucket(b);
     comm_follows_compute();
-    CUDA_CHECK(cudaMemcpyAsync(host_ + b.begin, grads_ + b.begin, bytes_of(b), cudaMemcpyDeviceToHost, comm_));
+    if (!compressed()) {
+      CUDA_CHECK(cudaMemcpyAsync(host_ + b.begin, grads_ + b.begin, bytes_of(b), cudaMemcpyDeviceToHost, comm_));
+    } else {
+      compress_on_stream(b);
+      CUDA_CHECK(cudaMemcpyAsync(host16_ + b.begin, stage_ + b.begin, bytes16_of(b), cudaMemcpyDeviceToHost, comm_));
+    }
     const cudaEvent_t copied = bucket_event(copied_, k, false);
     CUDA_CHECK(cudaEventRecord(copied, comm_));
-    launched_.push_back({b, copied, what + " (MPI, through host memory)"});
+    launched_.push_back({b, copied,
+                         what + (compressed() ? std::string(" (MPI, through host memory, ") + wire_name(wire_) + ")"
+                                              : std::string(" (MPI, through host memory)"))});
   }
 
   void finish(ReducerStats& stats) override {
@@ -249,10 +333,18 @@ class HostMpiTransport final : public StreamTransport {
     for (const Launched& l : launched_) {
       CUDA_CHECK(cudaEventSynchronize(l.copied));  // local GPU work only: it always ends
       const double c0 = now_seconds();
-      mpi_.allreduce(host_ + l.range.begin, l.range.size(), ReduceOp::kSum, l.what);
-      comm += now_seconds() - c0;
-      CUDA_CHECK(cudaMemcpyAsync(grads_ + l.range.begin, host_ + l.range.begin, bytes_of(l.range),
-                                 cudaMemcpyHostToDevice, comm_));
+      if (!compressed()) {
+        mpi_.allreduce(host_ + l.range.begin, l.range.size(), ReduceOp::kSum, l.what);
+        comm += now_seconds() - c0;
+        CUDA_CHECK(cudaMemcpyAsync(grads_ + l.range.begin, host_ + l.range.begin, bytes_of(l.range),
+                                   cudaMemcpyHostToDevice, comm_));
+      } else {
+        mpi_.iallreduce_raw(host16_ + l.range.begin, l.range.size(), wire_, ReduceOp::kSum, l.what)->wait();
+        comm += now_seconds() - c0;
+        CUDA_CHECK(cudaMemcpyAsync(stage_ + l.range.begin, host16_ + l.range.begin, bytes16_of(l.range),
+                                   cudaMemcpyHostToDevice, comm_));
+        decompress_on_stream(l.range);
+      }
     }
     launched_.clear();
     stats.comm_seconds = comm;
@@ -284,7 +376,8 @@ class HostMpiTransport final : public StreamTransport {
   };
 
   Communicator& mpi_;
-  float* host_ = nullptr;  // pinned mirror of the gradients
+  float* host_ = nullptr;       // pinned mirror of the gradients (fp32 wire)
+  uint16_t* host16_ = nullptr;  // pinned mirror of the staging buffer (compressed wire)
   std::vector<cudaEvent_t> copied_;  // per bucket
   std::vector<Launched> launched_;   // this step's buckets, in launch order
 };
@@ -292,13 +385,13 @@ class HostMpiTransport final : public StreamTransport {
 }  // namespace
 
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<Communicator> nccl) {
-  return std::make_unique<NcclTransport>(be, grads, count, std::move(nccl));
+                                                     std::unique_ptr<Communicator> nccl, DType wire) {
+  return std::make_unique<NcclTransport>(be, grads, count, std::move(nccl), wire);
 }
 
 std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads, int64_t count,
-                                                         Communicator& mpi) {
-  return std::make_unique<HostMpiTransport>(be, grads, count, mpi);
+                                                         Communicator& mpi, DType wire) {
+  return std::make_unique<HostMpiTransport>(be, grads, count, mpi, wire);
 }
 
 }  // namespace dpt::gpu

@@ -19,13 +19,21 @@ namespace dpt::gpu {
 // graph. Timings are CUDA events, read one step later (exposed time 0). Owns `nccl`
 // (make_nccl_communicator); when `be` is abandoned its destructor leaks everything instead of
 // waiting for the device. World size 1 works too (a sum over one rank).
+// wire: the type gradients travel in (--grad-dtype). kF32 all-reduces the gradient buffer in place;
+// kBF16 / kF16 cast each bucket into a device staging buffer of `count` 16-bit values (allocated
+// here, once), all-reduce that (NCCL adds in float and rounds each partial sum) and cast the sums
+// back into the gradients, all three on NCCL's stream (capturable; at world size 1 too, where the
+// gradients come back rounded to 16 bits).
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<Communicator> nccl);
+                                                     std::unique_ptr<Communicator> nccl, DType wire = DType::kF32);
 
 // Ranks sharing a GPU: each launched bucket is copied to pinned host memory on a stream of its own,
 // summed by `mpi` (bounded by its --timeout) in finish() as the copies land, and copied back; the
 // compute stream waits for the copies back. Not capturable. `mpi` must outlive the transport.
+// wire: kF32 copies the floats; kBF16 / kF16 cast each bucket on the GPU into a device staging
+// buffer and copy those 16-bit values (half the bytes) to pinned host memory, where `mpi` sums them
+// (its 16-bit sum: float additions, each rounded), then back and cast into the gradients.
 std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads, int64_t count,
-                                                         Communicator& mpi);
+                                                         Communicator& mpi, DType wire = DType::kF32);
 
 }  // namespace dpt::gpu

@@ -45,7 +45,8 @@ std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_ran
   return be;
 }
 
-std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count) {
+std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count,
+                                                    DType wire) {
   auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
   DPT_CHECK(be != nullptr, "make_gpu_transport needs the CUDA operations backend, got " << ops.name());
   if (comm.size() == 1) return nullptr;
@@ -55,9 +56,9 @@ std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend&
   if (ranks_share_a_gpu(comm, prop)) {
     if (comm.rank() == 0)
       log_info("ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host memory");
-    return gpu::make_host_mpi_transport(*be, grads, count, comm);
+    return gpu::make_host_mpi_transport(*be, grads, count, comm, wire);
   }
-  return gpu::make_nccl_transport(*be, grads, count, make_nccl_communicator(comm, device));
+  return gpu::make_nccl_transport(*be, grads, count, make_nccl_communicator(comm, device), wire);
 }
 
 }  // namespace dpt

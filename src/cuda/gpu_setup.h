@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "dpt/backend.h"
+#include "dpt/comm.h"
 #include "dpt/ddp.h"
 #include "dpt/train.h"
 
@@ -21,7 +22,9 @@ std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_ran
 // `grads` (device memory): NCCL on its own stream when every rank drives a GPU of its own, else
 // pinned host buffers and MPI (NCCL refuses two ranks on one GPU; rank 0 logs it). Null at world
 // size 1 (nothing to send: the Reducer then takes the MPI transport, which sends nothing either).
-// Collective: every rank calls it.
-std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count);
+// Collective: every rank calls it. wire: the type gradients travel in (--grad-dtype: kF32, kBF16 or
+// kF16), passed to the transport made (see src/cuda/gpu_reducer.h).
+std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count,
+                                                    DType wire);
 
 }  // namespace dpt

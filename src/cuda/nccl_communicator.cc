@@ -44,6 +44,8 @@ ncclDataType_t nccl_type(DType dt) {
     case DType::kI64: return ncclInt64;
     case DType::kU64: return ncclUint64;
     case DType::kU8: return ncclUint8;
+    case DType::kBF16: return ncclBfloat16;  // summed by NCCL in float, each partial sum rounded
+    case DType::kF16: return ncclFloat16;
   }
   return ncclFloat32;
 }

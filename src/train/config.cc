@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "dpt/ddp.h"
 #include "dpt/error.h"
 #include "dpt/train.h"
 
@@ -131,6 +132,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
      "backward produces last (0 = none; at most a quarter of all gradients)",
      cxxopts::value<double>()->default_value(s(d.last_bucket_mb)))
     ("no-overlap", "All-reduce after backward instead of during it")
+    ("grad-dtype", "fp32 | bf16 | fp16: the type gradient buckets travel in (half the bytes in 16 bits; "
+                   "summed in float, rounded per partial sum; master weights and the optimizer stay fp32)",
+     cxxopts::value<std::string>()->default_value(d.grad_dtype))
     ("accum-steps", "Gradient accumulation micro-steps per optimizer step",
      cxxopts::value<int>()->default_value(s(d.accum_steps)))
     ("sync-bn", "Share BatchNorm batch statistics across ranks")
@@ -232,6 +236,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->eval_every = flag<int>(r, "eval-every");
     cfg->bucket_mb = flag<double>(r, "bucket-mb");
     cfg->last_bucket_mb = flag<double>(r, "last-bucket-mb");
+    cfg->grad_dtype = flag<std::string>(r, "grad-dtype");
     cfg->overlap = r.count("no-overlap") == 0;
     cfg->accum_steps = flag<int>(r, "accum-steps");
     cfg->sync_bn = r.count("sync-bn") > 0;
@@ -300,6 +305,7 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
   DPT_INPUT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0, got " << c.eval_every);
   DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "--bucket-mb must be > 0, got " << c.bucket_mb);
+  (void)grad_wire_dtype(c.grad_dtype);  // names the flag and the value when it is none of the three
   DPT_INPUT_CHECK(std::isfinite(c.last_bucket_mb) && c.last_bucket_mb >= 0,
                   "--last-bucket-mb must be >= 0, got " << c.last_bucket_mb);
   DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
@@ -353,7 +359,7 @@ std::string TrainConfig::to_json() const {
                       {"checkpoint_every_steps", checkpoint_every_steps}, {"checkpoint_every_minutes", checkpoint_every_minutes},
                       {"keep_checkpoints", keep_checkpoints}, {"checkpoint_path", checkpoint_path},
                       {"resume", resume}, {"allow_config_change", allow_config_change},
-                      {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"overlap", overlap}, {"accum_steps", accum_steps},
+                      {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"grad_dtype", grad_dtype}, {"overlap", overlap}, {"accum_steps", accum_steps},
                       {"clip_grad_norm", clip_grad_norm}, {"nonfinite", nonfinite}, {"nonfinite_max_skips", nonfinite_max_skips},
                       {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
                       {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
@@ -376,7 +382,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
   static const char* const kKeys[] = {
       "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
       "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
-      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb",
+      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb", "grad_dtype",
       "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
       "nonfinite", "nonfinite_max_skips"};
   const auto j = nlohmann::json::parse(config_json);

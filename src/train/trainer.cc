@@ -873,11 +873,12 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   std::unique_ptr<ReduceTransport> transport;
   auto model_on = [&](Backend& be) { return make_model(cfg.model, train.num_classes, be); };
   std::unique_ptr<Model> model;
+  const DType wire = grad_wire_dtype(cfg.grad_dtype);
 #if DPT_HAVE_CUDA
   if (device == "cuda") {
     gpu_ops = make_cuda_backend(cfg, local_rank);
     model = model_on(*gpu_ops);
-    transport = make_gpu_transport(comm, *gpu_ops, model->store().device_grads(), model->num_parameters());
+    transport = make_gpu_transport(comm, *gpu_ops, model->store().device_grads(), model->num_parameters(), wire);
   }
 #endif
   if (!model) model = model_on(cpu_backend());
@@ -887,6 +888,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   dopt.last_bucket_mb = cfg.last_bucket_mb;
   dopt.overlap = cfg.overlap;
   dopt.sync_bn = cfg.sync_bn;
+  dopt.grad_dtype = wire;
   DataParallel ddp(*model, comm, dopt, std::move(transport));
   Sgd opt(model->num_parameters(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(train.n, cfg.batch_size, rank, world, cfg.seed);

@@ -82,5 +82,15 @@ expect 2 "nodir does not exist" -- "${mpi[@]}" -np 2 "$bin" "${quick[@]}" --metr
 expect 2 "MiB per image of a training step x 60000" -- "$bin" --model resnet18 --batch-size 60000 "${quick[@]}"
 expect 2 "2 rank(s) x" -- "${mpi[@]}" -np 2 "$bin" --model resnet18 --batch-size 60000 "${quick[@]}"
 
+# --grad-dtype: a value that is none of the three is refused naming it; bf16 buckets train, the
+# replicas stay equal (--verify-every compares them bit for bit), and ranks started with another
+# --grad-dtype are refused.
+expect 2 "--grad-dtype: 'int8' is not fp32|bf16|fp16" -- "$bin" "${quick[@]}" --grad-dtype int8
+expect 0 "epoch 1/1" -- "${mpi[@]}" -np 2 "$bin" --epochs 1 --max-steps 30 --batch-size 64 --eval-batch-size 2000 \
+  --grad-dtype bf16 --verify-every 10
+grep -q "replicas differ" "$tmp/out.txt" && fail "bf16 buckets: the replicas drifted apart"
+expect 2 "ranks were started with different --grad-dtype" -- "${mpi[@]}" -np 1 "$bin" "${quick[@]}" --grad-dtype bf16 \
+  : -np 1 "$bin" "${quick[@]}" --grad-dtype fp16
+
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -4,9 +4,10 @@
 # runs the GPU suites one by one, each bounded. $OUT gets summary.txt, logs.tar.gz (every step's
 # log and metrics: the device tool returns at most 8 files) and, after bench, gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
-#        (default: all but bench; bench trains LeNet and ResNet-18 for timing). Step limits add up to
-#        570 s for "env smoke backend kernels ops nccl model" and 550 s for "cli bench", so each group
-#        fits one 600 s device call.
+#        reducer2 (default: all but bench and reducer2; bench trains LeNet and ResNet-18 for timing;
+#        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
+#        one GPU, 90 s). Step limits add up to 570 s for "env smoke backend kernels ops nccl model"
+#        and 590 s for "cli bench", so each group fits one 600 s device call.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -73,8 +74,9 @@ for s in "${steps[@]}"; do
     kernels) step kernels 60 test_gpu_kernels ;;
     ops) step ops 90 test_gpu_ops ;;
     nccl) step nccl 60 test_gpu_nccl ;;
+    reducer2) step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*' ;;
     model) step model 210 test_gpu_model ;;
-    cli) step cli 200 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
+    cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
     bench)  # the d2l recipes side by side with eager PyTorch on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)
       # PyTorch loads its own CUDA libraries: not the ones found for dptrain above.

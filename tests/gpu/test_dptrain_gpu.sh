@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # dptrain --device cuda from the command line: LeNet for one epoch on one rank learns (test accuracy
 # > 0.5) and names its GPU in the banner; two ranks (NCCL on two GPUs, the MPI fallback with its log
-# line on one) learn as well; ResNet-18 with --sync-bn at two ranks, --tf32 and --precision bf16 run
-# a few steps; CUDA graphs are captured by default and not with --no-cuda-graphs.
+# line on one) learn as well, also with gradients sent as bf16 (--grad-dtype; fp16 runs a few steps);
+# ResNet-18 with --sync-bn at two ranks, --tf32 and --precision bf16 run a few steps; CUDA graphs
+# are captured by default and not with --no-cuda-graphs.
 # Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -72,6 +73,15 @@ above "$a" 0.5; check $? "2 ranks: test accuracy $a > 0.5"
 if [[ $gpus -lt 2 ]]; then
   grep -q "ranks share a GPU" "$tmp/two.out"; check $? "one GPU for two ranks: the MPI fallback says so" "$tmp/two.out"
 fi
+
+run gradbf16 300 "${mpi[@]}" "$bin" --device cuda --model lenet --epochs 1 --grad-dtype bf16 --data "$data" \
+  --metrics "$tmp/gradbf16.jsonl"
+check $rc "2 ranks, LeNet, --grad-dtype bf16, 1 epoch (exit $rc)" "$tmp/gradbf16.out"
+a=$(acc "$tmp/gradbf16.jsonl" 2>/dev/null || echo 0)
+above "$a" 0.5; check $? "2 ranks, --grad-dtype bf16: test accuracy $a > 0.5"
+run gradfp16 300 "${mpi[@]}" "$bin" --device cuda --model lenet --epochs 1 --max-steps 10 --grad-dtype fp16 \
+  --eval-every 0 --data "$data"
+check $rc "2 ranks, LeNet, --grad-dtype fp16, 10 steps (exit $rc)" "$tmp/gradfp16.out"
 
 run syncbn 300 "${mpi[@]}" "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 \
   --sync-bn --eval-every 0 --data "$data"

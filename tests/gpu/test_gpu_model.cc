@@ -1,7 +1,8 @@
 // The GPU training path against the CPU reference: whole-model forward/backward parity for LeNet
 // and ResNet-18, the same Model on the CUDA backend against the CPU one (logits, every parameter
 // gradient, BatchNorm buffers, the gradient announcements),
-// the GPU reducer (NCCL and the MPI fallback) at world size 1, 50 LeNet steps whose losses track the
+// the GPU reducer (NCCL and the MPI fallback, gradients sent as fp32, bf16 or fp16) at world size 1,
+// 50 LeNet steps whose losses track the
 // CPU run's, end-to-end --device cuda training, bit-exact resume, CUDA graphs (the reducer captured,
 // invalidation, whole runs bit for bit against eager). Skipped (exit code 77) where no CUDA device
 // is visible.
@@ -27,6 +28,7 @@
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
+#include "dpt/half.h"
 #include "dpt/idx.h"
 #include "dpt/nn.h"
 #include "dpt/rng.h"
@@ -213,10 +215,20 @@ struct ReducerBench {
   // The flat device gradient buffer the reducer works on.
   float* device_grads() { return model->store().device_grads(); }
   // A transport over it: NCCL (which owns its communicator, so each gets one of its own) or the
-  // MPI fallback through pinned host memory.
-  std::unique_ptr<ReduceTransport> transport(bool nccl) {
-    if (nccl) return gpu::make_nccl_transport(be, device_grads(), np, make_nccl_communicator(*self, 0));
-    return gpu::make_host_mpi_transport(be, device_grads(), np, *self);
+  // MPI fallback through pinned host memory; gradients sent as `wire`.
+  std::unique_ptr<ReduceTransport> transport(bool nccl, DType wire = DType::kF32) {
+    if (nccl) return gpu::make_nccl_transport(be, device_grads(), np, make_nccl_communicator(*self, 0), wire);
+    return gpu::make_host_mpi_transport(be, device_grads(), np, *self, wire);
+  }
+  // What a sum over one rank gives when gradients travel as `wire`: each rounded to 16 bits (to
+  // nearest even) and widened back; unchanged for fp32.
+  std::vector<float> want_through(DType wire) const {
+    if (wire == DType::kF32) return want;
+    std::vector<uint16_t> w(want.size());
+    std::vector<float> out(want.size());
+    compress16(want.data(), w.data(), static_cast<int64_t>(w.size()), wire);
+    decompress16(w.data(), out.data(), static_cast<int64_t>(out.size()), wire);
+    return out;
   }
   // Garbage in the gradients, then backward through the reducer (begin has been called).
   void backward_through(Reducer& reducer) {
@@ -257,13 +269,52 @@ TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
     }
 }
 
-// The step captured into a CUDA graph (backward, the buckets' NCCL all-reduces queued without
-// requests, the synchronised-BatchNorm hook) and replayed: every replay recomputes the gradients
-// (they are wiped between replays) and the fence after each launch completes.
-TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
+// Gradients sent compressed (--grad-dtype bf16 / fp16) at world size 1: NCCL and the MPI fallback
+// still cast each bucket to 16 bits and back, so the reduced gradients are exactly the host's
+// decompress16(compress16(g)) of the plain backward's, and not the fp32 ones (the 16-bit path ran).
+// The buckets' slices of the staging buffer and the events are reused by the second step.
+TEST(GpuReducer, WorldSizeOneRoundsGradientsTo16BitsForNcclAndMpiFallback) {
   SKIP_WITHOUT_GPU();
   ReducerBench rb;
-  Reducer reducer(rb.transport(true), rb.buckets, true);
+  ASSERT_GT(rb.buckets.size(), 2u);
+  for (DType wire : {DType::kBF16, DType::kF16}) {
+    const std::vector<float> want = rb.want_through(wire);
+    size_t rounded = 0;
+    for (size_t i = 0; i < want.size(); ++i) rounded += want[i] != rb.want[i];
+    ASSERT_GT(rounded, want.size() / 4);  // the reference itself is not the fp32 gradients
+    for (bool use_nccl : {true, false})
+      for (bool overlap : {true, false}) {
+        SCOPED_TRACE(testing::Message() << (wire == DType::kBF16 ? "bf16" : "fp16") << ", "
+                                        << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
+        Reducer reducer(rb.transport(use_nccl, wire), rb.buckets, overlap);
+        ReduceTransport& t = reducer.transport();
+        EXPECT_EQ(t.capturable(), use_nccl);
+        for (int64_t step = 0; step < 2; ++step) {
+          reducer.begin(step);
+          rb.backward_through(reducer);
+          t.quiesce();
+          const std::vector<float> got = rb.grads();
+          ASSERT_EQ(got, want) << "step " << step;
+          EXPECT_NE(got, rb.want) << "step " << step;  // the 16-bit path really ran
+        }
+        // Synchronised BatchNorm's statistics stay in double, whatever the wire.
+        const std::vector<double> d{1.5, -2.25, 1e300, 1.0 + 0x1p-40};
+        test::Dev<double> dd(d);
+        t.allreduce_doubles(dd.p, 4, "test doubles");
+        t.quiesce();
+        EXPECT_EQ(dd.host(), d);
+      }
+  }
+}
+
+// The step captured into a CUDA graph (backward, the buckets' NCCL all-reduces queued without
+// requests, with a 16-bit wire the casts around each, the synchronised-BatchNorm hook) and
+// replayed: every replay recomputes the gradients (they are wiped between replays) and the fence
+// after each launch completes.
+void capture_and_replay_reducer(DType wire) {
+  ReducerBench rb;
+  const std::vector<float> want = rb.want_through(wire);
+  Reducer reducer(rb.transport(true, wire), rb.buckets, true);
   ReduceTransport& t = reducer.transport();
   const std::vector<double> d{1.5, -2.25, 1e300};
   test::Dev<double> dd(d);
@@ -288,14 +339,28 @@ TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
         << "step " << step << ": " << graph.failure();
     t.graph_launched(step);
     t.quiesce();
-    ASSERT_EQ(rb.grads(), rb.want) << "step " << step;
+    ASSERT_EQ(rb.grads(), want) << "step " << step;
     EXPECT_EQ(dd.host(), d);
   }
   EXPECT_EQ(gpu::StreamGraph::launches() - launches, 3u);
-  EXPECT_GT(graph.nodes(), rb.buckets.size());
+  // Each bucket's all-reduce, and with a 16-bit wire its two casts, are nodes of the graph.
+  EXPECT_GT(graph.nodes(), (wire == DType::kF32 ? 1 : 3) * rb.buckets.size());
   // Capture mode is refused without NCCL: host MPI cannot sit inside a graph.
-  auto mpi = rb.transport(false);
+  auto mpi = rb.transport(false, wire);
   EXPECT_THROW(mpi->set_capturing(true), Error);
+}
+
+TEST(GpuReducer, CapturedIntoACudaGraphAndReplayed) {
+  SKIP_WITHOUT_GPU();
+  capture_and_replay_reducer(DType::kF32);
+}
+
+TEST(GpuReducer, CompressedWireCapturedIntoACudaGraphAndReplayed) {
+  SKIP_WITHOUT_GPU();
+  for (DType wire : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(wire == DType::kBF16 ? "bf16" : "fp16");
+    capture_and_replay_reducer(wire);
+  }
 }
 
 // A graph holds raw pointers: a device allocation after the capture invalidates it, and the next

@@ -1,6 +1,7 @@
 // Every CUDA kernel of kernels/ against the CPU backend (src/cpu/ops.h) on fresh random inputs:
-// relative error under 1e-5 in fp32; the bf16 conversions bit for bit. Skipped where no CUDA device
-// is visible (CI).
+// relative error under 1e-5 in fp32; the bf16 conversions bit for bit, and the bf16 / fp16 casts of
+// compressed gradients (--grad-dtype) bit for bit against the host's (dpt/half.h). Skipped where no
+// CUDA device is visible (CI).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +13,9 @@
 #include "cpu/ops.h"
 #include "cuda/cuda_check.h"
 #include "data.cuh"
+#include "dpt/comm.h"
 #include "dpt/device.h"
+#include "dpt/half.h"
 #include "dpt/rng.h"
 #include "gpu_test_util.h"
 #include "loss.cuh"
@@ -224,6 +227,126 @@ TEST(Kernels, Bf16ConversionsRoundToNearestEvenAndWidenExactly) {
   for (size_t i = 0; i < n; ++i) {
     ASSERT_EQ(std::memcmp(&got[i], &wide[i], sizeof(float)), 0) << "widened " << i;
     ASSERT_EQ(got_acc[i], acc[i]) << "accumulated " << i;
+  }
+}
+
+// ---- The casts of compressed gradients (--grad-dtype) against the host's compress16/decompress16 --
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+bool is_nan16(uint16_t h, DType dt) {
+  return dt == DType::kBF16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
+}
+
+// Every kind of input the casts treat specially, then 2^20 random bit patterns (every exponent,
+// sign and payload) and 10^5 values of gradient-like size.
+std::vector<float> wire_cast_inputs() {
+  std::vector<float> x;
+  for (uint32_t u : {
+           // signed zeros, infinities, the largest finite float (bf16 overflow to infinity)
+           0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu,
+           // NaNs: quiet, signalling, with payloads, both signs
+           0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu, 0x7f80c000u,
+           // float subnormals: the smallest, the largest, bf16 ties among them (0x8000: down to
+           // even zero; 0x18000: up to even 2) and just past a tie
+           0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00008000u, 0x00018000u, 0x00008001u,
+           // bf16 ties in the normals (low half exactly 0x8000, both parities) and a carry into
+           // the exponent
+           0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3fff8000u, 0x3f80ffffu, 0x3f807fffu}) {
+    x.push_back(from_bits(u));
+  }
+  for (float f : {
+           // fp16's largest finite value, the last float that rounds down to it, the tie that
+           // overflows to infinity (65520), and past it
+           65504.f, -65504.f, 65519.996f, 65520.f, -65520.f, 65536.f, 1e10f, -1e30f,
+           // fp16 ties: 1 + 2^-11 (down to even 1), 1 + 3 * 2^-11 (up to even), at 2048 (spacing 2)
+           1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), 2049.f, 2051.f, 0x1.002p0f,
+           // fp16 subnormals: the smallest (2^-24), ties between subnormals (2^-25 down to zero,
+           // 3 * 2^-25 up to 2^-23), just past a tie, the largest, and the tie into the normals
+           0x1p-24f, -0x1p-24f, 0x1p-25f, -0x1p-25f, 3 * 0x1p-25f, 0x1.000002p-25f, 0x1p-26f, 0x1.ff8p-15f,
+           0x1p-14f - 0x1p-25f, 0x1p-14f, 5 * 0x1p-25f, 0x1p-20f + 0x1p-25f,
+           // ordinary values
+           1.f, -1.f, 0.1f, -3.14159f, 1e-3f, 1e-8f})
+    x.push_back(f);
+  Rng r(41);
+  for (int i = 0; i < (1 << 20); ++i) x.push_back(from_bits(static_cast<uint32_t>(r.next())));
+  for (float f : random(100000, 42, -1, 1)) x.push_back(f * 1e-3f);
+  return x;
+}
+
+// fp32 -> 16-bit on the GPU equals compress16, bit for bit: rounding to nearest even, ties,
+// subnormals, overflow to infinity. A NaN must give a NaN: the GPU's is canonical (0x7fff for
+// bf16), the host's keeps sign and payload, and a NaN summed stays a NaN whatever its bits.
+TEST(Kernels, WireCastsToBf16AndFp16MatchCompress16) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<float> x = wire_cast_inputs();
+  const size_t n = x.size();
+  Dev<float> x_(x);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dt == DType::kBF16 ? "bf16" : "fp16");
+    std::vector<uint16_t> want(n);
+    compress16(x.data(), want.data(), static_cast<int64_t>(n), dt);
+    Dev<uint16_t> y_(n);
+    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_to_bf16(x_.p, y_.p, static_cast<int64_t>(n), nullptr)
+                                  : cuda::launch_to_f16(x_.p, y_.p, static_cast<int64_t>(n), nullptr));
+    const std::vector<uint16_t> got = y_.host();
+    size_t nans = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) {
+        ++nans;
+        ASSERT_TRUE(is_nan16(got[i], dt) && is_nan16(want[i], dt)) << "NaN input " << i << " (bits " << std::hex
+                                                                     << bits_of(x[i]) << ") gave " << got[i];
+      } else {
+        ASSERT_EQ(got[i], want[i]) << "input " << i << " = " << x[i] << " (bits " << std::hex << bits_of(x[i]) << ")";
+      }
+    }
+    EXPECT_GT(nans, 7u);  // the listed NaNs, and the random patterns' own
+  }
+  // The cases named above, spelled out (fp16): the largest finite value stays, 65520 overflows.
+  std::vector<uint16_t> h(3);
+  const float edge[] = {65504.f, 65520.f, 0x1p-25f};
+  compress16(edge, h.data(), 3, DType::kF16);
+  EXPECT_EQ(h, (std::vector<uint16_t>{0x7bff, 0x7c00, 0x0000}));
+}
+
+// 16-bit -> fp32 on the GPU equals decompress16 for all 65536 bit patterns (exact widening, signed
+// zeros, subnormals, infinities), NaN for NaN; accumulation adds the widened value in float.
+TEST(Kernels, WireCastsFromBf16AndFp16MatchDecompress16) {
+  SKIP_WITHOUT_GPU();
+  std::vector<uint16_t> all(1 << 16);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  const size_t n = all.size();
+  Dev<uint16_t> a_(all);
+  const std::vector<float> base = random(n, 43);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dt == DType::kBF16 ? "bf16" : "fp16");
+    std::vector<float> want(n);
+    decompress16(all.data(), want.data(), static_cast<int64_t>(n), dt);
+    Dev<float> y_(n), acc_(base);
+    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_from_bf16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr)
+                                  : cuda::launch_from_f16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr));
+    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_from_bf16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr)
+                                  : cuda::launch_from_f16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr));
+    const std::vector<float> got = y_.host(), got_acc = acc_.host();
+    for (size_t i = 0; i < n; ++i) {
+      if (is_nan16(all[i], dt)) {
+        ASSERT_TRUE(std::isnan(got[i]) && std::isnan(want[i])) << "pattern " << std::hex << i;
+        ASSERT_TRUE(std::isnan(got_acc[i])) << "pattern " << std::hex << i;
+      } else {
+        ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << "pattern " << std::hex << i;
+        const float sum = base[i] + want[i];
+        ASSERT_TRUE(bits_of(got_acc[i]) == bits_of(sum) || (std::isnan(sum) && std::isnan(got_acc[i])))
+            << "accumulated, pattern " << std::hex << i;
+      }
+    }
   }
 }
 

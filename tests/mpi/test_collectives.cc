@@ -2,10 +2,13 @@
 // against a closed formula of the ranks' contributions.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <numeric>
 
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
+#include "dpt/half.h"
 #include "test_util.h"
 
 namespace dpt {
@@ -99,16 +102,21 @@ TEST(Collectives, DuplicateHasItsOwnOrdering) {
   EXPECT_EQ(b, 2.f * static_cast<float>(c->size()));
 }
 
+// LeNet's parameters as [begin, end) ranges of the gradient buffer, in its order; *total: its size.
+std::vector<std::pair<int64_t, int64_t>> lenet_bounds(int64_t* total) {
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  *total = 0;
+  for (int64_t s : {10, 1280, 128, 102400, 50, 25000, 20, 180}) bounds.emplace_back(*total, *total + s), *total += s;
+  return bounds;
+}
+
 // The Reducer under every bucket plan, with gradients whose sums are exact in float (multiples
 // of 1/64): every plan gives the same bits, equal to the formula, at any world size.
 TEST(Collectives, ReducerPlansGiveExactSums) {
   auto c = world();
   const int k = c->size(), r = c->rank();
-  // LeNet's parameter sizes in gradient-buffer order.
-  const std::vector<int64_t> sizes{10, 1280, 128, 102400, 50, 25000, 20, 180};
-  std::vector<std::pair<int64_t, int64_t>> bounds;
   int64_t total = 0;
-  for (int64_t s : sizes) bounds.emplace_back(total, total + s), total += s;
+  const auto bounds = lenet_bounds(&total);
   for (double mb : {1e-7, 0.05, 25.0}) {
     std::vector<float> g(static_cast<size_t>(total));
     for (int64_t i = 0; i < total; ++i) g[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 97)) / 64.f;
@@ -118,6 +126,59 @@ TEST(Collectives, ReducerPlansGiveExactSums) {
     red.wait();
     for (int64_t i = 0; i < total; ++i)
       ASSERT_EQ(g[static_cast<size_t>(i)], static_cast<float>(k * (k + 1) / 2 * (i % 97)) / 64.f) << "mb " << mb << " at " << i;
+  }
+}
+
+// --grad-dtype bf16 / fp16: buckets travel as 16-bit floats (cast, summed in float with each
+// partial sum rounded, cast back). At 2 ranks each element is one rounded addition of the two
+// rounded inputs, so the result is known exactly; at any size it is within the rounding bound
+// (2k - 1) u sum|x| of the exact sum; at 1 rank nothing travels and the gradients stay as they are.
+TEST(Collectives, CompressedBucketsSumWithinTheirRounding) {
+  auto c = world();
+  const int k = c->size(), r = c->rank();
+  int64_t total = 0;
+  const auto bounds = lenet_bounds(&total);
+  // Rank q's gradient i: not representable in 16 bits, of mixed signs and magnitudes.
+  auto x = [](int q, int64_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + q) * std::pow(10.0, static_cast<double>(i % 5) - 3));
+  };
+  for (const DType wire : {DType::kBF16, DType::kF16}) {
+    const double u = wire == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;  // unit roundoff: 8 and 11 bits
+    auto round16 = [wire](float v) {
+      uint16_t h;
+      float back;
+      compress16(&v, &h, 1, wire);
+      decompress16(&h, &back, 1, wire);
+      return back;
+    };
+    for (double mb : {0.05, 25.0}) {
+      std::vector<float> g(static_cast<size_t>(total));
+      for (int64_t i = 0; i < total; ++i) g[static_cast<size_t>(i)] = x(r, i);
+      Reducer red(make_mpi_transport(*c, g.data(), wire), plan_buckets(bounds, mb * 1048576, mb * 1048576), true);
+      red.begin(0);
+      for (const auto& [b, e] : bounds) red.mark_ready(b, e);
+      red.wait();
+      int64_t inexact = 0;
+      for (int64_t i = 0; i < total; ++i) {
+        double exact = 0, mag = 0;
+        for (int q = 0; q < k; ++q) exact += x(q, i), mag += std::fabs(x(q, i));
+        const float got = g[static_cast<size_t>(i)];
+        if (k == 1) {
+          ASSERT_EQ(got, x(0, i)) << "one rank: nothing travels, at " << i;
+          continue;
+        }
+        if (k == 2) {
+          // Both ranks add the same two rounded values (float addition commutes): the same bits.
+          ASSERT_EQ(got, round16(round16(x(0, i)) + round16(x(1, i)))) << "mb " << mb << " at " << i;
+        }
+        ASSERT_LE(std::fabs(got - exact), (2 * k - 1) * u * mag + 1e-30) << "mb " << mb << " at " << i;
+        inexact += static_cast<double>(got) != static_cast<double>(static_cast<float>(exact));
+      }
+      // The 16-bit path really ran: most sums differ from the float ones.
+      if (k > 1) {
+        EXPECT_GT(inexact, total / 2) << "mb " << mb;
+      }
+    }
   }
 }
 
