@@ -50,7 +50,8 @@ export DPT_MH_HOSTS="$ipA=$nsA:$hostA $ipB=$nsB:$hostB" SHELL=/bin/sh OMP_NUM_TH
 sleep 1
 
 # Shapes both directions of the link to $1 (an integer with kbit, mbit or gbit): tbf with a burst
-# of 4 ms at that rate (at least 64 KiB, as tbf needs rate/HZ) and a 5 ms queue.
+# of 4 ms at that rate (at least 64 KiB, as tbf needs rate/HZ) and a 50 ms queue (a short queue
+# drops packets of a 16 MiB all-reduce and TCP's recovery, not the link, sets the time).
 shape() {
   local num=${1%%[a-z]*} unit=${1##*[0-9]} mul burst pair ns dev
   case $unit in
@@ -61,7 +62,7 @@ shape() {
   ((burst < 65536)) && burst=65536
   for pair in "$nsA vethA" "$nsB vethB"; do
     read -r ns dev <<<"$pair"
-    tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$1" burst "$burst" latency 5ms || exit 1
+    tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$1" burst "$burst" latency 50ms || exit 1
   done
 }
 # mpirun from host A over both hosts, $1 ranks (half on each), then the program and its args.
@@ -90,11 +91,17 @@ for rate in $rates; do
 import json, sys
 pts = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 # 2 ranks: t = 2 alpha + n / B (ring: 2(p-1)/p = 1).
-xs = [p["bytes"] for p in pts]; ys = [p["mpi_us"] * 1e-6 for p in pts]
-n = len(xs); mx = sum(xs) / n; my = sum(ys) / n
-b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-a = my - b * mx
-print(f"alpha {a / 2 * 1e6:.1f} us per hop, B {1 / b / 1e9:.3f} GB/s ({n} sizes; forecast.py --link NAME {a / 2:.3g} {1 / b:.4g})")
+# 2 ranks: t = 2 alpha + n / B (ring: 2(p-1)/p = 1). B from the sizes of 1 MiB and more (least
+# squares of t on n), alpha from the smallest size less its transfer time: one least-squares line
+# over all sizes lets the large sizes' queueing set alpha (it came out negative at 1 Gb/s).
+pts.sort(key=lambda p: p["bytes"])
+big = [(p["bytes"], p["mpi_us"] * 1e-6) for p in pts if p["bytes"] >= 1 << 20]
+n = len(big); mx = sum(x for x, _ in big) / n; my = sum(y for _, y in big) / n
+b = sum((x - mx) * (y - my) for x, y in big) / sum((x - mx) ** 2 for x, _ in big)
+small = pts[0]
+alpha = max(0.0, (small["mpi_us"] * 1e-6 - small["bytes"] * b) / 2)
+print(f"alpha {alpha * 1e6:.1f} us per hop (from {small['bytes']} B), B {1 / b / 1e9:.3f} GB/s (from {n} sizes >= 1 MiB); "
+      f"bench/forecast.py --link NAME {alpha:.3g} {1 / b:.4g}")
 PY
 )")
   for model in $models; do
