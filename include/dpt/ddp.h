@@ -76,6 +76,8 @@ std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* g
 
 // --grad-dtype's value ("fp32", "bf16", "fp16") as the wire type; throws an input error otherwise.
 DType grad_wire_dtype(const std::string& name);
+// The other way: the --grad-dtype name of a wire type, for messages.
+const char* grad_wire_name(DType wire);
 
 // Buckets of the flat gradient buffer all-reduced in order while backward runs, over any transport:
 // the one place of the bucket bookkeeping, its checks and its statistics, for every backend.

@@ -204,6 +204,10 @@ DType grad_wire_dtype(const std::string& name) {
   throw Error(ErrorKind::kInput, "--grad-dtype: '" + name + "' is not fp32|bf16|fp16");
 }
 
+const char* grad_wire_name(DType wire) {
+  return wire == DType::kBF16 ? "bf16" : wire == DType::kF16 ? "fp16" : "fp32";
+}
+
 // ---- Reducer ---------------------------------------------------------------------------------
 
 Reducer::Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets, bool overlap)

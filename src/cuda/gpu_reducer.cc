@@ -36,10 +36,6 @@ double now_seconds() {
 size_t bytes_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(float); }
 size_t bytes16_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(uint16_t); }
 
-const char* wire_name(DType wire) {
-  return wire == DType::kBF16 ? "bf16" : wire == DType::kF16 ? "fp16" : "fp32";
-}
-
 // What both transports share: the compute stream (the backend's context), the stream the
 // collectives or copies run on, the events ordering the two, and their release.
 class StreamTransport : public ReduceTransport {
@@ -199,7 +195,7 @@ class NcclTransport final : public StreamTransport {
       // compute stream's next work by finish(), and inside the timing (start .. end).
       compress_on_stream(b);
       inflight_.push_back(nccl_->iallreduce_raw(stage_ + b.begin, b.size(), wire_, ReduceOp::kSum,
-                                                what + " (NCCL, " + wire_name(wire_) + ")"));
+                                                what + " (NCCL, " + grad_wire_name(wire_) + ")"));
       decompress_on_stream(b);
     }
     CUDA_CHECK(cudaEventRecord(end, comm_));
@@ -321,7 +317,7 @@ class HostMpiTransport final : public StreamTransport {
     const cudaEvent_t copied = bucket_event(copied_, k, false);
     CUDA_CHECK(cudaEventRecord(copied, comm_));
     launched_.push_back({b, copied,
-                         what + (compressed() ? std::string(" (MPI, through host memory, ") + wire_name(wire_) + ")"
+                         what + (compressed() ? std::string(" (MPI, through host memory, ") + grad_wire_name(wire_) + ")"
                                               : std::string(" (MPI, through host memory)"))});
   }
 

@@ -43,20 +43,7 @@ none_left() {
 }
 # The step records of two metrics files: the same steps, each once, with the same loss, accuracy,
 # learning rate and gradient norm (timings aside).
-same_steps() {
-  python3 - "$1" "$2" <<'PY' || fail "the step records of $2 differ from $1"
-import json, sys
-def steps(p):
-    recs = [json.loads(l) for l in open(p) if l.strip()]
-    s = [r for r in recs if r.get("type") == "step"]
-    nums = [r["step"] for r in s]
-    assert nums == sorted(set(nums)), f"{p}: steps repeated or out of order: {nums[:8]}..."
-    return {r["step"]: (r["loss"], r["train_acc"], r["lr"], r["grad_norm"]) for r in s}
-a, b = steps(sys.argv[1]), steps(sys.argv[2])
-assert a == b, f"{len(a)} vs {len(b)} steps; first difference at {next((k for k in sorted(a) if a[k] != b.get(k)), None)}"
-print(f"{len(a)} step records, each once, identical")
-PY
-}
+same_steps() { python3 "$lib_dir/same_steps.py" "$1" "$2" || fail "the step records of $2 differ from $1"; }
 
 echo "== the uninterrupted reference"
 mkdir ref

@@ -96,16 +96,7 @@ for ((r = 1; r <= runs; r++)); do
     continue
   fi
   python3 "$root/tests/cli/same_tensors.py" "$tmp/ref/final.st" "$dir/final.st" >/dev/null &&
-  python3 - "$tmp/ref/m.jsonl" "$dir/m.jsonl" <<'PY'
-import json, sys
-def steps(p):
-    s = [json.loads(l) for l in open(p) if '"type":"step"' in l]
-    n = [r["step"] for r in s]
-    assert n == sorted(set(n)), f"{p}: a step repeated or out of order"
-    return {r["step"]: (r["loss"], r["grad_norm"]) for r in s}
-a, b = steps(sys.argv[1]), steps(sys.argv[2])
-assert a == b, f"{len(a)} reference steps, {len(b)} here; first difference at {min(k for k in a if a[k] != b.get(k))}"
-PY
+  python3 "$root/tests/cli/same_steps.py" "$tmp/ref/m.jsonl" "$dir/m.jsonl" >/dev/null
   if [[ $? -eq 0 ]]; then
     echo "run $r: ok after ${#hits[@]} blow(s) (${hits[*]}): bit for bit, every step once"
   else
