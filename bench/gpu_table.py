@@ -55,7 +55,7 @@ def main():
     if os.path.exists(os.path.join(logdir, "device.txt")):
         device = open(os.path.join(logdir, "device.txt")).read().strip().splitlines()[0]
     print(f"Device: {device or 'unknown'}; s/epoch = median over epochs 2..N (epoch 1 is warm-up).\n")
-    print("| run | epochs | s/epoch | test acc | vs PyTorch (same model, precision) |")
+    print("| run | epochs | s/epoch | test acc | vs PyTorch (same model, precision: fp32, tf32 or bf16) |")
     print("|---|---|---|---|---|")
     for run, recs in runs.items():
         s = steady_seconds(recs)
@@ -64,7 +64,8 @@ def main():
         ratio = "-"
         if "_torch" not in run:
             model = run.split("_")[0]
-            ref = f"{model}_torch" + ("_bf16" if run.endswith("_bf16") else "")
+            suffix = next((x for x in ("_bf16", "_tf32") if run.endswith(x)), "")
+            ref = f"{model}_torch{suffix}"
             if ref in runs:
                 ratio = f"{steady_seconds(runs[ref]) / s:.2f}x faster" if s > 0 else "-"
         print(f"| {run} | {len(recs)} | {s:.3f} | {acc_s} | {ratio} |")

@@ -184,6 +184,11 @@ def run(rank, world, args):
 
     device = torch.device(args.device)
     if args.device == "cuda":
+        # PyTorch's own default lets cuDNN convolve fp32 on TF32 tensor cores (matmuls stay fp32).
+        # --tf32 keeps that default (the match for dptrain --tf32); without it both are strict
+        # fp32, the match for dptrain's default. bf16 autocast is unaffected.
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     # bf16 autocast on the GPU (convolutions and matmuls in bf16, fp32 master weights), else a no-op.
@@ -211,7 +216,7 @@ def run(rank, world, args):
     if rank == 0:
         print(f"# pytorch {torch.__version__} model={args.model} recipe={args.recipe} lr={lr} "
               f"global_batch={gbatch} world={world} threads={args.threads} steps/epoch={steps} "
-              f"device={name} bf16={args.bf16}",
+              f"device={name} bf16={args.bf16} tf32={args.tf32}",
               file=sys.stderr, flush=True)
 
     for epoch in range(1, args.epochs + 1):
@@ -308,6 +313,8 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: one GPU per process (rank mod visible GPUs); DDP then uses NCCL")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU only)")
+    p.add_argument("--tf32", action="store_true",
+                   help="let cuDNN convolve fp32 on TF32 tensor cores, PyTorch's own default (GPU only)")
     args = p.parse_args()
 
     if args.print_params:

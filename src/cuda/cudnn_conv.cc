@@ -10,26 +10,31 @@
 //
 // Numerics: CUDNN_FMA_MATH, because CUDNN_DEFAULT_MATH lets cuDNN run fp32 convolutions as TF32 on
 // tensor cores (Ampere and newer), 10-bit mantissas that would break agreement with the CPU
-// backend. With --tf32 (GpuContext::tf32) the descriptor asks for CUDNN_DEFAULT_MATH and tensor-op
-// algorithms are accepted too, each run under the math type cuDNN ranked it with; fp16
-// down-conversion (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) never is. Without it every algorithm runs
-// under CUDNN_FMA_MATH, whatever math type the ranking lists. Algorithms come from cuDNN's
-// heuristic ranking (cudnnGet*_v7), not from timing
-// (cudnnFind*): the choice is then a function of shape and device only, the same on every run and
-// rank, which keeps runs and resumes bit-reproducible; deterministic algorithms are preferred.
+// backend. With --tf32 or --precision bf16 (GpuContext::tensor_ops) the descriptor asks for
+// CUDNN_DEFAULT_MATH and tensor-op algorithms are accepted too, each run under the math type cuDNN
+// ranked it with; fp16 down-conversion (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) never is. Without it
+// every algorithm runs under CUDNN_FMA_MATH, whatever math type the ranking lists. Algorithms come
+// from cuDNN's heuristic ranking (cudnnGet*_v7), not from timing (cudnnFind*): the choice is then a
+// function of shape and device only, the same on every run and rank, which keeps runs and resumes
+// bit-reproducible; deterministic algorithms are preferred. bench/gpu_conv_bench compares the pick
+// with cuDNN's timed search (survey): on an H100 the two agree or differ by < 0.3 ms per call.
 //
-// --precision bf16 (GpuContext::bf16): x, y and the filter are bf16 tensors (cuDNN's BFLOAT16
-// configuration: fp32 compute, tensor cores). Their bf16 copies are cast into the workspace from
-// the fp32 activations and weights (after the fp32 OIHW -> OHWI transform) on every call, and
-// results are cast back: y and dx overwrite fp32 arrays; dW, which cuDNN writes in the filter's
-// type (bf16: the legacy API cannot mix types), is widened and added to the fp32 gradient through
-// the fp32 inverse transform. So the gradient buffers, the optimizer and the all-reduce are fp32,
-// with each convolution's dW rounded to bf16 once. A shape for which cuDNN ranks no bf16 algorithm
-// in a direction it needs convolves in fp32 (see choose).
+// --precision bf16 convolves fp32 tensors on TF32 tensor cores, not bf16 copies: measured on an
+// H100 with cuDNN 9 (bench/gpu_conv_bench, ResNet-18 at batch 256, docs/PERFORMANCE.md), this
+// legacy API's NHWC bf16 engines were slower than TF32 in every direction and pathological in
+// backward-data (27 ms per call where TF32 takes 0.16 ms), so a bf16 step took 418 ms against
+// 20 ms in TF32. TF32 rounds operands to 10-bit mantissas, finer than bf16's 7; the Linear
+// layers' GEMMs still take bf16 operands (cublas_linear.cc).
+//
+// Alignment: a weight or gradient pointer into the flat parameter buffers may sit at any 4-byte
+// offset. cuDNN's kernels were 10-20x slower on such pointers (1x1 stride-2 backward: 3 ms against
+// 0.2 ms), so weights that need no layout change are still copied into the aligned workspace, and
+// dW written there, unless the pointer is 256-byte aligned (cudaMalloc's own alignment).
 #include "cuda/cudnn_conv.h"
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +42,6 @@
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
-#include "precision.cuh"
 
 namespace dpt::gpu {
 
@@ -57,7 +61,7 @@ int as_int(int64_t v, const ConvGeom& g) {
 }
 
 // Whether an algorithm's math type is allowed: tensor-op math only where tensor cores are (TF32
-// allowed, or bf16 operands), and never with fp16 down-conversion.
+// or bf16 allowed), and never with fp16 down-conversion.
 bool math_allowed(cudnnMathType_t m, bool tensor_ops) {
   if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   return tensor_ops || m != CUDNN_TENSOR_OP_MATH;
@@ -67,17 +71,12 @@ cudnnMathType_t base_math(bool tensor_ops) { return tensor_ops ? CUDNN_DEFAULT_M
 // The math type an algorithm listed with `m` runs under: FMA (never TF32) unless tensor cores are allowed.
 cudnnMathType_t run_math(cudnnMathType_t m, bool tensor_ops) { return tensor_ops ? m : CUDNN_FMA_MATH; }
 
-// Where a --precision bf16 operand goes in the workspace: n bf16 values (none in fp32 runs).
-size_t add_bf16(WorkspaceLayout& layout, bool bf16, int64_t n) {
-  return bf16 ? layout.add(static_cast<size_t>(n) * sizeof(uint16_t)) : 0;
+std::string no_algorithm(const char* direction, const ConvGeom& g) {
+  return DPT_MSG("cuDNN offers no " << direction << " algorithm for convolution " << geom_str(g));
 }
-// The bf16 copy of fp32 src at ws + at (bf16 runs), or src itself (fp32 runs).
-const void* operand(bool bf16, const float* src, int64_t n, char* ws, size_t at, cudaStream_t st) {
-  if (!bf16) return src;
-  auto* dst = reinterpret_cast<uint16_t*>(ws + at);
-  CUDA_CHECK(cuda::launch_to_bf16(src, dst, n, st));
-  return dst;
-}
+
+// Whether a device pointer has cudaMalloc's alignment (see the file comment).
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; }
 
 // The first algorithm in cuDNN's ranking (best first) that succeeded, uses an allowed math type,
 // has a workspace size cuDNN confirms for this descriptor set under that math type (cuDNN answers
@@ -98,6 +97,9 @@ bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf
       if (pass == 1)
         log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
                                                        << "; results will not be bit-reproducible"));
+      log_debug(DPT_MSG("cuDNN " << what << " for convolution " << geom_str(g) << ": algorithm " << p.algo
+                                 << " (rank " << i + 1 << " of " << count << "), math type " << m << ", workspace "
+                                 << bytes << " bytes"));
       *algo = p.algo;
       *math = m;
       *ws = bytes;
@@ -113,6 +115,10 @@ struct Descs {
   cudnnFilterDescriptor_t w;
   cudnnConvolutionDescriptor_t conv;
 };
+// Device buffers for a timed search (survey): y doubles as dy.
+struct Bufs {
+  void *x, *w, *y, *dx, *dw;
+};
 
 // cuDNN's calls and types for each direction, so that one search serves all three.
 struct FwdOps {
@@ -125,6 +131,9 @@ struct FwdOps {
   }
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionForwardWorkspaceSize(d.h, d.x, d.w, d.conv, d.y, a, bytes);
+  }
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
+    return cudnnFindConvolutionForwardAlgorithmEx(d.h, d.x, b.x, d.w, b.w, d.conv, d.y, b.y, max, got, p, ws, wsb);
   }
 };
 struct BwdDataOps {
@@ -140,6 +149,10 @@ struct BwdDataOps {
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(d.h, d.w, d.y, d.conv, d.x, a, bytes);
   }
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(d.h, d.w, b.w, d.y, b.y, d.conv, d.x, b.dx, max, got, p, ws,
+                                                       wsb);
+  }
 };
 struct BwdFilterOps {
   using Algo = cudnnConvolutionBwdFilterAlgo_t;
@@ -153,6 +166,10 @@ struct BwdFilterOps {
   }
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.h, d.x, d.y, d.conv, d.w, a, bytes);
+  }
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(d.h, d.x, b.x, d.y, b.y, d.conv, d.w, b.dw, max, got, p,
+                                                         ws, wsb);
   }
 };
 
@@ -185,6 +202,23 @@ bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typen
   return pick(perf, got, tensor_ops, ws_of, Ops::kName, g, &c->algo, &c->math, &c->ws);
 }
 
+// cuDNN's timed search for one direction, appended to `out` with the chosen algorithm marked.
+template <class Ops>
+void timed(const Descs& d, const Bufs& b, bool tensor_ops, const ConvChoice<typename Ops::Algo>& chosen, void* ws,
+           size_t wsb, std::vector<CudnnConv::AlgoTime>* out) {
+  int max = 0, got = 0;
+  CUDNN_CHECK(Ops::max_count(d.h, &max));
+  std::vector<typename Ops::Perf> perf(static_cast<size_t>(std::max(max, 1)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, base_math(tensor_ops)));
+  CUDNN_CHECK(Ops::find(d, b, max, &got, perf.data(), ws, wsb));
+  for (int i = 0; i < got; ++i) {
+    const auto& p = perf[static_cast<size_t>(i)];
+    if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tensor_ops)) continue;
+    out->push_back({Ops::kName, static_cast<int>(p.algo), p.mathType, p.determinism == CUDNN_DETERMINISTIC,
+                    p.memory, p.time, chosen.have && p.algo == chosen.algo && p.mathType == chosen.math});
+  }
+}
+
 }  // namespace
 
 struct CudnnConv::Entry {
@@ -196,8 +230,7 @@ struct CudnnConv::Entry {
   size_t weight_bytes = 0;   // fp32
   int64_t x_elems = 0, y_elems = 0, w_elems = 0;
   int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
-  bool bf16 = false;        // x, y and the filter are bf16 (see describe)
-  bool tensor_ops = false;  // algorithms may use tensor cores (bf16, or fp32 with --tf32)
+  bool tensor_ops = false;  // algorithms may use tensor cores (GpuContext::tensor_ops)
   ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
   ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
@@ -238,7 +271,7 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
   // PyTorch's Conv2d is a cross-correlation (no kernel flip). Compute in fp32 for both precisions.
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  describe(*e, g, ctx_.bf16());
+  describe(*e, g);
   int dn = 0, dc = 0, dh = 0, dw = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
   DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
@@ -253,74 +286,53 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   return *cache_.emplace(key, std::move(e)).first->second;
 }
 
-void CudnnConv::describe(Entry& e, const ConvGeom& g, bool bf16) {
-  // The convolved tensors' type; the weight transforms stay fp32 (bf16 copies are cast after them).
-  const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+void CudnnConv::describe(Entry& e, const ConvGeom& g) {
   const int n = as_int(g.n, g), h = as_int(g.h, g), w = as_int(g.w, g), ci = as_int(g.c_in, g),
             co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.x, CUDNN_TENSOR_NHWC, dt, n, ci, h, w));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.y, CUDNN_TENSOR_NHWC, dt, n, co, oh, ow));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e.w, dt, CUDNN_TENSOR_NHWC, co, ci, k, k));
-  e.bf16 = bf16;
-  e.tensor_ops = bf16 || ctx_.tf32();
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, ci, h, w));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, co, oh, ow));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, co, ci, k, k));
+  e.tensor_ops = ctx_.tensor_ops();
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
-  e.fwd = {}, e.bwd_data = {}, e.bwd_filter = {};
 }
 
-bool CudnnConv::runs_bf16(const ConvGeom& g) {
+bool CudnnConv::tensor_math(const ConvGeom& g) {
   Entry& e = entry(g);
   choose(e, g, true, true);
-  return e.bf16;
+  return e.tensor_ops;
 }
 
 void CudnnConv::choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter) {
   const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
-  const char* missing = nullptr;
-  if (!e.fwd.have && !(e.fwd.have = search<FwdOps>(d, e.tensor_ops, g, &e.fwd)))
-    missing = FwdOps::kName;
-  else if (bwd_data && !e.bwd_data.have && !(e.bwd_data.have = search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data)))
-    missing = BwdDataOps::kName;
-  else if (bwd_filter && !e.bwd_filter.have &&
-           !(e.bwd_filter.have = search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter)))
-    missing = BwdFilterOps::kName;
-  if (!missing) return;
-  DPT_CHECK(e.bf16, "cuDNN offers no fp32 " << missing << " algorithm for convolution " << geom_str(g));
-  // A shape no bf16 engine takes (a single input channel, say): this layer convolves in fp32.
-  // Decided per shape, so the same on every rank and run. The forward is chosen again right away
-  // (with what is asked for now), so no choice is left for a later step that may be captured.
-  log_debug(DPT_MSG("cuDNN offers no bf16 " << missing << " algorithm for convolution " << geom_str(g)
-                                            << ": it runs in fp32"));
-  describe(e, g, false);
-  choose(e, g, bwd_data, bwd_filter);
+  if (!e.fwd.have) DPT_CHECK(e.fwd.have = search<FwdOps>(d, e.tensor_ops, g, &e.fwd), no_algorithm(FwdOps::kName, g));
+  if (bwd_data && !e.bwd_data.have)
+    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data),
+              no_algorithm(BwdDataOps::kName, g));
+  if (bwd_filter && !e.bwd_filter.have)
+    DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter),
+              no_algorithm(BwdFilterOps::kName, g));
 }
 
 void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
   choose(e, g, false, false);
-  const bool bf16 = e.bf16;
-  const cudaStream_t st = ctx_.stream();
   WorkspaceLayout layout;
-  const size_t at_w = e.same_layout ? 0 : layout.add(e.weight_bytes);
-  const size_t at_wl = add_bf16(layout, bf16, e.w_elems), at_xl = add_bf16(layout, bf16, e.x_elems),
-               at_yl = add_bf16(layout, bf16, e.y_elems);
+  const bool transform = !e.same_layout || !aligned(w);
+  const size_t at_w = transform ? layout.add(e.weight_bytes) : 0;
   const size_t at_algo = layout.add(e.fwd.ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f;
   const float* wk = w;
-  if (!e.same_layout) {
+  if (transform) {
     float* wt = reinterpret_cast<float*>(ws + at_w);
     CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
     wk = wt;
   }
-  const void* wc = operand(bf16, wk, e.w_elems, ws, at_wl, st);
-  const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
-  void* yc = bf16 ? static_cast<void*>(ws + at_yl) : y;
   // One descriptor serves three directions whose algorithms may differ in math type.
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd.math));
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, xc, e.w, wc, e.conv, e.fwd.algo, ws + at_algo, e.fwd.ws, &zero, e.y,
-                                      yc));
-  if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(yc), y, e.y_elems, false, st));
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd.algo, ws + at_algo, e.fwd.ws, &zero, e.y,
+                                      y));
   if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
 }
 
@@ -329,52 +341,56 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
   choose(e, g, dx != nullptr, dw != nullptr);
-  // Workspace: [OHWI weights (for dx)] [OHWI dW] [bf16 copies: dy, weights, dx, x, dW]
-  // [algorithm scratch, shared by the two calls].
-  const bool bf16 = e.bf16;
-  const cudaStream_t st = ctx_.stream();
+  // Workspace: [OHWI weights (for dx)] [OHWI dW] [algorithm scratch, shared by the two calls].
   WorkspaceLayout layout;
-  const bool transform = !e.same_layout;
-  const size_t at_w = transform && dx ? layout.add(e.weight_bytes) : 0;
-  const size_t at_dw = transform && dw ? layout.add(e.weight_bytes) : 0;
-  const size_t at_dyl = add_bf16(layout, bf16, e.y_elems);
-  const size_t at_wl = add_bf16(layout, bf16 && dx, e.w_elems), at_dxl = add_bf16(layout, bf16 && dx, e.x_elems);
-  const size_t at_xl = add_bf16(layout, bf16 && dw, e.x_elems), at_dwl = add_bf16(layout, bf16 && dw, e.w_elems);
+  const bool transform_w = dx && (!e.same_layout || !aligned(w));
+  const bool transform_dw = dw && (!e.same_layout || !aligned(dw));
+  const size_t at_w = transform_w ? layout.add(e.weight_bytes) : 0;
+  const size_t at_dw = transform_dw ? layout.add(e.weight_bytes) : 0;
   const size_t algo_ws = std::max(dx ? e.bwd_data.ws : 0, dw ? e.bwd_filter.ws : 0);
   const size_t at_algo = layout.add(algo_ws);
   char* ws = static_cast<char*>(ctx_.workspace(layout.total()));
   const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
-  const void* dyc = operand(bf16, dy, e.y_elems, ws, at_dyl, st);
   if (dx) {
     const float* wk = w;
-    if (transform) {
+    if (transform_w) {
       float* wt = reinterpret_cast<float*>(ws + at_w);
       CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_oihw, w, &zero, e.w_ohwi, wt));
       wk = wt;
     }
-    const void* wc = operand(bf16, wk, e.w_elems, ws, at_wl, st);
-    void* dxc = bf16 ? static_cast<void*>(ws + at_dxl) : dx;
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data.math));
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wc, e.y, dyc, e.conv, e.bwd_data.algo, ws + at_algo,
-                                             e.bwd_data.ws, &zero, e.x, dxc));
-    if (bf16) CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dxc), dx, e.x_elems, false, st));
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data.algo, ws + at_algo,
+                                             e.bwd_data.ws, &zero, e.x, dx));
   }
   if (dw) {
-    const void* xc = operand(bf16, x, e.x_elems, ws, at_xl, st);
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter.math));
-    // cuDNN writes dW (OHWI) to the bf16 scratch, the fp32 OHWI scratch (to transform back to
-    // OIHW), or, with neither, straight into dw; the last step adds into dw when accumulating.
-    float* dwt = reinterpret_cast<float*>(ws + at_dw);
-    void* dwc = bf16 ? static_cast<void*>(ws + at_dwl) : transform ? static_cast<void*>(dwt) : dw;
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, xc, e.y, dyc, e.conv, e.bwd_filter.algo, ws + at_algo,
-                                               e.bwd_filter.ws, bf16 || transform ? &zero : &beta, e.w, dwc));
-    if (bf16)
-      CUDA_CHECK(cuda::launch_from_bf16(static_cast<const uint16_t*>(dwc), transform ? dwt : dw, e.w_elems,
-                                        !transform && accumulate, st));
-    if (transform) CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
+    // cuDNN writes dW (OHWI) to the workspace, to transform back to OIHW (adding into dw when
+    // accumulating), or straight into dw.
+    float* dwt = transform_dw ? reinterpret_cast<float*>(ws + at_dw) : dw;
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter.algo, ws + at_algo,
+                                               e.bwd_filter.ws, transform_dw ? &zero : &beta, e.w, dwt));
+    if (transform_dw) CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
   }
   // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the CPU.
   if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);
+}
+
+std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g) {
+  Entry& e = entry(g);
+  choose(e, g, true, true);
+  const size_t elem = sizeof(float);  // zeros: timing only
+  DeviceBuffer x(e.x_elems * elem), w(e.w_elems * elem), y(e.y_elems * elem), dx(e.x_elems * elem),
+      dw(e.w_elems * elem), ws(kMaxAlgoWorkspace);
+  for (DeviceBuffer* b : {&x, &w, &y, &dx, &dw}) CUDA_CHECK(cudaMemset(b->as<void>(), 0, b->bytes()));
+  ctx_.synchronize();
+  const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
+  const Bufs b{x.as<void>(), w.as<void>(), y.as<void>(), dx.as<void>(), dw.as<void>()};
+  std::vector<AlgoTime> out;
+  timed<FwdOps>(d, b, e.tensor_ops, e.fwd, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdDataOps>(d, b, e.tensor_ops, e.bwd_data, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdFilterOps>(d, b, e.tensor_ops, e.bwd_filter, ws.as<void>(), ws.bytes(), &out);
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
+  return out;
 }
 
 }  // namespace dpt::gpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "cuda/gpu_context.h"
 #include "dpt/backend.h"
@@ -17,8 +18,8 @@ using dpt::ConvGeom;
 
 // One per convolution layer. Descriptors and algorithms are chosen once per geometry (in practice
 // once per batch size) and cached; scratch comes from the context's shared workspace. Arrays are
-// fp32 in both precisions; with GpuContext::bf16 the convolutions themselves run on bf16 copies
-// (per shape, fp32 where cuDNN has no bf16 algorithm).
+// fp32 in every precision; with --tf32 or --precision bf16 they are convolved on TF32 tensor cores
+// (see cudnn_conv.cc for why bf16 convolutions do not take bf16 copies).
 class CudnnConv : public ConvOp {
  public:
   explicit CudnnConv(GpuContext& ctx);
@@ -32,19 +33,32 @@ class CudnnConv : public ConvOp {
   // accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, bool accumulate) override;
-  // Whether convolutions of this geometry run on bf16 operands (GpuContext::bf16, and cuDNN has
-  // bf16 algorithms for the shape); chooses the algorithms if not done yet.
-  bool runs_bf16(const ConvGeom& g);
+  // Whether this geometry's algorithms may run on tensor cores (TF32: GpuContext::tensor_ops);
+  // chooses the algorithms if not done yet.
+  bool tensor_math(const ConvGeom& g);
+
+  // One algorithm of one direction as cuDNN's timed search (cudnnFind*Ex) measured it on this
+  // geometry's descriptors: for bench/gpu_conv_bench, to see how far the heuristic pick is from
+  // the fastest. Not used in training (timings vary between runs; see the file comment).
+  struct AlgoTime {
+    const char* direction;  // "forward", "backward-data", "backward-filter"
+    int algo;
+    cudnnMathType_t math;
+    bool deterministic;
+    size_t workspace;
+    float ms;
+    bool chosen;  // the algorithm (and math type) forward()/backward() run
+  };
+  std::vector<AlgoTime> survey(const ConvGeom& g);
 
  private:
   struct Entry;
   using Key = std::array<int64_t, 8>;  // n, h, w, c_in, c_out, k, stride, pad
   Entry& entry(const ConvGeom& g);
-  // Sets the descriptors' data type (bf16 or fp32) and forgets every chosen algorithm.
-  void describe(Entry& e, const ConvGeom& g, bool bf16);
+  // Sets the descriptors (fp32 NHWC) and the math type the algorithms are ranked under.
+  void describe(Entry& e, const ConvGeom& g);
   // The algorithms of the forward and of the backward directions asked for, each chosen on first
-  // use (an eager step: the first step is never captured); where cuDNN has none for one of them
-  // in bf16, the entry falls back to fp32 whole.
+  // use (an eager step: the first step is never captured).
   void choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter);
 
   GpuContext& ctx_;

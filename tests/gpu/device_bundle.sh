@@ -16,8 +16,9 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu-bundle/' "$exclude" 2>/dev/null || echo '/.gpu-bundle/' >> "$exclude"  # carried, never committed
 
 ninja -C "$build" dptrain tests/test_backend_ops tests/gpu/test_gpu_kernels tests/gpu/test_gpu_ops \
-  tests/gpu/test_gpu_nccl tests/gpu/test_gpu_model
-bins=("$build/dptrain" "$build/tests/test_backend_ops" "$build"/tests/gpu/test_gpu_{kernels,ops,nccl,model})
+  tests/gpu/test_gpu_nccl tests/gpu/test_gpu_model bench/gpu_conv_bench
+bins=("$build/dptrain" "$build/tests/test_backend_ops" "$build"/tests/gpu/test_gpu_{kernels,ops,nccl,model}
+  "$build/bench/gpu_conv_bench")
 
 stage=$(mktemp -d)
 chmod 755 "$stage"  # it becomes the archive's ./: never a 700 entry for /

@@ -4,10 +4,12 @@
 # runs the GPU suites one by one, each bounded. $OUT gets summary.txt, logs.tar.gz (every step's
 # log and metrics: the device tool returns at most 8 files) and, after bench, gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
-#        reducer2 (default: all but bench and reducer2; bench trains LeNet and ResNet-18 for timing;
+#        reducer2 convbench (default: all but bench, reducer2 and convbench; bench trains LeNet and ResNet-18 for timing;
 #        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
-#        one GPU, 90 s). Step limits add up to 570 s for "env smoke backend kernels ops nccl model"
-#        and 590 s for "cli bench", so each group fits one 600 s device call.
+#        one GPU, 90 s); convbench times a ResNet-18 step's convolutions per geometry in fp32,
+#        tf32 and bf16 (bench/gpu_conv_bench). Step limits add up to 570 s for "env smoke backend
+#        kernels ops nccl model", 240 s for "cli" and 500 s for "bench" (which takes about 200 s on
+#        an H100), so each group fits one 600 s device call.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -77,9 +79,11 @@ for s in "${steps[@]}"; do
     reducer2) step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*' ;;
     model) step model 210 test_gpu_model ;;
     cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
+    convbench) step convbench 120 gpu_conv_bench --model resnet18 --batch 256 --steps 10 ;;
     bench)  # the d2l recipes side by side with eager PyTorch on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)
-      # PyTorch loads its own CUDA libraries: not the ones found for dptrain above.
+      # PyTorch loads its own CUDA libraries: not the ones found for dptrain above. Its fp32 runs
+      # are strict fp32 unless --tf32 (PyTorch's own default convolves on TF32): like for like.
       torch=(env -u LD_LIBRARY_PATH python3 bench/torch_ref.py --recipe d2l --device cuda --data "$data")
       # dptrain's epoch records go to NAME.jsonl, PyTorch's (--json) into its log: bench/gpu_table.py
       # reads both.
@@ -91,7 +95,10 @@ for s in "${steps[@]}"; do
       step bench_resnet18 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" $(m bench_resnet18)
       step bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16 \
         $(m bench_resnet18_bf16)
+      step bench_resnet18_tf32 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --tf32 \
+        $(m bench_resnet18_tf32)
       step bench_resnet18_torch 50 "${torch[@]}" --model resnet18 --epochs 3 --json
+      step bench_resnet18_torch_tf32 50 "${torch[@]}" --model resnet18 --epochs 3 --tf32 --json
       step bench_resnet18_torch_bf16 50 "${torch[@]}" --model resnet18 --epochs 3 --bf16 --json
       nvidia-smi -L > "$logs/device.txt" 2>&1
       python3 bench/gpu_table.py "$logs" | tee "$out/gpu_table.md" ;;

@@ -66,12 +66,24 @@ double rel_error(const float* gpu, const float* cpu, int64_t n, double floor) {
   return diff / std::max(max_abs(cpu, n), floor);
 }
 
+// ||gpu - cpu||_2 / max(||cpu||_2, floor * sqrt(n)): the same in the mean-square sense.
+double rel_norm_error(const float* gpu, const float* cpu, int64_t n, double floor) {
+  double d2 = 0, c2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(gpu[i]) - cpu[i];
+    d2 += d * d;
+    c2 += static_cast<double>(cpu[i]) * cpu[i];
+  }
+  return std::sqrt(d2) / std::max(std::sqrt(c2), floor * std::sqrt(static_cast<double>(n)));
+}
+
 using Ranges = std::vector<std::pair<int64_t, int64_t>>;
 
 // One training-mode forward and backward of `name` at batch 8 on both backends from the same
 // state, input and dlogits, then an evaluation-mode forward on the updated running statistics.
-// bf16: the GPU's convolutions and GEMMs take bf16 operands (--precision bf16).
-void check_parity(const std::string& name, double tol, bool bf16 = false) {
+// Logits and buffers within `tol` (max-relative); each gradient within `grad_tol`, max-relative or,
+// with `norm`, norm-relative. bf16: --precision bf16 (TF32 convolutions, bf16 GEMM operands).
+void check_parity(const std::string& name, double tol, double grad_tol, bool norm, bool bf16 = false) {
   auto model = make_model(name);
   model->init_parameters("kaiming", 7);
   ParamStore& store = model->store();
@@ -123,12 +135,14 @@ void check_parity(const std::string& name, double tol, bool bf16 = false) {
       EXPECT_LE(e, tol) << name << ": buffer " << p.name << " after one training forward";
       continue;
     }
-    const double e = rel_error(ggrads + p.offset, p.grad.data(), p.numel(), floor);
-    EXPECT_LE(e, tol) << name << ": gradient of " << p.name << " " << shape_str(p.shape);
+    const double e = norm ? rel_norm_error(ggrads + p.offset, p.grad.data(), p.numel(), floor)
+                          : rel_error(ggrads + p.offset, p.grad.data(), p.numel(), floor);
+    EXPECT_LE(e, grad_tol) << name << ": gradient of " << p.name << " " << shape_str(p.shape);
     if (e > worst) worst = e, worst_name = p.name;
   }
-  std::printf("%s parity at batch %lld (%s): logits %.2e, worst gradient %.2e (%s)\n", name.c_str(),
-              static_cast<long long>(n), bf16 ? "bf16" : "fp32", logit_err, worst, worst_name.c_str());
+  std::printf("%s parity at batch %lld (%s): logits %.2e, worst gradient %.2e %s (%s)\n", name.c_str(),
+              static_cast<long long>(n), bf16 ? "bf16" : "fp32", logit_err, worst,
+              norm ? "norm-relative" : "max-relative", worst_name.c_str());
 
   const Tensor& elogits = model->forward(x, Mode::kEval);
   const std::vector<float> gelogits = to_host(be, gm->forward(dx, Mode::kEval));
@@ -137,25 +151,35 @@ void check_parity(const std::string& name, double tol, bool bf16 = false) {
 
 TEST(GpuModel, LenetForwardBackwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  check_parity("lenet", 1e-4);
+  check_parity("lenet", 1e-4, 1e-4, /*norm=*/false);  // measured on an H100: worst gradient 4e-6
 }
 
+// ResNet-18's gradients at batch 8 are ill-conditioned: 17 training-mode BatchNorm backwards each
+// subtract their dy's projection, so small gradients are differences of large terms, and near-zero
+// pre-activations flip their ReLUs. Measured on the CPU alone, scaling every input pixel by
+// 1 +- 3e-7 (about one ulp) moves single gradient entries by up to 2e-2 of their tensor's largest
+// (layer1.1.conv1.weight) and whole tensors by up to 2.5e-3 in norm. The GPU sums in other orders in
+// every layer, not only at the input, so entry-wise agreement to 1e-4 is not a property of correct
+// code here (an H100 measured 6e-2 on layer2.0.conv1.weight); each gradient is held in norm instead
+// (measured: at most 1.1e-2, layer2.0.bn1.bias), which a wrong formula (an O(1) error) cannot meet.
+// Logits and buffers stay entry-wise.
 TEST(GpuModel, Resnet18ForwardBackwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
-  // The CPU runs its stride-1 3x3 convolutions with >= 16 channels by Winograd (errors ~1e-5).
-  check_parity("resnet18", 1e-4);
+  check_parity("resnet18", 1e-4, 3e-2, /*norm=*/true);
 }
 
-// bf16 rounding (2^-9 relative) at every convolution and GEMM input compounds with depth: first
-// bounds, to be tightened from the measured errors printed above once this has run on a GPU.
+// --precision bf16: TF32 convolutions (2^-11 operand rounding) and bf16 GEMM operands (2^-9).
+// Measured on an H100: LeNet logits 3.9e-3, worst gradient 3.6e-2 max-relative (fc1.weight, whose
+// batch-8 sums cancel); ResNet-18 logits 3.1e-3, worst gradient 1.0e-1 norm-relative (bn1.bias,
+// the far end of the ill-conditioned backward above, 1.1e-2 in fp32).
 TEST(GpuModel, LenetForwardBackwardMatchesCpuInBf16) {
   SKIP_WITHOUT_GPU();
-  check_parity("lenet", 2e-2, /*bf16=*/true);
+  check_parity("lenet", 2e-2, 6e-2, /*norm=*/false, /*bf16=*/true);
 }
 
 TEST(GpuModel, Resnet18ForwardBackwardMatchesCpuInBf16) {
   SKIP_WITHOUT_GPU();
-  check_parity("resnet18", 5e-2, /*bf16=*/true);
+  check_parity("resnet18", 2e-2, 2e-1, /*norm=*/true, /*bf16=*/true);
 }
 
 TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
