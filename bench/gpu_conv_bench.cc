@@ -1,7 +1,8 @@
 // Where a GPU training step's time goes, per convolution geometry: a model's forward and backward
 // on the CUDA backend timed whole (CUDA events, no synchronisation inside), then once more with
 // every convolution call timed in place (a backend whose ConvOp wraps CudnnConv), then cuDNN's own
-// timed search (cudnnFind*Ex) for each geometry beside the algorithm dptrain's heuristic picked.
+// timed search (cudnnFind*Ex) for each geometry beside the algorithm dptrain's heuristic picked, and
+// the same search on channels-first (NCHW) descriptors.
 // Modes: fp32 (FMA math), tf32 (--tf32), bf16 (--precision bf16). GPU builds only.
 // Usage: build/bench/gpu_conv_bench [--model resnet18] [--batch 256] [--steps 10] [--modes fp32,tf32,bf16]
 //        [--survey]
@@ -155,17 +156,19 @@ void run_mode(const std::string& model_name, const std::string& mode, int64_t ba
     std::printf("| %s | %d | %.3f | %.3f |\n", k.c_str(), t.calls_fwd / steps, t.fwd_ms / steps,
                 t.bwd_ms / steps);
   if (!survey || be.convs.empty()) return;
-  std::printf("\ncuDNN's timed search per geometry (ms per call; * = dptrain's pick, d = deterministic):\n");
-  for (const auto& [k, t] : be.table) {
-    std::printf("- %s:", k.c_str());
-    const char* dir = "";
-    for (const CudnnConv::AlgoTime& a : be.convs.front()->survey(t.g)) {
-      if (std::string(dir) != a.direction) std::printf("\n    %s:", dir = a.direction);
-      std::printf(" %d/%s%s%s %.3f", a.algo, math_name(a.math), a.deterministic ? "/d" : "", a.chosen ? "*" : "",
-                  a.ms);
+  std::printf("\ncuDNN's timed search per geometry (ms per call; * = dptrain's pick, d = deterministic), in "
+              "dptrain's NHWC and, for comparison, NCHW:\n");
+  for (const auto& [k, t] : be.table)
+    for (bool nchw : {false, true}) {
+      std::printf("- %s %s:", k.c_str(), nchw ? "NCHW" : "NHWC");
+      const char* dir = "";
+      for (const CudnnConv::AlgoTime& a : be.convs.front()->survey(t.g, nchw)) {
+        if (std::string(dir) != a.direction) std::printf("\n    %s:", dir = a.direction);
+        std::printf(" %d/%s%s%s %.3f", a.algo, math_name(a.math), a.deterministic ? "/d" : "", a.chosen ? "*" : "",
+                    a.ms);
+      }
+      std::printf("\n");
     }
-    std::printf("\n");
-  }
 }
 
 }  // namespace

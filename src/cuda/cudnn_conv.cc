@@ -375,7 +375,7 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
   if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);
 }
 
-std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g) {
+std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g, bool nchw) {
   Entry& e = entry(g);
   choose(e, g, true, true);
   const size_t elem = sizeof(float);  // zeros: timing only
@@ -383,12 +383,38 @@ std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g) {
       dw(e.w_elems * elem), ws(kMaxAlgoWorkspace);
   for (DeviceBuffer* b : {&x, &w, &y, &dx, &dw}) CUDA_CHECK(cudaMemset(b->as<void>(), 0, b->bytes()));
   ctx_.synchronize();
-  const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
+  Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
+  // nchw: the same convolution described channels-first (what PyTorch's default layout gets), to
+  // see what that layout's engines would give; none of them is dptrain's pick.
+  struct Nchw {
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+    cudnnFilterDescriptor_t w = nullptr;
+    ~Nchw() {
+      if (x) cudnnDestroyTensorDescriptor(x);
+      if (y) cudnnDestroyTensorDescriptor(y);
+      if (w) cudnnDestroyFilterDescriptor(w);
+    }
+  } alt;
+  ConvChoice<cudnnConvolutionFwdAlgo_t> fwd = e.fwd;
+  ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data = e.bwd_data;
+  ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter = e.bwd_filter;
+  if (nchw) {
+    const int n = as_int(g.n, g), h = as_int(g.h, g), wd = as_int(g.w, g), ci = as_int(g.c_in, g),
+              co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&alt.x));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&alt.y));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&alt.w));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(alt.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, ci, h, wd));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(alt.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, co, oh, ow));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(alt.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, co, ci, k, k));
+    d = {ctx_.cudnn(), alt.x, alt.y, alt.w, e.conv};
+    fwd.have = bwd_data.have = bwd_filter.have = false;
+  }
   const Bufs b{x.as<void>(), w.as<void>(), y.as<void>(), dx.as<void>(), dw.as<void>()};
   std::vector<AlgoTime> out;
-  timed<FwdOps>(d, b, e.tensor_ops, e.fwd, ws.as<void>(), ws.bytes(), &out);
-  timed<BwdDataOps>(d, b, e.tensor_ops, e.bwd_data, ws.as<void>(), ws.bytes(), &out);
-  timed<BwdFilterOps>(d, b, e.tensor_ops, e.bwd_filter, ws.as<void>(), ws.bytes(), &out);
+  timed<FwdOps>(d, b, e.tensor_ops, fwd, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdDataOps>(d, b, e.tensor_ops, bwd_data, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdFilterOps>(d, b, e.tensor_ops, bwd_filter, ws.as<void>(), ws.bytes(), &out);
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
   return out;
 }

@@ -39,7 +39,8 @@ class CudnnConv : public ConvOp {
 
   // One algorithm of one direction as cuDNN's timed search (cudnnFind*Ex) measured it on this
   // geometry's descriptors: for bench/gpu_conv_bench, to see how far the heuristic pick is from
-  // the fastest. Not used in training (timings vary between runs; see the file comment).
+  // the fastest; with nchw, the same convolution described channels-first. Not used in training
+  // (timings vary between runs; see the file comment).
   struct AlgoTime {
     const char* direction;  // "forward", "backward-data", "backward-filter"
     int algo;
@@ -49,7 +50,7 @@ class CudnnConv : public ConvOp {
     float ms;
     bool chosen;  // the algorithm (and math type) forward()/backward() run
   };
-  std::vector<AlgoTime> survey(const ConvGeom& g);
+  std::vector<AlgoTime> survey(const ConvGeom& g, bool nchw = false);
 
  private:
   struct Entry;
