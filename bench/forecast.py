@@ -23,12 +23,12 @@ LINKS = [
     ("100 Gb/s network (12.5 GB/s)", 12.5e9, 20e-6),
 ]
 # Workloads: (name, gradient bytes, compute s/step, backward share of compute). Compute per step:
-# H100 targets of the GPU issue (LeNet 0.15 s/epoch, ResNet-18 bf16 0.8 s/epoch at 234 steps of
-# 256), to be replaced by the measured GPU figures; CPU: measured here (docs/PERFORMANCE.md).
+# measured on one H100 (docs/PERFORMANCE.md "GPU", 2026-11-22, d2l recipe, batch 256, 234 steps per
+# epoch): LeNet --tf32 0.128 s/epoch, ResNet-18 --precision bf16 2.397 s/epoch; CPU: measured here.
 WORKLOADS = [
-    ("LeNet, H100 target", 129068 * 4, 0.15 / 234, 0.6),
-    ("ResNet-18 fp32 grads, H100 target", 11175818 * 4, 0.8 / 234, 0.65),
-    ("ResNet-18 bf16 grads, H100 target", 11175818 * 2, 0.8 / 234, 0.65),
+    ("LeNet, H100 --tf32 (measured 0.55 ms/step)", 129068 * 4, 0.128 / 234, 0.6),
+    ("ResNet-18 fp32 grads, H100 bf16 (measured 10.2 ms/step)", 11175818 * 4, 2.397 / 234, 0.65),
+    ("ResNet-18 bf16 grads, H100 bf16 (measured 10.2 ms/step)", 11175818 * 2, 2.397 / 234, 0.65),
     # bench.py step, 2026-11-21 12:28 UTC: forward + backward + data + optimizer on rank 0.
     ("LeNet, CPU core (measured 32.0 ms/step at 128/rank)", 129068 * 4, 0.0320, 0.70),
     ("ResNet-18, CPU core (measured 1.65 s/step at 64/rank)", 11175818 * 4, 1.649, 0.66),
