@@ -20,7 +20,12 @@ baseline. Suites:
   builds       this build against another dptrain binary (--baseline PATH, e.g. a copy of the
                previous commit's build/dptrain), alternated: LeNet 1 epoch and ResNet-18 --max-steps
                steps (default 10), 2 ranks x 1 thread; for refactors that must not cost speed
+PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp) run it twice, Debian's
+python3-torch (1.13) and the newest release on PyPI, installed with pip into a virtual environment
+the bench creates once and reuses (bench/.venv-torch, git-ignored; `--torch debian` or `--torch
+pypi` runs one of them). dptrain's rows are compared with both.
 Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N] [--baseline PATH]
+                            [--torch both|debian|pypi]
 """
 import argparse
 import json
@@ -32,7 +37,45 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = "/usr/bin/python3"  # Debian's python3 has torch (a measuring tool only)
+DEBIAN_PY = "/usr/bin/python3"  # Debian's python3-torch (a measuring tool only)
+VENV = os.path.join(ROOT, "bench", ".venv-torch")
+
+
+def torch_version(py):
+    p = subprocess.run([py, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    return p.stdout.strip().split("+")[0] if p.returncode == 0 else None
+
+
+def pypi_python():
+    """The venv's python with the newest PyTorch from PyPI: created on first use, then reused."""
+    py = os.path.join(VENV, "bin", "python3")
+    if os.path.exists(py) and torch_version(py):
+        return py
+    print(f"# bench.py: installing the newest PyTorch from PyPI into {VENV} (once; about 3 GB)",
+          file=sys.stderr, flush=True)
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    p = subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
+                        "torch", "numpy"])
+    if p.returncode != 0 or not torch_version(py):
+        sys.exit(f"bench.py: pip could not install torch into {VENV} (network? python3-venv?); "
+                 "--torch debian runs without it")
+    return py
+
+
+def torch_pythons(which):
+    """[(label, python)] for --torch: Debian's 1.13 and/or PyPI's newest, labelled by version."""
+    out = []
+    if which in ("both", "pypi"):
+        py = pypi_python()
+        out.append((f"pytorch{torch_version(py)}", py))
+    if which in ("both", "debian"):
+        v = torch_version(DEBIAN_PY)
+        if v:
+            out.append((f"pytorch{v}", DEBIAN_PY))
+        elif which == "debian":
+            sys.exit("bench.py: Debian's python3-torch is not installed (apt-get install python3-torch)")
+    return out
 
 
 def mpirun(np):
@@ -44,38 +87,46 @@ def mpirun(np):
     return cmd
 
 
-def suite(name, build, max_steps, baseline=None):
+def suite(name, build, max_steps, baseline=None, torches=()):
+    """(runs, baselines): runs are (name, command, is_dptrain); baselines map a dptrain run to the
+    PyTorch runs it is compared with, newest PyTorch first."""
     dp = os.path.join(build, "dptrain")
     common = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
-    torch = [PY, os.path.join(ROOT, "bench", "torch_ref.py"), "--json"] + common
+    ref = os.path.join(ROOT, "bench", "torch_ref.py")
     if max_steps:
         common += ["--max-steps", str(max_steps)]
-        torch += ["--max-steps", str(max_steps)]
     if name == "lenet-1rank":
-        runs = []
+        runs, base = [], {}
         for t in (1, 2):
             runs.append((f"dptrain np1 t{t}", mpirun(1) + [dp] + common + ["--threads", str(t)], True))
-            runs.append((f"pytorch np1 t{t}", torch + ["--threads", str(t)], False))
-        return runs, {f"dptrain np1 t{t}": f"pytorch np1 t{t}" for t in (1, 2)}
+            base[f"dptrain np1 t{t}"] = []
+            for label, py in torches:
+                runs.append((f"{label} np1 t{t}", [py, ref, "--json"] + common + ["--threads", str(t)], False))
+                base[f"dptrain np1 t{t}"].append(f"{label} np1 t{t}")
+        return runs, base
     if name == "lenet-dp":
         runs = [
             ("dptrain np1", mpirun(1) + [dp] + common, True),
             ("dptrain np2 overlap", mpirun(2) + [dp] + common, True),
             ("dptrain np2 no-overlap", mpirun(2) + [dp] + common + ["--no-overlap"], True),
-            ("pytorch-ddp np2", torch + ["--ddp", "--nproc", "2", "--threads", "1"], False),
         ]
-        return runs, {"dptrain np1": "pytorch-ddp np2", "dptrain np2 overlap": "pytorch-ddp np2",
-                      "dptrain np2 no-overlap": "pytorch-ddp np2"}
+        refs = []
+        for label, py in torches:
+            runs.append((f"{label}-ddp np2", [py, ref, "--json"] + common + ["--ddp", "--nproc", "2", "--threads", "1"],
+                         False))
+            refs.append(f"{label}-ddp np2")
+        return runs, {r: refs for r in ("dptrain np1", "dptrain np2 overlap", "dptrain np2 no-overlap")}
     if name == "resnet-dp":
         steps = max_steps or 10
         r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
              "--max-steps", str(steps)]
-        runs = [
-            ("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True),
-            ("pytorch-ddp np2", [PY, os.path.join(ROOT, "bench", "torch_ref.py"), "--json", "--no-eval",
-                                 "--ddp", "--nproc", "2", "--threads", "1"] + r, False),
-        ]
-        return runs, {"dptrain np2": "pytorch-ddp np2"}
+        runs = [("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True)]
+        refs = []
+        for label, py in torches:
+            runs.append((f"{label}-ddp np2", [py, ref, "--json", "--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r,
+                         False))
+            refs.append(f"{label}-ddp np2")
+        return runs, {"dptrain np2": refs}
     if name == "builds":
         if not baseline or not os.access(baseline, os.X_OK):
             sys.exit("bench.py: the builds suite needs --baseline PATH, an executable dptrain")
@@ -89,7 +140,7 @@ def suite(name, build, max_steps, baseline=None):
             ("resnet18 np2 this", mpirun(2) + [dp] + r, True),
             ("resnet18 np2 baseline", mpirun(2) + [baseline] + r, True),
         ]
-        return runs, {"lenet np2 this": "lenet np2 baseline", "resnet18 np2 this": "resnet18 np2 baseline"}
+        return runs, {"lenet np2 this": ["lenet np2 baseline"], "resnet18 np2 this": ["resnet18 np2 baseline"]}
     sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | conv | step | "
              "builds | all)")
 
@@ -184,6 +235,8 @@ def main():
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--baseline", help="another dptrain binary (builds suite)")
+    ap.add_argument("--torch", choices=["both", "debian", "pypi"], default="both",
+                    help="which PyTorch the comparing suites run (default both)")
     a = ap.parse_args()
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
@@ -204,7 +257,8 @@ def run_suite(a, name, env):
     if name == "conv":
         return run_binary(a, env, [os.path.join(a.build, "bench", "conv_bench"), "--reps", str(a.reps)],
                           "conv_bench")
-    runs, baseline = suite(name, a.build, a.max_steps, a.baseline)
+    torches = torch_pythons(a.torch) if name in ("lenet-1rank", "lenet-dp", "resnet-dp") else ()
+    runs, baseline = suite(name, a.build, a.max_steps, a.baseline, torches)
     results = {name: [] for name, _, _ in runs}
     extra = {name: [] for name, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,9 +293,10 @@ def run_suite(a, name, env):
         rows.append(row)
     med = {r["name"]: r["median_s"] for r in rows}
     for r in rows:
-        if r["name"] in baseline:
-            r["vs"] = baseline[r["name"]]
-            r["speedup"] = med[r["vs"]] / r["median_s"]
+        refs = baseline.get(r["name"], [])
+        if refs:  # the first is the newest PyTorch (or the builds suite's baseline)
+            r["speedups"] = {ref: med[ref] / r["median_s"] for ref in refs}
+            r["vs"], r["speedup"] = refs[0], r["speedups"][refs[0]]
     if a.json:
         for r in rows:
             print(json.dumps(r))
@@ -249,14 +304,14 @@ def run_suite(a, name, env):
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"# suite {name}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.cpu_count()} cores, {cpu}; {a.reps} reps alternated; epoch_seconds = training loop")
-    print(f"# {'run':<24} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
+    print(f"# {'run':<28} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
           f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8}  speedup")
     for r in rows:
-        sp = f"{r['speedup']:.2f}x vs {r['vs']}" if "speedup" in r else ""
+        sp = "; ".join(f"{x:.2f}x vs {ref}" for ref, x in r.get("speedups", {}).items())
         ar = f"{r['allreduce_s']:.3f}" if "allreduce_s" in r else "-"
         ex = f"{r['exposed_s']:.3f}" if "exposed_s" in r else "-"
         acc = f"{r['test_acc']:.4f}" if "test_acc" in r else "-"
-        print(f"  {r['name']:<24} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
+        print(f"  {r['name']:<28} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
               f"{r['spread_pct']:>6.1f}% {ar:>11} {ex:>9} {acc:>8} {r['images_per_second']:>8.1f}  {sp}")
 
 

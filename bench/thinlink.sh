@@ -6,6 +6,8 @@
 # all-reduce sweep (bench/allreduce_bench) on each link gives the alpha-beta fit
 # t = alpha_hop * 2(p-1) + 2(p-1)/p * bytes / B that bench/forecast.py takes (--link NAME ALPHA BW).
 # netem is not in this kernel, so no delay is added: the veth's own latency is what alpha measures.
+# Raw TCP throughput (bench/tcp_probe.py) on each link, one way and both ways at once, is printed
+# beside each fit as the reference for B.
 # Needs root (network namespaces, tc), iproute2, and a built tree.
 # Usage: bench/thinlink.sh [--rates "1gbit 10gbit"] [--models "lenet resnet18"] [--dtypes "fp32 bf16"]
 #                          [--buckets "25 5"] [--nps "2 4"] [--steps N] [--build DIR]
@@ -85,25 +87,39 @@ echo "|---|---|---|---|---|---|---|---|---|---|"
 fits=()
 for rate in $rates; do
   shape "$rate"
+  # Raw TCP on this link (bench/tcp_probe.py), the reference for B: one stream A -> B, then one
+  # each way at once (a 2-rank ring all-reduce sends both ways at once).
+  probe=$here/bench/tcp_probe.py mib=$((${rate%%[a-z]*} * 64))
+  [[ $rate == *gbit ]] || mib=16
+  ip netns exec "$nsB" python3 "$probe" serve 5201 >"$tmp/p1" &
+  ip netns exec "$nsA" python3 "$probe" send "$ipB" 5201 "$mib" >/dev/null
+  wait
+  ip netns exec "$nsB" python3 "$probe" serve 5202 >"$tmp/p2" &
+  ip netns exec "$nsA" python3 "$probe" serve 5203 >"$tmp/p3" &
+  ip netns exec "$nsA" python3 "$probe" send "$ipB" 5202 "$mib" >/dev/null &
+  ip netns exec "$nsB" python3 "$probe" send "$ipA" 5203 "$mib" >/dev/null
+  wait
+  tcp="raw TCP $(awk '{print $4}' "$tmp/p1") GB/s one way, $(awk '{print $4}' "$tmp/p2") and $(awk '{print $4}' "$tmp/p3") GB/s both ways at once ($mib MiB)"
   # The all-reduce sweep on this link, 2 ranks (one per host): alpha and B by least squares.
-  mpi_on_hosts 2 "$arb" --iters 10 --min-bytes 4096 --max-bytes $((16 << 20)) --json >"$tmp/ar.json" 2>/dev/null
+  mpi_on_hosts 2 "$arb" --iters 20 --min-bytes 4096 --max-bytes $((16 << 20)) --json >"$tmp/ar.json" 2>/dev/null
   fits+=("$rate: $(python3 - "$tmp/ar.json" <<'PY'
 import json, sys
 pts = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-# 2 ranks: t = 2 alpha + n / B (ring: 2(p-1)/p = 1).
 # 2 ranks: t = 2 alpha + n / B (ring: 2(p-1)/p = 1). B from the sizes of 1 MiB and more (least
-# squares of t on n), alpha from the smallest size less its transfer time: one least-squares line
-# over all sizes lets the large sizes' queueing set alpha (it came out negative at 1 Gb/s).
+# squares of t on n), alpha from the smallest size: one least-squares line over all sizes lets the
+# large sizes' queueing set alpha (it came out negative at 1 Gb/s).
 pts.sort(key=lambda p: p["bytes"])
 big = [(p["bytes"], p["mpi_us"] * 1e-6) for p in pts if p["bytes"] >= 1 << 20]
 n = len(big); mx = sum(x for x, _ in big) / n; my = sum(y for _, y in big) / n
 b = sum((x - mx) * (y - my) for x, y in big) / sum((x - mx) ** 2 for x, _ in big)
+# The smallest size's transfer is not taken off: tbf's burst (4 ms of tokens) lets a 4 KiB message
+# through at the veth's own speed, so subtracting bytes/B made alpha negative at 1 Gb/s.
 small = pts[0]
-alpha = max(0.0, (small["mpi_us"] * 1e-6 - small["bytes"] * b) / 2)
-print(f"alpha {alpha * 1e6:.1f} us per hop (from {small['bytes']} B), B {1 / b / 1e9:.3f} GB/s (from {n} sizes >= 1 MiB); "
+alpha = small["mpi_us"] * 1e-6 / 2
+print(f"alpha {alpha * 1e6:.1f} us per hop (half of {small['bytes']} B's time), B {1 / b / 1e9:.3f} GB/s (from {n} sizes >= 1 MiB); "
       f"bench/forecast.py --link NAME {alpha:.3g} {1 / b:.4g}")
 PY
-)")
+); $tcp")
   for model in $models; do
     batch=256
     [[ $model == resnet18 ]] && batch=64
