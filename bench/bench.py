@@ -75,6 +75,9 @@ def torch_pythons(which):
             out.append((f"pytorch{v}", DEBIAN_PY))
         elif which == "debian":
             sys.exit("bench.py: Debian's python3-torch is not installed (apt-get install python3-torch)")
+        else:
+            print("# bench.py: Debian's python3-torch is not installed, so only PyPI's PyTorch runs "
+                  "(apt-get install python3-torch adds 1.13)", file=sys.stderr, flush=True)
     return out
 
 

@@ -45,6 +45,20 @@ std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_ran
   return be;
 }
 
+GpuMemory gpu_memory(Backend& ops, int local_rank, int ranks_here) {
+  auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
+  DPT_CHECK(be != nullptr, "gpu_memory needs the CUDA operations backend, got " << ops.name());
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const int count = cuda_device_count();
+  GpuMemory m;
+  m.free_bytes = static_cast<double>(free);
+  // Local ranks r with r mod count == local_rank mod count share this GPU.
+  m.ranks_on_gpu = count > 0 ? (ranks_here - 1 - local_rank % count) / count + 1 : 1;
+  m.device = be->describe();
+  return m;
+}
+
 std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count,
                                                     DType wire) {
   auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);

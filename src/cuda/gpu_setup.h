@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "dpt/backend.h"
 #include "dpt/comm.h"
@@ -17,6 +18,15 @@ class Communicator;
 // The CUDA operations backend (src/cuda/cuda_backend.h) on GPU local_rank mod visible devices, with
 // --tf32 and --precision applied. An input error when no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_rank);
+
+// The memory still free on the GPU `ops` drives (cudaMemGetInfo), and the number of this host's
+// ranks that drive it (local ranks map to GPUs local_rank mod visible devices).
+struct GpuMemory {
+  double free_bytes = 0;
+  int ranks_on_gpu = 1;
+  std::string device;  // "cuda:0 (NVIDIA H100 80GB HBM3)"
+};
+GpuMemory gpu_memory(Backend& ops, int local_rank, int ranks_here);
 
 // The transport of the Reducer for a model on `ops` (make_cuda_backend's) with `count` gradients at
 // `grads` (device memory): NCCL on its own stream when every rank drives a GPU of its own, else

@@ -234,27 +234,31 @@ double available_bytes() {
   return avail;
 }
 
-// A batch too large for the host ends in a bare SIGKILL from the kernel hours later: refuse it
-// now, with the estimate (CPU backend: host memory, the ranks on this host together; what is
-// already loaded is already out of MemAvailable, so only the per-image part counts).
-void check_memory(const TrainConfig& cfg, int world, int classes, int ranks_here, int64_t test_n) {
-  const double avail = available_bytes();
+// A batch too large for the host ends in a bare SIGKILL from the kernel hours later (and one too
+// large for a GPU in cudaErrorMemoryAllocation mid-step): refuse it now, with the estimate.
+// `avail` is what `where` can still give, shared by `sharing` ranks; `extra` is what the run will
+// still load there besides the per-image part (nothing on the host, whose MemAvailable already
+// lacks what is loaded).
+void check_memory(const TrainConfig& cfg, int world, int classes, int sharing, int64_t test_n, double avail,
+                  double extra, const std::string& where) {
   if (avail < 0) return;  // no /proc/meminfo: nothing to compare with
   const auto [train, eval] = bytes_per_image(cfg.model, classes);
   const double local = static_cast<double>(cfg.batch_size / world);
   const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
-  const double per_rank = std::max(train * local, eval * eval_batch);
-  const double need = per_rank * ranks_here;
+  const double per_rank = std::max(train * local, eval * eval_batch) + extra;
+  const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
   DPT_INPUT_CHECK(need <= avail,
-                  "--batch-size " << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory on this host ("
-                                  << ranks_here << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
-                                  << " MiB per image of a training step x " << cfg.batch_size / world
-                                  << ", or " << mib(eval) << " MiB per image of evaluation x " << eval_batch
+                  "--batch-size " << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
+                                  << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
+                                  << " MiB per image of a training step x " << cfg.batch_size / world << ", or "
+                                  << mib(eval) << " MiB per image of evaluation x " << eval_batch
+                                  << (extra > 0 ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
+                                                : std::string())
                                   << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
-                                  << "--eval-batch-size, or fewer ranks per host");
-  log_debug(DPT_MSG("memory estimate: " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
+                                  << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
+  log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
 }
 
 // --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
@@ -863,7 +867,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
     // Once per host (its first rank): the estimate covers every rank there.
     agree_on_input(comm, "another host has not enough memory for this batch", [&] {
-      if (local_rank == 0) check_memory(cfg, world, train.num_classes, ranks_here, test.n);
+      if (local_rank == 0)
+        check_memory(cfg, world, train.num_classes, ranks_here, test.n, available_bytes(), 0, "on this host");
     });
   }
 
@@ -877,6 +882,16 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 #if DPT_HAVE_CUDA
   if (device == "cuda") {
     gpu_ops = make_cuda_backend(cfg, local_rank);
+    // Every rank checks its GPU (after the context exists, so its own memory is already taken):
+    // per image as on the CPU, plus 1 GiB for what a run keeps on the device besides activations
+    // (parameters, gradients and momentum: 0.2 GiB for ResNet-18; the data set, 55 MiB; cuDNN's
+    // workspace, up to 0.25 GiB per algorithm).
+    agree_on_input(comm, "another rank's GPU has not enough memory for this batch", [&] {
+      const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
+      const GpuMemory gm = gpu_memory(*gpu_ops, local_rank, ranks_here);
+      check_memory(cfg, world, train.num_classes, gm.ranks_on_gpu, test.n, gm.free_bytes, double(1 << 30),
+                   DPT_MSG("on rank " << rank << "'s GPU " << gm.device));
+    });
     model = model_on(*gpu_ops);
     transport = make_gpu_transport(comm, *gpu_ops, model->store().device_grads(), model->num_parameters(), wire);
   }

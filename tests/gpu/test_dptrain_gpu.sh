@@ -3,7 +3,8 @@
 # > 0.5) and names its GPU in the banner; two ranks (NCCL on two GPUs, the MPI fallback with its log
 # line on one) learn as well, also with gradients sent as bf16 (--grad-dtype; fp16 runs a few steps);
 # ResNet-18 with --sync-bn at two ranks, --tf32 and --precision bf16 run a few steps; CUDA graphs
-# are captured by default and not with --no-cuda-graphs.
+# are captured by default and not with --no-cuda-graphs; a batch too large for the GPU is refused
+# before the first step.
 # Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -104,6 +105,15 @@ check $rc "--no-cuda-graphs, 5 steps (exit $rc)" "$tmp/nographs.out"
 
 run bad 60 "$bin" --device cuda --model lenet --epochs 1 --batch-size 0 --data "$data"
 [[ $rc -eq 2 ]] && grep -q -- "--batch-size" "$tmp/bad.out"; check $? "a bad flag is still exit 2 on the GPU path"
+
+# ResNet-18 needs about 11 MiB per training image: 12800 (a whole synthetic set) is over 130 GiB,
+# more than an H100 or H200 has. Refused before the first step, naming the GPU; 64 fits.
+run gpumem 120 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 1 --batch-size 12800 --eval-every 0 \
+  --data "$data"
+[[ $rc -eq 2 ]] && grep -q "more memory on rank 0's GPU cuda:" "$tmp/gpumem.out"
+check $? "a batch too large for the GPU is refused with the estimate (exit $rc)" "$tmp/gpumem.out"
+grep -q "memory estimate on rank 0's GPU" "$tmp/bf16.out"
+check $? "a batch that fits passes the GPU estimate (--log-level debug shows it)" "$tmp/bf16.out"
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
