@@ -17,7 +17,9 @@
 // from cuDNN's heuristic ranking (cudnnGet*_v7), not from timing (cudnnFind*): the choice is then a
 // function of shape and device only, the same on every run and rank, which keeps runs and resumes
 // bit-reproducible; deterministic algorithms are preferred. bench/gpu_conv_bench compares the pick
-// with cuDNN's timed search (survey): on an H100 the two agree or differ by < 0.3 ms per call.
+// with cuDNN's timed search (survey): on an H100, for ResNet-18 at batch 256, the pick was the
+// fastest deterministic algorithm or within 0.3 ms of it; a non-deterministic backward-filter
+// algorithm was up to 1.4 ms faster (fp32, 28x28 64->128 1x1 stride 2).
 //
 // --precision bf16 convolves fp32 tensors on TF32 tensor cores, not bf16 copies: measured on an
 // H100 with cuDNN 9 (bench/gpu_conv_bench, ResNet-18 at batch 256, docs/PERFORMANCE.md), this
@@ -73,6 +75,17 @@ cudnnMathType_t run_math(cudnnMathType_t m, bool tensor_ops) { return tensor_ops
 
 std::string no_algorithm(const char* direction, const ConvGeom& g) {
   return DPT_MSG("cuDNN offers no " << direction << " algorithm for convolution " << geom_str(g));
+}
+
+// x, y and the filter of convolution g as fp32 descriptors in `format` (for the filter, NHWC is
+// KRSC and NCHW is KCRS).
+void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y, cudnnFilterDescriptor_t w,
+                     cudnnTensorFormat_t format, const ConvGeom& g) {
+  const int n = as_int(g.n, g), h = as_int(g.h, g), wd = as_int(g.w, g), ci = as_int(g.c_in, g),
+            co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, CUDNN_DATA_FLOAT, n, ci, h, wd));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, CUDNN_DATA_FLOAT, n, co, oh, ow));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, format, co, ci, k, k));
 }
 
 // Whether a device pointer has cudaMalloc's alignment (see the file comment).
@@ -188,12 +201,19 @@ namespace {
 
 // cuDNN's ranking for one direction, then pick(). False when nothing qualifies (or cuDNN cannot
 // rank this descriptor set at all, as for a data type no engine supports).
+// Room for every algorithm of a direction (their count in *max), with the descriptor's math type
+// set for ranking: where the heuristic ranking (search) and the timed one (timed) both start.
+template <class Ops>
+std::vector<typename Ops::Perf> perf_slots(const Descs& d, bool tensor_ops, int* max) {
+  CUDNN_CHECK(Ops::max_count(d.h, max));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, base_math(tensor_ops)));
+  return std::vector<typename Ops::Perf>(static_cast<size_t>(std::max(*max, 1)));
+}
+
 template <class Ops>
 bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typename Ops::Algo>* c) {
   int max = 0, got = 0;
-  CUDNN_CHECK(Ops::max_count(d.h, &max));
-  std::vector<typename Ops::Perf> perf(static_cast<size_t>(std::max(max, 1)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, base_math(tensor_ops)));
+  std::vector<typename Ops::Perf> perf = perf_slots<Ops>(d, tensor_ops, &max);
   if (Ops::rank(d, max, &got, perf.data()) != CUDNN_STATUS_SUCCESS) return false;
   auto ws_of = [&](typename Ops::Algo a, cudnnMathType_t m, size_t* bytes) {
     const cudnnStatus_t st = cudnnSetConvolutionMathType(d.conv, m);
@@ -207,9 +227,7 @@ template <class Ops>
 void timed(const Descs& d, const Bufs& b, bool tensor_ops, const ConvChoice<typename Ops::Algo>& chosen, void* ws,
            size_t wsb, std::vector<CudnnConv::AlgoTime>* out) {
   int max = 0, got = 0;
-  CUDNN_CHECK(Ops::max_count(d.h, &max));
-  std::vector<typename Ops::Perf> perf(static_cast<size_t>(std::max(max, 1)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, base_math(tensor_ops)));
+  std::vector<typename Ops::Perf> perf = perf_slots<Ops>(d, tensor_ops, &max);
   CUDNN_CHECK(Ops::find(d, b, max, &got, perf.data(), ws, wsb));
   for (int i = 0; i < got; ++i) {
     const auto& p = perf[static_cast<size_t>(i)];
@@ -230,7 +248,6 @@ struct CudnnConv::Entry {
   size_t weight_bytes = 0;   // fp32
   int64_t x_elems = 0, y_elems = 0, w_elems = 0;
   int64_t rows = 0;  // N*OH*OW: the output as a row-major [rows, Cout] matrix
-  bool tensor_ops = false;  // algorithms may use tensor cores (GpuContext::tensor_ops)
   ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
   ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
@@ -287,29 +304,18 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
 }
 
 void CudnnConv::describe(Entry& e, const ConvGeom& g) {
-  const int n = as_int(g.n, g), h = as_int(g.h, g), w = as_int(g.w, g), ci = as_int(g.c_in, g),
-            co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, ci, h, w));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e.y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, n, co, oh, ow));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(e.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, co, ci, k, k));
-  e.tensor_ops = ctx_.tensor_ops();
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
-}
-
-bool CudnnConv::tensor_math(const ConvGeom& g) {
-  Entry& e = entry(g);
-  choose(e, g, true, true);
-  return e.tensor_ops;
+  set_descriptors(e.x, e.y, e.w, CUDNN_TENSOR_NHWC, g);
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(ctx_.tensor_ops())));
 }
 
 void CudnnConv::choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter) {
   const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
-  if (!e.fwd.have) DPT_CHECK(e.fwd.have = search<FwdOps>(d, e.tensor_ops, g, &e.fwd), no_algorithm(FwdOps::kName, g));
+  const bool tc = ctx_.tensor_ops();
+  if (!e.fwd.have) DPT_CHECK(e.fwd.have = search<FwdOps>(d, tc, g, &e.fwd), no_algorithm(FwdOps::kName, g));
   if (bwd_data && !e.bwd_data.have)
-    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, e.tensor_ops, g, &e.bwd_data),
-              no_algorithm(BwdDataOps::kName, g));
+    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, tc, g, &e.bwd_data), no_algorithm(BwdDataOps::kName, g));
   if (bwd_filter && !e.bwd_filter.have)
-    DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, e.tensor_ops, g, &e.bwd_filter),
+    DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, tc, g, &e.bwd_filter),
               no_algorithm(BwdFilterOps::kName, g));
 }
 
@@ -399,23 +405,20 @@ std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g, bool nchw)
   ConvChoice<cudnnConvolutionBwdDataAlgo_t> bwd_data = e.bwd_data;
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter = e.bwd_filter;
   if (nchw) {
-    const int n = as_int(g.n, g), h = as_int(g.h, g), wd = as_int(g.w, g), ci = as_int(g.c_in, g),
-              co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&alt.x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&alt.y));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&alt.w));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(alt.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, ci, h, wd));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(alt.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, co, oh, ow));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(alt.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, co, ci, k, k));
+    set_descriptors(alt.x, alt.y, alt.w, CUDNN_TENSOR_NCHW, g);
     d = {ctx_.cudnn(), alt.x, alt.y, alt.w, e.conv};
     fwd.have = bwd_data.have = bwd_filter.have = false;
   }
   const Bufs b{x.as<void>(), w.as<void>(), y.as<void>(), dx.as<void>(), dw.as<void>()};
   std::vector<AlgoTime> out;
-  timed<FwdOps>(d, b, e.tensor_ops, fwd, ws.as<void>(), ws.bytes(), &out);
-  timed<BwdDataOps>(d, b, e.tensor_ops, bwd_data, ws.as<void>(), ws.bytes(), &out);
-  timed<BwdFilterOps>(d, b, e.tensor_ops, bwd_filter, ws.as<void>(), ws.bytes(), &out);
-  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(e.tensor_ops)));
+  const bool tc = ctx_.tensor_ops();
+  timed<FwdOps>(d, b, tc, fwd, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdDataOps>(d, b, tc, bwd_data, ws.as<void>(), ws.bytes(), &out);
+  timed<BwdFilterOps>(d, b, tc, bwd_filter, ws.as<void>(), ws.bytes(), &out);
+  CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, base_math(tc)));
   return out;
 }
 

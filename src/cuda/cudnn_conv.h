@@ -33,10 +33,6 @@ class CudnnConv : public ConvOp {
   // accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, bool accumulate) override;
-  // Whether this geometry's algorithms may run on tensor cores (TF32: GpuContext::tensor_ops);
-  // chooses the algorithms if not done yet.
-  bool tensor_math(const ConvGeom& g);
-
   // One algorithm of one direction as cuDNN's timed search (cudnnFind*Ex) measured it on this
   // geometry's descriptors: for bench/gpu_conv_bench, to see how far the heuristic pick is from
   // the fastest; with nchw, the same convolution described channels-first. Not used in training
@@ -56,7 +52,8 @@ class CudnnConv : public ConvOp {
   struct Entry;
   using Key = std::array<int64_t, 8>;  // n, h, w, c_in, c_out, k, stride, pad
   Entry& entry(const ConvGeom& g);
-  // Sets the descriptors (fp32 NHWC) and the math type the algorithms are ranked under.
+  // Sets the descriptors (fp32 NHWC) and the math type the algorithms are ranked under
+  // (GpuContext::tensor_ops, fixed before the first convolution).
   void describe(Entry& e, const ConvGeom& g);
   // The algorithms of the forward and of the backward directions asked for, each chosen on first
   // use (an eager step: the first step is never captured).

@@ -863,8 +863,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
     if (rank == 0) preflight_outputs(cfg);
   });
+  const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
   if (device == "cpu") {
-    const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
     // Once per host (its first rank): the estimate covers every rank there.
     agree_on_input(comm, "another host has not enough memory for this batch", [&] {
       if (local_rank == 0)
@@ -887,7 +887,6 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     // (parameters, gradients and momentum: 0.2 GiB for ResNet-18; the data set, 55 MiB; cuDNN's
     // workspace, up to 0.25 GiB per algorithm).
     agree_on_input(comm, "another rank's GPU has not enough memory for this batch", [&] {
-      const int ranks_here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
       const GpuMemory gm = gpu_memory(*gpu_ops, local_rank, ranks_here);
       check_memory(cfg, world, train.num_classes, gm.ranks_on_gpu, test.n, gm.free_bytes, double(1 << 30),
                    DPT_MSG("on rank " << rank << "'s GPU " << gm.device));

@@ -142,7 +142,7 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   // up to 2e-5 of the output's scale (tests/unit/test_ops.cc), so 1e-5 would fail on the CPU's
   // rounding, not the GPU's.
   const cpu::WinogradChoice wc = cpu::winograd_choice(g);
-  const bool tc = conv.tensor_math(g);
+  const bool tc = ctx.tensor_ops();  // TF32 under --tf32 and --precision bf16 alike
   // Channel counts that are multiples of 8 are tensor-core shapes: there the rounding must show.
   const bool visible = tc && c.c_in % 8 == 0 && c.c_out % 8 == 0;
   expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, visible,
