@@ -47,28 +47,31 @@ def torch_version(py):
 
 
 def pypi_python():
-    """The venv's python with the newest PyTorch from PyPI: created on first use, then reused."""
+    """(python, torch version) of the venv with the newest PyTorch from PyPI: created on first use,
+    then reused."""
     py = os.path.join(VENV, "bin", "python3")
-    if os.path.exists(py) and torch_version(py):
-        return py
-    print(f"# bench.py: installing the newest PyTorch from PyPI into {VENV} (once; about 3 GB)",
+    v = torch_version(py) if os.path.exists(py) else None
+    if v:
+        return py, v
+    print(f"# bench.py: installing the newest PyTorch from PyPI into {VENV} (once; about 5 GB)",
           file=sys.stderr, flush=True)
     if not os.path.exists(py):
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
     p = subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
                         "torch", "numpy"])
-    if p.returncode != 0 or not torch_version(py):
+    v = torch_version(py) if p.returncode == 0 else None
+    if not v:
         sys.exit(f"bench.py: pip could not install torch into {VENV} (network? python3-venv?); "
                  "--torch debian runs without it")
-    return py
+    return py, v
 
 
 def torch_pythons(which):
     """[(label, python)] for --torch: Debian's 1.13 and/or PyPI's newest, labelled by version."""
     out = []
     if which in ("both", "pypi"):
-        py = pypi_python()
-        out.append((f"pytorch{torch_version(py)}", py))
+        py, v = pypi_python()
+        out.append((f"pytorch{v}", py))
     if which in ("both", "debian"):
         v = torch_version(DEBIAN_PY)
         if v:
