@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that two dptrain binaries train bit for bit alike on the CPU: the same short runs of LeNet
-# (1, 2 and 4 ranks) and ResNet-18 (2 ranks, with and without --sync-bn, with gradient accumulation)
-# with each binary, then compares the saved safetensors and the training checkpoints (every tensor
+# (1, 2 and 4 ranks, 16-bit gradient buckets, a checkpointed run resumed) and ResNet-18 (2 ranks,
+# with and without --sync-bn, with gradient accumulation) with each binary, then compares the saved safetensors and the training checkpoints (every tensor
 # byte for byte, the metadata but the configuration's JSON) and the metrics lines with their timings
 # removed. For refactors that must move code, not arithmetic.
 # Usage: bench/compare_builds.sh OLD_DPTRAIN NEW_DPTRAIN [WORKDIR]   (exit 0 when all are equal)
@@ -16,6 +16,10 @@ runs=(
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --checkpoint-every 1"
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --sync-bn"
   "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --accum-steps 2 --sync-bn"
+  "2|--model lenet --epochs 1 --max-steps 20 --grad-dtype bf16"
+  # A run of 2 epochs, then the same training resumed from its checkpoint for a third ("||": next
+  # command, same directory).
+  "2|--model lenet --epochs 2 --max-steps 10 --checkpoint-every 1||--model lenet --epochs 3 --max-steps 10 --checkpoint-every 1 --resume ckpt.safetensors --allow-config-change"
 )
 # Files equal byte for byte; safetensors: every tensor (name, type, shape, bytes) and every metadata
 # value but "config" (its JSON gains the keys of a newer build's flags) and "history".
@@ -30,6 +34,8 @@ def load(p):
     meta = head.pop("__metadata__", {})
     meta.pop("config", None)
     meta.pop("history", None)  # the epoch records checkpoints carry since 2026-11-22
+    meta.pop("training_id", None)  # which training wrote it (since 2026-11-24): new at every start
+    meta.pop("training_started", None)
     data = raw[8 + n:]
     return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in head.items()}
 sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)
@@ -44,10 +50,15 @@ for run in "${runs[@]}"; do
     bin=${!which}
     d=$work/$i-$which
     rm -rf "$d"; mkdir -p "$d"
-    # shellcheck disable=SC2086
-    (cd "$d" && bash "$here/launch/mpirun.sh" -np "$np" "$bin" $flags --threads 1 --eval-batch-size 500 \
-        --save model.safetensors --metrics metrics.jsonl --checkpoint-path ckpt.safetensors --quiet \
-        >out.txt 2>&1) || { echo "run $i ($which, -np $np $flags) failed: see $d/out.txt"; fail=1; }
+    rest=$flags
+    while [[ -n $rest ]]; do
+      part=${rest%%||*}
+      [[ $rest == *"||"* ]] && rest=${rest#*||} || rest=""
+      # shellcheck disable=SC2086
+      (cd "$d" && bash "$here/launch/mpirun.sh" -np "$np" "$bin" $part --threads 1 --eval-batch-size 500 \
+          --save model.safetensors --metrics metrics.jsonl --checkpoint-path ckpt.safetensors --quiet \
+          >>out.txt 2>&1) || { echo "run $i ($which, -np $np $part) failed: see $d/out.txt"; fail=1; }
+    done
     # Timings differ run to run: drop them, keep every value computed from the data. Keys only
     # one build writes (a newer build's new metrics) are dropped too: the shared ones must match.
     python3 - "$d/metrics.jsonl" >"$d/metrics.cmp" <<'PY'

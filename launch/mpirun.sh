@@ -7,12 +7,20 @@
 #    later, too soon for a step and a checkpoint). The ranks finish their step, write the
 #    checkpoint and exit; then this script exits 128 + its signal (143, 130, 129). A second signal
 #    kills the job at once;
-#  - --max-restarts N: a job that fails after writing a new checkpoint runs again with --resume auto;
+#  - --max-restarts N: a job that fails after writing a new checkpoint runs again with --resume auto
+#    (rank 0 lists each checkpoint it writes in a private file, DPT_CHECKPOINT_RECORD);
 #  - across hosts: ssh with ConnectTimeout and BatchMode, and every remote host tried before mpirun
-#    starts, so that an unreachable or password-asking host fails in seconds, named.
+#    starts, so that an unreachable or password-asking host fails in seconds, named. Every host name
+#    (--host, hostfiles) is checked first: ssh takes a name that starts with '-' as an option;
+#  - output that outlives its reader (`| head`, `| grep -m1`): mpirun's stdout and stderr pass
+#    through relays that drain to nowhere once the reader is gone; plain mpirun aborts the job.
 # Usage: launch/mpirun.sh [--max-restarts N] [--ssh-timeout S] -np N program [args...]
 set -uo pipefail
 me=launch/mpirun.sh
+# This script's own messages go to stderr, which may be a pipe whose reader has gone: a failed write
+# must not kill it, and with it the job's exit code or a restart. A handler, not '' (ignored), which
+# mpirun and the ranks would inherit.
+trap : PIPE
 die() {
   echo "$me: error: $*" >&2
   exit 2
@@ -36,28 +44,79 @@ done
   die "--ssh-timeout: '$ssh_timeout' is not a whole number of seconds from 1 to 9999"
 (($#)) || die "usage: $me [--max-restarts N] [--ssh-timeout S] -np N program [args...]"
 
-# What the command line says: the rank count, the hosts, and the dptrain flags the restarts need.
-np=1 hosts=() hostfiles=() ckpt=checkpoint.safetensors ckpt_every="" rsh_args_given=0
+# ---- host names: checked before anything uses them ----
+# quote VAR TEXT: VAR='TEXT', or $'...' with escapes where TEXT holds a control character (\r...).
+quote() {
+  if [[ $2 == *[[:cntrl:]]* ]]; then printf -v "$1" %q "$2"; else printf -v "$1" "'%s'" "$2"; fi
+}
+# A host name reaches ssh as an argument, here and in mpirun (`ssh OPTIONS HOST orted ...`): one that
+# starts with '-' is an option to ssh (-oProxyCommand=... runs a command), and whitespace or a
+# control character is never part of a name (an invisible \r from a CRLF hostfile made "host
+# 'localhost' cannot be reached"). Names are letters, digits and . - _ : [ ] (IPv6 addresses, the
+# :slots of --host) and @ (Open MPI's user@host). $1: the name, $2: where it was written.
+host_re='^[][A-Za-z0-9._:@-]+$'
+check_host() {
+  local h=$1 where=$2 shown
+  quote shown "$h"
+  [[ -n $h ]] || die "$where: an empty host name"
+  [[ $h == -* ]] && die "$where: host name $shown starts with '-', which ssh would take as an option"
+  [[ $h =~ $host_re ]] ||
+    die "$where: host name $shown has a character that host names do not have (allowed: letters, digits and . - _ : [ ] @)"
+}
+# --host / -H: host[:slots],host[:slots],...
+host_list() {
+  local flag=$1 v=$2 rest h shown
+  [[ -n $v ]] || die "$flag needs a value: host[:slots],host[:slots],..."
+  quote shown "$v"
+  [[ $v == *$'\r' ]] && die "$flag $shown ends in a carriage return (a value read from a CRLF file?)"
+  rest=$v,
+  while [[ -n $rest ]]; do
+    h=${rest%%,*} rest=${rest#*,}
+    check_host "$h" "$flag $shown"
+    hosts+=("$h")
+  done
+}
+# Open MPI's hostfile: `name [slots=N] [max_slots=N]` a line, # comments and blank lines.
+read_hostfile() {
+  local f=$1 line n=0 words shown
+  [[ -r $f && ! -d $f ]] || die "hostfile '$f' cannot be read"
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    [[ $line == *$'\r' ]] &&
+      die "line $n of hostfile '$f' ends in a carriage return (CRLF line ends): convert the file with dos2unix or sed -i 's/\r\$//' '$f'"
+    line=${line%%#*}
+    line=${line//$'\t'/ }
+    [[ $line == *[[:cntrl:]]* ]] && quote shown "$line" && die "line $n of hostfile '$f' has a control character: $shown"
+    read -ra words <<<"$line"
+    ((${#words[@]})) || continue
+    check_host "${words[0]}" "line $n of hostfile '$f'"
+    hosts+=("${words[0]}")
+  done <"$f"
+}
+
+# What the command line says: the rank count, the hosts, the agent, and whether checkpoints are on.
+np=1 hosts=() hostfiles=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
+[[ ${OMPI_MCA_orte_default_hostfile:-none} != none ]] && hostfiles+=("$OMPI_MCA_orte_default_hostfile")
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   a=${args[i]} v=${args[i + 1]:-}
   case $a in
     -np | -n | --np | -c) np=$v ;;
-    --host | -host | -H) IFS=, read -ra hs <<<"$v" && hosts+=("${hs[@]}") ;;
-    --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile) hostfiles+=("$v") ;;
-    --checkpoint-path) ckpt=$v ;;
-    --checkpoint-path=*) ckpt=${a#*=} ;;
+    --host | -host | -H) host_list "$a" "$v" ;;
+    --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile | -default-hostfile)
+      [[ -n $v ]] || die "$a needs a file"
+      hostfiles+=("$v") ;;
     --checkpoint-every | --checkpoint-every=*) ckpt_every=1 ;;
-    --mca | -mca) [[ $v == plm_rsh_args ]] && rsh_args_given=1 ;;
+    --mca | -mca)
+      case $v in
+        plm_rsh_args) rsh_args_given=1 ;;
+        plm_rsh_agent | orte_rsh_agent) agent_spec=${args[i + 2]:-} ;;
+        orte_default_hostfile) [[ ${args[i + 2]:-none} != none ]] && hostfiles+=("${args[i + 2]}") ;;
+      esac ;;
   esac
 done
 [[ -n ${OMPI_MCA_plm_rsh_args:-} ]] && rsh_args_given=1
-for f in "${hostfiles[@]}"; do
-  [[ -r $f ]] || die "hostfile '$f' cannot be read"
-  while read -r h _; do
-    [[ -n $h && $h != \#* ]] && hosts+=("$h")
-  done <"$f"
-done
+for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
 
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)
@@ -68,9 +127,14 @@ export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 
 # ---- across hosts: the remote hosts answer, or the job does not start ----
-# mpirun starts its daemons with this agent (ssh unless OMPI_MCA_plm_rsh_agent says otherwise).
-read -ra agent <<<"${OMPI_MCA_plm_rsh_agent:-ssh}"
-[[ ${agent[0]:-} ]] || agent=(ssh)
+# mpirun starts its daemons with this agent: ssh unless plm_rsh_agent (--mca or OMPI_MCA_) says
+# otherwise, the first command found of a list such as "ssh : rsh", as Open MPI picks it.
+agent=()
+IFS=: read -ra agent_list <<<"$agent_spec"
+for c in "${agent_list[@]}"; do
+  read -ra words <<<"$c"
+  ((${#words[@]})) && command -v "${words[0]}" >/dev/null && agent=("${words[@]}") && break
+done
 ssh_opts=(-o ConnectTimeout="$ssh_timeout" -o BatchMode=yes)
 ((rsh_args_given)) || extra+=(--mca plm_rsh_args "${ssh_opts[*]}")
 # A host mpirun runs on without the agent, as Open MPI decides: this host's names, and addresses of
@@ -90,13 +154,13 @@ for h in "${hosts[@]}"; do
   is_local "$h" || [[ " ${remote[*]} " == *" $h "* ]] || remote+=("$h")
 done
 if ((${#remote[@]})); then
-  command -v "${agent[0]}" >/dev/null || die "'${agent[0]}' not found: mpirun needs it to start ranks on ${remote[*]} (apt-get install openssh-client)"
+  ((${#agent[@]})) || die "'$agent_spec' not found: mpirun needs it to start ranks on ${remote[*]} (apt-get install openssh-client)"
   # All at once, each bounded: ConnectTimeout covers the connection and ssh's greeting, timeout(1)
-  # anything after it (a login that hangs).
+  # anything after it (a login that hangs). The host after '--': never an option, whatever its name.
   pids=() outs=()
   for h in "${remote[@]}"; do
     outs+=("$(mktemp)")
-    timeout -k 2 $((ssh_timeout + 5)) "${agent[@]}" "${ssh_opts[@]}" "$h" true </dev/null >"${outs[-1]}" 2>&1 &
+    timeout -k 2 $((ssh_timeout + 5)) "${agent[@]}" "${ssh_opts[@]}" -- "$h" true </dev/null >"${outs[-1]}" 2>&1 &
     pids+=($!)
   done
   bad=0
@@ -106,7 +170,7 @@ if ((${#remote[@]})); then
     if ((rc != 0)); then
       why=$(tr '\n' ' ' <"${outs[i]}")
       ((rc == 124)) && why="no answer within $((ssh_timeout + 5)) s"
-      echo "$me: error: host '${remote[i]}' cannot be reached with '${agent[*]} ${ssh_opts[*]} ${remote[i]}' (exit $rc): ${why:-no message}" >&2
+      echo "$me: error: host '${remote[i]}' cannot be reached with '${agent[*]} ${ssh_opts[*]} -- ${remote[i]}' (exit $rc): ${why:-no message}" >&2
       bad=1
     fi
     rm -f "${outs[i]}"
@@ -115,14 +179,52 @@ if ((${#remote[@]})); then
 fi
 
 # ---- the job, run again after a failure when restarts are allowed ----
-# Checkpoint files as they are now (name, inode, size, time): a new checkpoint is written to a
-# temporary file and renamed, so any new one changes this.
-fingerprint() {
-  local dir stem ext
-  dir=$(dirname -- "$ckpt") stem=$(basename -- "$ckpt")
-  ext=""
-  [[ $stem == *.* ]] && ext=.${stem##*.} stem=${stem%.*}
-  stat -c '%n %i %s %Y' -- "$ckpt" "$dir/$stem".step*"$ext" 2>/dev/null
+# A private directory (mktemp -d: mode 700) for this launch, removed on exit: the checkpoint record
+# and the relays' FIFOs.
+work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
+trap 'rm -rf -- "$work"' EXIT
+mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work"
+# Whether a restart can help, without knowing how dptrain names its checkpoints: rank 0 appends a
+# line `<global step> <checkpoint path>` to the file DPT_CHECKPOINT_RECORD names after every
+# checkpoint it writes, so an attempt that made one grew the file. (Rank 0 must run on this host,
+# as docs/USAGE.md advises: elsewhere the path does not exist and no failure is restarted.)
+record=$work/checkpoints
+: >"$record" || die "cannot write $record"
+((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record")
+record_size() { stat -c %s -- "$record" 2>/dev/null || echo 0; }
+
+# mpirun's stdout and stderr each go through a relay, because mpirun aborts the whole job once its
+# writes to a closed pipe have raised SIGPIPE more than 10 times ("mpirun: SIGPIPE detected on fd
+# 13 - aborting"): `launch/mpirun.sh ... | grep -m1 'epoch 2/'` lost the rest of the run and its
+# --save. A relay copies what arrives when it arrives (cat: a progress bar's carriage returns too)
+# to this script's stdout or stderr; when that write fails, it reads on to nowhere until mpirun
+# closes its end, so mpirun never meets the closed pipe. The stdout relay warns once, on stderr if
+# that still works. Relays ignore SIGINT and SIGHUP: those reach mpirun through this script (as
+# SIGUSR1), and the output of the ranks' last checkpoint must still pass.
+relay() {
+  trap '' PIPE INT HUP
+  cat 2>/dev/null && exit 0
+  [[ $1 == stdout ]] &&
+    echo "$me: warning: the reader of standard output has gone: the job goes on, its output discarded" >&2 2>/dev/null
+  exec cat >/dev/null
+}
+relays=()
+relays_running() {
+  local r
+  for r in "${relays[@]}"; do kill -0 "$r" 2>/dev/null && return 0; done
+  return 1
+}
+# After mpirun: the relays end once they have passed its last output, which then comes before this
+# script's last words. A process that inherited mpirun's output and outlived it (an ssh to a host)
+# would hold them open: at most 10 s, after which they are left to end on their own.
+wait_relays() {
+  local k
+  for ((k = 0; k < 500; k++)); do
+    relays_running || break
+    sleep 0.02
+  done
+  relays_running || wait "${relays[@]}" 2>/dev/null
+  relays=()
 }
 ((max_restarts > 0)) && [[ -z $ckpt_every ]] &&
   echo "$me: warning: --max-restarts $max_restarts without --checkpoint-every: no checkpoint is written, so a failed job is not restarted" >&2
@@ -151,8 +253,12 @@ set -m
 attempt=0
 cmd=("$@")
 while :; do
-  before=$(fingerprint)
-  mpirun "${extra[@]}" --bind-to none "${cmd[@]}" </dev/null &
+  before=$(record_size)
+  relay stdout <"$work/stdout" &
+  relays=($!)
+  relay stderr <"$work/stderr" >&2 &
+  relays+=($!)
+  mpirun "${extra[@]}" --bind-to none "${cmd[@]}" </dev/null >"$work/stdout" 2>"$work/stderr" &
   child=$!
   # wait returns early when a trapped signal arrives; wait again until mpirun itself has ended.
   while :; do
@@ -161,6 +267,7 @@ while :; do
     kill -0 "$child" 2>/dev/null || break
   done
   child=""
+  wait_relays
   if ((got)); then
     echo "$me: stopped by signal $got (the job exited with $rc); exit $((128 + got))" >&2
     exit $((128 + got))
@@ -172,13 +279,13 @@ while :; do
     ((max_restarts)) && echo "$me: the job failed with exit $rc; no restarts left ($max_restarts used)" >&2
     exit "$rc"
   }
-  after=$(fingerprint)
-  if [[ -z $after || $after == "$before" ]]; then
+  if (($(record_size) <= before)); then
     echo "$me: the job failed with exit $rc without writing a checkpoint since it started: not restarting" >&2
     exit "$rc"
   fi
   attempt=$((attempt + 1))
-  echo "$me: the job failed with exit $rc after writing a checkpoint; restart $attempt of $max_restarts with --resume auto" >&2
+  newest=$(tail -n 1 -- "$record")
+  echo "$me: the job failed with exit $rc after writing a checkpoint (the newest: step ${newest/ /, }); restart $attempt of $max_restarts with --resume auto" >&2
   # The same command with --resume auto in place of any --resume.
   next=()
   for ((i = 0; i < ${#cmd[@]}; i++)); do

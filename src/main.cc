@@ -1,6 +1,7 @@
 // dptrain: parses flags, starts MPI, runs training. Any error is printed once and ends every rank
 // with a nonzero code (2 for bad input, 3 for failures) instead of leaving peers waiting.
 #include <malloc.h>
+#include <signal.h>
 
 #include <cstdio>
 
@@ -17,6 +18,11 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   // Before MPI starts its threads, so that they inherit the mask (see StopSignals in trainer.cc).
   dpt::block_stop_signals();
+  // A reader that goes away (`dptrain ... | head`) must not kill the run with SIGPIPE, losing its
+  // checkpoints and --save: writes to the closed pipe fail with EPIPE instead, and the log writers
+  // warn once and drop later lines (log.cc). Set before MPI starts, so that nothing it writes
+  // during start-up can kill the process either.
+  signal(SIGPIPE, SIG_IGN);
   dpt::MpiSession mpi(&argc, &argv);
   const int world = mpi.world().size;
   dpt::TrainConfig cfg;

@@ -18,6 +18,7 @@
 
 #include "dpt/backend.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/rng.h"
 #include "dpt/tensor.h"
 
@@ -128,6 +129,19 @@ inline std::string shared_synthetic_dir(Communicator& comm, const std::string& t
   dir.resize(static_cast<size_t>(len));
   comm.broadcast(reinterpret_cast<uint8_t*>(dir.data()), len);
   return dir;
+}
+
+// A quiet run of `model` with its recipe's defaults over the data in `dir`: the TrainConfig every
+// training test starts from.
+inline TrainConfig small_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
+  TrainConfig c;
+  c.model = model;
+  apply_recipe(&c);
+  c.data = dir;
+  c.epochs = epochs;
+  c.batch_size = batch;
+  c.quiet = true;
+  return c;
 }
 
 }  // namespace dpt::test

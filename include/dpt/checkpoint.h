@@ -1,27 +1,106 @@
-// Model state <-> safetensors: parameters and buffers under their PyTorch state_dict names
-// (num_batches_tracked as I64), so a --save file loads into the equivalent PyTorch module. A
-// training checkpoint adds the optimizer state ("optimizer.momentum_buffer", the flat momentum
-// buffer in the gradient buffer's layout) and the position (epoch, step) in its metadata.
+// Training checkpoints: the CheckpointManager owns everything about them, so "where is a
+// checkpoint written" has one answer. It loads one into a position (--resume FILE|auto), decides
+// when one is due (--checkpoint-every N|Nepochs|Nsteps|Nmin, and on a stop), writes it (never a
+// non-finite state), keeps the newest --keep-checkpoints of its own training, removes killed
+// writers' temporaries, and writes --save at the end. Each checkpoint records the training that
+// wrote it (an id made when that training started, kept across resumes), so trainings that share
+// a directory never prune, overwrite or resume each other's files.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "dpt/nn.h"
+#include "dpt/config.h"
+#include "dpt/metrics.h"
+#include "dpt/model_file.h"
+#include "dpt/optimizer.h"
 
 namespace dpt {
 
-// Writes atomically (temporary file, fsync, rename). Call on one rank only. With `momentum`, the
-// file is a training checkpoint.
-void save_model(const std::string& path, const Model& model,
-                const std::map<std::string, std::string>& metadata,
-                const std::vector<float>* momentum = nullptr);
-// Loads every parameter and buffer; refuses (input error naming the file and tensor) a file with
-// missing or extra tensors, other shapes or dtypes, or another model. With `momentum` (sized to
-// the model, or empty when the optimizer has none), the optimizer state must be there too.
-// Returns the metadata.
-std::map<std::string, std::string> load_model(const std::string& path, Model& model,
-                                              std::vector<float>* momentum = nullptr);
+class Communicator;
+class DataParallel;
+class StepEngine;
+
+// A training's place at a step boundary: the epoch in progress (0-based; at an epoch's end, the
+// epochs done), the steps done in it, and the steps done in all.
+struct Position {
+  int64_t epoch = 0, epoch_step = 0, global_step = 0;
+};
+
+// Where a run starts. With --allow-config-change and other settings than the checkpoint's, the
+// images per step it was written with (0: unchanged), so the position can be recomputed.
+struct ResumePoint {
+  Position at;
+  int64_t images_per_step_then = 0;
+  std::vector<EpochMetrics> history;  // the epochs before (the report draws them again)
+  bool resumed = false;               // false: a fresh start (no --resume, or auto found nothing)
+};
+
+// The metadata schema of a checkpoint, read from its header alone (safetensors' read_metadata:
+// the file is not trusted, a name says nothing).
+struct CheckpointInfo {
+  std::string path;
+  bool readable = false;  // a safetensors header that passed every check
+  int64_t step = -1;      // the global step it records; -1: not a training checkpoint
+  std::string training;   // the id of the training that wrote it ("" before ids were recorded)
+  std::string started;    // when that training started (UTC)
+};
+CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
+// "<stem>.step<N><ext>" beside it.
+std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step);
+// Every file this configuration's checkpoints may be (--checkpoint-path and "<stem>.step*<ext>"
+// beside it), newest first by the step each records (unreadable headers last).
+std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg);
+
+class CheckpointManager {
+ public:
+  // Rank 0 removes the temporaries of killed writers (of its own file names only).
+  CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
+                    StepEngine& engine);
+
+  // --resume: rank 0 reads the file (no shared file system needed) into the host model and Sgd;
+  // the other ranks take its state and position by broadcast; the engine takes the host state.
+  // A bad file ends every rank with exit 2. Collective.
+  ResumePoint load();
+  // Refuses (exit 2, agreed) a run whose checkpoints would overwrite another training's file: the
+  // names it may still write, up to `last_step`, must not hold one. Collective.
+  void claim(int64_t start_step, int64_t last_step);
+
+  // Whether --checkpoint-every Nmin is due by this rank's clock (rank 0's decides, agreed by the
+  // caller in the step boundary's all-reduce).
+  bool minutes_due() const;
+  // The checkpoint due at `at`, if any: at an epoch's end (`epoch_end`) by epochs or steps; at a
+  // boundary inside an epoch by steps, or by minutes when `minutes_due` (agreed). Collective.
+  bool save_if_due(const Position& at, bool epoch_end, bool minutes_due, const std::vector<EpochMetrics>& history);
+  // The checkpoint at `at`, now (a stop signal). Collective.
+  void save(const Position& at, const std::vector<EpochMetrics>& history);
+  // --save at the end (if given). Collective.
+  void save_final(int64_t global_step);
+
+  const std::string& training_id() const { return training_; }
+
+ private:
+  using Meta = std::map<std::string, std::string>;
+  Meta metadata(int64_t epoch, int64_t global_step) const;
+  void refuse_nonfinite(const std::string& path) const;
+  void prune() const;
+  void record(int64_t global_step, const std::string& file) const;
+  std::string choose_auto(Meta* meta);
+  void remove_stale_temporaries() const;
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  Model& model_;
+  DataParallel& ddp_;
+  Sgd& opt_;
+  StepEngine& engine_;
+  std::string training_, started_;  // this training's id and start (rank 0)
+  std::string resumed_path_;        // the file resumed (rank 0)
+  double last_save_;
+};
 
 }  // namespace dpt

@@ -1,15 +1,62 @@
-// Which compute devices this process can use. A failed cudaGetDeviceCount (no driver, no GPU)
-// means "no GPU", never an error; builds without the GPU backend always report 0 devices.
+// Which compute devices this process can use, and the registry that opens one for training. A
+// failed cudaGetDeviceCount (no driver, no GPU) means "no GPU", never an error; builds without the
+// GPU backend always report 0 devices.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
+#include "dpt/backend.h"
+#include "dpt/ddp.h"
+
 namespace dpt {
+
+class Communicator;
 
 int cuda_device_count();
 // Resolves --device (auto|cpu|cuda) for this build and this process: returns "cpu" or "cuda"
 // (auto: "cuda" when a device is visible). --device cuda with no usable device is an input error:
 // "no CUDA device visible ...". run_training makes the ranks agree (auto on a mix gives "cpu").
 std::string resolve_device(const std::string& want, int local_rank);
+
+// ---- The device registry (src/train/device.cc): the driver's one door to a compute device ----
+
+// What a device can still give a run, for the pre-flight's memory estimate: `free_bytes` (< 0:
+// unknown, no check), shared by `sharing` ranks, of which this rank checks for all when `checks`
+// (the CPU: a host's first rank; a GPU: every rank, after its context exists); `extra` is what a
+// run keeps there besides the per-image part; `where` names it in messages.
+struct DeviceMemory {
+  double free_bytes = -1, extra = 0;
+  int sharing = 1;
+  bool checks = false;
+  std::string where;
+};
+
+// One compute device as the driver sees it (ggml's backend registry, reduced to what training
+// needs): the operations the model runs on, the gradient transport, and its memory.
+class ComputeDevice {
+ public:
+  virtual ~ComputeDevice() = default;
+  virtual const char* kind() const = 0;  // "cpu" or "cuda"
+  virtual Backend& ops() = 0;
+  virtual DeviceMemory memory(int rank) = 0;
+  // How gradients travel for a model on ops() with `count` gradients at `grads`. Null: the
+  // Reducer's MPI thread over host gradients. Collective: every rank calls it.
+  virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) = 0;
+};
+
+// What a rank asks for: "cpu" or "cuda" (resolved and agreed: see resolve_device), its position
+// on its host, and the GPU's numerics.
+struct DeviceRequest {
+  std::string kind = "cpu";
+  int local_rank = 0, ranks_here = 1;
+  bool tf32 = false, bf16 = false;
+};
+std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request);
+
+// The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit; -1
+// when /proc/meminfo cannot be read.
+double host_available_bytes();
 
 }  // namespace dpt

@@ -24,6 +24,14 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
+// An input error every rank knows about (agreed by a collective), so no MPI_Abort is needed.
+// Ranks that were not themselves at fault carry quiet = true and print nothing.
+struct AgreedInputError : Error {
+  AgreedInputError(const std::string& message, bool quiet_rank)
+      : Error(ErrorKind::kInput, message), quiet(quiet_rank) {}
+  bool quiet;
+};
+
 // "[rank r@host] " once MPI is up (set by the bootstrap), empty before.
 const std::string& rank_prefix();
 void set_rank_prefix(const std::string& prefix);

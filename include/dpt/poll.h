@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
+#include <string>
 #include <thread>
 
 namespace dpt {
@@ -39,6 +41,14 @@ bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
     sleep = std::min(sleep * 2, pause.max);
   }
   return true;
+}
+
+// The one message of a wait that ran past --timeout (MPI, NCCL and the reducer alike):
+// "<what> did not complete within --timeout <t> s on rank <r><detail>".
+inline std::string timeout_message(const std::string& what, double timeout_s, int rank, const std::string& detail) {
+  std::ostringstream os;
+  os << what << " did not complete within --timeout " << timeout_s << " s on rank " << rank << detail;
+  return os.str();
 }
 
 }  // namespace dpt

@@ -32,16 +32,20 @@ struct StFile {
 size_t st_dtype_size(const std::string& dtype);
 
 // Writes `tensors` (laid out contiguously in the given order) and `metadata` to `path`. The header
-// is padded with spaces to a multiple of 8 bytes, as the reference implementation does. Atomic:
-// the data goes to "<path>.tmp.<pid>", is fsynced, then renamed over `path` and the directory is
-// fsynced, so a crash leaves either the old file or the new one, never a torn one.
+// is padded with spaces to a multiple of 8 bytes, as the reference implementation does. Atomic and
+// safe through dpt::AtomicFile (files.h): a crash leaves either the old file or the new one.
 // Inconsistent tensors (empty or duplicate names, size/shape mismatch, unknown dtype) are internal
-// errors; I/O failures (cannot open, disk full, rename) are input errors naming the path.
+// errors; I/O failures (cannot open, disk full, rename, a target that is not a regular file) are
+// input errors naming `what` ("checkpoint", "--save") and the path.
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::string& what = "checkpoint");
 
-// Reads and fully validates a safetensors file (see parse_safetensors for the checks).
+// Reads and fully validates a safetensors file (see parse_safetensors for the checks). A FIFO,
+// device or directory is refused at once (files.h's open_input_file), never read from.
 StFile read_safetensors(const std::string& path);
+// Only the "__metadata__" of a safetensors file, after the same checks of the whole file.
+std::map<std::string, std::string> read_metadata(const std::string& path);
 
 // Parses an in-memory safetensors image; `origin` names the source in every message. Checks: at
 // least 8 bytes; header length sane (<= size - 8 and <= 100 MB); header a JSON object; every entry

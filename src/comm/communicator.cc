@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <vector>
 #include <thread>
 
@@ -143,10 +144,16 @@ class MpiCommunicator : public Communicator {
     MPI_CHECK(MPI_Comm_dup(parent, &health_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    char name[MPI_MAX_PROCESSOR_NAME];
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
     MPI_CHECK(MPI_Get_processor_name(name, &len));
     host_.assign(name, static_cast<size_t>(len));
+    // Every rank's host, gathered now while every peer can answer: a timeout's message names the
+    // host of a silent rank, since a whole host going quiet (its link down) is the usual cause.
+    std::vector<char> all(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                            MPI_CHAR, health_));
+    for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -211,16 +218,17 @@ class MpiCommunicator : public Communicator {
     make_request(req, "barrier")->wait();
   }
 
-  // After a timeout: every rank that is still alive sends its collective sequence number to every
-  // other on a separate communicator, and listens for 2 s. Who does not answer is stopped or dead;
-  // who answers with a smaller number is behind. Sends are left pending on purpose: the job is
-  // about to be aborted, and waiting for them could hang on the very rank that is gone.
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     ++seq_;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op, dt), comm_));
     if (op == ReduceOp::kAvg) divide(data, count, dt, size_);
   }
 
+  // After a timeout: every rank that is still alive sends its collective sequence number to every
+  // other on a separate communicator, and listens for 2 s. Who does not answer is stopped, dead or
+  // cut off (named with its host); who answers with a smaller number is behind. Sends are left
+  // pending on purpose: the job is about to be aborted, and waiting for them could hang on the very
+  // rank that is gone.
   std::string diagnose() override {
     std::vector<int64_t> theirs(static_cast<size_t>(size_) * 2, -1);
     int64_t mine[2] = {rank_, seq_};
@@ -249,16 +257,24 @@ class MpiCommunicator : public Communicator {
       if (all) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    std::string silent, behind;
+    std::string silent, behind, silent_hosts;
+    std::vector<std::string> named;  // the silent ranks' hosts, each once
     for (size_t i = 0; i < recvs.size(); ++i) {
       const int r = from[i];
-      if (!got[i]) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
-      else if (theirs[static_cast<size_t>(2 * r + 1)] < seq_)
+      if (!got[i]) {
+        silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+        const std::string& h = hosts_[static_cast<size_t>(r)];
+        if (std::find(named.begin(), named.end(), h) != named.end()) continue;
+        named.push_back(h);
+        silent_hosts += (silent_hosts.empty() ? "" : ", ") + h;
+      } else if (theirs[static_cast<size_t>(2 * r + 1)] < seq_)
         behind += (behind.empty() ? "" : ", ") + std::to_string(r) + " (at collective #" +
                   std::to_string(theirs[static_cast<size_t>(2 * r + 1)]) + ")";
     }
     std::string out;
-    if (!silent.empty()) out += "rank(s) " + silent + " did not answer within 2 s (stopped or dead)";
+    if (!silent.empty())
+      out += "rank(s) " + silent + " did not answer within 2 s (stopped, dead or unreachable; on host(s) " +
+             silent_hosts + ")";
     if (!behind.empty()) out += std::string(out.empty() ? "" : "; ") + "rank(s) " + behind +
                                 " behind this rank (at collective #" + std::to_string(seq_) + ")";
     if (out.empty()) out = "every rank answered and none is behind: a collective is mismatched or the network is stalled";
@@ -280,6 +296,7 @@ class MpiCommunicator : public Communicator {
   int64_t seq_ = 0;                  // collectives issued on comm_ so far
   int rank_ = 0, size_ = 1;
   std::string host_;
+  std::vector<std::string> hosts_;  // every rank's host, by rank in comm_
   double timeout_ = 0;
 };
 
@@ -353,6 +370,21 @@ MpiSession::~MpiSession() {
 void abort_job(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  // MPI_Abort asks this host's Open MPI daemon to end the job, and the daemon may wait on mpirun
+  // or another daemon across a link that is down: measured, a rank sat in it for minutes while the
+  // job's launch had long failed. A watchdog ends this process with the same code if MPI_Abort
+  // has not done so within kAbortGraceSeconds (reachable peers are killed well within that); the
+  // launcher (launch/mpirun.sh) bounds mpirun itself. The thread inherits the blocked stop
+  // signals, so nothing else can run on it.
+  static constexpr int kAbortGraceSeconds = 5;
+  try {
+    std::thread([code] {
+      std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+      _exit(code);
+    }).detach();
+  } catch (const std::system_error&) {
+    _exit(code);  // no thread to bound MPI_Abort: ending here beats waiting without bound
+  }
   MPI_Abort(MPI_COMM_WORLD, code);
   _exit(code);
 }

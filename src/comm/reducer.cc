@@ -12,16 +12,12 @@
 #include "dpt/ddp.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
+#include "dpt/clock.h"
 #include "dpt/log.h"
+#include "dpt/poll.h"
 
 namespace dpt {
 
-namespace {
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
                                  double cap_bytes, double first_cap_bytes,
@@ -108,9 +104,7 @@ class MpiThreadTransport : public ReduceTransport {
         const Launched& l = launched_[completed_];
         stuck_ = true;
         lock.unlock();
-        throw Error(ErrorKind::kInternal, DPT_MSG(l.what << " did not complete within --timeout " << timeout
-                                                         << " s on rank " << comm_->rank() << ": "
-                                                         << comm_->diagnose()));
+        throw Error(ErrorKind::kInternal, timeout_message(l.what, timeout, comm_->rank(), ": " + comm_->diagnose()));
       }
     } else {
       cv_.wait(lock, done);

@@ -1,17 +1,15 @@
 // The NCCL and host-MPI transports of the Reducer (see gpu_reducer.h), over one base that owns
 // what both need: the communication stream, the events ordering it with the compute stream, the
-// 16-bit staging buffer of a compressed wire (--grad-dtype bf16 / fp16), and their release. Only
-// compiled in GPU builds.
+// wire buffer gradients travel in, and their release. Only compiled in GPU builds.
 //
-// A compressed wire, per bucket, everything on the communication stream after it waited for the
-// bucket's gradients (so the casts, like the all-reduce, overlap the rest of backward and sit in a
-// CUDA graph with it):
-//   NCCL:     cast grads -> stage (16-bit), ncclAllReduce(stage, ncclBfloat16 / ncclFloat16, sum),
-//             cast stage -> grads (exact).
-//   host MPI: cast grads -> stage, copy stage -> pinned host (half the bytes of fp32), MPI sum of
-//             the 16-bit values (Communicator's float-add-and-round operation), copy back to stage,
-//             cast stage -> grads.
-// A bucket's slice of the staging buffer is its own ([begin, end) as in the gradients), and the
+// Both transports take one path whatever the wire type (--grad-dtype): the wire buffer is the
+// gradients themselves for fp32 (no cast), else a 16-bit staging buffer the casts fill and empty.
+// Per bucket, everything on the communication stream after it waited for the bucket's gradients
+// (so the casts, like the all-reduce, overlap the rest of backward and sit in a CUDA graph with it):
+//   NCCL:     to wire, ncclAllReduce(wire, sum) (16-bit: NCCL adds in float and rounds), from wire.
+//   host MPI: to wire, copy wire -> pinned host (16-bit: half the bytes of fp32), MPI sum
+//             (16-bit: Communicator's float-add-and-round operation), copy back, from wire.
+// A bucket's slice of the wire buffer is its own ([begin, end) as in the gradients), and the
 // stream orders one step's use of it after the last's: no other synchronisation is needed.
 #include "cuda/gpu_reducer.h"
 
@@ -33,9 +31,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-size_t bytes_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(float); }
-size_t bytes16_of(const Bucket& b) { return static_cast<size_t>(b.size()) * sizeof(uint16_t); }
-
 // What both transports share: the compute stream (the backend's context), the stream the
 // collectives or copies run on, the events ordering the two, and their release.
 class StreamTransport : public ReduceTransport {
@@ -51,7 +46,13 @@ class StreamTransport : public ReduceTransport {
   // wire: kF32, or kBF16 / kF16 with a device staging buffer of `count` 16-bit values, allocated
   // once here through the backend (so CUDA graphs count it), never inside a step.
   StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream, DType wire)
-      : be_(be), ctx_(be.context()), grads_(grads), count_(count), comm_(comm_stream), wire_(wire) {
+      : be_(be),
+        ctx_(be.context()),
+        grads_(grads),
+        count_(count),
+        comm_(comm_stream),
+        wire_(wire),
+        wire_size_(wire == DType::kF32 ? sizeof(float) : sizeof(uint16_t)) {
     DPT_CHECK(wire == DType::kF32 || wire == DType::kBF16 || wire == DType::kF16,
               "gradients travel as fp32, bf16 or fp16");
     try {
@@ -61,8 +62,7 @@ class StreamTransport : public ReduceTransport {
       }
       ready_ = event(false);
       done_ = event(false);
-      if (compressed())
-        stage_ = static_cast<uint16_t*>(be_.allocate(static_cast<size_t>(std::max<int64_t>(count_, 1)) * sizeof(uint16_t)));
+      if (compressed()) stage_ = static_cast<uint16_t*>(be_.allocate(wire_bytes(std::max<int64_t>(count_, 1))));
     } catch (...) {
       release();  // the destructor does not run for a half-built object
       throw;
@@ -101,14 +101,25 @@ class StreamTransport : public ReduceTransport {
   bool abandoned() const { return be_.abandoned(); }
 
   bool compressed() const { return wire_ != DType::kF32; }
-  // On the communication stream: bucket b's gradients into its slice of the staging buffer, as
-  // 16-bit values rounded to nearest even; and the slice back into the gradients (exact).
-  void compress_on_stream(const Bucket& b) {
+  size_t wire_bytes(int64_t n) const { return static_cast<size_t>(n) * wire_size_; }
+  // Bucket b's slice of the wire buffer: the gradients themselves for fp32, else the staging buffer.
+  void* wire_at(const Bucket& b) const {
+    return compressed() ? static_cast<void*>(stage_ + b.begin) : static_cast<void*>(grads_ + b.begin);
+  }
+  // `what` as a bucket's collective names itself in errors: how it travels, and in what if not fp32.
+  std::string labelled(const std::string& what, const char* via) const {
+    return what + " (" + via + (compressed() ? std::string(", ") + grad_wire_name(wire_) : std::string()) + ")";
+  }
+  // On the communication stream, for a 16-bit wire (nothing for fp32): bucket b's gradients into
+  // its slice of the staging buffer, rounded to nearest even; and the slice back (exact).
+  void to_wire(const Bucket& b) {
+    if (!compressed()) return;
     const int64_t n = b.size();
     CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_to_bf16(grads_ + b.begin, stage_ + b.begin, n, comm_)
                                      : cuda::launch_to_f16(grads_ + b.begin, stage_ + b.begin, n, comm_));
   }
-  void decompress_on_stream(const Bucket& b) {
+  void from_wire(const Bucket& b) {
+    if (!compressed()) return;
     const int64_t n = b.size();
     CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_from_bf16(stage_ + b.begin, grads_ + b.begin, n, false, comm_)
                                      : cuda::launch_from_f16(stage_ + b.begin, grads_ + b.begin, n, false, comm_));
@@ -128,7 +139,8 @@ class StreamTransport : public ReduceTransport {
   const int64_t count_;
   cudaStream_t comm_ = nullptr;
   const DType wire_;
-  uint16_t* stage_ = nullptr;  // compressed wire: `count_` 16-bit values on the device
+  const size_t wire_size_;     // bytes per gradient on the wire
+  uint16_t* stage_ = nullptr;  // 16-bit wire: `count_` values on the device
 
  private:
   void release() noexcept {
@@ -155,7 +167,7 @@ class StreamTransport : public ReduceTransport {
 
 class NcclTransport final : public StreamTransport {
  public:
-  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<Communicator> nccl, DType wire)
+  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<NcclCommunicator> nccl, DType wire)
       : StreamTransport(be, grads, count, stream_of(nccl.get()), wire), nccl_(std::move(nccl)) {}
 
   ~NcclTransport() override {
@@ -176,28 +188,19 @@ class NcclTransport final : public StreamTransport {
     check_bucket(b);
     comm_follows_compute();
     if (capturing_) {  // nothing may be polled or timed inside a capture
-      if (!compressed()) {
-        nccl_allreduce_queued(*nccl_, grads_ + b.begin, b.size(), DType::kF32, ReduceOp::kSum);
-        return;
-      }
       // The casts are kernels on NCCL's stream, captured with the all-reduce between them.
-      compress_on_stream(b);
-      nccl_allreduce_queued(*nccl_, stage_ + b.begin, b.size(), wire_, ReduceOp::kSum);
-      decompress_on_stream(b);
+      to_wire(b);
+      nccl_->allreduce_queued(wire_at(b), b.size(), wire_, ReduceOp::kSum);
+      from_wire(b);
       return;
     }
     const cudaEvent_t start = bucket_event(start_, k, true), end = bucket_event(end_, k, true);
     CUDA_CHECK(cudaEventRecord(start, comm_));
-    if (!compressed()) {
-      inflight_.push_back(nccl_->iallreduce(grads_ + b.begin, b.size(), ReduceOp::kSum, what + " (NCCL)"));
-    } else {
-      // The request completes with the all-reduce; the cast back after it is ordered before the
-      // compute stream's next work by finish(), and inside the timing (start .. end).
-      compress_on_stream(b);
-      inflight_.push_back(nccl_->iallreduce_raw(stage_ + b.begin, b.size(), wire_, ReduceOp::kSum,
-                                                what + " (NCCL, " + grad_wire_name(wire_) + ")"));
-      decompress_on_stream(b);
-    }
+    // The request completes with the all-reduce; the cast back after it is ordered before the
+    // compute stream's next work by finish(), and inside the timing (start .. end).
+    to_wire(b);
+    inflight_.push_back(nccl_->iallreduce_raw(wire_at(b), b.size(), wire_, ReduceOp::kSum, labelled(what, "NCCL")));
+    from_wire(b);
     CUDA_CHECK(cudaEventRecord(end, comm_));
     launched_.push_back(k);
   }
@@ -221,7 +224,7 @@ class NcclTransport final : public StreamTransport {
   void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
     comm_follows_compute();
     if (capturing_)
-      nccl_allreduce_queued(*nccl_, data, count, DType::kF64, ReduceOp::kSum);
+      nccl_->allreduce_queued(data, count, DType::kF64, ReduceOp::kSum);
     else
       inflight_.push_back(nccl_->iallreduce(data, count, ReduceOp::kSum, what));
     compute_follows_comm();
@@ -239,15 +242,14 @@ class NcclTransport final : public StreamTransport {
     timed_.clear();
     comm_seconds_ = 0;
     settled_ = inflight_.size();
-    inflight_.push_back(nccl_stream_fence(*nccl_, ctx_.stream(),
-                                          DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
+    inflight_.push_back(
+        nccl_->fence(ctx_.stream(), DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
   }
 
  private:
-  static cudaStream_t stream_of(Communicator* nccl) {
-    const cudaStream_t s = nccl ? nccl_stream(*nccl) : nullptr;
-    DPT_CHECK(s != nullptr, "the NCCL transport needs an NCCL communicator (make_nccl_communicator)");
-    return s;
+  static cudaStream_t stream_of(const NcclCommunicator* nccl) {
+    DPT_CHECK(nccl != nullptr, "the NCCL transport needs an NCCL communicator (make_nccl_communicator)");
+    return nccl->stream();
   }
 
   // Waits for the first `count` requests in flight (each bounded by --timeout, naming itself), then
@@ -269,7 +271,7 @@ class NcclTransport final : public StreamTransport {
     timed_.clear();
   }
 
-  std::unique_ptr<Communicator> nccl_;
+  std::unique_ptr<NcclCommunicator> nccl_;
   bool capturing_ = false;
   std::vector<cudaEvent_t> start_, end_;  // per bucket, around its all-reduce (timing)
   std::vector<std::unique_ptr<Request>> inflight_;
@@ -289,17 +291,13 @@ class HostMpiTransport final : public StreamTransport {
   // the exposed time. The host never converts (the MPI sum rounds each partial sum itself).
   HostMpiTransport(CudaBackend& be, float* grads, int64_t count, Communicator& mpi, DType wire)
       : StreamTransport(be, grads, count, nullptr, wire), mpi_(mpi) {
-    const size_t n = static_cast<size_t>(std::max<int64_t>(count, 1));
-    if (!compressed())
-      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), n * sizeof(float), cudaHostAllocDefault));
-    else
-      CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host16_), n * sizeof(uint16_t), cudaHostAllocDefault));
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), wire_bytes(std::max<int64_t>(count, 1)),
+                             cudaHostAllocDefault));
   }
 
   ~HostMpiTransport() override {
     // cudaFreeHost synchronises the device: never after an error (see StreamTransport::release).
     if (host_ && !abandoned()) cudaFreeHost(host_);
-    if (host16_ && !abandoned()) cudaFreeHost(host16_);
     release_stage();
   }
 
@@ -308,17 +306,11 @@ class HostMpiTransport final : public StreamTransport {
   void launch(size_t k, const Bucket& b, const std::string& what) override {
     check_bucket(b);
     comm_follows_compute();
-    if (!compressed()) {
-      CUDA_CHECK(cudaMemcpyAsync(host_ + b.begin, grads_ + b.begin, bytes_of(b), cudaMemcpyDeviceToHost, comm_));
-    } else {
-      compress_on_stream(b);
-      CUDA_CHECK(cudaMemcpyAsync(host16_ + b.begin, stage_ + b.begin, bytes16_of(b), cudaMemcpyDeviceToHost, comm_));
-    }
+    to_wire(b);
+    CUDA_CHECK(cudaMemcpyAsync(host_at(b), wire_at(b), wire_bytes(b.size()), cudaMemcpyDeviceToHost, comm_));
     const cudaEvent_t copied = bucket_event(copied_, k, false);
     CUDA_CHECK(cudaEventRecord(copied, comm_));
-    launched_.push_back({b, copied,
-                         what + (compressed() ? std::string(" (MPI, through host memory, ") + grad_wire_name(wire_) + ")"
-                                              : std::string(" (MPI, through host memory)"))});
+    launched_.push_back({b, copied, labelled(what, "MPI, through host memory")});
   }
 
   void finish(ReducerStats& stats) override {
@@ -329,18 +321,11 @@ class HostMpiTransport final : public StreamTransport {
     for (const Launched& l : launched_) {
       CUDA_CHECK(cudaEventSynchronize(l.copied));  // local GPU work only: it always ends
       const double c0 = now_seconds();
-      if (!compressed()) {
-        mpi_.allreduce(host_ + l.range.begin, l.range.size(), ReduceOp::kSum, l.what);
-        comm += now_seconds() - c0;
-        CUDA_CHECK(cudaMemcpyAsync(grads_ + l.range.begin, host_ + l.range.begin, bytes_of(l.range),
-                                   cudaMemcpyHostToDevice, comm_));
-      } else {
-        mpi_.iallreduce_raw(host16_ + l.range.begin, l.range.size(), wire_, ReduceOp::kSum, l.what)->wait();
-        comm += now_seconds() - c0;
-        CUDA_CHECK(cudaMemcpyAsync(stage_ + l.range.begin, host16_ + l.range.begin, bytes16_of(l.range),
-                                   cudaMemcpyHostToDevice, comm_));
-        decompress_on_stream(l.range);
-      }
+      mpi_.iallreduce_raw(host_at(l.range), l.range.size(), wire_, ReduceOp::kSum, l.what)->wait();
+      comm += now_seconds() - c0;
+      CUDA_CHECK(cudaMemcpyAsync(wire_at(l.range), host_at(l.range), wire_bytes(l.range.size()),
+                                 cudaMemcpyHostToDevice, comm_));
+      from_wire(l.range);
     }
     launched_.clear();
     stats.comm_seconds = comm;
@@ -371,9 +356,11 @@ class HostMpiTransport final : public StreamTransport {
     std::string what;
   };
 
+  // Bucket b's slice of the pinned mirror of the wire buffer.
+  void* host_at(const Bucket& b) const { return host_ + wire_bytes(b.begin); }
+
   Communicator& mpi_;
-  float* host_ = nullptr;       // pinned mirror of the gradients (fp32 wire)
-  uint16_t* host16_ = nullptr;  // pinned mirror of the staging buffer (compressed wire)
+  uint8_t* host_ = nullptr;  // pinned mirror of the wire buffer (`count` values of the wire type)
   std::vector<cudaEvent_t> copied_;  // per bucket
   std::vector<Launched> launched_;   // this step's buckets, in launch order
 };
@@ -381,7 +368,7 @@ class HostMpiTransport final : public StreamTransport {
 }  // namespace
 
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<Communicator> nccl, DType wire) {
+                                                     std::unique_ptr<NcclCommunicator> nccl, DType wire) {
   return std::make_unique<NcclTransport>(be, grads, count, std::move(nccl), wire);
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/nccl_communicator.h"
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
 
@@ -25,7 +26,7 @@ namespace dpt::gpu {
 // back into the gradients, all three on NCCL's stream (capturable; at world size 1 too, where the
 // gradients come back rounded to 16 bits).
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<Communicator> nccl, DType wire = DType::kF32);
+                                                     std::unique_ptr<NcclCommunicator> nccl, DType wire = DType::kF32);
 
 // Ranks sharing a GPU: each launched bucket is copied to pinned host memory on a stream of its own,
 // summed by `mpi` (bounded by its --timeout) in finish() as the copies land, and copied back; the

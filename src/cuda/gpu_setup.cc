@@ -1,5 +1,5 @@
-// What run_training takes from the GPU build (see gpu_setup.h): the CUDA operations backend and the
-// Reducer's transport on it (NCCL, or host MPI where ranks share a GPU). Only compiled in GPU builds.
+// open_gpu (see gpu_setup.h): the GpuDevice over a CudaBackend it owns, so its memory and transport
+// reach the backend's context directly. Only compiled in GPU builds.
 #include "cuda/gpu_setup.h"
 
 #include <cuda_runtime.h>
@@ -11,7 +11,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/gpu_reducer.h"
 #include "cuda/nccl_communicator.h"
-#include "dpt/comm.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/log.h"
@@ -34,45 +33,51 @@ bool ranks_share_a_gpu(Communicator& comm, const cudaDeviceProp& prop) {
   return false;
 }
 
+class CudaGpu final : public GpuDevice {
+ public:
+  CudaGpu(int local_rank, int devices, bool tf32, bool bf16) : local_rank_(local_rank), be_(local_rank % devices) {
+    be_.context().set_tf32(tf32);
+    be_.context().set_bf16(bf16);
+  }
+
+  Backend& ops() override { return be_; }
+
+  GpuMemory memory(int ranks_here) override {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const int count = cuda_device_count();
+    GpuMemory m;
+    m.free_bytes = static_cast<double>(free);
+    // Local ranks r with r mod count == local_rank mod count share this GPU.
+    m.ranks_on_gpu = count > 0 ? (ranks_here - 1 - local_rank_ % count) / count + 1 : 1;
+    m.device = be_.describe();
+    return m;
+  }
+
+  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) override {
+    if (comm.size() == 1) return nullptr;
+    const int device = be_.context().device();
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (ranks_share_a_gpu(comm, prop)) {
+      if (comm.rank() == 0)
+        log_info("ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host memory");
+      return gpu::make_host_mpi_transport(be_, grads, count, comm, wire);
+    }
+    return gpu::make_nccl_transport(be_, grads, count, make_nccl_communicator(comm, device), wire);
+  }
+
+ private:
+  const int local_rank_;
+  gpu::CudaBackend be_;
+};
+
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const TrainConfig& cfg, int local_rank) {
+std::unique_ptr<GpuDevice> open_gpu(int local_rank, bool tf32, bool bf16) {
   const int count = cuda_device_count();
   DPT_INPUT_CHECK(count > 0, "--device cuda: no CUDA device visible on local rank " << local_rank);
-  auto be = std::make_unique<gpu::CudaBackend>(local_rank % count);
-  be->context().set_tf32(cfg.tf32);
-  be->context().set_bf16(cfg.precision == "bf16");
-  return be;
-}
-
-GpuMemory gpu_memory(Backend& ops, int local_rank, int ranks_here) {
-  auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
-  DPT_CHECK(be != nullptr, "gpu_memory needs the CUDA operations backend, got " << ops.name());
-  size_t free = 0, total = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  const int count = cuda_device_count();
-  GpuMemory m;
-  m.free_bytes = static_cast<double>(free);
-  // Local ranks r with r mod count == local_rank mod count share this GPU.
-  m.ranks_on_gpu = count > 0 ? (ranks_here - 1 - local_rank % count) / count + 1 : 1;
-  m.device = be->describe();
-  return m;
-}
-
-std::unique_ptr<ReduceTransport> make_gpu_transport(Communicator& comm, Backend& ops, float* grads, int64_t count,
-                                                    DType wire) {
-  auto* be = dynamic_cast<gpu::CudaBackend*>(&ops);
-  DPT_CHECK(be != nullptr, "make_gpu_transport needs the CUDA operations backend, got " << ops.name());
-  if (comm.size() == 1) return nullptr;
-  const int device = be->context().device();
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  if (ranks_share_a_gpu(comm, prop)) {
-    if (comm.rank() == 0)
-      log_info("ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host memory");
-    return gpu::make_host_mpi_transport(*be, grads, count, comm, wire);
-  }
-  return gpu::make_nccl_transport(*be, grads, count, make_nccl_communicator(comm, device), wire);
+  return std::make_unique<CudaGpu>(local_rank, count, tf32, bf16);
 }
 
 }  // namespace dpt

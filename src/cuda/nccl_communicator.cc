@@ -153,17 +153,15 @@ class NcclRequest : public Request {
   bool done_ = false;
 };
 
-}  // namespace
-
-class NcclCommunicator : public Communicator {
+class NcclCommunicatorImpl final : public NcclCommunicator {
  public:
-  NcclCommunicator(SharedComm comm, int rank, int size, int device, std::string host, double timeout)
+  NcclCommunicatorImpl(SharedComm comm, int rank, int size, int device, std::string host, double timeout)
       : comm_(std::move(comm)), rank_(rank), size_(size), device_(device), host_(std::move(host)), timeout_(timeout) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
   }
-  ~NcclCommunicator() override {
+  ~NcclCommunicatorImpl() override {
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
     if (comm_->comm) ncclCommDestroy(comm_->comm);
@@ -181,23 +179,21 @@ class NcclCommunicator : public Communicator {
     settle(*comm_, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
     DPT_CHECK(child->comm != nullptr, "ncclCommSplit completed without a communicator on rank " << rank_);
     settle(*child, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
-    return std::make_unique<NcclCommunicator>(std::move(child), rank_, size_, device_, host_, timeout_);
+    return std::make_unique<NcclCommunicatorImpl>(std::move(child), rank_, size_, device_, host_, timeout_);
   }
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
-  cudaStream_t stream() const { return stream_; }
-  void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op,
-                        const std::string& what = "queued all-reduce") {
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
-    launched(what, timeout_);
+  cudaStream_t stream() const override { return stream_; }
+  void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op) override {
+    queue_allreduce(data, count, dt, op, "queued all-reduce", timeout_);
   }
-  std::unique_ptr<Request> fence(cudaStream_t stream, const std::string& what) {
+  std::unique_ptr<Request> fence(cudaStream_t stream, const std::string& what) override {
     return std::make_unique<NcclRequest>(comm_, stream, what, where());
   }
 
   std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                           const std::string& what) override {
-    allreduce_queued(data, count, dt, op, what);
+    queue_allreduce(data, count, dt, op, what, timeout_);
     return fence(stream_, what);
   }
   std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
@@ -219,8 +215,7 @@ class NcclCommunicator : public Communicator {
   void barrier() override { iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait(); }
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     // No deadline, as the interface says: neither for the launch nor for the completion.
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
-    launched("all-reduce launch", 0);
+    queue_allreduce(data, count, dt, op, "all-reduce launch", 0);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   std::string diagnose() override {
@@ -232,6 +227,11 @@ class NcclCommunicator : public Communicator {
 
  private:
   Where where() const { return Where{timeout_, rank_, host_}; }
+  // An in-place all-reduce queued on the stream; `timeout` bounds only the wait for its launch.
+  void queue_allreduce(void* data, int64_t count, DType dt, ReduceOp op, const std::string& what, double timeout) {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
+    launched(what, timeout);
+  }
   // The communicator for the next NCCL call; an error once a timeout or failure aborted it.
   ncclComm_t live() const {
     DPT_CHECK(comm_->comm != nullptr,
@@ -253,7 +253,9 @@ class NcclCommunicator : public Communicator {
   void* scratch_ = nullptr;
 };
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
+}  // namespace
+
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& bootstrap, int device) {
   CUDA_CHECK(cudaSetDevice(device));
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
@@ -269,29 +271,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
   DPT_CHECK(comm->comm != nullptr, "ncclCommInitRankConfig returned no communicator on rank " << bootstrap.rank());
   settle(*comm, "NCCL communicator set-up", Where{bootstrap.timeout(), bootstrap.rank(), bootstrap.host()},
          kPeerAbsent, kSetUpPause);
-  return std::make_unique<NcclCommunicator>(std::move(comm), bootstrap.rank(), bootstrap.size(), device,
-                                            bootstrap.host(), bootstrap.timeout());
-}
-
-cudaStream_t nccl_stream(Communicator& comm) {
-  auto* n = dynamic_cast<NcclCommunicator*>(&comm);
-  return n ? n->stream() : nullptr;
-}
-
-namespace {
-NcclCommunicator& as_nccl(Communicator& comm) {
-  auto* n = dynamic_cast<NcclCommunicator*>(&comm);
-  DPT_CHECK(n != nullptr, "an NCCL communicator was expected (make_nccl_communicator)");
-  return *n;
-}
-}  // namespace
-
-void nccl_allreduce_queued(Communicator& nccl, void* data, int64_t count, DType dt, ReduceOp op) {
-  as_nccl(nccl).allreduce_queued(data, count, dt, op);
-}
-
-std::unique_ptr<Request> nccl_stream_fence(Communicator& nccl, cudaStream_t stream, const std::string& what) {
-  return as_nccl(nccl).fence(stream, what);
+  return std::make_unique<NcclCommunicatorImpl>(std::move(comm), bootstrap.rank(), bootstrap.size(), device,
+                                                bootstrap.host(), bootstrap.timeout());
 }
 
 }  // namespace dpt

@@ -17,21 +17,25 @@
 
 namespace dpt {
 
-class NcclCommunicator;
+// A Communicator over NCCL, with what the GPU reducer needs beyond the interface: the stream the
+// collectives run on, an all-reduce queued without a request (for CUDA graphs), and a fence.
+class NcclCommunicator : public Communicator {
+ public:
+  // The stream the collectives are issued on: the GPU reducer records the bucket-ready event on the
+  // compute stream and makes this stream wait.
+  virtual cudaStream_t stream() const = 0;
+  // Queues an all-reduce on stream() and returns no request: the form for a CUDA graph under
+  // capture, where no event may be polled. Completion is watched by a fence after the graph's launch.
+  virtual void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op) = 0;
+  // A request that completes when everything queued on `stream` so far has run: waited for with
+  // this communicator's --timeout, checking NCCL's asynchronous errors and aborting the
+  // communicator on timeout, exactly as a collective's own request. `what` names it in errors.
+  virtual std::unique_ptr<Request> fence(cudaStream_t stream, const std::string& what) = 0;
+};
 
 // Binds this process to `device` and joins an NCCL communicator over the ranks of `bootstrap`,
 // waiting at most bootstrap.timeout() seconds (0 = for ever) for every rank to join; past that,
 // aborts and throws a kInternal dpt::Error naming the rank, its host and what to check.
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
-// The stream the NCCL communicator issues its collectives on (nullptr for other communicators):
-// the GPU reducer records the bucket-ready event on the compute stream and makes this stream wait.
-cudaStream_t nccl_stream(Communicator& comm);
-// Queues an all-reduce on the NCCL stream and returns no request: the form for a CUDA graph under
-// capture, where no event may be polled. Completion is watched by a fence after the graph's launch.
-void nccl_allreduce_queued(Communicator& nccl, void* data, int64_t count, DType dt, ReduceOp op);
-// A request that completes when everything queued on `stream` so far has run: waited for with the
-// NCCL communicator's --timeout, checking NCCL's asynchronous errors and aborting the communicator
-// on timeout, exactly as a collective's own request. `what` names it in errors.
-std::unique_ptr<Request> nccl_stream_fence(Communicator& nccl, cudaStream_t stream, const std::string& what);
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& bootstrap, int device);
 
 }  // namespace dpt

@@ -1,7 +1,10 @@
 // IDX reading (raw or gzip'd, streamed straight into the final buffer) and the image-set loader.
-// A bad dataset file must stop the run before training with a message naming the file and defect.
+// A bad dataset file must stop the run before training with a message naming the file and defect;
+// one that is not a regular file (a FIFO, a device) is refused at open, never read or waited on.
 #include "dpt/idx.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -9,11 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "dpt/error.h"
+#include "dpt/files.h"
 
 namespace dpt {
 
@@ -51,6 +54,41 @@ const char* dtype_name(uint8_t code) {
   }
 }
 
+// The open data file: a descriptor from open_input_file (so it is a regular file, and reading it
+// cannot block on a writer), read in whole chunks and closed on every path.
+class FdReader {
+ public:
+  FdReader(const std::string& path, int fd) : path_(path), fd_(fd) {}
+  ~FdReader() { ::close(fd_); }
+  FdReader(const FdReader&) = delete;
+  FdReader& operator=(const FdReader&) = delete;
+
+  // Up to n bytes; fewer only at the end of the file.
+  size_t read(uint8_t* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::read(fd_, out + done, std::min(n - done, size_t{1} << 30));
+      if (got < 0 && errno == EINTR) continue;
+      DPT_INPUT_CHECK(got >= 0, path_ << ": read error: " << std::strerror(errno));
+      if (got == 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+  void rewind() {
+    DPT_INPUT_CHECK(::lseek(fd_, 0, SEEK_SET) == 0, path_ << ": cannot seek: " << std::strerror(errno));
+  }
+  uint64_t size() const {
+    struct stat st {};
+    DPT_INPUT_CHECK(::fstat(fd_, &st) == 0, path_ << ": cannot stat: " << std::strerror(errno));
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+ private:
+  const std::string& path_;
+  int fd_;
+};
+
 // The decoded bytes of a file, whether raw or gzip'd, so the IDX parser is written once.
 class ByteSource {
  public:
@@ -67,14 +105,11 @@ class ByteSource {
 
 class RawSource : public ByteSource {
  public:
-  RawSource(const std::string& path, std::ifstream& in, uint64_t size)
-      : path_(path), in_(in), size_(size) {}
+  RawSource(FdReader& in, uint64_t size) : in_(in), size_(size) {}
 
   size_t read(uint8_t* out, size_t n) override {
     if (n == 0 || pos_ >= size_) return 0;
-    in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n));
-    DPT_INPUT_CHECK(!in_.bad(), path_ << ": read error: " << std::strerror(errno));
-    const size_t got = static_cast<size_t>(in_.gcount());
+    const size_t got = in_.read(out, n);
     pos_ += got;
     return got;
   }
@@ -86,8 +121,7 @@ class RawSource : public ByteSource {
   }
 
  private:
-  const std::string& path_;
-  std::ifstream& in_;
+  FdReader& in_;
   uint64_t size_;
   uint64_t pos_ = 0;
 };
@@ -96,7 +130,7 @@ class RawSource : public ByteSource {
 // decompressed data). Concatenated gzip members are read as one stream, as gzip(1) does.
 class GzipSource : public ByteSource {
  public:
-  GzipSource(const std::string& path, std::ifstream& in, uint64_t size)
+  GzipSource(const std::string& path, FdReader& in, uint64_t size)
       : path_(path), in_(in), size_(size), in_buf_(kInChunk) {
     std::memset(&zs_, 0, sizeof(zs_));
     const int ret = inflateInit2(&zs_, 16 + MAX_WBITS);  // 16+: gzip wrapper only
@@ -151,9 +185,7 @@ class GzipSource : public ByteSource {
  private:
   void refill() {
     if (input_eof_) return;
-    in_.read(reinterpret_cast<char*>(in_buf_.data()), static_cast<std::streamsize>(kInChunk));
-    DPT_INPUT_CHECK(!in_.bad(), path_ << ": read error: " << std::strerror(errno));
-    const size_t got = static_cast<size_t>(in_.gcount());
+    const size_t got = in_.read(in_buf_.data(), kInChunk);
     file_pos_ += got;
     if (got < kInChunk) input_eof_ = true;
     zs_.next_in = in_buf_.data();
@@ -177,7 +209,7 @@ class GzipSource : public ByteSource {
   }
 
   const std::string& path_;
-  std::ifstream& in_;
+  FdReader& in_;
   uint64_t size_;
   std::vector<uint8_t> in_buf_;
   z_stream zs_;
@@ -212,31 +244,23 @@ std::string find_split_file(const std::string& dir, const std::string& base, con
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  DPT_INPUT_CHECK(fs::exists(st), path << ": no such file");
-  DPT_INPUT_CHECK(!fs::is_directory(st), path << ": is a directory, not an IDX file");
-
-  std::ifstream in(path, std::ios::binary);
-  DPT_INPUT_CHECK(in.is_open(), path << ": cannot open for reading: " << std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff end = in.tellg();
-  DPT_INPUT_CHECK(end >= 0, path << ": cannot determine the file size (not a regular file?)");
-  const uint64_t size = static_cast<uint64_t>(end);
-  in.seekg(0, std::ios::beg);
+  // The plain message for the common mistake; open_input_file then refuses anything that is not a
+  // regular file (a FIFO would block a plain open until a writer came, or forever).
+  struct stat st {};
+  DPT_INPUT_CHECK(::stat(path.c_str(), &st) == 0 || errno != ENOENT, path << ": no such file");
+  FdReader in(path, open_input_file(path, "--data"));
+  const uint64_t size = in.size();
 
   // Detect gzip by content: datasets are distributed both ways and files get renamed.
   uint8_t sniff[2] = {0, 0};
-  in.read(reinterpret_cast<char*>(sniff), 2);
-  const bool gzip = in.gcount() == 2 && sniff[0] == 0x1f && sniff[1] == 0x8b;
-  in.clear();
-  in.seekg(0, std::ios::beg);
+  const bool gzip = in.read(sniff, 2) == 2 && sniff[0] == 0x1f && sniff[1] == 0x8b;
+  in.rewind();
 
   std::unique_ptr<ByteSource> src;
   if (gzip) {
     src = std::make_unique<GzipSource>(path, in, size);
   } else {
-    src = std::make_unique<RawSource>(path, in, size);
+    src = std::make_unique<RawSource>(in, size);
   }
 
   // Header: 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 dims.

@@ -1,80 +1,416 @@
-// Model state and training checkpoints in safetensors (see include/dpt/checkpoint.h).
+// The CheckpointManager (include/dpt/checkpoint.h): loading, when a checkpoint is due, writing,
+// pruning, the names and metadata of checkpoint files, and --save.
 #include "dpt/checkpoint.h"
 
-#include <cmath>
-#include <set>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include "dpt/error.h"
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "dpt/clock.h"
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/engine.h"
+#include "dpt/files.h"
+#include "dpt/log.h"
+#include "dpt/preflight.h"
 #include "dpt/safetensors.h"
 
 namespace dpt {
 
 namespace {
-constexpr const char* kMomentum = "optimizer.momentum_buffer";
+
+std::filesystem::path dir_of(const std::filesystem::path& p) {
+  return p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
 }
 
-void save_model(const std::string& path, const Model& model,
-                const std::map<std::string, std::string>& metadata,
-                const std::vector<float>* momentum) {
-  std::vector<StTensor> tensors;
-  for (const auto& p : model.store().entries()) {
-    if (p.is_counter) {
-      const int64_t v = static_cast<int64_t>(std::llround(p.value.data()[0]));
-      tensors.push_back(st_i64(p.name, p.shape, &v));
-    } else {
-      tensors.push_back(st_f32(p.name, p.shape, p.value.data()));
-    }
-  }
-  auto meta = metadata;
-  meta["model"] = model.name();
-  if (momentum) {
-    tensors.push_back(st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
-    meta["format"] = "dptrain-checkpoint-v1";
-  } else {
-    meta["format"] = "dptrain-model-v1";
-  }
-  write_safetensors(path, tensors, meta);
+// Whether `name` (a file name) is one of this configuration's checkpoint names: the path's own,
+// or "<stem>.step<digits...><ext>" beside it.
+bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
+  const std::filesystem::path p(cfg.checkpoint_path);
+  if (name == p.filename().string()) return true;
+  const std::string prefix = p.stem().string() + ".step", ext = p.extension().string();
+  return name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + ext.size() &&
+         name.compare(name.size() - ext.size(), ext.size(), ext) == 0 && name.find(".tmp.") == std::string::npos;
 }
 
-std::map<std::string, std::string> load_model(const std::string& path, Model& model,
-                                              std::vector<float>* momentum) {
-  StFile f = read_safetensors(path);
-  auto it = f.metadata.find("model");
-  DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
-                  path << ": holds a '" << it->second << "' model, not '" << model.name() << "'");
-  std::set<std::string> expected{kMomentum};
-  for (auto& p : model.store().entries()) {
-    expected.insert(p.name);
-    const StTensor* t = f.find(p.name);
-    DPT_INPUT_CHECK(t != nullptr, path << ": tensor '" << p.name << "' of " << model.name()
-                                       << " is missing");
-    DPT_INPUT_CHECK(t->shape == p.shape, path << ": tensor '" << p.name << "' has shape "
-                                              << shape_str(t->shape) << ", " << model.name()
-                                              << " needs " << shape_str(p.shape));
-    if (p.is_counter) {
-      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is " << t->dtype
-                                              << ", expected I64");
-      p.value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
-    } else {
-      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is " << t->dtype
-                                              << ", expected F32");
-      auto v = as_f32(*t, path);
-      std::copy(v.begin(), v.end(), p.value.data());
+// A new training's id: a digest of its configuration, where and when it started, and 64 random
+// bits (two trainings with the same settings started in the same second still differ).
+std::string new_training_id(const TrainConfig& cfg, const std::string& host) {
+  std::random_device rd;
+  const uint64_t salt = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  const std::string seed = cfg.to_json() + host + std::to_string(std::time(nullptr)) + std::to_string(salt);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(std::hash<std::string>{}(seed) ^ salt));
+  return out;
+}
+
+std::string utc_now() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The checkpoint's training settings against this run's: "--lr 0.1 -> 0.2" for each value that
+// differs and that a resumed run may not change silently.
+std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& path, const std::string& then_json) {
+  std::vector<std::pair<std::string, std::string>> then;
+  try {
+    then = agreed_values(then_json);
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'config' is not valid JSON"));
+  }
+  const auto now_values = agreed_values(cfg);
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
+    if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
+        then[i].second != now_values[i].second)
+      changed.push_back(then[i].first + " " + then[i].second + " -> " + now_values[i].second);
+  return changed;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  CheckpointInfo info;
+  info.path = path;
+  std::map<std::string, std::string> meta;
+  try {
+    meta = read_metadata(path);
+  } catch (const Error&) {
+    return info;  // unreadable: listed last, still tried by --resume auto
+  }
+  info.readable = true;
+  auto get = [&](const char* key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  info.training = get("training_id");
+  info.started = get("training_started");
+  // A --save file has no optimizer state: it records a step, but is no checkpoint to resume.
+  if (meta.count("optimizer_steps")) {
+    try {
+      info.step = std::stoll(get("step"));
+    } catch (const std::exception&) {
+      info.step = -1;
     }
   }
-  for (const auto& t : f.tensors)
-    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << t.name << "' for "
-                                                 << model.name());
-  if (momentum && !momentum->empty()) {
-    const StTensor* t = f.find(kMomentum);
-    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
-                                       << "'): a --save file, not a training checkpoint");
-    DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
-                    path << ": '" << kMomentum << "' is " << t->dtype << " " << shape_str(t->shape)
-                         << ", expected F32 [" << momentum->size() << "]");
-    *momentum = as_f32(*t, path);
+  return info;
+}
+
+std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
+  if (cfg.keep_checkpoints == 0) return cfg.checkpoint_path;
+  const std::filesystem::path p(cfg.checkpoint_path);
+  return (p.parent_path() / (p.stem().string() + ".step" + std::to_string(global_step) + p.extension().string()))
+      .string();
+}
+
+std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
+  const std::filesystem::path dir = dir_of(cfg.checkpoint_path);
+  std::vector<CheckpointInfo> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (is_checkpoint_name(cfg, e.path().filename().string()) && e.is_regular_file(ec))
+      found.push_back(read_checkpoint_info(e.path().string()));
+  std::sort(found.begin(), found.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return std::tie(a.step, a.path) > std::tie(b.step, b.path);
+  });
+  return found;
+}
+
+CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
+                                     Sgd& opt, StepEngine& engine)
+    : cfg_(cfg), comm_(comm), model_(model), ddp_(ddp), opt_(opt), engine_(engine), last_save_(now_seconds()) {
+  if (comm.rank() != 0) return;
+  training_ = new_training_id(cfg, comm.host());
+  started_ = utc_now();
+  if (cfg.checkpoints() || !cfg.resume.empty()) remove_stale_temporaries();
+}
+
+// Temporary files of writers that no longer run (a killed writer's leftovers, 85 MB each for
+// ResNet-18), of this configuration's checkpoint names only, regular files of this user only.
+void CheckpointManager::remove_stale_temporaries() const {
+  const std::filesystem::path dir = dir_of(cfg_.checkpoint_path);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::string target;
+    pid_t pid = 0;
+    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) || !is_checkpoint_name(cfg_, target)) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer runs
+    if (std::filesystem::remove(e.path(), ec)) log_info("removed " + e.path().string() + ", left by a killed writer");
   }
-  return f.metadata;
+}
+
+// --resume auto, rank 0: the newest file by the step each records, of this run's training; one
+// that cannot be read falls back to the one before. When the directory holds several trainings'
+// files, this run's is the one whose newest file has this run's settings (else the newest), and
+// the others are named and passed over. Returns "" for a fresh start.
+std::string CheckpointManager::choose_auto(Meta* meta) {
+  const std::vector<CheckpointInfo> files = checkpoint_files(cfg_);
+  std::string mine;  // the training chosen ("" when the readable files name at most one)
+  std::vector<std::string> ids;
+  for (const CheckpointInfo& f : files)
+    if (!f.training.empty() && std::find(ids.begin(), ids.end(), f.training) == ids.end()) ids.push_back(f.training);
+  if (ids.size() > 1) {
+    for (const std::string& id : ids) {  // files are newest first: the first of each id is its newest
+      const auto newest = std::find_if(files.begin(), files.end(), [&](const CheckpointInfo& f) { return f.training == id; });
+      Meta m;
+      try {
+        m = read_metadata(newest->path);
+      } catch (const Error&) {
+        continue;
+      }
+      const auto cfg_json = m.find("config");
+      bool same = false;
+      try {
+        same = cfg_json != m.end() && config_changes(cfg_, newest->path, cfg_json->second).empty();
+      } catch (const Error&) {
+      }
+      if (same) {
+        mine = id;
+        break;
+      }
+    }
+    if (mine.empty()) mine = ids.front();
+    std::string passed;
+    for (const CheckpointInfo& f : files)
+      if (!f.training.empty() && f.training != mine) passed += (passed.empty() ? "" : ", ") + f.path;
+    log_warn("--resume auto: passed over the files of other trainings (" + passed + ")");
+  }
+  std::string tried;
+  for (const CheckpointInfo& f : files) {
+    if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
+    try {
+      *meta = load_model(f.path, model_, &opt_.momentum_buffer());
+      return f.path;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kInput) throw;
+      log_warn("--resume auto: " + f.path + " cannot be used (" + e.what() + "): trying the one before");
+      tried += (tried.empty() ? "" : ", ") + f.path;
+    }
+  }
+  DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg_.checkpoint_path << " could be read ("
+                                                                        << tried << ")");
+  log_info("--resume auto: no checkpoint at or beside " + cfg_.checkpoint_path + ": starting fresh");
+  return "";
+}
+
+ResumePoint CheckpointManager::load() {
+  // epoch, epoch step, global step, optimizer steps, images per step then, found (--resume auto)
+  int64_t pos[6] = {0, 0, 0, 0, 0, 1};
+  std::vector<EpochMetrics> history;
+  std::string path;  // the file resumed (rank 0)
+  agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
+    if (comm_.rank() != 0) return;
+    std::map<std::string, std::string> meta;
+    if (cfg_.resume == "auto") {
+      path = choose_auto(&meta);
+      if (path.empty()) {
+        pos[5] = 0;
+        return;
+      }
+    } else {
+      path = cfg_.resume;
+      meta = load_model(path, model_, &opt_.momentum_buffer());
+    }
+    auto num = [&](const char* key) -> int64_t {
+      auto it = meta.find(key);
+      DPT_INPUT_CHECK(it != meta.end(), path << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
+      try {
+        return std::stoll(it->second);
+      } catch (const std::exception&) {
+        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata '" << key << "' is not a number"));
+      }
+    };
+    // Range-checked: a damaged or hand-edited file must not train "epoch -2147483169".
+    auto in_range = [&](const char* key, int64_t hi) {
+      const int64_t v = num(key);
+      DPT_INPUT_CHECK(v >= 0 && v <= hi, path << ": metadata '" << key << "' is " << v << ", outside [0, " << hi
+                                                    << "]: not a checkpoint of a run this can continue");
+      return v;
+    };
+    pos[0] = in_range("epoch", 1'000'000);
+    pos[1] = in_range("epoch_step", 1'000'000'000);
+    pos[2] = in_range("step", 1'000'000'000'000);
+    pos[3] = in_range("optimizer_steps", pos[2]);
+    if (auto h = meta.find("history"); h != meta.end()) {
+      try {
+        for (const auto& rec : nlohmann::json::parse(h->second)) history.push_back(EpochMetrics::from_json(rec.dump()));
+      } catch (const std::exception&) {
+        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'history' is not a list of epoch records"));
+      }
+    }
+    // The same training, or an explicit change (--allow-config-change).
+    auto then = meta.find("config");
+    const std::vector<std::string> changed =
+        then == meta.end() ? std::vector<std::string>{} : config_changes(cfg_, path, then->second);
+    if (!changed.empty()) {
+      std::string list;
+      for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+      DPT_INPUT_CHECK(cfg_.allow_config_change,
+                      path << ": the checkpoint was written with other training settings (" << list
+                                 << "); a resumed run continues the same training (--allow-config-change "
+                                    "accepts the change and recomputes the position)");
+      log_warn("--allow-config-change: resuming " + path + " with " + list);
+      const auto j = nlohmann::json::parse(then->second);
+      pos[4] = j.value("batch_size", cfg_.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
+    }
+    auto ws = meta.find("world_size");
+    if (ws != meta.end() && ws->second != std::to_string(comm_.size()))
+      log_warn(path + " was written at world size " + ws->second + ", resuming at " +
+               std::to_string(comm_.size()) + ": the data order is the same, float sums may differ");
+  });
+  comm_.broadcast(pos, 6, 0, "broadcast of the resume position");
+  if (!pos[5]) return {};  // --resume auto found nothing: a fresh start on every rank
+  if (comm_.rank() == 0) {
+    // The same training goes on: its id and start stay (a file written before ids gets a new one).
+    resumed_path_ = path;
+    const CheckpointInfo info = read_checkpoint_info(path);
+    if (!info.training.empty()) training_ = info.training, started_ = info.started;
+  }
+  ddp_.broadcast_state();
+  if (!opt_.momentum_buffer().empty())
+    comm_.broadcast(opt_.momentum_buffer().data(), static_cast<int64_t>(opt_.momentum_buffer().size()), 0,
+                   "broadcast of the optimizer state");
+  opt_.set_steps(pos[3]);
+  engine_.from_host();
+  log_info(DPT_MSG("resumed from " << path << " at epoch " << pos[0] + 1 << ", step " << pos[1]
+                                   << " (global step " << pos[2] << ")"));
+  return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
+}
+
+void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
+  if (!cfg_.checkpoints()) return;
+  agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
+    if (comm_.rank() != 0) return;
+    for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
+      // Files of this training, the file resumed, and files that are no dptrain training's
+      // (unreadable, or written before ids were recorded) are this run's to replace, as before.
+      if (f.training.empty() || f.training == training_ || f.path == resumed_path_) continue;
+      const bool at_path = std::filesystem::path(f.path).filename() == std::filesystem::path(cfg_.checkpoint_path).filename();
+      const bool ahead = f.step > start_step && f.step <= last_step;  // a name this run may still write
+      if (cfg_.keep_checkpoints == 0 ? !at_path : !ahead) continue;
+      DPT_INPUT_CHECK(false, "--checkpoint-path " << cfg_.checkpoint_path << ": " << f.path
+                                                  << " is a checkpoint of another training (id " << f.training
+                                                  << ", started " << (f.started.empty() ? "?" : f.started)
+                                                  << ", at step " << f.step << ") that this run would overwrite; "
+                                                  << "continue that training with --resume " << f.path
+                                                  << " (or --resume auto), or choose another --checkpoint-path");
+    }
+  });
+}
+
+bool CheckpointManager::minutes_due() const {
+  return comm_.rank() == 0 && cfg_.checkpoint_every_minutes > 0 &&
+         (now_seconds() - last_save_) / 60.0 >= cfg_.checkpoint_every_minutes;
+}
+
+bool CheckpointManager::save_if_due(const Position& at, bool epoch_end, bool minutes_due,
+                                    const std::vector<EpochMetrics>& history) {
+  const bool by_steps = cfg_.checkpoint_every_steps > 0 && at.global_step % cfg_.checkpoint_every_steps == 0;
+  const bool by_epochs = epoch_end && cfg_.checkpoint_every > 0 && at.epoch % cfg_.checkpoint_every == 0;
+  if (!(by_steps || by_epochs || (!epoch_end && minutes_due))) return false;
+  save(at, history);
+  return true;
+}
+
+void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>& history) {
+  engine_.sync_buffers();
+  engine_.to_host();
+  const std::string file = checkpoint_file(cfg_, at.global_step);
+  refuse_nonfinite(file);
+  if (comm_.rank() == 0) {
+    std::string hist = "[";
+    for (const EpochMetrics& m : history) hist += (hist.size() > 1 ? "," : "") + m.to_json();
+    Meta meta = metadata(at.epoch, at.global_step);
+    meta.insert({{"epoch_step", std::to_string(at.epoch_step)}, {"optimizer_steps", std::to_string(opt_.steps())},
+                 {"history", hist + "]"}, {"training_id", training_}, {"training_started", started_}});
+    // Never over another training's file (one started beside this run after its claim).
+    const CheckpointInfo there = read_checkpoint_info(file);
+    DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || file == resumed_path_,
+                    "not writing checkpoint " << file << ": it now holds a checkpoint of another training (id "
+                                              << there.training << "); two trainings share --checkpoint-path");
+    save_model(file, model_, meta, &opt_.momentum_buffer());
+    prune();
+    record(at.global_step, file);
+  }
+  comm_.barrier();
+  last_save_ = now_seconds();
+  log_info("checkpoint written to " + file + " (global step " + std::to_string(at.global_step) + ")");
+}
+
+// With --keep-checkpoints K: only the K newest of this training's files (by the step each
+// records) stay; other trainings' files and files that are no checkpoint are never removed.
+void CheckpointManager::prune() const {
+  if (cfg_.keep_checkpoints == 0) return;
+  int kept = 0;
+  std::error_code ec;
+  for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
+    if (f.training != training_ && f.path != resumed_path_) continue;
+    if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path) std::filesystem::remove(f.path, ec);
+  }
+}
+
+// launch/mpirun.sh's restart decision: a line "<step> <file>" appended to the file it names in
+// DPT_CHECKPOINT_RECORD after every checkpoint, so the launcher need not know the file names.
+void CheckpointManager::record(int64_t global_step, const std::string& file) const {
+  const char* to = std::getenv("DPT_CHECKPOINT_RECORD");
+  if (!to || !*to) return;
+  const int fd = ::open(to, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st {};
+  const std::string line = std::to_string(global_step) + " " + file + "\n";
+  const bool ok = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (fd >= 0) ::close(fd);
+  if (!ok) log_warn(DPT_MSG("DPT_CHECKPOINT_RECORD " << to << ": cannot append the checkpoint's record; a launcher "
+                                                    << "restart may not see it"));
+}
+
+void CheckpointManager::save_final(int64_t global_step) {
+  if (cfg_.save.empty()) return;
+  engine_.to_host();  // buffers were averaged before the last evaluation; parameters are equal by construction
+  refuse_nonfinite(cfg_.save);
+  if (comm_.rank() == 0) save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step), nullptr, "--save");
+  comm_.barrier();
+  log_info("saved " + cfg_.save);
+}
+
+// Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
+CheckpointManager::Meta CheckpointManager::metadata(int64_t epoch, int64_t global_step) const {
+  return Meta{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
+              {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
+}
+
+// Nothing non-finite is ever written over a good file (a BatchNorm buffer can still take a NaN
+// from a forward pass whose step was then skipped). The host state is the same on every rank
+// (parameters by construction, buffers averaged, momentum), so every rank refuses alike.
+void CheckpointManager::refuse_nonfinite(const std::string& path) const {
+  auto finite = [](const float* v, int64_t n) { return std::all_of(v, v + n, [](float x) { return std::isfinite(x); }); };
+  std::string bad;
+  for (const Param& p : model_.store().entries())
+    if (bad.empty() && !finite(p.value.data(), p.numel())) bad = p.name;
+  const auto& mom = opt_.momentum_buffer();
+  if (bad.empty() && !finite(mom.data(), static_cast<int64_t>(mom.size()))) bad = "optimizer.momentum_buffer";
+  if (!bad.empty())
+    throw AgreedInputError(DPT_MSG("not writing " << path << ": '" << bad << "' holds non-finite values (the file "
+                                                  << "there, if any, is kept)"),
+                           comm_.rank() != 0);
 }
 
 }  // namespace dpt

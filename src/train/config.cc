@@ -329,24 +329,6 @@ void validate_config(const TrainConfig& c, int world) {
                                   << " (each rank takes batch/world images a step)");
 }
 
-double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
-  const double t = static_cast<double>(step) / static_cast<double>(spe);
-  if (c.warmup_epochs > 0 && t < c.warmup_epochs)
-    return c.lr * static_cast<double>(step + 1) / (c.warmup_epochs * static_cast<double>(spe));
-  if (c.schedule == "step") {
-    double lr = c.lr;
-    for (int e : c.step_epochs)
-      if (t >= e) lr *= c.step_gamma;
-    return lr;
-  }
-  if (c.schedule == "cosine") {
-    const double span = std::max(1e-9, c.epochs - c.warmup_epochs);
-    const double u = std::min(1.0, std::max(0.0, (t - c.warmup_epochs) / span));
-    return c.lr * 0.5 * (1.0 + std::cos(M_PI * u));
-  }
-  return c.lr;
-}
-
 std::string TrainConfig::to_json() const {
   nlohmann::json j = {{"model", model}, {"recipe", recipe}, {"epochs", epochs},
                       {"batch_size", batch_size}, {"lr", lr}, {"momentum", momentum},

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dpt/error.h"
+#include "dpt/files.h"
 #include "dpt/train.h"
 
 namespace dpt {
@@ -96,14 +97,7 @@ void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& 
       << L + pw - 90 << "\" y=\"" << ly + 4 << "\">" << c.name << "</text>\n";
   }
   s << "</svg>\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    DPT_INPUT_CHECK(f.good(), "--report: cannot write " << tmp);
-    f << s.str();
-    DPT_INPUT_CHECK(f.good(), "--report: writing " << tmp << " failed");
-  }
-  DPT_INPUT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--report: cannot rename " << tmp);
+  write_file_atomic(path, s.str(), "--report");
 }
 
 }  // namespace dpt

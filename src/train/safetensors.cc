@@ -1,5 +1,5 @@
 // safetensors I/O: a strict parser (also the libFuzzer entry point's target, so it must survive any
-// byte string without UB) and a crash-safe writer (temp file + fsync + rename).
+// byte string without UB) and a crash-safe writer (dpt::AtomicFile).
 #include "dpt/safetensors.h"
 
 #include <fcntl.h>
@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "dpt/error.h"
+#include "dpt/files.h"
 
 namespace dpt {
 
@@ -163,24 +164,6 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
   return e;
 }
 
-// Closes and unlinks a half-written temp file unless the write succeeded.
-struct TempFile {
-  std::string path;
-  FILE* f = nullptr;
-  bool committed = false;
-  ~TempFile() {
-    if (f) std::fclose(f);
-    if (!committed) ::unlink(path.c_str());
-  }
-};
-
-std::string dir_of(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 }  // namespace
 
 size_t st_dtype_size(const std::string& dtype) {
@@ -199,8 +182,12 @@ const StTensor* StFile::find(const std::string& name) const {
   return nullptr;
 }
 
-StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin) {
-  DPT_INPUT_CHECK(size >= 8, origin << ": not a safetensors file: " << size
+// The header of a safetensors image of `size` bytes whose first `avail` bytes are at `data` (at
+// least the length field and the header): metadata into *file, the entries sorted by offset and
+// checked to tile the data section. Returns the header length.
+uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const std::string& origin, StFile* file_out,
+                      std::vector<Entry>* entries_out) {
+  DPT_INPUT_CHECK(size >= 8 && avail >= 8, origin << ": not a safetensors file: " << size
                                     << " bytes, need at least 8 for the header length");
   uint64_t n = 0;
   std::memcpy(&n, data, 8);
@@ -209,6 +196,7 @@ StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& or
                                                << kMaxHeaderBytes << " bytes)");
   DPT_INPUT_CHECK(n <= rest, origin << ": absurd header length " << n << ": only " << rest
                                     << " bytes follow the length field (file truncated?)");
+  DPT_CHECK(avail >= 8 + n, origin << ": header not read whole");
   const char* hdr = reinterpret_cast<const char*>(data + 8);
   DPT_INPUT_CHECK(json_depth(hdr, n, kMaxHeaderDepth) <= kMaxHeaderDepth,
                   origin << ": safetensors header nests deeper than " << kMaxHeaderDepth);
@@ -224,9 +212,8 @@ StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& or
                                              << header.type_name() << ", expected an object");
 
   const uint64_t data_size = rest - n;
-  const uint8_t* section = data + 8 + n;
-  StFile file;
-  std::vector<Entry> entries;
+  StFile& file = *file_out;
+  std::vector<Entry>& entries = *entries_out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == kMetadataKey) {
       DPT_INPUT_CHECK(it->is_object(), origin << ": \"__metadata__\" is a " << it->type_name()
@@ -266,7 +253,14 @@ StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& or
                                                  "section has "
                                               << data_size << " bytes, tensors cover " << cursor
                                               << ")");
+  return n;
+}
 
+StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin) {
+  StFile file;
+  std::vector<Entry> entries;
+  const uint64_t n = parse_header(data, size, size, origin, &file, &entries);
+  const uint8_t* section = data + 8 + n;
   file.tensors.reserve(entries.size());
   for (Entry& e : entries) {
     StTensor t;
@@ -280,13 +274,13 @@ StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& or
 }
 
 StFile read_safetensors(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
+  // Never blocks: a FIFO or device is refused before anything is read from it.
+  FILE* f = ::fdopen(open_input_file(path, "safetensors file"), "rb");
   DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
   std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
   struct stat st {};
   DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0,
                   "cannot stat safetensors file " << path << ": " << std::strerror(errno));
-  DPT_INPUT_CHECK(S_ISREG(st.st_mode), path << ": not a regular file");
   std::vector<uint8_t> buf(static_cast<size_t>(st.st_size));
   size_t got = buf.empty() ? 0 : std::fread(buf.data(), 1, buf.size(), f);
   DPT_INPUT_CHECK(got == buf.size(), "cannot read safetensors file " << path << ": got " << got
@@ -295,8 +289,31 @@ StFile read_safetensors(const std::string& path) {
   return parse_safetensors(buf.data(), buf.size(), path);
 }
 
+std::map<std::string, std::string> read_metadata(const std::string& path) {
+  // The length field and the header only: listing checkpoints must not read 85 MB each.
+  FILE* f = ::fdopen(open_input_file(path, "safetensors file"), "rb");
+  DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
+  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
+  struct stat st {};
+  DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0, "cannot stat safetensors file " << path << ": " << std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::vector<uint8_t> head(8);
+  DPT_INPUT_CHECK(size >= 8 && std::fread(head.data(), 1, 8, f) == 8,
+                  path << ": not a safetensors file: " << size << " bytes, need at least 8 for the header length");
+  uint64_t n = 0;
+  std::memcpy(&n, head.data(), 8);
+  if (n <= kMaxHeaderBytes && n <= size - 8) {  // else parse_header says what is wrong
+    head.resize(8 + n);
+    DPT_INPUT_CHECK(std::fread(head.data() + 8, 1, n, f) == n, "cannot read safetensors file " << path);
+  }
+  StFile file;
+  std::vector<Entry> entries;
+  parse_header(head.data(), head.size(), size, path, &file, &entries);
+  return file.metadata;
+}
+
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, const std::string& what) {
   // Validate everything before touching the disk, so a bad call never clobbers an old file.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -328,38 +345,11 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
 
-  TempFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.f = std::fopen(tmp.path.c_str(), "wb");
-  DPT_INPUT_CHECK(tmp.f, "cannot create " << tmp.path << " to write checkpoint " << path << ": "
-                                          << std::strerror(errno));
-  auto put = [&](const void* p, size_t len) {
-    DPT_INPUT_CHECK(len == 0 || std::fwrite(p, 1, len, tmp.f) == len,
-                    "cannot write checkpoint " << path << " (via " << tmp.path
-                                               << "): " << std::strerror(errno));
-  };
-  put(&n, 8);
-  put(text.data(), text.size());
-  for (const StTensor& t : tensors) put(t.bytes.data(), t.bytes.size());
-  // fflush then fsync: the bytes must be on disk before the rename makes them the checkpoint.
-  DPT_INPUT_CHECK(
-      std::fflush(tmp.f) == 0 && ::fsync(fileno(tmp.f)) == 0,
-      "cannot write checkpoint " << path << " (via " << tmp.path << "): " << std::strerror(errno));
-  int rc = std::fclose(tmp.f);
-  tmp.f = nullptr;
-  DPT_INPUT_CHECK(rc == 0, "cannot write checkpoint " << path << " (via " << tmp.path
-                                                      << "): " << std::strerror(errno));
-  DPT_INPUT_CHECK(
-      ::rename(tmp.path.c_str(), path.c_str()) == 0,
-      "cannot rename " << tmp.path << " to checkpoint " << path << ": " << std::strerror(errno));
-  tmp.committed = true;
-  // Persist the rename itself. Best effort: some filesystems refuse fsync on directories, and
-  // the file is already complete either way.
-  int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile out(path, what);
+  out.write(&n, 8);
+  out.write(text.data(), text.size());
+  for (const StTensor& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+  out.commit();
 }
 
 StTensor st_f32(const std::string& name, const std::vector<int64_t>& shape, const float* p) {

@@ -16,8 +16,8 @@ echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long)
   || { echo "skip: clang's libFuzzer runtime is missing (libclang-rt-14-dev)"; exit 77; }
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src")
-"$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_idx.cc" "$root/src/data/idx.cc" "$root/src/core/error.cc" \
-  -lz -o "$work/fuzz_idx"
+"$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_idx.cc" "$root/src/data/idx.cc" "$root/src/core/files.cc" \
+  "$root/src/core/error.cc" -lz -o "$work/fuzz_idx"
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cc" "$root/src/train/safetensors.cc" \
   "$root/src/core/error.cc" -o "$work/fuzz_safetensors"
 

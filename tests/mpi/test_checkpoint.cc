@@ -25,13 +25,9 @@ struct Fixture {
     if (comm->rank() == 0) std::filesystem::remove_all(dir);
   }
   TrainConfig config() const {
-    TrainConfig c;
-    apply_recipe(&c);  // momentum, weight decay, warm-up and cosine: all of it must resume
-    c.data = dir;
-    c.epochs = 3;
-    c.batch_size = 64;
+    // The recipe's momentum, weight decay, warm-up and cosine: all of it must resume.
+    TrainConfig c = test::small_config("lenet", dir, 3, 64);
     c.eval_batch_size = 100;
-    c.quiet = true;
     return c;
   }
 };

@@ -236,13 +236,8 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
 TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   auto c = world();
   const std::string dir = test::shared_synthetic_dir(*c, "eval", 600, 997, 9);  // 997: odd
-  TrainConfig cfg;
-  apply_recipe(&cfg);
-  cfg.data = dir;
-  cfg.epochs = 2;
-  cfg.batch_size = 60;
+  TrainConfig cfg = test::small_config("lenet", dir, 2, 60);
   cfg.eval_batch_size = 128;
-  cfg.quiet = true;
   cfg.metrics = dir + "/metrics.jsonl";
   auto hist = run_training(cfg, *c);
   ASSERT_EQ(hist.size(), 2u);

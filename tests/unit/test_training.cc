@@ -22,13 +22,7 @@ std::unique_ptr<Communicator> world() { return test::world_comm(); }
 TEST(Training, LenetLossFallsOnSyntheticData) {
   const std::string dir = test::make_temp_dir("train");
   test::write_synthetic_dataset(dir, 2048, 500, 1);
-  TrainConfig c;
-  c.model = "lenet";
-  apply_recipe(&c);
-  c.data = dir;
-  c.epochs = 2;
-  c.batch_size = 64;
-  c.quiet = true;
+  TrainConfig c = test::small_config("lenet", dir, 2, 64);
   c.save = dir + "/lenet.safetensors";
   auto comm = world();
   auto hist = run_training(c, *comm);
@@ -58,17 +52,11 @@ TEST(Training, LenetLossFallsOnSyntheticData) {
 TEST(Training, Resnet18LossFallsOnSyntheticData) {
   const std::string dir = test::make_temp_dir("resnet");
   test::write_synthetic_dataset(dir, 160, 40, 2);
-  TrainConfig c;
-  c.model = "resnet18";
-  apply_recipe(&c);
-  c.data = dir;
-  c.epochs = 2;
-  c.batch_size = 16;
+  TrainConfig c = test::small_config("resnet18", dir, 2, 16);
   c.warmup_epochs = 0;
   c.schedule = "constant";
   c.lr = 0.05;
   c.threads = 2;
-  c.quiet = true;
   c.eval_batch_size = 40;
   c.save = dir + "/r18.safetensors";
   auto comm = world();
@@ -89,13 +77,8 @@ TEST(Training, LenetLearnsFashionMnist) {
   const char* data = std::getenv("DPT_TEST_DATA");
   if (!data || !std::filesystem::exists(std::string(data) + "/train-labels-idx1-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST not installed (DPT_TEST_DATA unset or missing)";
-  TrainConfig c;
-  c.model = "lenet";
-  apply_recipe(&c);
-  c.data = data;
-  c.epochs = 1;
+  TrainConfig c = test::small_config("lenet", data, 1, 256);
   c.max_steps = 120;
-  c.quiet = true;
   auto comm = world();
   auto hist = run_training(c, *comm);
   EXPECT_EQ(hist[0].test_count, 10000);
@@ -105,14 +88,8 @@ TEST(Training, LenetLearnsFashionMnist) {
 TEST(Training, EvalEveryEvaluatesOnlyThoseEpochsAndTheLast) {
   const std::string dir = test::make_temp_dir("evalevery");
   test::write_synthetic_dataset(dir, 256, 100, 3);
-  TrainConfig c;
-  c.model = "lenet";
-  apply_recipe(&c);
-  c.data = dir;
-  c.epochs = 5;
-  c.batch_size = 64;
+  TrainConfig c = test::small_config("lenet", dir, 5, 64);
   c.eval_every = 2;
-  c.quiet = true;
   auto comm = world();
   auto hist = run_training(c, *comm);
   ASSERT_EQ(hist.size(), 5u);

@@ -7,15 +7,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dpt/clock.h"
 #include "dpt/comm.h"
 #include "dpt/error.h"
+#include "dpt/files.h"
 
 namespace dpt {
 
 namespace {
-double steady_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double steady_us() { return now_seconds() * 1e6; }
 }  // namespace
 
 double Tracer::now_us() const { return steady_us() - origin_; }
@@ -60,14 +60,7 @@ void Tracer::write(Communicator& comm, const std::string& path, const std::strin
     }
   }
   if (rank != 0) return;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    DPT_INPUT_CHECK(f.good(), "--trace: cannot write " << tmp);
-    f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[" << all << "]}\n";
-    DPT_INPUT_CHECK(f.good(), "--trace: writing " << tmp << " failed");
-  }
-  DPT_INPUT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--trace: cannot rename " << tmp << " to " << path);
+  write_file_atomic(path, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[" + all + "]}\n", "--trace");
 }
 
 }  // namespace dpt

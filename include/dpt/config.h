@@ -1,0 +1,91 @@
+// The training configuration: TrainConfig (every flag, with recipes' defaults), parsing and
+// validation, and the values every rank must agree on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dpt {
+
+struct TrainConfig {
+  std::string model = "lenet";
+  std::string recipe = "default";
+  int epochs = 10;
+  int64_t batch_size = 256;  // global, over all ranks
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";  // constant | step | cosine
+  double warmup_epochs = 1;
+  std::vector<int> step_epochs;  // for schedule=step: multiply by step_gamma at these epochs
+  double step_gamma = 0.1;
+  std::string init = "kaiming";  // kaiming | d2l
+  uint64_t seed = 42;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string device = "auto";  // auto | cpu | cuda
+  bool tf32 = false;            // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
+  bool cuda_graphs = true;      // replay warm steps and evaluations as CUDA graphs (GPU only)
+  std::string precision = "fp32";  // fp32 | bf16 (GPU only: bf16 operands of convolutions and GEMMs)
+  int threads = 1;
+  int64_t max_steps = 0;  // 0 = whole epoch
+  int64_t eval_batch_size = 1000;
+  int eval_every = 1;  // evaluate every N epochs and after the last (0 = never)
+  std::string metrics;  // JSON lines file
+  std::string save;     // safetensors at the end
+  int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)
+  int64_t checkpoint_every_steps = 0;    // --checkpoint-every Nsteps
+  double checkpoint_every_minutes = 0;   // --checkpoint-every Nmin
+  int keep_checkpoints = 0;  // > 0: files named by step beside --checkpoint-path, the newest K kept
+  bool checkpoints() const { return checkpoint_every > 0 || checkpoint_every_steps > 0 || checkpoint_every_minutes > 0; }
+  std::string checkpoint_path = "checkpoint.safetensors";
+  std::string resume;  // training checkpoint to continue from; "auto": the newest valid one, if any
+  bool allow_config_change = false;  // --resume may continue with other training settings
+  double bucket_mb = 25;
+  double last_bucket_mb = 0;  // 0 = no separate small last bucket
+  std::string grad_dtype = "fp32";  // fp32 | bf16 | fp16: the type gradient buckets travel in
+  bool overlap = true;
+  int accum_steps = 1;
+  double clip_grad_norm = 0;        // > 0: clip the global gradient norm (torch clip_grad_norm_)
+  std::string nonfinite = "stop";   // stop | skip: what follows a step with non-finite gradients
+  int64_t nonfinite_max_skips = 10; // with skip: at most this many skipped steps in all
+  bool sync_bn = false;
+  bool scale_lr = false;
+  int64_t verify_every = 0;
+  double timeout = 300;
+  std::string log_level = "info";
+  bool quiet = false;
+  std::string progress = "auto";  // auto | on | off: the per-epoch progress bar of rank 0
+  int64_t metrics_every = 0;  // per-step metric records every N steps (0 = none)
+  std::string report;         // learning-curve SVG, rewritten every epoch
+  std::string trace;          // Chrome-trace JSON of a window of steps
+  int64_t trace_begin = 2, trace_end = 12;  // --trace-steps A:B (global steps [A, B))
+
+  std::string to_json() const;  // one line, every field
+  std::string to_text() const;  // "key: value" lines for the start-up banner
+};
+
+// The values every rank must share, as (flag, value) pairs in a fixed order: everything that shapes
+// the training (model, recipe, optimiser, schedule, batch, accumulation, epochs, steps, seed,
+// numerics, buckets) or decides which collectives a rank issues (evaluation, checkpoints, step
+// metrics, replica checks, and whether --resume, --save and --trace are given). Paths, threads,
+// logging and --timeout may differ; the data files are compared by digest instead.
+std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg);
+// The same values (without the three "given" ones) from a configuration's JSON (a checkpoint's
+// metadata); keys it lacks read "(not recorded)". Throws on malformed JSON.
+std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
+// Of those, the ones a resumed run may change without changing the trajectory it continues.
+bool may_change_on_resume(const std::string& flag);
+
+// Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
+// input errors naming the flag. Returns false when --help was printed (exit 0).
+bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
+// --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
+void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);
+// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests).
+void apply_recipe(TrainConfig* cfg);
+// Checks ranges and the world size (batch divisible by it); throws input errors naming the flag.
+void validate_config(const TrainConfig& cfg, int world_size);
+
+}  // namespace dpt

@@ -1,0 +1,27 @@
+// Model state <-> safetensors: parameters and buffers under their PyTorch state_dict names
+// (num_batches_tracked as I64), so a --save file loads into the equivalent PyTorch module. A
+// training checkpoint adds the optimizer state ("optimizer.momentum_buffer", the flat momentum
+// buffer in the gradient buffer's layout) and the position (epoch, step) in its metadata.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dpt/nn.h"
+
+namespace dpt {
+
+// Writes atomically and safely (files.h's AtomicFile). Call on one rank only. With `momentum`, the
+// file is a training checkpoint. `what` names the file in errors ("checkpoint", "--save").
+void save_model(const std::string& path, const Model& model,
+                const std::map<std::string, std::string>& metadata,
+                const std::vector<float>* momentum = nullptr, const std::string& what = "checkpoint");
+// Loads every parameter and buffer; refuses (input error naming the file and tensor) a file with
+// missing or extra tensors, other shapes or dtypes, or another model. With `momentum` (sized to
+// the model, or empty when the optimizer has none), the optimizer state must be there too.
+// Returns the metadata.
+std::map<std::string, std::string> load_model(const std::string& path, Model& model,
+                                              std::vector<float>* momentum = nullptr);
+
+}  // namespace dpt

@@ -1,0 +1,68 @@
+// The pre-flight: every check that can refuse a run, made before the first step and agreed by
+// every rank, so that no rank waits in a collective for one that gave up and nothing is found
+// wrong hours into a run. One entry point, run_preflight; its pieces are public for the tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpt/comm.h"
+#include "dpt/config.h"
+#include "dpt/device.h"
+#include "dpt/error.h"
+#include "dpt/idx.h"
+
+namespace dpt {
+
+// Runs fn and makes every rank agree on its input errors: when fn throws an input error on any
+// rank, every rank throws AgreedInputError (exit 2, no MPI_Abort), the failing ranks with their
+// message and the others quietly with `elsewhere`. Other errors propagate (and end the job
+// through main's abort).
+template <typename F>
+void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
+  std::string error;
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInput) throw;
+    error = e.what();
+  }
+  int32_t failed = error.empty() ? 0 : 1;
+  comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of the input-error flag");
+  if (failed) throw AgreedInputError(error.empty() ? elsewhere : error, error.empty());
+}
+
+// What a run starts from once every check passed.
+struct Preflight {
+  std::vector<std::string> hosts;  // every rank's host, in rank order
+  int local_rank = 0;              // this rank's position among the ranks on its host
+  int ranks_here = 1;              // ranks on this host
+  std::unique_ptr<ComputeDevice> device;
+  ImageSet train, test;
+};
+
+// In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data (read by
+// every rank), the configuration and data digests (equal on every rank), rank 0's outputs
+// (writable regular files or absent; --resume a regular file), the device opened and its memory
+// against the batch. Any failure: AgreedInputError on every rank.
+Preflight run_preflight(const TrainConfig& cfg, Communicator& comm);
+
+// The count of lower ranks with the same host name (ranks are numbered host by host or not).
+int local_rank_of(const std::vector<std::string>& hosts, int rank);
+// "images 60000 of 28x28, checksum 0x...": a data set as every rank must see it.
+std::string data_digest(const ImageSet& set);
+// Every rank compares every rank's agreed values and data digests; a difference ends them all
+// with exit 2 naming the flag and the ranks (rank 0 prints it).
+void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test);
+// Rank 0's outputs (--metrics, --save, --report, --trace, --checkpoint-path) absent or regular
+// files it can write, in directories it can write; --resume (not auto) a regular file.
+void check_outputs(const TrainConfig& cfg);
+// Bytes one image costs in a training step and in evaluation, measured on a probe model.
+std::pair<double, double> bytes_per_image(const std::string& model, int classes);
+// Input error when the batch needs more than `mem` can give (see DeviceMemory).
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem);
+
+}  // namespace dpt

@@ -1,0 +1,31 @@
+// Running a training: run_training, and how a run ends other than normally (a stop signal).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dpt/config.h"
+#include "dpt/error.h"
+#include "dpt/metrics.h"
+
+namespace dpt {
+
+class Communicator;
+
+// Thrown when a stop signal (INT, TERM, HUP, USR1) stopped training (every rank agrees on the
+// step, a checkpoint is written first when checkpoints are configured); main exits with
+// 128 + signal.
+struct Stopped {
+  int signal = 0;
+  int64_t step = 0;
+};
+// "SIGTERM" for 15: how logs name a signal.
+std::string signal_name(int sig);
+// Blocks the stop signals (INT, TERM, HUP, USR1) in the calling thread and every thread it starts
+// afterwards; run_training takes them on a thread of its own. main calls it before MPI starts.
+void block_stop_signals();
+
+// Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
+std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);
+
+}  // namespace dpt

@@ -1,0 +1,202 @@
+// The atomic writer and the input/output checks of include/dpt/files.h. Everything goes through
+// file descriptors opened with O_NOFOLLOW/O_EXCL/O_NONBLOCK: a name checked with stat and then
+// opened by name could be swapped in between, a descriptor cannot.
+#include "dpt/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "dpt/error.h"
+
+namespace dpt {
+
+namespace {
+
+std::string dir_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string base_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// What a non-regular file is, for messages.
+const char* kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a regular file";
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// The file an output at `path` really is: `path` itself, or the regular file a symlink (chain)
+// names. Sets *st when it exists (st->st_mode == 0 when not).
+std::string resolve_output(const std::string& path, const std::string& what, struct stat* st) {
+  *st = {};
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) != 0) {
+    DPT_INPUT_CHECK(errno == ENOENT, what << " " << path << ": " << errno_text());
+    return path;
+  }
+  if (!S_ISLNK(lst.st_mode)) {
+    DPT_INPUT_CHECK(S_ISREG(lst.st_mode), what << " " << path << " is " << kind_of(lst.st_mode)
+                                                << ", not a regular file: refusing to replace it");
+    *st = lst;
+    return path;
+  }
+  // A symlink: followed only to an existing regular file, so the rename replaces that file (and
+  // the link keeps naming it) instead of putting a regular file where the link was.
+  char real[PATH_MAX];
+  DPT_INPUT_CHECK(::realpath(path.c_str(), real) != nullptr,
+                  what << " " << path << " is a symlink to nothing that exists (" << errno_text()
+                       << "): refusing to write through it");
+  DPT_INPUT_CHECK(::stat(real, st) == 0, what << " " << path << ": " << errno_text());
+  DPT_INPUT_CHECK(S_ISREG(st->st_mode), what << " " << path << " is a symlink to " << real << ", which is "
+                                             << kind_of(st->st_mode) << ": refusing to replace it");
+  return real;
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(const std::string& path, const std::string& what) : path_(path), what_(what) {
+  DPT_INPUT_CHECK(!path.empty(), what << ": the path is empty");
+  struct stat st {};
+  target_ = resolve_output(path, what, &st);
+  // The mode of the file replaced, so a 0600 checkpoint stays 0600; a new file gets the umask's.
+  mode_t mode = 0666;
+  if (st.st_mode == 0) {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode &= ~mask;
+  } else {
+    mode = st.st_mode & 07777;
+  }
+  // An unpredictable name: another user cannot plant a symlink at it in advance, and O_EXCL |
+  // O_NOFOLLOW refuses one planted by a lucky guess (we then draw again).
+  std::random_device rd;
+  static const char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  const std::string stem = dir_of(target_) + "/" + base_of(target_) + ".tmp." + std::to_string(::getpid()) + ".";
+  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+    std::string suffix(10, 'x');
+    for (char& c : suffix) c = kAlnum[rd() % (sizeof kAlnum - 1)];
+    temp_ = stem + suffix;
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    DPT_INPUT_CHECK(fd_ >= 0 || errno == EEXIST,
+                    what << ": cannot create a temporary file beside " << path << " (" << temp_ << "): " << errno_text());
+  }
+  DPT_INPUT_CHECK(fd_ >= 0, what << ": cannot create a temporary file beside " << path << ": every name was taken");
+  // open's mode is masked by the umask: set the replaced file's mode exactly.
+  if (::fchmod(fd_, mode) != 0) {
+    const std::string err = errno_text();
+    ::close(fd_), fd_ = -1, ::unlink(temp_.c_str());
+    DPT_INPUT_CHECK(false, what << ": cannot set the mode of " << temp_ << ": " << err);
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  DPT_CHECK(fd_ >= 0, "AtomicFile::write after commit");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    DPT_INPUT_CHECK(w > 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+    p += w, n -= static_cast<size_t>(w);
+  }
+}
+
+void AtomicFile::commit() {
+  DPT_CHECK(fd_ >= 0, "AtomicFile::commit twice");
+  // The bytes must be on disk before the rename makes them the file: a power cut would otherwise
+  // leave an empty file behind a completed rename.
+  DPT_INPUT_CHECK(::fsync(fd_) == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  DPT_INPUT_CHECK(rc == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+  // The target may have become something else since the constructor looked (a FIFO planted in the
+  // meantime): look again right before the rename.
+  struct stat st {};
+  DPT_INPUT_CHECK(resolve_output(path_, what_, &st) == target_,
+                  what_ << " " << path_ << " changed while it was being written: not replacing it");
+  DPT_INPUT_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0,
+                  "cannot rename " << temp_ << " to " << what_ << " " << target_ << ": " << errno_text());
+  committed_ = true;
+  // Persist the rename itself. Best effort: some file systems refuse fsync on directories, and
+  // the file is complete either way.
+  const int dfd = ::open(dir_of(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what) {
+  AtomicFile f(path, what);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+void check_output_path(const std::string& path, const std::string& flag) {
+  DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
+  struct stat st {};
+  const std::string target = resolve_output(path, flag, &st);
+  const std::string dir = dir_of(target);
+  struct stat dst {};
+  DPT_INPUT_CHECK(::stat(dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode),
+                  flag << " " << path << ": the directory " << dir << " does not exist");
+  DPT_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0, flag << " " << path << ": the directory " << dir << " is not writable");
+  DPT_INPUT_CHECK(st.st_mode == 0 || ::access(target.c_str(), W_OK) == 0,
+                  flag << " " << path << ": the file exists and is not writable");
+}
+
+int open_input_file(const std::string& path, const std::string& what) {
+  DPT_INPUT_CHECK(!path.empty(), what << ": the path is empty");
+  // O_NONBLOCK: opening a FIFO with no writer returns at once (a blocking open would wait for a
+  // writer forever, before any check or --timeout could act); a device is not read from either.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  DPT_INPUT_CHECK(fd >= 0, what << " " << path << ": cannot open for reading: " << errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const mode_t m = st.st_mode;
+    ::close(fd);
+    DPT_INPUT_CHECK(false, what << " " << path << " is " << kind_of(m) << ", not a regular file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+void check_input_file(const std::string& path, const std::string& what) { ::close(open_input_file(path, what)); }
+
+bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t* pid) {
+  // "<target>.tmp.<pid>" (older builds) or "<target>.tmp.<pid>.<random>".
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0) return false;
+  const std::string rest = name.substr(at + 5);
+  const size_t dot = rest.find('.');
+  const std::string digits = rest.substr(0, dot);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  if (dot != std::string::npos && (dot + 1 >= rest.size() || rest.find('.', dot + 1) != std::string::npos)) return false;
+  *target_name = name.substr(0, at);
+  *pid = static_cast<pid_t>(std::stol(digits));
+  return true;
+}
+
+}  // namespace dpt

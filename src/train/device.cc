@@ -1,0 +1,102 @@
+// The device registry (include/dpt/device.h): the CPU device, and the GPU device of a CUDA build.
+// The only `#if DPT_HAVE_CUDA` of the driver.
+#include <fstream>
+#include <string>
+
+#include "dpt/backend.h"
+#include "dpt/device.h"
+
+#if DPT_HAVE_CUDA
+#include "cuda/gpu_setup.h"
+#endif
+
+namespace dpt {
+
+double host_available_bytes() {
+  double avail = -1;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string key; mi >> key;) {
+    double kb = 0;
+    mi >> kb;
+    mi.ignore(64, '\n');
+    if (key == "MemAvailable:") avail = kb * 1024;
+  }
+  auto read_number = [](const char* path) {
+    std::ifstream f(path);
+    double v = -1;
+    return (f >> v) ? v : -1.0;
+  };
+  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                      "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double l = read_number(limit), u = read_number(usage);  // "max" reads as no number
+    if (l > 0 && u >= 0 && l < 1e18 && (avail < 0 || l - u < avail)) avail = std::max(0.0, l - u);
+  }
+  return avail;
+}
+
+namespace {
+
+// The host: oneDNN's operations; gradients leave through the Reducer's MPI thread.
+class CpuDevice final : public ComputeDevice {
+ public:
+  explicit CpuDevice(const DeviceRequest& r) : request_(r) {}
+  const char* kind() const override { return "cpu"; }
+  Backend& ops() override { return cpu_backend(); }
+  // Once per host (its first rank): the estimate covers every rank there. MemAvailable already
+  // lacks what the run has loaded, so nothing extra.
+  DeviceMemory memory(int) override {
+    DeviceMemory m;
+    m.checks = request_.local_rank == 0;
+    if (m.checks) m.free_bytes = host_available_bytes();
+    m.sharing = request_.ranks_here;
+    m.where = "on this host";
+    return m;
+  }
+  std::unique_ptr<ReduceTransport> transport(Communicator&, float*, int64_t, DType) override { return nullptr; }
+
+ private:
+  DeviceRequest request_;
+};
+
+#if DPT_HAVE_CUDA
+// A GPU (src/cuda/gpu_setup.h): its context is created here, on GPU local_rank mod visible devices.
+class CudaDevice final : public ComputeDevice {
+ public:
+  explicit CudaDevice(const DeviceRequest& r) : request_(r), gpu_(open_gpu(r.local_rank, r.tf32, r.bf16)) {}
+  const char* kind() const override { return "cuda"; }
+  Backend& ops() override { return gpu_->ops(); }
+  // Every rank checks its GPU, after its context exists (so its own memory is already taken): per
+  // image as on the CPU, plus 1 GiB for what a run keeps on the device besides activations
+  // (parameters, gradients and momentum: 0.2 GiB for ResNet-18; the data set, 55 MiB; cuDNN's
+  // workspace, up to 0.25 GiB per algorithm).
+  DeviceMemory memory(int rank) override {
+    const GpuMemory gm = gpu_->memory(request_.ranks_here);
+    DeviceMemory m;
+    m.checks = true;
+    m.free_bytes = gm.free_bytes;
+    m.sharing = gm.ranks_on_gpu;
+    m.extra = double(1 << 30);
+    m.where = "on rank " + std::to_string(rank) + "'s GPU " + gm.device;
+    return m;
+  }
+  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) override {
+    return gpu_->transport(comm, grads, count, wire);
+  }
+
+ private:
+  DeviceRequest request_;
+  std::unique_ptr<GpuDevice> gpu_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request) {
+#if DPT_HAVE_CUDA
+  if (request.kind == "cuda") return std::make_unique<CudaDevice>(request);
+#endif
+  return std::make_unique<CpuDevice>(request);
+}
+
+}  // namespace dpt

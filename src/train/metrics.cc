@@ -1,0 +1,226 @@
+// MetricsLogger (include/dpt/metrics.h): rank 0's outputs of a run, and the epoch record's JSON.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+
+#include "dpt/error.h"
+#include "dpt/files.h"
+#include "dpt/log.h"
+#include "dpt/metrics.h"
+
+namespace dpt {
+
+EpochMetrics EpochMetrics::from_json(const std::string& json) {
+  const auto j = nlohmann::json::parse(json);
+  EpochMetrics m;
+  auto num = [&](const char* key, auto& field) {
+    using T = std::remove_reference_t<decltype(field)>;
+    if (!j.contains(key)) return;
+    field = j.at(key).is_null() ? static_cast<T>(std::nan("")) : j.at(key).get<T>();
+  };
+  num("epoch", m.epoch), num("train_loss", m.train_loss), num("train_acc", m.train_acc);
+  num("test_loss", m.test_loss), num("test_acc", m.test_acc), num("test_count", m.test_count);
+  num("train_count", m.train_count), num("steps", m.steps), num("epoch_seconds", m.epoch_seconds);
+  num("images_per_second", m.images_per_second), num("lr", m.lr), num("comm_seconds", m.comm_seconds);
+  num("exposed_comm_seconds", m.exposed_comm_seconds), num("grad_norm", m.grad_norm);
+  num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps), num("world_size", m.world_size);
+  num("slowest_rank", m.slowest_rank), num("slowest_compute_seconds", m.slowest_compute_seconds);
+  num("median_compute_seconds", m.median_compute_seconds), num("compute_spread", m.compute_spread);
+  auto list = [&](const char* key, std::vector<double>& field) {
+    if (j.contains(key) && j.at(key).is_array()) field = j.at(key).get<std::vector<double>>();
+  };
+  list("rank_compute_seconds", m.rank_compute_seconds), list("rank_wait_seconds", m.rank_wait_seconds);
+  return m;
+}
+
+std::string EpochMetrics::to_json() const {
+  nlohmann::json j = {{"type", "epoch"},
+                      {"epoch", epoch},
+                      {"train_loss", train_loss},
+                      {"train_acc", train_acc},
+                      {"test_loss", test_loss},
+                      {"test_acc", test_acc},
+                      {"test_count", test_count},
+                      {"train_count", train_count},
+                      {"steps", steps},
+                      {"lr", lr},
+                      {"epoch_seconds", epoch_seconds},
+                      {"images_per_second", images_per_second},
+                      {"comm_seconds", comm_seconds},
+                      {"exposed_comm_seconds", exposed_comm_seconds},
+                      {"grad_norm", grad_norm},
+                      {"grad_norm_max", grad_norm_max},
+                      {"nonfinite_steps", nonfinite_steps},
+                      {"world_size", world_size},
+                      {"slowest_rank", slowest_rank},
+                      {"slowest_compute_seconds", slowest_compute_seconds},
+                      {"median_compute_seconds", median_compute_seconds},
+                      {"compute_spread", compute_spread},
+                      {"rank_compute_seconds", rank_compute_seconds},
+                      {"rank_wait_seconds", rank_wait_seconds}};
+  return j.dump();
+}
+
+void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {
+  const size_t n = all.size() / 2;
+  m.rank_compute_seconds.resize(n), m.rank_wait_seconds.resize(n);
+  for (size_t r = 0; r < n; ++r) m.rank_compute_seconds[r] = all[2 * r], m.rank_wait_seconds[r] = all[2 * r + 1];
+  const std::vector<double>& c = m.rank_compute_seconds;
+  const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
+  m.slowest_rank = static_cast<int>(hi - c.begin());  // the first of equals: rank 0 when alone
+  m.slowest_compute_seconds = *hi;
+  std::vector<double> sorted = c;
+  std::sort(sorted.begin(), sorted.end());
+  m.median_compute_seconds = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  m.compute_spread = m.median_compute_seconds > 0 ? (*hi - *lo) / m.median_compute_seconds : 0;
+}
+
+std::vector<int> StragglerWatch::epoch_done(const EpochMetrics& m, const std::vector<std::string>& hosts) {
+  const std::vector<double>& c = m.rank_compute_seconds;
+  const double median = m.median_compute_seconds;
+  std::vector<int> warned;
+  streak_.resize(c.size(), 0);
+  for (size_t r = 0; r < c.size(); ++r) {
+    if (!(median > 0 && c[r] > median * (1 + kSlower))) {
+      streak_[r] = 0;
+      continue;
+    }
+    if (++streak_[r] != kEpochs) continue;
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "rank %zu (host %s) has been %.0f%% slower than the median for %d epochs in a row (%.3g s against "
+                  "%.3g s of compute per step): a slow host or a noisy neighbour?",
+                  r, r < hosts.size() ? hosts[r].c_str() : "?", (c[r] / median - 1) * 100, kEpochs, c[r], median);
+    log_warn(line);
+    warned.push_back(static_cast<int>(r));
+  }
+  return warned;
+}
+
+MetricsLogger::MetricsLogger(const TrainConfig& cfg, int rank, int world, std::vector<EpochMetrics> before,
+                             bool resumed, int64_t resumed_epoch, int64_t resumed_step)
+    : cfg_(cfg), rank_(rank),
+      title_(DPT_MSG(cfg.model << ", " << world << " rank(s), global batch " << cfg.batch_size)),
+      history_(std::move(before)) {
+  // Under mpirun a rank's stderr is a pipe even when the user watches a terminal: launch/mpirun.sh
+  // tells the ranks (DPT_PROGRESS=1) when its own stderr is a terminal.
+  const char* env_tty = std::getenv("DPT_PROGRESS");
+  const bool tty = isatty(2) || (env_tty && std::string(env_tty) == "1");
+  progress_ = rank == 0 && !cfg.quiet && log_level() >= LogLevel::kInfo &&
+              (cfg.progress == "on" || (cfg.progress == "auto" && tty));
+  if (rank != 0 || cfg.metrics.empty()) return;
+  if (resumed) keep_records_until(resumed_epoch, resumed_step);
+  metrics_.open(cfg.metrics, resumed ? std::ios::app : std::ios::trunc);
+  DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
+}
+
+void MetricsLogger::draw_progress(int epoch, int64_t done, int64_t total, double loss, double ips, double elapsed) {
+  const int width = 24;
+  const int fill = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  const double left = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+  std::fprintf(stderr, "\r\033[Kepoch %d/%d [%.*s%*s] %lld/%lld  %.0f img/s  loss %.4f  %.0f s left",
+               epoch, cfg_.epochs, fill, "########################", width - fill, "",
+               static_cast<long long>(done), static_cast<long long>(total), ips, loss, left);
+  std::fflush(stderr);
+}
+
+void MetricsLogger::end_progress() {
+  if (progress_) std::fprintf(stderr, "\r\033[K");
+}
+
+void MetricsLogger::step_record(const StepRecord& r) {
+  const nlohmann::json j = {{"type", "step"}, {"epoch", r.epoch}, {"step", r.step}, {"loss", r.loss},
+                            {"train_acc", r.train_acc}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                            {"images_per_second", r.images_per_second}, {"allreduce_seconds", r.allreduce_seconds},
+                            {"exposed_comm_seconds", r.exposed_comm_seconds}, {"world_size", r.world_size}};
+  write_metrics(j.dump());
+}
+
+void MetricsLogger::output_failed(const std::string& flag, const std::string& what) {
+  if (!failed_.insert(flag).second) return;
+  log_warn(flag + ": " + what + "; training goes on without it (said again at the end)");
+}
+
+void MetricsLogger::report_failures() const {
+  if (rank_ != 0 || failed_.empty()) return;
+  std::string list;
+  for (const std::string& f : failed_) list += (list.empty() ? "" : ", ") + f;
+  log_warn("these outputs were not (all) written: " + list + " (see the warnings above)");
+}
+
+void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::string>& hosts) {
+  history_.push_back(m);
+  ran_.push_back(m);
+  if (rank_ != 0) return;
+  char line[256];
+  std::snprintf(line, sizeof line, "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
+                m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds, m.images_per_second);
+  if (m.world_size > 1 && m.median_compute_seconds > 0) {
+    // The slowest rank's compute per step against the median (the metrics have every rank's).
+    const size_t len = std::strlen(line);
+    std::snprintf(line + len, sizeof line - len, "  slowest r%d +%.0f%%", m.slowest_rank,
+                  (m.slowest_compute_seconds / m.median_compute_seconds - 1) * 100);
+  }
+  if (cfg_.quiet && m.epoch == cfg_.epochs) std::printf("%s\n", line);
+  log_info(line);
+  write_metrics(m.to_json());
+  if (!cfg_.report.empty()) {
+    try {
+      write_report_svg(cfg_.report, history_, cfg_.epochs, title_);
+    } catch (const Error& e) {
+      output_failed("--report", e.what());
+    }
+  }
+  stragglers_.epoch_done(m, hosts);  // after the epoch line it refers to
+}
+
+// Rewrites --metrics (atomically) without the records past the checkpoint's position: epoch
+// records of later epochs and step records of later steps. Other lines stay.
+void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
+  struct stat st {};
+  if (::stat(cfg_.metrics.c_str(), &st) != 0) return;  // nothing written yet
+  std::string text;
+  {
+    FILE* f = ::fdopen(open_input_file(cfg_.metrics, "--metrics"), "r");  // never blocks on a FIFO
+    DPT_INPUT_CHECK(f, "--metrics: cannot read " << cfg_.metrics);
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  std::string kept;
+  size_t dropped = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    bool keep = true;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      const std::string type = j.value("type", "");
+      if (type == "epoch") keep = j.value("epoch", int64_t{0}) <= epoch;
+      if (type == "step") keep = j.value("step", int64_t{0}) <= global_step;
+    } catch (const std::exception&) {
+    }
+    if (keep) kept += line + "\n"; else ++dropped;
+  }
+  if (!dropped) return;
+  write_file_atomic(cfg_.metrics, kept, "--metrics");
+  log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from " << cfg_.metrics));
+}
+
+void MetricsLogger::write_metrics(const std::string& record) {
+  if (!metrics_.is_open() || failed_.count("--metrics")) return;
+  metrics_ << record << "\n";
+  metrics_.flush();
+  if (!metrics_.good()) output_failed("--metrics", "writing " + cfg_.metrics + " failed (disk full?)");
+}
+
+}  // namespace dpt

@@ -1,0 +1,81 @@
+// Model state <-> safetensors (include/dpt/model_file.h): the tensors of --save files and of
+// training checkpoints, checked tensor by tensor when loaded.
+#include "dpt/model_file.h"
+
+#include <cmath>
+#include <set>
+
+#include "dpt/error.h"
+#include "dpt/safetensors.h"
+
+namespace dpt {
+
+namespace {
+constexpr const char* kMomentum = "optimizer.momentum_buffer";
+}
+
+void save_model(const std::string& path, const Model& model,
+                const std::map<std::string, std::string>& metadata,
+                const std::vector<float>* momentum, const std::string& what) {
+  std::vector<StTensor> tensors;
+  for (const auto& p : model.store().entries()) {
+    if (p.is_counter) {
+      const int64_t v = static_cast<int64_t>(std::llround(p.value.data()[0]));
+      tensors.push_back(st_i64(p.name, p.shape, &v));
+    } else {
+      tensors.push_back(st_f32(p.name, p.shape, p.value.data()));
+    }
+  }
+  auto meta = metadata;
+  meta["model"] = model.name();
+  if (momentum) {
+    tensors.push_back(st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
+    meta["format"] = "dptrain-checkpoint-v1";
+  } else {
+    meta["format"] = "dptrain-model-v1";
+  }
+  write_safetensors(path, tensors, meta, what);
+}
+
+std::map<std::string, std::string> load_model(const std::string& path, Model& model,
+                                              std::vector<float>* momentum) {
+  StFile f = read_safetensors(path);
+  auto it = f.metadata.find("model");
+  DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
+                  path << ": holds a '" << it->second << "' model, not '" << model.name() << "'");
+  std::set<std::string> expected{kMomentum};
+  for (auto& p : model.store().entries()) {
+    expected.insert(p.name);
+    const StTensor* t = f.find(p.name);
+    DPT_INPUT_CHECK(t != nullptr, path << ": tensor '" << p.name << "' of " << model.name()
+                                       << " is missing");
+    DPT_INPUT_CHECK(t->shape == p.shape, path << ": tensor '" << p.name << "' has shape "
+                                              << shape_str(t->shape) << ", " << model.name()
+                                              << " needs " << shape_str(p.shape));
+    if (p.is_counter) {
+      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is " << t->dtype
+                                              << ", expected I64");
+      p.value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
+    } else {
+      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is " << t->dtype
+                                              << ", expected F32");
+      auto v = as_f32(*t, path);
+      std::copy(v.begin(), v.end(), p.value.data());
+    }
+  }
+  for (const auto& t : f.tensors)
+    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << t.name << "' for "
+                                                 << model.name());
+  if (momentum && !momentum->empty()) {
+    const StTensor* t = f.find(kMomentum);
+    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
+                                       << "'): a --save file, not a training checkpoint");
+    DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
+                    path << ": '" << kMomentum << "' is " << t->dtype << " " << shape_str(t->shape)
+                         << ", expected F32 [" << momentum->size() << "]");
+    *momentum = as_f32(*t, path);
+  }
+  return f.metadata;
+}
+
+}  // namespace dpt

@@ -1,0 +1,202 @@
+// The pre-flight (include/dpt/preflight.h): the checks that can refuse a run, each agreed by every
+// rank, in the order run_preflight makes them.
+#include "dpt/preflight.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "dpt/clock.h"
+#include "dpt/files.h"
+#include "dpt/log.h"
+#include "dpt/nn.h"
+
+namespace dpt {
+
+int local_rank_of(const std::vector<std::string>& hosts, int rank) {
+  int local = 0;
+  for (int r = 0; r < rank; ++r)
+    if (hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]) ++local;
+  return local;
+}
+
+std::string data_digest(const ImageSet& set) {
+  std::ostringstream os;
+  os << "images " << set.n << " of " << set.rows << "x" << set.cols << ", checksum 0x" << std::hex
+     << checksum(set.labels.data(), set.labels.size(), checksum(set.images.data(), set.images.size()));
+  return os.str();
+}
+
+namespace {
+
+// The lines of `text` ("flag<TAB>value" each).
+std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    out.emplace_back(line.substr(0, tab), tab == std::string::npos ? "" : line.substr(tab + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+// Ranks started with different settings (an MPMD line, a stale copy of a job script) would train
+// different things, or issue different collectives and hang.
+void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test) {
+  auto values = agreed_values(cfg);
+  values.emplace_back("--data (training set)", data_digest(train));
+  values.emplace_back("--data (test set)", data_digest(test));
+  std::string mine;
+  for (const auto& [flag, value] : values) mine += flag + "\t" + value + "\n";
+  const std::vector<std::string> all = allgather_text(comm, mine);
+  std::vector<std::vector<std::pair<std::string, std::string>>> lines;
+  for (const std::string& text : all) lines.push_back(agreed_lines(text));
+  for (size_t i = 0; i < lines[0].size(); ++i) {
+    std::vector<std::pair<std::string, std::vector<int>>> ranks_of;  // value -> ranks, rank 0's first
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto& l = lines[static_cast<size_t>(r)];
+      const std::string v = i < l.size() && l[i].first == lines[0][i].first ? l[i].second : "(another dptrain version)";
+      auto it = std::find_if(ranks_of.begin(), ranks_of.end(), [&](const auto& g) { return g.first == v; });
+      if (it == ranks_of.end()) ranks_of.push_back({v, {r}}); else it->second.push_back(r);
+    }
+    if (ranks_of.size() == 1) continue;
+    std::ostringstream os;
+    os << "ranks were started with different " << lines[0][i].first << ":";
+    for (const auto& [value, ranks] : ranks_of) {
+      os << (ranks.size() == 1 ? " rank " : " ranks ");
+      for (size_t k = 0; k < ranks.size(); ++k) os << (k ? "," : "") << ranks[k];
+      os << " " << (ranks.size() == 1 ? "has " : "have ") << value << ";";
+    }
+    os << " every rank must be given the same training settings and data";
+    throw AgreedInputError(os.str(), comm.rank() != 0);
+  }
+}
+
+// Checked before the first step instead of after hours of training. A FIFO, device or directory
+// at an output's path is refused: the atomic writer would put a regular file over it (a --save
+// /dev/null run as root replaced /dev/null), and a FIFO would hang the writer.
+void check_outputs(const TrainConfig& cfg) {
+  std::vector<std::pair<const char*, std::string>> outputs = {
+      {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
+  if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
+  for (const auto& [flag, path] : outputs)
+    if (!path.empty()) check_output_path(path, flag);
+  if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
+}
+
+// The probe runs on the CPU: the growth of live tensor storage from batch 2 to batch 4, halved, so
+// the fixed costs (parameters, plans) cancel. Activations, their gradients and layer temporaries
+// are the same bytes on a GPU.
+std::pair<double, double> bytes_per_image(const std::string& name, int classes) {
+  double per[2] = {0, 0};
+  for (int train = 0; train < 2; ++train) {
+    auto probe = make_model(name, classes, cpu_backend());
+    int64_t live[2] = {0, 0};
+    Tensor x, dl;
+    for (int k = 0; k < 2; ++k) {
+      const int64_t b = 2 + 2 * k;
+      x.resize({b, 28, 28, 1});
+      probe->forward(x, train ? Mode::kTrain : Mode::kEval);
+      if (train) {
+        dl.resize({b, classes});
+        BackwardCtx ctx;
+        probe->backward(dl, ctx);
+      }
+      live[k] = Tensor::live_bytes();
+    }
+    per[train] = static_cast<double>(live[1] - live[0]) / 2;
+  }
+  return {per[1], per[0]};
+}
+
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem) {
+  const double avail = mem.free_bytes, extra = mem.extra;
+  const int sharing = mem.sharing;
+  const std::string& where = mem.where;
+  if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
+  const auto [train, eval] = bytes_per_image(cfg.model, classes);
+  const double local = static_cast<double>(cfg.batch_size / world);
+  const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
+  const double per_rank = std::max(train * local, eval * eval_batch) + extra;
+  const double need = per_rank * sharing;
+  auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
+  auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
+  DPT_INPUT_CHECK(need <= avail,
+                  "--batch-size " << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
+                                  << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
+                                  << " MiB per image of a training step x " << cfg.batch_size / world << ", or "
+                                  << mib(eval) << " MiB per image of evaluation x " << eval_batch
+                                  << (extra > 0 ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
+                                                : std::string())
+                                  << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
+                                  << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
+  log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
+}
+
+// --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
+// the failing ranks say why); auto picks cuda only when every rank sees a device, since CPU and GPU
+// ranks cannot share one all-reduce.
+namespace {
+
+std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int local_rank) {
+  std::string device;
+  agree_on_input(comm, "--device cuda: another rank has no CUDA device visible",
+                 [&] { device = resolve_device(cfg.device, local_rank); });
+  int32_t cuda = device == "cuda" ? 1 : 0;
+  comm.allreduce(&cuda, 1, ReduceOp::kSum, "all-reduce of the device choice");
+  if (device == "cuda" && cuda < comm.size()) {
+    if (comm.rank() == 0)
+      log_warn(DPT_MSG("--device auto: only " << cuda << " of " << comm.size()
+                                              << " ranks see a CUDA device; every rank uses the CPU"));
+    device = "cpu";
+  }
+  if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
+  if (device == "cpu" && cfg.precision != "fp32" && comm.rank() == 0)
+    log_warn("--precision " + cfg.precision + " applies to the GPU only: the CPU trains in fp32");
+  return device;
+}
+
+}  // namespace
+
+Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
+  const int rank = comm.rank(), world = comm.size();
+  Preflight pf;
+  // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
+  pf.hosts = allgather_text(comm, comm.host());
+  pf.local_rank = local_rank_of(pf.hosts, rank);
+  pf.ranks_here = static_cast<int>(std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
+  const std::string kind = agree_on_device(cfg, comm, pf.local_rank);
+
+  // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say why).
+  const double t_load = now_seconds();
+  agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
+    pf.train = load_image_set(cfg.data, "train");
+    pf.test = load_image_set(cfg.data, "t10k");
+    DPT_INPUT_CHECK(pf.train.rows == 28 && pf.train.cols == 28 && pf.test.rows == 28 && pf.test.cols == 28,
+                    cfg.data << ": images are " << pf.train.rows << "x" << pf.train.cols << ", the models need 28x28");
+  });
+  log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
+  agree_on_config(cfg, comm, pf.train, pf.test);
+  agree_on_input(comm, "rank 0 cannot write an output file", [&] {
+    if (rank == 0) check_outputs(cfg);
+  });
+
+  // The device (a GPU's context is created here) and its memory against the batch.
+  DeviceRequest req;
+  req.kind = kind;
+  req.local_rank = pf.local_rank;
+  req.ranks_here = pf.ranks_here;
+  req.tf32 = cfg.tf32;
+  req.bf16 = cfg.precision == "bf16";
+  agree_on_input(comm, "another rank could not open its device", [&] { pf.device = open_device(req); });
+  agree_on_input(comm, kind == "cpu" ? "another host has not enough memory for this batch"
+                                     : "another rank's GPU has not enough memory for this batch",
+                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank)); });
+  return pf;
+}
+
+}  // namespace dpt

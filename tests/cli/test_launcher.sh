@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# launch/mpirun.sh as a careful program rather than a shell: host names that ssh would take as
+# options (-oProxyCommand=...), whitespace, control characters and CRLF hostfiles are refused with
+# exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--'. A reader
+# that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
+# --save is written, the exit code is the job's; stdout and stderr stay apart, a terminal still
+# gets the progress bar. --max-restarts decides from the record rank 0 keeps of its checkpoints
+# (DPT_CHECKPOINT_RECORD), not from checkpoint file names, and the record is removed on exit.
+# Usage: test_launcher.sh path/to/dptrain
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+launcher=$(cd "$(dirname "$0")/../../launch" && pwd)/mpirun.sh
+cd "$tmp" || exit 1
+launch() { timeout -k 5 120 bash "$launcher" "$@"; }
+# No process whose command line names $tmp outlives the launcher (mpirun, a rank, a relay).
+none_left() {
+  local left
+  left=$(pgrep -af -- "$tmp/" | grep -v pgrep)
+  [[ -z $left ]] || fail "$1: processes outlived the launcher: $left"
+}
+
+echo "== host names that would be ssh options, or hold what no name holds: exit 2, named, nothing run"
+# The real ssh where there is one: the injection ran `touch` through it before the check existed.
+# The last line has no newline: it is read all the same.
+pwn="$tmp/PWNED"
+inj="-oProxyCommand=touch\${IFS}$pwn"
+printf '# two hosts\n\nlocalhost slots=1\n%s slots=1' "$inj" >inj.hosts
+expect 2 "line 4 of hostfile 'inj.hosts': host name '$inj' starts with '-'" -- \
+  bash "$launcher" --hostfile inj.hosts -np 2 "$bin"
+expect 2 "--host 'localhost,$inj': host name '$inj' starts with '-'" -- \
+  bash "$launcher" --host "localhost,$inj" -np 2 "$bin"
+expect 2 "-H 'localhost:1,$inj:1': host name '$inj:1' starts with '-'" -- \
+  bash "$launcher" -H "localhost:1,$inj:1" -np 2 "$bin"
+[[ -e $pwn ]] && fail "the injected ProxyCommand ran: $pwn exists"
+printf 'localhost slots=2\r\n' >crlf.hosts
+expect 2 "line 1 of hostfile 'crlf.hosts' ends in a carriage return (CRLF line ends)" -- \
+  bash "$launcher" --hostfile crlf.hosts -np 2 "$bin"
+printf '# a comment\r\nlocalhost slots=2\r\n' >crlf2.hosts
+expect 2 "line 1 of hostfile 'crlf2.hosts' ends in a carriage return (CRLF line ends)" -- \
+  bash "$launcher" --hostfile crlf2.hosts -np 2 "$bin"
+printf 'local\001host slots=2\n' >ctrl.hosts
+expect 2 "line 1 of hostfile 'ctrl.hosts' has a control character" -- bash "$launcher" --hostfile ctrl.hosts -np 2 "$bin"
+printf 'localhost;touch%s slots=2\n' "$pwn" >semi.hosts
+expect 2 "line 1 of hostfile 'semi.hosts': host name 'localhost;touch$pwn' has a character" -- \
+  bash "$launcher" --hostfile semi.hosts -np 2 "$bin"
+expect 2 "--host \$'localhost\\r' ends in a carriage return" -- bash "$launcher" --host $'localhost\r' -np 2 "$bin"
+expect 2 "--host 'local host': host name 'local host' has a character" -- bash "$launcher" --host 'local host' -np 2 "$bin"
+expect 2 "--host \$'a\\n-oX': host name \$'a\\n-oX' has a character" -- bash "$launcher" --host $'a\n-oX' -np 2 "$bin"
+expect 2 "--host 'a,,b': an empty host name" -- bash "$launcher" --host a,,b -np 2 "$bin"
+expect 2 "--host needs a value" -- bash "$launcher" -np 2 "$bin" --host
+expect 2 "hostfile 'missing.hosts' cannot be read" -- bash "$launcher" --hostfile missing.hosts -np 2 "$bin"
+# The same refusals before the agent runs at all: a stand-in agent that logs each call.
+cat >agent.sh <<'EOF'
+#!/usr/bin/env bash
+# Stand-in for ssh: logs its arguments, one call a line, and fails as an unreachable host does.
+echo "$*" >>"$(dirname "$0")/agent.log"
+echo "agent.sh: no route to host" >&2
+exit 255
+EOF
+chmod +x agent.sh
+OMPI_MCA_plm_rsh_agent=$tmp/agent.sh expect 2 "starts with '-'" -- \
+  bash "$launcher" --host "192.0.2.1,$inj" -np 2 "$bin"
+[[ -e agent.log ]] && fail "the agent ran before the host names were checked: $(cat agent.log)"
+[[ -e $pwn ]] && fail "the injected ProxyCommand ran: $pwn exists"
+
+echo "== the ssh pre-flight passes the host after '--'; an agent list takes the first found"
+OMPI_MCA_plm_rsh_agent="no-such-agent-$$ : $tmp/agent.sh" expect 2 "host '192.0.2.1' cannot be reached" -- \
+  bash "$launcher" --host 192.0.2.1:2 -np 2 "$bin"
+grep -qx -- "-o ConnectTimeout=10 -o BatchMode=yes -- 192.0.2.1 true" agent.log ||
+  fail "the pre-flight did not call the agent as 'OPTIONS -- HOST true': $(cat agent.log 2>/dev/null)"
+
+echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no final newline: runs"
+printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots=2 max_slots=4' >good.hosts
+expect 0 "ok" -- bash "$launcher" --hostfile good.hosts -np 2 echo ok
+[[ $(grep -cx ok out.txt) -eq 2 ]] || fail "want 'ok' from 2 ranks: $(cat out.txt)"
+
+echo "== a reader that leaves early: the job runs to the end, exit 0, --save written"
+# Open MPI's mpirun aborts the job after more than 10 writes to a closed pipe (SIGPIPE): the run
+# must write well over 10 lines after the reader has gone (20 epochs, one line each), or the old
+# launcher would pass too.
+short=(--model lenet --batch-size 64 --epochs 20 --max-steps 4 --eval-every 0 --seed 7)
+launch -np 2 "$bin" "${short[@]}" --save "$tmp/ref.st" >ref.out 2>ref.err ||
+  fail "the reference run failed: $(tail -3 ref.err)"
+grep -q "^epoch 20/20 " ref.out && grep -q "^saved $tmp/ref.st" ref.out ||
+  fail "stdout lacks the epoch lines or 'saved': $(tail -3 ref.out)"
+grep -q "^epoch " ref.err && fail "epoch lines on stderr: stdout and stderr are mixed"
+for reader in "head -c 1" "grep -m1 epoch.2/"; do
+  name=${reader%% *}
+  # shellcheck disable=SC2086  # the reader's words
+  launch -np 2 "$bin" "${short[@]}" --save "$tmp/$name.st" 2>"$name.err" | $reader >"$name.read"
+  rc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] || fail "| $reader: the launcher exited $rc, want 0: $(tail -3 "$name.err")"
+  [[ -s $name.read ]] || fail "| $reader: the reader got nothing"
+  if [[ -s $name.st ]]; then
+    same_tensors ref.st "$name.st" || fail "| $reader: the --save file is not the full run's"
+  else
+    fail "| $reader: no --save file"
+  fi
+  grep -q "SIGPIPE" "$name.err" && fail "| $reader: mpirun met SIGPIPE: $(grep SIGPIPE "$name.err" | head -1)"
+  [[ $(grep -c "warning: the reader of standard output has gone" "$name.err") -eq 1 ]] ||
+    fail "| $reader: want one warning that the reader has gone: $(tail -3 "$name.err")"
+  none_left "| $reader"
+  echo "$reader: the launcher exited $rc; $(tail -1 "$name.err")"
+done
+
+echo "== a reader of stderr that leaves, and any program: the job's own end and exit code"
+cat >talk.sh <<'EOF'
+#!/usr/bin/env bash
+# A rank that writes 40 lines, 20 ms apart, to fd $1, then leaves a marker $2.<rank> and exits $3.
+for i in $(seq 40); do echo "line $i" >&"$1"; sleep 0.02; done
+echo done >"$2.$OMPI_COMM_WORLD_RANK"
+exit "$3"
+EOF
+launch -np 2 bash "$tmp/talk.sh" 2 "$tmp/err" 0 2>&1 >/dev/null | head -c 1 >/dev/null
+rc=${PIPESTATUS[0]}
+[[ $rc -eq 0 && -f err.0 && -f err.1 ]] || fail "stderr reader gone: launcher exit $rc (want 0), markers: $(ls err.* 2>/dev/null)"
+launch -np 2 bash "$tmp/talk.sh" 1 "$tmp/out" 3 2>out3.err | head -c 1 >/dev/null
+rc=${PIPESTATUS[0]}
+[[ $rc -eq 3 && -f out.0 && -f out.1 ]] || fail "stdout reader gone, job exit 3: launcher exit $rc (want 3), markers: $(ls out.* 2>/dev/null)"
+expect 2 "--lr: 'nan' is not a valid value" -- bash "$launcher" -np 2 "$bin" --lr nan
+bash "$launcher" -np 2 "$bin" --lr nan >nan.out 2>nan.err
+[[ $? -eq 2 && ! -s nan.out ]] && grep -q "'nan' is not a valid value" nan.err ||
+  fail "bad input: want exit 2, the message on stderr and nothing on stdout: $(cat nan.out)"
+
+echo "== a terminal: the progress bar still reaches it"
+if command -v script >/dev/null; then
+  script -qec "timeout -k 5 120 bash $launcher -np 2 $bin --model lenet --epochs 1 --max-steps 20 --batch-size 64 --eval-batch-size 2000" \
+    /dev/null >tty.out 2>&1
+  grep -q $'\r' tty.out && grep -q "s left" tty.out && grep -q "epoch 1/1  loss" tty.out ||
+    fail "no progress bar on a terminal: $(tail -c 300 tty.out)"
+else
+  fail "needs script (bsdutils) for the terminal check"
+fi
+
+echo "== --max-restarts: decided by the checkpoint record, not by file names"
+# A stand-in job, one rank: attempt 1 records a checkpoint (or, with $1 = names, only writes a
+# file named like one) and fails; a later attempt checks it was given --resume auto and succeeds.
+cat >job.sh <<'EOF'
+#!/usr/bin/env bash
+# Stand-in for dptrain under the launcher: counts its attempts, keeps the record file's name and
+# what it was given, records a checkpoint or not, then fails the first time.
+d=$(dirname "$0")
+n=$(($(cat "$d/attempts" 2>/dev/null || echo 0) + 1))
+echo $n >"$d/attempts"
+echo "${DPT_CHECKPOINT_RECORD:-}" >"$d/record.name"
+echo "$*" >"$d/args.$n"
+case $1 in
+  peek) exit 0 ;;
+  sleep) trap 'kill "$s"; exit 138' USR1; sleep 60 & s=$!; wait; exit 1 ;;
+esac
+if ((n == 1)); then
+  case $1 in
+    record) echo "40 $d/ck.st" >>"${DPT_CHECKPOINT_RECORD:?DPT_CHECKPOINT_RECORD is not set}" ;;
+    names) : >"$d/ck.step40.st" ;;
+  esac
+  exit 1
+fi
+exit 0
+EOF
+rm -f attempts
+expect 0 "restart 1 of 2 with --resume auto" -- bash "$launcher" --max-restarts 2 -np 1 bash "$tmp/job.sh" record --checkpoint-every 1
+grep -q "the newest: step 40, $tmp/ck.st" out.txt || fail "the restart message does not name the recorded checkpoint: $(grep restart out.txt)"
+[[ $(cat attempts 2>/dev/null) == 2 ]] || fail "want 2 attempts, got $(cat attempts 2>/dev/null)"
+[[ $(cat args.2 2>/dev/null) == "record --checkpoint-every 1 --resume auto" ]] || fail "the restart's arguments: $(cat args.2 2>/dev/null)"
+rec=$(cat record.name)
+[[ -n $rec ]] || fail "no DPT_CHECKPOINT_RECORD reached the job"
+[[ -n $rec && ! -e $rec && ! -e $(dirname "$rec") ]] || fail "the record $rec (or its directory) outlived the launcher"
+rm -f attempts
+expect 1 "without writing a checkpoint since it started: not restarting" -- \
+  bash "$launcher" --max-restarts 2 -np 1 bash "$tmp/job.sh" names --checkpoint-path "$tmp/ck.st" --checkpoint-every 1
+[[ $(cat attempts) == 1 ]] || fail "a job that only wrote a file named like a checkpoint was restarted"
+rm -f attempts
+launch -np 1 bash "$tmp/job.sh" peek >peek.out 2>&1 || fail "the job without --max-restarts failed: $(tail -3 peek.out)"
+[[ -z $(cat record.name) ]] || fail "DPT_CHECKPOINT_RECORD given without --max-restarts"
+
+echo "== SIGTERM to the launcher still stops the job as SIGUSR1, exit 143; the record is removed"
+rm -f attempts record.name
+set -m
+bash "$launcher" --max-restarts 1 -np 1 bash "$tmp/job.sh" sleep >term.out 2>&1 &
+job=$!
+set +m
+for _ in $(seq 100); do [[ -s record.name ]] && break; sleep 0.1; done
+sleep 0.5
+kill -TERM "$job"
+for _ in $(seq 100); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+wait "$job"
+rc=$?
+[[ $rc -eq 143 ]] || fail "SIGTERM: launcher exit $rc, want 143: $(tail -3 term.out)"
+grep -q "stopped by signal 15 (the job exited with 138)" term.out || fail "SIGTERM did not reach the job as SIGUSR1: $(tail -3 term.out)"
+rec=$(cat record.name)
+[[ -n $rec && ! -e $(dirname "$rec") ]] || fail "after SIGTERM, the record directory of '$rec' is left"
+none_left "SIGTERM"
+
+echo "== dptrain's side: rank 0 appends '<step> <path>' to DPT_CHECKPOINT_RECORD for every checkpoint"
+: >dpt.rec  # the launcher creates the file; dptrain only appends to an existing one
+DPT_CHECKPOINT_RECORD=$tmp/dpt.rec expect 0 "epoch 1/1" -- "${mpi[@]}" -np 2 "$bin" --model lenet --batch-size 64 \
+  --epochs 1 --max-steps 6 --eval-every 0 --checkpoint-every 2steps --checkpoint-path "$tmp/dck.st"
+if [[ $(cat dpt.rec 2>/dev/null) != "2 $tmp/dck.st"$'\n'"4 $tmp/dck.st"$'\n'"6 $tmp/dck.st"* ]]; then
+  fail "want lines '2|4|6 $tmp/dck.st' in the record (then, maybe, the end of epoch 1): '$(cat dpt.rec)'"
+fi
+
+echo "failures: $fails"
+[[ $fails -eq 0 ]]

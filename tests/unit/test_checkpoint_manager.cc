@@ -1,0 +1,240 @@
+// The CheckpointManager without a training run: when a checkpoint is due, what it writes, which
+// files it prunes (its own training's only), what --resume auto takes, what claim refuses, the
+// launcher's record, and the temporaries it removes. One rank (an MPI singleton).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "dpt/checkpoint.h"
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/engine.h"
+#include "dpt/error.h"
+#include "dpt/safetensors.h"
+#include "dpt/train.h"
+#include "test_util.h"
+
+namespace dpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A LeNet on the CPU with everything the manager works on; `tweak` changes the configuration
+// before anything is built.
+struct Rig {
+  std::unique_ptr<Communicator> comm = test::world_comm();
+  std::string dir;
+  TrainConfig cfg;
+  ImageSet train, test;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> ddp;
+  std::unique_ptr<Sgd> opt;
+  std::unique_ptr<StepEngine> engine;
+  std::unique_ptr<CheckpointManager> manager;
+
+  explicit Rig(const std::string& data_dir, void (*tweak)(TrainConfig&) = nullptr, const std::string& ck = "")
+      : dir(data_dir) {
+    cfg = test::small_config("lenet", dir, 3, 64);
+    cfg.checkpoint_path = ck.empty() ? dir + "/ck.st" : ck;
+    cfg.checkpoint_every = 1;
+    if (tweak) tweak(cfg);
+    train = load_image_set(dir, "train");
+    test = load_image_set(dir, "t10k");
+    model = make_model("lenet", 10, cpu_backend());
+    model->init_parameters(cfg.init, cfg.seed);
+    ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
+    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
+    engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
+    manager = std::make_unique<CheckpointManager>(cfg, *comm, *model, *ddp, *opt, *engine);
+  }
+  void save_at(int64_t step) { manager->save({0, step, step}, {}); }
+};
+
+class CheckpointManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::make_temp_dir("ckman");
+    test::write_synthetic_dataset(dir_, 256, 64, 3);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("ck", 0) == 0) out.push_back(n);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::string dir_;
+};
+
+TEST(CheckpointNames, FileForStepAndKeep) {
+  TrainConfig c;
+  c.checkpoint_path = "/a/b/ck.safetensors";
+  EXPECT_EQ(checkpoint_file(c, 40), "/a/b/ck.safetensors");
+  c.keep_checkpoints = 2;
+  EXPECT_EQ(checkpoint_file(c, 40), "/a/b/ck.step40.safetensors");
+}
+
+TEST_F(CheckpointManagerTest, DueByEpochsStepsAndMinutes) {
+  Rig r(dir_, [](TrainConfig& c) { c.checkpoint_every = 2, c.checkpoint_every_steps = 3; });
+  // At an epoch's end: epochs done a multiple of 2, or the step count a multiple of 3.
+  EXPECT_FALSE(r.manager->save_if_due({1, 0, 4}, true, false, {}));
+  EXPECT_TRUE(r.manager->save_if_due({2, 0, 8}, true, false, {}));
+  EXPECT_TRUE(r.manager->save_if_due({1, 0, 6}, true, false, {}));
+  // Inside an epoch: by steps, or by minutes when agreed; never by epochs.
+  EXPECT_FALSE(r.manager->save_if_due({2, 1, 7}, false, false, {}));
+  EXPECT_TRUE(r.manager->save_if_due({2, 1, 9}, false, false, {}));
+  EXPECT_TRUE(r.manager->save_if_due({2, 1, 10}, false, true, {}));
+  EXPECT_EQ(read_checkpoint_info(r.cfg.checkpoint_path).step, 10);
+  EXPECT_FALSE(r.manager->minutes_due());  // no --checkpoint-every Nmin
+  Rig m(dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 1e-9; }, dir_ + "/ckm.st");
+  usleep(1000);
+  EXPECT_TRUE(m.manager->minutes_due());
+  m.save_at(1);
+  Rig slow(dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 60; }, dir_ + "/cks.st");
+  EXPECT_FALSE(slow.manager->minutes_due());
+}
+
+TEST_F(CheckpointManagerTest, WritesPositionTrainingAndHistory) {
+  Rig r(dir_);
+  EpochMetrics e;
+  e.epoch = 1;
+  e.train_loss = 1.25;
+  r.manager->save({1, 3, 7}, {e});
+  const StFile f = read_safetensors(r.cfg.checkpoint_path);
+  EXPECT_EQ(f.metadata.at("epoch"), "1");
+  EXPECT_EQ(f.metadata.at("epoch_step"), "3");
+  EXPECT_EQ(f.metadata.at("step"), "7");
+  EXPECT_EQ(f.metadata.at("training_id"), r.manager->training_id());
+  EXPECT_EQ(r.manager->training_id().size(), 16u);
+  EXPECT_EQ(EpochMetrics::from_json(nlohmann::json::parse(f.metadata.at("history")).at(0).dump()).train_loss, 1.25);
+  const CheckpointInfo info = read_checkpoint_info(r.cfg.checkpoint_path);
+  EXPECT_TRUE(info.readable);
+  EXPECT_EQ(info.step, 7);
+  EXPECT_EQ(info.training, r.manager->training_id());
+  // --save is no checkpoint: it records a step but no optimizer state.
+  Rig s(dir_, [](TrainConfig& c) { c.save = c.data + "/final.st"; });
+  s.manager->save_final(9);
+  EXPECT_EQ(read_checkpoint_info(dir_ + "/final.st").step, -1);
+  EXPECT_NE(f.find("optimizer.momentum_buffer"), nullptr);
+}
+
+TEST_F(CheckpointManagerTest, TwoTrainingsGetDifferentIds) {
+  Rig a(dir_), b(dir_);
+  EXPECT_NE(a.manager->training_id(), b.manager->training_id());
+}
+
+TEST_F(CheckpointManagerTest, PrunesOnlyItsOwnTrainingsFiles) {
+  auto keep2 = [](TrainConfig& c) { c.keep_checkpoints = 2; };
+  Rig other(dir_, keep2), mine(dir_, keep2);
+  other.save_at(100);  // another training's newer file in the same directory
+  for (int s = 1; s <= 4; ++s) mine.save_at(s);
+  EXPECT_EQ(names(), (std::vector<std::string>{"ck.step100.st", "ck.step3.st", "ck.step4.st"}));
+  // A file that is no checkpoint at a checkpoint's name is not removed either.
+  std::ofstream(dir_ + "/ck.step0.st") << "not a checkpoint";
+  mine.save_at(5);
+  EXPECT_EQ(names(), (std::vector<std::string>{"ck.step0.st", "ck.step100.st", "ck.step4.st", "ck.step5.st"}));
+}
+
+TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
+  Rig first(dir_);
+  first.save_at(6);
+  Rig second(dir_);
+  try {
+    second.manager->claim(0, 100);
+    FAIL() << "another training's file at --checkpoint-path was not refused";
+  } catch (const AgreedInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a checkpoint of another training (id " + first.manager->training_id()),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  // Its own training's file, and the file it resumes, are its to replace.
+  EXPECT_NO_THROW(first.manager->claim(6, 100));
+  Rig resumer(dir_, [](TrainConfig& c) { c.resume = c.checkpoint_path; });
+  const ResumePoint p = resumer.manager->load();
+  EXPECT_EQ(p.at.global_step, 6);
+  EXPECT_EQ(resumer.manager->training_id(), first.manager->training_id());  // the same training goes on
+  EXPECT_NO_THROW(resumer.manager->claim(6, 100));
+}
+
+TEST_F(CheckpointManagerTest, ClaimWithRotationLooksOnlyAhead) {
+  auto keep = [](TrainConfig& c) { c.keep_checkpoints = 3; };
+  Rig other(dir_, keep);
+  other.save_at(5);
+  other.save_at(50);
+  Rig mine(dir_, keep);
+  EXPECT_THROW(mine.manager->claim(0, 60), AgreedInputError);  // steps 5 and 50 lie ahead
+  EXPECT_NO_THROW(mine.manager->claim(10, 40));  // step 5 lies behind, step 50 beyond the run
+  fs::remove(dir_ + "/ck.step50.st");
+  EXPECT_NO_THROW(mine.manager->claim(10, 60));  // step 5 lies behind: kept, not overwritten
+}
+
+TEST_F(CheckpointManagerTest, ResumeAutoTakesItsOwnTraining) {
+  auto keep = [](TrainConfig& c) { c.keep_checkpoints = 5; };
+  Rig a(dir_, keep);
+  a.save_at(4);
+  Rig b(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.seed = 7; });  // other settings, newer file
+  b.save_at(9);
+  testing::internal::CaptureStderr();
+  Rig resumer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.resume = "auto"; });
+  const ResumePoint p = resumer.manager->load();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(p.resumed);
+  EXPECT_EQ(p.at.global_step, 4);
+  EXPECT_EQ(resumer.manager->training_id(), a.manager->training_id());
+  EXPECT_NE(err.find("passed over the files of other trainings (" + dir_ + "/ck.step9.st)"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointManagerTest, RefusesNonFiniteStateAndKeepsTheFile) {
+  Rig r(dir_);
+  r.save_at(2);
+  const auto before = read_safetensors(r.cfg.checkpoint_path).metadata.at("step");
+  r.model->store().entries()[0].value.data()[0] = std::nanf("");
+  r.engine->from_host();
+  EXPECT_THROW(r.save_at(3), AgreedInputError);
+  EXPECT_EQ(read_safetensors(r.cfg.checkpoint_path).metadata.at("step"), before);
+}
+
+TEST_F(CheckpointManagerTest, RecordsEachCheckpointForTheLauncher) {
+  const std::string rec = dir_ + "/record";
+  std::ofstream(rec).close();
+  setenv("DPT_CHECKPOINT_RECORD", rec.c_str(), 1);
+  Rig r(dir_, [](TrainConfig& c) { c.keep_checkpoints = 2; });
+  r.save_at(3);
+  r.save_at(5);
+  unsetenv("DPT_CHECKPOINT_RECORD");
+  std::ifstream in(rec);
+  std::string l1, l2, l3;
+  std::getline(in, l1), std::getline(in, l2);
+  EXPECT_EQ(l1, "3 " + dir_ + "/ck.step3.st");
+  EXPECT_EQ(l2, "5 " + dir_ + "/ck.step5.st");
+  EXPECT_FALSE(std::getline(in, l3));
+}
+
+TEST_F(CheckpointManagerTest, RemovesOnlyKilledWritersTemporariesOfItsNames) {
+  // pid 4194303 is above any pid_max Linux allows by default: no such process.
+  for (const char* n : {"ck.st.tmp.4194303", "ck.step4.st.tmp.4194303.Ab12", "other.st.tmp.4194303"})
+    std::ofstream(dir_ + "/" + n) << "x";
+  std::ofstream(dir_ + "/ck.st.tmp." + std::to_string(getpid())) << "a writer that runs";
+  fs::create_symlink(dir_ + "/victim", dir_ + "/ck.st.tmp.4194302");
+  std::ofstream(dir_ + "/victim") << "keep";
+  Rig r(dir_);
+  EXPECT_FALSE(fs::exists(dir_ + "/ck.st.tmp.4194303"));
+  EXPECT_FALSE(fs::exists(dir_ + "/ck.step4.st.tmp.4194303.Ab12"));
+  EXPECT_TRUE(fs::exists(dir_ + "/other.st.tmp.4194303"));
+  EXPECT_TRUE(fs::exists(dir_ + "/ck.st.tmp." + std::to_string(getpid())));
+  EXPECT_TRUE(fs::is_symlink(dir_ + "/ck.st.tmp.4194302"));  // not a regular file: left alone
+  EXPECT_TRUE(fs::exists(dir_ + "/victim"));
+}
+
+}  // namespace
+}  // namespace dpt

@@ -1,0 +1,412 @@
+// Unit tests for include/dpt/files.h: the atomic writer (whole replacement, modes, symlinks, planted
+// names, refused FIFOs/directories/devices), the non-blocking input open and the output pre-flight.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dpt/error.h"
+#include "dpt/files.h"
+#include "test_util.h"
+
+namespace dpt {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+void put(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+// The names in `dir` (without "." and "..").
+std::set<std::string> list_dir(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+mode_t lmode(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode;
+}
+
+// Runs fn, which must throw an input error whose message names every one of `names`.
+void expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& names) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown (expected an input error naming " << names.front() << ")";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
+    for (const std::string& n : names) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+  }
+}
+
+class FilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::make_temp_dir("files"); }
+  void TearDown() override {
+    ::chmod(dir_.c_str(), 0700);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
+// ---- AtomicFile / write_file_atomic ----
+
+TEST_F(FilesTest, ReplacesContentWhole) {
+  const std::string p = path("out.txt");
+  put(p, std::string(4096, 'o') + "old tail");
+  write_file_atomic(p, "new", "--report");
+  EXPECT_EQ(slurp(p), "new");  // no byte of the longer old content survives
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"out.txt"});  // and no temporary is left
+  // Binary content with NUL bytes goes through unchanged too.
+  const std::string bin("a\0b\0\xff", 5);
+  write_file_atomic(p, bin, "--report");
+  EXPECT_EQ(slurp(p), bin);
+  // A new file.
+  write_file_atomic(path("fresh"), "x", "--save");
+  EXPECT_EQ(slurp(path("fresh")), "x");
+}
+
+TEST_F(FilesTest, PlantedSymlinksAtOldTempNamesAreNotWrittenThrough) {
+  const std::string victim_dir = test::make_temp_dir("victim");
+  const std::string victim = victim_dir + "/victim";
+  put(victim, "precious");
+  for (bool target_exists : {false, true}) {
+    SCOPED_TRACE(target_exists ? "target exists" : "target absent");
+    const std::string p = path(target_exists ? "existing.out" : "absent.out");
+    if (target_exists) put(p, "old");
+    const std::vector<std::string> planted = {p + ".tmp", p + ".tmp." + std::to_string(::getpid())};
+    for (const auto& s : planted) ASSERT_EQ(::symlink(victim.c_str(), s.c_str()), 0) << s;
+    write_file_atomic(p, "payload", "--report");
+    EXPECT_EQ(slurp(victim), "precious");
+    EXPECT_EQ(slurp(p), "payload");
+    EXPECT_TRUE(S_ISREG(lmode(p)));
+    for (const auto& s : planted) EXPECT_TRUE(S_ISLNK(lmode(s))) << s;  // left alone, still links
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 1u);
+  std::filesystem::remove_all(victim_dir);
+}
+
+TEST_F(FilesTest, KeepsTheModeOfAReplacedFile) {
+  const std::string p = path("ck.safetensors");
+  put(p, "old");
+  ASSERT_EQ(::chmod(p.c_str(), 0600), 0);
+  const mode_t old_mask = ::umask(022);  // a umask that would give 0644 to a new file
+  write_file_atomic(p, "new", "checkpoint");
+  ::umask(old_mask);
+  EXPECT_EQ(lmode(p) & 07777, 0600u);
+  EXPECT_EQ(slurp(p), "new");
+
+  // An unusual mode survives as well.
+  ASSERT_EQ(::chmod(p.c_str(), 0640), 0);
+  write_file_atomic(p, "newer", "checkpoint");
+  EXPECT_EQ(lmode(p) & 07777, 0640u);
+}
+
+TEST_F(FilesTest, NewFileGets0666LessTheUmask) {
+  for (mode_t mask : {mode_t{022}, mode_t{027}, mode_t{077}, mode_t{002}}) {
+    const std::string p = path("new_" + std::to_string(mask));
+    const mode_t old_mask = ::umask(mask);
+    write_file_atomic(p, "x", "--save");
+    ::umask(old_mask);
+    EXPECT_EQ(lmode(p) & 07777, 0666u & ~mask) << "umask 0" << std::oct << mask;
+  }
+}
+
+TEST_F(FilesTest, RefusesAFifoTargetAndLeavesIt) {
+  const std::string p = path("fifo");
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  expect_input_error([&] { write_file_atomic(p, "x", "--report"); }, {"--report", p});
+  expect_input_error([&] { AtomicFile f(p, "--trace"); }, {"--trace", p});
+  EXPECT_TRUE(S_ISFIFO(lmode(p)));
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"fifo"});  // no temporary left behind
+}
+
+TEST_F(FilesTest, RefusesADirectoryTarget) {
+  const std::string p = path("sub");
+  ASSERT_EQ(::mkdir(p.c_str(), 0700), 0);
+  expect_input_error([&] { write_file_atomic(p, "x", "--save"); }, {"--save", p});
+  EXPECT_TRUE(S_ISDIR(lmode(p)));
+  EXPECT_TRUE(list_dir(p).empty());
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"sub"});
+}
+
+TEST_F(FilesTest, RefusesACharacterDeviceTarget) {
+  const std::string p = path("null");
+  if (::geteuid() != 0) GTEST_SKIP() << "mknod of a character device needs root";
+  if (::mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "mknod refused here: " << std::strerror(errno);
+  expect_input_error([&] { write_file_atomic(p, "x", "--save"); }, {"--save", p});
+  const mode_t m = lmode(p);
+  EXPECT_TRUE(S_ISCHR(m));
+  struct stat st {};
+  ASSERT_EQ(::lstat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_rdev, makedev(1, 3));
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"null"});
+}
+
+TEST_F(FilesTest, RefusesASymlinkToAFifo) {
+  const std::string fifo = path("fifo"), link = path("link");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(fifo.c_str(), link.c_str()), 0);
+  expect_input_error([&] { write_file_atomic(link, "x", "--metrics"); }, {"--metrics", link});
+  EXPECT_TRUE(S_ISLNK(lmode(link)));
+  EXPECT_TRUE(S_ISFIFO(lmode(fifo)));
+}
+
+TEST_F(FilesTest, SymlinkToARegularFileStaysALink) {
+  const std::string real_dir = test::make_temp_dir("real");
+  const std::string real = real_dir + "/model.safetensors", link = path("model.safetensors");
+  put(real, "old");
+  ASSERT_EQ(::chmod(real.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  {
+    AtomicFile f(link, "--save");
+    char resolved[PATH_MAX];
+    ASSERT_NE(::realpath(real.c_str(), resolved), nullptr);
+    EXPECT_EQ(f.target(), std::string(resolved));
+    f.write("new content", 11);
+    f.commit();
+  }
+  EXPECT_TRUE(S_ISLNK(lmode(link)));
+  char buf[PATH_MAX] = {};
+  ASSERT_GT(::readlink(link.c_str(), buf, sizeof buf - 1), 0);
+  EXPECT_EQ(std::string(buf), real);
+  EXPECT_EQ(slurp(real), "new content");
+  EXPECT_EQ(lmode(real) & 07777, 0600u);
+  EXPECT_EQ(list_dir(real_dir), std::set<std::string>{"model.safetensors"});  // no temporary there
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"model.safetensors"});      // nor here
+  std::filesystem::remove_all(real_dir);
+}
+
+TEST_F(FilesTest, RefusesADanglingSymlink) {
+  const std::string missing = path("missing"), link = path("dangling");
+  ASSERT_EQ(::symlink(missing.c_str(), link.c_str()), 0);
+  expect_input_error([&] { write_file_atomic(link, "x", "--trace"); }, {"--trace", link});
+  EXPECT_TRUE(S_ISLNK(lmode(link)));
+  struct stat st {};
+  EXPECT_NE(::lstat(missing.c_str(), &st), 0);  // the link's target was not created
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"dangling"});
+}
+
+TEST_F(FilesTest, DestroyedWithoutCommitLeavesTheOldFile) {
+  const std::string p = path("keep.txt");
+  put(p, "old content");
+  {
+    AtomicFile f(p, "--report");
+    f.write("half a new", 10);
+    EXPECT_EQ(list_dir(dir_).size(), 2u);  // the target and its temporary
+  }
+  EXPECT_EQ(slurp(p), "old content");
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"keep.txt"});
+  {
+    AtomicFile f(path("never"), "--report");  // a new file, never committed
+  }
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"keep.txt"});
+}
+
+TEST_F(FilesTest, TemporaryNamesAreUnpredictable) {
+  const std::string p = path("ck.st");
+  put(p, "old");
+  std::set<std::string> temps;
+  {
+    AtomicFile a(p, "checkpoint"), b(p, "checkpoint");
+    const std::set<std::string> names = list_dir(dir_);
+    ASSERT_EQ(names.size(), 3u);  // the target and two distinct temporaries
+    for (const std::string& n : names) {
+      if (n == "ck.st") continue;
+      temps.insert(n);
+      EXPECT_NE(n, "ck.st.tmp");
+      EXPECT_NE(n, "ck.st.tmp." + std::to_string(::getpid()));
+      std::string target;
+      pid_t pid = 0;
+      EXPECT_TRUE(parse_atomic_temp(n, &target, &pid)) << n;
+      EXPECT_EQ(target, "ck.st");
+      EXPECT_EQ(pid, ::getpid());
+    }
+    a.write("A", 1);
+    b.write("B", 1);
+    b.commit();
+    EXPECT_EQ(slurp(p), "B");
+  }
+  EXPECT_EQ(temps.size(), 2u);
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"ck.st"});  // a's temporary removed, b's renamed
+  EXPECT_EQ(slurp(p), "B");
+}
+
+// ---- open_input_file / check_input_file ----
+
+// Runs fn in a forked child under alarm(3), so a blocked open is killed instead of hanging the
+// suite. Returns the child's exit code (128+signal when killed) and the seconds it took.
+std::pair<int, double> run_in_child(const std::function<int()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(3);
+    int rc = 99;
+    try {
+      rc = fn();
+    } catch (...) {
+      rc = 98;
+    }
+    std::_Exit(rc);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), secs};
+}
+
+// In the child: 0 when fn throws an input error naming `what` and the path, 1 when it returns, 2
+// for another error.
+int input_error_in_child(const std::function<void()>& fn, const std::string& what, const std::string& path) {
+  try {
+    fn();
+    return 1;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    return e.kind() == ErrorKind::kInput && m.find(what) != std::string::npos && m.find(path) != std::string::npos
+               ? 0 : 2;
+  }
+}
+
+TEST_F(FilesTest, OpenInputFileOnAFifoWithoutWriterFailsAtOnce) {
+  const std::string p = path("data.fifo");
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  for (bool keep_open : {true, false}) {
+    SCOPED_TRACE(keep_open ? "open_input_file" : "check_input_file");
+    const auto [rc, secs] = run_in_child([&] {
+      return input_error_in_child(
+          [&] {
+            if (keep_open) ::close(open_input_file(p, "--data"));
+            else check_input_file(p, "--data");
+          },
+          "--data", p);
+    });
+    EXPECT_EQ(rc, 0) << "128+14 means the open blocked until alarm(3) (SIGALRM)";
+    EXPECT_LT(secs, 1.0);
+  }
+  EXPECT_TRUE(S_ISFIFO(lmode(p)));
+}
+
+TEST_F(FilesTest, OpenInputFileRefusesDirectoriesAndDevices) {
+  expect_input_error([&] { open_input_file(dir_, "--resume"); }, {"--resume", dir_});
+  expect_input_error([&] { check_input_file(dir_, "--resume"); }, {"--resume", dir_});
+  // /dev/null would read as an empty file: refused as a device (in a child, in case it blocks).
+  const auto [rc, secs] = run_in_child(
+      [] { return input_error_in_child([] { ::close(open_input_file("/dev/null", "--data")); }, "--data", "/dev/null"); });
+  EXPECT_EQ(rc, 0);
+  EXPECT_LT(secs, 1.0);
+  expect_input_error([&] { open_input_file(path("absent"), "--data"); }, {"--data", path("absent")});
+  expect_input_error([&] { open_input_file("", "--data"); }, {"--data"});
+}
+
+TEST_F(FilesTest, OpenInputFileGivesABlockingReadableDescriptor) {
+  const std::string p = path("in.bin");
+  put(p, "hello");
+  const int fd = open_input_file(p, "--data");
+  ASSERT_GE(fd, 0);
+  const int flags = ::fcntl(fd, F_GETFL);
+  ASSERT_GE(flags, 0);
+  EXPECT_EQ(flags & O_NONBLOCK, 0);
+  EXPECT_EQ(flags & O_ACCMODE, O_RDONLY);
+  char buf[16] = {};
+  EXPECT_EQ(::read(fd, buf, sizeof buf), 5);
+  EXPECT_EQ(std::string(buf), "hello");
+  ::close(fd);
+  EXPECT_NO_THROW(check_input_file(p, "--data"));
+  // Through a symlink to a regular file as well.
+  const std::string link = path("in.link");
+  ASSERT_EQ(::symlink(p.c_str(), link.c_str()), 0);
+  const int fd2 = open_input_file(link, "--data");
+  ASSERT_GE(fd2, 0);
+  ::close(fd2);
+}
+
+// ---- parse_atomic_temp ----
+
+TEST(ParseAtomicTemp, AcceptsBothForms) {
+  std::string target;
+  pid_t pid = 0;
+  ASSERT_TRUE(parse_atomic_temp("ck.st.tmp.123", &target, &pid));
+  EXPECT_EQ(target, "ck.st");
+  EXPECT_EQ(pid, 123);
+  target.clear(), pid = 0;
+  ASSERT_TRUE(parse_atomic_temp("ck.st.tmp.123.AbC9", &target, &pid));
+  EXPECT_EQ(target, "ck.st");
+  EXPECT_EQ(pid, 123);
+}
+
+TEST(ParseAtomicTemp, RejectsOtherNames) {
+  for (const char* name : {"ck.st.tmp.", "ck.st.tmp.x1", "ck.st.tmp.1.a.b", ".tmp.1", "ck.st", "ck.st.tmp",
+                           "ck.st.tmp.1."}) {
+    std::string target = "unchanged";
+    pid_t pid = -7;
+    EXPECT_FALSE(parse_atomic_temp(name, &target, &pid)) << name;
+  }
+}
+
+// ---- check_output_path ----
+
+TEST_F(FilesTest, CheckOutputPath) {
+  // Absent in a writable directory, and an existing regular file: fine.
+  EXPECT_NO_THROW(check_output_path(path("absent.json"), "--metrics"));
+  put(path("present.json"), "x");
+  EXPECT_NO_THROW(check_output_path(path("present.json"), "--metrics"));
+  EXPECT_EQ(slurp(path("present.json")), "x");  // only checked, not touched
+  // A missing directory.
+  const std::string missing = path("no/such/dir/out.svg");
+  expect_input_error([&] { check_output_path(missing, "--report"); }, {"--report", missing, "does not exist"});
+  // A FIFO and a directory.
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_input_error([&] { check_output_path(path("fifo"), "--trace"); }, {"--trace", path("fifo")});
+  EXPECT_TRUE(S_ISFIFO(lmode(path("fifo"))));
+  expect_input_error([&] { check_output_path(dir_, "--save"); }, {"--save", dir_});
+  expect_input_error([&] { check_output_path("", "--save"); }, {"--save"});
+}
+
+TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectory) {
+  const std::string ro = path("ro");
+  ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);
+  if (::access(ro.c_str(), W_OK) == 0) {
+    ::chmod(ro.c_str(), 0700);
+    GTEST_SKIP() << "this user (root?) can write a 0500 directory";
+  }
+  expect_input_error([&] { check_output_path(ro + "/out.json", "--metrics"); }, {"--metrics", "not writable"});
+  ::chmod(ro.c_str(), 0700);
+}
+
+}  // namespace
+}  // namespace dpt
