@@ -246,6 +246,88 @@ trap 'on_signal SIGHUP 1' HUP
 trap 'on_signal SIGINT 2' INT
 trap 'on_signal SIGTERM 15' TERM
 
+# ---- after mpirun starts: the job ends in bounded time, and only once its ranks here have ----
+# mpirun can outlive its job: after an MPI_Abort it waits until every daemon confirms, and a daemon
+# behind a link that is down answers only when TCP gives up (mpirun exited 954 s after the link
+# went down, with --timeout 8, while the ranks had ended 10 s after). It can also return before its
+# ranks here have ended: a rank it killed counts as ended once SIGKILL is sent (a rank still
+# tearing down its memory or GPU lives on), and an mpirun that crashes (it segfaulted in its own
+# abort path) leaves its ranks running. So this script notes mpirun's ranks on this host (its
+# children whose environment names a world rank; its ssh children have none) and
+#  - ends mpirun's process group (mpirun and its ssh children) once mpirun has outlived them by
+#    $grace s; ranks on other hosts end by themselves (--timeout, then an MPI_Abort that dptrain
+#    bounds), their daemons when they lose mpirun. The job's exit is then 3 (a failure);
+#  - after mpirun, waits for them: $grace s at most, then SIGKILL.
+# A job with no rank on this host is not bounded this way.
+grace=10
+# PID's start time (field 22 of /proc/PID/stat); fails when PID has ended or is a zombie. With its
+# pid it names a rank, so that a pid reused after the rank ended is not taken for it.
+started_at() {
+  local stat fields
+  { stat=$(<"/proc/$1/stat"); } 2>/dev/null || return 1
+  read -ra fields <<<"${stat##*) }" # the fields after the command name, which may hold spaces
+  [[ ${fields[0]} != Z ]] && echo "${fields[19]}"
+}
+ranks=() # mpirun's ranks on this host, as "pid:start time"
+note_ranks() {
+  local p t
+  for p in $(pgrep -P "$child"); do
+    [[ " ${ranks[*]} " == *" $p:"* ]] && continue
+    grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$p/environ" 2>/dev/null || continue
+    t=$(started_at "$p") && ranks+=("$p:$t")
+  done
+}
+ranks_left() { # the pids of the noted ranks still running
+  local r
+  for r in "${ranks[@]}"; do
+    [[ $(started_at "${r%%:*}") == "${r#*:}" ]] && echo "${r%%:*}"
+  done
+}
+# Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
+wait_mpirun() {
+  local alone="" deadline killed=0 left=()
+  ranks=() rc=""
+  while kill -0 "$child" 2>/dev/null; do
+    note_ranks
+    if ((${#ranks[@]})) && [[ -z $(ranks_left) ]]; then
+      alone=${alone:-$SECONDS}
+      if ((SECONDS - alone >= grace)); then
+        echo "$me: mpirun is still running $grace s after the job's ranks on this host ended (waiting for a host it cannot reach?): ending it; exit 3" >&2
+        # SIGKILL: to SIGTERM, an mpirun in its abort path answers with a segfault and a stack
+        # trace. The shell's "Killed" notice is for crashes, not for this.
+        kill -KILL -- -"$child" 2>/dev/null
+        while kill -0 "$child" 2>/dev/null; do { wait "$child"; } 2>/dev/null; done
+        rc=3
+        break
+      fi
+    else
+      alone=""
+    fi
+    sleep 1 & # waited in the background: a trapped signal ends the wait at once
+    wait "$!"
+  done
+  # mpirun's status; wait returns early when a trapped signal arrives, so again until it is mpirun's.
+  while [[ -z $rc ]]; do
+    wait "$child"
+    rc=$?
+    kill -0 "$child" 2>/dev/null && rc=""
+  done
+  deadline=$((SECONDS + grace))
+  while mapfile -t left < <(ranks_left) && ((${#left[@]})); do
+    if ((SECONDS >= deadline)); then
+      if ((killed)); then
+        echo "$me: warning: rank process(es) ${left[*]} still there after SIGKILL" >&2
+        break
+      fi
+      echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
+      kill -KILL "${left[@]}" 2>/dev/null
+      killed=1 deadline=$((SECONDS + 5))
+    fi
+    sleep 0.1 &
+    wait "$!"
+  done
+}
+
 # mpirun in its own process group (job control on), so that a terminal's Ctrl-C reaches this script
 # only, and not mpirun's kill-after-1-s. Its stdin is not the terminal: a background process group
 # that read it would be stopped.
@@ -260,12 +342,7 @@ while :; do
   relays+=($!)
   mpirun "${extra[@]}" --bind-to none "${cmd[@]}" </dev/null >"$work/stdout" 2>"$work/stderr" &
   child=$!
-  # wait returns early when a trapped signal arrives; wait again until mpirun itself has ended.
-  while :; do
-    wait "$child"
-    rc=$?
-    kill -0 "$child" 2>/dev/null || break
-  done
+  wait_mpirun
   child=""
   wait_relays
   if ((got)); then

@@ -40,8 +40,9 @@ class AtomicFile {
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what);
 
 // Pre-flight for an output: `path` is absent or a regular file (a symlink only to one), it is
-// writable, and its directory exists and is writable. Input error naming `flag` otherwise.
-void check_output_path(const std::string& path, const std::string& flag);
+// writable, and its directory exists and is writable. Input error naming `flag` otherwise. A
+// `stream` (--metrics: appended to, not replaced) may also be a writable character device.
+void check_output_path(const std::string& path, const std::string& flag, bool stream = false);
 
 // Opens an input for reading without ever blocking on it: O_NONBLOCK (a FIFO with no writer opens
 // at once instead of waiting forever), then fstat must show a regular file, then blocking mode is

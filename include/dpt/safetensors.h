@@ -44,7 +44,8 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
 // Reads and fully validates a safetensors file (see parse_safetensors for the checks). A FIFO,
 // device or directory is refused at once (files.h's open_input_file), never read from.
 StFile read_safetensors(const std::string& path);
-// Only the "__metadata__" of a safetensors file, after the same checks of the whole file.
+// Only the "__metadata__" of a safetensors file, after every check of its header (the data section
+// is not read: a truncated file still tells what it is, and fails when loaded).
 std::map<std::string, std::string> read_metadata(const std::string& path);
 
 // Parses an in-memory safetensors image; `origin` names the source in every message. Checks: at

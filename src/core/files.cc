@@ -52,6 +52,7 @@ std::string resolve_output(const std::string& path, const std::string& what, str
     return path;
   }
   if (!S_ISLNK(lst.st_mode)) {
+    DPT_INPUT_CHECK(!S_ISDIR(lst.st_mode), what << " " << path << " is a directory, not a file");
     DPT_INPUT_CHECK(S_ISREG(lst.st_mode), what << " " << path << " is " << kind_of(lst.st_mode)
                                                 << ", not a regular file: refusing to replace it");
     *st = lst;
@@ -153,9 +154,13 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
   f.commit();
 }
 
-void check_output_path(const std::string& path, const std::string& flag) {
+void check_output_path(const std::string& path, const std::string& flag, bool stream) {
   DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
   struct stat st {};
+  if (stream && ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode)) {
+    DPT_INPUT_CHECK(::access(path.c_str(), W_OK) == 0, flag << " " << path << ": the device is not writable");
+    return;  // appended to, never replaced: /dev/null discards, /dev/full fails like a full disk
+  }
   const std::string target = resolve_output(path, flag, &st);
   const std::string dir = dir_of(target);
   struct stat dst {};

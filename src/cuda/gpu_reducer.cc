@@ -20,16 +20,13 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/nccl_communicator.h"
+#include "dpt/clock.h"
 #include "dpt/error.h"
 #include "precision.cuh"
 
 namespace dpt::gpu {
 
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // What both transports share: the compute stream (the backend's context), the stream the
 // collectives or copies run on, the events ordering the two, and their release.

@@ -81,9 +81,8 @@ using SharedComm = std::shared_ptr<CommHandle>;
 
 [[noreturn]] void throw_timeout(CommHandle& h, const std::string& what, const Where& w, const char* check) {
   h.abort();
-  throw Error(ErrorKind::kInternal,
-              DPT_MSG(what << " did not complete within --timeout " << w.timeout << " s on rank " << w.rank
-                           << " (host " << w.host << "; NCCL communicator aborted): " << check));
+  throw Error(ErrorKind::kInternal, timeout_message(what, w.timeout, w.rank,
+                                                   DPT_MSG(" (host " << w.host << "; NCCL communicator aborted): " << check)));
 }
 
 // The communicator's asynchronous state: ncclSuccess, or ncclInProgress while an operation of a

@@ -185,7 +185,7 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
 // records of later epochs and step records of later steps. Other lines stay.
 void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
   struct stat st {};
-  if (::stat(cfg_.metrics.c_str(), &st) != 0) return;  // nothing written yet
+  if (::stat(cfg_.metrics.c_str(), &st) != 0 || S_ISCHR(st.st_mode)) return;  // nothing written yet, or a device
   std::string text;
   {
     FILE* f = ::fdopen(open_input_file(cfg_.metrics, "--metrics"), "r");  // never blocks on a FIFO

@@ -78,13 +78,14 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 
 // Checked before the first step instead of after hours of training. A FIFO, device or directory
 // at an output's path is refused: the atomic writer would put a regular file over it (a --save
-// /dev/null run as root replaced /dev/null), and a FIFO would hang the writer.
+// /dev/null run as root replaced /dev/null), and a FIFO would hang the writer. --metrics is a
+// stream appended to, so a character device is fine there (/dev/null, or /dev/full as a full disk).
 void check_outputs(const TrainConfig& cfg) {
   std::vector<std::pair<const char*, std::string>> outputs = {
       {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   for (const auto& [flag, path] : outputs)
-    if (!path.empty()) check_output_path(path, flag);
+    if (!path.empty()) check_output_path(path, flag, path == cfg.metrics);
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
 }
 

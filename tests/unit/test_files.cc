@@ -397,6 +397,23 @@ TEST_F(FilesTest, CheckOutputPath) {
   expect_input_error([&] { check_output_path("", "--save"); }, {"--save"});
 }
 
+// A stream (--metrics, appended to) may be a writable character device; nothing else may.
+TEST_F(FilesTest, CheckOutputPathStreamAcceptsACharacterDeviceOnly) {
+  // /dev/null is only looked at (stat, access), never opened or written.
+  expect_input_error([&] { check_output_path("/dev/null", "--save"); }, {"--save", "/dev/null"});
+  expect_input_error([&] { check_output_path("/dev/null", "--save", false); }, {"--save", "/dev/null"});
+  EXPECT_NO_THROW(check_output_path("/dev/null", "--metrics", true));
+  EXPECT_TRUE(S_ISCHR(lmode("/dev/null")));
+  // A FIFO or a directory is no stream target either.
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_input_error([&] { check_output_path(path("fifo"), "--metrics", true); }, {"--metrics", path("fifo")});
+  expect_input_error([&] { check_output_path(dir_, "--metrics", true); }, {"--metrics", dir_});
+  // Regular and absent files as before.
+  EXPECT_NO_THROW(check_output_path(path("m.jsonl"), "--metrics", true));
+  put(path("m.jsonl"), "x");
+  EXPECT_NO_THROW(check_output_path(path("m.jsonl"), "--metrics", true));
+}
+
 TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectory) {
   const std::string ro = path("ro");
   ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);

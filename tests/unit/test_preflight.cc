@@ -1,0 +1,377 @@
+// Unit tests for include/dpt/preflight.h on one MPI rank: local ranks, data digests, the output and
+// memory checks, agree_on_input's error mapping, and run_preflight on good and FIFO-poisoned data.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dpt/config.h"
+#include "dpt/device.h"
+#include "dpt/error.h"
+#include "dpt/idx.h"
+#include "dpt/preflight.h"
+#include "test_util.h"
+
+namespace dpt {
+namespace {
+
+// Ends the process (a failed test run) if the scope is still running after `seconds`: a check that
+// blocks on a FIFO must fail the suite, not hang it.
+class Watchdog {
+ public:
+  Watchdog(std::string what, double seconds)
+      : what_(std::move(what)), thread_([this, seconds] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "watchdog: %s still running after %g s: it blocked; failing the test binary\n",
+                         what_.c_str(), seconds);
+            std::fflush(stderr);
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Runs fn, which must throw an input error (of type E) whose message names every one of `names`.
+template <typename E = Error>
+void expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& names) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown (expected one naming " << (names.empty() ? "" : names.front()) << ")";
+  } catch (const E& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
+    for (const std::string& n : names) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "an error of another type: " << e.what();
+  }
+}
+
+class PreflightDir : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::make_temp_dir("preflight"); }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string fifo(const std::string& name) const {
+    const std::string p = path(name);
+    EXPECT_EQ(::mkfifo(p.c_str(), 0600), 0) << p;
+    return p;
+  }
+  std::string dir_;
+};
+
+// ---- local_rank_of ----
+
+TEST(LocalRank, InterleavedHosts) {
+  const std::vector<std::string> hosts = {"a", "b", "a", "b", "a", "c"};
+  const std::vector<int> expect = {0, 0, 1, 1, 2, 0};
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) EXPECT_EQ(local_rank_of(hosts, r), expect[r]) << r;
+  const std::vector<std::string> blocks = {"x", "x", "y", "y"};
+  EXPECT_EQ(local_rank_of(blocks, 1), 1);
+  EXPECT_EQ(local_rank_of(blocks, 2), 0);
+  EXPECT_EQ(local_rank_of(blocks, 3), 1);
+  EXPECT_EQ(local_rank_of({"solo"}, 0), 0);
+}
+
+// ---- data_digest ----
+
+ImageSet small_set() {
+  ImageSet s;
+  s.n = 3, s.rows = 28, s.cols = 28;
+  s.images.resize(3 * 28 * 28);
+  for (size_t i = 0; i < s.images.size(); ++i) s.images[i] = static_cast<uint8_t>(i * 7 % 251);
+  s.labels = {1, 4, 9};
+  return s;
+}
+
+TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
+  const ImageSet a = small_set(), b = small_set();
+  EXPECT_EQ(data_digest(a), data_digest(b));
+  EXPECT_EQ(data_digest(a).rfind("images 3 of 28x28, checksum 0x", 0), 0u) << data_digest(a);
+
+  for (size_t px : {size_t{0}, size_t{28 * 28 + 13}, a.images.size() - 1}) {
+    ImageSet c = small_set();
+    c.images[px] ^= 1;  // one pixel, one bit
+    EXPECT_NE(data_digest(c), data_digest(a)) << "pixel " << px;
+  }
+  for (size_t i = 0; i < a.labels.size(); ++i) {
+    ImageSet c = small_set();
+    c.labels[i] = static_cast<uint8_t>(c.labels[i] + 1);
+    EXPECT_NE(data_digest(c), data_digest(a)) << "label " << i;
+  }
+  // Swapping a label between images changes the set too.
+  ImageSet d = small_set();
+  std::swap(d.labels[0], d.labels[1]);
+  EXPECT_NE(data_digest(d), data_digest(a));
+}
+
+// ---- check_outputs ----
+
+TEST_F(PreflightDir, CheckOutputsRefusesAFifoAtEveryOutput) {
+  const std::string f = fifo("out.fifo");
+  const std::vector<std::pair<std::string, std::string TrainConfig::*>> outputs = {
+      {"--report", &TrainConfig::report}, {"--trace", &TrainConfig::trace},
+      {"--metrics", &TrainConfig::metrics}, {"--save", &TrainConfig::save}};
+  for (const auto& [flag, field] : outputs) {
+    SCOPED_TRACE(flag);
+    TrainConfig cfg;
+    cfg.*field = f;
+    Watchdog dog("check_outputs " + flag, 20);
+    expect_input_error([&] { check_outputs(cfg); }, {flag, f});
+  }
+  // --checkpoint-path only matters when checkpoints are written.
+  TrainConfig cfg;
+  cfg.checkpoint_path = f;
+  EXPECT_NO_THROW(check_outputs(cfg));
+  cfg.checkpoint_every = 1;
+  expect_input_error([&] { check_outputs(cfg); }, {"--checkpoint-path", f});
+  struct stat st {};
+  ASSERT_EQ(::lstat(f.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST_F(PreflightDir, CheckOutputsRefusesAMissingDirectory) {
+  TrainConfig cfg;
+  cfg.save = path("no/such/dir/model.safetensors");
+  expect_input_error([&] { check_outputs(cfg); }, {"--save", cfg.save});
+  TrainConfig cfg2;
+  cfg2.checkpoint_every = 1;
+  cfg2.checkpoint_path = path("missing/ck.safetensors");
+  expect_input_error([&] { check_outputs(cfg2); }, {"--checkpoint-path", cfg2.checkpoint_path});
+}
+
+TEST_F(PreflightDir, CheckOutputsRefusesAResumeThatIsNotAFile) {
+  Watchdog dog("check_outputs --resume", 20);
+  TrainConfig cfg;
+  cfg.resume = fifo("ck.fifo");
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_input_error([&] { check_outputs(cfg); }, {"--resume", cfg.resume});
+  EXPECT_LT(seconds_since(t0), 2.0);
+  cfg.resume = dir_;
+  expect_input_error([&] { check_outputs(cfg); }, {"--resume", dir_});
+  cfg.resume = path("absent.safetensors");
+  expect_input_error([&] { check_outputs(cfg); }, {"--resume", cfg.resume});
+}
+
+TEST_F(PreflightDir, CheckOutputsAcceptsAbsentFilesAndResumeAuto) {
+  TrainConfig cfg;
+  cfg.metrics = path("m.jsonl");
+  cfg.save = path("model.safetensors");
+  cfg.report = path("report.svg");
+  cfg.trace = path("trace.json");
+  cfg.checkpoint_every = 1;
+  cfg.checkpoint_path = path("ck.safetensors");
+  cfg.resume = "auto";
+  EXPECT_NO_THROW(check_outputs(cfg));
+  for (const auto& p : {cfg.metrics, cfg.save, cfg.report, cfg.trace, cfg.checkpoint_path})
+    EXPECT_FALSE(std::filesystem::exists(p)) << p << " created by a check";
+  // Existing regular files, and --resume naming one.
+  for (const auto& p : {cfg.metrics, cfg.save}) std::ofstream(p) << "x";
+  cfg.resume = cfg.save;
+  EXPECT_NO_THROW(check_outputs(cfg));
+  // Nothing given at all.
+  EXPECT_NO_THROW(check_outputs(TrainConfig{}));
+}
+
+// --metrics is appended to, so a character device (/dev/null) is fine there; every other output is
+// replaced by the atomic writer and must be refused as a device, whatever --metrics names.
+TEST_F(PreflightDir, CheckOutputsAcceptsADeviceOnlyForMetrics) {
+  TrainConfig cfg;
+  cfg.metrics = "/dev/null";
+  EXPECT_NO_THROW(check_outputs(cfg));
+  const std::vector<std::pair<std::string, std::string TrainConfig::*>> replaced = {
+      {"--save", &TrainConfig::save}, {"--report", &TrainConfig::report}, {"--trace", &TrainConfig::trace}};
+  for (const auto& [flag, field] : replaced) {
+    SCOPED_TRACE(flag);
+    TrainConfig alone;
+    alone.*field = "/dev/null";
+    expect_input_error([&] { check_outputs(alone); }, {flag, "/dev/null"});
+    TrainConfig both = alone;
+    both.metrics = "/dev/null";  // the same path at --metrics must not make it a stream
+    SCOPED_TRACE("--metrics /dev/null as well");
+    expect_input_error([&] { check_outputs(both); }, {flag, "/dev/null"});
+  }
+}
+
+// ---- check_memory / bytes_per_image ----
+
+TEST(CheckMemory, NoCheckWithoutANumberOrNotThisRanks) {
+  TrainConfig cfg;  // lenet, batch 256
+  DeviceMemory off;
+  off.checks = false, off.free_bytes = 1, off.where = "on host x";
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 10000, off));
+  DeviceMemory unknown;
+  unknown.checks = true, unknown.free_bytes = -1, unknown.where = "on host x";
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 10000, unknown));
+}
+
+TEST(CheckMemory, TooLittleIsAnInputErrorNamingTheBatchAndThePlace) {
+  TrainConfig cfg;
+  DeviceMemory tiny;
+  tiny.checks = true, tiny.free_bytes = 1 << 20, tiny.where = "on GPU 7 of host testhost";
+  expect_input_error([&] { check_memory(cfg, 1, 10, 10000, tiny); }, {"--batch-size", tiny.where});
+  DeviceMemory huge = tiny;
+  huge.free_bytes = 1e15;
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 10000, huge));
+}
+
+TEST(CheckMemory, TheEstimateIsPerImageTimesBatchPlusExtraTimesSharing) {
+  TrainConfig cfg;
+  cfg.batch_size = 256;
+  cfg.eval_batch_size = 1000;
+  const int world = 2;
+  const int64_t test_n = 500;  // fewer than --eval-batch-size: evaluation batches hold 500
+  const auto [train, eval] = bytes_per_image(cfg.model, 10);
+  DeviceMemory mem;
+  mem.checks = true, mem.sharing = 2, mem.extra = 3e6, mem.where = "on host h";
+  const double need = (std::max(train * (256 / world), eval * 500.0) + mem.extra) * mem.sharing;
+  mem.free_bytes = need;
+  EXPECT_NO_THROW(check_memory(cfg, world, 10, test_n, mem));
+  mem.free_bytes = need * (1 - 1e-6);
+  expect_input_error([&] { check_memory(cfg, world, 10, test_n, mem); }, {"--batch-size 256", "on host h"});
+}
+
+TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
+  const auto [lt, le] = bytes_per_image("lenet", 10);
+  EXPECT_GT(le, 0);
+  EXPECT_GT(lt, le);
+  const auto [rt, re] = bytes_per_image("resnet18", 10);
+  EXPECT_GT(re, 0);
+  EXPECT_GT(rt, re);
+  EXPECT_GT(rt, lt);
+  EXPECT_GT(re, le);
+  // The same probe gives the same answer.
+  const auto again = bytes_per_image("lenet", 10);
+  EXPECT_EQ(again.first, lt);
+  EXPECT_EQ(again.second, le);
+}
+
+// ---- agree_on_input at world size 1 ----
+
+TEST(AgreeOnInput, InputErrorBecomesAgreed) {
+  auto comm = test::world_comm(60);
+  ASSERT_EQ(comm->size(), 1);
+  try {
+    agree_on_input(*comm, "elsewhere", [] { DPT_INPUT_CHECK(false, "--data /x: bad magic"); });
+    ADD_FAILURE() << "nothing thrown";
+  } catch (const AgreedInputError& e) {
+    EXPECT_EQ(std::string(e.what()), "--data /x: bad magic");
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_FALSE(e.quiet);  // this rank failed itself: it prints
+  }
+}
+
+TEST(AgreeOnInput, InternalErrorPropagatesAsIs) {
+  auto comm = test::world_comm(60);
+  try {
+    agree_on_input(*comm, "elsewhere", [] { DPT_CHECK(1 + 1 == 3, "arithmetic broke"); });
+    ADD_FAILURE() << "nothing thrown";
+  } catch (const AgreedInputError& e) {
+    ADD_FAILURE() << "an internal error became an agreed input error: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_NE(std::string(e.what()).find("arithmetic broke"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(agree_on_input(*comm, "elsewhere", [] { throw std::logic_error("not a dpt::Error"); }),
+               std::logic_error);
+  // The communicator is still in step afterwards (no collective was left half done).
+  int32_t one = 1;
+  comm->allreduce(&one, 1);
+  EXPECT_EQ(one, 1);
+}
+
+TEST(AgreeOnInput, NoErrorNothingThrown) {
+  auto comm = test::world_comm(60);
+  int calls = 0;
+  EXPECT_NO_THROW(agree_on_input(*comm, "elsewhere", [&] { ++calls; }));
+  EXPECT_EQ(calls, 1);
+}
+
+// ---- run_preflight ----
+
+TEST_F(PreflightDir, RunPreflightOnSyntheticData) {
+  Watchdog dog("run_preflight on synthetic data", 120);
+  test::write_synthetic_dataset(dir_, 96, 40, 3);
+  TrainConfig cfg;
+  cfg.data = dir_;
+  cfg.device = "cpu";
+  cfg.quiet = true;
+  cfg.batch_size = 32;
+  auto comm = test::world_comm(60);
+  const Preflight pf = run_preflight(cfg, *comm);
+  ASSERT_EQ(pf.hosts.size(), 1u);
+  EXPECT_EQ(pf.hosts[0], comm->host());
+  EXPECT_EQ(pf.local_rank, 0);
+  EXPECT_EQ(pf.ranks_here, 1);
+  ASSERT_NE(pf.device, nullptr);
+  EXPECT_STREQ(pf.device->kind(), "cpu");
+  EXPECT_EQ(pf.train.n, 96);
+  EXPECT_EQ(pf.test.n, 40);
+  EXPECT_EQ(pf.train.rows, 28);
+  EXPECT_EQ(pf.train.cols, 28);
+  EXPECT_EQ(pf.train.images.size(), 96u * 784);
+  EXPECT_EQ(pf.test.labels.size(), 40u);
+  EXPECT_EQ(data_digest(pf.train), data_digest(load_image_set(dir_, "train")));
+}
+
+TEST_F(PreflightDir, RunPreflightRefusesAFifoAsData) {
+  const std::string good = path("good"), bad = path("bad");
+  std::filesystem::create_directories(good);
+  std::filesystem::create_directories(bad);
+  test::write_synthetic_dataset(good, 64, 20, 4);
+  for (const char* name : {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    std::filesystem::copy_file(good + "/" + name, bad + "/" + name);
+  const std::string poisoned = bad + "/train-images-idx3-ubyte";
+  ASSERT_EQ(::mkfifo(poisoned.c_str(), 0600), 0);
+
+  TrainConfig cfg;
+  cfg.data = bad;
+  cfg.device = "cpu";
+  cfg.quiet = true;
+  cfg.batch_size = 32;
+  auto comm = test::world_comm(60);
+  Watchdog dog("run_preflight with a FIFO as the training images (the read blocked on it)", 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_input_error<AgreedInputError>([&] { run_preflight(cfg, *comm); }, {poisoned});
+  EXPECT_LT(seconds_since(t0), 5.0);
+  struct stat st {};
+  ASSERT_EQ(::lstat(poisoned.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+}  // namespace
+}  // namespace dpt
