@@ -73,7 +73,8 @@ void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {
   m.rank_compute_seconds.resize(n), m.rank_wait_seconds.resize(n);
   for (size_t r = 0; r < n; ++r) m.rank_compute_seconds[r] = all[2 * r], m.rank_wait_seconds[r] = all[2 * r + 1];
   const std::vector<double>& c = m.rank_compute_seconds;
-  const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
+  // max_element: the first of equals (minmax_element's max is the last).
+  const auto lo = std::min_element(c.begin(), c.end()), hi = std::max_element(c.begin(), c.end());
   m.slowest_rank = static_cast<int>(hi - c.begin());  // the first of equals: rank 0 when alone
   m.slowest_compute_seconds = *hi;
   std::vector<double> sorted = c;

@@ -85,7 +85,7 @@ void check_outputs(const TrainConfig& cfg) {
       {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   for (const auto& [flag, path] : outputs)
-    if (!path.empty()) check_output_path(path, flag, path == cfg.metrics);
+    if (!path.empty()) check_output_path(path, flag, std::string(flag) == "--metrics");
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
 }
 
