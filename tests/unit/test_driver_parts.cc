@@ -1,0 +1,136 @@
+// The driver's small components on their own: the device registry (what the CPU device offers
+// and which rank checks its memory), stop signals (a signal becomes the agreed stop, and stays
+// pending until asked) and the non-finite guard (skip up to the bound, then stop naming the step).
+// One rank (an MPI singleton).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/device.h"
+#include "dpt/engine.h"
+#include "dpt/train.h"
+#include "test_util.h"
+#include "train/guard.h"
+#include "train/signals.h"
+
+namespace dpt {
+namespace {
+
+TEST(DeviceRegistry, CpuDeviceOffersTheCpuOperationsAndNoTransport) {
+  DeviceRequest r;
+  r.kind = "cpu";
+  r.local_rank = 0;
+  r.ranks_here = 3;
+  auto d = open_device(r);
+  EXPECT_STREQ(d->kind(), "cpu");
+  EXPECT_EQ(&d->ops(), &cpu_backend());
+  auto comm = test::world_comm();
+  float g[4] = {};
+  EXPECT_EQ(d->transport(*comm, g, 4, DType::kF32), nullptr);  // the Reducer's MPI thread
+  const DeviceMemory m = d->memory(0);
+  EXPECT_TRUE(m.checks);  // a host's first rank checks for every rank there
+  EXPECT_EQ(m.sharing, 3);
+  EXPECT_EQ(m.extra, 0);
+  EXPECT_EQ(m.where, "on this host");
+  EXPECT_GT(m.free_bytes, 0);
+  EXPECT_EQ(m.free_bytes > 0, host_available_bytes() > 0);
+  r.local_rank = 1;
+  const DeviceMemory other = open_device(r)->memory(1);
+  EXPECT_FALSE(other.checks);  // the other ranks of the host do not check again
+}
+
+TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefusedOrOpens) {
+  DeviceRequest r;
+  r.kind = "cuda";
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers it";
+  // Without a device: a CPU build falls back to the CPU device (resolve_device refuses first in
+  // the driver); a GPU build's open_gpu says no device is visible.
+  try {
+    auto d = open_device(r);
+    EXPECT_STREQ(d->kind(), "cpu");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("no CUDA device visible"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StopSignals, ASignalBecomesTheAgreedStop) {
+  auto comm = test::world_comm();
+  StopSignals signals;
+  EXPECT_EQ(signals.agreed(*comm, false), std::make_pair(0, false));
+  EXPECT_EQ(signals.agreed(*comm, true), std::make_pair(0, true));
+  ::kill(::getpid(), SIGUSR1);  // blocked in this thread: the watcher takes it
+  std::pair<int, bool> got{0, false};
+  for (int i = 0; i < 50 && got.first == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    got = signals.agreed(*comm, false);
+  }
+  EXPECT_EQ(got.first, SIGUSR1);
+  EXPECT_EQ(signal_name(SIGUSR1), "SIGUSR1");
+  EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
+}
+
+TEST(StopSignals, EachTrainingStartsWithoutAStop) {
+  auto comm = test::world_comm();
+  StopSignals signals;  // the previous test's signal is forgotten
+  EXPECT_EQ(signals.agreed(*comm, false).first, 0);
+}
+
+// The guard on a real engine (the error names the first non-finite gradient).
+struct GuardRig {
+  std::unique_ptr<Communicator> comm = test::world_comm();
+  std::string dir = test::make_temp_dir("guard");
+  TrainConfig cfg;
+  ImageSet train, test;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> ddp;
+  std::unique_ptr<Sgd> opt;
+  std::unique_ptr<StepEngine> engine;
+  explicit GuardRig(const std::string& mode, int64_t max_skips) {
+    test::write_synthetic_dataset(dir, 128, 32, 5);
+    cfg = test::small_config("lenet", dir, 1, 64);
+    cfg.nonfinite = mode;
+    cfg.nonfinite_max_skips = max_skips;
+    train = load_image_set(dir, "train");
+    test = load_image_set(dir, "t10k");
+    model = make_model("lenet", 10, cpu_backend());
+    ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
+    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
+    engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
+  }
+  ~GuardRig() { std::filesystem::remove_all(dir); }
+};
+
+TEST(NonFiniteGuard, SkipsUpToTheBoundThenStopsNamingTheStep) {
+  GuardRig r("skip", 2);
+  NonFiniteGuard guard(r.cfg, *r.comm, *r.engine);
+  guard.check(1.5, 0, 0);  // finite: nothing
+  EXPECT_EQ(guard.skipped(), 0);
+  guard.check(std::nan(""), 3, 0);
+  guard.check(INFINITY, 4, 0);
+  EXPECT_EQ(guard.skipped(), 2);
+  try {
+    guard.check(std::nan(""), 6, 1);
+    FAIL() << "a third non-finite step with --nonfinite-max-skips 2 was skipped";
+  } catch (const AgreedInputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("step 7 (epoch 2): the gradients are not finite"), std::string::npos) << m;
+    EXPECT_NE(m.find("after 2 skipped steps (--nonfinite-max-skips)"), std::string::npos) << m;
+    EXPECT_FALSE(e.quiet);  // rank 0 says it
+  }
+}
+
+TEST(NonFiniteGuard, StopEndsAtTheFirst) {
+  GuardRig r("stop", 10);
+  NonFiniteGuard guard(r.cfg, *r.comm, *r.engine);
+  EXPECT_THROW(guard.check(std::nan(""), 0, 0), AgreedInputError);
+}
+
+}  // namespace
+}  // namespace dpt
