@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   // step, paying page faults and zeroing each time.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  // Before MPI starts its threads, so that they inherit the mask (see StopSignals in trainer.cc).
+  // Before MPI starts its threads, so that they inherit the mask (see src/train/signals.h).
   dpt::block_stop_signals();
   // A reader that goes away (`dptrain ... | head`) must not kill the run with SIGPIPE, losing its
   // checkpoints and --save: writes to the closed pipe fail with EPIPE instead, and the log writers

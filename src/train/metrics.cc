@@ -169,7 +169,7 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
     std::snprintf(line + len, sizeof line - len, "  slowest r%d +%.0f%%", m.slowest_rank,
                   (m.slowest_compute_seconds / m.median_compute_seconds - 1) * 100);
   }
-  if (cfg_.quiet && m.epoch == cfg_.epochs) std::printf("%s\n", line);
+  if (cfg_.quiet && m.epoch == cfg_.epochs) log_result(line);  // stdout, whatever the log level
   log_info(line);
   write_metrics(m.to_json());
   if (!cfg_.report.empty()) {

@@ -3,9 +3,10 @@
 # options (-oProxyCommand=...), whitespace, control characters and CRLF hostfiles are refused with
 # exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--'. A reader
 # that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
-# --save is written, the exit code is the job's; stdout and stderr stay apart, a terminal still
-# gets the progress bar. --max-restarts decides from the record rank 0 keeps of its checkpoints
-# (DPT_CHECKPOINT_RECORD), not from checkpoint file names, and the record is removed on exit.
+# --save is written, the exit code is the job's, a launcher whose stderr reader left still restarts;
+# stdout and stderr stay apart, a terminal still gets the progress bar. --max-restarts decides from
+# the record rank 0 keeps of its checkpoints (DPT_CHECKPOINT_RECORD), not from checkpoint file
+# names, and the record is removed on exit, SIGTERM included.
 # Usage: test_launcher.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -144,6 +145,8 @@ n=$(($(cat "$d/attempts" 2>/dev/null || echo 0) + 1))
 echo $n >"$d/attempts"
 echo "${DPT_CHECKPOINT_RECORD:-}" >"$d/record.name"
 echo "$*" >"$d/args.$n"
+echo "job.sh: attempt $n" >&2
+sleep 0.3  # a reader that takes one byte has gone before anything else is written
 case $1 in
   peek) exit 0 ;;
   sleep) trap 'kill "$s"; exit 138' USR1; sleep 60 & s=$!; wait; exit 1 ;;
@@ -172,6 +175,12 @@ expect 1 "without writing a checkpoint since it started: not restarting" -- \
 rm -f attempts
 launch -np 1 bash "$tmp/job.sh" peek >peek.out 2>&1 || fail "the job without --max-restarts failed: $(tail -3 peek.out)"
 [[ -z $(cat record.name) ]] || fail "DPT_CHECKPOINT_RECORD given without --max-restarts"
+
+echo "== the launcher's own words to a stderr whose reader has gone: the restart still happens"
+rm -f attempts
+launch --max-restarts 2 -np 1 bash "$tmp/job.sh" record --checkpoint-every 1 2>&1 >/dev/null | head -c 1 >/dev/null
+rc=${PIPESTATUS[0]}
+[[ $rc -eq 0 && $(cat attempts) == 2 ]] || fail "stderr reader gone: launcher exit $rc (want 0), attempts $(cat attempts) (want 2)"
 
 echo "== SIGTERM to the launcher still stops the job as SIGUSR1, exit 143; the record is removed"
 rm -f attempts record.name

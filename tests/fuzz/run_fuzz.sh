@@ -19,7 +19,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_idx.cc" "$root/src/data/idx.cc" "$root/src/core/files.cc" \
   "$root/src/core/error.cc" -lz -o "$work/fuzz_idx"
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cc" "$root/src/train/safetensors.cc" \
-  "$root/src/core/error.cc" -o "$work/fuzz_safetensors"
+  "$root/src/core/files.cc" "$root/src/core/error.cc" -o "$work/fuzz_safetensors"
 
 # Seeds: small valid inputs, so the fuzzer starts from the interesting paths.
 mkdir -p "$work/idx" "$work/st"
