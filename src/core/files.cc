@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -41,6 +42,22 @@ const char* kind_of(mode_t m) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// The process's umask, read without changing it (umask(2) can only be read by setting it, and
+// another thread creating a file meanwhile would get the wrong mode): /proc/self/status has it.
+mode_t current_umask() {
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    unsigned mask = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "Umask: %o", &mask) == 1;
+    std::fclose(f);
+    if (found) return static_cast<mode_t>(mask);
+  }
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return mask;
+}
 
 // The file an output at `path` really is: `path` itself, or the regular file a symlink (chain)
 // names. Sets *st when it exists (st->st_mode == 0 when not).
@@ -79,9 +96,7 @@ AtomicFile::AtomicFile(const std::string& path, const std::string& what) : path_
   // The mode of the file replaced, so a 0600 checkpoint stays 0600; a new file gets the umask's.
   mode_t mode = 0666;
   if (st.st_mode == 0) {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    mode &= ~mask;
+    mode &= ~current_umask();
   } else {
     mode = st.st_mode & 07777;
   }
