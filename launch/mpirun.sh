@@ -250,46 +250,59 @@ trap 'on_signal SIGTERM 15' TERM
 # mpirun can outlive its job: after an MPI_Abort it waits until every daemon confirms, and a daemon
 # behind a link that is down answers only when TCP gives up (mpirun exited 954 s after the link
 # went down, with --timeout 8, while the ranks had ended 10 s after). It can also return before its
-# ranks here have ended: a rank it killed counts as ended once SIGKILL is sent (a rank still
-# tearing down its memory or GPU lives on), and an mpirun that crashes (it segfaulted in its own
-# abort path) leaves its ranks running. So this script notes mpirun's ranks on this host (its
-# children whose environment names a world rank; its ssh children have none) and
+# ranks here have ended: Open MPI counts a rank it SIGKILLs as ended at once, without waiting for
+# it (a rank still tearing down its memory or GPU lives on), and an mpirun that crashes (it
+# segfaulted in its abort path) leaves its ranks running. So this script notes mpirun's ranks on
+# this host (its children whose environment names a world rank; its ssh children have none) and
 #  - ends mpirun's process group (mpirun and its ssh children) once mpirun has outlived them by
 #    $grace s; ranks on other hosts end by themselves (--timeout, then an MPI_Abort that dptrain
 #    bounds), their daemons when they lose mpirun. The job's exit is then 3 (a failure);
-#  - after mpirun, waits for them: $grace s at most, then SIGKILL.
-# A job with no rank on this host is not bounded this way.
+#  - after mpirun, waits for them: $grace s at most, then SIGKILL to each one's process group.
+# A job with no rank on this host is not bounded this way. /proc is read directly, without
+# procps (minimal systems lack it), and without a subshell per look.
 grace=10
-# PID's start time (field 22 of /proc/PID/stat); fails when PID has ended or is a zombie. With its
-# pid it names a rank, so that a pid reused after the rank ended is not taken for it.
-started_at() {
-  local stat fields
-  { stat=$(<"/proc/$1/stat"); } 2>/dev/null || return 1
-  read -ra fields <<<"${stat##*) }" # the fields after the command name, which may hold spaces
-  [[ ${fields[0]} != Z ]] && echo "${fields[19]}"
-}
 ranks=() # mpirun's ranks on this host, as "pid:start time"
+# Sets start to PID's start time (field 22 of /proc/PID/stat); fails when PID has ended or is a
+# zombie. With its pid it names a rank, so that a pid reused after the rank ended is not taken for it.
+start_of() {
+  local stat fields
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+  read -ra fields <<<"${stat##*) }" # the fields after the command name, which may hold spaces
+  [[ ${fields[0]} != Z ]] && start=${fields[19]}
+}
+# Adds to ranks mpirun's children that are ranks.
 note_ranks() {
-  local p t
-  for p in $(pgrep -P "$child"); do
+  local f stat p start
+  for f in /proc/[0-9]*/stat; do
+    { read -r stat <"$f"; } 2>/dev/null || continue
+    stat=${stat##*) } stat=${stat#* } # from field 4, the parent's pid, on
+    [[ ${stat%% *} == "$child" ]] || continue
+    p=${f#/proc/} p=${p%/stat}
     [[ " ${ranks[*]} " == *" $p:"* ]] && continue
     grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$p/environ" 2>/dev/null || continue
-    t=$(started_at "$p") && ranks+=("$p:$t")
+    start_of "$p" && ranks+=("$p:$start")
   done
 }
-ranks_left() { # the pids of the noted ranks still running
-  local r
+# Sets left to the pids of the noted ranks still running.
+find_left() {
+  local r start
+  left=()
   for r in "${ranks[@]}"; do
-    [[ $(started_at "${r%%:*}") == "${r#*:}" ]] && echo "${r%%:*}"
+    start_of "${r%%:*}" && [[ $start == "${r#*:}" ]] && left+=("${r%%:*}")
   done
+  return 0
 }
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
-  local alone="" deadline killed=0 left=()
+  local alone="" seen="" deadline killed=0 left=() p
   ranks=() rc=""
   while kill -0 "$child" 2>/dev/null; do
-    note_ranks
-    if ((${#ranks[@]})) && [[ -z $(ranks_left) ]]; then
+    # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
+    # finds them all, and spares a scan of /proc every second of a long run.
+    if [[ -z $seen ]] || ((SECONDS - seen <= 3)); then note_ranks; fi
+    ((${#ranks[@]})) && seen=${seen:-$SECONDS}
+    find_left
+    if ((${#ranks[@]} && !${#left[@]})); then
       alone=${alone:-$SECONDS}
       if ((SECONDS - alone >= grace)); then
         echo "$me: mpirun is still running $grace s after the job's ranks on this host ended (waiting for a host it cannot reach?): ending it; exit 3" >&2
@@ -313,14 +326,15 @@ wait_mpirun() {
     kill -0 "$child" 2>/dev/null && rc=""
   done
   deadline=$((SECONDS + grace))
-  while mapfile -t left < <(ranks_left) && ((${#left[@]})); do
+  while find_left; ((${#left[@]})); do
     if ((SECONDS >= deadline)); then
       if ((killed)); then
         echo "$me: warning: rank process(es) ${left[*]} still there after SIGKILL" >&2
         break
       fi
       echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
-      kill -KILL "${left[@]}" 2>/dev/null
+      # Open MPI makes each rank the leader of its own process group (its children go with it).
+      for p in "${left[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
       killed=1 deadline=$((SECONDS + 5))
     fi
     sleep 0.1 &

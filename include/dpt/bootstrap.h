@@ -28,7 +28,8 @@ class MpiSession {
   bool thread_multiple_ = false;
 };
 
-// Prints nothing; calls MPI_Abort(MPI_COMM_WORLD, code) so no peer waits forever.
+// Prints nothing (flushes stdout and stderr); calls MPI_Abort(MPI_COMM_WORLD, code) so no peer
+// waits forever, and ends this process with `code` itself if MPI_Abort has not within 5 s.
 [[noreturn]] void abort_job(int code);
 
 }  // namespace dpt

@@ -370,12 +370,12 @@ MpiSession::~MpiSession() {
 void abort_job(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
-  // MPI_Abort asks this host's Open MPI daemon to end the job, and the daemon may wait on mpirun
-  // or another daemon across a link that is down: measured, a rank sat in it for minutes while the
-  // job's launch had long failed. A watchdog ends this process with the same code if MPI_Abort
-  // has not done so within kAbortGraceSeconds (reachable peers are killed well within that); the
-  // launcher (launch/mpirun.sh) bounds mpirun itself. The thread inherits the blocked stop
-  // signals, so nothing else can run on it.
+  // MPI_Abort returns (and the process exits) only once this host's Open MPI daemon has answered,
+  // and a daemon that does not (stuck, or waiting on mpirun across a link that is down) kept a
+  // rank in MPI_Abort until the daemon came back (tests/multihost/test_partition.sh,
+  // stalled-daemon). So a watchdog ends this process with the same code if MPI_Abort has not within
+  // kAbortGraceSeconds; a reachable daemon answers well within that. The launcher
+  // (launch/mpirun.sh) bounds mpirun itself. The thread inherits the blocked stop signals.
   static constexpr int kAbortGraceSeconds = 5;
   try {
     std::thread([code] {
