@@ -13,7 +13,10 @@
 #    starts, so that an unreachable or password-asking host fails in seconds, named. Every host name
 #    (--host, hostfiles) is checked first: ssh takes a name that starts with '-' as an option;
 #  - output that outlives its reader (`| head`, `| grep -m1`): mpirun's stdout and stderr pass
-#    through relays that drain to nowhere once the reader is gone; plain mpirun aborts the job.
+#    through relays that drain to nowhere once the reader is gone; plain mpirun aborts the job;
+#  - faults that end in bounded time: mpirun still running 10 s after all its ranks on this host
+#    have ended (stuck in its abort path, waiting for an unreachable daemon) is killed, and this
+#    script returns only after every rank it started on this host has exited.
 # Usage: launch/mpirun.sh [--max-restarts N] [--ssh-timeout S] -np N program [args...]
 set -uo pipefail
 me=launch/mpirun.sh

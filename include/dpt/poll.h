@@ -1,5 +1,5 @@
-// poll_with_deadline: the one polling loop behind the NCCL communicator's waits (its set-up, a
-// split, a collective's launch and its completion): a probe is called until it reports done, with
+// poll_with_deadline: the one polling loop behind every wait on a peer (the MPI communicator's
+// requests; the NCCL communicator's set-up, a split, a collective's launch and its completion): a probe is called until it reports done, with
 // a growing pause between calls, and a deadline (--timeout) after which on_timeout is called.
 // Header-only and free of CUDA, so that it is unit-tested without a GPU (tests/unit/test_poll.cc).
 #pragma once
@@ -19,6 +19,7 @@ namespace dpt {
 struct PollPause {
   std::chrono::microseconds first{1000};
   std::chrono::microseconds max{10000};
+  int spins = 0;  // probes before the first pause (and the first look at the clock)
 };
 
 // Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
@@ -32,7 +33,9 @@ bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   auto sleep = pause.first;
+  int polls = 0;
   while (!probe()) {
+    if (++polls <= pause.spins) continue;
     if (timeout_s > 0 && std::chrono::duration<double>(clock::now() - start).count() >= timeout_s) {
       on_timeout();
       return false;

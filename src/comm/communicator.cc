@@ -19,6 +19,7 @@
 #include "dpt/comm.h"
 #include "dpt/half.h"
 #include "dpt/log.h"
+#include "dpt/poll.h"
 
 namespace dpt {
 
@@ -86,23 +87,20 @@ void divide(void* data, int64_t count, DType dt, int n) {
   }
 }
 
-// Polls `done` until it returns true, sleeping briefly between polls; after `timeout` s throws an
-// error naming the operation, this rank, and what `diagnose` found out about the others.
+// Polls `done` until it returns true (poll_with_deadline: a short spin first, since small
+// collectives finish in microseconds, then 20 us pauses); after `timeout` s throws an error naming
+// the operation, this rank, and what `diagnose` found out about the others.
 template <typename Poll>
 void poll_until(Poll done, double timeout, const std::string& what, int rank,
                 const std::function<std::string()>& diagnose) {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  int spins = 0;
-  while (!done()) {
-    if (++spins < 64) continue;  // a short spin first: small collectives finish in microseconds
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-    if (timeout > 0 && std::chrono::duration<double>(clock::now() - start).count() > timeout)
-      throw Error(ErrorKind::kInternal,
-                  DPT_MSG(what << " did not complete within --timeout " << timeout
-                               << " s on rank " << rank << ": "
-                               << (diagnose ? diagnose() : std::string("a peer rank is stopped, dead or far behind"))));
-  }
+  poll_with_deadline(
+      timeout, done,
+      [&] {
+        throw Error(ErrorKind::kInternal,
+                    timeout_message(what, timeout, rank,
+                                    ": " + (diagnose ? diagnose() : std::string("a peer rank is stopped, dead or far behind"))));
+      },
+      PollPause{std::chrono::microseconds(20), std::chrono::microseconds(20), 64});
 }
 
 class MpiRequest : public Request {
