@@ -24,6 +24,11 @@ PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp) run it twice,
 python3-torch (1.13) and the newest release on PyPI, installed with pip into a virtual environment
 the bench creates once and reuses (bench/.venv-torch, git-ignored; `--torch debian` or `--torch
 pypi` runs one of them). dptrain's rows are compared with both.
+Before its tables the bench says where it ran: the CPU (model, family/model, the vector features
+that pick code paths), the instruction-set level dptrain's own loops dispatched to (the debug line
+of a one-step run: src/cpu/isa.h; DPT_ISA lowers it) and oneDNN's, and for each PyTorch the ISA its
+oneDNN reported and the convolution kernels it ran, fp32 and under CPU bf16 autocast (a small
+probe with ONEDNN_VERBOSE, in the same interpreter the suite runs).
 Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N] [--baseline PATH]
                             [--torch both|debian|pypi]
 """
@@ -82,6 +87,107 @@ def torch_pythons(which):
             print("# bench.py: Debian's python3-torch is not installed, so only PyPI's PyTorch runs "
                   "(apt-get install python3-torch adds 1.13)", file=sys.stderr, flush=True)
     return out
+
+
+# The vector features that choose code paths (dptrain's loops, oneDNN's kernels), as /proc/cpuinfo
+# names them.
+CPU_FEATURES = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile",
+                "amx_bf16"]
+
+
+def cpu_line():
+    """'AMD EPYC (family 25 model 17), 2 cores; avx2 fma avx512f ...; no amx_tile amx_bf16'."""
+    info = {}
+    for line in open("/proc/cpuinfo"):
+        k, _, v = line.partition(":")
+        info.setdefault(k.strip(), v.strip())
+    flags = set(info.get("flags", "").split())
+    have = [f for f in CPU_FEATURES if f in flags]
+    lack = [f for f in CPU_FEATURES if f not in flags]
+    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}), "
+            f"{os.cpu_count()} cores; {' '.join(have) or 'none of ' + ' '.join(CPU_FEATURES)}"
+            + (f"; no {' '.join(lack)}" if have and lack else ""))
+
+
+def dptrain_isa(binary, env):
+    """The level dptrain's loops dispatched to and oneDNN's ISA, from the debug line of a one-step
+    LeNet run ('avx512 (CPU: avx512; oneDNN: avx512_core_bf16)'), or why there is none."""
+    p = subprocess.run([binary, "--model", "lenet", "--epochs", "1", "--max-steps", "1", "--eval-every", "0",
+                        "--threads", "1", "--log-level", "debug"], env=env, capture_output=True, text=True)
+    for line in p.stderr.splitlines():
+        if "debug: CPU loops: " in line:
+            return line.split("debug: CPU loops: ", 1)[1].strip()
+    return f"not reported (exit {p.returncode}; a build before the dispatch of src/cpu/isa.h?)"
+
+
+# Runs one ResNet-sized convolution forward and backward in fp32 and under CPU bf16 autocast with
+# oneDNN's verbose log on; prints ATen's own vector level as JSON. What it ran is read from the log.
+TORCH_PROBE = """
+import json, torch
+torch.set_num_threads(1)
+conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+x = torch.randn(8, 64, 28, 28, requires_grad=True)
+print("probe: fp32", flush=True)
+conv(x).sum().backward()
+print("probe: bf16", flush=True)
+try:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(x)
+    y.float().sum().backward()
+except Exception as e:  # a torch without CPU autocast
+    print("probe: bf16 failed:", e, flush=True)
+cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+if cap:
+    cap = cap()
+else:  # PyTorch 1.x: only the build summary says it
+    cap = next((l.split(":", 1)[1].strip() for l in torch.__config__.show().splitlines()
+                if "CPU capability usage" in l), "?")
+print("probe: " + json.dumps({"aten": cap, "mkldnn": torch.backends.mkldnn.is_available()}), flush=True)
+"""
+
+
+def torch_isa(py, env):
+    """'oneDNN "<its ISA line>"; fp32 conv <impls>; bf16 autocast conv <impls>; ATen <level>' of one
+    PyTorch, or why the probe could not tell."""
+    penv = dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1", OMP_NUM_THREADS="1")
+    p = subprocess.run([py, "-c", TORCH_PROBE], env=penv, capture_output=True, text=True)
+    isa, phase, impls, aten = "?", None, {"fp32": [], "bf16": []}, "?"
+    for line in p.stdout.splitlines():
+        f = line.split(",")
+        if line.startswith("probe: "):
+            word = line[len("probe: "):]
+            if word in impls:
+                phase = word
+            elif word.startswith("{"):
+                aten = json.loads(word).get("aten", "?")
+        elif len(f) > 3 and f[0] in ("onednn_verbose", "dnnl_verbose"):
+            if f[1] == "info" and any(x.startswith("isa:") for x in f):
+                isa = next(x for x in f if x.startswith("isa:"))[4:]
+            elif f[1] == "exec" and phase and "convolution" in f:
+                impl = f[f.index("convolution") + 1]
+                if impl not in impls[phase]:
+                    impls[phase].append(impl)
+    if p.returncode != 0:
+        return f"probe failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}"
+    conv = "; ".join(f"{k.replace('bf16', 'bf16 autocast')} conv {' '.join(v) or 'no oneDNN kernel'}"
+                     for k, v in impls.items())
+    return f'oneDNN "{isa}"; {conv}; ATen {aten}'
+
+
+def print_where(a, env, suites):
+    """The lines that say where the bench ran (see the module's docstring); a JSON record with --json."""
+    where = {"cpu": cpu_line(), "dptrain": dptrain_isa(os.path.join(a.build, "dptrain"), env)}
+    if "builds" in suites and a.baseline:
+        where["baseline"] = dptrain_isa(a.baseline, env)
+    if any(s in ("lenet-1rank", "lenet-dp", "resnet-dp") for s in suites):
+        for label, py in torch_pythons(a.torch):
+            where[label] = torch_isa(py, env)
+    if a.json:
+        print(json.dumps({"where": where}))
+        return
+    for k, v in where.items():
+        print(f"# {k}: {v}")
+    print(flush=True)
 
 
 def mpirun(np):
@@ -147,8 +253,7 @@ def suite(name, build, max_steps, baseline=None, torches=()):
             ("resnet18 np2 baseline", mpirun(2) + [baseline] + r, True),
         ]
         return runs, {"lenet np2 this": ["lenet np2 baseline"], "resnet18 np2 this": ["resnet18 np2 baseline"]}
-    sys.exit(f"bench.py: unknown suite '{name}' (lenet-1rank | lenet-dp | resnet-dp | allreduce | conv | step | "
-             "builds | all)")
+    sys.exit(f"bench.py: unknown suite '{name}'")
 
 
 def last_json(text):
@@ -247,8 +352,13 @@ def main():
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
+    every = ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]
+    if a.suite not in every + ["all", "builds"]:
+        sys.exit(f"bench.py: unknown suite '{a.suite}' ({' | '.join(every + ['builds', 'all'])})")
+    suites = every if a.suite == "all" else [a.suite]
+    print_where(a, env, suites)
     if a.suite == "all":
-        for name in ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]:
+        for name in suites:
             run_suite(a, name, env)
             print(flush=True)
         return

@@ -1,7 +1,9 @@
 // Convolution algorithms side by side on the models' shapes: oneDNN's direct kernels (the path
 // DPT_WINOGRAD=off takes) against dptrain's Winograd passes, one thread, minimum of --reps calls
 // after a warm-up, and each Winograd result's largest error relative to oneDNN's output scale.
-// Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--json]
+// --tile M,MW picks the tiles (F(M,3) forward and backward-data, F(3,MW) backward-weights; default
+// 4,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops (src/cpu/isa.h).
+// Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile 4,4] [--cpu-time] [--json]
 #include <omp.h>
 
 #include <algorithm>
@@ -9,10 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "cpu/conv.h"
+#include "cpu/isa.h"
 #include "cpu/winograd.h"
 #include "dpt/rng.h"
 
@@ -36,14 +40,26 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
   return worst / scale;
 }
 
+// Milliseconds now: wall clock, or with --cpu-time this thread's CPU time (at one thread every
+// pass runs on the calling thread, so a machine shared with other jobs preempts it without
+// counting against it; caches and memory bandwidth are still shared).
+bool g_cpu_time = false;
+double now_ms() {
+  if (!g_cpu_time)
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
 template <class F>
 double best_ms(int reps, F f) {
   f();  // warm-up: primitive creation, first-touch page faults
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_ms();
     f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, now_ms() - t0);
   }
   return best;
 }
@@ -54,11 +70,14 @@ int main(int argc, char** argv) {
   int64_t batch = 64;
   int reps = 3;
   bool json = false;
+  int tile_m = 4, tile_mw = 4;  // winograd_choice's tiles for these shapes
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--json") json = true;
+    else if (a == "--cpu-time") g_cpu_time = true;
+    else if (a == "--tile" && i + 1 < argc && std::sscanf(argv[++i], "%d,%d", &tile_m, &tile_mw) == 2) continue;
     else {
       std::fprintf(stderr, "conv_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -79,14 +98,15 @@ int main(int argc, char** argv) {
                 {"resnet layer3", 7, 256, 256, 3, 1},
                 {"resnet layer4", 4, 512, 512, 3, 1}};
   if (!json) {
-    std::printf("# convolution, batch %lld, %d thread(s), best of %d calls, ms\n", static_cast<long long>(batch),
-                omp_get_max_threads(), reps);
+    std::printf("# convolution, batch %lld, %d thread(s), best of %d calls, ms%s; loops %s; tiles F(%d,3) F(3,%d)\n",
+                static_cast<long long>(batch), omp_get_max_threads(), reps, g_cpu_time ? " of thread CPU time" : "",
+                dpt::cpu::isa_report().c_str(), tile_m, tile_mw);
     std::printf("# %-14s %9s %11s %9s %10s %10s %7s %9s\n", "shape", "onednn_fwd", "onednn_bwd", "wino_fwd",
                 "wino_bwd_x", "wino_bwd_w", "speedup", "max_err");
   }
   for (const Shape& s : shapes) {
     ConvGeom g{batch, s.hw, s.hw, s.c, s.k, s.kernel, 1, s.pad};
-    const auto choice = dpt::cpu::WinogradChoice{4, 4};
+    const auto choice = dpt::cpu::WinogradChoice{tile_m, tile_mw};
     const auto x = random_values(static_cast<size_t>(g.n * g.h * g.w * g.c_in), 1);
     const auto w = random_values(static_cast<size_t>(g.c_out * g.c_in * g.k * g.k), 2);
     const auto b = random_values(static_cast<size_t>(g.c_out), 3);
@@ -109,8 +129,9 @@ int main(int argc, char** argv) {
     if (json)
       std::printf("{\"shape\":\"%s\",\"batch\":%lld,\"onednn_fwd_ms\":%.3f,\"onednn_bwd_ms\":%.3f,"
                   "\"wino_fwd_ms\":%.3f,\"wino_bwd_data_ms\":%.3f,\"wino_bwd_weights_ms\":%.3f,"
-                  "\"speedup\":%.3f,\"max_rel_err\":%.2e}\n",
-                  s.name, static_cast<long long>(batch), f1, b1, f2, d2, w2, speedup, err);
+                  "\"speedup\":%.3f,\"max_rel_err\":%.2e,\"tile\":[%d,%d],\"isa\":\"%s\"}\n",
+                  s.name, static_cast<long long>(batch), f1, b1, f2, d2, w2, speedup, err, choice.m, choice.mw,
+                  dpt::cpu::isa_name(dpt::cpu::active_isa()));
     else
       std::printf("  %-14s %9.2f %11.2f %9.2f %10.2f %10.2f %6.2fx %9.1e\n", s.name, f1, b1, f2, d2, w2,
                   speedup, err);

@@ -27,7 +27,7 @@ struct TrainConfig {
   std::string device = "auto";  // auto | cpu | cuda
   bool tf32 = false;            // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
   bool cuda_graphs = true;      // replay warm steps and evaluations as CUDA graphs (GPU only)
-  std::string precision = "fp32";  // fp32 | bf16 (GPU only: bf16 operands of convolutions and GEMMs)
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
   int threads = 1;
   int64_t max_steps = 0;  // 0 = whole epoch
   int64_t eval_batch_size = 1000;

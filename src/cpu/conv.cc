@@ -1,7 +1,8 @@
 // oneDNN 2.x convolution (the `convolution_forward::desc` API of Debian's libdnnl-dev 2.6).
 // Activations are fixed NHWC (measured faster than format_tag::any on these shapes, see
 // ../../docs/PERFORMANCE.md); weights use whatever layout each primitive prefers, reordered from
-// the plain OIHW parameter view once per call, since the weights change every step.
+// the plain OIHW parameter view once per call, since the weights change every step. In bf16 the
+// same primitives take bf16 x, w and dy (rounded here, or by the weight reorder) and write fp32.
 #include "cpu/conv.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
 #include "cpu/winograd.h"
@@ -35,6 +37,7 @@ struct ConvPrimitives::Entry {
   memory::desc plain_w_md, bias_md;
   memory w_fwd, w_bwd, dw_prim, db_tmp;  // layouts the primitives want (empty when plain)
   memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
+  std::vector<uint16_t> x16, dy16;  // bf16: the rounded input and output gradient
   bool has_bias = false;
   // Backward by im2col + sgemm (see backward_gemm): buffers, and which path this shape uses
   // (-1 = not yet decided, 0 = oneDNN, 1 = sgemm), decided once per shape (see backward()).
@@ -42,7 +45,7 @@ struct ConvPrimitives::Entry {
   int bwd_path = -1;
 };
 
-ConvPrimitives::ConvPrimitives() : wino_(std::make_unique<WinogradConv>()) {}
+ConvPrimitives::ConvPrimitives(bool bf16) : wino_(std::make_unique<WinogradConv>()), bf16_(bf16) {}
 ConvPrimitives::~ConvPrimitives() = default;
 
 ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
@@ -52,9 +55,14 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   auto e = std::make_unique<Entry>();
   e->has_bias = has_bias;
   const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-  memory::desc src_md({g.n, g.c_in, g.h, g.w}, dt::f32, tag::nhwc);
+  // The operands (x, w, dy) in bf16 or fp32; what the primitives write (y, dx, dw, db) in fp32.
+  const dt in = bf16_ ? dt::bf16 : dt::f32;
+  memory::desc src_md({g.n, g.c_in, g.h, g.w}, in, tag::nhwc);
+  memory::desc dsrc_md({g.n, g.c_in, g.h, g.w}, dt::f32, tag::nhwc);
   memory::desc dst_md({g.n, g.c_out, g.oh(), g.ow()}, dt::f32, tag::nhwc);
-  memory::desc w_any({g.c_out, g.c_in, g.k, g.k}, dt::f32, tag::any);
+  memory::desc ddst_md({g.n, g.c_out, g.oh(), g.ow()}, in, tag::nhwc);
+  memory::desc w_any({g.c_out, g.c_in, g.k, g.k}, in, tag::any);
+  memory::desc dw_any({g.c_out, g.c_in, g.k, g.k}, dt::f32, tag::any);
   e->plain_w_md = memory::desc({g.c_out, g.c_in, g.k, g.k}, dt::f32, tag::oihw);
   e->bias_md = has_bias ? memory::desc({g.c_out}, dt::f32, tag::x) : memory::desc();
   auto algo = dnnl::algorithm::convolution_direct;
@@ -65,7 +73,7 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
                                       e->bias_md, dst_md, strides, pad, pad),
       attr, eng);
   e->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(algo, src_md, w_any, dst_md, strides, pad, pad), attr,
+      dnnl::convolution_backward_data::desc(algo, dsrc_md, w_any, ddst_md, strides, pad, pad), attr,
       eng, e->fwd_pd);
   // oneDNN 2.6's jit_1x1:avx2 backward-weights kernel writes past its buffers for strided 1x1
   // convolutions whose input channel count is not a multiple of 8 (heap corruption, reproduced
@@ -73,8 +81,8 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   // implementation.
   const bool avoid_1x1 = g.k == 1 && g.stride > 1 && g.c_in % 8 != 0;
   e->bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
-      dnnl::convolution_backward_weights::desc(algo, src_md, avoid_1x1 ? e->plain_w_md : w_any,
-                                               e->bias_md, dst_md, strides, pad, pad),
+      dnnl::convolution_backward_weights::desc(algo, src_md, avoid_1x1 ? e->plain_w_md : dw_any,
+                                               e->bias_md, ddst_md, strides, pad, pad),
       attr, eng, e->fwd_pd);
   size_t scratch_bytes = std::max({e->fwd_pd.scratchpad_desc().get_size(),
                                    e->bwd_data_pd.scratchpad_desc().get_size(),
@@ -98,9 +106,22 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   return *cache_.emplace(g.n, std::move(e)).first->second;
 }
 
+namespace {
+// `p` as a primitive's operand of descriptor md: the caller's floats, or in bf16 their rounding
+// into buf (the weights instead go through the reorder into the primitive's layout).
+memory operand(const memory::desc& md, const float* p, std::vector<uint16_t>& buf) {
+  if (md.data.data_type != dnnl_bf16) return memory(md, dnnl_engine(), const_cast<float*>(p));
+  buf.resize(md.get_size() / sizeof(uint16_t));
+  to_bf16(p, buf.data(), static_cast<int64_t>(buf.size()));
+  return memory(md, dnnl_engine(), buf.data());
+}
+}  // namespace
+
 void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
                              float* y) {
-  if (const int m = winograd_choice(g).m) return wino_->forward(g, m, x, w, b, y);
+  // bf16 never runs Winograd: its transforms would work on the rounded operands in fp32, which
+  // is neither the bf16 product nor faster than oneDNN's bf16 kernels.
+  if (const int m = bf16_ ? 0 : winograd_choice(g).m) return wino_->forward(g, m, x, w, b, y);
   Entry& e = entry(g, b != nullptr);
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
@@ -111,7 +132,7 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
     w_used = e.w_fwd;
   }
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(e.fwd_pd.src_desc(), eng, const_cast<float*>(x))},
+      {DNNL_ARG_SRC, operand(e.fwd_pd.src_desc(), x, e.x16)},
       {DNNL_ARG_WEIGHTS, w_used},
       {DNNL_ARG_DST, memory(e.fwd_pd.dst_desc(), eng, y)}};
   if (b) args[DNNL_ARG_BIAS] = memory(e.bias_md, eng, const_cast<float*>(b));
@@ -124,7 +145,7 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
                                    const float* dy, float* dx, float* dw, float* db, bool accumulate) {
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
-  memory dy_mem(e.fwd_pd.dst_desc(), eng, const_cast<float*>(dy));
+  const memory dy_mem = operand(e.bwd_data_pd.diff_dst_desc(), dy, e.dy16);
   if (dx) {
     memory w_plain(e.plain_w_md, eng, const_cast<float*>(w));
     memory w_used = w_plain;
@@ -152,7 +173,7 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
   }
   memory dw_plain(e.plain_w_md, eng, dw_target);
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory(e.fwd_pd.src_desc(), eng, const_cast<float*>(x))},
+      {DNNL_ARG_SRC, operand(e.bwd_w_pd.src_desc(), x, e.x16)},
       {DNNL_ARG_DIFF_DST, dy_mem},
       {DNNL_ARG_DIFF_WEIGHTS, e.dw_prim ? e.dw_prim : dw_plain}};
   if (db) args[DNNL_ARG_DIFF_BIAS] = accumulate ? e.db_tmp : memory(e.bias_md, eng, db);
@@ -264,7 +285,7 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
 
 void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
                               float* dx, float* dw, float* db, bool accumulate) {
-  if (const auto ch = winograd_choice(g); ch.m) {
+  if (const auto ch = bf16_ ? WinogradChoice{} : winograd_choice(g); ch.m) {
     if (dx) wino_->backward_data(g, ch.m, w, dy, dx);
     wino_->backward_weights(g, ch.mw, x, dy, dw, accumulate);
     if (db) column_sums(dy, g.n * g.oh() * g.ow(), g.c_out, db, accumulate);
@@ -279,9 +300,10 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     // oneDNN for the rest (one-channel stems, 1x1; stride-1 3x3 with channels is Winograd).
     // DPT_CONV_BACKWARD=onednn|sgemm pins a path; =auto times both once per shape and keeps the
     // faster (not reproducible).
+    // bf16 is always oneDNN's: the sgemm path is fp32.
     const char* env = std::getenv("DPT_CONV_BACKWARD");
     const std::string force = env ? env : "";
-    if (force == "onednn") e.bwd_path = 0;
+    if (force == "onednn" || bf16_) e.bwd_path = 0;
     else if (force == "sgemm") e.bwd_path = 1;
     else if (force != "auto") e.bwd_path = g.k >= 5 || (g.k >= 3 && g.stride > 1) ? 1 : 0;
   }

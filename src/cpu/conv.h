@@ -1,6 +1,8 @@
 // CPU convolution: NHWC activations, PyTorch-layout (OIHW) weights. Stride-1 3x3 convolutions with
 // enough channels run the Winograd algorithm (winograd.h); the rest run oneDNN, whose primitive
 // descriptors, primitives and reordered weight buffers are created once per batch size and reused.
+// With bf16 (--precision bf16) every convolution runs oneDNN on bf16 copies of x, w and dy with
+// fp32 outputs and gradients (oneDNN accumulates in fp32).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,7 @@ using dpt::ConvGeom;
 // The CPU backend's ConvOp (backend.h).
 class ConvPrimitives : public ConvOp {
  public:
-  ConvPrimitives();
+  explicit ConvPrimitives(bool bf16 = false);
   ~ConvPrimitives() override;
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
   void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
@@ -34,6 +36,7 @@ class ConvPrimitives : public ConvOp {
                      float* dx, float* dw, float* db, bool accumulate);
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size
   std::unique_ptr<WinogradConv> wino_;            // stride-1 3x3 shapes (winograd.h)
+  bool bf16_;                                     // bf16 operands, always oneDNN
 };
 
 }  // namespace dpt::cpu

@@ -1,15 +1,27 @@
 // The CPU implementation of the operations interface (include/dpt/backend.h): host memory and the
 // loops of src/cpu (oneDNN, Winograd and our own), called as they were before the interface
-// existed, so the CPU's arithmetic is that of src/cpu and nothing else.
+// existed, so the CPU's arithmetic is that of src/cpu and nothing else. Two instances: fp32, and
+// --precision bf16 (cpu_backend.h), which differs only in its convolutions and Linear GEMMs; the
+// bf16 detection, conversion and GEMM they need live here too.
+#include "cpu/cpu_backend.h"
+
+#include <immintrin.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "cpu/conv.h"
+#include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
+#include "dpt/half.h"
 #include "dpt/idx.h"
 
 namespace dpt::cpu {
@@ -88,7 +100,9 @@ class CpuBatchNorm : public BatchNormOp {
 
 class CpuBackend : public Backend {
  public:
+  explicit CpuBackend(bool bf16) : bf16_(bf16) {}
   std::string name() const override { return "cpu"; }
+  std::string describe() const override { return bf16_ ? "cpu (bf16)" : "cpu"; }
   bool host_memory() const override { return true; }
 
   void* allocate(size_t bytes) override {
@@ -104,7 +118,7 @@ class CpuBackend : public Backend {
   void copy_from_host(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
-  std::unique_ptr<ConvOp> make_conv() override { return std::make_unique<ConvPrimitives>(); }
+  std::unique_ptr<ConvOp> make_conv() override { return std::make_unique<ConvPrimitives>(bf16_); }
   std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override {
     return std::make_unique<CpuBatchNorm>(channels, momentum, eps);
   }
@@ -138,11 +152,11 @@ class CpuBackend : public Backend {
   }
   void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
                       int64_t out) override {
-    cpu::linear_forward(x, w, b, y, n, in, out);
+    cpu::linear_forward(x, w, b, y, n, in, out, gemm());
   }
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                        int64_t in, int64_t out, bool accumulate) override {
-    cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate);
+    cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate, gemm());
   }
 
   void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
@@ -169,16 +183,112 @@ class CpuBackend : public Backend {
     cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first, coef);
   }
   void sum_squares(const float* x, int64_t n, double* out) override { *out = cpu::sum_squares(x, n); }
+
+ private:
+  GemmFn gemm() const { return bf16_ ? gemm_bf16 : sgemm; }
+  bool bf16_;  // --precision bf16: convolutions and Linear GEMMs on bf16 operands
 };
 
+// 16 floats per VCVTNEPS2BF16, the tail under a mask, so every element is rounded the same way.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx512(const float* x, uint16_t* y,
+                                                                                     int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+    _mm256_mask_storeu_epi16(y + i, m, reinterpret_cast<const __m256i&>(v));
+  }
+}
+
+// The first "model name" of /proc/cpuinfo, for messages.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
+      return line.substr(line.find_first_not_of(" \t", line.find(':') + 1));
+  return "this CPU";
+}
+
 }  // namespace
+
+std::string cpu_bf16_missing() {
+  const char* env = std::getenv("DPT_CPU_BF16");
+  const bool off = env && std::string(env) == "off";
+  const bool avx512 = !off && __builtin_cpu_supports("avx512bf16");
+  const bool amx = !off && __builtin_cpu_supports("amx-bf16");
+  if (!avx512 && !amx)
+    return DPT_MSG(cpu_model() << " has neither AVX512-BF16 nor AMX-BF16"
+                               << (off ? " (DPT_CPU_BF16=off treats them as absent)" : ""));
+  // A CPU feature oneDNN may not use (ONEDNN_MAX_CPU_ISA) would leave its reference kernels.
+  const auto need = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  if ((static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & need) != need)
+    return DPT_MSG(cpu_model() << " has " << (avx512 ? "AVX512-BF16" : "AMX-BF16")
+                               << " but oneDNN may not use it (its ISA is capped below avx512_core_bf16, "
+                                  "by ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA)");
+  return "";
+}
+
+Backend& cpu_backend_bf16() {
+  static CpuBackend backend(true);
+  return backend;
+}
+
+void to_bf16(const float* x, uint16_t* y, int64_t n) {
+  static const bool native = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
+  if (native) return to_bf16_avx512(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_from_float(x[i]);
+}
+
+void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, float beta, float* c, int64_t ldc) {
+  DPT_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16: beta " << beta << " is neither 0 nor 1");
+  using dnnl::memory;
+  using dt = memory::data_type;
+  // op(A) [m, k] and op(B) [k, n] as strided views of the row-major operands (a transposed one is
+  // the same bytes read across), and the extent each occupies: its rows up to the last one's end.
+  auto view = [](char t, int64_t rows, int64_t cols, int64_t ld) {
+    return t == 'N' ? memory::desc({rows, cols}, dt::bf16, memory::dims{ld, 1})
+                    : memory::desc({rows, cols}, dt::bf16, memory::dims{1, ld});
+  };
+  auto extent = [](char t, int64_t rows, int64_t cols, int64_t ld) {
+    return t == 'N' ? (rows - 1) * ld + cols : (cols - 1) * ld + rows;
+  };
+  using Key = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  thread_local std::map<Key, dnnl::matmul> cache;
+  thread_local std::vector<uint16_t> a16, b16;
+  const memory::desc a_md = view(ta, m, k, lda), b_md = view(tb, k, n, ldb);
+  const memory::desc c_md({m, n}, dt::f32, memory::dims{ldc, 1});
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, beta != 0.f};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    dnnl::primitive_attr attr;
+    if (beta != 0.f) {
+      dnnl::post_ops po;
+      po.append_sum(1.f);  // C += the product: the accumulation of a gradient, in fp32
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, dnnl_engine());
+    log_dnnl_choice("matmul bf16", pd.impl_info_str());
+    it = cache.emplace(key, dnnl::matmul(pd)).first;
+  }
+  a16.resize(static_cast<size_t>(extent(ta, m, k, lda)));
+  b16.resize(static_cast<size_t>(extent(tb, k, n, ldb)));
+  to_bf16(a, a16.data(), static_cast<int64_t>(a16.size()));
+  to_bf16(b, b16.data(), static_cast<int64_t>(b16.size()));
+  auto& eng = dnnl_engine();
+  it->second.execute(dnnl_stream(), {{DNNL_ARG_SRC, memory(a_md, eng, a16.data())},
+                                     {DNNL_ARG_WEIGHTS, memory(b_md, eng, b16.data())},
+                                     {DNNL_ARG_DST, memory(c_md, eng, c)}});
+  dnnl_stream().wait();
+}
 
 }  // namespace dpt::cpu
 
 namespace dpt {
 
 Backend& cpu_backend() {
-  static cpu::CpuBackend backend;
+  static cpu::CpuBackend backend(false);
   return backend;
 }
 

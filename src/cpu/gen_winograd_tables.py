@@ -33,7 +33,7 @@ def mats(m, r, pts):
 
 POINTS = {4: [0, 1, -1], 6: [0, 1, -1, 2, -2], 8: [0, 1, -1, 2, -2, Fr(1, 2), Fr(-1, 2)]}
 # (m, r): forward / backward-data tiles F(m, r) and weight-gradient tiles F(r, m).
-VARIANTS = [(2, 3), (4, 3), (3, 2), (3, 4), (2, 5), (4, 5), (5, 2), (5, 4)]
+VARIANTS = [(2, 3), (4, 3), (3, 2), (3, 4), (2, 5), (4, 5), (5, 2), (5, 4), (6, 3), (3, 6)]
 
 
 def check_2d(m, r, AT, G, BT):

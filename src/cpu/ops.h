@@ -50,12 +50,17 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
 // gradients of Linear and of the sgemm convolution path).
 void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate);
 
+// A GEMM with sgemm's contract: Linear's products go through one, so --precision bf16 can hand
+// in its bf16 GEMM (cpu_backend.h) while the bias and its gradient stay fp32 loops here.
+using GemmFn = void (*)(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                        const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // y[n,out] = x[n,in] * W[out,in]^T + b.
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
-                    int64_t in, int64_t out);
+                    int64_t in, int64_t out, GemmFn gemm = sgemm);
 // dx (optional) = dy W; dW (+)= dy^T x; db (+)= sum_n dy. accumulate: add into dW/db.
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate);
+                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate, GemmFn gemm = sgemm);
 
 // NHWC [N,H,W,C] <-> [N, C*H*W] in (c, h, w) order, PyTorch's flatten order.
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);

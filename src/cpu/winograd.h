@@ -1,7 +1,8 @@
 // Winograd minimal-filtering convolution (Lavin & Gray 2015) for stride-1 square kernels on NHWC
 // activations: forward, backward-data and backward-weights as alpha^2 independent sgemms between
 // transformed tiles. It cuts the multiplications of a 3x3 convolution by 2.25x (F(2,3)) to 4x
-// (F(4,3)); oneDNN 2.6 has Winograd only for AVX-512, and this project's CPUs are AVX2.
+// (F(4,3)); oneDNN 2.6 has Winograd only for AVX-512. The loops run
+// at the instruction-set level isa.h chose (winograd_loops.inc).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,7 @@ class WinogradConv {
  private:
   std::pair<const wino::Tables*, float*> filters(const ConvGeom& g, int m, const float* w, bool rotate);
   float* transform_filters(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr);
-  std::vector<float> wr_, u_, v_, mt_, acc_, tmp_, zeros_;
+  std::vector<float> wr_, u_, v_, mt_, acc_, tmp_;
 };
 
 }  // namespace dpt::cpu

@@ -113,9 +113,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
                "by local rank", cxxopts::value<std::string>()->default_value(d.device))
     ("tf32", "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with 10-bit "
              "mantissa products (off: results agree with the CPU to fp32 rounding)")
-    ("precision", "fp32 | bf16: on the GPU, bf16 convolutions and Linear GEMMs on tensor cores with fp32 "
-                  "accumulation; master weights, the gradient buffers, the optimizer and the all-reduce "
-                  "stay fp32",
+    ("precision", "fp32 | bf16: Linear GEMMs on bf16 operands and convolutions on bf16 (CPU, which needs "
+                  "AVX512-BF16 or AMX-BF16) or TF32 (GPU) operands, fp32 accumulation; master weights, the "
+                  "gradient buffers, the optimizer and the all-reduce stay fp32",
      cxxopts::value<std::string>()->default_value(d.precision))
     ("no-cuda-graphs", "On the GPU, launch every kernel of every step instead of replaying warm steps and "
                        "evaluations as CUDA graphs (same results; for profiling)")

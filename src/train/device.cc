@@ -3,6 +3,7 @@
 #include <fstream>
 #include <string>
 
+#include "cpu/cpu_backend.h"
 #include "dpt/backend.h"
 #include "dpt/device.h"
 
@@ -37,12 +38,13 @@ double host_available_bytes() {
 
 namespace {
 
-// The host: oneDNN's operations; gradients leave through the Reducer's MPI thread.
+// The host: oneDNN's operations (with bf16, the backend whose convolutions and Linear GEMMs take
+// bf16 operands; the pre-flight has checked the CPU); gradients leave through the Reducer's MPI thread.
 class CpuDevice final : public ComputeDevice {
  public:
   explicit CpuDevice(const DeviceRequest& r) : request_(r) {}
   const char* kind() const override { return "cpu"; }
-  Backend& ops() override { return cpu_backend(); }
+  Backend& ops() override { return request_.bf16 ? cpu::cpu_backend_bf16() : cpu_backend(); }
   // Once per host (its first rank): the estimate covers every rank there. MemAvailable already
   // lacks what the run has loaded, so nothing extra.
   DeviceMemory memory(int) override {

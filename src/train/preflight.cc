@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "cpu/cpu_backend.h"
 #include "dpt/clock.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
@@ -156,8 +157,14 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
     device = "cpu";
   }
   if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
-  if (device == "cpu" && cfg.precision != "fp32" && comm.rank() == 0)
-    log_warn("--precision " + cfg.precision + " applies to the GPU only: the CPU trains in fp32");
+  // bf16 on a CPU without bf16 instructions would run oneDNN's reference kernels (or none): many
+  // times slower than fp32, so it is refused rather than emulated.
+  if (device == "cpu" && cfg.precision == "bf16")
+    agree_on_input(comm, "--precision bf16: another rank's CPU cannot run bf16", [] {
+      const std::string missing = cpu::cpu_bf16_missing();
+      DPT_INPUT_CHECK(missing.empty(), "--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16: "
+                                           << missing << "; use --precision fp32 on this machine");
+    });
   return device;
 }
 

@@ -99,7 +99,7 @@ TEST(Config, PrecisionIsFp32UnlessBf16IsAsked) {
   std::string msg;
   EXPECT_EQ(input_error_of({"--precision", "fp16"}, &msg), 2);
   EXPECT_NE(msg.find("--precision: 'fp16' is not fp32|bf16"), std::string::npos) << msg;
-  EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // accepted; fp32 on the CPU
+  EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // the pre-flight checks the CPU
 }
 
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
