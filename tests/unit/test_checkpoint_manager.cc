@@ -18,6 +18,7 @@
 #include "dpt/error.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"
+#include "engine_rig.h"
 #include "test_util.h"
 
 namespace dpt {
@@ -25,33 +26,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A LeNet on the CPU with everything the manager works on; `tweak` changes the configuration
-// before anything is built.
-struct Rig {
-  std::unique_ptr<Communicator> comm = test::world_comm();
-  std::string dir;
-  TrainConfig cfg;
-  ImageSet train, test;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<DataParallel> ddp;
-  std::unique_ptr<Sgd> opt;
-  std::unique_ptr<StepEngine> engine;
+// A LeNet on the CPU with everything the manager works on (engine_rig.h) and the manager;
+// `tweak` changes the configuration before anything is built.
+struct Rig : test::EngineRig {
   std::unique_ptr<CheckpointManager> manager;
 
-  explicit Rig(const std::string& data_dir, void (*tweak)(TrainConfig&) = nullptr, const std::string& ck = "")
-      : dir(data_dir) {
-    cfg = test::small_config("lenet", dir, 3, 64);
-    cfg.checkpoint_path = ck.empty() ? dir + "/ck.st" : ck;
-    cfg.checkpoint_every = 1;
-    if (tweak) tweak(cfg);
-    train = load_image_set(dir, "train");
-    test = load_image_set(dir, "t10k");
-    model = make_model("lenet", 10, cpu_backend());
-    model->init_parameters(cfg.init, cfg.seed);
-    ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
-    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
-    engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
+  explicit Rig(const std::string& dir, void (*tweak)(TrainConfig&) = nullptr, const std::string& ck = "")
+      : EngineRig(config(dir, tweak, ck)) {
     manager = std::make_unique<CheckpointManager>(cfg, *comm, *model, *ddp, *opt, *engine);
+  }
+  static TrainConfig config(const std::string& dir, void (*tweak)(TrainConfig&), const std::string& ck) {
+    TrainConfig c = test::small_config("lenet", dir, 3, 64);
+    c.checkpoint_path = ck.empty() ? dir + "/ck.st" : ck;
+    c.checkpoint_every = 1;
+    if (tweak) tweak(c);
+    return c;
   }
   void save_at(int64_t step) { manager->save({0, step, step}, {}); }
 };

@@ -15,6 +15,7 @@
 #include "dpt/device.h"
 #include "dpt/engine.h"
 #include "dpt/train.h"
+#include "engine_rig.h"
 #include "test_util.h"
 #include "train/guard.h"
 #include "train/signals.h"
@@ -84,32 +85,24 @@ TEST(StopSignals, EachTrainingStartsWithoutAStop) {
 
 // The guard on a real engine (the error names the first non-finite gradient).
 struct GuardRig {
-  std::unique_ptr<Communicator> comm = test::world_comm();
   std::string dir = test::make_temp_dir("guard");
-  TrainConfig cfg;
-  ImageSet train, test;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<DataParallel> ddp;
-  std::unique_ptr<Sgd> opt;
-  std::unique_ptr<StepEngine> engine;
-  explicit GuardRig(const std::string& mode, int64_t max_skips) {
+  std::unique_ptr<test::EngineRig> rig;
+  GuardRig(const std::string& mode, int64_t max_skips) {
     test::write_synthetic_dataset(dir, 128, 32, 5);
-    cfg = test::small_config("lenet", dir, 1, 64);
-    cfg.nonfinite = mode;
-    cfg.nonfinite_max_skips = max_skips;
-    train = load_image_set(dir, "train");
-    test = load_image_set(dir, "t10k");
-    model = make_model("lenet", 10, cpu_backend());
-    ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
-    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
-    engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
+    TrainConfig c = test::small_config("lenet", dir, 1, 64);
+    c.nonfinite = mode;
+    c.nonfinite_max_skips = max_skips;
+    rig = std::make_unique<test::EngineRig>(c);
   }
-  ~GuardRig() { std::filesystem::remove_all(dir); }
+  ~GuardRig() {
+    rig.reset();
+    std::filesystem::remove_all(dir);
+  }
 };
 
 TEST(NonFiniteGuard, SkipsUpToTheBoundThenStopsNamingTheStep) {
   GuardRig r("skip", 2);
-  NonFiniteGuard guard(r.cfg, *r.comm, *r.engine);
+  NonFiniteGuard guard(r.rig->cfg, *r.rig->comm, *r.rig->engine);
   guard.check(1.5, 0, 0);  // finite: nothing
   EXPECT_EQ(guard.skipped(), 0);
   guard.check(std::nan(""), 3, 0);
@@ -128,7 +121,7 @@ TEST(NonFiniteGuard, SkipsUpToTheBoundThenStopsNamingTheStep) {
 
 TEST(NonFiniteGuard, StopEndsAtTheFirst) {
   GuardRig r("stop", 10);
-  NonFiniteGuard guard(r.cfg, *r.comm, *r.engine);
+  NonFiniteGuard guard(r.rig->cfg, *r.rig->comm, *r.rig->engine);
   EXPECT_THROW(guard.check(std::nan(""), 0, 0), AgreedInputError);
 }
 

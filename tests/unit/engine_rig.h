@@ -1,0 +1,36 @@
+// What the driver's components work on, built the way run_training builds it, for tests that
+// exercise one component without a training run: a CPU LeNet wrapped by DataParallel, its Sgd and
+// a StepEngine over the data in cfg.data. One rank (an MPI singleton).
+#pragma once
+
+#include <memory>
+
+#include "dpt/comm.h"
+#include "dpt/ddp.h"
+#include "dpt/engine.h"
+#include "dpt/train.h"
+#include "test_util.h"
+
+namespace dpt::test {
+
+struct EngineRig {
+  std::unique_ptr<Communicator> comm = world_comm();
+  TrainConfig cfg;
+  ImageSet train, test;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> ddp;
+  std::unique_ptr<Sgd> opt;
+  std::unique_ptr<StepEngine> engine;
+
+  explicit EngineRig(const TrainConfig& c) : cfg(c) {
+    train = load_image_set(cfg.data, "train");
+    test = load_image_set(cfg.data, "t10k");
+    model = make_model(cfg.model, 10, cpu_backend());
+    model->init_parameters(cfg.init, cfg.seed);
+    ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
+    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
+    engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
+  }
+};
+
+}  // namespace dpt::test
