@@ -30,3 +30,18 @@ expect() {
 # same_tensors A B: the two safetensors files hold the same tensors, bit for bit (metadata aside).
 lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 same_tensors() { python3 "$lib_dir/same_tensors.py" "$1" "$2"; }
+
+# run LOG args...: a run bounded by $RUN_TIMEOUT seconds (default 180), its output in LOG.
+run() {
+  local log=$1; shift
+  timeout -k 5 "${RUN_TIMEOUT:-180}" "$@" > "$log" 2>&1
+}
+
+# meta_of KEY FILE: the value of KEY in a safetensors file's metadata (read from its header alone;
+# empty when absent).
+meta_of() {
+  python3 -c '
+import json, struct, sys
+f = open(sys.argv[2], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+print(json.loads(f.read(n)).get("__metadata__", {}).get(sys.argv[1], ""))' "$1" "$2"
+}

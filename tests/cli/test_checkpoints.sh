@@ -8,17 +8,7 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 mpi+=(-np 2)
 cd "$tmp" || exit 1
-run() {  # run LOG args...: a bounded run, its output in LOG
-  local log=$1; shift
-  timeout -k 5 180 "$@" > "$log" 2>&1
-}
-# The step a checkpoint records in its metadata.
-step_of() {
-  python3 -c '
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-print(json.loads(raw[8:8 + n])["__metadata__"]["step"])' "$1"
-}
+step_of() { meta_of step "$1"; }  # the step a checkpoint records in its metadata
 base=(--epochs 3 --max-steps 5 --eval-every 0 --batch-size 64)
 
 echo "== every 2 steps, the newest 2 kept, named by step (2 ranks)"

@@ -7,17 +7,8 @@
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$tmp" || exit 1
-run() {  # run LOG args...: a bounded run, its output in LOG
-  local log=$1; shift
-  timeout -k 5 120 "$@" > "$log" 2>&1
-}
-# The training id a checkpoint records ("" when none).
-id_of() {
-  python3 -c '
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read(64 << 10); n = struct.unpack("<Q", raw[:8])[0]
-print(json.loads(raw[8:8 + n]).get("__metadata__", {}).get("training_id", ""))' "$1"
-}
+RUN_TIMEOUT=120  # run (lib.sh) bounds each run
+id_of() { meta_of training_id "$1"; }  # the training id a checkpoint records ("" when none)
 mkdir shared
 base=(--eval-every 0 --batch-size 64 --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path shared/ck.st)
 
