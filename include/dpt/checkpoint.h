@@ -46,6 +46,7 @@ struct CheckpointInfo {
   int64_t step = -1;      // the global step it records; -1: not a training checkpoint
   std::string training;   // the id of the training that wrote it ("" before ids were recorded)
   std::string started;    // when that training started (UTC)
+  std::string config;     // the configuration's JSON it was written with ("" when not recorded)
 };
 CheckpointInfo read_checkpoint_info(const std::string& path);
 

@@ -101,6 +101,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   };
   info.training = get("training_id");
   info.started = get("training_started");
+  info.config = get("config");
   // A --save file has no optimizer state: it records a step, but is no checkpoint to resume.
   if (meta.count("optimizer_steps")) {
     try {
@@ -170,16 +171,9 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   if (ids.size() > 1) {
     for (const std::string& id : ids) {  // files are newest first: the first of each id is its newest
       const auto newest = std::find_if(files.begin(), files.end(), [&](const CheckpointInfo& f) { return f.training == id; });
-      Meta m;
-      try {
-        m = read_metadata(newest->path);
-      } catch (const Error&) {
-        continue;
-      }
-      const auto cfg_json = m.find("config");
       bool same = false;
       try {
-        same = cfg_json != m.end() && config_changes(cfg_, newest->path, cfg_json->second).empty();
+        same = !newest->config.empty() && config_changes(cfg_, newest->path, newest->config).empty();
       } catch (const Error&) {
       }
       if (same) {
