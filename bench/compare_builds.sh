@@ -22,7 +22,8 @@ runs=(
   "2|--model lenet --epochs 2 --max-steps 10 --checkpoint-every 1||--model lenet --epochs 3 --max-steps 10 --checkpoint-every 1 --resume ckpt.safetensors --allow-config-change"
 )
 # Files equal byte for byte; safetensors: every tensor (name, type, shape, bytes) and every metadata
-# value but "config" (its JSON gains the keys of a newer build's flags) and "history".
+# value both builds write but "config" (its JSON gains the keys of a newer build's flags) and
+# "history" (keys only one build writes, such as input_shape since 2026-11-24, are named, not compared).
 same() {
   [[ $1 == *.safetensors ]] || { cmp -s "$1" "$2"; return; }
   python3 - "$1" "$2" <<'PY'
@@ -38,7 +39,15 @@ def load(p):
     meta.pop("training_started", None)
     data = raw[8 + n:]
     return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in head.items()}
-sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)
+(ma, ta), (mb, tb) = load(sys.argv[1]), load(sys.argv[2])
+only = sorted(ma.keys() ^ mb.keys())
+if only:
+    print(f"  ({sys.argv[2].split('/')[-1]}: metadata only one build writes, not compared: {', '.join(only)})")
+shared = ma.keys() & mb.keys()
+bad = [k for k in sorted(shared) if ma[k] != mb[k]] + [k for k in sorted(ta.keys() | tb.keys()) if ta.get(k) != tb.get(k)]
+if bad:
+    print(f"  differing: {', '.join(bad[:8])}")
+sys.exit(1 if bad else 0)
 PY
 }
 

@@ -5,25 +5,35 @@
 namespace dpt::cuda {
 
 // ----------------------------------------------------------------------------
-// Batch gather by index from the uint8 data set on the device, scaled to [0, 1], plus its labels.
+// Batch gather by index from the uint8 data set on the device, through image_transform.h's crop,
+// flip, scaling and normalisation (the CPU's gather_transformed runs the same functions).
 
 static __global__ void gather_images_kernel(const uint8_t* __restrict__ images, const uint8_t* __restrict__ labels,
-                                            const int64_t* __restrict__ idx, int64_t count, int64_t pixels,
+                                            const int64_t* __restrict__ idx, int64_t count, ImageBatchSpec spec,
                                             float* __restrict__ out, int32_t* __restrict__ out_labels) {
+  const int64_t pixels = spec.pixels();
   DPT_GRID_STRIDE(i, count * pixels) {
     const int64_t row = i / pixels, p = i % pixels;
-    // A true division, as the CPU's table (x / 255.f): x * (1/255.f) differs in 126 of 256 values.
-    out[i] = static_cast<float>(images[idx[row] * pixels + p]) / 255.f;
+    const uint8_t* src = images + idx[row] * pixels;
+    int64_t from = p;
+    const int64_t c = p % spec.channels;
+    if (spec.draws) {
+      const int64_t yx = p / spec.channels;
+      from = source_pixel(spec, spec.draws[row], yx / spec.cols, yx % spec.cols, c);
+    }
+    // A true division (input_value), as the CPU's table: x * (1/255.f) differs in 126 of 256 values.
+    out[i] = input_value(spec, from < 0 ? 0u : src[from], c);
     if (p == 0 && out_labels) out_labels[row] = labels[idx[row]];
   }
 }
 
 cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, const int64_t* idx, int64_t count,
-                                 int64_t pixels, float* out, int32_t* out_labels, cudaStream_t stream) {
+                                 const ImageBatchSpec& spec, float* out, int32_t* out_labels, cudaStream_t stream) {
   if ((labels == nullptr) != (out_labels == nullptr)) return cudaErrorInvalidValue;
-  if (count <= 0 || pixels <= 0) return cudaSuccess;
-  gather_images_kernel<<<blocks_for(count * pixels), kThreads, 0, stream>>>(images, labels, idx, count, pixels, out,
-                                                                            out_labels);
+  if ((spec.mean == nullptr) != (spec.std == nullptr) || spec.channels <= 0) return cudaErrorInvalidValue;
+  if (count <= 0 || spec.pixels() <= 0) return cudaSuccess;
+  gather_images_kernel<<<blocks_for(count * spec.pixels()), kThreads, 0, stream>>>(images, labels, idx, count, spec,
+                                                                                    out, out_labels);
   return cudaGetLastError();
 }
 

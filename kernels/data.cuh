@@ -6,16 +6,19 @@
 
 #include <cstdint>
 
+#include "dpt/image_transform.h"
+
 namespace dpt::cuda {
 
 // ----------------------------------------------------------------------------
 // Batch gather and uint8 -> float scaling on the GPU, with the batch's labels.
 
-// out[i, p] = images[idx[i], p] / 255 for i < count, p < pixels: a batch gathered by index on the
-// device from the data set uploaded once (uint8), no host round trip. With labels and out_labels
-// (both or neither): out_labels[i] = labels[idx[i]].
+// out[i] = image idx[i] transformed as `spec` says (dpt/image_transform.h: crop, flip, / 255,
+// normalisation; plain x / 255 without draws and means) for i < count: a batch gathered by index on
+// the device from the data set uploaded once (uint8), no host round trip. With labels and
+// out_labels (both or neither): out_labels[i] = labels[idx[i]].
 cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, const int64_t* idx, int64_t count,
-                                 int64_t pixels, float* out, int32_t* out_labels, cudaStream_t stream);
+                                 const ImageBatchSpec& spec, float* out, int32_t* out_labels, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Flatten's layout change on the GPU: NHWC [N,H,W,C] <-> [N, C*H*W] in PyTorch's (c, h, w) order

@@ -16,6 +16,8 @@
 #include <string>
 #include <utility>
 
+#include "dpt/image_transform.h"
+
 namespace dpt {
 
 // Geometry of a square-kernel convolution over NHWC input [n, h, w, c_in].
@@ -136,10 +138,12 @@ class Backend {
                                int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
 
   // ---- training-step operations --------------------------------------------------------------
-  // x[i, p] = images[idx[i], p] / 255 and labels_out[i] = labels[idx[i]] for i < count, from a data
-  // set of num_images images of `pixels` uint8 each.
-  virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
-                             const int64_t* idx, int64_t count, float* x, int32_t* labels_out) = 0;
+  // x[i] = image idx[i] transformed as `spec` says (image_transform.h: crop, flip, / 255,
+  // normalisation; plain x / 255 without draws and means) and labels_out[i] = labels[idx[i]] for
+  // i < count, from a data set of num_images images of spec.pixels() uint8 each.
+  virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+                             const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
+                             int32_t* labels_out) = 0;
   // Softmax cross-entropy on logits [n, k]: sums[0] (+)= the summed loss and sums[1] (+)= the count
   // of argmax hits (doubles; added to when accumulate); dlogits (nullable) = (softmax - onehot) *
   // grad_scale.

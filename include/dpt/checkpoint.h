@@ -60,8 +60,9 @@ std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg);
 class CheckpointManager {
  public:
   // Rank 0 removes the temporaries of killed writers (of its own file names only).
+  // `input`: what the data made of the run (data_input_metadata), written into every file.
   CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-                    StepEngine& engine);
+                    StepEngine& engine, std::map<std::string, std::string> input = {});
 
   // --resume: rank 0 reads the file (no shared file system needed) into the host model and Sgd;
   // the other ranks take its state and position by broadcast; the engine takes the host state.
@@ -98,6 +99,7 @@ class CheckpointManager {
   Model& model_;
   DataParallel& ddp_;
   Sgd& opt_;
+  const Meta input_;
   StepEngine& engine_;
   std::string training_, started_;  // this training's id and start (rank 0)
   std::string resumed_path_;        // the file resumed (rank 0)

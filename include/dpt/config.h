@@ -24,6 +24,9 @@ struct TrainConfig {
   std::string init = "kaiming";  // kaiming | d2l
   uint64_t seed = 42;
   std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string data_format = "auto";  // auto | idx | cifar10 | cifar100 | npy (dataset.h)
+  std::string normalize = "none";    // none | auto | M1,..,Mc/S1,..,Sc: per-channel (x - mean) / std
+  std::string augment = "none";      // none | a comma list of crop, crop=P, flip (augment.h)
   std::string device = "auto";  // auto | cpu | cuda
   bool tf32 = false;            // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
   bool cuda_graphs = true;      // replay warm steps and evaluations as CUDA graphs (GPU only)

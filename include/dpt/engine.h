@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dpt/backend.h"
+#include "dpt/augment.h"
 #include "dpt/ddp.h"
 #include "dpt/idx.h"
 #include "dpt/train.h"
@@ -25,9 +26,11 @@ class StepEngine {
  public:
   // The model must be built on its backend and wrapped by ddp; the data sets are mirrored in the
   // backend's memory, the parameters and momentum taken from the host (from_host). Everything
-  // passed must outlive the engine.
+  // passed must outlive the engine. Training images go through `normalize` and `augment` (drawn per
+  // epoch and image from --seed), test images through `normalize` only.
   StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-             const ImageSet& train, const ImageSet& test);
+             const ImageSet& train, const ImageSet& test, const Normalization& normalize = {},
+             const AugmentSpec& augment = {});
   // Unwinding from an error, the backend is abandoned (queued work may wait for a dead peer);
   // otherwise everything in flight is drained first, bounded by --timeout.
   ~StepEngine();
@@ -85,6 +88,14 @@ class StepEngine {
   // [loss, correct] totals; fixed addresses a recorded step reads and writes: its micro-batch's
   // indices, labels and totals, and the learning rate.
   DeviceArray<uint8_t> train_images_, train_labels_, test_images_, test_labels_;
+  // The input transform: per-channel mean and std (empty without --normalize), the epoch's
+  // augmentation draws (one per index of epoch_index_) and the staged micro-batch's.
+  const AugmentSpec augment_;
+  const uint64_t seed_;
+  DeviceArray<float> mean_, std_;
+  DeviceArray<uint32_t> epoch_draws_, step_draws_;
+  ImageBatchSpec train_spec_, eval_spec_;
+  std::vector<uint32_t> draws_host_;
   DeviceArray<int64_t> test_index_, epoch_index_, step_index_;
   DeviceArray<double> batch_stats_, step_stats_, eval_sums_;
   DeviceArray<double> grad_sumsq_, step_sumsq_;  // per step of the epoch; the fixed slot a step writes

@@ -1,5 +1,6 @@
 // Model state <-> safetensors: parameters and buffers under their PyTorch state_dict names
-// (num_batches_tracked as I64), so a --save file loads into the equivalent PyTorch module. A
+// (num_batches_tracked as I64), so a --save file loads into the equivalent PyTorch module; the
+// metadata records the model, its input shape (H,W,C) and class count. A
 // training checkpoint adds the optimizer state ("optimizer.momentum_buffer", the flat momentum
 // buffer in the gradient buffer's layout) and the position (epoch, step) in its metadata.
 #pragma once
@@ -11,6 +12,9 @@
 #include "dpt/nn.h"
 
 namespace dpt {
+
+// "28,28,1": a shape as the metadata records it (input_shape: H,W,C of the images the model takes).
+std::string shape_text(const Shape& s);
 
 // Writes atomically and safely (files.h's AtomicFile). Call on one rank only. With `momentum`, the
 // file is a training checkpoint. `what` names the file in errors ("checkpoint", "--save").

@@ -182,8 +182,13 @@ class Model {
   Tensor logits_;
 };
 
-// "lenet" or "resnet18" (the d2l chapter's models) for 28x28x1 inputs; input error otherwise.
+// "lenet" or "resnet18" (the d2l chapter's models) for inputs of shape `input` {H, W, C} (the
+// chapter's 28x28x1 by default): ResNet-18's stem takes C channels and global average pooling any
+// H x W; LeNet's fc1 is sized from H x W. Input error for another name or a shape the model cannot
+// take (model_input_problem).
 std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
-                                  Backend& backend = cpu_backend());
+                                  Backend& backend = cpu_backend(), const Shape& input = {28, 28, 1});
+// Why `name` cannot take images of shape {H, W, C}, or "" when it can.
+std::string model_input_problem(const std::string& name, const Shape& input);
 
 }  // namespace dpt

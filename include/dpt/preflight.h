@@ -4,16 +4,19 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dpt/augment.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
-#include "dpt/idx.h"
+#include "dpt/dataset.h"
+#include "dpt/nn.h"
 
 namespace dpt {
 
@@ -41,18 +44,26 @@ struct Preflight {
   int local_rank = 0;              // this rank's position among the ranks on its host
   int ranks_here = 1;              // ranks on this host
   std::unique_ptr<ComputeDevice> device;
+  std::string data_format;  // the format read (--data-format, or the one detected)
   ImageSet train, test;
+  Normalization normalize;  // --normalize resolved (auto: the training set's statistics)
+  AugmentSpec augment;      // --augment, its crop padding sized to the images
+  Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
 
 // In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data (read by
-// every rank), the configuration and data digests (equal on every rank), rank 0's outputs
+// every rank, in --data-format; --normalize, --augment and --model checked against its shape),
+// the configuration and data digests (equal on every rank), rank 0's outputs
 // (writable regular files or absent; --resume a regular file), the device opened and its memory
 // against the batch. Any failure: AgreedInputError on every rank.
 Preflight run_preflight(const TrainConfig& cfg, Communicator& comm);
 
+// What the data made of the run, for checkpoints and --save: data_format, augment, normalize and,
+// with normalisation, normalize_mean and normalize_std ("M1,..,Mc"). save_model adds input_shape.
+std::map<std::string, std::string> input_metadata(const Preflight& pf);
 // The count of lower ranks with the same host name (ranks are numbered host by host or not).
 int local_rank_of(const std::vector<std::string>& hosts, int rank);
-// "images 60000 of 28x28, checksum 0x...": a data set as every rank must see it.
+// "images 60000 of 28x28x1, checksum 0x...": a data set as every rank must see it.
 std::string data_digest(const ImageSet& set);
 // Every rank compares every rank's agreed values and data digests; a difference ends them all
 // with exit 2 naming the flag and the ranks (rank 0 prints it).
@@ -61,8 +72,9 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 // files it can write, in directories it can write; --resume (not auto) a regular file.
 void check_outputs(const TrainConfig& cfg);
 // Bytes one image costs in a training step and in evaluation, measured on a probe model.
-std::pair<double, double> bytes_per_image(const std::string& model, int classes);
+std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1});
 // Input error when the batch needs more than `mem` can give (see DeviceMemory).
-void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem);
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
+                  const Shape& input = {28, 28, 1});
 
 }  // namespace dpt

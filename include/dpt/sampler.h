@@ -15,6 +15,7 @@ class ShardedSampler {
  public:
   ShardedSampler(int64_t dataset_size, int64_t global_batch, int rank, int world, uint64_t seed);
   void set_epoch(int64_t epoch);
+  int64_t epoch() const { return epoch_; }
   int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
   int64_t local_batch() const { return global_batch_ / world_; }
   // The indices of this rank's part of global batch `step` (local_batch() of them).
@@ -24,6 +25,7 @@ class ShardedSampler {
   int64_t dataset_size_, global_batch_;
   int rank_, world_;
   uint64_t seed_;
+  int64_t epoch_ = 0;
   std::vector<int64_t> perm_;
 };
 

@@ -19,6 +19,7 @@
 #include "cpu/conv.h"
 #include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
+#include "dpt/augment.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
@@ -159,9 +160,9 @@ class CpuBackend : public Backend {
     cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate, gemm());
   }
 
-  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, int64_t pixels,
+  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, const ImageBatchSpec& spec,
                      const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override {
-    images_to_float(images, num_images, pixels, idx, count, x);
+    gather_transformed(images, num_images, spec, idx, count, x);
     for (int64_t i = 0; i < count; ++i) labels_out[i] = labels[idx[i]];
   }
   void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,

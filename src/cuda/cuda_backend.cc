@@ -131,9 +131,9 @@ void CudaBackend::linear_backward(const float* x, const float* w, const float* d
 
 // ---- training-step operations --------------------------------------------------------------------
 
-void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t, int64_t pixels,
+void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t, const ImageBatchSpec& spec,
                                 const int64_t* idx, int64_t count, float* x, int32_t* labels_out) {
-  CUDA_CHECK(cuda::launch_gather_images(images, labels, idx, count, pixels, x, labels_out, ctx_->stream()));
+  CUDA_CHECK(cuda::launch_gather_images(images, labels, idx, count, spec, x, labels_out, ctx_->stream()));
 }
 
 void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,

@@ -1,4 +1,5 @@
-// IDX reading (raw or gzip'd, streamed straight into the final buffer) and the image-set loader.
+// IDX reading (raw or gzip'd, streamed straight into the final buffer) and the IDX split loader
+// (idx3: one channel, idx4: N x H x W x C).
 // A bad dataset file must stop the run before training with a message naming the file and defect;
 // one that is not a regular file (a FIFO, a device) is refused at open, never read or waited on.
 #include "dpt/idx.h"
@@ -15,27 +16,21 @@
 #include <memory>
 #include <sstream>
 
+#include "data/readers.h"
 #include "dpt/error.h"
-#include "dpt/files.h"
 
 namespace dpt {
+
+using data::InputFile;
+using data::kMaxDataBytes;
 
 namespace {
 
 namespace fs = std::filesystem;
-
-// A header that promises more than this is refused before anything is allocated (16 GiB).
-constexpr uint64_t kMaxDataBytes = uint64_t{1} << 34;
 // Deflate cannot expand by more than 1032:1, so a gzip file of N bytes decompresses to at most
 // about 1032*N; a header promising more is truncated, and we learn that without allocating.
 constexpr uint64_t kMaxDeflateRatio = 1032;
 constexpr size_t kInChunk = size_t{1} << 20;
-
-std::string dims_string(const std::vector<int64_t>& dims) {
-  std::ostringstream os;
-  for (size_t i = 0; i < dims.size(); ++i) os << (i ? "x" : "") << dims[i];
-  return os.str();
-}
 
 std::string hex_byte(uint8_t b) {
   static const char* digits = "0123456789ABCDEF";
@@ -54,41 +49,6 @@ const char* dtype_name(uint8_t code) {
   }
 }
 
-// The open data file: a descriptor from open_input_file (so it is a regular file, and reading it
-// cannot block on a writer), read in whole chunks and closed on every path.
-class FdReader {
- public:
-  FdReader(const std::string& path, int fd) : path_(path), fd_(fd) {}
-  ~FdReader() { ::close(fd_); }
-  FdReader(const FdReader&) = delete;
-  FdReader& operator=(const FdReader&) = delete;
-
-  // Up to n bytes; fewer only at the end of the file.
-  size_t read(uint8_t* out, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::read(fd_, out + done, std::min(n - done, size_t{1} << 30));
-      if (got < 0 && errno == EINTR) continue;
-      DPT_INPUT_CHECK(got >= 0, path_ << ": read error: " << std::strerror(errno));
-      if (got == 0) break;
-      done += static_cast<size_t>(got);
-    }
-    return done;
-  }
-  void rewind() {
-    DPT_INPUT_CHECK(::lseek(fd_, 0, SEEK_SET) == 0, path_ << ": cannot seek: " << std::strerror(errno));
-  }
-  uint64_t size() const {
-    struct stat st {};
-    DPT_INPUT_CHECK(::fstat(fd_, &st) == 0, path_ << ": cannot stat: " << std::strerror(errno));
-    return static_cast<uint64_t>(st.st_size);
-  }
-
- private:
-  const std::string& path_;
-  int fd_;
-};
-
 // The decoded bytes of a file, whether raw or gzip'd, so the IDX parser is written once.
 class ByteSource {
  public:
@@ -105,7 +65,7 @@ class ByteSource {
 
 class RawSource : public ByteSource {
  public:
-  RawSource(FdReader& in, uint64_t size) : in_(in), size_(size) {}
+  RawSource(InputFile& in, uint64_t size) : in_(in), size_(size) {}
 
   size_t read(uint8_t* out, size_t n) override {
     if (n == 0 || pos_ >= size_) return 0;
@@ -121,7 +81,7 @@ class RawSource : public ByteSource {
   }
 
  private:
-  FdReader& in_;
+  InputFile& in_;
   uint64_t size_;
   uint64_t pos_ = 0;
 };
@@ -130,7 +90,7 @@ class RawSource : public ByteSource {
 // decompressed data). Concatenated gzip members are read as one stream, as gzip(1) does.
 class GzipSource : public ByteSource {
  public:
-  GzipSource(const std::string& path, FdReader& in, uint64_t size)
+  GzipSource(const std::string& path, InputFile& in, uint64_t size)
       : path_(path), in_(in), size_(size), in_buf_(kInChunk) {
     std::memset(&zs_, 0, sizeof(zs_));
     const int ret = inflateInit2(&zs_, 16 + MAX_WBITS);  // 16+: gzip wrapper only
@@ -209,7 +169,7 @@ class GzipSource : public ByteSource {
   }
 
   const std::string& path_;
-  FdReader& in_;
+  InputFile& in_;
   uint64_t size_;
   std::vector<uint8_t> in_buf_;
   z_stream zs_;
@@ -228,19 +188,6 @@ void read_header_bytes(ByteSource& src, const std::string& path, uint8_t* out, s
                                  << offset + n << " bytes here)");
 }
 
-// Returns dir/<base>.gz, else dir/<base>, else throws naming the directory and both names.
-std::string find_split_file(const std::string& dir, const std::string& base, const char* what) {
-  std::error_code ec;
-  for (const std::string& name : {base + ".gz", base}) {
-    const fs::path p = fs::path(dir) / name;
-    if (fs::exists(p, ec)) return p.string();
-  }
-  const bool dir_exists = fs::is_directory(dir, ec);
-  DPT_INPUT_CHECK(false, dir << ": no " << what << " file: tried " << base << ".gz and " << base
-                             << (dir_exists ? "" : " (the directory does not exist)"));
-  return {};
-}
-
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
@@ -248,7 +195,7 @@ IdxArray read_idx(const std::string& path) {
   // regular file (a FIFO would block a plain open until a writer came, or forever).
   struct stat st {};
   DPT_INPUT_CHECK(::stat(path.c_str(), &st) == 0 || errno != ENOENT, path << ": no such file");
-  FdReader in(path, open_input_file(path, "--data"));
+  InputFile in(path);
   const uint64_t size = in.size();
 
   // Detect gzip by content: datasets are distributed both ways and files get renamed.
@@ -291,19 +238,19 @@ IdxArray read_idx(const std::string& path) {
   }
   for (int i = 0; i < ndim; ++i) {
     DPT_INPUT_CHECK(arr.dims[i] > 0, path << ": zero dimension: dim " << i << " of "
-                                          << dims_string(arr.dims)
+                                          << data::shape_string(arr.dims)
                                           << " is 0, every dimension must be > 0");
   }
   // prod * d > limit  <=>  d > limit / prod (integers), so the check itself cannot overflow.
   uint64_t expected = 1;
   for (int64_t d : arr.dims) {
     DPT_INPUT_CHECK(static_cast<uint64_t>(d) <= kMaxDataBytes / expected,
-                    path << ": absurd size: header says " << dims_string(arr.dims)
+                    path << ": absurd size: header says " << data::shape_string(arr.dims)
                          << ", more than the limit of " << kMaxDataBytes << " bytes (2^34)");
     expected *= static_cast<uint64_t>(d);
   }
   const std::string promise =
-      DPT_MSG("header says " << dims_string(arr.dims) << " = " << expected << " bytes of data");
+      DPT_MSG("header says " << data::shape_string(arr.dims) << " = " << expected << " bytes of data");
   DPT_INPUT_CHECK(expected <= src->max_rest(),
                   path << ": truncated: " << promise << ", " << src->bound_note());
 
@@ -318,47 +265,92 @@ IdxArray read_idx(const std::string& path) {
   return arr;
 }
 
-ImageSet load_image_set(const std::string& dir, const std::string& split, int num_classes) {
-  DPT_INPUT_CHECK(num_classes >= 1 && num_classes <= 256,
-                  "num_classes " << num_classes << " is out of range: uint8 labels allow 1..256");
-  const std::string img_path =
-      find_split_file(dir, split + "-images-idx3-ubyte", (split + " images").c_str());
-  const std::string lbl_path =
-      find_split_file(dir, split + "-labels-idx1-ubyte", (split + " labels").c_str());
+namespace data {
+
+namespace {
+
+// dir/<base>.gz, else dir/<base>, else "": the real files are distributed gzip'd, users gunzip them.
+std::string gz_or_raw(const std::string& dir, const std::string& base) {
+  return first_existing(dir, {base + ".gz", base});
+}
+
+std::string no_file_message(const std::string& dir, const std::string& what,
+                            const std::vector<std::string>& tried) {
+  std::ostringstream os;
+  os << dir << ": no " << what << " file: tried ";
+  for (size_t i = 0; i < tried.size(); ++i)
+    os << (i == 0 ? "" : i + 1 == tried.size() ? " and " : ", ") << tried[i];
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) os << " (the directory does not exist)";
+  return os.str();
+}
+
+}  // namespace
+
+LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
+  // idx3 (N x H x W, the MNIST family) and idx4 (N x H x W x C, colour images): the name says which
+  // the writer meant; both present would leave it to chance which one is trained on.
+  const std::string base3 = split + "-images-idx3-ubyte", base4 = split + "-images-idx4-ubyte";
+  const std::string img3 = gz_or_raw(dir, base3), img4 = gz_or_raw(dir, base4);
+  DPT_INPUT_CHECK(img3.empty() || img4.empty(),
+                  dir << ": both " << fs::path(img3).filename().string() << " and "
+                      << fs::path(img4).filename().string()
+                      << " exist: which are the " << split << " images? Remove one");
+  const std::string img_path = img3.empty() ? img4 : img3;
+  DPT_INPUT_CHECK(!img_path.empty(), no_file_message(dir, split + " images",
+                                                     {base3 + ".gz", base3, base4 + ".gz", base4}));
+  const std::string lbl_base = split + "-labels-idx1-ubyte";
+  const std::string lbl_path = gz_or_raw(dir, lbl_base);
+  DPT_INPUT_CHECK(!lbl_path.empty(),
+                  no_file_message(dir, split + " labels", {lbl_base + ".gz", lbl_base}));
 
   IdxArray img = read_idx(img_path);
-  DPT_INPUT_CHECK(img.dims.size() == 3, img_path << ": wrong ndim: expected 3-D images (n x rows x "
-                                                 << "cols), found " << img.dims.size() << "-D "
-                                                 << dims_string(img.dims));
+  DPT_INPUT_CHECK(img.dims.size() == 3 || img.dims.size() == 4,
+                  img_path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "
+                           << "cols x channels), found " << img.dims.size() << "-D "
+                           << shape_string(img.dims));
   IdxArray lbl = read_idx(lbl_path);
   DPT_INPUT_CHECK(lbl.dims.size() == 1, lbl_path << ": wrong ndim: expected 1-D labels, found "
                                                  << lbl.dims.size() << "-D "
-                                                 << dims_string(lbl.dims));
+                                                 << shape_string(lbl.dims));
   DPT_INPUT_CHECK(img.dims[0] == lbl.dims[0],
                   "image and label counts disagree: " << img_path << " has " << img.dims[0]
                                                       << " images, " << lbl_path << " has "
                                                       << lbl.dims[0] << " labels");
-  // Report the first offending label: one is enough to find the broken file.
-  const auto bad = std::find_if(lbl.data.begin(), lbl.data.end(),
-                                [&](uint8_t v) { return v >= num_classes; });
-  DPT_INPUT_CHECK(bad == lbl.data.end(),
-                  lbl_path << ": label out of range: label " << int{*bad}
-                           << " at index " << (bad - lbl.data.begin())
-                           << ", but num_classes is " << num_classes << " (labels must be 0.."
-                           << num_classes - 1 << ")");
-
-  ImageSet set;
+  LoadedSplit out;
+  out.images_file = img_path;
+  out.labels_file = lbl_path;
+  ImageSet& set = out.set;
   set.n = img.dims[0];
   set.rows = img.dims[1];
   set.cols = img.dims[2];
+  set.channels = img.dims.size() == 4 ? img.dims[3] : 1;
   set.images = std::move(img.data);
   set.labels = std::move(lbl.data);
-  set.num_classes = num_classes;
-  return set;
+  set.num_classes = 0;
+  return out;
 }
 
+}  // namespace data
+
+ImageSet load_image_set(const std::string& dir, const std::string& split, int num_classes) {
+  DPT_INPUT_CHECK(num_classes >= 1 && num_classes <= 256,
+                  "num_classes " << num_classes << " is out of range: uint8 labels allow 1..256");
+  data::LoadedSplit loaded = data::load_idx_split(dir, split);
+  const std::vector<uint8_t>& labels = loaded.set.labels;
+  // Report the first offending label: one is enough to find the broken file.
+  const auto bad =
+      std::find_if(labels.begin(), labels.end(), [&](uint8_t v) { return v >= num_classes; });
+  DPT_INPUT_CHECK(bad == labels.end(),
+                  loaded.labels_file << ": label out of range: label " << int{*bad} << " at index "
+                                     << (bad - labels.begin()) << ", but num_classes is "
+                                     << num_classes << " (labels must be 0.." << num_classes - 1
+                                     << ")");
+  loaded.set.num_classes = num_classes;
+  return std::move(loaded.set);
+}
 void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out) {
-  images_to_float(set.images.data(), set.n, set.rows * set.cols, indices, count, out);
+  images_to_float(set.images.data(), set.n, set.pixels(), indices, count, out);
 }
 
 void images_to_float(const uint8_t* images, int64_t num_images, int64_t per, const int64_t* indices,

@@ -1,5 +1,6 @@
 // The d2l chapter's two models, built from layers: LeNet (§12.5) and the modified ResNet-18
-// (§12.6) for 28x28 single-channel images. Names follow PyTorch's state_dict scheme.
+// (§12.6), for the chapter's 28x28 single-channel images or any shape they can take (the layers
+// size themselves from their input). Names follow PyTorch's state_dict scheme.
 #include "dpt/error.h"
 #include "dpt/nn.h"
 
@@ -38,12 +39,23 @@ std::unique_ptr<Sequential> resnet18(int num_classes) {
 
 }  // namespace
 
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend) {
-  const Shape input{28, 28, 1};
-  if (name == "lenet") return std::make_unique<Model>(name, lenet(num_classes), input, num_classes, backend);
-  if (name == "resnet18")
-    return std::make_unique<Model>(name, resnet18(num_classes), input, num_classes, backend);
-  throw Error(ErrorKind::kInput, "--model: unknown model '" + name + "' (lenet|resnet18)");
+std::string model_input_problem(const std::string& name, const Shape& input) {
+  if (input.size() != 3 || input[0] < 1 || input[1] < 1 || input[2] < 1)
+    return "images must have a positive height, width and channel count";
+  // LeNet: conv 3x3, pool 2, conv 5x5, pool 2, each without padding, must leave at least 1x1:
+  // ((H - 2) / 2 - 4) / 2 >= 1, i.e. H >= 14. ResNet-18 pads every 3x3 and takes any size.
+  if (name == "lenet" && (input[0] < 14 || input[1] < 14))
+    return "lenet needs images of at least 14x14 (its two convolutions and poolings leave nothing of smaller ones)";
+  return "";
+}
+
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend, const Shape& input) {
+  DPT_INPUT_CHECK(name == "lenet" || name == "resnet18", "--model: unknown model '" << name << "' (lenet|resnet18)");
+  const std::string problem = model_input_problem(name, input);
+  DPT_INPUT_CHECK(problem.empty(), "--model " << name << " cannot take images of shape " << shape_str(input)
+                                              << " (H, W, C): " << problem);
+  auto net = name == "lenet" ? lenet(num_classes) : resnet18(num_classes);
+  return std::make_unique<Model>(name, std::move(net), input, num_classes, backend);
 }
 
 }  // namespace dpt

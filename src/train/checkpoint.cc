@@ -134,8 +134,9 @@ std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
 }
 
 CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
-                                     Sgd& opt, StepEngine& engine)
-    : cfg_(cfg), comm_(comm), model_(model), ddp_(ddp), opt_(opt), engine_(engine), last_save_(now_seconds()) {
+                                     Sgd& opt, StepEngine& engine, Meta input)
+    : cfg_(cfg), comm_(comm), model_(model), ddp_(ddp), opt_(opt), input_(std::move(input)), engine_(engine),
+      last_save_(now_seconds()) {
   if (comm.rank() != 0) return;
   training_ = new_training_id(cfg, comm.host());
   started_ = utc_now();
@@ -387,8 +388,10 @@ void CheckpointManager::save_final(int64_t global_step) {
 
 // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
 CheckpointManager::Meta CheckpointManager::metadata(int64_t epoch, int64_t global_step) const {
-  return Meta{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
-              {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
+  Meta m{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
+         {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
+  m.insert(input_.begin(), input_.end());
+  return m;
 }
 
 // Nothing non-finite is ever written over a good file (a BatchNorm buffer can still take a NaN

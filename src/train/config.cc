@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "dpt/augment.h"
+#include "dpt/dataset.h"
 #include "dpt/ddp.h"
 #include "dpt/error.h"
 #include "dpt/train.h"
@@ -107,8 +109,18 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     ("seed", "Seed of initialisation and data order", cxxopts::value<uint64_t>()->default_value(s(d.seed)))
     ("scale-lr", "Linear scaling rule: lr *= batch/256, with at least 1 warm-up epoch");
   opts.add_options("Data and device")
-    ("data", "Directory of IDX files (train-/t10k-images-idx3-ubyte[.gz], ...-labels-idx1-ubyte[.gz])",
-     cxxopts::value<std::string>()->default_value(d.data))
+    ("data", "Directory of the data set: IDX files (train-/t10k-images-idx3-ubyte[.gz] or -idx4-, "
+             "...-labels-idx1-ubyte[.gz]), CIFAR-10/100 binary batches or NumPy .npy arrays (USAGE: \"Bring your "
+             "own data\")", cxxopts::value<std::string>()->default_value(d.data))
+    ("data-format", "auto (detected from the file names) | idx | cifar10 | cifar100 | npy",
+     cxxopts::value<std::string>()->default_value(d.data_format))
+    ("normalize", "none | auto (per-channel mean and std of the training set) | M1,..,Mc/S1,..,Sc: inputs "
+                  "become (x/255 - mean) / std per channel; recorded in checkpoints and --save",
+     cxxopts::value<std::string>()->default_value(d.normalize))
+    ("augment", "none | a comma list of crop (random crop with zero padding of max(1, size/8) pixels: 4 for "
+                "32x32), crop=P (padding P), flip (horizontal, p = 1/2); every draw a function of "
+                "(seed, epoch, image), so results do not depend on the rank count",
+     cxxopts::value<std::string>()->default_value(d.augment))
     ("device", "auto (cuda when every rank sees a CUDA device, else cpu) | cpu | cuda: one GPU per rank, "
                "by local rank", cxxopts::value<std::string>()->default_value(d.device))
     ("tf32", "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with 10-bit "
@@ -226,6 +238,9 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->seed = flag<uint64_t>(r, "seed");
     cfg->scale_lr = r.count("scale-lr") > 0;
     cfg->data = flag<std::string>(r, "data");
+    cfg->data_format = flag<std::string>(r, "data-format");
+    cfg->normalize = flag<std::string>(r, "normalize");
+    cfg->augment = flag<std::string>(r, "augment");
     cfg->device = flag<std::string>(r, "device");
     cfg->tf32 = r.count("tf32") > 0;
     cfg->cuda_graphs = r.count("no-cuda-graphs") == 0;
@@ -300,6 +315,15 @@ void validate_config(const TrainConfig& c, int world) {
                   "--device: '" << c.device << "' is not auto|cpu|cuda");
   DPT_INPUT_CHECK(c.precision == "fp32" || c.precision == "bf16",
                   "--precision: '" << c.precision << "' is not fp32|bf16");
+  {
+    const auto formats = data_formats();
+    std::string all;
+    for (const auto& f : formats) all += (all.empty() ? "" : "|") + f;
+    DPT_INPUT_CHECK(std::find(formats.begin(), formats.end(), c.data_format) != formats.end(),
+                    "--data-format: '" << c.data_format << "' is not " << all);
+  }
+  (void)resolve_normalize(c.normalize, nullptr);  // the syntax; the channel count once the data is read
+  (void)parse_augment(c.augment, 0, 0);
   DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads must be in 1..1024, got " << c.threads);
   DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
   DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
@@ -335,6 +359,7 @@ std::string TrainConfig::to_json() const {
                       {"weight_decay", weight_decay}, {"schedule", schedule},
                       {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
+                      {"data_format", data_format}, {"normalize", normalize}, {"augment", augment},
                       {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every},
@@ -366,7 +391,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
       "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
       "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb", "grad_dtype",
       "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
-      "nonfinite", "nonfinite_max_skips"};
+      "nonfinite", "nonfinite_max_skips", "data_format", "normalize", "augment"};
   const auto j = nlohmann::json::parse(config_json);
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* key : kKeys) {

@@ -20,7 +20,8 @@
 namespace dpt {
 
 StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-                       const ImageSet& train, const ImageSet& test)
+                       const ImageSet& train, const ImageSet& test, const Normalization& normalize,
+                       const AugmentSpec& augment)
     : cfg_(cfg),
       comm_(comm),
       model_(model),
@@ -28,13 +29,32 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
       ddp_(ddp),
       opt_(opt),
       classes_(model.num_classes()),
-      pixels_(train.rows * train.cols),
+      pixels_(train.pixels()),
       batch_(cfg.batch_size / comm.size()),
       eval_batch_(std::max<int64_t>(1, std::min(cfg.eval_batch_size, test.n))),
       // The gradients are summed across ranks: each rank scales its loss by the global batch.
       grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
-      uncaught_(std::uncaught_exceptions()) {
-  DPT_CHECK(train.rows == test.rows && train.cols == test.cols && pixels_ > 0, "train and test image sizes differ");
+      uncaught_(std::uncaught_exceptions()),
+      augment_(augment),
+      seed_(cfg.seed) {
+  DPT_CHECK(train.rows == test.rows && train.cols == test.cols && train.channels == test.channels && pixels_ > 0,
+            "train and test image shapes differ");
+  eval_spec_.rows = train.rows, eval_spec_.cols = train.cols, eval_spec_.channels = train.channels;
+  if (normalize.any()) {
+    DPT_CHECK(static_cast<int64_t>(normalize.mean.size()) == train.channels && normalize.std.size() == normalize.mean.size(),
+              "normalisation of " << normalize.mean.size() << " channels for images of " << train.channels);
+    mean_ = DeviceArray<float>(be_, train.channels);
+    std_ = DeviceArray<float>(be_, train.channels);
+    mean_.copy_from_host(normalize.mean.data(), train.channels);
+    std_.copy_from_host(normalize.std.data(), train.channels);
+    eval_spec_.mean = mean_.data(), eval_spec_.std = std_.data();
+  }
+  train_spec_ = eval_spec_;
+  if (augment_.any()) {
+    step_draws_ = DeviceArray<uint32_t>(be_, batch_);
+    train_spec_.pad = augment_.pad;
+    train_spec_.draws = step_draws_.data();  // a fixed address, as a recorded step needs
+  }
   train_images_ = DeviceArray<uint8_t>::mirror(be_, train.images.data(), static_cast<int64_t>(train.images.size()));
   train_labels_ = DeviceArray<uint8_t>::mirror(be_, train.labels.data(), static_cast<int64_t>(train.labels.size()));
   test_images_ = DeviceArray<uint8_t>::mirror(be_, test.images.data(), static_cast<int64_t>(test.images.size()));
@@ -55,7 +75,7 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
     DPT_CHECK(static_cast<int64_t>(opt.momentum_buffer().size()) == n, "momentum buffer size");
     momentum_ = DeviceArray<float>(be_, n);
   }
-  x_.resize({batch_, train.rows, train.cols, 1}, &be_);
+  x_.resize({batch_, train.rows, train.cols, train.channels}, &be_);
   dlogits_.resize({batch_, classes_}, &be_);
   // A recorded step must be static: one micro-batch per optimizer step, collectives the transport
   // can record (NCCL, or none), and no --trace (whose spans time the phases of an eager step).
@@ -99,8 +119,16 @@ void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
     epoch_index_ = DeviceArray<int64_t>(be_, indices);
     batch_stats_ = DeviceArray<double>(be_, stats);
     grad_sumsq_ = DeviceArray<double>(be_, steps);
+    if (augment_.any()) epoch_draws_ = DeviceArray<uint32_t>(be_, indices);
   }
   epoch_index_.copy_from_host(index_host_.data(), indices);
+  if (augment_.any()) {
+    // Drawn per (seed, epoch, image): the same image gets the same crop and flip at any rank count.
+    draws_host_.resize(index_host_.size());
+    for (size_t i = 0; i < index_host_.size(); ++i)
+      draws_host_[i] = image_draw(augment_, seed_, sampler.epoch(), index_host_[i]);
+    epoch_draws_.copy_from_host(draws_host_.data(), indices);
+  }
   be_.zero(batch_stats_.data(), static_cast<size_t>(stats) * sizeof(double));
   batches_ = batches;
   epoch_first_ = step_first_ = last_ = -1;
@@ -148,6 +176,8 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
 // epoch's per-batch slots. Copies in stream order, outside any recording.
 void StepEngine::stage_in(int64_t batch) {
   be_.copy(step_index_.data(), epoch_index_.data() + batch * batch_, static_cast<size_t>(batch_) * sizeof(int64_t));
+  if (augment_.any())
+    be_.copy(step_draws_.data(), epoch_draws_.data() + batch * batch_, static_cast<size_t>(batch_) * sizeof(uint32_t));
 }
 
 void StepEngine::stage_out(int64_t batch) {
@@ -159,7 +189,7 @@ void StepEngine::stage_out(int64_t batch) {
 void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
   {
     TraceScope span(tr, "data", "data");
-    be_.gather_images(train_images_.data(), train_labels_.data(), train_labels_.size(), pixels_, step_index_.data(),
+    be_.gather_images(train_images_.data(), train_labels_.data(), train_labels_.size(), train_spec_, step_index_.data(),
                       batch_, x_.data(), labels_.data());
   }
   const Tensor* logits;
@@ -280,7 +310,7 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += eval_batch_) {
       const int64_t b = std::min(eval_batch_, end - s);
       eval_x_.resize({b, x_.dim(1), x_.dim(2), x_.dim(3)}, &be_);
-      be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), pixels_,
+      be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), eval_spec_,
                         test_index_.data() + s, b, eval_x_.data(), eval_labels_.data());
       const Tensor& logits = model_.forward(eval_x_, Mode::kEval);
       be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, nullptr, eval_sums_.data(), s != begin);

@@ -14,6 +14,12 @@ namespace {
 constexpr const char* kMomentum = "optimizer.momentum_buffer";
 }
 
+std::string shape_text(const Shape& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out;
+}
+
 void save_model(const std::string& path, const Model& model,
                 const std::map<std::string, std::string>& metadata,
                 const std::vector<float>* momentum, const std::string& what) {
@@ -28,6 +34,8 @@ void save_model(const std::string& path, const Model& model,
   }
   auto meta = metadata;
   meta["model"] = model.name();
+  meta["input_shape"] = shape_text(model.input_shape());
+  meta["num_classes"] = std::to_string(model.num_classes());
   if (momentum) {
     tensors.push_back(st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
     meta["format"] = "dptrain-checkpoint-v1";
@@ -43,6 +51,11 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   auto it = f.metadata.find("model");
   DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
                   path << ": holds a '" << it->second << "' model, not '" << model.name() << "'");
+  // ResNet-18's tensors are the same for every image size: only the recorded shape tells them apart.
+  const auto shape = f.metadata.find("input_shape");
+  DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
+                  path << ": was trained on images of " << shape->second << " (H,W,C), this run's data has "
+                       << shape_text(model.input_shape()));
   std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);

@@ -25,9 +25,21 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
 
 std::string data_digest(const ImageSet& set) {
   std::ostringstream os;
-  os << "images " << set.n << " of " << set.rows << "x" << set.cols << ", checksum 0x" << std::hex
+  os << "images " << set.n << " of " << set.rows << "x" << set.cols << "x" << set.channels << ", checksum 0x" << std::hex
      << checksum(set.labels.data(), set.labels.size(), checksum(set.images.data(), set.images.size()));
   return os.str();
+}
+
+std::map<std::string, std::string> input_metadata(const Preflight& pf) {
+  std::map<std::string, std::string> m{
+      {"data_format", pf.data_format}, {"augment", pf.augment.text()}, {"normalize", pf.normalize.text()}};
+  if (pf.normalize.any()) {
+    const std::string text = pf.normalize.text();
+    const size_t slash = text.find('/');
+    m["normalize_mean"] = text.substr(0, slash);
+    m["normalize_std"] = text.substr(slash + 1);
+  }
+  return m;
 }
 
 namespace {
@@ -93,15 +105,15 @@ void check_outputs(const TrainConfig& cfg) {
 // The probe runs on the CPU: the growth of live tensor storage from batch 2 to batch 4, halved, so
 // the fixed costs (parameters, plans) cancel. Activations, their gradients and layer temporaries
 // are the same bytes on a GPU.
-std::pair<double, double> bytes_per_image(const std::string& name, int classes) {
+std::pair<double, double> bytes_per_image(const std::string& name, int classes, const Shape& input) {
   double per[2] = {0, 0};
   for (int train = 0; train < 2; ++train) {
-    auto probe = make_model(name, classes, cpu_backend());
+    auto probe = make_model(name, classes, cpu_backend(), input);
     int64_t live[2] = {0, 0};
     Tensor x, dl;
     for (int k = 0; k < 2; ++k) {
       const int64_t b = 2 + 2 * k;
-      x.resize({b, 28, 28, 1});
+      x.resize({b, input[0], input[1], input[2]});
       probe->forward(x, train ? Mode::kTrain : Mode::kEval);
       if (train) {
         dl.resize({b, classes});
@@ -115,12 +127,13 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes) 
   return {per[1], per[0]};
 }
 
-void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem) {
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
+                  const Shape& input) {
   const double avail = mem.free_bytes, extra = mem.extra;
   const int sharing = mem.sharing;
   const std::string& where = mem.where;
   if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
-  const auto [train, eval] = bytes_per_image(cfg.model, classes);
+  const auto [train, eval] = bytes_per_image(cfg.model, classes, input);
   const double local = static_cast<double>(cfg.batch_size / world);
   const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   const double per_rank = std::max(train * local, eval * eval_batch) + extra;
@@ -182,10 +195,17 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say why).
   const double t_load = now_seconds();
   agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
-    pf.train = load_image_set(cfg.data, "train");
-    pf.test = load_image_set(cfg.data, "t10k");
-    DPT_INPUT_CHECK(pf.train.rows == 28 && pf.train.cols == 28 && pf.test.rows == 28 && pf.test.cols == 28,
-                    cfg.data << ": images are " << pf.train.rows << "x" << pf.train.cols << ", the models need 28x28");
+    DataSets data = load_data(cfg.data, cfg.data_format);
+    pf.data_format = data.format;
+    pf.train = std::move(data.train);
+    pf.test = std::move(data.test);
+    const Shape shape = pf.input_shape();
+    const std::string problem = model_input_problem(cfg.model, shape);
+    DPT_INPUT_CHECK(problem.empty(), "--data " << cfg.data << " has images of " << pf.train.rows << "x" << pf.train.cols
+                                               << "x" << pf.train.channels << " (HxWxC), which --model " << cfg.model
+                                               << " cannot take: " << problem);
+    pf.normalize = resolve_normalize(cfg.normalize, &pf.train);
+    pf.augment = parse_augment(cfg.augment, pf.train.rows, pf.train.cols);
   });
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
   agree_on_config(cfg, comm, pf.train, pf.test);
@@ -203,7 +223,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   agree_on_input(comm, "another rank could not open its device", [&] { pf.device = open_device(req); });
   agree_on_input(comm, kind == "cpu" ? "another host has not enough memory for this batch"
                                      : "another rank's GPU has not enough memory for this batch",
-                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank)); });
+                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank), pf.input_shape()); });
   return pf;
 }
 

@@ -22,6 +22,7 @@ ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t global_batch, int r
 }
 
 void ShardedSampler::set_epoch(int64_t epoch) {
+  epoch_ = epoch;
   perm_ = Rng::derive(seed_, static_cast<uint64_t>(epoch), 0x5a3b1e).permutation(dataset_size_);
 }
 

@@ -64,13 +64,16 @@ Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n) {
 
 // The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
 void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model, DataParallel& ddp,
-                  const std::vector<std::string>& hosts, const std::vector<std::string>& devices) {
+                  const Preflight& pf, const std::vector<std::string>& devices) {
   if (comm.rank() != 0) return;
   std::ostringstream os;
   os << "dptrain: " << cfg.model << " (" << model.num_parameters() << " parameters), world size " << comm.size()
      << ", " << cfg.threads << " thread(s) per rank\n";
   for (int r = 0; r < comm.size(); ++r)
-    os << "  rank " << r << ": " << hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)] << "\n";
+    os << "  rank " << r << ": " << pf.hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)] << "\n";
+  os << "  data: " << pf.data_format << ", " << pf.train.n << " training and " << pf.test.n << " test images of "
+     << pf.train.rows << "x" << pf.train.cols << "x" << pf.train.channels << " (HxWxC), " << pf.train.num_classes
+     << " classes; normalize " << pf.normalize.text() << ", augment " << pf.augment.text() << "\n";
   os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb << " MiB, overlap "
      << (cfg.overlap ? "on" : "off") << ")\n";
   os << "configuration:\n" << cfg.to_text();
@@ -259,7 +262,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
   // The model on the device's operations, its gradients' transport, the optimizer, the engine.
   ComputeDevice& device = *pf.device;
-  auto model = make_model(cfg.model, pf.train.num_classes, device.ops());
+  auto model = make_model(cfg.model, pf.train.num_classes, device.ops(), pf.input_shape());
   auto transport = device.transport(comm, model->store().device_grads(), model->num_parameters(),
                                     grad_wire_dtype(cfg.grad_dtype));
   model->init_parameters(cfg.init, cfg.seed);
@@ -272,11 +275,11 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   DataParallel ddp(*model, comm, dopt, std::move(transport));
   Sgd opt(model->num_parameters(), cfg.momentum, cfg.weight_decay);
   ShardedSampler sampler(pf.train.n, cfg.batch_size, rank, world, cfg.seed);
-  StepEngine engine(cfg, comm, *model, ddp, opt, pf.train, pf.test);
-  print_banner(cfg, comm, *model, ddp, pf.hosts, allgather_text(comm, engine.describe()));
+  StepEngine engine(cfg, comm, *model, ddp, opt, pf.train, pf.test, pf.normalize, pf.augment);
+  print_banner(cfg, comm, *model, ddp, pf, allgather_text(comm, engine.describe()));
 
   // Where training starts, and what it writes.
-  CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine);
+  CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine, input_metadata(pf));
   const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load();
   MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch, start.at.global_step);
   const int64_t batches = sampler.steps_per_epoch();

@@ -789,8 +789,9 @@ TEST_P(BackendOps, GatherImages) {
   // One row more than gathered: it must keep its values.
   auto x_ = put(std::vector<float>(sz((count + 1) * pixels), 7.f));
   DeviceArray<int32_t> lo_ = to_backend_array(be(), std::vector<int32_t>(sz(count + 1), -1));
-  be().gather_images(im_.data(), lab_.data(), num, pixels, idx_.data(), count, x_.data(),
-                     lo_.data());
+  ImageBatchSpec spec;
+  spec.rows = 2, spec.cols = 5, spec.channels = 1;  // 10 pixels
+  be().gather_images(im_.data(), lab_.data(), num, spec, idx_.data(), count, x_.data(), lo_.data());
   std::vector<float> x(sz((count + 1) * pixels), 7.f);
   std::vector<int32_t> lo(sz(count + 1), -1);
   for (int64_t i = 0; i < count; ++i) {
@@ -800,6 +801,53 @@ TEST_P(BackendOps, GatherImages) {
   }
   expect_match(get(x_), x, "gathered pixels / 255", tol(Cmp::kExact));
   EXPECT_EQ(to_host(lo_), lo);
+}
+
+// --augment crop=2,flip and --normalize on 5x4x3 images, against the recipe written out directly:
+// zero-pad by 2, take the 5x4 window at (oy, ox), mirror it, then (v / 255 - mean[c]) / std[c].
+TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
+  const int64_t num = 3, rows = 5, cols = 4, ch = 3, per = rows * cols * ch;
+  const int pad = 2;
+  std::vector<uint8_t> images(sz(num * per)), labels = {4, 7, 1};
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>((i * 53 + 5) % 256);
+  const std::vector<int64_t> idx = {2, 0, 1, 2};
+  // Offsets at both extremes and in between, with and without the flip.
+  const std::vector<uint32_t> draws = {pack_draw(0, 0, false), pack_draw(4, 4, true), pack_draw(2, 2, false),
+                                       pack_draw(1, 3, true)};
+  const std::vector<float> mean = {0.5f, 0.25f, 0.75f}, stdev = {0.2f, 0.3f, 0.4f};
+  const int64_t count = static_cast<int64_t>(idx.size());
+  DeviceArray<uint8_t> im_ = DeviceArray<uint8_t>::mirror(be(), images.data(), num * per);
+  DeviceArray<uint8_t> lab_ = DeviceArray<uint8_t>::mirror(be(), labels.data(), num);
+  DeviceArray<int64_t> idx_ = to_backend_array(be(), idx);
+  DeviceArray<uint32_t> dr_ = to_backend_array(be(), draws);
+  DeviceArray<float> mean_ = to_backend_array(be(), mean), std_ = to_backend_array(be(), stdev);
+  auto x_ = put(std::vector<float>(sz(count * per), 7.f));
+  DeviceArray<int32_t> lo_ = to_backend_array(be(), std::vector<int32_t>(sz(count), -1));
+  ImageBatchSpec spec;
+  spec.rows = rows, spec.cols = cols, spec.channels = ch, spec.pad = pad;
+  spec.draws = dr_.data(), spec.mean = mean_.data(), spec.std = std_.data();
+  be().gather_images(im_.data(), lab_.data(), num, spec, idx_.data(), count, x_.data(), lo_.data());
+  const int oys[] = {0, 4, 2, 1}, oxs[] = {0, 4, 2, 3};
+  const bool flips[] = {false, true, false, true};
+  std::vector<float> x(sz(count * per));
+  for (int64_t i = 0; i < count; ++i) {
+    // The padded image, then the window, then the mirror.
+    const int64_t ph = rows + 2 * pad, pw = cols + 2 * pad;
+    std::vector<int> padded(sz(ph * pw * ch), 0);
+    for (int64_t y = 0; y < rows; ++y)
+      for (int64_t xx = 0; xx < cols; ++xx)
+        for (int64_t c = 0; c < ch; ++c)
+          padded[sz(((y + pad) * pw + xx + pad) * ch + c)] = images[sz(idx[sz(i)] * per + (y * cols + xx) * ch + c)];
+    for (int64_t y = 0; y < rows; ++y)
+      for (int64_t xx = 0; xx < cols; ++xx)
+        for (int64_t c = 0; c < ch; ++c) {
+          const int64_t wx = flips[i] ? cols - 1 - xx : xx;
+          const int v = padded[sz(((y + oys[i]) * pw + wx + oxs[i]) * ch + c)];
+          x[sz(i * per + (y * cols + xx) * ch + c)] = (static_cast<float>(v) / 255.f - mean[sz(c)]) / stdev[sz(c)];
+        }
+  }
+  expect_match(get(x_), x, "cropped, flipped, normalised pixels", tol(Cmp::kExact));
+  EXPECT_EQ(to_host(lo_), (std::vector<int32_t>{1, 4, 7, 1}));
 }
 
 TEST_P(BackendOps, SoftmaxCrossEntropy) {

@@ -1,5 +1,6 @@
-// Unit tests for the IDX reader and image-set loader: round trips of raw and gzip'd files, and one
-// test per corruption, each checking the kInput error names the file and says what is wrong.
+// Unit tests for the IDX reader and image-set loader: round trips of raw and gzip'd files (idx3 one
+// channel, idx4 N x H x W x C), and one test per corruption, each checking the kInput error names
+// the file and says what is wrong. load_data over every format is tests/unit/test_dataset.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -187,11 +188,40 @@ TEST_F(IdxTest, LoadsTinyImageSet) {
     EXPECT_EQ(set.n, 5);
     EXPECT_EQ(set.rows, 2);
     EXPECT_EQ(set.cols, 3);
+    EXPECT_EQ(set.channels, 1);
+    EXPECT_EQ(set.pixels(), 6);
     EXPECT_EQ(set.num_classes, 10);
     ASSERT_EQ(set.images.size(), 30u);
     for (size_t i = 0; i < 30; ++i) EXPECT_EQ(set.images[i], static_cast<uint8_t>(7 * i + 1));
     EXPECT_EQ(set.labels, (Bytes{3, 0, 4, 1, 2}));
   }
+}
+
+TEST_F(IdxTest, LoadsIdx4ImageSetChannelsLast) {
+  // 2 images of 2 x 3 pixels x 4 channels: the bytes stay in file order, [n][y][x][c].
+  const Bytes pixels = iota_bytes(2 * 2 * 3 * 4, 10);
+  write_gz(file("train-images-idx4-ubyte.gz"), idx_bytes(0x08, {2, 2, 3, 4}, pixels));
+  write_raw(file("train-labels-idx1-ubyte"), idx_bytes(0x08, {2}, {1, 0}));
+  const dpt::ImageSet set = dpt::load_image_set(dir_.string(), "train");
+  EXPECT_EQ(set.n, 2);
+  EXPECT_EQ(set.rows, 2);
+  EXPECT_EQ(set.cols, 3);
+  EXPECT_EQ(set.channels, 4);
+  EXPECT_EQ(set.pixels(), 24);
+  EXPECT_EQ(set.images, pixels);
+  EXPECT_EQ(set.labels, (Bytes{1, 0}));
+  // images_to_float gathers whole H x W x C images.
+  const int64_t index = 1;
+  std::vector<float> out(24);
+  dpt::images_to_float(set, &index, 1, out.data());
+  for (size_t p = 0; p < 24; ++p) EXPECT_EQ(out[p], pixels[24 + p] / 255.f) << p;
+}
+
+TEST_F(IdxTest, LoadRefusesIdx3AndIdx4Together) {
+  write_tiny_set("train", false);
+  write_raw(file("train-images-idx4-ubyte"), idx_bytes(0x08, {5, 2, 3, 1}, iota_bytes(30)));
+  expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
+                     {dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
 }
 
 TEST_F(IdxTest, LoadPrefersGzipWhenBothExist) {
@@ -356,7 +386,8 @@ TEST_F(IdxTest, MissingFileAndDirectory) {
 
 TEST_F(IdxTest, LoadMissingFiles) {
   expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
-                     {dir_.string(), "train-images-idx3-ubyte.gz", "train-images-idx3-ubyte"});
+                     {dir_.string(), "train-images-idx3-ubyte.gz", "train-images-idx3-ubyte",
+                      "train-images-idx4-ubyte.gz", "train-images-idx4-ubyte"});
   write_tiny_set("train", true);
   fs::remove(file("train-labels-idx1-ubyte.gz"));
   expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
@@ -383,7 +414,7 @@ TEST_F(IdxTest, LoadWrongRank) {
   write_tiny_set("train", false);
   write_raw(file("train-images-idx3-ubyte"), idx_bytes(0x08, {5, 6}, iota_bytes(30)));
   expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
-                     {"train-images-idx3-ubyte", "3-D", "5x6"});
+                     {"train-images-idx3-ubyte", "3-D", "4-D", "5x6"});
   write_tiny_set("train", false);
   write_raw(file("train-labels-idx1-ubyte"), idx_bytes(0x08, {5, 1}, iota_bytes(5)));
   expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },

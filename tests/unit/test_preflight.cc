@@ -121,7 +121,7 @@ ImageSet small_set() {
 TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
   const ImageSet a = small_set(), b = small_set();
   EXPECT_EQ(data_digest(a), data_digest(b));
-  EXPECT_EQ(data_digest(a).rfind("images 3 of 28x28, checksum 0x", 0), 0u) << data_digest(a);
+  EXPECT_EQ(data_digest(a).rfind("images 3 of 28x28x1, checksum 0x", 0), 0u) << data_digest(a);
 
   for (size_t px : {size_t{0}, size_t{28 * 28 + 13}, a.images.size() - 1}) {
     ImageSet c = small_set();
@@ -137,6 +137,10 @@ TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
   ImageSet d = small_set();
   std::swap(d.labels[0], d.labels[1]);
   EXPECT_NE(data_digest(d), data_digest(a));
+  // The same bytes read as another shape (a rank given another --data-format) are another set.
+  ImageSet e = small_set();
+  e.rows = 14, e.cols = 14, e.channels = 4;
+  EXPECT_NE(data_digest(e), data_digest(a));
 }
 
 // ---- check_outputs ----

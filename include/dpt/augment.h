@@ -1,0 +1,44 @@
+// --augment and --normalize: parsing, the per-image random draws of augmentation, and the CPU's
+// gather of a transformed batch (the CUDA kernel applies the same image_transform.h per pixel).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpt/dataset.h"
+#include "dpt/image_transform.h"
+
+namespace dpt {
+
+// --augment: "none", or a comma list of "crop" (padding max(1, min(rows, cols) / 8): 4 for 32x32,
+// 3 for 28x28), "crop=P" and "flip". With rows = cols = 0 only the syntax is checked (pad left 0
+// for a bare "crop"). Input errors name --augment.
+struct AugmentSpec {
+  bool crop = false, flip = false;
+  int pad = 0;
+  bool any() const { return crop || flip; }
+  std::string text() const;  // "none", "crop=4,flip", ...
+};
+AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols);
+
+// The draw of training image `index` in epoch `epoch` (pack_draw): a function of (seed, epoch,
+// index) alone, so an image is augmented alike whichever rank takes it and however many there are.
+uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64_t index);
+
+// --normalize: "none" (empty), "auto" (channel_stats of the training set) or "M1,..,Mc/S1,..,Sc"
+// (c = the data's channels, every S > 0). With train == nullptr only the syntax is checked.
+struct Normalization {
+  std::vector<float> mean, std;
+  bool any() const { return !mean.empty(); }
+  std::string text() const;  // "none" or "M1,..,Mc/S1,..,Sc" with every digit a float needs
+};
+Normalization resolve_normalize(const std::string& value, const ImageSet* train);
+
+// x[i] = the transformed image idx[i] (spec: crop, flip, / 255, normalisation) for i < count, from
+// num_images images of spec.pixels() bytes. Host memory. Without draws and normalisation it is the
+// plain ToTensor (images_to_float), bit for bit.
+void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& spec, const int64_t* idx,
+                        int64_t count, float* x);
+
+}  // namespace dpt

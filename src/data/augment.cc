@@ -1,0 +1,160 @@
+// --augment and --normalize (include/dpt/augment.h): their parsing, the counter-based draws that
+// make augmentation independent of the rank count, and the CPU's transformed gather.
+#include "dpt/augment.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "dpt/error.h"
+#include "dpt/idx.h"
+
+namespace dpt {
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) out.push_back(part);
+  if (!s.empty() && s.back() == sep) out.emplace_back();
+  return out;
+}
+
+// SplitMix64's finaliser: a counter-based generator needs no state to carry between ranks or epochs.
+uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::vector<float> parse_floats(const std::string& list, const std::string& value, const char* what) {
+  std::vector<float> out;
+  for (const std::string& t : split(list, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(t.c_str(), &end);
+    DPT_INPUT_CHECK(!t.empty() && end == t.c_str() + t.size() && errno == 0 && std::isfinite(v),
+                    "--normalize '" << value << "': " << what << " '" << t << "' is not a number");
+    out.push_back(static_cast<float>(v));
+  }
+  return out;
+}
+
+std::string join(const std::vector<float>& v) {
+  std::ostringstream os;
+  os << std::setprecision(std::numeric_limits<float>::max_digits10);
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  return os.str();
+}
+
+}  // namespace
+
+std::string AugmentSpec::text() const {
+  if (!any()) return "none";
+  std::string s = crop ? "crop=" + std::to_string(pad) : "";
+  if (flip) s += std::string(crop ? "," : "") + "flip";
+  return s;
+}
+
+AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) {
+  AugmentSpec spec;
+  if (value == "none") return spec;
+  for (const std::string& item : split(value, ',')) {
+    if (item == "flip") {
+      DPT_INPUT_CHECK(!spec.flip, "--augment '" << value << "': flip is given twice");
+      spec.flip = true;
+      continue;
+    }
+    DPT_INPUT_CHECK(item == "crop" || item.rfind("crop=", 0) == 0,
+                    "--augment '" << value << "': '" << item << "' is not crop, crop=P or flip (or none alone)");
+    DPT_INPUT_CHECK(!spec.crop, "--augment '" << value << "': crop is given twice");
+    spec.crop = true;
+    if (item == "crop") {
+      spec.pad = static_cast<int>(std::max<int64_t>(1, std::min(rows, cols) / 8));
+    } else {
+      const std::string p = item.substr(5);
+      char* end = nullptr;
+      errno = 0;
+      const long v = std::strtol(p.c_str(), &end, 10);
+      DPT_INPUT_CHECK(!p.empty() && end == p.c_str() + p.size() && errno == 0 && v >= 1 && v <= 2047,
+                      "--augment '" << value << "': crop=" << p << " is not a padding of 1..2047 pixels");
+      spec.pad = static_cast<int>(v);
+    }
+  }
+  // A window shifted by more than the image would see only padding.
+  DPT_INPUT_CHECK(rows == 0 || !spec.crop || (spec.pad < rows && spec.pad < cols),
+                  "--augment '" << value << "': a crop padding of " << spec.pad << " pixels needs images larger than "
+                                << spec.pad << "x" << spec.pad << ", the data's are " << rows << "x" << cols);
+  return spec;
+}
+
+uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64_t index) {
+  // Domain-separated from the sampler's and the initialisation's use of the seed.
+  const uint64_t h = mix(mix(mix(seed ^ 0x6175676d656e74ULL) + static_cast<uint64_t>(epoch)) + static_cast<uint64_t>(index));
+  const uint32_t span = static_cast<uint32_t>(2 * spec.pad + 1);
+  const uint32_t oy = spec.crop ? static_cast<uint32_t>((h & 0xffffffffULL) % span) : spec.pad;
+  const uint32_t ox = spec.crop ? static_cast<uint32_t>(((h >> 32) & 0x7fffffffULL) % span) : spec.pad;
+  const bool flip = spec.flip && (h >> 63) != 0;
+  return pack_draw(oy, ox, flip);
+}
+
+std::string Normalization::text() const { return any() ? join(mean) + "/" + join(std) : "none"; }
+
+Normalization resolve_normalize(const std::string& value, const ImageSet* train) {
+  Normalization n;
+  if (value == "none") return n;
+  if (value == "auto") {
+    if (!train) return n;
+    const ChannelStats st = channel_stats(*train);
+    for (size_t c = 0; c < st.mean.size(); ++c) {
+      n.mean.push_back(static_cast<float>(st.mean[c]));
+      // A constant channel has no spread to divide by: it is only centred.
+      n.std.push_back(st.std[c] > 0 ? static_cast<float>(st.std[c]) : 1.f);
+    }
+    return n;
+  }
+  const auto halves = split(value, '/');
+  DPT_INPUT_CHECK(halves.size() == 2,
+                  "--normalize '" << value << "' is not none, auto or M1,..,Mc/S1,..,Sc (means / standard deviations)");
+  n.mean = parse_floats(halves[0], value, "mean");
+  n.std = parse_floats(halves[1], value, "standard deviation");
+  DPT_INPUT_CHECK(n.mean.size() == n.std.size(), "--normalize '" << value << "' gives " << n.mean.size()
+                                                                 << " means but " << n.std.size() << " standard deviations");
+  for (float s : n.std)
+    DPT_INPUT_CHECK(s > 0, "--normalize '" << value << "': standard deviation " << s << " is not > 0");
+  DPT_INPUT_CHECK(!train || static_cast<int64_t>(n.mean.size()) == train->channels,
+                  "--normalize '" << value << "' gives " << n.mean.size() << " channel(s), the data's images have "
+                                  << train->channels);
+  return n;
+}
+
+void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& s, const int64_t* idx,
+                        int64_t count, float* x) {
+  const int64_t per = s.pixels();
+  if (!s.draws && !s.mean) return images_to_float(images, num_images, per, idx, count, x);
+  for (int64_t i = 0; i < count; ++i) {
+    DPT_CHECK(idx[i] >= 0 && idx[i] < num_images,
+              "gather: image index " << idx[i] << " out of range [0, " << num_images << ")");
+    const uint8_t* src = images + idx[i] * per;
+    float* dst = x + i * per;
+    if (!s.draws) {
+      for (int64_t p = 0; p < per; ++p) dst[p] = input_value(s, src[p], p % s.channels);
+      continue;
+    }
+    const uint32_t draw = s.draws[i];
+    for (int64_t y = 0; y < s.rows; ++y)
+      for (int64_t xx = 0; xx < s.cols; ++xx)
+        for (int64_t c = 0; c < s.channels; ++c) {
+          const int64_t from = source_pixel(s, draw, y, xx, c);
+          *dst++ = input_value(s, from < 0 ? 0u : src[from], c);
+        }
+  }
+}
+
+}  // namespace dpt

@@ -1,0 +1,82 @@
+// The per-format readers behind load_data (include/dpt/dataset.h), shared by src/data/*.cc, the
+// unit tests and the fuzz target; the trainer itself only sees load_data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpt/dataset.h"
+
+namespace dpt::data {
+
+// No file or header may make us allocate more than this (16 GiB): checked before allocating.
+constexpr uint64_t kMaxDataBytes = uint64_t{1} << 34;
+
+// A data file opened with open_input_file (so a FIFO or device is refused at once, never waited
+// on), its size taken once from fstat; closed on every path.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  // Up to n bytes; fewer only at the end of the file.
+  size_t read(uint8_t* out, size_t n);
+  // Exactly n bytes, or a kInput error saying the file ended early (it shrank while being read).
+  void read_exact(uint8_t* out, size_t n);
+  void rewind();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// One split of a data set and the files it came from, so that the checks made across splits
+// (test labels against the training classes, train and test shapes) can name them.
+struct LoadedSplit {
+  ImageSet set;
+  std::string images_file, labels_file;  // the same file for CIFAR (the first batch for several)
+};
+
+// "a x b x c" of a shape, for messages.
+std::string shape_string(const std::vector<int64_t>& dims);
+// The first existing file among dir/name for name in names, else "" (a name that exists but is
+// not a regular file is returned: opening it gives the precise refusal).
+std::string first_existing(const std::string& dir, const std::vector<std::string>& names);
+
+// ---- idx.cc ----
+// <split>-images-idx3-ubyte or -idx4-ubyte (each raw or .gz, .gz preferred; idx3 and idx4 both
+// present is refused as ambiguous) and <split>-labels-idx1-ubyte[.gz]. Images 3-D (N x H x W,
+// channels 1) or 4-D (N x H x W x C), labels 1-D with the images' count. num_classes is left 0:
+// the caller decides it.
+LoadedSplit load_idx_split(const std::string& dir, const std::string& split);
+
+// ---- cifar.cc ----
+// CIFAR binary batches: records of `label_bytes` (1: CIFAR-10, the class; 2: CIFAR-100, coarse
+// then fine) label bytes and 3 planes of 32 x 32 pixels (R, G, B), read in order and interleaved to
+// HWC. Every label is checked against its format's classes (10; 20 coarse and 100 fine).
+// num_classes is set to 10 or 100.
+constexpr int64_t kCifarSide = 32, kCifarChannels = 3;
+constexpr int64_t kCifarPixels = kCifarSide * kCifarSide * kCifarChannels;  // 3072
+LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_bytes);
+
+// ---- npy.cc ----
+// An .npy file's images: '|u1' data, 3-D (N x H x W, channels 1) or 4-D (N x H x W x C), C order.
+struct NpyImages {
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;
+};
+NpyImages read_npy_images(const std::string& path);
+// An .npy file's labels: 1-D, any integer dtype of 1, 2, 4 or 8 bytes in either byte order, each
+// value in 0..255.
+std::vector<uint8_t> read_npy_labels(const std::string& path);
+// <split>_images.npy and <split>_labels.npy in dir, counts agreeing. num_classes left 0.
+LoadedSplit load_npy_split(const std::string& dir, const std::string& split);
+
+}  // namespace dpt::data
