@@ -16,6 +16,9 @@ baseline. Suites:
   step         one training step broken down (forward, backward, data, exposed all-reduce,
                optimizer) from dptrain's --trace at 2 ranks, LeNet and ResNet-18, and the fraction
                of the all-reduce time hidden behind backward
+  augment      the cost of --augment crop,flip --normalize auto (fused into the batch gather):
+               LeNet 1 epoch and ResNet-18 --max-steps steps (default 10), 2 ranks x 1 thread,
+               with and without, on Fashion-MNIST
   all          every suite above, one table each
   builds       this build against another dptrain binary (--baseline PATH, e.g. a copy of the
                previous commit's build/dptrain), alternated: LeNet 1 epoch and ResNet-18 --max-steps
@@ -239,6 +242,19 @@ def suite(name, build, max_steps, baseline=None, torches=()):
                          False))
             refs.append(f"{label}-ddp np2")
         return runs, {"dptrain np2": refs}
+    if name == "augment":
+        steps = max_steps or 10
+        aug = ["--augment", "crop,flip", "--normalize", "auto"]
+        r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
+             "--max-steps", str(steps), "--eval-every", "0"]
+        l = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1", "--eval-every", "0"]
+        runs = [
+            ("lenet np2 augmented", mpirun(2) + [dp] + l + aug, True),
+            ("lenet np2 plain", mpirun(2) + [dp] + l, True),
+            ("resnet18 np2 augmented", mpirun(2) + [dp] + r + aug, True),
+            ("resnet18 np2 plain", mpirun(2) + [dp] + r, True),
+        ]
+        return runs, {"lenet np2 augmented": ["lenet np2 plain"], "resnet18 np2 augmented": ["resnet18 np2 plain"]}
     if name == "builds":
         if not baseline or not os.access(baseline, os.X_OK):
             sys.exit("bench.py: the builds suite needs --baseline PATH, an executable dptrain")
@@ -352,7 +368,7 @@ def main():
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
-    every = ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp"]
+    every = ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp", "augment"]
     if a.suite not in every + ["all", "builds"]:
         sys.exit(f"bench.py: unknown suite '{a.suite}' ({' | '.join(every + ['builds', 'all'])})")
     suites = every if a.suite == "all" else [a.suite]

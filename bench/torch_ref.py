@@ -64,11 +64,13 @@ class LeNet(nn.Module):
     """d2l 12.5 LeNet variant: conv(1,20,3) relu avgpool conv(20,50,5) relu avgpool
     flatten fc(800,128) relu fc(128,10)."""
 
-    def __init__(self, num_classes=10):
+    def __init__(self, num_classes=10, in_channels=1, rows=28, cols=28):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 20, kernel_size=3)
+        self.conv1 = nn.Conv2d(in_channels, 20, kernel_size=3)
         self.conv2 = nn.Conv2d(20, 50, kernel_size=5)
-        self.fc1 = nn.Linear(800, 128)
+        # As dptrain sizes fc1 from the images (its --save metadata's input_shape is "rows,cols,C").
+        side = lambda n: ((n - 2) // 2 - 4) // 2
+        self.fc1 = nn.Linear(50 * side(rows) * side(cols), 128)
         self.fc2 = nn.Linear(128, num_classes)
 
     def forward(self, x):
