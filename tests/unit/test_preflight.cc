@@ -284,6 +284,18 @@ TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
   EXPECT_EQ(again.second, le);
 }
 
+// Images above 32x32 are probed at 32x32 and scaled by the area. The scaling is what the probe
+// measures below that size: ResNet-18's bytes per image grow with H x W (16x16 -> 32x32: 4x).
+TEST(CheckMemory, BytesPerImageGrowWithTheImageArea) {
+  const auto small = bytes_per_image("resnet18", 10, {16, 16, 3});
+  const auto mid = bytes_per_image("resnet18", 10, {32, 32, 3});
+  EXPECT_NEAR(mid.first / small.first, 4.0, 0.4);
+  EXPECT_NEAR(mid.second / small.second, 4.0, 0.4);
+  const auto big = bytes_per_image("resnet18", 10, {64, 64, 3});
+  EXPECT_DOUBLE_EQ(big.first, 4 * mid.first);
+  EXPECT_DOUBLE_EQ(big.second, 4 * mid.second);
+}
+
 // ---- agree_on_input at world size 1 ----
 
 TEST(AgreeOnInput, InputErrorBecomesAgreed) {
