@@ -4,13 +4,10 @@
 // one that is not a regular file (a FIFO, a device) is refused at open, never read or waited on.
 #include "dpt/idx.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -27,6 +24,7 @@ using data::kMaxDataBytes;
 namespace {
 
 namespace fs = std::filesystem;
+
 // Deflate cannot expand by more than 1032:1, so a gzip file of N bytes decompresses to at most
 // about 1032*N; a header promising more is truncated, and we learn that without allocating.
 constexpr uint64_t kMaxDeflateRatio = 1032;
@@ -191,10 +189,8 @@ void read_header_bytes(ByteSource& src, const std::string& path, uint8_t* out, s
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  // The plain message for the common mistake; open_input_file then refuses anything that is not a
-  // regular file (a FIFO would block a plain open until a writer came, or forever).
-  struct stat st {};
-  DPT_INPUT_CHECK(::stat(path.c_str(), &st) == 0 || errno != ENOENT, path << ": no such file");
+  // InputFile says "no such file" plainly and refuses what is not a regular file (a FIFO would
+  // block a plain open until a writer came, or forever).
   InputFile in(path);
   const uint64_t size = in.size();
 

@@ -54,14 +54,16 @@ Bytes npy_raw(const std::string& header, const Bytes& data, int major = 1) {
   return out;
 }
 
+// Python's repr of the shape tuple, as numpy writes it: "(5,)", "(2, 3, 3)".
 std::string shape_tuple(const std::vector<int64_t>& shape) {
-  if (shape.size() == 1) return "(" + std::to_string(shape[0]) + ",)";
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
     s += std::to_string(shape[i]);
   }
-  return s + ")";
+  if (shape.size() == 1) s += ",";
+  s += ")";
+  return s;
 }
 
 Bytes npy_bytes(const std::string& descr, const std::vector<int64_t>& shape, const Bytes& data,
