@@ -2,8 +2,8 @@
 // DPT_WINOGRAD=off takes) against dptrain's Winograd passes, one thread, minimum of --reps calls
 // after a warm-up, and each Winograd result's largest error relative to oneDNN's output scale.
 // --tile M,MW picks the tiles (F(M,3) forward and backward-data, F(3,MW) backward-weights; default
-// 4,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops (src/cpu/isa.h).
-// Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile 4,4] [--cpu-time] [--json]
+// 2,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops (src/cpu/isa.h).
+// Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile 2,4] [--cpu-time] [--json]
 #include <omp.h>
 
 #include <algorithm>
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   int64_t batch = 64;
   int reps = 3;
   bool json = false;
-  int tile_m = 4, tile_mw = 4;  // winograd_choice's tiles for these shapes
+  int tile_m = 2, tile_mw = 4;  // winograd_choice's tiles for these shapes
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);

@@ -85,7 +85,14 @@ WinogradChoice winograd_choice(const ConvGeom& g) {
   // Few input or output channels make the sgemms too thin to pay for the transforms (LeNet's
   // and ResNet's first convolution: one input channel).
   if (off || g.stride != 1 || g.c_in < 16 || g.c_out < 16) return ch;
-  if (g.k == 3) ch = {4, 4};
+  // F(2,3) for forward and backward-data, not F(4,3): F(4,3)'s transforms (entries up to 8, rows
+  // summing to 19 in absolute value) give 3.7-4.8x a direct convolution's rounding error, F(2,3)
+  // 0.5-0.9x. In a network the forward error decides how many ReLUs land on the other side of 0
+  // than in exact arithmetic, and each flip moves every gradient upstream: with F(4,3), 18 of
+  // ResNet-18's 59 gradients were over 4x PyTorch fp32's error against float64, with F(2,3) none
+  // (docs/PERFORMANCE.md, "Gradient accuracy"), for about 10 % more time in these convolutions.
+  // The weight gradient keeps F(3,4): its error stays in its own output (no flips downstream).
+  if (g.k == 3) ch = {2, 4};
   return ch;
 }
 

@@ -1,7 +1,8 @@
 // Winograd minimal-filtering convolution (Lavin & Gray 2015) for stride-1 square kernels on NHWC
 // activations: forward, backward-data and backward-weights as alpha^2 independent sgemms between
-// transformed tiles. It cuts the multiplications of a 3x3 convolution by 2.25x (F(2,3)) to 4x
-// (F(4,3)); oneDNN 2.6 has Winograd only for AVX-512. The loops run
+// transformed tiles. It cuts the multiplications of a 3x3 convolution by 2.25x (F(2,3), what
+// ResNet-18 runs forward and backward-data, for accuracy: winograd_choice) to 4x (F(4,3));
+// oneDNN 2.6 has Winograd only for AVX-512. The loops run
 // at the instruction-set level isa.h chose (winograd_loops.inc).
 #pragma once
 
