@@ -67,6 +67,26 @@ void InputFile::rewind() {
                   path_ << ": cannot seek: " << std::strerror(errno));
 }
 
+LoadedSplit make_split(const std::string& images_file, const std::string& labels_file,
+                       const std::vector<int64_t>& dims, std::vector<uint8_t> images,
+                       std::vector<uint8_t> labels) {
+  DPT_INPUT_CHECK(static_cast<int64_t>(labels.size()) == dims[0],
+                  "image and label counts disagree: " << images_file << " has " << dims[0] << " images, "
+                                                      << labels_file << " has " << labels.size() << " labels");
+  LoadedSplit out;
+  out.images_file = images_file;
+  out.labels_file = labels_file;
+  ImageSet& set = out.set;
+  set.n = dims[0];
+  set.rows = dims[1];
+  set.cols = dims[2];
+  set.channels = dims.size() == 4 ? dims[3] : 1;
+  set.images = std::move(images);
+  set.labels = std::move(labels);
+  set.num_classes = 0;
+  return out;
+}
+
 std::string shape_string(const std::vector<int64_t>& dims) {
   std::ostringstream os;
   for (size_t i = 0; i < dims.size(); ++i) os << (i ? "x" : "") << dims[i];

@@ -309,22 +309,7 @@ LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   DPT_INPUT_CHECK(lbl.dims.size() == 1, lbl_path << ": wrong ndim: expected 1-D labels, found "
                                                  << lbl.dims.size() << "-D "
                                                  << shape_string(lbl.dims));
-  DPT_INPUT_CHECK(img.dims[0] == lbl.dims[0],
-                  "image and label counts disagree: " << img_path << " has " << img.dims[0]
-                                                      << " images, " << lbl_path << " has "
-                                                      << lbl.dims[0] << " labels");
-  LoadedSplit out;
-  out.images_file = img_path;
-  out.labels_file = lbl_path;
-  ImageSet& set = out.set;
-  set.n = img.dims[0];
-  set.rows = img.dims[1];
-  set.cols = img.dims[2];
-  set.channels = img.dims.size() == 4 ? img.dims[3] : 1;
-  set.images = std::move(img.data);
-  set.labels = std::move(lbl.data);
-  set.num_classes = 0;
-  return out;
+  return make_split(img_path, lbl_path, img.dims, std::move(img.data), std::move(lbl.data));
 }
 
 }  // namespace data

@@ -368,20 +368,8 @@ LoadedSplit load_npy_split(const std::string& dir, const std::string& split) {
   out.images_file = first_existing(dir, {names[0]});
   out.labels_file = first_existing(dir, {names[1]});
   NpyImages img = read_npy_images(out.images_file);
-  std::vector<uint8_t> labels = read_npy_labels(out.labels_file);
-  DPT_INPUT_CHECK(static_cast<int64_t>(labels.size()) == img.shape[0],
-                  "image and label counts disagree: " << out.images_file << " has " << img.shape[0]
-                                                      << " images, " << out.labels_file << " has "
-                                                      << labels.size() << " labels");
-  ImageSet& set = out.set;
-  set.n = img.shape[0];
-  set.rows = img.shape[1];
-  set.cols = img.shape[2];
-  set.channels = img.shape.size() == 4 ? img.shape[3] : 1;
-  set.images = std::move(img.data);
-  set.labels = std::move(labels);
-  set.num_classes = 0;
-  return out;
+  return make_split(out.images_file, out.labels_file, img.shape, std::move(img.data),
+                    read_npy_labels(out.labels_file));
 }
 
 }  // namespace dpt::data

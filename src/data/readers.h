@@ -44,6 +44,11 @@ struct LoadedSplit {
   std::string images_file, labels_file;  // the same file for CIFAR (the first batch for several)
 };
 
+// The split of images [N, H, W] or [N, H, W, C] (dims, bytes) and their labels read from the two
+// files; refuses counts that disagree, naming both files. num_classes is left 0 for the caller.
+LoadedSplit make_split(const std::string& images_file, const std::string& labels_file,
+                       const std::vector<int64_t>& dims, std::vector<uint8_t> images,
+                       std::vector<uint8_t> labels);
 // "a x b x c" of a shape, for messages.
 std::string shape_string(const std::vector<int64_t>& dims);
 // The first existing file among dir/name for name in names, else "" (a name that exists but is

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "data_files.h"
 #include "data/readers.h"
 #include "dpt/dataset.h"
 #include "dpt/error.h"
@@ -30,16 +31,15 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using dpt::test::write_gz;
+using dpt::test::write_raw;
+using dpt::test::read_all;
+using dpt::test::expect_input_error;
+
+using dpt::test::idx_bytes;
 
 // ---- writers of each format ---------------------------------------------------------------------
 
-Bytes idx_bytes(const std::vector<uint32_t>& dims, const Bytes& data) {
-  Bytes out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims)
-    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
 
 // An .npy file with `header` as its dict text (padded as numpy pads it) in format `major`.0.
 Bytes npy_raw(const std::string& header, const Bytes& data, int major = 1) {
@@ -115,18 +115,7 @@ Bytes cifar_records(const std::vector<Bytes>& label_bytes, int64_t first = 0) {
   return out;
 }
 
-void write_raw(const fs::path& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
 
-void write_gz(const fs::path& path, const Bytes& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
 
 // The decompressed bytes of a gzip file, by zlib's own reader: independent of dptrain's.
 Bytes gunzip(const fs::path& path) {
@@ -140,27 +129,7 @@ Bytes gunzip(const fs::path& path) {
   return out;
 }
 
-Bytes read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
-// Runs f, which must throw a kInput dpt::Error whose message contains every needle.
-void expect_input_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const dpt::Error& e) {
-    EXPECT_EQ(e.kind(), dpt::ErrorKind::kInput) << e.what();
-    const std::string msg = e.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(msg.find(needle), std::string::npos) << "'" << needle << "' not in: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected dpt::Error, got std::exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected a dpt::Error containing '" << needles.front() << "', nothing thrown";
-}
 
 class DatasetTest : public ::testing::Test {
  protected:
@@ -210,10 +179,10 @@ class DatasetTest : public ::testing::Test {
     const std::string ext = gz ? ".gz" : "";
     auto write = gz ? write_gz : write_raw;
     const auto ntr = static_cast<int64_t>(train_labels.size()), nte = static_cast<int64_t>(test_labels.size());
-    write(file("train-images-" + kind + "-ubyte" + ext), idx_bytes(dims(ntr), hwc_images(ntr, h, w, c)));
-    write(file("t10k-images-" + kind + "-ubyte" + ext), idx_bytes(dims(nte), hwc_images(nte, h, w, c, 100)));
-    write(file("train-labels-idx1-ubyte" + ext), idx_bytes({static_cast<uint32_t>(ntr)}, train_labels));
-    write(file("t10k-labels-idx1-ubyte" + ext), idx_bytes({static_cast<uint32_t>(nte)}, test_labels));
+    write(file("train-images-" + kind + "-ubyte" + ext), idx_bytes(0x08, dims(ntr), hwc_images(ntr, h, w, c)));
+    write(file("t10k-images-" + kind + "-ubyte" + ext), idx_bytes(0x08, dims(nte), hwc_images(nte, h, w, c, 100)));
+    write(file("train-labels-idx1-ubyte" + ext), idx_bytes(0x08, {static_cast<uint32_t>(ntr)}, train_labels));
+    write(file("t10k-labels-idx1-ubyte" + ext), idx_bytes(0x08, {static_cast<uint32_t>(nte)}, test_labels));
   }
 
   fs::path dir_;
@@ -513,7 +482,7 @@ TEST_F(DatasetTest, TrainAndTestShapesMustAgree) {
   write_raw(file("test_labels.npy"), npy_bytes("|u1", {1}, {0}));
   expect_load_error({"differ in shape", path("train_images.npy"), "4x4x1", path("test_images.npy"), "4x4x3"});
   write_idx_set(5, 4, 1);
-  write_raw(file("t10k-images-idx3-ubyte"), idx_bytes({3, 4, 5}, hwc_images(3, 4, 5, 1)));
+  write_raw(file("t10k-images-idx3-ubyte"), idx_bytes(0x08, {3, 4, 5}, hwc_images(3, 4, 5, 1)));
   expect_load_error({"differ in shape", path("train-images-idx3-ubyte"), "5x4x1",
                      path("t10k-images-idx3-ubyte"), "4x5x1"},
                     "idx");
@@ -521,7 +490,7 @@ TEST_F(DatasetTest, TrainAndTestShapesMustAgree) {
 
 TEST_F(DatasetTest, IdxIdx3AndIdx4BothPresentIsAmbiguous) {
   write_idx_set(2, 2, 1);
-  write_raw(file("train-images-idx4-ubyte"), idx_bytes({4, 2, 2, 1}, hwc_images(4, 2, 2, 1)));
+  write_raw(file("train-images-idx4-ubyte"), idx_bytes(0x08, {4, 2, 2, 1}, hwc_images(4, 2, 2, 1)));
   expect_load_error({dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
 }
 

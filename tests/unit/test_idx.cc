@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "data_files.h"
 #include "dpt/error.h"
 #include "dpt/idx.h"
 
@@ -23,19 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using dpt::test::write_gz;
+using dpt::test::write_raw;
+using dpt::test::idx_bytes;
+using dpt::test::read_all;
+using dpt::test::expect_input_error;
 
-// Serialises an IDX file: 0 0 dtype ndim, big-endian uint32 dims, then `data` as is.
-Bytes idx_bytes(uint8_t dtype, const std::vector<uint32_t>& dims, const Bytes& data) {
-  Bytes out = {0, 0, dtype, static_cast<uint8_t>(dims.size())};
-  for (uint32_t d : dims) {
-    out.push_back(static_cast<uint8_t>(d >> 24));
-    out.push_back(static_cast<uint8_t>(d >> 16));
-    out.push_back(static_cast<uint8_t>(d >> 8));
-    out.push_back(static_cast<uint8_t>(d));
-  }
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
-}
 
 Bytes iota_bytes(size_t n, uint8_t start = 0) {
   Bytes b(n);
@@ -43,45 +37,9 @@ Bytes iota_bytes(size_t n, uint8_t start = 0) {
   return b;
 }
 
-void write_raw(const fs::path& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
 
-// Compressed with zlib's own gz* writer, as the real dataset files are (gzip format).
-void write_gz(const fs::path& path, const Bytes& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  if (!bytes.empty()) {
-    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-              static_cast<int>(bytes.size()));
-  }
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
 
-Bytes read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
-// Runs f, which must throw a kInput dpt::Error whose message contains every needle.
-void expect_input_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const dpt::Error& e) {
-    EXPECT_EQ(e.kind(), dpt::ErrorKind::kInput) << e.what();
-    const std::string msg = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(msg.find(needle), std::string::npos) << "'" << needle << "' not in: " << msg;
-    }
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected dpt::Error, got std::exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected a dpt::Error containing '" << needles.front() << "', nothing thrown";
-}
 
 void expect_read_error(const fs::path& path, const std::vector<std::string>& needles) {
   std::vector<std::string> all = needles;
