@@ -9,7 +9,9 @@ baseline. Suites:
   lenet-dp     LeNet, d2l recipe, 1 epoch, 1 thread per rank: dptrain np1, np2 with overlap on
                and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part
   resnet-dp    ResNet-18, d2l recipe, global batch 128, 2 ranks x 1 thread, --max-steps steps
-               (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s
+               (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s; on a
+               CPU with AVX512-BF16 or AMX also --precision bf16 against the newest PyTorch's CPU
+               autocast bf16
   allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)
   conv         ResNet-18's stride-1 3x3 convolutions: oneDNN direct vs Winograd, per pass, batch 64
                (build/bench/conv_bench)
@@ -193,6 +195,12 @@ def print_where(a, env, suites):
     print(flush=True)
 
 
+def bf16_cpu():
+    """Whether this CPU has the bf16 instructions dptrain's --precision bf16 needs."""
+    flags = open("/proc/cpuinfo").read()
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def mpirun(np):
     cmd = ["mpirun", "-np", str(np), "--bind-to", "none"]
     if os.geteuid() == 0:
@@ -241,7 +249,16 @@ def suite(name, build, max_steps, baseline=None, torches=()):
             runs.append((f"{label}-ddp np2", [py, ref, "--json", "--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r,
                          False))
             refs.append(f"{label}-ddp np2")
-        return runs, {"dptrain np2": refs}
+        base = {"dptrain np2": refs}
+        if bf16_cpu():
+            # --precision bf16 against PyTorch's CPU autocast bf16 (issue 22's bf16 row), newest PyTorch only.
+            runs.append(("dptrain np2 bf16", mpirun(2) + [dp] + r + ["--eval-every", "0", "--precision", "bf16"], True))
+            base["dptrain np2 bf16"] = []
+            for label, py in torches[:1]:
+                runs.append((f"{label}-ddp np2 autocast-bf16", [py, ref, "--json", "--no-eval", "--ddp", "--nproc", "2",
+                                                               "--threads", "1", "--bf16"] + r, False))
+                base["dptrain np2 bf16"].append(f"{label}-ddp np2 autocast-bf16")
+        return runs, base
     if name == "augment":
         steps = max_steps or 10
         aug = ["--augment", "crop,flip", "--normalize", "auto"]

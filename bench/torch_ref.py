@@ -193,11 +193,12 @@ def run(rank, world, args):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    # bf16 autocast on the GPU (convolutions and matmuls in bf16, fp32 master weights), else a no-op.
+    # bf16 autocast (convolutions and matmuls in bf16, fp32 master weights) on the GPU, or the CPU's
+    # (oneDNN's bf16 kernels: AVX512-BF16 or AMX), the match for dptrain --precision bf16.
     def autocast():
         if not args.bf16:
             return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast(args.device, dtype=torch.bfloat16)
     train_x, train_y, test_x, test_y = (t.to(device) for t in load_fashion_mnist(args.data))
     model = build_model(args.model)
     init_d2l(model)
@@ -314,7 +315,7 @@ def main():
     p.add_argument("--data", default=DATA_DIR_DEFAULT, help="Fashion-MNIST IDX .gz directory")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: one GPU per process (rank mod visible GPUs); DDP then uses NCCL")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU only)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU, or CPU autocast with oneDNN's bf16 kernels)")
     p.add_argument("--tf32", action="store_true",
                    help="let cuDNN convolve fp32 on TF32 tensor cores, PyTorch's own default (GPU only)")
     args = p.parse_args()
