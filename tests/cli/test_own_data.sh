@@ -87,6 +87,18 @@ else
   fail "--save run: exit $?"; tail -5 save.log
 fi
 
+# ---- a resumed augmented run ends where the uninterrupted one does (the draws are recomputed) -----
+aug=("${mpi[@]}" -np 2 "$bin" --model lenet --max-steps 3 --batch-size 32 --eval-every 0 --threads 1 --progress off
+     --data c10 --augment crop,flip --normalize auto --checkpoint-every 1)
+if run whole.log "${aug[@]}" --epochs 2 --checkpoint-path whole.ckpt --save whole.st &&
+   run first.log "${aug[@]}" --epochs 1 --checkpoint-path part.ckpt &&
+   run rest.log "${aug[@]}" --epochs 2 --checkpoint-path part.ckpt --resume part.ckpt --allow-config-change --save part.st; then
+  if same_tensors whole.st part.st > /dev/null; then echo "ok: an augmented run resumed after epoch 1 ends bit for bit as one run"
+  else fail "an augmented run resumed after epoch 1 differs from the uninterrupted one"; fi
+else
+  fail "augmented resume runs failed"; tail -5 whole.log first.log rest.log
+fi
+
 # ---- a ResNet-18 at 2 ranks learns a generated 32x32x3 set --------------------------------------
 make_data learn --format npy --npy-4d --train 384 --test 128 --rows 32 --cols 32 --channels 3 --classes 10 --seed 5 --learnable
 if RUN_TIMEOUT=600 run learn.log "${mpi[@]}" -np 2 "$bin" --model resnet18 --data learn --epochs 3 --batch-size 32 \
