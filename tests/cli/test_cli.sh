@@ -42,9 +42,11 @@ expect 2 "magic" -- "$bin" --data "$d" --epochs 1
 d=$(mk counts); rm "$d/train-labels-idx1-ubyte.gz"
 python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,8,1,0,0,0,5]) + bytes(5))" > "$d/train-labels-idx1-ubyte"
 expect 2 "10000" -- "$bin" --data "$d" --epochs 1
-d=$(mk label); rm "$d/train-labels-idx1-ubyte.gz"
-python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,8,1,0,0,0x27,0x10]) + bytes([3]*9999 + [12]))" > "$d/train-labels-idx1-ubyte"
-expect 2 "label" -- "$bin" --data "$d" --epochs 1
+# The classes come from the training labels (0..9 here): a test label outside them is refused,
+# naming the file, the index and the value.
+d=$(mk label); rm "$d/t10k-labels-idx1-ubyte.gz"
+python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,8,1,0,0,0x27,0x10]) + bytes([3]*9999 + [12]))" > "$d/t10k-labels-idx1-ubyte"
+expect 2 "t10k-labels-idx1-ubyte: label 12 at index 9999" -- "$bin" --data "$d" --epochs 1
 d=$(mk dtype); rm "$d/train-labels-idx1-ubyte.gz"
 python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,0x0D,1,0,0,0x27,0x10]) + bytes(40000))" > "$d/train-labels-idx1-ubyte"
 expect 2 "dtype" -- "$bin" --data "$d" --epochs 1
