@@ -124,6 +124,7 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
                   "--normalize '" << value << "' is not none, auto or M1,..,Mc/S1,..,Sc (means / standard deviations)");
   n.mean = parse_floats(halves[0], value, "mean");
   n.std = parse_floats(halves[1], value, "standard deviation");
+  DPT_INPUT_CHECK(!n.mean.empty(), "--normalize '" << value << "' gives no means: write M1,..,Mc/S1,..,Sc");
   DPT_INPUT_CHECK(n.mean.size() == n.std.size(), "--normalize '" << value << "' gives " << n.mean.size()
                                                                  << " means but " << n.std.size() << " standard deviations");
   for (float s : n.std)

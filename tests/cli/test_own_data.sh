@@ -117,6 +117,7 @@ expect 2 "--model lenet cannot take" -- "${one[@]}" --data tiny
 expect 2 "needs images of at least 14x14" -- "${one[@]}" --data tiny
 expect 2 "the data's images have 3" -- "${one[@]}" --data c10 --normalize 0.5/0.2
 expect 2 "--normalize '0.5,x/1,1'" -- "${one[@]}" --data c10 --normalize 0.5,x/1,1
+expect 2 "--normalize '/' gives no means" -- "${one[@]}" --data c10 --normalize /
 expect 2 "standard deviation 0 is not > 0" -- "${one[@]}" --data c10 --normalize 0,0,0/1,0,1
 expect 2 "--augment 'crop=40'" -- "${one[@]}" --data c10 --augment crop=40
 expect 2 "--augment 'rotate'" -- "${one[@]}" --data c10 --augment rotate
