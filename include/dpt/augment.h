@@ -31,7 +31,10 @@ uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64
 struct Normalization {
   std::vector<float> mean, std;
   bool any() const { return !mean.empty(); }
-  std::string text() const;  // "none" or "M1,..,Mc/S1,..,Sc" with every digit a float needs
+  std::string text() const;  // "none" or mean_text() + "/" + std_text()
+  // "M1,..,Mc" and "S1,..,Sc", with every digit a float needs (the checkpoint metadata's values).
+  std::string mean_text() const;
+  std::string std_text() const;
 };
 Normalization resolve_normalize(const std::string& value, const ImageSet* train);
 

@@ -17,6 +17,10 @@ struct ImageSet {
   std::vector<uint8_t> labels;
   int num_classes = 10;  // every label is < num_classes; the same in a data set's train and test
   int64_t pixels() const { return rows * cols * channels; }  // bytes per image
+  // "28x28x1": rows x cols x channels, as messages, the banner and the data digest write it.
+  std::string shape_text() const {
+    return std::to_string(rows) + "x" + std::to_string(cols) + "x" + std::to_string(channels);
+  }
 };
 
 // The formats load_data reads; "auto" detects one from the file names in the directory.

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "dpt/backend.h"
 #include "dpt/augment.h"
+#include "dpt/backend.h"
 #include "dpt/ddp.h"
 #include "dpt/idx.h"
 #include "dpt/train.h"
@@ -91,7 +91,6 @@ class StepEngine {
   // The input transform: per-channel mean and std (empty without --normalize), the epoch's
   // augmentation draws (one per index of epoch_index_) and the staged micro-batch's.
   const AugmentSpec augment_;
-  const uint64_t seed_;
   DeviceArray<float> mean_, std_;
   DeviceArray<uint32_t> epoch_draws_, step_draws_;
   ImageBatchSpec train_spec_, eval_spec_;

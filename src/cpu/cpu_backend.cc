@@ -23,7 +23,6 @@
 #include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
-#include "dpt/idx.h"
 
 namespace dpt::cpu {
 

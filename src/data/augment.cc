@@ -104,7 +104,9 @@ uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64
   return pack_draw(oy, ox, flip);
 }
 
-std::string Normalization::text() const { return any() ? join(mean) + "/" + join(std) : "none"; }
+std::string Normalization::mean_text() const { return join(mean); }
+std::string Normalization::std_text() const { return join(std); }
+std::string Normalization::text() const { return any() ? mean_text() + "/" + std_text() : "none"; }
 
 Normalization resolve_normalize(const std::string& value, const ImageSet* train) {
   Normalization n;

@@ -212,11 +212,10 @@ DataSets read_format(const std::string& dir, const std::string& format) {
     derive_classes(train, test);
   }
   const ImageSet &a = train.set, &b = test.set;
-  DPT_INPUT_CHECK(a.rows == b.rows && a.cols == b.cols && a.channels == b.channels,
+  DPT_INPUT_CHECK(a.shape_text() == b.shape_text(),
                   "training and test images differ in shape: " << train.images_file << " holds "
-                      << a.rows << "x" << a.cols << "x" << a.channels << " (rows x cols x channels), "
-                      << test.images_file << " holds " << b.rows << "x" << b.cols << "x"
-                      << b.channels);
+                      << a.shape_text() << " (rows x cols x channels), " << test.images_file << " holds "
+                      << b.shape_text());
   DataSets out;
   out.format = format;
   out.train = std::move(train.set);

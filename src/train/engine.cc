@@ -35,8 +35,7 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
       // The gradients are summed across ranks: each rank scales its loss by the global batch.
       grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
       uncaught_(std::uncaught_exceptions()),
-      augment_(augment),
-      seed_(cfg.seed) {
+      augment_(augment) {
   DPT_CHECK(train.rows == test.rows && train.cols == test.cols && train.channels == test.channels && pixels_ > 0,
             "train and test image shapes differ");
   eval_spec_.rows = train.rows, eval_spec_.cols = train.cols, eval_spec_.channels = train.channels;
@@ -126,7 +125,7 @@ void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
     // Drawn per (seed, epoch, image): the same image gets the same crop and flip at any rank count.
     draws_host_.resize(index_host_.size());
     for (size_t i = 0; i < index_host_.size(); ++i)
-      draws_host_[i] = image_draw(augment_, seed_, sampler.epoch(), index_host_[i]);
+      draws_host_[i] = image_draw(augment_, cfg_.seed, sampler.epoch(), index_host_[i]);
     epoch_draws_.copy_from_host(draws_host_.data(), indices);
   }
   be_.zero(batch_stats_.data(), static_cast<size_t>(stats) * sizeof(double));

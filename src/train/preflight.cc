@@ -25,7 +25,7 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
 
 std::string data_digest(const ImageSet& set) {
   std::ostringstream os;
-  os << "images " << set.n << " of " << set.rows << "x" << set.cols << "x" << set.channels << ", checksum 0x" << std::hex
+  os << "images " << set.n << " of " << set.shape_text() << ", checksum 0x" << std::hex
      << checksum(set.labels.data(), set.labels.size(), checksum(set.images.data(), set.images.size()));
   return os.str();
 }
@@ -34,10 +34,8 @@ std::map<std::string, std::string> input_metadata(const Preflight& pf) {
   std::map<std::string, std::string> m{
       {"data_format", pf.data_format}, {"augment", pf.augment.text()}, {"normalize", pf.normalize.text()}};
   if (pf.normalize.any()) {
-    const std::string text = pf.normalize.text();
-    const size_t slash = text.find('/');
-    m["normalize_mean"] = text.substr(0, slash);
-    m["normalize_std"] = text.substr(slash + 1);
+    m["normalize_mean"] = pf.normalize.mean_text();
+    m["normalize_std"] = pf.normalize.std_text();
   }
   return m;
 }
@@ -205,9 +203,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.test = std::move(data.test);
     const Shape shape = pf.input_shape();
     const std::string problem = model_input_problem(cfg.model, shape);
-    DPT_INPUT_CHECK(problem.empty(), "--data " << cfg.data << " has images of " << pf.train.rows << "x" << pf.train.cols
-                                               << "x" << pf.train.channels << " (HxWxC), which --model " << cfg.model
-                                               << " cannot take: " << problem);
+    DPT_INPUT_CHECK(problem.empty(), "--data " << cfg.data << " has images of " << pf.train.shape_text()
+                                               << " (HxWxC), which --model " << cfg.model << " cannot take: " << problem);
     pf.normalize = resolve_normalize(cfg.normalize, &pf.train);
     pf.augment = parse_augment(cfg.augment, pf.train.rows, pf.train.cols);
   });

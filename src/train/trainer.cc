@@ -72,7 +72,7 @@ void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model
   for (int r = 0; r < comm.size(); ++r)
     os << "  rank " << r << ": " << pf.hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)] << "\n";
   os << "  data: " << pf.data_format << ", " << pf.train.n << " training and " << pf.test.n << " test images of "
-     << pf.train.rows << "x" << pf.train.cols << "x" << pf.train.channels << " (HxWxC), " << pf.train.num_classes
+     << pf.train.shape_text() << " (HxWxC), " << pf.train.num_classes
      << " classes; normalize " << pf.normalize.text() << ", augment " << pf.augment.text() << "\n";
   os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb << " MiB, overlap "
      << (cfg.overlap ? "on" : "off") << ")\n";

@@ -239,9 +239,7 @@ TEST_F(DatasetTest, IdxIdx4KeepsChannelsLast) {
   write_idx_set(3, 2, 3, {1, 1, 0, 1}, {0, 1, 1}, /*gz=*/true);
   const dpt::DataSets d = load();
   EXPECT_EQ(d.format, "idx");
-  EXPECT_EQ(d.train.channels, 3);
-  EXPECT_EQ(d.train.rows, 3);
-  EXPECT_EQ(d.train.cols, 2);
+  EXPECT_EQ(d.train.shape_text(), "3x2x3");
   EXPECT_EQ(d.train.num_classes, 2);
   expect_pixels(d.train);
   expect_pixels(d.test, 100);
@@ -296,9 +294,7 @@ TEST_F(DatasetTest, Npy3DAnd4DImages) {
   write_npy_set(2, 5, 0, {0, 2, 1}, {1, 1});
   dpt::DataSets d = load();
   EXPECT_EQ(d.format, "npy");
-  EXPECT_EQ(d.train.channels, 1);
-  EXPECT_EQ(d.train.rows, 2);
-  EXPECT_EQ(d.train.cols, 5);
+  EXPECT_EQ(d.train.shape_text(), "2x5x1");
   EXPECT_EQ(d.train.num_classes, 3);
   EXPECT_EQ(d.train.labels, (Bytes{0, 2, 1}));
   EXPECT_EQ(d.test.labels, (Bytes{1, 1}));
@@ -307,9 +303,7 @@ TEST_F(DatasetTest, Npy3DAnd4DImages) {
 
   write_npy_set(4, 3, 2, {1, 0}, {0, 0, 1});
   d = load("npy");
-  EXPECT_EQ(d.train.channels, 2);
-  EXPECT_EQ(d.train.rows, 4);
-  EXPECT_EQ(d.train.cols, 3);
+  EXPECT_EQ(d.train.shape_text(), "4x3x2");
   EXPECT_EQ(d.test.n, 3);
   EXPECT_EQ(d.train.num_classes, 2);
   expect_pixels(d.train);
