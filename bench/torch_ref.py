@@ -4,13 +4,18 @@
 # Used by bench/*.sh to compare speed and accuracy against dptrain; on the CPU (Debian's
 # interpreter, torch 1.13: /usr/bin/python3 bench/torch_ref.py) or, with --device cuda, on a GPU
 # (the device machine's PyTorch): data on the GPU once, no host sync inside the epoch, optional
-# bf16 autocast -- the eager PyTorch a GPU user would write.
+# bf16 autocast. --config picks how PyTorch is run: "eager" (the default: NCHW, cudnn.benchmark
+# off -- the PyTorch a user writes first) or as a user tuning for speed would ("tuned":
+# channels-last and cudnn.benchmark; "compile", "compile-nocg": the same under torch.compile in
+# mode max-autotune, with and without CUDA graphs), so that dptrain is measured against the
+# fastest PyTorch, not only the plainest (tests/gpu/device_run.sh bench, bench/gpu_table.py).
 #
 # Examples:
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --recipe d2l --epochs 1 --threads 1 --json
 #   /usr/bin/python3 bench/torch_ref.py --model resnet18 --print-params
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --ddp --nproc 2 --max-steps 20
 #   python3 bench/torch_ref.py --model resnet18 --device cuda --bf16 --epochs 10 --json
+#   python3 bench/torch_ref.py --model resnet18 --device cuda --tf32 --config compile --epochs 3 --json
 #   WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 #       /usr/bin/python3 bench/torch_ref.py --ddp ...   (one such process per rank)
 import argparse
@@ -157,6 +162,17 @@ RECIPES = {
     "d2l": {"lenet": (0.2, 256), "resnet18": (0.1, 256)},
 }
 
+# --config name -> (channels-last model and inputs, cudnn.benchmark, torch.compile mode or None).
+# "eager" is what this script always ran (and still runs by default, so bench/bench.py's CPU
+# suites are unchanged); the others are the steps a user tuning for speed takes, one on another.
+# Precision is separate (--tf32, --bf16), so each config runs in strict fp32, TF32 and bf16.
+CONFIGS = {
+    "eager": (False, False, None),
+    "tuned": (True, True, None),
+    "compile": (True, True, "max-autotune"),                     # Inductor + CUDA graphs
+    "compile-nocg": (True, True, "max-autotune-no-cudagraphs"),
+}
+
 
 # ----------------------------------------------------------------------------- train / eval
 def evaluate(model, x, y, autocast, batch=1000):
@@ -169,8 +185,24 @@ def evaluate(model, x, y, autocast, batch=1000):
     return correct.item() / x.shape[0]
 
 
+def first_error_line(exc):
+    """'Type: first line' of an exception, for the results table. torch.compile wraps a backend's
+    error (BackendCompilerFailed says "backend='inductor' raised:" first, the cause after), so
+    the wrapped exception is unwrapped and that header line skipped."""
+    seen = set()
+    while getattr(exc, "inner_exception", None) is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.inner_exception
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line and not (line.startswith("backend=") and line.endswith("raised:")):
+            return f"{type(exc).__name__}: {line}"[:300]
+    return type(exc).__name__
+
+
 def run(rank, world, args):
     ddp = args.ddp
+    channels_last, cudnn_benchmark, compile_mode = CONFIGS[args.config]
     torch.set_num_threads(args.threads)
     if ddp:
         import torch.distributed as dist
@@ -186,11 +218,14 @@ def run(rank, world, args):
 
     device = torch.device(args.device)
     if args.device == "cuda":
-        # PyTorch's own default lets cuDNN convolve fp32 on TF32 tensor cores (matmuls stay fp32).
-        # --tf32 keeps that default (the match for dptrain --tf32); without it both are strict
-        # fp32, the match for dptrain's default. bf16 autocast is unaffected.
+        # Strict fp32 unless --tf32, which lets cuDNN (convolutions) and cuBLAS (matmuls) use TF32
+        # tensor cores: the match for dptrain --tf32, which allows both. (PyTorch's own default is
+        # TF32 convolutions and fp32 matmuls.) bf16 autocast is unaffected.
         torch.backends.cudnn.allow_tf32 = args.tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        # cuDNN times its algorithms for each new shape (in epoch 1, which the tables leave out)
+        # instead of taking its heuristic's pick.
+        torch.backends.cudnn.benchmark = cudnn_benchmark
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     # bf16 autocast (convolutions and matmuls in bf16, fp32 master weights) on the GPU, or the CPU's
@@ -203,6 +238,12 @@ def run(rank, world, args):
     model = build_model(args.model)
     init_d2l(model)
     model.to(device)
+    if channels_last:
+        # NHWC activations and weights: cuDNN's tensor-core kernels work in NHWC, so NCHW costs
+        # layout transposes around each convolution.
+        model.to(memory_format=torch.channels_last)
+        train_x = train_x.contiguous(memory_format=torch.channels_last)
+        test_x = test_x.contiguous(memory_format=torch.channels_last)
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -211,69 +252,158 @@ def run(rank, world, args):
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
     loss_fn = nn.CrossEntropyLoss(reduction="mean")
 
+    def forward_loss(x, y):
+        """Forward and loss of one step, and the number of correct predictions."""
+        with autocast():
+            out = net(x)
+            loss = loss_fn(out, y)
+        return loss, (out.argmax(1) == y).sum()
+
+    step_forward = forward_loss
+    mark_step = None
+    error = None                     # set when torch.compile cannot be used: reported, not raised
+    if compile_mode:
+        if not hasattr(torch, "compile"):
+            error = f"did not compile: torch.compile needs PyTorch 2 (this is {torch.__version__})"
+        else:
+            import torch._dynamo as dynamo   # (not "import torch._dynamo": that makes torch a local)
+            dynamo.config.suppress_errors = False   # never fall back to eager unnoticed
+            # Logs (stderr) why Inductor did not use CUDA graphs, if it did not (bench/gpu_table.py
+            # notes it), and its other performance hints. Older PyTorch logs the first among the
+            # hints and has no "cudagraphs" artifact; set_logs replaces all settings at each call.
+            for logs in ({"cudagraphs": True, "perf_hints": True}, {"perf_hints": True}):
+                try:
+                    torch._logging.set_logs(**logs)
+                    break
+                except (AttributeError, TypeError, ValueError):
+                    continue
+            # Compiles lazily, at the first call (forward) and the first backward: failures show
+            # there. fullgraph: a graph break would leave part of the step eager, unnoticed.
+            # The forward, loss and argmax are one graph; the SGD update stays eager (foreach: a
+            # few kernels a step).
+            step_forward = torch.compile(forward_loss, mode=compile_mode, fullgraph=True, dynamic=False)
+            if compile_mode == "max-autotune":
+                # CUDA-graph trees: tell them each step starts a new iteration, so the previous
+                # step's graph outputs (loss, gradients) may be overwritten.
+                mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
     n_train = train_x.shape[0]
     steps = n_train // gbatch                      # drop_last=True
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
     name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
+    precision = "bf16" if args.bf16 else ("tf32" if args.tf32 else "fp32")
+    # The configuration's fields join the JSON records on the GPU or with a --config other than
+    # the default, so bench/gpu_table.py can name each run; the CPU's default output stays as it was.
+    detail = args.device == "cuda" or args.config != "eager"
+    tags = {"model": args.model, "precision": precision, "config": args.config, "tf32": args.tf32,
+            "channels_last": channels_last, "cudnn_benchmark": cudnn_benchmark,
+            "compile_mode": compile_mode} if detail else {}
     if rank == 0:
         print(f"# pytorch {torch.__version__} model={args.model} recipe={args.recipe} lr={lr} "
               f"global_batch={gbatch} world={world} threads={args.threads} steps/epoch={steps} "
-              f"device={name} bf16={args.bf16} tf32={args.tf32}",
+              f"device={name} bf16={args.bf16} tf32={args.tf32}"
+              + (f" config={args.config} channels_last={channels_last} cudnn_benchmark={cudnn_benchmark} "
+                 f"compile={compile_mode}" if detail else ""),
               file=sys.stderr, flush=True)
+        if detail and args.json:
+            # Marks the run as started: a run killed at its time limit leaves this and no epochs.
+            print(json.dumps({"type": "start", **tags, "device": name, "epochs": args.epochs,
+                              "steps": steps, "framework": "pytorch", "torch": torch.__version__}),
+                  flush=True)
 
-    for epoch in range(1, args.epochs + 1):
-        # Same permutation on every rank (seeded by seed+epoch); like DistributedSampler each
-        # rank takes the strided shard perm[rank::world], so local batch j of all ranks together
-        # is exactly global batch perm[j*B:(j+1)*B].
-        g = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
-        perm = torch.randperm(n_train, generator=g)[: steps * gbatch]
-        shard = perm[rank::world].to(device)
-        net.train()
-        # loss sum, correct, count; kept on the device so a GPU epoch never waits for the host
-        stats = torch.zeros(3, dtype=torch.float64, device=device)
+    def sync():
         if args.device == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for j in range(steps):
-            idx = shard[j * lbatch:(j + 1) * lbatch]
-            xb, yb = train_x[idx], train_y[idx]
-            with autocast():
-                out = net(xb)
-                loss = loss_fn(out, yb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                stats[0] += loss.detach().double() * yb.shape[0]
-                stats[1] += (out.argmax(1) == yb).sum()
-                stats[2] += yb.shape[0]
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
-        if ddp:
-            dist.all_reduce(stats)
-        # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
-        # (model, not the DDP wrapper, so no collectives). Other ranks wait at the barrier.
-        if rank == 0:
-            test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y, autocast=autocast)
-            train_loss = stats[0].item() / stats[2].item()
-            train_acc = stats[1].item() / stats[2].item()
-            ips = steps * gbatch / epoch_seconds
-            human = (f"epoch {epoch} loss {train_loss:.3f} train acc {train_acc:.3f} "
-                     f"test acc {test_acc:.3f}, {epoch_seconds:.1f} s/epoch, {ips:.0f} img/s")
-            if args.json:
-                print(human, file=sys.stderr, flush=True)
-                print(json.dumps({"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
-                                  "test_acc": test_acc, "epoch_seconds": epoch_seconds,
-                                  "images_per_second": ips, "world_size": world,
-                                  "framework": "pytorch", "device": name, "bf16": args.bf16}), flush=True)
-            else:
-                print(human, flush=True)
-        if ddp:
-            dist.barrier()
+
+    def report_error(text):
+        print(f"# {args.model} {precision} {args.config}: {text}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps({"type": "error", **tags, "error": text, "framework": "pytorch",
+                              "device": name}), flush=True)
+
+    if error:
+        report_error(error)
+        return 3
+    first_step_seconds = None
+    try:
+        for epoch in range(1, args.epochs + 1):
+            # Same permutation on every rank (seeded by seed+epoch); like DistributedSampler each
+            # rank takes the strided shard perm[rank::world], so local batch j of all ranks together
+            # is exactly global batch perm[j*B:(j+1)*B].
+            g = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
+            perm = torch.randperm(n_train, generator=g)[: steps * gbatch]
+            shard = perm[rank::world].to(device)
+            net.train()
+            # loss sum, correct, count; kept on the device so a GPU epoch never waits for the host
+            stats = torch.zeros(3, dtype=torch.float64, device=device)
+            sync()
+            t0 = time.perf_counter()
+            for j in range(steps):
+                if mark_step is not None:
+                    mark_step()
+                idx = shard[j * lbatch:(j + 1) * lbatch]
+                xb, yb = train_x[idx], train_y[idx]
+                if channels_last:
+                    xb = xb.contiguous(memory_format=torch.channels_last)  # a no-op if the gather kept it
+                loss, correct = step_forward(xb, yb)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                with torch.no_grad():
+                    stats[0] += loss.detach().double() * yb.shape[0]
+                    stats[1] += correct
+                    stats[2] += yb.shape[0]
+                if first_step_seconds is None:
+                    # The first step holds torch.compile's compilation and autotuning (forward at
+                    # the call, backward at the first backward) or cuDNN's first search: reported
+                    # apart. One host sync, in epoch 1 only.
+                    sync()
+                    first_step_seconds = time.perf_counter() - t0
+            sync()
+            epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
+            if ddp:
+                dist.all_reduce(stats)
+            # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
+            # (model, not the DDP wrapper or the compiled step, so no collectives and no compile
+            # of an eval graph). Other ranks wait at the barrier.
+            if rank == 0:
+                test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y, autocast=autocast)
+                train_loss = stats[0].item() / stats[2].item()
+                train_acc = stats[1].item() / stats[2].item()
+                ips = steps * gbatch / epoch_seconds
+                human = (f"epoch {epoch} loss {train_loss:.3f} train acc {train_acc:.3f} "
+                         f"test acc {test_acc:.3f}, {epoch_seconds:.1f} s/epoch, {ips:.0f} img/s")
+                if detail and epoch == 1:
+                    human += f" (first step {first_step_seconds:.2f} s)"
+                if args.json:
+                    print(human, file=sys.stderr, flush=True)
+                    rec = {"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
+                           "test_acc": test_acc, "epoch_seconds": epoch_seconds,
+                           "images_per_second": ips, "world_size": world,
+                           "framework": "pytorch", "device": name, "bf16": args.bf16}
+                    if detail:
+                        rec.update(type="epoch", **tags)
+                        if epoch == 1:
+                            rec["first_step_seconds"] = first_step_seconds
+                    print(json.dumps(rec), flush=True)
+                else:
+                    print(human, flush=True)
+            if ddp:
+                dist.barrier()
+    except Exception as e:  # noqa: BLE001 -- only for torch.compile's runs, re-raised otherwise
+        if not compile_mode:
+            raise
+        import traceback
+        traceback.print_exc()
+        # Before the first step ends the failure is the compiler's (or its autotuning's);
+        # later it is the compiled step's (a CUDA-graph recording, say).
+        report_error(("did not compile: " if first_step_seconds is None else "failed after compiling: ")
+                     + first_error_line(e))
+        return 3
     if ddp:
         dist.destroy_process_group()
+    return 0
 
 
 def _spawn_entry(rank, world, args):
@@ -317,16 +447,27 @@ def main():
                    help="cuda: one GPU per process (rank mod visible GPUs); DDP then uses NCCL")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU, or CPU autocast with oneDNN's bf16 kernels)")
     p.add_argument("--tf32", action="store_true",
-                   help="let cuDNN convolve fp32 on TF32 tensor cores, PyTorch's own default (GPU only)")
+                   help="let cuDNN and cuBLAS use TF32 tensor cores for fp32 convolutions and matmuls, like "
+                        "dptrain --tf32 (GPU only; without it, strict fp32)")
+    p.add_argument("--config", choices=list(CONFIGS), default="eager",
+                   help="how PyTorch runs. eager (default): NCHW, cudnn.benchmark off. tuned: "
+                        "channels-last model and inputs, cudnn.benchmark on. compile: tuned, with the "
+                        "step's forward+loss under torch.compile(mode='max-autotune') (Inductor, "
+                        "autotuned kernels, CUDA graphs). compile-nocg: the same with mode "
+                        "'max-autotune-no-cudagraphs'. Epoch 1 holds compilation and autotuning "
+                        "(its first step is reported apart, as first_step_seconds); a compile "
+                        "failure is reported ('did not compile: ...', JSON type 'error') and the "
+                        "exit status is 3. compile* need PyTorch 2 and no --ddp")
     args = p.parse_args()
+    if args.ddp and CONFIGS[args.config][2]:
+        p.error(f"--config {args.config} runs one process: not with --ddp")
 
     if args.print_params:
         print_params(args)
         return
     torch.set_num_interop_threads(1)
     if not args.ddp:
-        run(0, 1, args)
-        return
+        sys.exit(run(0, 1, args))   # 3: torch.compile failed (reported in the output, not raised)
     if args.nproc is not None:
         import torch.multiprocessing as mp
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

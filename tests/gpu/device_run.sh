@@ -2,14 +2,25 @@
 # On the GPU machine (through the device tool, with .gpu-bundle carried): unpacks the bundle made by
 # tests/gpu/device_bundle.sh, finds the machine's own CUDA, cuBLAS, cuDNN and NCCL libraries, and
 # runs the GPU suites one by one, each bounded. $OUT gets summary.txt, logs.tar.gz (every step's
-# log and metrics: the device tool returns at most 8 files) and, after bench, gpu_table.md.
+# log and metrics: the device tool returns at most 8 files) and, after bench or torchcompile_*,
+# gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
-#        reducer2 convbench (default: all but bench, reducer2 and convbench; bench trains LeNet and ResNet-18 for timing;
+#        torchcompile_lenet[_P] torchcompile_resnet18_P (P: fp32, tf32 or bf16; none: all three)
+#        reducer2 convbench (default: all but bench, torchcompile_*, reducer2 and convbench; bench trains LeNet and ResNet-18 for timing;
 #        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
 #        one GPU, 90 s); convbench times a ResNet-18 step's convolutions per geometry in fp32,
 #        tf32 and bf16 (bench/gpu_conv_bench). Step limits add up to 570 s for "env smoke backend
-#        kernels ops nccl model", 240 s for "cli" and 500 s for "bench" (which takes about 200 s on
-#        an H100), so each group fits one 600 s device call.
+#        kernels ops nccl model" and 240 s for "cli", so each group fits one 600 s device call.
+#        bench and torchcompile_* (bench/gpu_table.py's table: dptrain against the fastest of
+#        bench/torch_ref.py's --config runs and against its eager default) are bounded together
+#        instead: each step's limit is cut to what is left of 560 s from this script's start
+#        (DPT_CALL_BUDGET), and a step with too little left is skipped and says so in summary.txt.
+#        Expected on an H100: bench about 6 min (dptrain 7 runs, then PyTorch eager and tuned,
+#        each model and precision); torchcompile_lenet about 3-5 min (max-autotune, with and
+#        without CUDA graphs, 3 precisions); each torchcompile_resnet18_<precision> about 3-6 min
+#        (the first compile autotunes every convolution; the second reuses the on-disk caches).
+#        So: one call each, "bench" first; every call rewrites gpu_table.md from the logs this
+#        machine holds, and bench/gpu_table.py also takes several calls' unpacked logs.tar.gz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -65,6 +76,40 @@ step() {
   tail -n 30 "$logs/$name.log"
 }
 
+# --- for bench and torchcompile_* only
+# bstep NAME LIMIT command...: step() with LIMIT cut to what is left of the call's budget (15 s
+# kept for timeout's kill grace, the table and the logs' archive); skipped with under 20 s left.
+call_budget=${DPT_CALL_BUDGET:-560}
+bstep() {
+  local name=$1 limit=$2 left=$((call_budget - SECONDS - 15))
+  shift 2
+  if ((left < 20)); then
+    echo "$name skipped: the call's $call_budget s budget is spent" | tee -a "$out/summary.txt"
+    return
+  fi
+  step "$name" $((limit < left ? limit : left)) "$@"
+}
+# PyTorch loads its own CUDA libraries, not the ones found for dptrain above: it runs with the
+# machine's own LD_LIBRARY_PATH (where Triton may look for libcuda), without the directories added.
+machine_ld=${LD_LIBRARY_PATH#"$libdirs"}
+machine_ld=${machine_ld#:}
+if [[ -n $machine_ld ]]; then torch_py=(env LD_LIBRARY_PATH="$machine_ld" python3); else torch_py=(env -u LD_LIBRARY_PATH python3); fi
+# torch_step MODEL PRECISION CONFIG LIMIT: one bench/torch_ref.py run, its --json lines in
+# bench_MODEL_torch_PRECISION_CONFIG.log for bench/gpu_table.py. As many epochs as dptrain's runs
+# (LeNet 10, ResNet-18 3), so test accuracies compare too. Strict fp32 unless tf32 (cuDNN and
+# cuBLAS on TF32, as dptrain --tf32) or bf16 (autocast, as dptrain --precision bf16).
+torch_step() {
+  local model=$1 prec=$2 cfg=$3 limit=$4 epochs=10 p=()
+  [[ $model == resnet18 ]] && epochs=3
+  case $prec in tf32) p=(--tf32) ;; bf16) p=(--bf16) ;; esac
+  bstep "bench_${model}_torch_${prec}_${cfg}" "$limit" "${torch_py[@]}" bench/torch_ref.py --recipe d2l \
+    --device cuda --data "$data" --model "$model" --epochs "$epochs" --config "$cfg" ${p[@]+"${p[@]}"} --json
+}
+gpu_table() {
+  nvidia-smi -L > "$logs/device.txt" 2>&1
+  python3 bench/gpu_table.py "$logs" | tee "$out/gpu_table.md"
+}
+
 steps=("$@")
 [[ ${#steps[@]} -eq 0 ]] && steps=(env smoke backend kernels ops nccl model cli)
 for s in "${steps[@]}"; do
@@ -80,28 +125,66 @@ for s in "${steps[@]}"; do
     model) step model 210 test_gpu_model ;;
     cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
     convbench) step convbench 120 gpu_conv_bench --model resnet18 --batch 256 --steps 10 ;;
-    bench)  # the d2l recipes side by side with eager PyTorch on the same GPU (bench/torch_ref.py)
+    bench)  # the d2l recipes: dptrain, then PyTorch eager and tuned on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)
-      # PyTorch loads its own CUDA libraries: not the ones found for dptrain above. Its fp32 runs
-      # are strict fp32 unless --tf32 (PyTorch's own default convolves on TF32): like for like.
-      torch=(env -u LD_LIBRARY_PATH python3 bench/torch_ref.py --recipe d2l --device cuda --data "$data")
-      # dptrain's epoch records go to NAME.jsonl, PyTorch's (--json) into its log: bench/gpu_table.py
-      # reads both.
+      # dptrain's epoch records go to NAME.jsonl; bench/gpu_table.py reads the precision from the
+      # name's _tf32/_bf16 ("eager" there: --no-cuda-graphs).
       m() { echo --metrics "$logs/$1.jsonl"; }
-      step bench_lenet 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" $(m bench_lenet)
-      step bench_lenet_eager 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --no-cuda-graphs \
+      bstep bench_lenet 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" $(m bench_lenet)
+      bstep bench_lenet_eager 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --no-cuda-graphs \
         $(m bench_lenet_eager)
-      step bench_lenet_torch 50 "${torch[@]}" --model lenet --epochs 10 --json
-      step bench_resnet18 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" $(m bench_resnet18)
-      step bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16 \
-        $(m bench_resnet18_bf16)
-      step bench_resnet18_tf32 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --tf32 \
+      bstep bench_lenet_tf32 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --tf32 $(m bench_lenet_tf32)
+      bstep bench_lenet_bf16 50 dptrain --device cuda --model lenet --epochs 10 "${d2l[@]}" --precision bf16 \
+        $(m bench_lenet_bf16)
+      bstep bench_resnet18 60 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" $(m bench_resnet18)
+      bstep bench_resnet18_tf32 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --tf32 \
         $(m bench_resnet18_tf32)
-      step bench_resnet18_torch 50 "${torch[@]}" --model resnet18 --epochs 3 --json
-      step bench_resnet18_torch_tf32 50 "${torch[@]}" --model resnet18 --epochs 3 --tf32 --json
-      step bench_resnet18_torch_bf16 50 "${torch[@]}" --model resnet18 --epochs 3 --bf16 --json
-      nvidia-smi -L > "$logs/device.txt" 2>&1
-      python3 bench/gpu_table.py "$logs" | tee "$out/gpu_table.md" ;;
+      bstep bench_resnet18_bf16 50 dptrain --device cuda --model resnet18 --epochs 3 "${d2l[@]}" --precision bf16 \
+        $(m bench_resnet18_bf16)
+      # PyTorch without compilation (each about 10-20 s; ResNet-18 eager fp32 about 35 s), ResNet-18
+      # first: were the budget spent, LeNet's would be the runs lost. The torch.compile configs
+      # take minutes: torchcompile_* below.
+      for model in resnet18 lenet; do
+        for prec in fp32 tf32 bf16; do
+          for cfg in eager tuned; do
+            torch_step $model $prec $cfg $([[ $model$prec == resnet18fp32 ]] && echo 90 || echo 60)
+          done
+        done
+      done
+      gpu_table ;;
+    torchcompile_*)  # torchcompile_MODEL[_PRECISION]: without a precision, fp32, tf32 and bf16 in turn
+      rest=${s#torchcompile_}
+      model=${rest%%_*}
+      precs=(fp32 tf32 bf16)
+      [[ $rest == *_* ]] && precs=("${rest#*_}")
+      if [[ $model != lenet && $model != resnet18 ]] || [[ " fp32 tf32 bf16 " != *" ${precs[0]} "* ]]; then
+        echo "unknown step $s" | tee -a "$out/summary.txt"
+        continue
+      fi
+      # torch.compile(mode="max-autotune") and "max-autotune-no-cudagraphs", per precision; the
+      # first of the two autotunes (minutes for ResNet-18), the second finds the kernels and the
+      # autotuning results in Inductor's and Triton's caches under /tmp. A compile failure is a
+      # row of the table ("did not compile: ..."), its step rc=3.
+      if [[ -z ${torchcompile_env_done-} ]]; then  # what Inductor needs: Triton, a C compiler, Python.h
+        torchcompile_env_done=1
+        bstep torchcompile_env 60 "${torch_py[@]}" -c 'import os, shutil, sysconfig, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      torch.cuda.get_device_name(0))
+try:
+    import triton
+    print("triton", triton.__version__)
+except Exception as e:
+    print("triton not importable:", e)
+inc = sysconfig.get_paths()["include"]
+print("cc", shutil.which("cc"), "gcc", shutil.which("gcc"), "Python.h", os.path.exists(os.path.join(inc, "Python.h")))'
+      fi
+      limits=(150 120)                                  # LeNet: compile, compile-nocg
+      [[ $model == resnet18 ]] && limits=(420 300)
+      for prec in "${precs[@]}"; do
+        torch_step "$model" "$prec" compile "${limits[0]}"
+        torch_step "$model" "$prec" compile-nocg "${limits[1]}"
+      done
+      gpu_table ;;
     *) echo "unknown step $s" ;;
   esac
 done
