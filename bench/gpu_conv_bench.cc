@@ -1,14 +1,21 @@
 // Where a GPU training step's time goes, per convolution geometry: a model's forward and backward
 // on the CUDA backend timed whole (CUDA events, no synchronisation inside), then once more with
-// every convolution call timed in place (a backend whose ConvOp wraps CudnnConv), then cuDNN's own
-// timed search (cudnnFind*Ex) for each geometry beside the algorithm dptrain's heuristic picked, and
-// the same search on channels-first (NCHW) descriptors.
-// Modes: fp32 (FMA math), tf32 (--tf32), bf16 (--precision bf16). GPU builds only.
+// every convolution call timed in place (a backend whose ConvOp wraps the API's convolution), then,
+// for the legacy API, cuDNN's own timed search (cudnnFind*Ex) for each geometry beside the
+// algorithm dptrain's heuristic picked, and the same search on channels-first (NCHW) descriptors;
+// for the graph API (CudnnGraphConv, DPT_CUDNN_API=graph), the plan it timed and kept per key.
+// Modes: fp32 (FMA math), tf32 (--tf32), bf16 (--precision bf16: convolutions on TF32), and, on the
+// graph API only, bf16io: every convolution through the bf16 entry points (x, w, dy cast to bf16
+// outside the timed call, outputs widened after it; the whole-step time includes those casts),
+// what a bf16-activation path would run.
+// --api legacy,graph prints both tables per mode from one run. GPU builds only.
 // Usage: build/bench/gpu_conv_bench [--model resnet18] [--batch 256] [--steps 10] [--modes fp32,tf32,bf16]
-//        [--survey]
+//        [--api legacy|graph|legacy,graph] [--survey]
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -20,13 +27,19 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cudnn_conv.h"
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+#include "cuda/cudnn_graph_conv.h"
+#endif
 #include "dpt/nn.h"
 #include "dpt/rng.h"
+#include "precision.cuh"
 
 namespace {
 
 using dpt::ConvGeom;
 using dpt::gpu::CudnnConv;
+using dpt::gpu::CudnnGraphConv;  // declared by cuda_backend.h; defined where the build has the frontend
+using dpt::gpu::DeviceBuffer;
 
 std::string key_of(const ConvGeom& g) {
   std::ostringstream s;
@@ -40,13 +53,30 @@ struct Times {
   ConvGeom g;
 };
 
+// A device copy in bf16 (bit patterns) of fp32 arrays, grown as needed.
+struct Bf16Copy {
+  DeviceBuffer buf;
+  uint16_t* of(const float* x, int64_t n, cudaStream_t s) {
+    uint16_t* p = room(n);
+    CUDA_CHECK(dpt::cuda::launch_to_bf16(x, p, n, s));
+    return p;
+  }
+  uint16_t* room(int64_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(uint16_t);
+    if (buf.bytes() < bytes) buf = DeviceBuffer(bytes);
+    return buf.as<uint16_t>();
+  }
+};
+
 // Times each call with a pair of events on the context's stream, synchronising after it: a
 // profile, so the sum exceeds the unprofiled step a little (launch gaps are no longer hidden).
+// `inner` is the layer's op (legacy: its own CudnnConv; graph: the backend's shared one); with
+// `bf16io`, calls go to its bf16 entry points instead, the casts outside the timed interval.
 class TimedConv : public dpt::ConvOp {
  public:
-  TimedConv(dpt::gpu::GpuContext& ctx, std::map<std::string, Times>* table, bool* on, std::vector<CudnnConv*>* all)
-      : ctx_(ctx), inner_(ctx), table_(table), on_(on) {
-    all->push_back(&inner_);
+  TimedConv(dpt::gpu::GpuContext& ctx, std::shared_ptr<dpt::ConvOp> inner, CudnnGraphConv* bf16io,
+            std::map<std::string, Times>* table, bool* on)
+      : ctx_(ctx), inner_(std::move(inner)), bf16io_(bf16io), table_(table), on_(on) {
     CUDA_CHECK(cudaEventCreate(&a_));
     CUDA_CHECK(cudaEventCreate(&b_));
   }
@@ -55,16 +85,48 @@ class TimedConv : public dpt::ConvOp {
     cudaEventDestroy(b_);
   }
   void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
-    const double ms = time([&] { inner_.forward(g, x, w, b, y); });
+    double ms = 0;
+    if (bf16io_) {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+      const int64_t nx = g.n * g.h * g.w * g.c_in, nw = g.c_out * g.c_in * g.k * g.k;
+      const int64_t ny = g.n * g.oh() * g.ow() * g.c_out;
+      cudaStream_t s = ctx_.stream();
+      const auto* x16 = bf(x16_.of(x, nx, s));
+      const auto* w16 = bf(w16_.of(w, nw, s));
+      uint16_t* y16 = y16_.room(ny);
+      ms = time([&] { bf16io_->forward_bf16(g, x16, w16, b, bf(y16)); });
+      CUDA_CHECK(dpt::cuda::launch_from_bf16(y16, y, ny, false, s));
+#endif
+    } else {
+      ms = time([&] { inner_->forward(g, x, w, b, y); });
+    }
     if (*on_) add(g, ms, true);
   }
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                 bool accumulate) override {
-    const double ms = time([&] { inner_.backward(g, x, w, dy, dx, dw, db, accumulate); });
+    double ms = 0;
+    if (bf16io_) {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+      const int64_t nx = g.n * g.h * g.w * g.c_in, nw = g.c_out * g.c_in * g.k * g.k;
+      const int64_t ny = g.n * g.oh() * g.ow() * g.c_out;
+      cudaStream_t s = ctx_.stream();
+      const auto* x16 = bf(x16_.of(x, nx, s));
+      const auto* w16 = bf(w16_.of(w, nw, s));
+      const auto* dy16 = bf(dy16_.of(dy, ny, s));
+      uint16_t* dx16 = dx ? dx16_.room(nx) : nullptr;
+      ms = time([&] {
+        bf16io_->backward_bf16(g, x16, w16, dy16, dx ? bf(dx16) : nullptr, dw, db, accumulate);
+      });
+      if (dx) CUDA_CHECK(dpt::cuda::launch_from_bf16(dx16, dx, nx, false, s));
+#endif
+    } else {
+      ms = time([&] { inner_->backward(g, x, w, dy, dx, dw, db, accumulate); });
+    }
     if (*on_) add(g, ms, false);
   }
 
  private:
+  static __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
   template <class F>
   double time(F f) {
     if (!*on_) {
@@ -86,21 +148,43 @@ class TimedConv : public dpt::ConvOp {
     ++(fwd ? t.calls_fwd : t.calls_bwd);
   }
   dpt::gpu::GpuContext& ctx_;
-  CudnnConv inner_;
+  std::shared_ptr<dpt::ConvOp> inner_;
+  CudnnGraphConv* bf16io_;  // whose bf16 entry points run, or null
+  Bf16Copy x16_, w16_, dy16_, y16_, dx16_;
   std::map<std::string, Times>* table_;
   bool* on_;
   cudaEvent_t a_{}, b_{};
 };
 
+// api "legacy": a CudnnConv per layer (kept for the survey); "graph": one CudnnGraphConv shared
+// by every layer, as CudaBackend shares it.
 class ProfilingBackend : public dpt::gpu::CudaBackend {
  public:
-  ProfilingBackend() : CudaBackend(0) {}
+  ProfilingBackend(std::string api, bool bf16io) : CudaBackend(0), api_(std::move(api)), bf16io_(bf16io) {}
   std::unique_ptr<dpt::ConvOp> make_conv() override {
-    return std::make_unique<TimedConv>(context(), &table, &profiling, &convs);
+    std::shared_ptr<dpt::ConvOp> inner;
+    CudnnGraphConv* bf16io = nullptr;
+    if (api_ == "legacy") {
+      auto conv = std::make_shared<CudnnConv>(context());
+      convs.push_back(conv.get());
+      inner = conv;
+    } else {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+      if (!graph) graph = std::make_shared<CudnnGraphConv>(context());
+      inner = graph;
+      if (bf16io_) bf16io = graph.get();
+#endif
+    }
+    return std::make_unique<TimedConv>(context(), std::move(inner), bf16io, &table, &profiling);
   }
   std::map<std::string, Times> table;
   bool profiling = false;
   std::vector<CudnnConv*> convs;
+  std::shared_ptr<CudnnGraphConv> graph;
+
+ private:
+  std::string api_;
+  bool bf16io_;
 };
 
 const char* math_name(cudnnMathType_t m) {
@@ -112,8 +196,9 @@ const char* math_name(cudnnMathType_t m) {
   }
 }
 
-void run_mode(const std::string& model_name, const std::string& mode, int64_t batch, int steps, bool survey) {
-  ProfilingBackend be;
+void run_mode(const std::string& model_name, const std::string& mode, const std::string& api, int64_t batch,
+              int steps, bool survey) {
+  ProfilingBackend be(api, mode == "bf16io");
   be.context().set_tf32(mode == "tf32");
   be.context().set_bf16(mode == "bf16");
   auto model = dpt::make_model(model_name, 10, be);
@@ -130,8 +215,10 @@ void run_mode(const std::string& model_name, const std::string& mode, int64_t ba
     model->forward(x, dpt::Mode::kTrain);
     model->backward(dl, ctx);
   };
-  for (int i = 0; i < 2; ++i) step();  // algorithm choice, workspace growth
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2; ++i) step();  // algorithm or plan choice, workspace growth
   be.synchronize();
+  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
@@ -148,13 +235,22 @@ void run_mode(const std::string& model_name, const std::string& mode, int64_t ba
   be.profiling = false;
   double conv_sum = 0;
   for (const auto& [k, t] : be.table) conv_sum += (t.fwd_ms + t.bwd_ms) / steps;
-  std::printf("\n## %s %s batch %lld: step %.2f ms (forward+backward, mean of %d), convolutions %.2f ms of it "
-              "when timed one by one\n",
-              model_name.c_str(), mode.c_str(), static_cast<long long>(batch), total / steps, steps, conv_sum);
+  std::printf("\n## %s %s batch %lld, cuDNN %s API: step %.2f ms (forward+backward, mean of %d), convolutions "
+              "%.2f ms of it when timed one by one; the first two steps (choices, workspace) took %.1f s\n",
+              model_name.c_str(), mode.c_str(), static_cast<long long>(batch), api.c_str(), total / steps, steps,
+              conv_sum, setup_s);
   std::printf("| geometry | layers | forward ms | backward ms |\n|---|---|---|---|\n");
   for (const auto& [k, t] : be.table)
     std::printf("| %s | %d | %.3f | %.3f |\n", k.c_str(), t.calls_fwd / steps, t.fwd_ms / steps,
                 t.bwd_ms / steps);
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+  if (be.graph) {
+    std::printf("\ncuDNN graph plans kept (the fastest of those timed on the first step):\n");
+    for (const CudnnGraphConv::Choice& c : be.graph->choices())
+      std::printf("- %s: %s, %.3f ms, fastest of %d, workspace %lld bytes\n", c.key.c_str(), c.plan.c_str(), c.ms,
+                  c.candidates, static_cast<long long>(c.workspace));
+  }
+#endif
   if (!survey || be.convs.empty()) return;
   std::printf("\ncuDNN's timed search per geometry (ms per call; * = dptrain's pick, d = deterministic), in "
               "dptrain's NHWC and, for comparison, NCHW:\n");
@@ -174,7 +270,7 @@ void run_mode(const std::string& model_name, const std::string& mode, int64_t ba
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "resnet18", modes = "fp32,tf32,bf16";
+  std::string model = "resnet18", modes = "fp32,tf32,bf16", apis = "legacy";
   int64_t batch = 256;
   int steps = 10;
   bool survey = false;
@@ -184,6 +280,7 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--modes" && i + 1 < argc) modes = argv[++i];
+    else if (a == "--api" && i + 1 < argc) apis = argv[++i];
     else if (a == "--survey") survey = true;
     else {
       std::fprintf(stderr, "gpu_conv_bench: unknown argument %s\n", a.c_str());
@@ -194,13 +291,39 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_conv_bench: --batch and --steps must be >= 1\n");
     return 2;
   }
-  std::stringstream ms(modes);
-  for (std::string m; std::getline(ms, m, ',');) {
-    if (m != "fp32" && m != "tf32" && m != "bf16") {
-      std::fprintf(stderr, "gpu_conv_bench: --modes: unknown mode '%s' (fp32|tf32|bf16)\n", m.c_str());
+  const auto split = [](const std::string& list) {
+    std::vector<std::string> out;
+    std::stringstream in(list);
+    for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+    return out;
+  };
+  const std::vector<std::string> mode_list = split(modes), api_list = split(apis);
+  for (const std::string& a : api_list) {
+    if (a != "legacy" && a != "graph") {
+      std::fprintf(stderr, "gpu_conv_bench: --api: unknown API '%s' (legacy|graph)\n", a.c_str());
       return 2;
     }
-    run_mode(model, m, batch, steps, survey);
+#ifndef DPT_HAVE_CUDNN_FRONTEND
+    if (a == "graph") {
+      std::fprintf(stderr, "gpu_conv_bench: --api graph: this build has no cuDNN graph API "
+                           "(launch/cudnn_frontend.sh)\n");
+      return 2;
+    }
+#endif
+  }
+  for (const std::string& m : mode_list) {
+    if (m != "fp32" && m != "tf32" && m != "bf16" && m != "bf16io") {
+      std::fprintf(stderr, "gpu_conv_bench: --modes: unknown mode '%s' (fp32|tf32|bf16|bf16io)\n", m.c_str());
+      return 2;
+    }
+    for (const std::string& a : api_list) {
+      if (m == "bf16io" && a != "graph") {
+        std::printf("\n## %s bf16io, cuDNN %s API: skipped (bf16 arrays need the graph API)\n", model.c_str(),
+                    a.c_str());
+        continue;
+      }
+      run_mode(model, m, a, batch, steps, survey);
+    }
   }
   return 0;
 }

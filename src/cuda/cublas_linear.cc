@@ -68,12 +68,28 @@ void add_row_bias(GpuContext& g, float* y, const float* b, int64_t rows, int64_t
   CUBLAS_CHECK(cublasSger(g.cublas(), C, R, &one, b, 1, g.ones(rows), 1, y, C));
 }
 
+namespace {
+double* column_sums_scratch(GpuContext& g, int64_t rows, int64_t cols) {
+  const int64_t scratch = cuda::column_sums_scratch_elems(rows, cols);
+  return static_cast<double*>(g.workspace(static_cast<size_t>(scratch) * sizeof(double)));
+}
+}  // namespace
+
 void column_sums(GpuContext& g, const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
   // Our own reduction rather than cublasSgemv with a ones vector: it accumulates in double like
   // cpu::column_sums (a float sum over N*H*W rows would drift from it) and in a fixed order.
-  const int64_t scratch = cuda::column_sums_scratch_elems(rows, cols);
-  auto* ws = static_cast<double*>(g.workspace(static_cast<size_t>(scratch) * sizeof(double)));
-  CUDA_CHECK(cuda::launch_column_sums(a, rows, cols, out, accumulate, ws, g.stream()));
+  CUDA_CHECK(
+      cuda::launch_column_sums(a, rows, cols, out, accumulate, column_sums_scratch(g, rows, cols), g.stream()));
+}
+
+void add_row_bias(GpuContext& g, __nv_bfloat16* y, const float* b, int64_t rows, int64_t cols) {
+  // Not cuBLAS: its rank-1 update has no bf16 form; one rounding of the fp32 sum per element.
+  CUDA_CHECK(cuda::launch_add_row_bias_bf16(reinterpret_cast<uint16_t*>(y), b, rows, cols, g.stream()));
+}
+
+void column_sums(GpuContext& g, const __nv_bfloat16* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
+  CUDA_CHECK(cuda::launch_column_sums_bf16(reinterpret_cast<const uint16_t*>(a), rows, cols, out, accumulate,
+                                           column_sums_scratch(g, rows, cols), g.stream()));
 }
 
 }  // namespace dpt::gpu

@@ -2,6 +2,8 @@
 // linear_forward / linear_backward / column_sums in src/cpu/ops.h, on device pointers.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "cuda/gpu_context.h"
@@ -19,5 +21,9 @@ void linear_backward(GpuContext& g, const float* x, const float* w, const float*
 void add_row_bias(GpuContext& g, float* y, const float* b, int64_t rows, int64_t cols);
 // out[c] (+)= sum over rows of a[r, c], accumulated in double in a fixed order (bit-reproducible).
 void column_sums(GpuContext& g, const float* a, int64_t rows, int64_t cols, float* out, bool accumulate);
+// The same on bf16 activations (the graph convolution's bf16 entry points): y = bf16(y + b[c]),
+// and column sums of the bf16 values into fp32 out.
+void add_row_bias(GpuContext& g, __nv_bfloat16* y, const float* b, int64_t rows, int64_t cols);
+void column_sums(GpuContext& g, const __nv_bfloat16* a, int64_t rows, int64_t cols, float* out, bool accumulate);
 
 }  // namespace dpt::gpu

@@ -3,13 +3,18 @@
 // Nothing here waits for the device except release and the host copies. Only in GPU builds.
 #include "cuda/cuda_backend.h"
 
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "activation.cuh"
 #include "cuda/cuda_graph.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cudnn_conv.h"
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+#include "cuda/cudnn_graph_conv.h"
+#endif
 #include "cuda/gpu_batchnorm.h"
 #include "data.cuh"
 #include "loss.cuh"
@@ -22,8 +27,11 @@ CudaBackend::CudaBackend(int device) : ctx_(std::make_unique<GpuContext>(device)
 
 CudaBackend::~CudaBackend() {
   // An abandoned stream may never drain, and destroying the context waits for it: leak it instead
-  // (the process is about to end).
-  if (abandoned_) (void)ctx_.release();
+  // (the process is about to end), and the graph convolution's cuDNN plans with it.
+  if (abandoned_) {
+    (void)ctx_.release();
+    if (graph_conv_) (void)new std::shared_ptr<CudnnGraphConv>(graph_conv_);
+  }
 }
 
 // ---- memory --------------------------------------------------------------------------------------
@@ -77,7 +85,68 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
 
 // ---- layer operations ----------------------------------------------------------------------------
 
-std::unique_ptr<ConvOp> CudaBackend::make_conv() { return std::make_unique<CudnnConv>(*ctx_); }
+namespace {
+
+// DPT_CUDNN_API: "legacy" (the default while the graph path awaits its validation on a GPU) or
+// "graph"; read at each make_conv, so it applies from the model's construction on.
+bool graph_api_requested() {
+  const char* v = std::getenv("DPT_CUDNN_API");
+  const std::string api = v ? v : "";
+  if (api.empty() || api == "legacy") return false;
+  DPT_INPUT_CHECK(api == "graph", "DPT_CUDNN_API=" << api << " is not a cuDNN API: use legacy or graph");
+#ifndef DPT_HAVE_CUDNN_FRONTEND
+  DPT_INPUT_CHECK(false, "DPT_CUDNN_API=graph: this build has no cuDNN graph API (cudnn-frontend's headers were "
+                         "not installed when it was configured: run launch/cudnn_frontend.sh, then rebuild)");
+#endif
+  return true;
+}
+
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+// A layer's handle on the backend's one CudnnGraphConv.
+class SharedGraphConv : public ConvOp {
+ public:
+  explicit SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv) : conv_(std::move(conv)) {}
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
+    conv_->forward(g, x, w, b, y);
+  }
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                bool accumulate) override {
+    conv_->backward(g, x, w, dy, dx, dw, db, accumulate);
+  }
+
+ private:
+  std::shared_ptr<CudnnGraphConv> conv_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<ConvOp> CudaBackend::make_conv() {
+  if (graph_api_requested()) {  // only ever true in a build with the frontend
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+    if (!graph_conv_) {
+      graph_conv_ = std::make_shared<CudnnGraphConv>(*ctx_);
+      graph_conv_->set_plan_choices(conv_plan_seed_);
+    }
+    return std::make_unique<SharedGraphConv>(graph_conv_);
+#endif
+  }
+  return std::make_unique<CudnnConv>(*ctx_);
+}
+
+std::string CudaBackend::conv_plan_choices() const {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+  if (graph_conv_) return graph_conv_->plan_choices();
+#endif
+  return conv_plan_seed_;
+}
+
+void CudaBackend::set_conv_plan_choices(const std::string& text) {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+  if (graph_conv_) graph_conv_->set_plan_choices(text);
+#endif
+  conv_plan_seed_ = text;
+}
 
 std::unique_ptr<BatchNormOp> CudaBackend::make_batchnorm(int64_t channels, double momentum, double eps) {
   return std::make_unique<GpuBatchNorm>(*ctx_, channels, momentum, eps);

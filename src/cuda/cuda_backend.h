@@ -12,6 +12,8 @@
 
 namespace dpt::gpu {
 
+class CudnnGraphConv;
+
 class CudaBackend : public Backend {
  public:
   // Makes `device` current and creates its context (stream, cuDNN, cuBLAS).
@@ -37,7 +39,15 @@ class CudaBackend : public Backend {
   void copy_from_host(void* dst, const void* host, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
 
+  // cuDNN's legacy API (CudnnConv, one per layer) or, with DPT_CUDNN_API=graph in a build with
+  // cudnn-frontend, its graph API: every layer's op then shares one CudnnGraphConv (plans per shape,
+  // timed once). Any other value of the variable is refused, naming it.
   std::unique_ptr<ConvOp> make_conv() override;
+  // The graph API's plan choices (CudnnGraphConv::plan_choices): what a checkpoint stores so that a
+  // resumed run runs the same plans. Before the first graph convolution exists (and on the legacy
+  // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is made.
+  std::string conv_plan_choices() const;
+  void set_conv_plan_choices(const std::string& text);
   std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override;
   void relu_forward(const float* x, float* y, int64_t n) override;
   void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override;
@@ -64,6 +74,8 @@ class CudaBackend : public Backend {
 
  private:
   std::unique_ptr<GpuContext> ctx_;
+  std::shared_ptr<CudnnGraphConv> graph_conv_;  // after ctx_: destroyed before it
+  std::string conv_plan_seed_;
   bool abandoned_ = false;
 };
 

@@ -28,19 +28,18 @@
 // 20 ms in TF32. TF32 rounds operands to 10-bit mantissas, finer than bf16's 7; the Linear
 // layers' GEMMs still take bf16 operands (cublas_linear.cc).
 //
-// Alignment: a weight or gradient pointer into the flat parameter buffers may sit at any 4-byte
-// offset. cuDNN's kernels were 10-20x slower on such pointers (1x1 stride-2 backward: 3 ms against
-// 0.2 ms), so weights that need no layout change are still copied into the aligned workspace, and
-// dW written there, unless the pointer is 256-byte aligned (cudaMalloc's own alignment).
+// Alignment: weights at a 4-byte offset into the flat parameter buffers are slow in cuDNN
+// (conv_common.h), so weights that need no layout change are still copied into the aligned
+// workspace, and dW written there, unless the pointer is 256-byte aligned (cudaMalloc's own).
 #include "cuda/cudnn_conv.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cuda/conv_common.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
@@ -48,19 +47,6 @@
 namespace dpt::gpu {
 
 namespace {
-
-// Algorithms needing more scratch than this are passed over (cuDNN ranks by speed, not memory).
-constexpr size_t kMaxAlgoWorkspace = size_t{256} << 20;
-
-std::string geom_str(const ConvGeom& g) {
-  return DPT_MSG("N=" << g.n << " H=" << g.h << " W=" << g.w << " Cin=" << g.c_in << " Cout=" << g.c_out
-                      << " K=" << g.k << " stride=" << g.stride << " pad=" << g.pad);
-}
-
-int as_int(int64_t v, const ConvGeom& g) {
-  DPT_CHECK(v > 0 && v <= INT_MAX, "convolution " << geom_str(g) << ": a dimension does not fit cuDNN's int");
-  return static_cast<int>(v);
-}
 
 // Whether an algorithm's math type is allowed: tensor-op math only where tensor cores are (TF32
 // or bf16 allowed), and never with fp16 down-conversion.
@@ -88,12 +74,9 @@ void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y, cudnn
   CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, format, co, ci, k, k));
 }
 
-// Whether a device pointer has cudaMalloc's alignment (see the file comment).
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; }
-
 // The first algorithm in cuDNN's ranking (best first) that succeeded, uses an allowed math type,
 // has a workspace size cuDNN confirms for this descriptor set under that math type (cuDNN answers
-// NOT_SUPPORTED for layouts an algorithm lacks) within kMaxAlgoWorkspace, and is deterministic;
+// NOT_SUPPORTED for layouts an algorithm lacks) within kMaxConvWorkspace, and is deterministic;
 // only if none is, the first non-deterministic one (with a warning). Returns false when nothing
 // qualifies.
 template <class Perf, class Algo, class WorkspaceOf>
@@ -106,7 +89,7 @@ bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       size_t bytes = 0;
       const cudnnMathType_t m = run_math(p.mathType, tensor_ops);
-      if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxAlgoWorkspace) continue;
+      if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspace) continue;
       if (pass == 1)
         log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
                                                        << "; results will not be bit-reproducible"));
@@ -273,7 +256,7 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
 
-  DPT_CHECK(g.stride > 0 && g.pad >= 0 && g.oh() > 0 && g.ow() > 0, "convolution " << geom_str(g) << " is empty");
+  check_geometry(g);
   const int n = as_int(g.n, g), ci = as_int(g.c_in, g), co = as_int(g.c_out, g), k = as_int(g.k, g),
             s = as_int(g.stride, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
   const int p = static_cast<int>(g.pad);
@@ -386,7 +369,7 @@ std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g, bool nchw)
   choose(e, g, true, true);
   const size_t elem = sizeof(float);  // zeros: timing only
   DeviceBuffer x(e.x_elems * elem), w(e.w_elems * elem), y(e.y_elems * elem), dx(e.x_elems * elem),
-      dw(e.w_elems * elem), ws(kMaxAlgoWorkspace);
+      dw(e.w_elems * elem), ws(kMaxConvWorkspace);
   for (DeviceBuffer* b : {&x, &w, &y, &dx, &dw}) CUDA_CHECK(cudaMemset(b->as<void>(), 0, b->bytes()));
   ctx_.synchronize();
   Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};

@@ -15,10 +15,13 @@ exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu-bundle/' "$exclude" 2>/dev/null || echo '/.gpu-bundle/' >> "$exclude"  # carried, never committed
 
+# The graph-API convolution's suite exists only in builds with cudnn-frontend's headers.
+graph=()
+ninja -C "$build" -t query tests/gpu/test_graph_conv > /dev/null 2>&1 && graph=(tests/gpu/test_graph_conv)
 ninja -C "$build" dptrain tests/test_backend_ops tests/gpu/test_gpu_kernels tests/gpu/test_gpu_ops \
-  tests/gpu/test_gpu_nccl tests/gpu/test_gpu_model bench/gpu_conv_bench
+  tests/gpu/test_gpu_nccl tests/gpu/test_gpu_model bench/gpu_conv_bench "${graph[@]}"
 bins=("$build/dptrain" "$build/tests/test_backend_ops" "$build"/tests/gpu/test_gpu_{kernels,ops,nccl,model}
-  "$build/bench/gpu_conv_bench")
+  "$build/bench/gpu_conv_bench" "${graph[@]/#/$build/}")
 
 stage=$(mktemp -d)
 chmod 755 "$stage"  # it becomes the archive's ./: never a 700 entry for /

@@ -6,7 +6,8 @@
 # gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
 #        torchcompile_lenet[_P] torchcompile_resnet18_P (P: fp32, tf32 or bf16; none: all three)
-#        reducer2 convbench (default: all but bench, torchcompile_*, reducer2 and convbench; bench trains LeNet and ResNet-18 for timing;
+#        reducer2 convbench graphconv graphsmoke graphbench (default: all but bench, torchcompile_*, reducer2, convbench
+#        and graph*; graph* check cuDNN's graph-API convolutions: suite 300 s, smoke 120 s, table 400 s; bench trains LeNet and ResNet-18 for timing;
 #        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
 #        one GPU, 90 s); convbench times a ResNet-18 step's convolutions per geometry in fp32,
 #        tf32 and bf16 (bench/gpu_conv_bench). Step limits add up to 570 s for "env smoke backend
@@ -125,6 +126,13 @@ for s in "${steps[@]}"; do
     model) step model 210 test_gpu_model ;;
     cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
     convbench) step convbench 120 gpu_conv_bench --model resnet18 --batch 256 --steps 10 ;;
+    # cuDNN's graph API (DPT_CUDNN_API=graph, not yet the default): its suite, a 3-step ResNet-18
+    # run with the chosen plans logged, and the per-layer table against the legacy API.
+    graphconv) step graphconv 300 test_graph_conv ;;
+    graphsmoke) step graphsmoke 120 env DPT_CUDNN_API=graph dptrain --device cuda --model resnet18 --epochs 1 \
+      --max-steps 3 --eval-every 0 --data "$data" --log-level debug ;;
+    graphbench) step graphbench 400 gpu_conv_bench --model resnet18 --batch 256 --steps 10 \
+      --modes fp32,tf32,bf16io --api legacy,graph ;;
     bench)  # the d2l recipes: dptrain, then PyTorch eager and tuned on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)
       # dptrain's epoch records go to NAME.jsonl; bench/gpu_table.py reads the precision from the

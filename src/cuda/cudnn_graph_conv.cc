@@ -1,0 +1,573 @@
+// CudnnGraphConv (see cudnn_graph_conv.h) on cuDNN's graph API through cudnn-frontend. Only
+// compiled in GPU builds that found the frontend's headers (launch/cudnn_frontend.sh); the only
+// file that includes them.
+//
+// Graphs: one per key (geometry, direction, data type and math), built on the first call that
+// needs it. That call must be eager: building times plans, which synchronises the stream. The
+// trainer's first step of every shape is eager (StreamGraph captures only warm work); a build
+// during a capture anyway is refused with an error, after which StreamGraph drops the capture and
+// runs the step eagerly, which builds. Once built, a call is a weight move at most, one
+// execute_plan_at_index and the bias kernels: nothing allocates, so it can be captured.
+//
+// Layouts: activations NHWC (NCHW dims with channels-last strides). The filter is described
+// either as stored (OIHW strides) or as OHWI (KRSC), the layout cuDNN's channels-last engines are
+// built for, moved there through the workspace on each call (kernels/conv_filter.cuh: tiny next
+// to the convolution); a weight gradient comes back the same way. Both layouts' plans compete in
+// the timing below, the moves included. With Cin == 1 or K == 1 the two are the same bytes and
+// only OHWI is described. Weights or dW at an unaligned address go through the aligned workspace
+// too (conv_common.h). The graph API's convolutions have no beta, so an accumulated dW is computed
+// into the workspace and added by the same move.
+//
+// Numerics: fp32 compute throughout. fp32 arrays without GpuContext::tensor_ops() deselect every
+// engine with the TENSOR_CORE numerical note (TF32 on Ampere and newer: 10-bit mantissas); with
+// --tf32 or --precision bf16 those engines compete too. Engines that down-convert inputs (fp32 to
+// fp16) or reduce in reduced precision are never taken, nor non-deterministic ones unless a key
+// has no other plan (then with a warning): runs stay bit-reproducible for a given set of plans.
+// bf16 arrays: BFLOAT16 tensors, FLOAT compute. Their weight gradient is asked for in fp32 first
+// (dW is an fp32 buffer, and a bf16 dW is rounded before its accumulation); where no engine writes
+// fp32 from bf16 inputs it is computed in bf16 into the workspace, then widened and added (the
+// plan's name says "+bf16dw"). cuDNN 9.19's heuristics offer no fp32-dW engine for any shape of
+// the two models (queried without a device for sm_90), so today bf16 dW is the rule. The bias goes
+// through the kernels CudnnConv uses (on a bf16 output: an fp32 addition, rounded once more).
+//
+// Plan choice, as PyTorch's cudnn.benchmark: every engine configuration heuristics modes A and
+// FALLBACK offer that passes the notes above, the workspace cap (conv_common.h) and check_support
+// is built and run on the call's own operands, once to warm up and then up to kTimedRuns times
+// between cudaEvents on the context's stream (fewer once it is twice as slow as the best so far);
+// its fastest run counts, the fastest plan is kept. The context's shared workspace is grown once,
+// before the first timed run, to the largest need among the candidates, so no timed run
+// synchronises. Trials of the forward and backward-data directions write the call's own output
+// (the chosen plan overwrites it after); backward-filter trials write a temporary buffer, so
+// accumulation sees only the real run. Timings are noisy: two runs, or two ranks, may choose
+// different plans for one key, and their results may then differ in the last bits.
+// plan_choices() and set_plan_choices() let a resumed run replay a run's choices.
+#include "cuda/cudnn_graph_conv.h"
+
+// Without the frontend's serialisation: nothing here serialises, and its bundled nlohmann/json
+// (another version than the one the project links) then stays out of the build.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB 1
+#include <cudnn_frontend.h>
+
+// The frontend's experimental open-source engines compile kernels with NVRTC; they are only
+// registered for HeurMode_t::OPENSOURCE, which nothing here asks for. Weak references keep NVRTC
+// from becoming a link and load-time dependency of every binary for code that never runs.
+#pragma weak nvrtcVersion
+#pragma weak nvrtcCreateProgram
+#pragma weak nvrtcDestroyProgram
+#pragma weak nvrtcCompileProgram
+#pragma weak nvrtcGetProgramLogSize
+#pragma weak nvrtcGetProgramLog
+#pragma weak nvrtcGetCUBINSize
+#pragma weak nvrtcGetCUBIN
+#pragma weak nvrtcGetPTXSize
+#pragma weak nvrtcGetPTX
+#pragma weak nvrtcGetErrorString
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "conv_filter.cuh"
+#include "cuda/conv_common.h"
+#include "cuda/cublas_linear.h"
+#include "cuda/cuda_check.h"
+#include "dpt/log.h"
+
+namespace dpt::gpu {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Per candidate: runs before timing (the first loads its kernels), then timed runs, the fastest kept.
+constexpr int kWarmupRuns = 1, kTimedRuns = 3;
+
+bool fe_failed(const fe::error_t& e) { return e.is_bad(); }
+std::string fe_message(fe::error_t e) { return e.get_message(); }
+
+enum class Dir { kForward, kBackwardData, kBackwardFilter };
+const char* dir_name(Dir d) {
+  switch (d) {
+    case Dir::kForward: return "forward";
+    case Dir::kBackwardData: return "backward-data";
+    case Dir::kBackwardFilter: return "backward-filter";
+  }
+  return "?";
+}
+
+// A key's array type and the math its plans may use: fp32 strict, fp32 with TF32 tensor cores
+// allowed, bf16 arrays (tensor cores, fp32 accumulation).
+enum class Io { kFp32, kTf32, kBf16 };
+const char* io_name(Io io) {
+  switch (io) {
+    case Io::kFp32: return "fp32";
+    case Io::kTf32: return "tf32";
+    case Io::kBf16: return "bf16";
+  }
+  return "?";
+}
+size_t elem_bytes(Io io) { return io == Io::kBf16 ? 2 : 4; }
+
+std::string key_of(const ConvGeom& g, Dir d, Io io) {
+  return geom_str(g) + " " + dir_name(d) + " " + io_name(io);
+}
+
+// Cin == 1 or K == 1: OIHW and OHWI are the same bytes.
+bool same_layout(const ConvGeom& g) { return g.c_in == 1 || g.k == 1; }
+int64_t filter_elems(const ConvGeom& g) { return g.c_out * g.c_in * g.k * g.k; }
+
+// How a plan's graph lays the filter out (see the file comment), and for bf16 backward-filter
+// whether dW comes out in bf16.
+struct Variant {
+  bool ohwi = false;
+  bool dw_bf16 = false;
+};
+std::string variant_name(Variant v) { return std::string(v.ohwi ? "ohwi" : "oihw") + (v.dw_bf16 ? "+bf16dw" : ""); }
+
+// The variants a key's plans may come from, in tiers: a later tier only where no earlier one
+// offers a plan.
+std::vector<std::vector<Variant>> variant_tiers(const ConvGeom& g, Dir d, Io io) {
+  std::vector<Variant> first;
+  if (!same_layout(g)) first.push_back({false, false});
+  first.push_back({true, false});
+  std::vector<std::vector<Variant>> tiers{first};
+  if (d == Dir::kBackwardFilter && io == Io::kBf16) {
+    for (Variant& v : first) v.dw_bf16 = true;
+    tiers.push_back(first);
+  }
+  return tiers;
+}
+
+// Fixed uids, so every graph's variant pack is built the same way: in the backward directions
+// "y" is dy, and x (backward-data) or w (backward-filter) is the output.
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+
+// One built plan of one variant's graph.
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  Variant variant;
+  int64_t index = -1;     // in the graph's engine configurations
+  std::string name;       // "<variant>:<engine tag>"
+  int64_t workspace = 0;  // bytes
+  float ms = 0;           // when timed
+  int candidates = 0;     // plans timed against it (0: seeded)
+};
+
+// One variant's graph with its heuristics' engine configurations queried and filtered (see the
+// file comment), or null with *why where cuDNN cannot build or rank it.
+std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeom& g, Dir d, Io io, Variant v,
+                                             bool nondeterministic, std::string* why) {
+  using fe::DataType_t;
+  const DataType_t t = io == Io::kBf16 ? DataType_t::BFLOAT16 : DataType_t::FLOAT;
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(t).set_intermediate_data_type(DataType_t::FLOAT).set_compute_data_type(DataType_t::FLOAT);
+
+  struct Operand {
+    const char* name;
+    int64_t uid;
+    DataType_t type;
+    std::vector<int64_t> dim, stride;
+  };
+  const int64_t ci = g.c_in, co = g.c_out, k = g.k, oh = g.oh(), ow = g.ow();
+  const Operand x{"x", kUidX, t, {g.n, ci, g.h, g.w}, {g.h * g.w * ci, 1, g.w * ci, ci}};
+  const Operand y{"y", kUidY, t, {g.n, co, oh, ow}, {oh * ow * co, 1, ow * co, co}};
+  const DataType_t wt = d == Dir::kBackwardFilter && io == Io::kBf16 && !v.dw_bf16 ? DataType_t::FLOAT : t;
+  const std::vector<int64_t> w_stride = v.ohwi ? std::vector<int64_t>{k * k * ci, 1, k * ci, ci}
+                                                : std::vector<int64_t>{ci * k * k, k * k, k, 1};
+  const Operand w{"w", kUidW, wt, {co, ci, k, k}, w_stride};
+  auto describe = [](fe::graph::Tensor_attributes& a, const Operand& o) {
+    a.set_name(o.name).set_uid(o.uid).set_data_type(o.type).set_dim(o.dim).set_stride(o.stride);
+  };
+  auto input = [&](const Operand& o) {
+    fe::graph::Tensor_attributes a;
+    describe(a, o);
+    return graph->tensor(a);
+  };
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& a, const Operand& o) {
+    describe(*a, o);
+    a->set_output(true);
+  };
+  const std::vector<int64_t> pad{g.pad, g.pad}, stride{g.stride, g.stride}, dilation{1, 1};
+  switch (d) {
+    case Dir::kForward:
+      output(graph->conv_fprop(
+                 input(x), input(w),
+                 fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
+             y);
+      break;
+    case Dir::kBackwardData:
+      output(graph->conv_dgrad(
+                 input(y), input(w),
+                 fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
+             x);
+      break;
+    case Dir::kBackwardFilter:
+      output(graph->conv_wgrad(
+                 input(y), input(x),
+                 fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
+             w);
+      break;
+  }
+  fe::error_t st = graph->validate();
+  if (st.is_good()) st = graph->build_operation_graph(handle);
+  if (st.is_good()) st = graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (st.is_bad()) {
+    *why = st.get_message();
+    return nullptr;
+  }
+  std::vector<fe::NumericalNote_t> barred{fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                                          fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
+  if (io == Io::kFp32) barred.push_back(fe::NumericalNote_t::TENSOR_CORE);
+  if (!nondeterministic) barred.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
+  graph->deselect_numeric_notes(barred).deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
+  return graph;
+}
+
+// The plans of one variant's graph that build, in the heuristics' order, each engine
+// configuration once (modes A and FALLBACK may both list it); with `only`, just that engine tag's.
+std::vector<Plan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, Variant v, const std::string* only) {
+  std::vector<Plan> out;
+  if (graph->check_support().is_bad()) return out;  // no configuration passes
+  std::set<std::string> seen;
+  for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+    std::string tag;
+    if (graph->get_plan_name_at_index(i, tag).is_bad() || !seen.insert(tag).second) continue;
+    if (only && tag != *only) continue;
+    int64_t ws = 0;
+    if (graph->build_plan_at_index(i).is_bad() || graph->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
+    Plan p;
+    p.graph = graph;
+    p.variant = v;
+    p.index = i;
+    p.name = variant_name(v) + ":" + tag;
+    p.workspace = ws;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { CUDA_CHECK(cudaEventCreate(&e)); }
+  ~Event() {
+    if (e) cudaEventDestroy(e);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+// cuDNN's tensors are described with its default 16-byte alignment.
+void check_activation(const void* p, const char* what, const ConvGeom& g) {
+  DPT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+            "convolution " << geom_str(g) << ": " << what << " is not 16-byte aligned, as cuDNN's graph needs");
+}
+
+}  // namespace
+
+// Trials below: a callable running one candidate plan on the call's operands.
+struct CudnnGraphConv::Impl {
+  GpuContext& ctx;
+  std::map<std::string, Plan> plans;         // by key
+  std::map<std::string, std::string> seeds;  // key -> plan name, for keys not built yet
+  uint64_t graphs_built = 0, plans_timed = 0;
+
+  explicit Impl(GpuContext& c) : ctx(c) {}
+
+  template <class T>
+  Io io_of() const {
+    if constexpr (std::is_same_v<T, float>) return ctx.tensor_ops() ? Io::kTf32 : Io::kFp32;
+    else return Io::kBf16;
+  }
+
+  // The key's plan, built (seeded or timed through `trial`, which runs a candidate on the call's
+  // operands) on its first use.
+  template <class Trial>
+  const Plan& plan(const ConvGeom& g, Dir d, Io io, const Trial& trial) {
+    const std::string key = key_of(g, d, io);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
+    DPT_CHECK(capture == cudaStreamCaptureStatusNone,
+              "the cuDNN graph of convolution " << key
+                                                << " would be built inside a CUDA-graph capture; every shape's first "
+                                                   "step must run eagerly");
+    const auto t0 = std::chrono::steady_clock::now();
+    Plan chosen;
+    if (auto seed = seeds.find(key); seed != seeds.end()) {
+      if (!seeded(g, d, io, seed->second, &chosen))
+        log_warn(DPT_MSG("cuDNN plan '" << seed->second << "' recorded for convolution " << key
+                                        << " is unknown or unsupported here; timing the candidates instead"));
+      seeds.erase(seed);
+    }
+    if (!chosen.graph) chosen = timed(g, d, io, key, trial);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string how = chosen.candidates > 0 ? DPT_MSG(chosen.ms << " ms, the fastest of " << chosen.candidates)
+                                                  : std::string("as recorded");
+    log_debug(DPT_MSG("cuDNN graph plan for convolution " << key << ": " << chosen.name << ", " << how
+                                                          << " (workspace " << chosen.workspace << " bytes; " << s
+                                                          << " s to choose)"));
+    return plans.emplace(key, std::move(chosen)).first->second;
+  }
+
+  // The recorded plan `name` ("<variant>:<engine tag>") built without timing; false where this
+  // cuDNN does not offer it for the key.
+  bool seeded(const ConvGeom& g, Dir d, Io io, const std::string& name, Plan* out) {
+    const size_t colon = name.find(':');
+    if (colon == std::string::npos) return false;
+    const std::string variant = name.substr(0, colon), tag = name.substr(colon + 1);
+    for (const auto& tier : variant_tiers(g, d, io))
+      for (Variant v : tier) {
+        if (variant_name(v) != variant) continue;
+        for (bool nondeterministic : {false, true}) {
+          std::string why;
+          auto graph = make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, &why);
+          if (!graph) return false;
+          ++graphs_built;
+          std::vector<Plan> built = build_plans(graph, v, &tag);
+          if (!built.empty()) {
+            *out = std::move(built.front());
+            return true;
+          }
+        }
+      }
+    return false;
+  }
+
+  // The fastest plan of the first (determinism, tier) step that offers any (see the file comment).
+  template <class Trial>
+  Plan timed(const ConvGeom& g, Dir d, Io io, const std::string& key, const Trial& trial) {
+    std::vector<Plan> candidates;
+    std::string why;
+    for (bool nondeterministic : {false, true}) {
+      for (const auto& tier : variant_tiers(g, d, io)) {
+        for (Variant v : tier) {
+          std::string failed;
+          auto graph = make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, &failed);
+          if (!graph) {
+            why += DPT_MSG("\n  " << variant_name(v) << ": " << failed);
+            continue;
+          }
+          ++graphs_built;
+          std::vector<Plan> built = build_plans(graph, v, nullptr);
+          if (built.empty())
+            why += DPT_MSG("\n  " << variant_name(v) << (nondeterministic ? "" : " (deterministic)")
+                                  << ": no engine configuration builds");
+          for (Plan& p : built) candidates.push_back(std::move(p));
+        }
+        if (!candidates.empty()) break;
+      }
+      if (!candidates.empty()) {
+        if (nondeterministic)
+          log_warn(DPT_MSG("cuDNN has no deterministic plan for convolution "
+                           << key << "; results will not be bit-reproducible"));
+        break;
+      }
+    }
+    DPT_CHECK(!candidates.empty(), "cuDNN offers no plan for convolution " << key << ":" << why);
+    return fastest(candidates, g, key, trial);
+  }
+
+  template <class Trial>
+  Plan fastest(std::vector<Plan>& candidates, const ConvGeom& g, const std::string& key, const Trial& trial) {
+    int64_t most = 0;
+    for (const Plan& c : candidates) most = std::max(most, c.workspace);
+    // Every trial's layout fits: its plan's workspace and one fp32 filter, each rounded up.
+    ctx.workspace(static_cast<size_t>(most) + static_cast<size_t>(filter_elems(g)) * sizeof(float) +
+                  2 * WorkspaceLayout::kAlign);
+    Event start, stop;
+    Plan* best = nullptr;
+    int ran = 0;
+    for (Plan& c : candidates) {
+      try {
+        for (int i = 0; i < kWarmupRuns; ++i) trial(c);
+        c.ms = std::numeric_limits<float>::max();
+        // A plan already twice as slow as the best so far cannot win: no more runs of it.
+        for (int i = 0; i < kTimedRuns && !(best && c.ms > 2 * best->ms); ++i) {
+          CUDA_CHECK(cudaEventRecord(start.e, ctx.stream()));
+          trial(c);
+          CUDA_CHECK(cudaEventRecord(stop.e, ctx.stream()));
+          CUDA_CHECK(cudaEventSynchronize(stop.e));
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+          c.ms = std::min(c.ms, ms);
+        }
+      } catch (const Error& e) {  // a plan that builds but will not run here is only passed over
+        log_debug(DPT_MSG("cuDNN graph plan " << c.name << " for convolution " << key
+                                              << " did not run: " << e.what()));
+        continue;
+      }
+      ++ran;
+      ++plans_timed;
+      if (!best || c.ms < best->ms) best = &c;
+    }
+    DPT_CHECK(best, "none of the " << candidates.size() << " cuDNN plans built for convolution " << key << " ran");
+    best->candidates = ran;
+    return std::move(*best);
+  }
+
+  void execute(const Plan& p, const void* x, const void* w, const void* y, char* workspace) {
+    std::unordered_map<int64_t, void*> pack{
+        {kUidX, const_cast<void*>(x)}, {kUidW, const_cast<void*>(w)}, {kUidY, const_cast<void*>(y)}};
+    DPT_LIB_CHECK("cuDNN graph", p.graph->execute_plan_at_index(ctx.cudnn(), pack, workspace, p.index), fe_failed,
+                  fe_message);
+  }
+
+  // The filter as plan p reads it: w itself, or moved to the workspace at `to` (OHWI, or an
+  // aligned copy). `to` is null when moves_weights() is false.
+  static bool moves_weights(const Plan& p, const ConvGeom& g, const void* w) {
+    return (p.variant.ohwi && !same_layout(g)) || !aligned(w);
+  }
+  const void* weights(const Plan& p, const ConvGeom& g, Io io, const void* w, char* to) {
+    if (!to) return w;
+    const auto move = p.variant.ohwi && !same_layout(g) ? cuda::FilterMove::kToOhwi : cuda::FilterMove::kCopy;
+    const int64_t kk = g.k * g.k;
+    if (io == Io::kBf16)
+      CUDA_CHECK(cuda::launch_filter_move_bf16(static_cast<const uint16_t*>(w), reinterpret_cast<uint16_t*>(to),
+                                               g.c_out, g.c_in, kk, move, ctx.stream()));
+    else
+      CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(w), reinterpret_cast<float*>(to), g.c_out,
+                                          g.c_in, kk, move, false, ctx.stream()));
+    return to;
+  }
+
+  // One direction's work with plan p: forward reads x and w into y; backward-data reads y (dy)
+  // and w into x (dx).
+  void run_data(const Plan& p, const ConvGeom& g, Io io, const void* x, const void* w, const void* y) {
+    WorkspaceLayout layout;
+    const bool move = moves_weights(p, g, w);
+    const size_t at_w = move ? layout.add(static_cast<size_t>(filter_elems(g)) * elem_bytes(io)) : 0;
+    const size_t at_plan = layout.add(static_cast<size_t>(p.workspace));
+    char* ws = static_cast<char*>(ctx.workspace(layout.total()));
+    execute(p, x, weights(p, g, io, w, move ? ws + at_w : nullptr), y, ws + at_plan);
+  }
+
+  // Backward-filter with plan p: dw (fp32 OIHW) = or += the gradient of x and dy.
+  void run_filter(const Plan& p, const ConvGeom& g, const void* x, const void* dy, float* dw, bool accumulate) {
+    const bool permute = p.variant.ohwi && !same_layout(g), bf16 = p.variant.dw_bf16;
+    const bool direct = !accumulate && !permute && !bf16 && aligned(dw);
+    WorkspaceLayout layout;
+    const size_t at_dw = direct ? 0 : layout.add(static_cast<size_t>(filter_elems(g)) * (bf16 ? 2 : 4));
+    const size_t at_plan = layout.add(static_cast<size_t>(p.workspace));
+    char* ws = static_cast<char*>(ctx.workspace(layout.total()));
+    void* out = direct ? static_cast<void*>(dw) : ws + at_dw;
+    execute(p, x, out, dy, ws + at_plan);
+    if (direct) return;
+    const auto move = permute ? cuda::FilterMove::kToOihw : cuda::FilterMove::kCopy;
+    const int64_t kk = g.k * g.k;
+    if (bf16)
+      CUDA_CHECK(cuda::launch_filter_move_from_bf16(static_cast<const uint16_t*>(out), dw, g.c_out, g.c_in, kk, move,
+                                                    accumulate, ctx.stream()));
+    else
+      CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(out), dw, g.c_out, g.c_in, kk, move, accumulate,
+                                          ctx.stream()));
+  }
+
+  template <class T>
+  void forward(const ConvGeom& g, const T* x, const T* w, const float* b, T* y) {
+    check_geometry(g);
+    check_activation(x, "x", g);
+    check_activation(y, "y", g);
+    const Io io = io_of<T>();
+    const auto run = [&](const Plan& p) { run_data(p, g, io, x, w, y); };
+    run(plan(g, Dir::kForward, io, run));
+    if (b) add_row_bias(ctx, y, b, g.n * g.oh() * g.ow(), g.c_out);
+  }
+
+  template <class T>
+  void backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dx, float* dw, float* db,
+                bool accumulate) {
+    check_geometry(g);
+    check_activation(dy, "dy", g);
+    const Io io = io_of<T>();
+    if (dx) {
+      check_activation(dx, "dx", g);
+      const auto run = [&](const Plan& p) { run_data(p, g, io, dx, w, dy); };
+      run(plan(g, Dir::kBackwardData, io, run));
+    }
+    if (dw) {
+      check_activation(x, "x", g);
+      DeviceBuffer scratch;  // the trials' dW, so that only the chosen plan's run touches dw
+      const auto trial = [&](const Plan& p) {
+        if (scratch.bytes() == 0) scratch = DeviceBuffer(static_cast<size_t>(filter_elems(g)) * sizeof(float));
+        run_filter(p, g, x, dy, scratch.as<float>(), false);
+      };
+      run_filter(plan(g, Dir::kBackwardFilter, io, trial), g, x, dy, dw, accumulate);
+    }
+    if (db) column_sums(ctx, dy, g.n * g.oh() * g.ow(), g.c_out, db, accumulate);
+  }
+};
+
+CudnnGraphConv::CudnnGraphConv(GpuContext& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
+CudnnGraphConv::~CudnnGraphConv() = default;
+
+void CudnnGraphConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+  impl_->forward(g, x, w, b, y);
+}
+
+void CudnnGraphConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                              float* dw, float* db, bool accumulate) {
+  impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
+}
+
+void CudnnGraphConv::forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* b,
+                                  __nv_bfloat16* y) {
+  impl_->forward(g, x, w, b, y);
+}
+
+void CudnnGraphConv::backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                   const __nv_bfloat16* dy, __nv_bfloat16* dx, float* dw, float* db,
+                                   bool accumulate) {
+  impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
+}
+
+std::string CudnnGraphConv::plan_choices() const {
+  std::map<std::string, std::string> all = impl_->seeds;
+  for (const auto& [key, p] : impl_->plans) all[key] = p.name;
+  std::ostringstream out;
+  for (const auto& [key, name] : all) out << key << " -> " << name << "\n";
+  return out.str();
+}
+
+void CudnnGraphConv::set_plan_choices(const std::string& text) {
+  static const std::string kArrow = " -> ";
+  std::map<std::string, std::string> parsed;
+  std::istringstream in(text);
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const size_t at = line.find(kArrow);
+    DPT_INPUT_CHECK(at != std::string::npos && at > 0 && at + kArrow.size() < line.size(),
+                    "cuDNN plan choices, line " << number << ": '" << line << "' is not '<key> -> <plan>'");
+    parsed[line.substr(0, at)] = line.substr(at + kArrow.size());
+  }
+  for (auto& [key, name] : parsed) {
+    if (auto built = impl_->plans.find(key); built != impl_->plans.end()) {
+      if (built->second.name != name)
+        log_warn(DPT_MSG("cuDNN plan '" << name << "' for convolution " << key << " comes after its plan was chosen ("
+                                        << built->second.name << "); it is ignored"));
+      continue;
+    }
+    impl_->seeds[key] = std::move(name);
+  }
+}
+
+std::vector<CudnnGraphConv::Choice> CudnnGraphConv::choices() const {
+  std::vector<Choice> out;
+  for (const auto& [key, p] : impl_->plans) out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
+  return out;
+}
+
+uint64_t CudnnGraphConv::graphs_built() const { return impl_->graphs_built; }
+uint64_t CudnnGraphConv::plans_timed() const { return impl_->plans_timed; }
+
+}  // namespace dpt::gpu

@@ -1,0 +1,79 @@
+// GPU convolution through cuDNN's graph API (NVIDIA's header-only cudnn-frontend): the CUDA
+// backend's ConvOp under DPT_CUDNN_API=graph, with CudnnConv's semantics, plans timed like PyTorch's
+// cudnn.benchmark, and bf16 entry points for a bf16-activation path. GPU builds with the frontend's
+// headers only (DPT_HAVE_CUDNN_FRONTEND); cudnn_graph_conv.cc says how it works.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_context.h"
+#include "dpt/backend.h"
+
+namespace dpt::gpu {
+
+using dpt::ConvGeom;
+
+// Plans are cached per (geometry, direction, data type and math), so one object can serve every
+// layer of a model (CudaBackend shares one): layers of one shape then share their plans and their
+// timing. Scratch comes from the context's shared workspace; no device memory is held between calls.
+class CudnnGraphConv : public ConvOp {
+ public:
+  explicit CudnnGraphConv(GpuContext& ctx);
+  ~CudnnGraphConv() override;
+  CudnnGraphConv(const CudnnGraphConv&) = delete;
+  CudnnGraphConv& operator=(const CudnnGraphConv&) = delete;
+
+  // fp32 arrays: NHWC activations, OIHW weights, as CudnnConv. Computed in fp32, on TF32 tensor
+  // cores only when GpuContext::tensor_ops() (--tf32, --precision bf16) allows them.
+  // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
+  // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
+  // accumulate.
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
+                float* db, bool accumulate) override;
+
+  // bf16 activations and weights, fp32 accumulation on tensor cores, whatever the context's
+  // settings. The parameters' side stays fp32 (master bias; dW and dB in the fp32 gradient
+  // buffers): y = bf16(bf16(conv) + b); dx = bf16(conv_backward_data); dw (+)= the weight gradient,
+  // rounded to bf16 before it is widened and added where cuDNN writes no fp32 dW from bf16 inputs
+  // (cuDNN 9.19: everywhere; see cudnn_graph_conv.cc); db (+)= column sums of dy in double. Same
+  // nullability as backward().
+  void forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* b,
+                    __nv_bfloat16* y);
+  void backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* dy,
+                     __nv_bfloat16* dx, float* dw, float* db, bool accumulate);
+
+  // The plans chosen so far, and seeds not used yet: one line per key, "<key> -> <plan>", sorted by
+  // key, where the key names geometry, direction and data type (e.g. "N=256 H=28 W=28 Cin=1
+  // Cout=64 K=3 stride=1 pad=1 forward fp32") and the plan the filter layout and cuDNN's engine
+  // ("ohwi:eng0_k2=1_k3=0"). A checkpoint stores it so that a resumed run runs the same plans.
+  std::string plan_choices() const;
+  // Seeds the choice of keys not built yet: such a key builds the named plan without timing; a
+  // name this cuDNN does not offer (or no longer supports) is warned about and timed instead.
+  // Throws an input error (naming the line) on text that is not lines of "<key> -> <plan>".
+  void set_plan_choices(const std::string& text);
+
+  // One key's choice, for bench/gpu_conv_bench.
+  struct Choice {
+    std::string key, plan;
+    float ms = 0;            // its time per call when timed (0 when seeded)
+    int candidates = 0;      // plans timed for it (0 when seeded)
+    int64_t workspace = 0;   // its cuDNN workspace, bytes
+  };
+  std::vector<Choice> choices() const;
+  // cuDNN graphs built (every candidate graph counts) and plans executed under timing, since
+  // construction: a second call on a known shape adds to neither.
+  uint64_t graphs_built() const;
+  uint64_t plans_timed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;  // keeps cudnn_frontend.h out of every file that includes this one
+};
+
+}  // namespace dpt::gpu
