@@ -187,57 +187,6 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
   }
 }
 
-namespace {
-// col[(n, oh, ow), (kh, kw, c)] from NHWC x: each (row, kh, kw) is one contiguous copy of C floats
-// (zeros where the window hangs over the padding).
-void im2col_nhwc(const float* x, const ConvGeom& g, float* col) {
-  const int64_t oh = g.oh(), ow = g.ow(), kkc = g.k * g.k * g.c_in;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        float* row = col + ((n * oh + i) * ow + j) * kkc;
-        for (int64_t kh = 0; kh < g.k; ++kh) {
-          const int64_t ih = i * g.stride + kh - g.pad;
-          for (int64_t kw = 0; kw < g.k; ++kw) {
-            const int64_t iw = j * g.stride + kw - g.pad;
-            float* dst = row + (kh * g.k + kw) * g.c_in;
-            const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-            const float* src = x + ((n * g.h + ih) * g.w + iw) * g.c_in;
-            // A plain loop, not memcpy: with few channels (conv1 has one) the call would dominate.
-            for (int64_t c = 0; c < g.c_in; ++c) dst[c] = inside ? src[c] : 0.f;
-          }
-        }
-      }
-}
-
-// dx (zeroed here) += the columns back at their input positions; one image per thread, so no races.
-void col2im_nhwc(const float* dcol, const ConvGeom& g, float* dx) {
-  const int64_t oh = g.oh(), ow = g.ow(), kkc = g.k * g.k * g.c_in;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < g.n; ++n) {
-    float* dxn = dx + n * g.h * g.w * g.c_in;
-    std::memset(dxn, 0, sizeof(float) * static_cast<size_t>(g.h * g.w * g.c_in));
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) {
-        const float* row = dcol + ((n * oh + i) * ow + j) * kkc;
-        for (int64_t kh = 0; kh < g.k; ++kh) {
-          const int64_t ih = i * g.stride + kh - g.pad;
-          if (ih < 0 || ih >= g.h) continue;
-          for (int64_t kw = 0; kw < g.k; ++kw) {
-            const int64_t iw = j * g.stride + kw - g.pad;
-            if (iw < 0 || iw >= g.w) continue;
-            const float* src = row + (kh * g.k + kw) * g.c_in;
-            float* d = dxn + (ih * g.w + iw) * g.c_in;
-#pragma omp simd
-            for (int64_t c = 0; c < g.c_in; ++c) d[c] += src[c];
-          }
-        }
-      }
-  }
-}
-
-}  // namespace
 
 // The same gradients as backward_dnnl, as two large sgemms over im2col columns (NHWC makes the
 // columns contiguous copies): dW = dY^T col and dcol = dY W. On this project's AVX2 machines
@@ -264,12 +213,12 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
     gb.n = std::min(block, g.n - n0);
     const int64_t rows = gb.n * per_image;
     const float* dyb = dy + n0 * per_image * o;
-    im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb, e.col.data());
+    im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad, e.col.data());
     sgemm('T', 'N', o, kkc, rows, dyb, o, e.col.data(), kkc, n0 == 0 ? 0.f : 1.f,
           e.dw_ohwi.data(), kkc);
     if (dx) {
       sgemm('N', 'N', rows, kkc, o, dyb, o, e.w_ohwi.data(), kkc, 0.f, e.dcol.data(), kkc);
-      col2im_nhwc(e.dcol.data(), gb, dx + n0 * g.h * g.w * g.c_in);
+      col2im_nhwc(e.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad, dx + n0 * g.h * g.w * g.c_in);
     }
   }
   // [O][kh][kw][C] -> PyTorch's [O][C][kh][kw].

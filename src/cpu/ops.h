@@ -62,6 +62,14 @@ void linear_forward(const float* x, const float* w, const float* b, float* y, in
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                      float* db, int64_t n, int64_t in, int64_t out, bool accumulate, GemmFn gemm = sgemm);
 
+// The columns of a k x k convolution (stride, pad) over NHWC x[n,h,w,c]: col[(n, oh, ow), (kh, kw, c)],
+// zeros where the window hangs over the padding; col2im_nhwc is its adjoint: dx (overwritten) =
+// the columns added back at their input positions. The sgemm backward path of conv.cc.
+void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
+                 float* col);
+void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride,
+                 int64_t pad, float* dx);
+
 // NHWC [N,H,W,C] <-> [N, C*H*W] in (c, h, w) order, PyTorch's flatten order.
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
 void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);

@@ -1,5 +1,5 @@
 // Entry points of ops.h's hand-written loops (ReLU, residual add, pooling, BatchNorm, flatten,
-// column sums, SGD, sum of squares, softmax cross-entropy): the loops themselves are in
+// column sums, im2col/col2im, SGD, sum of squares, softmax cross-entropy): the loops themselves are in
 // ops_loops.inc, compiled for each level of isa.h, and each call runs the copy of the level
 // isa.cc chose (one table lookup per call, not per element).
 #include <algorithm>
@@ -31,6 +31,8 @@ struct Loops {
   decltype(&cpu::bn_backward_sums) bn_backward_sums;
   decltype(&cpu::bn_backward_apply) bn_backward_apply;
   decltype(&cpu::column_sums) column_sums;
+  decltype(&cpu::im2col_nhwc) im2col_nhwc;
+  decltype(&cpu::col2im_nhwc) col2im_nhwc;
   decltype(&cpu::nhwc_to_chw) nhwc_to_chw;
   decltype(&cpu::chw_to_nhwc) chw_to_nhwc;
   decltype(&cpu::sgd_update) sgd_update;
@@ -91,6 +93,14 @@ void bn_backward_apply(const float* x, const float* dy, const float* mean, const
 
 void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
   loops().column_sums(a, rows, cols, out, accumulate);
+}
+void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
+                 float* col) {
+  loops().im2col_nhwc(x, n, h, w, c, k, stride, pad, col);
+}
+void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride,
+                 int64_t pad, float* dx) {
+  loops().col2im_nhwc(dcol, n, h, w, c, k, stride, pad, dx);
 }
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c) {
   loops().nhwc_to_chw(x, y, n, h, w, c);

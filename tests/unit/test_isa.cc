@@ -109,6 +109,16 @@ Outputs run_loops() {
     keep(out, tag + "column_sums", cols);
     cpu::nhwc_to_chw(x.data(), y.data(), n, h, w, c);
     keep(out, tag + "nhwc_to_chw", y);
+    for (auto [k, s, pad] : {std::tuple{3, 1, 1}, std::tuple{5, 2, 2}}) {
+      const std::string conv = tag + "k" + std::to_string(k) + "s" + std::to_string(s) + " ";
+      const int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+      std::vector<float> col(static_cast<size_t>(n * oh * ow * k * k * c));
+      cpu::im2col_nhwc(x.data(), n, h, w, c, k, s, pad, col.data());
+      keep(out, conv + "im2col_nhwc", col);
+      for (size_t i = 0; i < col.size(); ++i) col[i] += static_cast<float>(i % 7) * 0.125f;
+      cpu::col2im_nhwc(col.data(), n, h, w, c, k, s, pad, y.data());
+      keep(out, conv + "col2im_nhwc", y);
+    }
     cpu::chw_to_nhwc(x.data(), y.data(), n, h, w, c);
     keep(out, tag + "chw_to_nhwc", y);
   }
