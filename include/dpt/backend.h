@@ -99,6 +99,11 @@ class Backend {
   virtual void abandon() {}
   // A recorder of queued work (CUDA graphs), or null where the backend has none.
   virtual std::unique_ptr<Recorder> make_recorder() { return nullptr; }
+  // Choices this backend made by timing (cuDNN graph-API convolution plans), as text: checkpoints
+  // store each rank's, and a resumed run seeds them before its first step so it runs the same
+  // kernels and computes the same bits. "" where every choice is a fixed rule (the CPU).
+  virtual std::string conv_plan_choices() const { return ""; }
+  virtual void set_conv_plan_choices(const std::string& /*text*/) {}
 
   // ---- memory --------------------------------------------------------------------------------
   // Zero-filled storage of `bytes` (at least 64-byte aligned); release waits for queued work that

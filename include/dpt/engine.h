@@ -64,6 +64,9 @@ class StepEngine {
   // checks), and back after the host state changed (broadcast, resume).
   void to_host();
   void from_host();
+  // The backend's timed choices (Backend::conv_plan_choices), for checkpoints and resume.
+  std::string conv_plan_choices() const { return be_.conv_plan_choices(); }
+  void set_conv_plan_choices(const std::string& text) { be_.set_conv_plan_choices(text); }
 
  private:
   void stage_in(int64_t batch);

@@ -46,8 +46,8 @@ class CudaBackend : public Backend {
   // The graph API's plan choices (CudnnGraphConv::plan_choices): what a checkpoint stores so that a
   // resumed run runs the same plans. Before the first graph convolution exists (and on the legacy
   // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is made.
-  std::string conv_plan_choices() const;
-  void set_conv_plan_choices(const std::string& text);
+  std::string conv_plan_choices() const override;
+  void set_conv_plan_choices(const std::string& text) override;
   std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override;
   void relu_forward(const float* x, float* y, int64_t n) override;
   void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override;

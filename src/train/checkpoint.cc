@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "dpt/clock.h"
@@ -133,6 +134,13 @@ std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
   return found;
 }
 
+namespace {
+
+// Metadata key of rank r's timed convolution plans (Backend::conv_plan_choices).
+std::string plans_key(int r) { return "conv_plans.rank" + std::to_string(r); }
+
+}  // namespace
+
 CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
                                      Sgd& opt, StepEngine& engine, Meta input)
     : cfg_(cfg), comm_(comm), model_(model), ddp_(ddp), opt_(opt), input_(std::move(input)), engine_(engine),
@@ -211,6 +219,7 @@ ResumePoint CheckpointManager::load() {
   int64_t pos[6] = {0, 0, 0, 0, 0, 1};
   std::vector<EpochMetrics> history;
   std::string path;  // the file resumed (rank 0)
+  std::vector<std::string> plans(static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
@@ -266,6 +275,13 @@ ResumePoint CheckpointManager::load() {
       const auto j = nlohmann::json::parse(then->second);
       pos[4] = j.value("batch_size", cfg_.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
     }
+    // Each rank's timed convolution plans, replayed so the resumed run runs the same kernels;
+    // at another world size, rank 0's for every rank (the float sums differ then anyway).
+    for (int r = 0; r < comm_.size(); ++r) {
+      auto it = meta.find(plans_key(r));
+      if (it == meta.end()) it = meta.find(plans_key(0));
+      if (it != meta.end()) plans[static_cast<size_t>(r)] = it->second;
+    }
     auto ws = meta.find("world_size");
     if (ws != meta.end() && ws->second != std::to_string(comm_.size()))
       log_warn(path + " was written at world size " + ws->second + ", resuming at " +
@@ -285,6 +301,22 @@ ResumePoint CheckpointManager::load() {
                    "broadcast of the optimizer state");
   opt_.set_steps(pos[3]);
   engine_.from_host();
+  // Rank 0 hands each rank its plans: lengths, then the texts end to end.
+  std::vector<int64_t> lengths(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) lengths[r] = static_cast<int64_t>(plans[r].size());
+  comm_.broadcast(lengths.data(), static_cast<int64_t>(lengths.size()), 0, "broadcast of the convolution plans");
+  std::vector<uint8_t> bytes(static_cast<size_t>(std::accumulate(lengths.begin(), lengths.end(), int64_t{0})));
+  if (!bytes.empty()) {
+    if (comm_.rank() == 0) {
+      size_t at = 0;
+      for (const std::string& t : plans) at = std::copy(t.begin(), t.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at)) - bytes.begin();
+    }
+    comm_.broadcast(bytes.data(), static_cast<int64_t>(bytes.size()), 0, "broadcast of the convolution plans");
+    const int64_t from = std::accumulate(lengths.begin(), lengths.begin() + comm_.rank(), int64_t{0});
+    const std::string mine(bytes.begin() + from, bytes.begin() + from + lengths[static_cast<size_t>(comm_.rank())]);
+    agree_on_input(comm_, "a rank could not take the convolution plans of --resume " + cfg_.resume,
+                   [&] { engine_.set_conv_plan_choices(mine); });
+  }
   log_info(DPT_MSG("resumed from " << path << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
   return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
@@ -330,12 +362,15 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
   engine_.to_host();
   const std::string file = checkpoint_file(cfg_, at.global_step);
   refuse_nonfinite(file);
+  const std::vector<std::string> plans = allgather_text(comm_, engine_.conv_plan_choices());
   if (comm_.rank() == 0) {
     std::string hist = "[";
     for (const EpochMetrics& m : history) hist += (hist.size() > 1 ? "," : "") + m.to_json();
     Meta meta = metadata(at.epoch, at.global_step);
     meta.insert({{"epoch_step", std::to_string(at.epoch_step)}, {"optimizer_steps", std::to_string(opt_.steps())},
                  {"history", hist + "]"}, {"training_id", training_}, {"training_started", started_}});
+    for (size_t r = 0; r < plans.size(); ++r)
+      if (!plans[r].empty()) meta[plans_key(static_cast<int>(r))] = plans[r];
     // Never over another training's file (one started beside this run after its claim).
     const CheckpointInfo there = read_checkpoint_info(file);
     DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || file == resumed_path_,

@@ -4,7 +4,8 @@
 # line on one) learn as well, also with gradients sent as bf16 (--grad-dtype; fp16 runs a few steps);
 # ResNet-18 with --sync-bn at two ranks, --tf32 and --precision bf16 run a few steps; CUDA graphs
 # are captured by default and not with --no-cuda-graphs; a batch too large for the GPU is refused
-# before the first step.
+# before the first step; with cuDNN's graph API, a resumed run replays each rank's plans and ends
+# with the uninterrupted run's bytes.
 # Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -114,6 +115,40 @@ run gpumem 120 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 1 --
 check $? "a batch too large for the GPU is refused with the estimate (exit $rc)" "$tmp/gpumem.out"
 grep -q "memory estimate on rank 0's GPU" "$tmp/bf16.out"
 check $? "a batch that fits passes the GPU estimate (--log-level debug shows it)" "$tmp/bf16.out"
+
+# cuDNN's graph API (DPT_CUDNN_API=graph): 2 ranks of ResNet-18 for 2 epochs of 3 steps, against
+# the same run stopped after epoch 1 and resumed: each rank's timed plans go into the checkpoint
+# (conv_plans.rank<r>) and are replayed, so the two final models are the same bytes.
+if DPT_CUDNN_API=graph "$bin" --device cuda --epochs 1 --max-steps 1 \
+    --eval-every 0 --data "$data" > "$tmp/graphprobe.out" 2>&1; then
+  g=(env DPT_CUDNN_API=graph "${mpi[@]}" "$bin" --device cuda --model resnet18 --batch-size 64 --max-steps 3
+     --eval-every 0 --checkpoint-every 1 --data "$data")
+  run graphfull 300 "${g[@]}" --epochs 2 --checkpoint-path "$tmp/gfull.ckpt" --save "$tmp/gfull.safetensors"
+  check $rc "graph API: 2 ranks, ResNet-18, 2 epochs (exit $rc)" "$tmp/graphfull.out"
+  python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; m=json.loads(f.read(n))["__metadata__"]; sys.exit(0 if "conv_plans.rank0" in m and "conv_plans.rank1" in m else 1)' "$tmp/gfull.ckpt"
+  check $? "graph API: the checkpoint holds each rank's convolution plans" "$tmp/graphfull.out"
+  run graphhalf 300 "${g[@]}" --epochs 1 --checkpoint-path "$tmp/ghalf.ckpt"
+  run graphresume 300 "${g[@]}" --epochs 2 --checkpoint-path "$tmp/ghalf.ckpt" --resume "$tmp/ghalf.ckpt" \
+    --save "$tmp/gresumed.safetensors"
+  check $rc "graph API: the run resumed after epoch 1 (exit $rc)" "$tmp/graphresume.out"
+  # Every tensor byte for byte (the metadata differs: the resumed run's flags).
+  python3 - "$tmp/gfull.safetensors" "$tmp/gresumed.safetensors" <<'PY'
+import json, struct, sys
+def tensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        body = f.read()
+    return {k: body[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+diff = sorted(k for k in a if a[k] != b.get(k))
+print("differing tensors:", diff[:8] if diff else "none")
+sys.exit(1 if diff or a.keys() != b.keys() else 0)
+PY
+  check $? "graph API: resumed and uninterrupted runs end with the same tensors, bit for bit" "$tmp/graphresume.out"
+else
+  echo "skip: DPT_CUDNN_API=graph is not available in this build ($(tail -1 "$tmp/graphprobe.out"))"
+fi
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
