@@ -158,7 +158,9 @@ def torch_isa(py, env):
     p = subprocess.run([py, "-c", TORCH_PROBE], env=penv, capture_output=True, text=True)
     isa, phase, impls, aten = "?", None, {"fp32": [], "bf16": []}, "?"
     for line in p.stdout.splitlines():
-        f = line.split(",")
+        # oneDNN 3.x writes "onednn_verbose,v1,primitive,exec,..." (and "...,v1,info,..."): its
+        # version and kind fields dropped, the line reads as 2.x's "onednn_verbose,exec,...".
+        f = [x for x in line.split(",") if x not in ("v1", "primitive")]
         if line.startswith("probe: "):
             word = line[len("probe: "):]
             if word in impls:
