@@ -88,11 +88,7 @@ class TimedConv : public dpt::ConvOp {
     double ms = 0;
     if (bf16io_) {
 #ifdef DPT_HAVE_CUDNN_FRONTEND
-      const int64_t nx = g.n * g.h * g.w * g.c_in, nw = g.c_out * g.c_in * g.k * g.k;
-      const int64_t ny = g.n * g.oh() * g.ow() * g.c_out;
-      cudaStream_t s = ctx_.stream();
-      const auto* x16 = bf(x16_.of(x, nx, s));
-      const auto* w16 = bf(w16_.of(w, nw, s));
+      const auto [nx, ny, s, x16, w16] = operands16(g, x, w);
       uint16_t* y16 = y16_.room(ny);
       ms = time([&] { bf16io_->forward_bf16(g, x16, w16, b, bf(y16)); });
       CUDA_CHECK(dpt::cuda::launch_from_bf16(y16, y, ny, false, s));
@@ -107,11 +103,7 @@ class TimedConv : public dpt::ConvOp {
     double ms = 0;
     if (bf16io_) {
 #ifdef DPT_HAVE_CUDNN_FRONTEND
-      const int64_t nx = g.n * g.h * g.w * g.c_in, nw = g.c_out * g.c_in * g.k * g.k;
-      const int64_t ny = g.n * g.oh() * g.ow() * g.c_out;
-      cudaStream_t s = ctx_.stream();
-      const auto* x16 = bf(x16_.of(x, nx, s));
-      const auto* w16 = bf(w16_.of(w, nw, s));
+      const auto [nx, ny, s, x16, w16] = operands16(g, x, w);
       const auto* dy16 = bf(dy16_.of(dy, ny, s));
       uint16_t* dx16 = dx ? dx16_.room(nx) : nullptr;
       ms = time([&] {
@@ -127,6 +119,17 @@ class TimedConv : public dpt::ConvOp {
 
  private:
   static __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+  // x and w as bf16 copies (made once per pointer and size), with the sizes of x and y and the stream.
+  struct Operands16 {
+    int64_t nx, ny;
+    cudaStream_t s;
+    const __nv_bfloat16 *x16, *w16;
+  };
+  Operands16 operands16(const ConvGeom& g, const float* x, const float* w) {
+    const int64_t nx = g.n * g.h * g.w * g.c_in, nw = g.c_out * g.c_in * g.k * g.k;
+    cudaStream_t s = ctx_.stream();
+    return {nx, g.n * g.oh() * g.ow() * g.c_out, s, bf(x16_.of(x, nx, s)), bf(w16_.of(w, nw, s))};
+  }
   template <class F>
   double time(F f) {
     if (!*on_) {
