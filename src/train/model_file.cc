@@ -16,7 +16,10 @@ constexpr const char* kMomentum = "optimizer.momentum_buffer";
 
 std::string shape_text(const Shape& s) {
   std::string out;
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ',';  // not (i ? "," : "") + ...: GCC 12 warns (-Wrestrict) on that operator+
+    out += std::to_string(s[i]);
+  }
   return out;
 }
 
