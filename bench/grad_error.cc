@@ -24,10 +24,12 @@
 // Usage: build/bench/grad_error [--batch 256] [--seed 1] [--init d2l] [--model resnet18]
 //                               [--data /usr/share/datasets/fashion-mnist] [--conv SPEC] [--bn f64]
 //                               [--relu-masks] --out FILE
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -132,7 +134,8 @@ class F64BatchNorm : public dpt::BatchNormOp {
  public:
   F64BatchNorm(int64_t c, double momentum, double eps) : c_(c), momentum_(momentum), eps_(eps) {}
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta, float* rm,
-                     float* rv, float* nbt, const dpt::ChannelSumFn& sync) override {
+                     float* rv, float* nbt, const dpt::ChannelSumFn& sync, const float* residual,
+                     bool relu) override {
     DPT_CHECK(!sync, "--bn f64 has no synchronised BatchNorm");
     mean_.assign(static_cast<size_t>(c_), 0.0);
     invstd_.assign(static_cast<size_t>(c_), 0.0);
@@ -152,15 +155,33 @@ class F64BatchNorm : public dpt::BatchNormOp {
       rv[ch] = static_cast<float>((1 - momentum_) * rv[ch] + momentum_ * var[ch] * m / (m - 1.0));
     }
     if (nbt) nbt[0] += 1.f;
+    // The BatchNorm value rounded to float once, then the fused epilogue in float (backend.h).
     for (int64_t r = 0; r < m; ++r)
-      for (int64_t ch = 0; ch < c_; ++ch)
-        y[r * c_ + ch] = static_cast<float>((x[r * c_ + ch] - mean_[ch]) * invstd_[ch] * gamma[ch] + beta[ch]);
+      for (int64_t ch = 0; ch < c_; ++ch) {
+        const int64_t i = r * c_ + ch;
+        float v = static_cast<float>((x[i] - mean_[ch]) * invstd_[ch] * gamma[ch] + beta[ch]);
+        if (residual) v = v + residual[i];
+        if (relu) v = v > 0.f ? v : 0.f;
+        y[i] = v;
+      }
   }
-  void forward_eval(const float*, float*, int64_t, const float*, const float*, const float*, const float*) override {
+  void forward_eval(const float*, float*, int64_t, const float*, const float*, const float*, const float*,
+                    const float*, bool) override {
     DPT_CHECK(false, "--bn f64 is for training-mode steps only");
   }
   void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const dpt::ChannelSumFn&) override {
+                float* dbeta, bool accumulate, const dpt::ChannelSumFn&, const float* relu_out,
+                float* dz_out) override {
+    // The gradient BatchNorm takes: dy, or dy through the fused ReLU (backend.h).
+    std::vector<float> masked;
+    if (relu_out) {
+      masked.resize(static_cast<size_t>(m * c_));
+      dpt::cpu::relu_backward(relu_out, dy, masked.data(), m * c_);
+      dy = masked.data();
+      if (dz_out) std::copy(masked.begin(), masked.end(), dz_out);
+    } else if (dz_out) {
+      std::copy(dy, dy + m * c_, dz_out);
+    }
     std::vector<double> sdy(static_cast<size_t>(c_), 0.0), sdyx(static_cast<size_t>(c_), 0.0);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t ch = 0; ch < c_; ++ch) {
@@ -185,6 +206,36 @@ class F64BatchNorm : public dpt::BatchNormOp {
   int64_t c_;
   double momentum_, eps_;
   std::vector<double> mean_, invstd_;
+};
+
+// A BatchNorm op that reports the output of its fused ReLU (BatchNorm2d+ReLU, the residual join)
+// after each forward: the --relu-masks record of the ReLUs the layers no longer call separately.
+class MaskReportingBatchNorm : public dpt::BatchNormOp {
+ public:
+  using Report = std::function<void(const float* y, int64_t n)>;
+  MaskReportingBatchNorm(std::unique_ptr<dpt::BatchNormOp> op, int64_t c, Report report)
+      : op_(std::move(op)), c_(c), report_(std::move(report)) {}
+  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta, float* rm,
+                     float* rv, float* nbt, const dpt::ChannelSumFn& sync, const float* residual,
+                     bool relu) override {
+    op_->forward_train(x, y, m, gamma, beta, rm, rv, nbt, sync, residual, relu);
+    if (relu) report_(y, m * c_);
+  }
+  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta, const float* rm,
+                    const float* rv, const float* residual, bool relu) override {
+    op_->forward_eval(x, y, m, gamma, beta, rm, rv, residual, relu);
+    if (relu) report_(y, m * c_);
+  }
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
+                float* dbeta, bool accumulate, const dpt::ChannelSumFn& sync, const float* relu_out,
+                float* dz_out) override {
+    op_->backward(x, dy, dx, m, gamma, dgamma, dbeta, accumulate, sync, relu_out, dz_out);
+  }
+
+ private:
+  std::unique_ptr<dpt::BatchNormOp> op_;
+  int64_t c_;
+  Report report_;
 };
 
 // Everything is the CPU backend's but the convolutions (with a plan) and BatchNorm (with f64).
@@ -235,7 +286,8 @@ class DiagnosisBackend : public F_synchronize {
   DiagnosisBackend(dpt::Backend& base, ConvPlan plan, bool bn64, bool masks)
       : F_synchronize(base), plan_(plan), bn64_(bn64), record_masks_(masks) {}
   // With masks: every ReLU's output > 0, bit-packed (little-endian bit order), in call order (the
-  // ReLU layers and the residual joins' add+ReLU: PyTorch's F.relu calls of torch_ref.py, in order).
+  // ReLU layers, the ReLUs fused into BatchNorm and the residual joins': PyTorch's F.relu calls of
+  // torch_ref.py, in order).
   void relu_forward(const float* x, float* y, int64_t n) override {
     base().relu_forward(x, y, n);
     record(y, n);
@@ -249,8 +301,14 @@ class DiagnosisBackend : public F_synchronize {
     return plan_.any() ? std::make_unique<PlannedConv>(plan_) : base().make_conv();
   }
   std::unique_ptr<dpt::BatchNormOp> make_batchnorm(int64_t c, double momentum, double eps) override {
-    if (bn64_) return std::make_unique<F64BatchNorm>(c, momentum, eps);
-    return base().make_batchnorm(c, momentum, eps);
+    std::unique_ptr<dpt::BatchNormOp> op;
+    if (bn64_)
+      op = std::make_unique<F64BatchNorm>(c, momentum, eps);
+    else
+      op = base().make_batchnorm(c, momentum, eps);
+    if (!record_masks_) return op;
+    return std::make_unique<MaskReportingBatchNorm>(std::move(op), c,
+                                                    [this](const float* y, int64_t n) { record(y, n); });
   }
 
  private:

@@ -2,6 +2,7 @@
 // residual add, element-wise grid-stride passes.
 #include "activation.cuh"
 #include "launch_util.cuh"
+#include "relu.cuh"
 
 namespace dpt::cuda {
 
@@ -9,7 +10,7 @@ namespace dpt::cuda {
 // ReLU forward.
 
 static __global__ void relu_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
-  DPT_GRID_STRIDE(i, n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+  DPT_GRID_STRIDE(i, n) y[i] = relu_value(x[i]);
 }
 
 cudaError_t launch_relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
@@ -23,7 +24,7 @@ cudaError_t launch_relu_forward(const float* x, float* y, int64_t n, cudaStream_
 
 static __global__ void relu_backward_kernel(const float* __restrict__ y, const float* __restrict__ dy,
                                             float* __restrict__ dx, int64_t n) {
-  DPT_GRID_STRIDE(i, n) dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+  DPT_GRID_STRIDE(i, n) dx[i] = relu_grad(y[i], dy[i]);
 }
 
 cudaError_t launch_relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream) {
@@ -39,7 +40,7 @@ static __global__ void add_kernel(const float* __restrict__ a, const float* __re
                                   float* __restrict__ y, int64_t n, bool relu) {
   DPT_GRID_STRIDE(i, n) {
     const float v = a[i] + b[i];
-    y[i] = relu && v < 0.f ? 0.f : v;
+    y[i] = relu ? relu_value(v) : v;
   }
 }
 

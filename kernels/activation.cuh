@@ -23,7 +23,8 @@ cudaError_t launch_relu_backward(const float* y, const float* dy, float* dx, int
 // ----------------------------------------------------------------------------
 // Element-wise add (residual connections), optionally fused with ReLU.
 
-// y = a + b, then max(y, 0) when relu (the residual add fused with the block's final ReLU).
+// y = a + b, then max(y, 0) when relu (launch_relu_forward's rule: a NaN or -0 sum gives +0, as
+// on the CPU).
 cudaError_t launch_add(const float* a, const float* b, float* y, int64_t n, bool relu, cudaStream_t stream);
 
 }  // namespace dpt::cuda

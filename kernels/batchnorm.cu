@@ -4,6 +4,7 @@
 #include "batchnorm.cuh"
 #include "channel_reduce.cuh"
 #include "launch_util.cuh"
+#include "relu.cuh"
 
 namespace dpt::cuda {
 
@@ -89,27 +90,38 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 }
 
 // ----------------------------------------------------------------------------
-// BatchNorm apply: 32 channels x 8 rows per block, the channel's scale and shift in registers.
+// BatchNorm apply: 32 channels x 8 rows per block, the channel's scale and shift in registers; one
+// instantiation per epilogue (residual add, ReLU), so the plain form keeps its own kernel.
 
+template <bool kResidual, bool kRelu>
 static __global__ void bn_apply_kernel(const float* __restrict__ x, float* __restrict__ y,
                                        const float* __restrict__ mean, const float* __restrict__ invstd,
-                                       const float* __restrict__ gamma, const float* __restrict__ beta, int64_t m,
-                                       int64_t c) {
+                                       const float* __restrict__ gamma, const float* __restrict__ beta,
+                                       const float* __restrict__ residual, int64_t m, int64_t c) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
   const float scale = gamma[ch] * invstd[ch];
   const float shift = beta[ch] - mean[ch] * scale;
   for (int64_t r = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y; r < m;
-       r += static_cast<int64_t>(gridDim.y) * kReduceRowLanes)
-    y[r * c + ch] = x[r * c + ch] * scale + shift;
+       r += static_cast<int64_t>(gridDim.y) * kReduceRowLanes) {
+    // The value the unfused kernel stored (its expression, so nvcc contracts it the same way),
+    // then add_kernel's sum, then the ReLU.
+    float v = x[r * c + ch] * scale + shift;
+    if (kResidual) v = v + residual[r * c + ch];
+    if (kRelu) v = relu_value(v);
+    y[r * c + ch] = v;
+  }
 }
 
 cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-                            const float* beta, int64_t m, int64_t c, cudaStream_t stream) {
+                            const float* beta, int64_t m, int64_t c, const float* residual, bool relu,
+                            cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels) return cudaErrorInvalidValue;
-  bn_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(x, y, mean, invstd, gamma,
-                                                                                      beta, m, c);
+  const dim3 grid = rows_grid(m, c), block(kReduceLanes, kReduceRowLanes);
+  auto* kernel = residual ? (relu ? bn_apply_kernel<true, true> : bn_apply_kernel<true, false>)
+                          : (relu ? bn_apply_kernel<false, true> : bn_apply_kernel<false, false>);
+  kernel<<<grid, block, 0, stream>>>(x, y, mean, invstd, gamma, beta, residual, m, c);
   return cudaGetLastError();
 }
 
@@ -117,13 +129,17 @@ cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const f
 // BatchNorm backward sums: the fixed-order double reduction of channel_reduce.cuh.
 
 namespace {
+// Each (row, channel) is visited once, so the masked gradient can be stored (dz) as it is summed.
 struct BackwardTerm {
-  const float *x, *dy, *mean, *invstd;
+  const float *x, *dy, *relu_out, *mean, *invstd;
+  float* dz;
   int64_t c;
   __device__ void operator()(int64_t r, int64_t ch, double* acc) const {
-    const float g = dy[r * c + ch];
+    const int64_t i = r * c + ch;
+    const float g = relu_out ? relu_grad(relu_out[i], dy[i]) : dy[i];
+    if (dz) dz[i] = g;
     acc[0] += g;
-    acc[1] += static_cast<double>(g) * ((x[r * c + ch] - mean[ch]) * invstd[ch]);
+    acc[1] += static_cast<double>(g) * ((x[i] - mean[ch]) * invstd[ch]);
   }
 };
 struct BackwardOut {
@@ -141,10 +157,11 @@ struct BackwardOut {
 
 int64_t bn_backward_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elems(m, c, 2); }
 
-cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd,
-                                    int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat, float* dgamma,
-                                    float* dbeta, bool accumulate, double* scratch, cudaStream_t stream) {
-  return launch_channel_reduce<2>(m, c, BackwardTerm{x, dy, mean, invstd, c},
+cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+                                    const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
+                                    float* dgamma, float* dbeta, bool accumulate, float* dz, double* scratch,
+                                    cudaStream_t stream) {
+  return launch_channel_reduce<2>(m, c, BackwardTerm{x, dy, relu_out, mean, invstd, dz, c},
                                   BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate}, scratch, stream);
 }
 
@@ -152,6 +169,7 @@ cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float
 // BatchNorm backward apply: 32 channels x 8 rows per block, per-channel coefficients in registers.
 
 static __global__ void bn_backward_apply_kernel(const float* __restrict__ x, const float* __restrict__ dy,
+                                                const float* __restrict__ relu_out,
                                                 const float* __restrict__ mean, const float* __restrict__ invstd,
                                                 const float* __restrict__ gamma,
                                                 const double* __restrict__ sum_dy,
@@ -163,8 +181,10 @@ static __global__ void bn_backward_apply_kernel(const float* __restrict__ x, con
   const float a = gamma[ch] * invstd[ch];
   const int64_t r0 = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kReduceRowLanes;
+  // The gradient BatchNorm takes: dy, or dy through the fused ReLU (the same test in every thread).
+  auto grad = [&](int64_t i) { return relu_out ? relu_grad(relu_out[i], dy[i]) : dy[i]; };
   if (sum_dy == nullptr) {
-    for (int64_t r = r0; r < m; r += step) dx[r * c + ch] = dy[r * c + ch] * a;
+    for (int64_t r = r0; r < m; r += step) dx[r * c + ch] = grad(r * c + ch) * a;
     return;
   }
   const double count = *count_p;
@@ -173,17 +193,18 @@ static __global__ void bn_backward_apply_kernel(const float* __restrict__ x, con
   const float mu = mean[ch], is = invstd[ch];
   for (int64_t r = r0; r < m; r += step) {
     const float xhat = (x[r * c + ch] - mu) * is;
-    dx[r * c + ch] = a * (dy[r * c + ch] - b - xhat * d);
+    dx[r * c + ch] = a * (grad(r * c + ch) - b - xhat * d);
   }
 }
 
-cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* mean, const float* invstd,
-                                     const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
-                                     const double* count, int64_t m, int64_t c, float* dx, cudaStream_t stream) {
+cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+                                     const float* invstd, const float* gamma, const double* sum_dy,
+                                     const double* sum_dy_xhat, const double* count, int64_t m, int64_t c,
+                                     float* dx, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels || (sum_dy && (!sum_dy_xhat || !count))) return cudaErrorInvalidValue;
   bn_backward_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
-      x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
+      x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
   return cudaGetLastError();
 }
 

@@ -47,9 +47,12 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 // BatchNorm normalisation on the GPU (same semantics as cpu::bn_apply).
 
 // y[r, c] = x[r, c] * scale[c] + shift[c] with scale = gamma*invstd, shift = beta - mean*scale,
-// over an [M, C] view. Returns the launch status.
+// over an [M, C] view; then the fused epilogue: + residual[r, c] when residual is not null, then
+// max(., 0) when relu (cpu::relu_forward's rule, x > 0 ? x : 0), each rounded as the separate
+// launch_add and launch_relu_forward would. Returns the launch status.
 cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-                            const float* beta, int64_t m, int64_t c, cudaStream_t stream);
+                            const float* beta, int64_t m, int64_t c, const float* residual, bool relu,
+                            cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // BatchNorm backward sums on the GPU (same semantics as cpu::bn_backward_sums), plus this
@@ -58,24 +61,29 @@ cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const f
 // Doubles of scratch launch_bn_backward_sums needs for this shape.
 int64_t bn_backward_sums_scratch_elems(int64_t m, int64_t c);
 
-// Over an [M, C] view, in double and a fixed order:
-//   sum_dy[c] = sum_r dy, sum_dy_xhat[c] = sum_r dy * xhat with xhat = (x - mean) * invstd (float);
+// Over an [M, C] view, in double and a fixed order, with g = dy, or with relu_out (a fused ReLU's
+// output) relu_backward's g = (relu_out > 0 ? dy : 0):
+//   sum_dy[c] = sum_r g, sum_dy_xhat[c] = sum_r g * xhat with xhat = (x - mean) * invstd (float);
 //   dgamma[c] = float((accumulate ? dgamma : 0) + sum_dy_xhat), dbeta likewise with sum_dy
-//   (each nullable). The parameter gradients are the local sums, taken before any all-reduce.
-cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd,
-                                    int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat, float* dgamma,
-                                    float* dbeta, bool accumulate, double* scratch, cudaStream_t stream);
+//   (each nullable); dz (nullable) = g. The parameter gradients are the local sums, taken before
+//   any all-reduce.
+cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+                                    const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
+                                    float* dgamma, float* dbeta, bool accumulate, float* dz, double* scratch,
+                                    cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // BatchNorm input gradient on the GPU (same semantics as cpu::bn_backward_apply, and as the CPU
 // layer's evaluation-mode shortcut).
 
-// Training (sum_dy != nullptr): dx = gamma*invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count),
+// With g = dy, or dy masked by relu_out > 0 when relu_out is not null (as launch_bn_backward_sums):
+// Training (sum_dy != nullptr): dx = gamma*invstd * (g - sum_dy/count - xhat * sum_dy_xhat/count),
 //   xhat = (x - mean) * invstd; count is a device double (the rows over all replicas), read on the
 //   device so synchronised BatchNorm needs no host round trip.
-// Evaluation (sum_dy == nullptr): the statistics are constants, dx = dy * (gamma*invstd).
-cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* mean, const float* invstd,
-                                     const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
-                                     const double* count, int64_t m, int64_t c, float* dx, cudaStream_t stream);
+// Evaluation (sum_dy == nullptr): the statistics are constants, dx = g * (gamma*invstd).
+cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+                                     const float* invstd, const float* gamma, const double* sum_dy,
+                                     const double* sum_dy_xhat, const double* count, int64_t m, int64_t c,
+                                     float* dx, cudaStream_t stream);
 
 }  // namespace dpt::cuda

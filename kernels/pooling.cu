@@ -1,6 +1,7 @@
 // Pooling kernels and their launchers (see pooling.cuh): AvgPool2d and global average pooling on
 // NHWC tensors, element-wise grid-stride passes without atomics.
 #include "launch_util.cuh"
+#include "relu.cuh"
 #include "pooling.cuh"
 
 namespace dpt::cuda {
@@ -19,7 +20,7 @@ static __global__ void avgpool_forward_kernel(const float* __restrict__ x, float
     for (int di = 0; di < k; ++di)
       for (int dj = 0; dj < k; ++dj) {
         const float v = x[((b * h + r * s + di) * w + j * s + dj) * c + ch];
-        acc += kRelu ? (v > 0.f ? v : 0.f) : v;  // the CPU's order: row by row, then * 1/k^2
+        acc += kRelu ? relu_value(v) : v;  // the CPU's order: row by row, then * 1/k^2
       }
     y[i] = acc * inv;
   }

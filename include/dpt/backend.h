@@ -66,6 +66,14 @@ class ConvOp {
 
 // One per BatchNorm layer over rows of [m, C] (m = N*H*W): it keeps the last forward's mean,
 // invstd and row count for backward. Parameters and running statistics are the caller's.
+//
+// Fusion (the layers' BatchNorm2d+ReLU and Residual's bn2 + skip + ReLU): both forwards end in an
+// epilogue y = relu(bn(x) + residual), `residual` nullable ([m, C] like x, not aliasing y), relu
+// applied when set; each step rounds exactly as the separate add() and relu_forward() would (one
+// pass instead of three, the same bits). backward's relu_out (nullable) is that forward's y: the
+// gradient BatchNorm then takes is dz = (relu_out > 0 ? dy : 0), relu_backward's rule, formed on
+// the fly; dz_out (nullable) receives the gradient taken (dz, or dy without relu_out), which a
+// residual join's skip path needs as well.
 class BatchNormOp {
  public:
   virtual ~BatchNormOp() = default;
@@ -73,15 +81,17 @@ class BatchNormOp {
   // and running_var (unbiased) move by PyTorch's momentum; num_batches_tracked[0] += 1.
   virtual void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                              float* running_mean, float* running_var, float* num_batches_tracked,
-                             const ChannelSumFn& sync) = 0;
+                             const ChannelSumFn& sync, const float* residual, bool relu) = 0;
   // The running statistics normalise; nothing is updated.
   virtual void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var) = 0;
-  // Of the last forward (same x and m): dgamma (+)= sum dy*xhat, dbeta (+)= sum dy over this
-  // replica's rows; dx (nullable) after a training forward uses the sums over every replica
-  // (through `sync`), after an evaluation forward is dy*gamma*invstd.
+                            const float* running_mean, const float* running_var, const float* residual,
+                            bool relu) = 0;
+  // Of the last forward (same x and m), with g = dy or the masked dz: dgamma (+)= sum g*xhat,
+  // dbeta (+)= sum g over this replica's rows; dx (nullable) after a training forward uses the
+  // sums over every replica (through `sync`), after an evaluation forward is g*gamma*invstd.
   virtual void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                        float* dbeta, bool accumulate, const ChannelSumFn& sync) = 0;
+                        float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
+                        float* dz_out) = 0;
 };
 
 class Backend {

@@ -117,7 +117,12 @@ class Layer {
 
 std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1,
                                    int64_t pad = 0, bool bias = true);
-std::unique_ptr<Layer> make_batchnorm2d(double momentum = 0.1, double eps = 1e-5);
+// PyTorch's BatchNorm2d defaults.
+inline constexpr double kBatchNormMomentum = 0.1, kBatchNormEps = 1e-5;
+std::unique_ptr<Layer> make_batchnorm2d(double momentum = kBatchNormMomentum, double eps = kBatchNormEps);
+// BatchNorm2d then ReLU fused into one layer (kind "BatchNorm2d+ReLU"): the same values, gradients
+// and parameter names as the two layers, one memory pass each way, the BatchNorm output never stored.
+std::unique_ptr<Layer> make_batchnorm2d_relu(double momentum = kBatchNormMomentum, double eps = kBatchNormEps);
 std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_avgpool2d(int kernel, int stride);
 // ReLU then AvgPool2d fused into one layer (same values and gradients, fewer memory passes).
@@ -125,9 +130,11 @@ std::unique_ptr<Layer> make_relu_avgpool2d(int kernel, int stride);
 std::unique_ptr<Layer> make_global_avgpool();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_linear(int64_t out_features, bool bias = true);
-// d2l's Residual: conv3x3(stride)-BN-ReLU-conv3x3-BN, plus x or a 1x1 conv(stride) of x, then ReLU.
+// d2l's Residual: conv3x3(stride)-BN-ReLU-conv3x3-BN, plus x or a 1x1 conv(stride) of x, then ReLU;
+// run as conv1, BatchNorm2d+ReLU, conv2 and one fused bn2 + add + ReLU (same results).
 std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride);
-// Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer; no-op otherwise.
+// Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer (fused or not);
+// no-op otherwise.
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
 
 class Sequential : public Layer {

@@ -37,7 +37,7 @@ class CpuBatchNorm : public BatchNormOp {
 
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                      float* running_mean, float* running_var, float* num_batches_tracked,
-                     const ChannelSumFn& sync) override {
+                     const ChannelSumFn& sync, const float* residual, bool relu) override {
     const int64_t c = c_;
     std::vector<double> stats(static_cast<size_t>(2 * c + 1));
     bn_sums(x, m, c, stats.data(), stats.data() + c);
@@ -56,24 +56,34 @@ class CpuBatchNorm : public BatchNormOp {
     }
     if (num_batches_tracked) num_batches_tracked[0] += 1.f;
     train_mode_ = true;
-    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c);
+    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c, residual, relu);
   }
 
   void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var) override {
+                    const float* running_mean, const float* running_var, const float* residual,
+                    bool relu) override {
     for (int64_t ch = 0; ch < c_; ++ch) {
       mean_[ch] = running_mean[ch];
       invstd_[ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps_));
     }
     train_mode_ = false;
-    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c_);
+    bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c_, residual, relu);
   }
 
   void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const ChannelSumFn& sync) override {
+                float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
+                float* dz_out) override {
     const int64_t c = c_;
+    // With a fused ReLU the gradient BatchNorm takes is dz = dy masked by relu_out > 0: computed
+    // in the sums pass (and stored when the caller wants it, or when the evaluation form below
+    // needs it as an array), else masked again on the fly in the apply pass.
+    std::vector<float> masked;
+    if (relu_out && !dz_out && dx && !train_mode_) masked.resize(static_cast<size_t>(m * c));
+    float* dz = dz_out ? dz_out : masked.empty() ? nullptr : masked.data();
     std::vector<double> sums(static_cast<size_t>(2 * c));
-    bn_backward_sums(x, dy, mean_.data(), invstd_.data(), m, c, sums.data(), sums.data() + c);
+    bn_backward_sums(x, dy, relu_out, mean_.data(), invstd_.data(), m, c, sums.data(), sums.data() + c, dz);
+    const float* g = dz ? dz : dy;                  // the gradient, masked or not
+    const float* mask = dz ? nullptr : relu_out;    // the mask still to apply
     // Parameter gradients are this replica's own sums (the reducer adds the replicas up).
     for (int64_t ch = 0; ch < c; ++ch) {
       dgamma[ch] = static_cast<float>((accumulate ? dgamma[ch] : 0.0) + sums[c + ch]);
@@ -82,11 +92,12 @@ class CpuBatchNorm : public BatchNormOp {
     if (dx && !train_mode_) {
       // Eval mode: the statistics are constants, so dx = dy * gamma * invstd.
       std::vector<float> zero(static_cast<size_t>(c), 0.f);
-      bn_apply(dy, dx, zero.data(), invstd_.data(), gamma, zero.data(), m, c);
+      bn_apply(g, dx, zero.data(), invstd_.data(), gamma, zero.data(), m, c, nullptr, false);
     } else if (dx) {
       // The input gradient needs the sums over every row the statistics were taken over.
       if (sync) sync(sums.data(), 2 * c);
-      bn_backward_apply(x, dy, mean_.data(), invstd_.data(), gamma, sums.data(), sums.data() + c, count_, m, c, dx);
+      bn_backward_apply(x, g, mask, mean_.data(), invstd_.data(), gamma, sums.data(), sums.data() + c, count_, m, c,
+                        dx);
     }
   }
 

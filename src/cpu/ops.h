@@ -32,15 +32,22 @@ void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, 
 // BatchNorm over rows of a [M, C] view (M = N*H*W for NHWC). Split into local sums and an apply
 // step so synchronised BatchNorm can all-reduce the sums in between.
 void bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq);
+// y = x * scale + shift (scale = gamma*invstd, shift = beta - mean*scale), then the fused epilogue:
+// + residual[r, c] when residual is not null, then max(., 0) when relu. Each step rounds as the
+// separate add() and relu_forward() would, so the fused result is theirs bit for bit.
 void bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-              const float* beta, int64_t m, int64_t c);
-// sum_dy[c] = sum dy, sum_dy_xhat[c] = sum dy * (x - mean) * invstd (local rows only).
-void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd,
-                      int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat);
-// dx = gamma * invstd * (dy - sum_dy/count - xhat * sum_dy_xhat/count), count = rows over all replicas.
-void bn_backward_apply(const float* x, const float* dy, const float* mean, const float* invstd,
-                       const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
-                       double count, int64_t m, int64_t c, float* dx);
+              const float* beta, int64_t m, int64_t c, const float* residual, bool relu);
+// sum_dy[c] = sum g, sum_dy_xhat[c] = sum g * (x - mean) * invstd (local rows only), where g is dy,
+// or with relu_out (the fused ReLU's output) relu_backward's (relu_out > 0 ? dy : 0); dz (nullable)
+// receives g (the masked gradient a residual join's other path needs too).
+void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+                      const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
+                      float* dz);
+// dx = gamma * invstd * (g - sum_dy/count - xhat * sum_dy_xhat/count), count = rows over all
+// replicas, g = dy masked by relu_out > 0 when relu_out is not null (as bn_backward_sums).
+void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+                       const float* invstd, const float* gamma, const double* sum_dy,
+                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, float* dx);
 
 // Row-major C = op(A) op(B) + beta C through oneDNN's sgemm (OpenMP threads), checked.
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,

@@ -3,8 +3,10 @@
 // ops_loops.inc, compiled for each level of isa.h, and each call runs the copy of the level
 // isa.cc chose (one table lookup per call, not per element).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -78,17 +80,17 @@ void bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq) {
   loops().bn_sums(x, m, c, sum, sumsq);
 }
 void bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-              const float* beta, int64_t m, int64_t c) {
-  loops().bn_apply(x, y, mean, invstd, gamma, beta, m, c);
+              const float* beta, int64_t m, int64_t c, const float* residual, bool relu) {
+  loops().bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu);
 }
-void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd, int64_t m,
-                      int64_t c, double* sum_dy, double* sum_dy_xhat) {
-  loops().bn_backward_sums(x, dy, mean, invstd, m, c, sum_dy, sum_dy_xhat);
+void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+                      const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat, float* dz) {
+  loops().bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dz);
 }
-void bn_backward_apply(const float* x, const float* dy, const float* mean, const float* invstd,
-                       const float* gamma, const double* sum_dy, const double* sum_dy_xhat, double count,
-                       int64_t m, int64_t c, float* dx) {
-  loops().bn_backward_apply(x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
+void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+                       const float* invstd, const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                       double count, int64_t m, int64_t c, float* dx) {
+  loops().bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
 }
 
 void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {

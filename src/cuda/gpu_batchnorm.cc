@@ -23,7 +23,7 @@ GpuBatchNorm::GpuBatchNorm(GpuContext& ctx, int64_t channels, double momentum, d
 
 void GpuBatchNorm::forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                                  float* running_mean, float* running_var, float* num_batches_tracked,
-                                 const ChannelSumFn& sync) {
+                                 const ChannelSumFn& sync, const float* residual, bool relu) {
   DPT_CHECK(m > 0, "BatchNorm training forward over " << m << " rows");
   cudaStream_t s = ctx_.stream();
   double* stats = stats_.as<double>();
@@ -34,39 +34,47 @@ void GpuBatchNorm::forward_train(const float* x, float* y, int64_t m, const floa
   if (sync) sync(stats, 2 * c_ + 1);
   CUDA_CHECK(cuda::launch_bn_stats(stats, stats + c_, stats + 2 * c_, c_, momentum_, eps_, running_mean, running_var,
                                    num_batches_tracked, mean_.as<float>(), invstd_.as<float>(), s));
-  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, s));
+  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, residual, relu,
+                                   s));
   train_mode_ = true;
 }
 
 void GpuBatchNorm::forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                                const float* running_mean, const float* running_var) {
+                                const float* running_mean, const float* running_var, const float* residual,
+                                bool relu) {
   cudaStream_t s = ctx_.stream();
   CUDA_CHECK(cuda::launch_bn_eval_stats(running_mean, running_var, c_, eps_, mean_.as<float>(), invstd_.as<float>(), s));
-  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, s));
+  CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_, residual, relu,
+                                   s));
   train_mode_ = false;
 }
 
 void GpuBatchNorm::backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
-                            float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync) {
+                            float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                            const float* relu_out, float* dz_out) {
   cudaStream_t s = ctx_.stream();
   double* sums = sums_.as<double>();
   auto* scratch = static_cast<double*>(
       ctx_.workspace(static_cast<size_t>(cuda::bn_backward_sums_scratch_elems(m, c_)) * sizeof(double)));
-  // Parameter gradients are this replica's own sums, written before any all-reduce.
-  CUDA_CHECK(cuda::launch_bn_backward_sums(x, dy, mean_.as<float>(), invstd_.as<float>(), m, c_, sums, sums + c_,
-                                           dgamma, dbeta, accumulate, scratch, s));
+  // Parameter gradients are this replica's own sums, written before any all-reduce. With a fused
+  // ReLU the sums pass masks dy (and stores the result in dz_out when asked); the apply pass then
+  // reads dz_out, or masks again on the fly.
+  CUDA_CHECK(cuda::launch_bn_backward_sums(x, dy, relu_out, mean_.as<float>(), invstd_.as<float>(), m, c_, sums,
+                                           sums + c_, dgamma, dbeta, accumulate, dz_out, scratch, s));
   if (!dx) return;
+  const float* g = dz_out ? dz_out : dy;
+  const float* mask = dz_out ? nullptr : relu_out;
   if (!train_mode_) {
-    // Evaluation mode: the statistics are constants, so dx = dy * gamma * invstd.
-    CUDA_CHECK(cuda::launch_bn_backward_apply(x, dy, mean_.as<float>(), invstd_.as<float>(), gamma, nullptr, nullptr,
-                                              nullptr, m, c_, dx, s));
+    // Evaluation mode: the statistics are constants, so dx = g * gamma * invstd.
+    CUDA_CHECK(cuda::launch_bn_backward_apply(x, g, mask, mean_.as<float>(), invstd_.as<float>(), gamma, nullptr,
+                                              nullptr, nullptr, m, c_, dx, s));
     return;
   }
   // The input gradient needs the sums over every row the statistics were taken over.
   if (sync) sync(sums, 2 * c_);
   const double* stats = stats_.as<double>();
-  CUDA_CHECK(cuda::launch_bn_backward_apply(x, dy, mean_.as<float>(), invstd_.as<float>(), gamma, sums, sums + c_,
-                                            stats + 2 * c_, m, c_, dx, s));
+  CUDA_CHECK(cuda::launch_bn_backward_apply(x, g, mask, mean_.as<float>(), invstd_.as<float>(), gamma, sums,
+                                            sums + c_, stats + 2 * c_, m, c_, dx, s));
 }
 
 }  // namespace dpt::gpu

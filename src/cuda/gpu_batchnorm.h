@@ -21,22 +21,25 @@ class GpuBatchNorm : public BatchNormOp {
   GpuBatchNorm& operator=(const GpuBatchNorm&) = delete;
 
   // Training: y = (x - mean) invstd gamma + beta with the batch's statistics over the m rows of
-  // x [m, C] (m = N*H*W); [sum, sumsq, count] go through `sync` when set; running_mean and
-  // running_var (unbiased, count/(count-1)) are updated; *num_batches_tracked (nullable) += 1.
-  // `sync` gets device doubles and must order its work on the context's stream (an NCCL
-  // all-reduce on it, or one made to wait for it).
+  // x [m, C] (m = N*H*W), then the fused epilogue (+ residual, ReLU; backend.h); [sum, sumsq,
+  // count] go through `sync` when set; running_mean and running_var (unbiased, count/(count-1))
+  // are updated; *num_batches_tracked (nullable) += 1. `sync` gets device doubles and must order
+  // its work on the context's stream (an NCCL all-reduce on it, or one made to wait for it).
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                      float* running_mean, float* running_var, float* num_batches_tracked,
-                     const ChannelSumFn& sync) override;
+                     const ChannelSumFn& sync, const float* residual, bool relu) override;
   // Evaluation: the running statistics normalise; nothing is updated.
   void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var) override;
-  // Backward of the last forward (same x and m). dgamma (+)= sum dy*xhat and dbeta (+)= sum dy
-  // from this replica's rows (the reducer adds replicas up); dx (nullable) after a training
-  // forward uses [sum dy, sum dy*xhat] over every replica (through `sync`), after an evaluation
-  // forward is dy*gamma*invstd.
+                    const float* running_mean, const float* running_var, const float* residual,
+                    bool relu) override;
+  // Backward of the last forward (same x and m), with g = dy or, with relu_out, dy masked by
+  // relu_out > 0 (stored in dz_out when set). dgamma (+)= sum g*xhat and dbeta (+)= sum g from
+  // this replica's rows (the reducer adds replicas up); dx (nullable) after a training forward
+  // uses [sum g, sum g*xhat] over every replica (through `sync`), after an evaluation forward is
+  // g*gamma*invstd.
   void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const ChannelSumFn& sync) override;
+                float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
+                float* dz_out) override;
 
   int64_t channels() const { return c_; }
   const float* saved_mean() const { return mean_.as<float>(); }      // device, C floats

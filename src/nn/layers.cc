@@ -86,12 +86,17 @@ class Conv2d : public Leaf {
   std::unique_ptr<ConvOp> op_;
 };
 
+// BatchNorm2d, optionally fused with the ReLU after it (relu = true): the ReLU runs inside
+// BatchNorm's own passes (BatchNormOp's epilogue forward, its masked gradient backward), and the
+// BatchNorm output is never stored (backward masks with the layer's output instead). Residual
+// also joins its skip path in (forward_join, backward_join). The fused form gives the same
+// results as BatchNorm2d then (add then) ReLU.
 class BatchNorm2d : public Leaf {
  public:
-  BatchNorm2d(double momentum, double eps) : momentum_(momentum), eps_(eps) {}
-  std::string kind() const override { return "BatchNorm2d"; }
+  BatchNorm2d(double momentum, double eps, bool relu) : momentum_(momentum), eps_(eps), relu_(relu) {}
+  std::string kind() const override { return relu_ ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
-    DPT_CHECK(in.size() == 3, "BatchNorm2d needs an {H, W, C} input, got " << shape_str(in));
+    DPT_CHECK(in.size() == 3, kind() << " needs an {H, W, C} input, got " << shape_str(in));
     bind(in, store);
     const int64_t c = in[2];
     gamma_ = store.add_param(join(prefix, "weight"), {c}, Init::kOnes, 0, 0);
@@ -102,29 +107,44 @@ class BatchNorm2d : public Leaf {
     op_ = be_->make_batchnorm(c, momentum_, eps_);
     return in;
   }
-  void forward(const Tensor& x, Tensor& y, Mode mode) override {
+  void forward(const Tensor& x, Tensor& y, Mode mode) override { forward_join(x, nullptr, y, mode); }
+  // y = bn(x) + residual (nullable, shaped like x), then the ReLU when fused.
+  void forward_join(const Tensor& x, const Tensor* residual, Tensor& y, Mode mode) {
     check_input(x);
+    DPT_CHECK(!residual || residual->shape() == x.shape(),
+              kind() << ": residual " << shape_str(residual->shape()) << " != input " << shape_str(x.shape()));
     const int64_t m = x.numel() / in_[2];
+    const float* r = residual ? residual->data() : nullptr;
     output(y, x.shape());
     if (mode == Mode::kTrain)
       op_->forward_train(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
-                         value(running_var_), value(num_batches_), sync_);
+                         value(running_var_), value(num_batches_), sync_, r, relu_);
     else
       op_->forward_eval(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
-                        value(running_var_));
+                        value(running_var_), r, relu_);
   }
-  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
+    backward_join(x, y, dy, dx, nullptr, ctx.accumulate);
+    announce(ctx);
+  }
+  // backward without the announcement (a Residual makes it after its shortcut's, whose gradients
+  // come first in the flat buffer); dz (nullable) receives the gradient through the ReLU, which
+  // the join's skip path takes too.
+  void backward_join(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx, Tensor* dz,
+                     bool accumulate) {
     check_input(x);
     const int64_t m = x.numel() / in_[2];
+    if (dz) output(*dz, y.shape());
     op_->backward(x.data(), dy.data(), prepare_dx(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
-                  ctx.accumulate, sync_);
-    ctx.ready({gamma_, beta_});
+                  accumulate, sync_, relu_ ? y.data() : nullptr, dz ? dz->data() : nullptr);
   }
+  void announce(const BackwardCtx& ctx) const { ctx.ready({gamma_, beta_}); }
   void set_sync(const ChannelSumFn& fn) { sync_ = fn; }
 
  private:
   double momentum_, eps_;
+  bool relu_;
   Param *gamma_ = nullptr, *beta_ = nullptr, *running_mean_ = nullptr, *running_var_ = nullptr,
         *num_batches_ = nullptr;
   std::unique_ptr<BatchNormOp> op_;
@@ -249,23 +269,26 @@ class Linear : public Leaf {
   Param* b_ = nullptr;
 };
 
-// d2l's Residual: relu(main(x) + (shortcut ? shortcut(x) : x)), the add and ReLU in one operation.
+// d2l's Residual: relu(bn2(conv2(relu(bn1(conv1(x))))) + (shortcut ? shortcut(x) : x)). bn1
+// carries its ReLU; bn2 carries the join: its apply pass adds the skip and applies the final ReLU
+// (where BatchNorm's apply, the add and the ReLU took a pass each), its backward's sums pass
+// writes dz (dy through that ReLU), which the skip path takes too.
 class Residual : public Leaf {
  public:
-  Residual(int64_t channels, bool use_1x1conv, int64_t stride) {
+  Residual(int64_t channels, bool use_1x1conv, int64_t stride)
+      : bn2_(std::make_unique<BatchNorm2d>(kBatchNormMomentum, kBatchNormEps, /*relu=*/true)) {
     main_.add("conv1", make_conv2d(channels, 3, stride, 1))
-        .add("bn1", make_batchnorm2d())
-        .add("", make_relu())
-        .add("conv2", make_conv2d(channels, 3, 1, 1))
-        .add("bn2", make_batchnorm2d());
+        .add("bn1", make_batchnorm2d_relu())
+        .add("conv2", make_conv2d(channels, 3, 1, 1));
     if (use_1x1conv) shortcut_ = make_conv2d(channels, 1, stride, 0);
   }
   std::string kind() const override { return "Residual"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     bind(in, store);
-    // Registration order main-then-shortcut puts the shortcut's gradients first in the flat
-    // buffer, matching backward, which does the shortcut first.
-    Shape out = main_.build(in, store, prefix);
+    // Registration order conv1, bn1, conv2, bn2, then the shortcut (PyTorch's state_dict order)
+    // puts the shortcut's gradients first in the flat buffer, so backward announces them first.
+    Shape out = bn2_->build(main_.build(in, store, prefix), store, join(prefix, "bn2"));
+    bn2_span_ = "backward " + join(prefix, "bn2");
     if (shortcut_) {
       Shape s = shortcut_->build(in, store, join(prefix, "downsample"));
       DPT_CHECK(s == out, "Residual shortcut shape " << shape_str(s) << " != " << shape_str(out));
@@ -283,32 +306,37 @@ class Residual : public Leaf {
       shortcut_->forward(x, short_out_, mode);
       skip = &short_out_;
     }
-    DPT_CHECK(skip->shape() == main_out_.shape(),
-              "Residual: shortcut " << shape_str(skip->shape()) << " != main " << shape_str(main_out_.shape()));
-    output(y, main_out_.shape());
-    be_->add(main_out_.data(), skip->data(), y.data(), y.numel(), /*relu=*/true);
+    bn2_->forward_join(main_out_, skip, y, mode);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    output(dz_, y.shape());
-    be_->relu_backward(y.data(), dy.data(), dz_.data(), y.numel());
+    // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
+    // announcements still grow a prefix of the flat gradient buffer (nn.h).
+    {
+      TraceScope span(ctx.tracer, bn2_span_.c_str(), "backward");
+      bn2_->backward_join(main_out_, y, dy, &dmid_, &dz_, ctx.accumulate);
+    }
     if (shortcut_) shortcut_->backward(x, short_out_, dz_, dx ? &dskip_ : nullptr, ctx);
+    bn2_->announce(ctx);
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
-    main_.backward(x, main_out_, dz_, dx ? &dmain_ : nullptr, ctx);
+    main_.backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
     if (float* d = prepare_dx(dx, x))
       be_->add(dmain_.data(), shortcut_ ? dskip_.data() : dz_.data(), d, dx->numel(), /*relu=*/false);
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
     main_.visit(fn);
+    bn2_->visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
 
  private:
-  Sequential main_;
+  Sequential main_;  // conv1, bn1 + ReLU, conv2
+  std::unique_ptr<BatchNorm2d> bn2_;
   std::unique_ptr<Layer> shortcut_;
-  Tensor main_out_, short_out_, dz_, dskip_, dmain_;
+  std::string bn2_span_;  // "backward <prefix>.bn2": bn2 is outside main_, whose children get theirs
+  Tensor main_out_, short_out_, dz_, dmid_, dskip_, dmain_;
 };
 
 }  // namespace
@@ -317,7 +345,10 @@ std::unique_ptr<Layer> make_conv2d(int64_t out, int64_t k, int64_t s, int64_t p,
   return std::make_unique<Conv2d>(out, k, s, p, bias);
 }
 std::unique_ptr<Layer> make_batchnorm2d(double momentum, double eps) {
-  return std::make_unique<BatchNorm2d>(momentum, eps);
+  return std::make_unique<BatchNorm2d>(momentum, eps, false);
+}
+std::unique_ptr<Layer> make_batchnorm2d_relu(double momentum, double eps) {
+  return std::make_unique<BatchNorm2d>(momentum, eps, true);
 }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<ReLU>(); }
 std::unique_ptr<Layer> make_avgpool2d(int k, int s) { return std::make_unique<AvgPool2d>(k, s, false); }

@@ -24,7 +24,8 @@ std::unique_ptr<Sequential> lenet(int num_classes) {
 
 std::unique_ptr<Sequential> resnet18(int num_classes) {
   auto net = std::make_unique<Sequential>();
-  net->add("conv1", make_conv2d(64, 3, 1, 1)).add("bn1", make_batchnorm2d()).add("", make_relu());
+  // BatchNorm and the ReLU after it run as one fused layer (here and in each block: nn.h).
+  net->add("conv1", make_conv2d(64, 3, 1, 1)).add("bn1", make_batchnorm2d_relu());
   const int64_t channels[4] = {64, 128, 256, 512};
   for (int stage = 0; stage < 4; ++stage) {
     auto blocks = std::make_unique<Sequential>();

@@ -135,8 +135,10 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
     auto y_ = put(std::vector<float>(xs, 7.f)), dx_ = put(std::vector<float>(xs, 7.f));
     auto dg_ = put(std::vector<float>(cs, 7.f)), db_ = put(std::vector<float>(cs, 7.f));
     const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
-    bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, hook);
-    bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, hook);
+    bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, hook, nullptr,
+                      false);
+    bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, hook, nullptr,
+                 nullptr);
     return {get(y_), get(rm_), get(rv_), get(dx_), get(dg_), get(db_)};
   }
 
@@ -420,12 +422,12 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
   channel_sums(x1, c, s, ss);
   const BnRef ref1(s, ss, static_cast<double>(m), eps);
   bn->forward_train(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(),
-                    nbt_.data(), {});
+                    nbt_.data(), {}, nullptr, false);
   expect_match(get(y_), ref1.apply(x1, gamma, beta), "training y, step 1", tol(Cmp::kApprox));
   channel_sums(x2, c, s, ss);
   const BnRef ref2(s, ss, static_cast<double>(m), eps);
   bn->forward_train(x2_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(),
-                    nbt_.data(), {});
+                    nbt_.data(), {}, nullptr, false);
   expect_match(get(y_), ref2.apply(x2, gamma, beta), "training y, step 2", tol(Cmp::kApprox));
   for (const BnRef* r : {&ref1, &ref2})
     for (size_t ch = 0; ch < cs; ++ch) {
@@ -440,12 +442,12 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
   const std::vector<double> sums = ref2.backward_sums(x2, dy);
   const std::vector<double> dbeta(sums.begin(), sums.begin() + c),
       dgamma(sums.begin() + c, sums.end());
-  bn->backward(x2_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {});
+  bn->backward(x2_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {}, nullptr, nullptr);
   expect_match(get(dx_), ref2.dx(x2, dy, gamma, sums), "training dx", tol(Cmp::kApprox));
   expect_match(get(dg_), dgamma, "dgamma", tol(Cmp::kApprox));
   expect_match(get(db_), dbeta, "dbeta", tol(Cmp::kApprox));
   auto dga_ = put(d0), dba_ = put(d0);
-  bn->backward(x2_.data(), dy_.data(), nullptr, m, g_.data(), dga_.data(), dba_.data(), true, {});
+  bn->backward(x2_.data(), dy_.data(), nullptr, m, g_.data(), dga_.data(), dba_.data(), true, {}, nullptr, nullptr);
   std::vector<double> dg_acc(cs), db_acc(cs);
   for (size_t ch = 0; ch < cs; ++ch)
     dg_acc[ch] = d0[ch] + dgamma[ch], db_acc[ch] = d0[ch] + dbeta[ch];
@@ -466,12 +468,12 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
     dg_ev[ch] += dy[i] * xhat;
     db_ev[ch] += dy[i];
   }
-  bn->forward_eval(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data());
+  bn->forward_eval(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, false);
   expect_match(get(y_), y_ev, "eval y", tol(Cmp::kApprox));
   EXPECT_EQ(get(rm_), rm_now) << "eval moved running_mean";
   EXPECT_EQ(get(rv_), rv_now) << "eval moved running_var";
   EXPECT_EQ(get(nbt_), std::vector<float>{2.f}) << "eval moved num_batches_tracked";
-  bn->backward(x1_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {});
+  bn->backward(x1_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {}, nullptr, nullptr);
   expect_match(get(dx_), dx_ev, "eval dx", tol(Cmp::kApprox));
   expect_match(get(dg_), dg_ev, "eval dgamma", tol(Cmp::kApprox));
   expect_match(get(db_), db_ev, "eval dbeta", tol(Cmp::kApprox));
@@ -571,6 +573,76 @@ TEST_P(BackendOps, BatchNormSyncHookAddsAPeersStatistics) {
                tol(Cmp::kApprox));
   expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c), "dbeta (local)",
                tol(Cmp::kApprox));
+}
+
+// The fused forms of one BatchNormOp (backend.h) against that backend's separate operations, bit
+// for bit (the same kernels with the epilogue or mask added, so on every backend): forward with a
+// residual and the ReLU = plain forward, add(relu); backward with relu_out (dz stored or masked on
+// the fly) = relu_backward, then the plain backward; training with a --sync-bn style hook, and
+// evaluation. The separate forms themselves are held to the references above.
+TEST_P(BackendOps, BatchNormFusedEqualsSeparateOps) {
+  const int64_t c = 6, m = 2 * 5 * 3;
+  const double eps = 1e-5;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x = bn_input(xs, c, 600), res = uniform(xs, 601), dy = uniform(xs, 602);
+  const auto gamma = uniform(cs, 603, 0.5f, 1.5f), beta = uniform(cs, 604), rv0 = uniform(cs, 605, 0.5f, 2.f);
+  auto x_ = put(x), res_ = put(res), dy_ = put(dy), g_ = put(gamma), b_ = put(beta);
+  std::vector<int64_t> seen;
+  const ChannelSumFn twice = host_hook(be(), seen, [](std::vector<double>& h, size_t) {
+    for (double& v : h) v *= 2;
+  });
+  for (Mode mode : {Mode::kTrain, Mode::kEval})
+    for (bool with_res : {false, true}) {
+      SCOPED_TRACE(std::string(mode == Mode::kTrain ? "train" : "eval") + (with_res ? " residual" : ""));
+      const float* r = with_res ? res_.data() : nullptr;
+      // Two ops with their own running statistics: fused, and separate.
+      auto rm_f = put(std::vector<float>(cs, 0.f)), rv_f = put(rv0), rm_s = put(std::vector<float>(cs, 0.f)),
+           rv_s = put(rv0);
+      const std::unique_ptr<BatchNormOp> fused = be().make_batchnorm(c, 0.1, eps),
+                                         sep = be().make_batchnorm(c, 0.1, eps);
+      auto y_f = put(std::vector<float>(xs, 7.f)), t_s = put(std::vector<float>(xs, 7.f)),
+           y_s = put(std::vector<float>(xs, 7.f));
+      if (mode == Mode::kTrain) {
+        fused->forward_train(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(), rv_f.data(), nullptr, twice,
+                             r, true);
+        sep->forward_train(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(), nullptr, twice,
+                           nullptr, false);
+      } else {
+        fused->forward_eval(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(), rv_f.data(), r, true);
+        sep->forward_eval(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(), nullptr, false);
+      }
+      if (with_res)
+        be().add(t_s.data(), res_.data(), y_s.data(), static_cast<int64_t>(xs), true);
+      else
+        be().relu_forward(t_s.data(), y_s.data(), static_cast<int64_t>(xs));
+      const std::vector<float> y = get(y_s);
+      expect_match(get(y_f), y, "fused forward", tol(Cmp::kExact));
+      expect_match(get(rv_f), get(rv_s), "running_var", tol(Cmp::kExact));
+      const auto on = std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; });
+      EXPECT_TRUE(on > static_cast<long>(xs) / 5 && on < static_cast<long>(xs) * 4 / 5) << on << " of " << xs;
+
+      auto dz_ = put(std::vector<float>(xs, 7.f));
+      be().relu_backward(y_s.data(), dy_.data(), dz_.data(), static_cast<int64_t>(xs));
+      auto dx_s = put(std::vector<float>(xs, 7.f)), dg_s = put(std::vector<float>(cs, 7.f)),
+           db_s = put(std::vector<float>(cs, 7.f));
+      sep->backward(x_.data(), dz_.data(), dx_s.data(), m, g_.data(), dg_s.data(), db_s.data(), false, twice, nullptr,
+                    nullptr);
+      for (bool store_dz : {false, true}) {
+        SCOPED_TRACE(store_dz ? "dz stored" : "masked on the fly");
+        auto dx_f = put(std::vector<float>(xs, 7.f)), dg_f = put(std::vector<float>(cs, 7.f)),
+             db_f = put(std::vector<float>(cs, 7.f)), dzo = put(std::vector<float>(xs, 7.f));
+        fused->backward(x_.data(), dy_.data(), dx_f.data(), m, g_.data(), dg_f.data(), db_f.data(), false, twice,
+                        y_f.data(), store_dz ? dzo.data() : nullptr);
+        expect_match(get(dx_f), get(dx_s), "fused dx", tol(Cmp::kExact));
+        expect_match(get(dg_f), get(dg_s), "fused dgamma", tol(Cmp::kExact));
+        expect_match(get(db_f), get(db_s), "fused dbeta", tol(Cmp::kExact));
+        if (store_dz) expect_match(get(dzo), get(dz_), "dz", tol(Cmp::kExact));
+      }
+    }
+  // The hook saw the fused and the separate ops alike: per training forward one [sum, sumsq,
+  // count] and per training backward with dx one [sum dy, sum dy*xhat].
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 2 * c + 1), 4);
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 2 * c), 6);
 }
 
 // ---- element-wise -------------------------------------------------------------------------------
@@ -1272,6 +1344,15 @@ TEST_P(BackendOps, LayerBatchNorm2d) {
   lc.what = "batchnorm eval";
   lc.mode = Mode::kEval;
   check_layer(be(), tol(Cmp::kApprox), lc, 2110);
+}
+
+TEST_P(BackendOps, LayerBatchNorm2dRelu) {
+  LayerCase lc = with_kinks({"batchnorm+relu train", [] { return make_batchnorm2d_relu(); }, {4, 3, 3}, 3});
+  lc.shift = 0.7;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2150);
+  lc.what = "batchnorm+relu eval";
+  lc.mode = Mode::kEval;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2160);
 }
 
 TEST_P(BackendOps, LayerReLU) {

@@ -277,6 +277,33 @@ TEST(GradCheck, BatchNorm2dTrainThreeRows) {
   c.run("bn train 3 rows", o);
 }
 
+// BatchNorm2d+ReLU: the ReLU's kinks follow the normalised values, which every input moves in
+// training mode, so they cannot be kept out of the step; the pattern (the output's sign) lets
+// check_gradient measure one-sided where a ReLU flips.
+void check_bn_relu(const std::string& what, Mode mode, uint64_t seed) {
+  LayerCheck c(make_batchnorm2d_relu(), {4, 3, 3}, 3, seed, "bn", mode);
+  for (int64_t i = 0; i < c.x.numel(); ++i) c.x.data()[i] = 2.f * c.x.data()[i] + 0.5f * (i % 3);
+  CheckOpts o;
+  o.pattern = [&c] {
+    Tensor y;
+    c.layer->forward(c.x, y, c.mode);
+    std::vector<uint8_t> on(static_cast<size_t>(y.numel()));
+    for (int64_t i = 0; i < y.numel(); ++i) on[static_cast<size_t>(i)] = y.data()[i] > 0.f;
+    return on;
+  };
+  const std::vector<uint8_t> on = o.pattern();
+  const auto active = std::count(on.begin(), on.end(), 1);
+  EXPECT_GT(active, static_cast<int64_t>(on.size()) / 5);  // both states of the ReLU are present
+  EXPECT_LT(active, static_cast<int64_t>(on.size()) * 4 / 5);
+  o.noise = 1e-6;
+  o.max_skip = 0.5;
+  c.run(what, o);
+}
+
+TEST(GradCheck, BatchNorm2dReluTrain) { check_bn_relu("bn+relu train", Mode::kTrain, 118); }
+
+TEST(GradCheck, BatchNorm2dReluEval) { check_bn_relu("bn+relu eval", Mode::kEval, 119); }
+
 TEST(GradCheck, ReLU) {
   LayerCheck c(make_relu(), {3, 4, 5}, 2, 107, "");
   // Keep inputs at least 0.1 away from the kink, both signs present.

@@ -94,14 +94,28 @@ Outputs run_loops() {
     const auto mean = random_floats(c, g), gamma = random_floats(c, g), beta = random_floats(c, g);
     std::vector<float> invstd(static_cast<size_t>(c));
     for (auto& v : invstd) v = 0.5f + static_cast<float>(g() % 1000) / 1000.f;
-    cpu::bn_apply(x.data(), y.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c);
-    keep(out, tag + "bn_apply", y);
-    cpu::bn_backward_sums(x.data(), dy.data(), mean.data(), invstd.data(), m, c, s1.data(), s2.data());
-    keep(out, tag + "bn_backward_sums dy", s1);
-    keep(out, tag + "bn_backward_sums dy_xhat", s2);
-    cpu::bn_backward_apply(x.data(), dy.data(), mean.data(), invstd.data(), gamma.data(), s1.data(), s2.data(),
-                           static_cast<double>(2 * m), m, c, y.data());
-    keep(out, tag + "bn_backward_apply", y);
+    // Plain and with each fused part: the residual add (b) and the ReLU in the forward, the ReLU's
+    // mask (its output: b) with and without storing dz in the backward.
+    for (bool res : {false, true})
+      for (bool relu : {false, true}) {
+        cpu::bn_apply(x.data(), y.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
+                      res ? b.data() : nullptr, relu);
+        keep(out, tag + "bn_apply" + (res ? " residual" : "") + (relu ? " relu" : ""), y);
+      }
+    for (int mask = 0; mask < 3; ++mask) {  // none, masked, masked with dz stored
+      const std::string form = mask == 0 ? "" : mask == 1 ? " masked" : " masked dz";
+      const float* relu_out = mask > 0 ? b.data() : nullptr;
+      cpu::bn_backward_sums(x.data(), dy.data(), relu_out, mean.data(), invstd.data(), m, c, s1.data(), s2.data(),
+                            mask == 2 ? y2.data() : nullptr);
+      keep(out, tag + "bn_backward_sums dy" + form, s1);
+      keep(out, tag + "bn_backward_sums dy_xhat" + form, s2);
+      if (mask == 2) keep(out, tag + "bn_backward_sums dz", y2);
+      // As CpuBatchNorm does: the stored dz, else dy masked again on the fly.
+      cpu::bn_backward_apply(x.data(), mask == 2 ? y2.data() : dy.data(), mask == 1 ? relu_out : nullptr,
+                             mean.data(), invstd.data(), gamma.data(), s1.data(), s2.data(),
+                             static_cast<double>(2 * m), m, c, y.data());
+      keep(out, tag + "bn_backward_apply" + form, y);
+    }
 
     std::vector<float> cols(static_cast<size_t>(c), 0.25f);
     cpu::column_sums(x.data(), m, c, cols.data(), false);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -499,12 +500,35 @@ TEST(SoftmaxXent, NumericallyStableForLargeLogits) {
 
 // ---- Residual ----------------------------------------------------------------------------------
 
-// Builds a Residual under "blk" and the same layers by hand under "h", copies every parameter and
-// buffer from one to the other by name, and compares forward outputs.
+// Bit-for-bit equality of two float arrays, naming the first difference (NaNs compare by bits).
+::testing::AssertionResult same_bits(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "index " << i << " of " << n << ": " << a[i] << " vs " << b[i];
+  return ::testing::AssertionSuccess();
+}
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  return same_bits(a.data(), b.data(), a.numel());
+}
+
+// A --sync-bn hook standing in for a peer with the same data (every sum doubled), counting calls.
+ChannelSumFn doubling_hook(int& calls) {
+  return [&calls](double* d, int64_t n) {
+    ++calls;
+    for (int64_t i = 0; i < n; ++i) d[i] *= 2;
+  };
+}
+
+// Builds a Residual under "blk" and the same computation from separate layers under "h" (BatchNorm,
+// ReLU, then add and ReLU: the block as it was before its fusion), copies every parameter and
+// buffer from one to the other by name, and compares forward outputs, running statistics, input
+// and parameter gradients bit for bit; with `sync`, every BatchNorm of both through --sync-bn's hook.
 void check_residual_against_composition(int64_t in_c, int64_t channels, bool use_1x1, int64_t stride,
-                                        Mode mode) {
+                                        Mode mode, bool sync = false) {
   SCOPED_TRACE(std::string("residual ") + (use_1x1 ? "1x1 " : "") + "stride " +
-               std::to_string(stride) + (mode == Mode::kTrain ? " train" : " eval"));
+               std::to_string(stride) + (mode == Mode::kTrain ? " train" : " eval") + (sync ? " sync" : ""));
   std::mt19937_64 g(21 + static_cast<uint64_t>(stride) + (use_1x1 ? 100 : 0));
   const int64_t N = 2, H = 7, W = 6;
   const Shape in{H, W, in_c};
@@ -529,22 +553,28 @@ void check_residual_against_composition(int64_t in_c, int64_t channels, bool use
   s = bn2->build(s, hs, "bn2");
   if (use_1x1) ds->build(in, hs, "downsample");
   hs.finalize();
+  int res_calls = 0, hand_calls = 0;
+  if (sync) {
+    res->visit([&](Layer& l) { set_batchnorm_sync(l, doubling_hook(res_calls)); });
+    set_batchnorm_sync(*bn1, doubling_hook(hand_calls));
+    set_batchnorm_sync(*bn2, doubling_hook(hand_calls));
+  }
 
-  // Random parameters (BN gammas around 1, running variances positive) shared by name.
-  size_t matched = 0;
-  for (Param& p : rs.entries()) {
+  // Random parameters (BN gammas around 1, running variances positive) shared by name, in the
+  // same registration order (the state_dict order checkpoints rely on).
+  ASSERT_EQ(rs.entries().size(), hs.entries().size());
+  for (size_t i = 0; i < rs.entries().size(); ++i) {
+    Param& p = rs.entries()[i];
     ASSERT_EQ(p.name.rfind("blk.", 0), 0u) << p.name;
-    Param* q = hs.find(p.name.substr(4));
-    ASSERT_NE(q, nullptr) << p.name;
-    ASSERT_EQ(p.shape, q->shape) << p.name;
+    Param& q = hs.entries()[i];
+    ASSERT_EQ(p.name.substr(4), q.name) << "registration order";
+    ASSERT_EQ(p.shape, q.shape) << p.name;
     const bool var = p.name.find("running_var") != std::string::npos;
     const bool gam = p.name.find("bn") != std::string::npos && p.name.ends_with(".weight");
     if (p.is_counter) continue;
     fill_uniform(p.value.data(), p.numel(), g, var || gam ? 0.5f : -0.5f, var || gam ? 1.5f : 0.5f);
-    std::copy(p.value.data(), p.value.data() + p.numel(), q->value.data());
-    ++matched;
+    std::copy(p.value.data(), p.value.data() + p.numel(), q.value.data());
   }
-  EXPECT_EQ(rs.entries().size(), hs.entries().size());
   EXPECT_EQ(rs.num_params(), hs.num_params());
 
   Tensor x = random_tensor({N, H, W, in_c}, g);
@@ -565,30 +595,55 @@ void check_residual_against_composition(int64_t in_c, int64_t channels, bool use
   }
   ASSERT_EQ(e.shape(), y.shape());
   ASSERT_EQ(skip->shape(), y.shape());
-  for (int64_t i = 0; i < y.numel(); ++i) {
-    const float expect = std::max(0.f, e.data()[i] + skip->data()[i]);
-    ASSERT_NEAR(y.data()[i], expect, 1e-5f * std::max(1.f, std::fabs(expect))) << i;
-  }
+  Tensor expect(y.shape());
+  cpu::add(e.data(), skip->data(), expect.data(), y.numel());
+  cpu::relu_forward(expect.data(), expect.data(), y.numel());
+  EXPECT_TRUE(same_bits(y, expect)) << "forward";
   // Some outputs are clamped and some are not, so the final ReLU is exercised.
   int zeros = 0;
   for (int64_t i = 0; i < y.numel(); ++i) zeros += y.data()[i] == 0.f;
   EXPECT_GT(zeros, 0);
   EXPECT_LT(zeros, y.numel());
   // Train mode updated the block's running statistics just like the hand-built layers'.
-  for (const Param& p : rs.entries())
-    if (p.is_buffer) {
-      const Param* q = hs.find(p.name.substr(4));
-      for (int64_t i = 0; i < p.numel(); ++i)
-        EXPECT_NEAR(p.value.data()[i], q->value.data()[i], 1e-6) << p.name;
+  EXPECT_TRUE(same_bits(rs.buffers(), hs.buffers(), rs.num_buffers())) << "running statistics";
+
+  // Backward: the block against the unfused sequence (relu_backward, the shortcut, the main branch
+  // in reverse, the sum of both input gradients).
+  Tensor dy = random_tensor(y.shape(), g), dx;
+  BackwardCtx ctx;
+  res->backward(x, y, dy, &dx, ctx);
+  Tensor dz(y.shape()), dskip, dd, dc, db, da, dxm;
+  cpu::relu_backward(y.data(), dy.data(), dz.data(), y.numel());
+  if (use_1x1) ds->backward(x, sc, dz, &dskip, ctx);
+  bn2->backward(d, e, dz, &dd, ctx);
+  conv2->backward(c, d, dd, &dc, ctx);
+  relu->backward(b, c, dc, &db, ctx);
+  bn1->backward(a, b, db, &da, ctx);
+  conv1->backward(x, a, da, &dxm, ctx);
+  Tensor dx_expect(x.shape());
+  cpu::add(dxm.data(), use_1x1 ? dskip.data() : dz.data(), dx_expect.data(), x.numel());
+  EXPECT_TRUE(same_bits(dx, dx_expect)) << "input gradient";
+  for (size_t i = 0; i < rs.entries().size(); ++i) {
+    const Param& p = rs.entries()[i];
+    if (!p.is_buffer) {
+      EXPECT_TRUE(same_bits(p.grad, hs.entries()[i].grad)) << p.name << " gradient";
     }
+  }
+  if (sync) {
+    // Both BatchNorms of the block reached through visit(): forward (and backward in training).
+    EXPECT_EQ(res_calls, mode == Mode::kTrain ? 4 : 0);
+    EXPECT_EQ(res_calls, hand_calls);
+  }
 }
 
-TEST(Residual, MatchesHandComposition) {
+TEST(Residual, MatchesHandCompositionBitForBit) {
   check_residual_against_composition(3, 5, true, 2, Mode::kTrain);
   check_residual_against_composition(3, 5, true, 1, Mode::kTrain);
   check_residual_against_composition(4, 4, false, 1, Mode::kTrain);
   check_residual_against_composition(3, 5, true, 2, Mode::kEval);
   check_residual_against_composition(4, 4, false, 1, Mode::kEval);
+  check_residual_against_composition(3, 5, true, 2, Mode::kTrain, /*sync=*/true);
+  check_residual_against_composition(4, 4, false, 1, Mode::kTrain, /*sync=*/true);
 }
 
 TEST(Residual, ParameterNames) {
@@ -986,6 +1041,151 @@ TEST(ReluAvgPoolFused, EqualsReluThenAvgPool) {
     relu->backward(x, r, dr, &dx2, ctx);
     for (int64_t i = 0; i < dx1.numel(); ++i) ASSERT_NEAR(dx1.data()[i], dx2.data()[i], 1e-6f) << i;
   }
+}
+
+// ---- BatchNorm fused with ReLU (and the residual add) --------------------------------------------
+
+// The fused loops of ops.h against the separate ones they replace, bit for bit, at the active
+// level (the suite also runs with DPT_ISA=avx2 and generic): the epilogue against bn_apply, add
+// and relu_forward; the masked backward against relu_backward then the plain backward. The inputs
+// carry what the ReLU rules must agree on: NaN, +-0, +-inf in the residual and in relu_out.
+TEST(BatchNormFusedLoops, EqualTheSeparateLoopsBitForBit) {
+  std::mt19937_64 g(31);
+  for (int64_t c : {1, 5, 20, 67}) {
+    SCOPED_TRACE("channels " + std::to_string(c));
+    const int64_t m = 2 * 5 * 7, n = m * c;
+    std::vector<float> x(static_cast<size_t>(n)), res(x.size()), dy(x.size()), relu_out(x.size());
+    fill_uniform(x.data(), n, g, -2.f, 2.f);
+    fill_uniform(res.data(), n, g);
+    fill_uniform(dy.data(), n, g);
+    fill_uniform(relu_out.data(), n, g);
+    const float special[] = {std::numeric_limits<float>::quiet_NaN(), 0.f, -0.f,
+                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+    for (int64_t i = 0; i < n; i += 3) {
+      res[static_cast<size_t>(i)] = special[(i / 3) % 5];
+      relu_out[static_cast<size_t>(i)] = special[(i / 3 + 1) % 5];
+    }
+    std::vector<float> mean(static_cast<size_t>(c)), invstd(mean.size()), gamma(mean.size()), beta(mean.size());
+    fill_uniform(mean.data(), c, g);
+    fill_uniform(invstd.data(), c, g, 0.5f, 2.f);
+    fill_uniform(gamma.data(), c, g, 0.5f, 1.5f);
+    fill_uniform(beta.data(), c, g);
+    // A residual that cancels the normalised value exactly in a few places (sum +0: the ReLU's kink).
+    std::vector<float> plain(x.size());
+    cpu::bn_apply(x.data(), plain.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c, nullptr, false);
+    for (int64_t i = 1; i < n; i += 7) res[static_cast<size_t>(i)] = -plain[static_cast<size_t>(i)];
+
+    for (bool with_res : {false, true})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(with_res ? "residual" : "no residual") + (relu ? " relu" : ""));
+        std::vector<float> fused(x.size(), 7.f), sep(plain);
+        cpu::bn_apply(x.data(), fused.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
+                      with_res ? res.data() : nullptr, relu);
+        if (with_res) cpu::add(plain.data(), res.data(), sep.data(), n);
+        if (relu) cpu::relu_forward(sep.data(), sep.data(), n);
+        EXPECT_TRUE(same_bits(fused.data(), sep.data(), n)) << "forward";
+      }
+
+    std::vector<float> masked(x.size());
+    cpu::relu_backward(relu_out.data(), dy.data(), masked.data(), n);
+    std::vector<double> s1(static_cast<size_t>(2 * c)), s2(s1.size());
+    cpu::bn_backward_sums(x.data(), masked.data(), nullptr, mean.data(), invstd.data(), m, c, s1.data(),
+                          s1.data() + c, nullptr);
+    for (bool store_dz : {false, true}) {
+      std::vector<float> dz(x.size(), 7.f);
+      cpu::bn_backward_sums(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(), m, c, s2.data(),
+                            s2.data() + c, store_dz ? dz.data() : nullptr);
+      EXPECT_EQ(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(double)), 0) << "backward sums";
+      if (store_dz) {
+        EXPECT_TRUE(same_bits(dz.data(), masked.data(), n)) << "dz";
+      }
+    }
+    std::vector<float> dx1(x.size()), dx2(x.size(), 7.f);
+    cpu::bn_backward_apply(x.data(), masked.data(), nullptr, mean.data(), invstd.data(), gamma.data(), s1.data(),
+                           s1.data() + c, 3.0 * m, m, c, dx1.data());
+    cpu::bn_backward_apply(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(), gamma.data(),
+                           s1.data(), s1.data() + c, 3.0 * m, m, c, dx2.data());
+    EXPECT_TRUE(same_bits(dx2.data(), dx1.data(), n)) << "backward apply";
+  }
+}
+
+// The fused BatchNorm2d+ReLU layer equals BatchNorm2d then ReLU bit for bit: outputs, running
+// statistics, input and parameter gradients, in training (with and without a --sync-bn hook) and
+// evaluation; the same parameter names in the same order.
+TEST(BatchNormReluFused, EqualsBatchNormThenReluBitForBit) {
+  for (Mode mode : {Mode::kTrain, Mode::kEval})
+    for (bool sync : {false, true}) {
+      SCOPED_TRACE(std::string(mode == Mode::kTrain ? "train" : "eval") + (sync ? " sync" : ""));
+      const Shape in{5, 4, 6};
+      ParamStore fs, ss;
+      auto fused = make_batchnorm2d_relu();
+      auto bn = make_batchnorm2d();
+      auto relu = make_relu();
+      EXPECT_EQ(fused->kind(), "BatchNorm2d+ReLU");
+      ASSERT_EQ(fused->build(in, fs, "bn"), in);
+      relu->build(bn->build(in, ss, "bn"), ss, "");
+      fs.finalize();
+      ss.finalize();
+      ASSERT_EQ(fs.entries().size(), ss.entries().size());
+      std::mt19937_64 g(41);
+      for (size_t i = 0; i < fs.entries().size(); ++i) {
+        Param& p = fs.entries()[i];
+        ASSERT_EQ(p.name, ss.entries()[i].name);
+        if (p.is_counter) continue;
+        const bool positive = p.name.ends_with("weight") || p.name.ends_with("running_var");
+        fill_uniform(p.value.data(), p.numel(), g, positive ? 0.5f : -0.5f, positive ? 1.5f : 0.5f);
+        std::copy(p.value.data(), p.value.data() + p.numel(), ss.entries()[i].value.data());
+      }
+      int fused_calls = 0, sep_calls = 0;
+      if (sync) {
+        fused->visit([&](Layer& l) { set_batchnorm_sync(l, doubling_hook(fused_calls)); });
+        set_batchnorm_sync(*bn, doubling_hook(sep_calls));
+      }
+      Tensor x = random_tensor({3, 5, 4, 6}, g, -2.f, 2.f), y1, t, y2;
+      for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] += 0.3f * static_cast<float>(i % 6);
+      fused->forward(x, y1, mode);
+      bn->forward(x, t, mode);
+      relu->forward(t, y2, mode);
+      EXPECT_TRUE(same_bits(y1, y2)) << "forward";
+      EXPECT_TRUE(same_bits(fs.buffers(), ss.buffers(), fs.num_buffers())) << "running statistics";
+      int zeros = 0;
+      for (int64_t i = 0; i < y1.numel(); ++i) zeros += y1.data()[i] == 0.f;
+      EXPECT_GT(zeros, y1.numel() / 5);
+      EXPECT_LT(zeros, y1.numel() * 4 / 5);
+
+      Tensor dy = random_tensor(y1.shape(), g), dx1, dr, dx2;
+      BackwardCtx ctx;
+      fused->backward(x, y1, dy, &dx1, ctx);
+      relu->backward(t, y2, dy, &dr, ctx);
+      bn->backward(x, t, dr, &dx2, ctx);
+      EXPECT_TRUE(same_bits(dx1, dx2)) << "input gradient";
+      EXPECT_TRUE(same_bits(fs.grads(), ss.grads(), fs.num_params())) << "gamma and beta gradients";
+      if (sync) {
+        EXPECT_EQ(fused_calls, mode == Mode::kTrain ? 2 : 0);
+        EXPECT_EQ(fused_calls, sep_calls);
+      }
+    }
+}
+
+// ResNet-18 runs every BatchNorm fused (the stem's and each block's bn1 with their ReLU, each
+// bn2 with the join), and --sync-bn's visit reaches all 17.
+TEST(Models, ResNet18FusesEveryBatchNormAndSyncReachesAll) {
+  auto m = make_model("resnet18", 10, cpu_backend(), {8, 8, 1});
+  int fused = 0, plain = 0, relus = 0, calls = 0;
+  m->net().visit([&](Layer& l) {
+    fused += l.kind() == "BatchNorm2d+ReLU";
+    plain += l.kind() == "BatchNorm2d";
+    relus += l.kind() == "ReLU";
+    set_batchnorm_sync(l, doubling_hook(calls));
+  });
+  EXPECT_EQ(fused, 17);
+  EXPECT_EQ(plain, 0);
+  EXPECT_EQ(relus, 0);
+  m->init_parameters("kaiming", 1);
+  std::mt19937_64 g(5);
+  const Tensor x = random_tensor({2, 8, 8, 1}, g);
+  m->forward(x, Mode::kTrain);
+  EXPECT_EQ(calls, 17);
 }
 
 }  // namespace
