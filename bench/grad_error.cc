@@ -90,8 +90,33 @@ bool library_would_use_winograd(const dpt::ConvGeom& g) {
   return g.stride == 1 && g.k == 3 && g.c_in >= 16 && g.c_out >= 16;
 }
 
+// This tool diagnoses float32 activations: the 16-bit forms of its replacement ops refuse.
+[[noreturn]] void refuse_bf16() { DPT_CHECK(false, "grad_error diagnoses float32 activations only"); std::abort(); }
+struct Float32ConvOp : dpt::ConvOp {
+  using BF = dpt::BFloat16;
+  void forward(const dpt::ConvGeom&, const BF*, const float*, const float*, BF*) override { refuse_bf16(); }
+  void backward(const dpt::ConvGeom&, const BF*, const float*, const BF*, BF*, float*, float*, bool) override {
+    refuse_bf16();
+  }
+};
+struct Float32BatchNormOp : dpt::BatchNormOp {
+  using BF = dpt::BFloat16;
+  void forward_train(const BF*, BF*, int64_t, const float*, const float*, float*, float*, float*,
+                     const dpt::ChannelSumFn&, const BF*, bool) override {
+    refuse_bf16();
+  }
+  void forward_eval(const BF*, BF*, int64_t, const float*, const float*, const float*, const float*, const BF*,
+                    bool) override {
+    refuse_bf16();
+  }
+  void backward(const BF*, const BF*, BF*, int64_t, const float*, float*, float*, bool, const dpt::ChannelSumFn&,
+                const BF*, BF*) override {
+    refuse_bf16();
+  }
+};
+
 // ConvPrimitives (oneDNN direct, DPT_WINOGRAD=off) or Winograd, pass by pass.
-class PlannedConv : public dpt::ConvOp {
+class PlannedConv : public Float32ConvOp {
  public:
   explicit PlannedConv(ConvPlan plan) : plan_(plan) {}
   void forward(const dpt::ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
@@ -130,7 +155,7 @@ class PlannedConv : public dpt::ConvOp {
 };
 
 // BatchNorm with every intermediate in double (PyTorch's formulas), rounded to float once.
-class F64BatchNorm : public dpt::BatchNormOp {
+class F64BatchNorm : public Float32BatchNormOp {
  public:
   F64BatchNorm(int64_t c, double momentum, double eps) : c_(c), momentum_(momentum), eps_(eps) {}
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta, float* rm,
@@ -210,7 +235,7 @@ class F64BatchNorm : public dpt::BatchNormOp {
 
 // A BatchNorm op that reports the output of its fused ReLU (BatchNorm2d+ReLU, the residual join)
 // after each forward: the --relu-masks record of the ReLUs the layers no longer call separately.
-class MaskReportingBatchNorm : public dpt::BatchNormOp {
+class MaskReportingBatchNorm : public Float32BatchNormOp {
  public:
   using Report = std::function<void(const float* y, int64_t n)>;
   MaskReportingBatchNorm(std::unique_ptr<dpt::BatchNormOp> op, int64_t c, Report report)
@@ -241,6 +266,7 @@ class MaskReportingBatchNorm : public dpt::BatchNormOp {
 // Everything is the CPU backend's but the convolutions (with a plan) and BatchNorm (with f64).
 // The forwarding overrides take their signatures from backend.h itself (decltype of each member),
 // so this file keeps compiling while that interface changes: one mixin per forwarded operation.
+// An operation with a 16-bit overload names the signature of each form (GE_FORWARD_AS).
 struct ForwardRoot : dpt::Backend {
   explicit ForwardRoot(dpt::Backend& base) : b_(&base) {}
   dpt::Backend& base() const { return *b_; }
@@ -249,37 +275,55 @@ struct ForwardRoot : dpt::Backend {
   void release(void* p) noexcept override { b_->release(p); }
   dpt::Backend* b_;
 };
-#define GE_FORWARD(NAME, PREV)                                                                  \
+#define GE_FORWARD_AS(NAME, TAG, PREV, ...)                                                   \
   template <class Sig>                                                                          \
-  struct Fwd_##NAME;                                                                            \
+  struct Fwd_##TAG;                                                                             \
   template <class R, class... A>                                                                \
-  struct Fwd_##NAME<R (dpt::Backend::*)(A...)> : PREV {                                         \
+  struct Fwd_##TAG<R (dpt::Backend::*)(A...)> : PREV {                                          \
     using PREV::PREV;                                                                           \
     R NAME(A... a) override { return this->base().NAME(a...); }                                \
   };                                                                                            \
-  using F_##NAME = Fwd_##NAME<decltype(&dpt::Backend::NAME)>;
+  using F_##TAG = Fwd_##TAG<__VA_ARGS__>;
+#define GE_FORWARD(NAME, PREV) GE_FORWARD_AS(NAME, NAME, PREV, decltype(&dpt::Backend::NAME))
+using BF = dpt::BFloat16;
+using I = int64_t;
+template <class... A>
+using Op = void (dpt::Backend::*)(A...);
 GE_FORWARD(allocate, ForwardRoot)
 GE_FORWARD(zero, F_allocate)
 GE_FORWARD(copy_to_host, F_zero)
 GE_FORWARD(copy_from_host, F_copy_to_host)
 GE_FORWARD(copy, F_copy_from_host)
-GE_FORWARD(relu_forward, F_copy)
-GE_FORWARD(relu_backward, F_relu_forward)
-GE_FORWARD(add, F_relu_backward)
-GE_FORWARD(avgpool_forward, F_add)
-GE_FORWARD(avgpool_backward, F_avgpool_forward)
-GE_FORWARD(global_avgpool_forward, F_avgpool_backward)
-GE_FORWARD(global_avgpool_backward, F_global_avgpool_forward)
-GE_FORWARD(flatten, F_global_avgpool_backward)
-GE_FORWARD(linear_forward, F_flatten)
-GE_FORWARD(linear_backward, F_linear_forward)
-GE_FORWARD(gather_images, F_linear_backward)
+GE_FORWARD_AS(relu_forward, relu_forward, F_copy, Op<const float*, float*, I>)
+GE_FORWARD_AS(relu_forward, relu_forward16, F_relu_forward, Op<const BF*, BF*, I>)
+GE_FORWARD_AS(relu_backward, relu_backward, F_relu_forward16, Op<const float*, const float*, float*, I>)
+GE_FORWARD_AS(relu_backward, relu_backward16, F_relu_backward, Op<const BF*, const BF*, BF*, I>)
+GE_FORWARD_AS(add, add, F_relu_backward16, Op<const float*, const float*, float*, I, bool>)
+GE_FORWARD_AS(add, add16, F_add, Op<const BF*, const BF*, BF*, I, bool>)
+GE_FORWARD_AS(avgpool_forward, avgpool_forward, F_add16, Op<const float*, float*, I, I, I, I, int, int, bool>)
+GE_FORWARD_AS(avgpool_forward, avgpool_forward16, F_avgpool_forward, Op<const BF*, BF*, I, I, I, I, int, int, bool>)
+GE_FORWARD_AS(avgpool_backward, avgpool_backward, F_avgpool_forward16, Op<const float*, const float*, float*, I, I, I, I, int, int>)
+GE_FORWARD_AS(avgpool_backward, avgpool_backward16, F_avgpool_backward, Op<const BF*, const BF*, BF*, I, I, I, I, int, int>)
+GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward, F_avgpool_backward16, Op<const float*, float*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward16, F_global_avgpool_forward, Op<const BF*, BF*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward, F_global_avgpool_forward16, Op<const float*, float*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward16, F_global_avgpool_backward, Op<const BF*, BF*, I, I, I>)
+GE_FORWARD_AS(flatten, flatten, F_global_avgpool_backward16, Op<const float*, float*, I, I, I, I, bool>)
+GE_FORWARD_AS(flatten, flatten16, F_flatten, Op<const BF*, BF*, I, I, I, I, bool>)
+GE_FORWARD_AS(linear_forward, linear_forward, F_flatten16, Op<const float*, const float*, const float*, float*, I, I, I>)
+GE_FORWARD_AS(linear_forward, linear_forward16, F_linear_forward, Op<const BF*, const float*, const float*, BF*, I, I, I>)
+GE_FORWARD_AS(linear_backward, linear_backward, F_linear_forward16, Op<const float*, const float*, const float*, float*, float*, float*, I, I, I, bool>)
+GE_FORWARD_AS(linear_backward, linear_backward16, F_linear_backward, Op<const BF*, const float*, const BF*, BF*, float*, float*, I, I, I, bool>)
+GE_FORWARD_AS(convert, convert, F_linear_backward16, Op<const float*, BF*, I>)
+GE_FORWARD_AS(convert, convert16, F_convert, Op<const BF*, float*, I>)
+GE_FORWARD(gather_images, F_convert16)
 GE_FORWARD(softmax_xent, F_gather_images)
 GE_FORWARD(store_scalar, F_softmax_xent)
 GE_FORWARD(sgd_update, F_store_scalar)
 GE_FORWARD(sum_squares, F_sgd_update)
 GE_FORWARD(synchronize, F_sum_squares)
 #undef GE_FORWARD
+#undef GE_FORWARD_AS
 
 class DiagnosisBackend : public F_synchronize {
  public:

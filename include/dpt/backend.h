@@ -7,6 +7,13 @@
 // Semantics are the CPU's (src/cpu/ops.h says each one in full): 4-D activations NHWC, weights
 // PyTorch's layout, parameter gradients overwritten or, with `accumulate`, added to. A backend may
 // only queue the work (a GPU stream); host reads go through copy_to_host, which waits.
+//
+// 16-bit activations (--activation-dtype bf16, PyTorch autocast's storage): the operations on
+// activations have a BFloat16 overload. Its rule: every BFloat16 input widened to float (exact),
+// the float operation, every BFloat16 output rounded to nearest even; parameters, their gradients,
+// BatchNorm's statistics and the loss stay float. The CPU does exactly that; a GPU computes it in
+// one pass, with the same bits for the element-wise operations and BatchNorm's apply, and within
+// its float form's accumulation-order differences for the convolutions, GEMMs and reductions.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "dpt/half.h"
 #include "dpt/image_transform.h"
 
 namespace dpt {
@@ -62,6 +70,10 @@ class ConvOp {
   // accumulate.
   virtual void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                         float* db, bool accumulate) = 0;
+  // 16-bit activations: x, y, dy, dx bfloat16; w, b, dw, db float.
+  virtual void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) = 0;
+  virtual void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                        float* dw, float* db, bool accumulate) = 0;
 };
 
 // One per BatchNorm layer over rows of [m, C] (m = N*H*W): it keeps the last forward's mean,
@@ -92,6 +104,16 @@ class BatchNormOp {
   virtual void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
                         float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
                         float* dz_out) = 0;
+  // 16-bit activations: x, y, residual, dy, dx, relu_out and dz_out bfloat16; the rest float.
+  virtual void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
+                             float* running_mean, float* running_var, float* num_batches_tracked,
+                             const ChannelSumFn& sync, const BFloat16* residual, bool relu) = 0;
+  virtual void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
+                            const float* running_mean, const float* running_var, const BFloat16* residual,
+                            bool relu) = 0;
+  virtual void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
+                        float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                        const BFloat16* relu_out, BFloat16* dz_out) = 0;
 };
 
 class Backend {
@@ -151,6 +173,26 @@ class Backend {
   // dx (nullable) = dy W; dW (+)= dy^T x; db (nullable) (+)= sum_n dy.
   virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                                int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
+
+  // ---- 16-bit activations: the operations above on bfloat16 activations (rule at the top) -----
+  // y[i] = bf16(x[i]) to nearest even, and back (exact).
+  virtual void convert(const float* x, BFloat16* y, int64_t n) = 0;
+  virtual void convert(const BFloat16* x, float* y, int64_t n) = 0;
+  virtual void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) = 0;
+  virtual void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) = 0;
+  virtual void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) = 0;
+  virtual void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                               int s, bool relu) = 0;
+  virtual void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h,
+                                int64_t w, int64_t c, int k, int s) = 0;
+  virtual void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) = 0;
+  virtual void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) = 0;
+  virtual void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) = 0;
+  // x, y, dy, dx bfloat16; w, b, dw, db float.
+  virtual void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
+                              int64_t out) = 0;
+  virtual void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                               float* db, int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
 
   // ---- training-step operations --------------------------------------------------------------
   // x[i] = image idx[i] transformed as `spec` says (image_transform.h: crop, flip, / 255,

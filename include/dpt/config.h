@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "dpt/comm.h"
+
 namespace dpt {
 
 struct TrainConfig {
@@ -31,6 +33,10 @@ struct TrainConfig {
   bool tf32 = false;            // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
   bool cuda_graphs = true;      // replay warm steps and evaluations as CUDA graphs (GPU only)
   std::string precision = "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
+  // auto | fp32 | bf16: the element type of activations and their gradients (Model::set_activation_dtype);
+  // auto is fp32 until the GPU's one-pass bf16 kernels are validated on a GPU (then bf16 under
+  // --precision bf16 on CUDA, as PyTorch autocast stores them).
+  std::string activation_dtype = "auto";
   int threads = 1;
   int64_t max_steps = 0;  // 0 = whole epoch
   int64_t eval_batch_size = 1000;
@@ -80,6 +86,8 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
 // Of those, the ones a resumed run may change without changing the trajectory it continues.
 bool may_change_on_resume(const std::string& flag);
+// --activation-dtype resolved: DType::kBF16 or kF32.
+DType activation_dtype(const TrainConfig& cfg);
 
 // Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
 // input errors naming the flag. Returns false when --help was printed (exit 0).

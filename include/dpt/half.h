@@ -10,6 +10,15 @@
 
 namespace dpt {
 
+// A bfloat16 value in memory (16-bit activations, --activation-dtype bf16): its bit pattern, as a
+// type of its own so that the operations' 16-bit overloads (backend.h) are chosen by their pointers
+// and a tensor's element type is checked (tensor.h).
+struct BFloat16 {
+  uint16_t bits;
+};
+static_assert(sizeof(BFloat16) == 2, "BFloat16 is two bytes");
+template <> constexpr DType dtype_of<BFloat16>() { return DType::kBF16; }
+
 // bfloat16: float's top 16 bits, rounded to nearest even; NaN stays NaN (quietened), infinities
 // and overflow become infinities, as in torch.
 inline uint16_t bf16_from_float(float f) {

@@ -170,8 +170,14 @@ class Model {
   // "kaiming" (He-normal weights, zero biases) or "d2l" (N(0, 0.01) weights, zero biases);
   // BatchNorm weight 1, bias 0, running mean 0, running var 1 in both. Host and backend alike.
   void init_parameters(const std::string& scheme, uint64_t seed);
-  // x: {N, H, W, C} in the backend's memory. Returns logits {N, classes} (owned by the model,
-  // valid until next forward); a device backend has only queued the work.
+  // The element type of the activations and of their gradients between the layers: kF32, or kBF16
+  // (16-bit activations, PyTorch autocast's storage): the float input is then rounded to bfloat16
+  // once, the bfloat16 logits widened to float for the loss and its float gradient rounded back;
+  // parameters, their gradients and the BatchNorm statistics stay float either way.
+  void set_activation_dtype(DType dt);
+  DType activation_dtype() const { return act_dtype_; }
+  // x: {N, H, W, C} float in the backend's memory. Returns float logits {N, classes} (owned by the
+  // model, valid until next forward); a device backend has only queued the work.
   const Tensor& forward(const Tensor& x, Mode mode);
   // Backward from dL/dlogits; the input gradient is not computed.
   void backward(const Tensor& dlogits, BackwardCtx& ctx);
@@ -185,8 +191,10 @@ class Model {
   Shape input_shape_;
   int num_classes_;
   ParamStore store_;
-  const Tensor* input_ = nullptr;
+  DType act_dtype_ = DType::kF32;
+  const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)
   Tensor logits_;
+  Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
 };
 
 // "lenet" or "resnet18" (the d2l chapter's models) for inputs of shape `input` {H, W, C} (the

@@ -71,8 +71,10 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 // Rank 0's outputs (--metrics, --save, --report, --trace, --checkpoint-path) absent or regular
 // files it can write, in directories it can write; --resume (not auto) a regular file.
 void check_outputs(const TrainConfig& cfg);
-// Bytes one image costs in a training step and in evaluation, measured on a probe model.
-std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1});
+// Bytes one image costs in a training step and in evaluation, measured on a probe model whose
+// activations are of type `activations`.
+std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1},
+                                          DType activations = DType::kF32);
 // Input error when the batch needs more than `mem` can give (see DeviceMemory).
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
                   const Shape& input = {28, 28, 1});

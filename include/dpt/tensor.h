@@ -1,12 +1,16 @@
-// Tensor: a float array with a shape, either owning storage from a backend (host memory when none
-// is named) or viewing someone else's (parameters are views into a model's flat buffers). 4-D
-// activations are NHWC: {N, H, W, C}. Move-only; storage is released through its backend.
+// Tensor: a float (or, for 16-bit activations, bfloat16) array with a shape, either owning storage
+// from a backend (host memory when none is named) or viewing someone else's (parameters are views
+// into a model's flat buffers). 4-D activations are NHWC: {N, H, W, C}. Move-only; storage is
+// released through its backend.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dpt/comm.h"
+#include "dpt/half.h"
 
 namespace dpt {
 
@@ -21,6 +25,7 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(const Shape& shape) { resize(shape); }
   Tensor(const Shape& shape, Backend* backend) { resize(shape, backend); }
+  Tensor(const Shape& shape, Backend* backend, DType dtype) { resize(shape, backend, dtype); }
   ~Tensor() { release(); }
   Tensor(Tensor&& o) noexcept { *this = std::move(o); }
   Tensor& operator=(Tensor&& o) noexcept;
@@ -32,25 +37,41 @@ class Tensor {
     Tensor t;
     t.data_ = data;
     t.shape_ = shape;
-    t.capacity_ = shape_numel(shape);
+    t.capacity_ = shape_numel(shape) * static_cast<int64_t>(sizeof(float));
     t.backend_ = backend;
     return t;
   }
 
-  // Reshapes; reallocates only when more elements than ever before are needed, so buffers that are
+  // Reshapes; reallocates only when more bytes than ever before are needed, so buffers that are
   // resized every step (activations) allocate once. New storage is zero-filled. With a backend
-  // other than the tensor's own, the storage moves to it (contents are not kept).
+  // other than the tensor's own, the storage moves to it (contents are not kept); with a dtype (kF32
+  // or kBF16) other than its own, the elements are that type from now on (contents meaningless).
   void resize(const Shape& shape);
   void resize(const Shape& shape, Backend* backend);
+  void resize(const Shape& shape, Backend* backend, DType dtype);
   void zero();
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  // The elements as float (a kF32 tensor) or BFloat16 (kBF16): asking for the other type is a
+  // dpt::Error naming both, never a reinterpretation.
+  float* data() { return ptr<float>(); }
+  const float* data() const { return ptr<float>(); }
+  template <typename T>
+  T* ptr() {
+    if (dtype_ != dtype_of<T>()) wrong_dtype(dtype_of<T>());
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* ptr() const {
+    if (dtype_ != dtype_of<T>()) wrong_dtype(dtype_of<T>());
+    return static_cast<const T*>(data_);
+  }
+  DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[static_cast<size_t>(i < 0 ? i + rank() : i)]; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const { return shape_numel(shape_); }
   bool empty() const { return data_ == nullptr; }
+  size_t bytes() const;  // numel() elements of dtype()
   Backend* backend() const { return backend_; }  // null: host memory
   // Bytes of storage all tensors of this process own right now (the memory estimate measures a
   // probe step with it).
@@ -58,11 +79,13 @@ class Tensor {
 
  private:
   void release() noexcept;
-  float* owned_ = nullptr;  // storage this tensor allocated (null for views)
+  [[noreturn]] void wrong_dtype(DType asked) const;
+  void* owned_ = nullptr;  // storage this tensor allocated (null for views)
   int64_t owned_bytes_ = 0;
   Backend* backend_ = nullptr;
-  int64_t capacity_ = 0;
-  float* data_ = nullptr;
+  int64_t capacity_ = 0;  // bytes
+  void* data_ = nullptr;
+  DType dtype_ = DType::kF32;
   Shape shape_;
 };
 

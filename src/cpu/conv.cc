@@ -18,6 +18,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
+#include "cpu/widen.h"
 #include "cpu/winograd.h"
 #include "dpt/error.h"
 
@@ -283,6 +284,18 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
   }
   if (e.bwd_path == 1) backward_gemm(e, g, x, w, dy, dx, dw, db, accumulate);
   else backward_dnnl(e, g, x, w, dy, dx, dw, db, accumulate);
+}
+
+void ConvPrimitives::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+  Widened f;
+  forward(g, f.in(x, g.n * g.h * g.w * g.c_in), w, b, f.out(y, g.n * g.oh() * g.ow() * g.c_out));
+}
+
+void ConvPrimitives::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                              float* dw, float* db, bool accumulate) {
+  Widened f;
+  const int64_t in = g.n * g.h * g.w * g.c_in;
+  backward(g, f.in(x, in), w, f.in(dy, g.n * g.oh() * g.ow() * g.c_out), f.out(dx, in), dw, db, accumulate);
 }
 
 }  // namespace dpt::cpu

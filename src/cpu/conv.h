@@ -26,6 +26,10 @@ class ConvPrimitives : public ConvOp {
   // dx (nullable) = conv_backward_data; dw, db (nullable) = gradients, added to when accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
                 float* dw, float* db, bool accumulate) override;
+  // 16-bit activations: the float forms on widened copies (widen.h).
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                float* db, bool accumulate) override;
 
  private:
   struct Entry;

@@ -19,6 +19,7 @@
 #include "cpu/conv.h"
 #include "cpu/dnnl_util.h"
 #include "cpu/ops.h"
+#include "cpu/widen.h"
 #include "dpt/augment.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
@@ -101,6 +102,30 @@ class CpuBatchNorm : public BatchNormOp {
     }
   }
 
+  // 16-bit activations: the float forms on widened copies (widen.h).
+  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
+                     float* running_mean, float* running_var, float* num_batches_tracked, const ChannelSumFn& sync,
+                     const BFloat16* residual, bool relu) override {
+    Widened f;
+    forward_train(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
+                  num_batches_tracked, sync, f.in(residual, m * c_), relu);
+  }
+  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
+                    const float* running_mean, const float* running_var, const BFloat16* residual,
+                    bool relu) override {
+    Widened f;
+    forward_eval(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
+                 f.in(residual, m * c_), relu);
+  }
+  void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma, float* dgamma,
+                float* dbeta, bool accumulate, const ChannelSumFn& sync, const BFloat16* relu_out,
+                BFloat16* dz_out) override {
+    Widened f;
+    const int64_t n = m * c_;
+    backward(f.in(x, n), f.in(dy, n), f.out(dx, n), m, gamma, dgamma, dbeta, accumulate, sync, f.in(relu_out, n),
+             f.out(dz_out, n));
+  }
+
  private:
   int64_t c_;
   double momentum_, eps_;
@@ -168,6 +193,62 @@ class CpuBackend : public Backend {
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                        int64_t in, int64_t out, bool accumulate) override {
     cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate, gemm());
+  }
+
+  // ---- 16-bit activations: the float forms above on widened copies (widen.h) --------------------
+  // The scalar rounding, not VCVTNEPS2BF16 (which flushes subnormal inputs to zero): the GPU's
+  // __float2bfloat16_rn keeps them, and the two backends must agree bit for bit.
+  void convert(const float* x, BFloat16* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i].bits = bf16_from_float(x[i]);
+  }
+  void convert(const BFloat16* x, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = float_from_bf16(x[i].bits);
+  }
+  void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) override {
+    Widened f;
+    relu_forward(f.in(x, n), f.out(y, n), n);
+  }
+  void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) override {
+    Widened f;
+    relu_backward(f.in(y, n), f.in(dy, n), f.out(dx, n), n);
+  }
+  void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) override {
+    Widened f;
+    add(f.in(a, n), f.in(b, n), f.out(y, n), n, relu);
+  }
+  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                       bool relu) override {
+    Widened f;
+    avgpool_forward(f.in(x, n * h * w * c), f.out(y, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c), n, h, w, c, k,
+                    s, relu);
+  }
+  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s) override {
+    Widened f;
+    avgpool_backward(f.in(dy, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c), f.in(relu_input, n * h * w * c),
+                     f.out(dx, n * h * w * c), n, h, w, c, k, s);
+  }
+  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) override {
+    Widened f;
+    global_avgpool_forward(f.in(x, n * hw * c), f.out(y, n * c), n, hw, c);
+  }
+  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) override {
+    Widened f;
+    global_avgpool_backward(f.in(dy, n * c), f.out(dx, n * hw * c), n, hw, c);
+  }
+  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override {
+    Widened f;
+    flatten(f.in(x, n * h * w * c), f.out(y, n * h * w * c), n, h, w, c, to_chw);
+  }
+  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
+                      int64_t out) override {
+    Widened f;
+    linear_forward(f.in(x, n * in), w, b, f.out(y, n * out), n, in, out);
+  }
+  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw, float* db,
+                       int64_t n, int64_t in, int64_t out, bool accumulate) override {
+    Widened f;
+    linear_backward(f.in(x, n * in), w, f.in(dy, n * out), f.out(dx, n * in), dw, db, n, in, out, accumulate);
   }
 
   void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, const ImageBatchSpec& spec,

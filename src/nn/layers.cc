@@ -1,7 +1,10 @@
 // The layers of include/dpt/nn.h, once for every backend: each public forward/backward checks the
 // shapes it is handed, then calls the backend's operations (backend.h) on the backend memory of its
 // tensors and parameters; each leaf backward ends by announcing its gradients. The backend is the
-// ParamStore's, taken at build().
+// ParamStore's, taken at build(). Activations are float or bfloat16 (Model's activation type): a
+// layer's output, and every gradient it makes, takes its input's element type, and each operation
+// is written once over that type T (on_type).
+#include <type_traits>
 #include <vector>
 
 #include "dpt/backend.h"
@@ -12,6 +15,17 @@
 namespace dpt {
 
 namespace {
+
+// Calls f with a null T* for the element type `dt` holds (float or BFloat16), so that a layer's
+// calls are written once, as a generic lambda over T, and the backend's overload is chosen by type.
+template <typename F>
+void on_type(DType dt, F&& f) {
+  if (dt == DType::kBF16)
+    f(static_cast<BFloat16*>(nullptr));
+  else
+    f(static_cast<float*>(nullptr));
+}
+#define DPT_ELEMENT(tag) std::remove_pointer_t<decltype(tag)>
 
 std::string join(const std::string& prefix, const std::string& name) {
   if (prefix.empty()) return name;
@@ -34,11 +48,13 @@ class Leaf : public Layer {
     DPT_CHECK(ok, kind() << ": input " << shape_str(x.shape()) << " does not match built shape [N, "
                          << shape_str(in_) << "]");
   }
-  void output(Tensor& y, const Shape& shape) const { y.resize(shape, be_); }
-  float* prepare_dx(Tensor* dx, const Tensor& x) const {
+  // y: `shape`, in the backend's memory, of x's element type.
+  void output(Tensor& y, const Shape& shape, const Tensor& x) const { y.resize(shape, be_, x.dtype()); }
+  template <typename T>
+  T* prepare_dx(Tensor* dx, const Tensor& x) const {
     if (!dx) return nullptr;
-    dx->resize(x.shape(), be_);
-    return dx->data();
+    dx->resize(x.shape(), be_, x.dtype());
+    return dx->ptr<T>();
   }
   static float* value(Param* p) { return p ? p->device_value : nullptr; }
   static float* grad(Param* p) { return p ? p->device_grad : nullptr; }
@@ -66,14 +82,21 @@ class Conv2d : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     geom_.n = x.dim(0);
-    output(y, {geom_.n, geom_.oh(), geom_.ow(), out_});
-    op_->forward(geom_, x.data(), value(w_), value(b_), y.data());
+    output(y, {geom_.n, geom_.oh(), geom_.ow(), out_}, x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      op_->forward(geom_, x.ptr<T>(), value(w_), value(b_), y.ptr<T>());
+    });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
     check_input(x);
     geom_.n = x.dim(0);
-    op_->backward(geom_, x.data(), value(w_), dy.data(), prepare_dx(dx, x), grad(w_), grad(b_), ctx.accumulate);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      op_->backward(geom_, x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_),
+                    ctx.accumulate);
+    });
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
 
@@ -114,14 +137,17 @@ class BatchNorm2d : public Leaf {
     DPT_CHECK(!residual || residual->shape() == x.shape(),
               kind() << ": residual " << shape_str(residual->shape()) << " != input " << shape_str(x.shape()));
     const int64_t m = x.numel() / in_[2];
-    const float* r = residual ? residual->data() : nullptr;
-    output(y, x.shape());
-    if (mode == Mode::kTrain)
-      op_->forward_train(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
-                         value(running_var_), value(num_batches_), sync_, r, relu_);
-    else
-      op_->forward_eval(x.data(), y.data(), m, value(gamma_), value(beta_), value(running_mean_),
-                        value(running_var_), r, relu_);
+    output(y, x.shape(), x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      const T* r = residual ? residual->ptr<T>() : nullptr;
+      if (mode == Mode::kTrain)
+        op_->forward_train(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_), value(running_mean_),
+                           value(running_var_), value(num_batches_), sync_, r, relu_);
+      else
+        op_->forward_eval(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_), value(running_mean_),
+                          value(running_var_), r, relu_);
+    });
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
@@ -135,9 +161,12 @@ class BatchNorm2d : public Leaf {
                      bool accumulate) {
     check_input(x);
     const int64_t m = x.numel() / in_[2];
-    if (dz) output(*dz, y.shape());
-    op_->backward(x.data(), dy.data(), prepare_dx(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
-                  accumulate, sync_, relu_ ? y.data() : nullptr, dz ? dz->data() : nullptr);
+    if (dz) output(*dz, y.shape(), x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      op_->backward(x.ptr<T>(), dy.ptr<T>(), prepare_dx<T>(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
+                    accumulate, sync_, relu_ ? y.ptr<T>() : nullptr, dz ? dz->ptr<T>() : nullptr);
+    });
   }
   void announce(const BackwardCtx& ctx) const { ctx.ready({gamma_, beta_}); }
   void set_sync(const ChannelSumFn& fn) { sync_ = fn; }
@@ -160,12 +189,18 @@ class ReLU : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
-    output(y, x.shape());
-    be_->relu_forward(x.data(), y.data(), x.numel());
+    output(y, x.shape(), x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->relu_forward(x.ptr<T>(), y.ptr<T>(), x.numel());
+    });
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (float* d = prepare_dx(dx, x)) be_->relu_backward(y.data(), dy.data(), d, x.numel());
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      if (T* d = prepare_dx<T>(dx, x)) be_->relu_backward(y.ptr<T>(), dy.ptr<T>(), d, x.numel());
+    });
   }
 };
 
@@ -185,13 +220,20 @@ class AvgPool2d : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
-    output(y, {x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]});
-    be_->avgpool_forward(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], k_, s_, relu_);
+    output(y, {x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]}, x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->avgpool_forward(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0], in_[1], in_[2], k_, s_, relu_);
+    });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (float* d = prepare_dx(dx, x))
-      be_->avgpool_backward(dy.data(), relu_ ? x.data() : nullptr, d, x.dim(0), in_[0], in_[1], in_[2], k_, s_);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      if (T* d = prepare_dx<T>(dx, x))
+        be_->avgpool_backward(dy.ptr<T>(), relu_ ? x.ptr<T>() : nullptr, d, x.dim(0), in_[0], in_[1], in_[2], k_,
+                              s_);
+    });
   }
 
  private:
@@ -209,12 +251,19 @@ class GlobalAvgPool : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
-    output(y, {x.dim(0), in_[2]});
-    be_->global_avgpool_forward(x.data(), y.data(), x.dim(0), in_[0] * in_[1], in_[2]);
+    output(y, {x.dim(0), in_[2]}, x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->global_avgpool_forward(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0] * in_[1], in_[2]);
+    });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (float* d = prepare_dx(dx, x)) be_->global_avgpool_backward(dy.data(), d, x.dim(0), in_[0] * in_[1], in_[2]);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      if (T* d = prepare_dx<T>(dx, x))
+        be_->global_avgpool_backward(dy.ptr<T>(), d, x.dim(0), in_[0] * in_[1], in_[2]);
+    });
   }
 };
 
@@ -229,12 +278,18 @@ class Flatten : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
-    output(y, {x.dim(0), in_[0] * in_[1] * in_[2]});
-    be_->flatten(x.data(), y.data(), x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/true);
+    output(y, {x.dim(0), in_[0] * in_[1] * in_[2]}, x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->flatten(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/true);
+    });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    if (float* d = prepare_dx(dx, x)) be_->flatten(dy.data(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      if (T* d = prepare_dx<T>(dx, x)) be_->flatten(dy.ptr<T>(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
+    });
   }
 };
 
@@ -251,14 +306,20 @@ class Linear : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
-    output(y, {x.dim(0), out_});
-    be_->linear_forward(x.data(), value(w_), value(b_), y.data(), x.dim(0), in_[0], out_);
+    output(y, {x.dim(0), out_}, x);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->linear_forward(x.ptr<T>(), value(w_), value(b_), y.ptr<T>(), x.dim(0), in_[0], out_);
+    });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
     check_input(x);
-    be_->linear_backward(x.data(), value(w_), dy.data(), prepare_dx(dx, x), grad(w_), grad(b_), x.dim(0), in_[0],
-                         out_, ctx.accumulate);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      be_->linear_backward(x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_), x.dim(0),
+                           in_[0], out_, ctx.accumulate);
+    });
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
 
@@ -321,8 +382,11 @@ class Residual : public Leaf {
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
     main_.backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
-    if (float* d = prepare_dx(dx, x))
-      be_->add(dmain_.data(), shortcut_ ? dskip_.data() : dz_.data(), d, dx->numel(), /*relu=*/false);
+    on_type(x.dtype(), [&](auto* t) {
+      using T = DPT_ELEMENT(t);
+      if (T* d = prepare_dx<T>(dx, x))
+        be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(), /*relu=*/false);
+    });
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);

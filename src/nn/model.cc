@@ -153,14 +153,32 @@ void Model::init_parameters(const std::string& scheme, uint64_t seed) {
   store_.from_host();
 }
 
+void Model::set_activation_dtype(DType dt) {
+  DPT_CHECK(dt == DType::kF32 || dt == DType::kBF16, name_ << ": activations are float32 or bfloat16");
+  act_dtype_ = dt;
+  input_ = nullptr;
+}
+
 const Tensor& Model::forward(const Tensor& x, Mode mode) {
   DPT_CHECK(x.rank() == 4 && Shape(x.shape().begin() + 1, x.shape().end()) == input_shape_,
             name_ << ": input " << shape_str(x.shape()) << " is not [N, " << shape_str(input_shape_)
                   << "]");
   DPT_CHECK(x.backend() == &store_.backend() || (x.backend() == nullptr && store_.backend().host_memory()),
             name_ << ": input tensor is not in " << store_.backend().name() << " memory");
-  input_ = &x;
-  net_->forward(x, logits_, mode);
+  if (act_dtype_ == DType::kF32) {
+    input_ = &x;
+    net_->forward(x, logits_, mode);
+    return logits_;
+  }
+  // 16-bit activations: the net runs between a bfloat16 copy of the input and bfloat16 logits,
+  // widened for the loss (autocast's casts at the same two places).
+  Backend& be = store_.backend();
+  input16_.resize(x.shape(), &be, DType::kBF16);
+  be.convert(x.data(), input16_.ptr<BFloat16>(), x.numel());
+  input_ = &input16_;
+  net_->forward(input16_, logits16_, mode);
+  logits_.resize(logits16_.shape(), &be, DType::kF32);
+  be.convert(logits16_.ptr<BFloat16>(), logits_.data(), logits_.numel());
   return logits_;
 }
 
@@ -168,7 +186,14 @@ void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
   DPT_CHECK(input_ != nullptr, "backward before forward");
   DPT_CHECK(dlogits.shape() == logits_.shape(), "dlogits " << shape_str(dlogits.shape())
                                                            << " != logits " << shape_str(logits_.shape()));
-  net_->backward(*input_, logits_, dlogits, nullptr, ctx);
+  if (act_dtype_ == DType::kF32) {
+    net_->backward(*input_, logits_, dlogits, nullptr, ctx);
+    return;
+  }
+  Backend& be = store_.backend();
+  dlogits16_.resize(dlogits.shape(), &be, DType::kBF16);
+  be.convert(dlogits.data(), dlogits16_.ptr<BFloat16>(), dlogits.numel());
+  net_->backward(*input_, logits16_, dlogits16_, nullptr, ctx);
 }
 
 std::string Model::signature() const {

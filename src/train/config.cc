@@ -129,6 +129,10 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
                   "AVX512-BF16 or AMX-BF16) or TF32 (GPU) operands, fp32 accumulation; master weights, the "
                   "gradient buffers, the optimizer and the all-reduce stay fp32",
      cxxopts::value<std::string>()->default_value(d.precision))
+    ("activation-dtype", "auto | fp32 | bf16: the type activations and their gradients are stored in between "
+                         "layers (bf16: rounded to bfloat16 after every layer, as PyTorch autocast stores them; "
+                         "parameters, gradients, BatchNorm statistics and the loss stay fp32); auto is fp32 for now",
+     cxxopts::value<std::string>()->default_value(d.activation_dtype))
     ("no-cuda-graphs", "On the GPU, launch every kernel of every step instead of replaying warm steps and "
                        "evaluations as CUDA graphs (same results; for profiling)")
     ("threads", "Compute threads per rank", cxxopts::value<int>()->default_value(s(d.threads)))
@@ -245,6 +249,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     cfg->tf32 = r.count("tf32") > 0;
     cfg->cuda_graphs = r.count("no-cuda-graphs") == 0;
     cfg->precision = flag<std::string>(r, "precision");
+    cfg->activation_dtype = flag<std::string>(r, "activation-dtype");
     cfg->threads = flag<int>(r, "threads");
     cfg->max_steps = flag<int64_t>(r, "max-steps");
     cfg->eval_batch_size = flag<int64_t>(r, "eval-batch-size");
@@ -315,6 +320,8 @@ void validate_config(const TrainConfig& c, int world) {
                   "--device: '" << c.device << "' is not auto|cpu|cuda");
   DPT_INPUT_CHECK(c.precision == "fp32" || c.precision == "bf16",
                   "--precision: '" << c.precision << "' is not fp32|bf16");
+  DPT_INPUT_CHECK(c.activation_dtype == "auto" || c.activation_dtype == "fp32" || c.activation_dtype == "bf16",
+                  "--activation-dtype: '" << c.activation_dtype << "' is not auto|fp32|bf16");
   {
     const auto formats = data_formats();
     std::string all;
@@ -360,7 +367,7 @@ std::string TrainConfig::to_json() const {
                       {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
                       {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
                       {"data_format", data_format}, {"normalize", normalize}, {"augment", augment},
-                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"threads", threads}, {"max_steps", max_steps},
+                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"activation_dtype", activation_dtype}, {"threads", threads}, {"max_steps", max_steps},
                       {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
                       {"checkpoint_every", checkpoint_every},
                       {"checkpoint_every_steps", checkpoint_every_steps}, {"checkpoint_every_minutes", checkpoint_every_minutes},
@@ -388,7 +395,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
   static const char* const kKeys[] = {
       "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
-      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision",
+      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision", "activation_dtype",
       "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb", "grad_dtype",
       "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
       "nonfinite", "nonfinite_max_skips", "data_format", "normalize", "augment"};
@@ -409,6 +416,10 @@ bool may_change_on_resume(const std::string& flag) {
                                       "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb", "--nonfinite",
                                       "--nonfinite-max-skips"};
   return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
+}
+
+DType activation_dtype(const TrainConfig& cfg) {
+  return cfg.activation_dtype == "bf16" ? DType::kBF16 : DType::kF32;
 }
 
 std::string TrainConfig::to_text() const {
