@@ -179,7 +179,7 @@ void Tensor::resize(const Shape& shape) {
     owned_ = p;
     owned_bytes_ = static_cast<int64_t>(bytes);
     g_live_bytes.fetch_add(owned_bytes_, std::memory_order_relaxed);
-    capacity_ = need;
+    capacity_ = static_cast<int64_t>(bytes);  // all of it: a later dtype or shape may use the rounding
     data_ = p;
   }
   shape_ = shape;

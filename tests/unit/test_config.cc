@@ -64,7 +64,7 @@ TEST(Config, HelpShowsDefaults) {
                            "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
                            "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
                            "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32",
-                           "--no-cuda-graphs", "--precision", "--allow-config-change"})
+                           "--no-cuda-graphs", "--precision", "--activation-dtype", "--allow-config-change"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
@@ -100,6 +100,24 @@ TEST(Config, PrecisionIsFp32UnlessBf16IsAsked) {
   EXPECT_EQ(input_error_of({"--precision", "fp16"}, &msg), 2);
   EXPECT_NE(msg.find("--precision: 'fp16' is not fp32|bf16"), std::string::npos) << msg;
   EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // the pre-flight checks the CPU
+}
+
+TEST(Config, ActivationDtypeIsFp32UnlessBf16IsAsked) {
+  EXPECT_EQ(parse({}).activation_dtype, "auto");
+  EXPECT_EQ(activation_dtype(parse({})), DType::kF32);
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"})), DType::kF32);  // auto: fp32 until the GPU is validated
+  EXPECT_EQ(activation_dtype(parse({"--activation-dtype", "fp32"})), DType::kF32);
+  TrainConfig b = parse({"--activation-dtype", "bf16"});
+  EXPECT_EQ(activation_dtype(b), DType::kBF16);
+  EXPECT_NE(b.to_json().find("\"activation_dtype\":\"bf16\""), std::string::npos) << b.to_json();
+  std::string msg;
+  EXPECT_EQ(input_error_of({"--activation-dtype", "fp16"}, &msg), 2);
+  EXPECT_NE(msg.find("--activation-dtype: 'fp16' is not auto|fp32|bf16"), std::string::npos) << msg;
+  // Ranks must agree on it, and a resumed run may not change it silently: it changes the results.
+  bool listed = false;
+  for (const auto& [flag, value] : agreed_values(b)) listed |= flag == "--activation-dtype" && value == "\"bf16\"";
+  EXPECT_TRUE(listed);
+  EXPECT_FALSE(may_change_on_resume("--activation-dtype"));
 }
 
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {

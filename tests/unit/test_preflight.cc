@@ -284,6 +284,21 @@ TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
   EXPECT_EQ(again.second, le);
 }
 
+// With 16-bit activations every activation and activation gradient takes two bytes instead of
+// four; the float input (the probe's own x), the float logits and their gradient stay: the bytes
+// per image fall to about half, and by far less than the float parts could explain.
+TEST(BytesPerImage, Bf16ActivationsHalveThem) {
+  for (const char* model : {"lenet", "resnet18"}) {
+    SCOPED_TRACE(model);
+    const auto f32 = bytes_per_image(model, 10, {28, 28, 1}, DType::kF32);
+    const auto b16 = bytes_per_image(model, 10, {28, 28, 1}, DType::kBF16);
+    EXPECT_GT(b16.first / f32.first, 0.45);
+    EXPECT_LT(b16.first / f32.first, 0.6);
+    EXPECT_GT(b16.second / f32.second, 0.45);
+    EXPECT_LT(b16.second / f32.second, 0.6);
+  }
+}
+
 // Images above 32x32 are probed at 32x32 and scaled by the area. The scaling is what the probe
 // measures below that size: ResNet-18's bytes per image grow with H x W (16x16 -> 32x32: 4x).
 TEST(CheckMemory, BytesPerImageGrowWithTheImageArea) {
