@@ -3,7 +3,8 @@
 # kept, named by step; --resume auto takes the newest valid one by the step it records (not by its
 # name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
 # a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
-# where an uninterrupted one ends. Usage: test_checkpoints.sh path/to/dptrain
+# where an uninterrupted one ends, with float and with 16-bit activations. Usage: test_checkpoints.sh
+# path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 mpi+=(-np 2)
@@ -29,6 +30,19 @@ run b.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-check
 grep -q "resumed from auto/ck.step1.st at epoch 3, step 4 (global step 14)" b.log \
   || fail "did not resume from the file recording step 14: $(grep -i resum b.log)"
 same_tensors full.st resumed.st || fail "the auto-resumed run does not end where the uninterrupted one ends"
+
+echo "== 16-bit activations (--activation-dtype bf16): resumed bit for bit; resumed as fp32: refused"
+b16=(--epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 --activation-dtype bf16)
+mkdir b16
+run h.log "${mpi[@]}" "$bin" "${b16[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path b16/ck.st \
+  --save full16.st || fail "the bf16-activation run failed: $(tail -2 h.log)"
+run i.log "${mpi[@]}" "$bin" "${b16[@]}" --resume b16/ck.step4.st --save resumed16.st \
+  || fail "the bf16-activation resume failed: $(tail -2 i.log)"
+same_tensors full16.st resumed16.st || fail "the resumed bf16-activation run does not end where the uninterrupted one ends"
+run j.log "${mpi[@]}" "$bin" "${b16[@]:0:8}" --activation-dtype fp32 --save float.st || fail "the float run failed"
+same_tensors float.st full16.st >/dev/null 2>&1 && fail "bf16 activations gave the float run's bits: nothing was rounded"
+expect 2 "--activation-dtype \"bf16\" -> \"fp32\"" -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 \
+  --activation-dtype fp32 --resume b16/ck.step4.st
 
 echo "== a corrupt newest checkpoint falls back to the one before"
 mkdir bad && cp run/ck.step12.st bad/ck.step12.st
