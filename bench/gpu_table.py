@@ -21,7 +21,8 @@ import sys
 
 PRECISIONS = ["fp32", "tf32", "bf16"]
 CONFIGS = ["eager", "tuned", "compile", "compile-nocg"]   # bench/torch_ref.py --config
-DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs"}         # run-name part -> the dptrain flag it stands for
+# run-name part -> the dptrain flag it stands for (device_run.sh's bench and bench16 names)
+DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs", "act16": "--activation-dtype bf16", "graph": "DPT_CUDNN_API=graph"}
 SKIPPED_CUDAGRAPHS = re.compile(r"skipping cudagraphs due to (.*?)(?:\. Found from.*)?$")
 
 

@@ -6,12 +6,14 @@
 # gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
 #        torchcompile_lenet[_P] torchcompile_resnet18_P (P: fp32, tf32 or bf16; none: all three)
-#        reducer2 convbench graphconv graphsmoke graphbench (default: all but bench, torchcompile_*, reducer2, convbench
-#        and graph*; graph* check cuDNN's graph-API convolutions: suite 300 s, smoke 120 s, table 400 s; bench trains LeNet and ResNet-18 for timing;
+#        reducer2 convbench graphconv graphsmoke graphbench bench16 (default: all but bench, bench16, torchcompile_*,
+#        reducer2, convbench and graph*; graph* check cuDNN's graph-API convolutions: suite 300 s, smoke 120 s, table
+#        400 s; bench trains LeNet and ResNet-18 for timing; bench16 the same in bf16 with 16-bit activations
+#        (--activation-dtype bf16), on the legacy and the graph API, under the bench budget, for the same table;
 #        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
 #        one GPU, 90 s); convbench times a ResNet-18 step's convolutions per geometry in fp32,
 #        tf32 and bf16 (bench/gpu_conv_bench). Step limits add up to 570 s for "env smoke backend
-#        kernels ops nccl model" and 240 s for "cli", so each group fits one 600 s device call.
+#        kernels ops nccl model" and 360 s for "cli", so each group fits one 600 s device call.
 #        bench and torchcompile_* (bench/gpu_table.py's table: dptrain against the fastest of
 #        bench/torch_ref.py's --config runs and against its eager default) are bounded together
 #        instead: each step's limit is cut to what is left of 560 s from this script's start
@@ -124,7 +126,7 @@ for s in "${steps[@]}"; do
     nccl) step nccl 60 test_gpu_nccl ;;
     reducer2) step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*' ;;
     model) step model 210 test_gpu_model ;;
-    cli) step cli 240 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
+    cli) step cli 360 bash tests/gpu/test_dptrain_gpu.sh /opt/dpt/bin/dptrain ;;
     convbench) step convbench 120 gpu_conv_bench --model resnet18 --batch 256 --steps 10 ;;
     # cuDNN's graph API (DPT_CUDNN_API=graph, not yet the default): its suite, a 3-step ResNet-18
     # run with the chosen plans logged, and the per-layer table against the legacy API.
@@ -133,6 +135,17 @@ for s in "${steps[@]}"; do
       --max-steps 3 --eval-every 0 --data "$data" --log-level debug ;;
     graphbench) step graphbench 400 gpu_conv_bench --model resnet18 --batch 256 --steps 10 \
       --modes fp32,tf32,bf16io --api legacy,graph ;;
+    bench16)  # --precision bf16 with 16-bit activations, legacy and graph API: rows beside bench's in gpu_table.md
+      d2l=(--recipe d2l --data "$data" --progress off --precision bf16 --activation-dtype bf16)
+      m() { echo --metrics "$logs/$1.jsonl"; }
+      for model in lenet resnet18; do
+        e=$([[ $model == lenet ]] && echo 10 || echo 3)
+        bstep bench_${model}_act16_bf16 60 dptrain --device cuda --model $model --epochs $e "${d2l[@]}" \
+          $(m bench_${model}_act16_bf16)
+        bstep bench_${model}_graph_act16_bf16 90 env DPT_CUDNN_API=graph dptrain --device cuda --model $model \
+          --epochs $e "${d2l[@]}" --log-level debug $(m bench_${model}_graph_act16_bf16)
+      done
+      gpu_table ;;
     bench)  # the d2l recipes: dptrain, then PyTorch eager and tuned on the same GPU (bench/torch_ref.py)
       d2l=(--recipe d2l --data "$data" --progress off)
       # dptrain's epoch records go to NAME.jsonl; bench/gpu_table.py reads the precision from the
