@@ -116,6 +116,16 @@ class TimedConv : public dpt::ConvOp {
     }
     if (*on_) add(g, ms, false);
   }
+  // 16-bit activations (a model with --activation-dtype bf16): the layer's own bf16 path, timed.
+  void forward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const float* b, dpt::BFloat16* y) override {
+    const double ms = time([&] { inner_->forward(g, x, w, b, y); });
+    if (*on_) add(g, ms, true);
+  }
+  void backward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const dpt::BFloat16* dy, dpt::BFloat16* dx,
+                float* dw, float* db, bool accumulate) override {
+    const double ms = time([&] { inner_->backward(g, x, w, dy, dx, dw, db, accumulate); });
+    if (*on_) add(g, ms, false);
+  }
 
  private:
   static __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }

@@ -1,10 +1,12 @@
 // BatchNorm kernels and their launchers (see batchnorm.cuh): the sums use the fixed-order double
 // reduction of channel_reduce.cuh, the statistics one thread per channel, the element-wise passes
-// 32 channels x 8 rows per block.
+// 32 channels x 8 rows per block. The passes over activations are templated on their element type
+// (storage.cuh: fp32 or bf16), so both forms are one code.
 #include "batchnorm.cuh"
 #include "channel_reduce.cuh"
 #include "launch_util.cuh"
 #include "relu.cuh"
+#include "storage.cuh"
 
 namespace dpt::cuda {
 
@@ -12,11 +14,12 @@ namespace dpt::cuda {
 // BatchNorm forward sums: the fixed-order double reduction of channel_reduce.cuh.
 
 namespace {
+template <typename T>
 struct SumsTerm {
-  const float* x;
+  const T* x;
   int64_t c;
   __device__ void operator()(int64_t r, int64_t ch, double* acc) const {
-    const double v = x[r * c + ch];
+    const double v = widen(x[r * c + ch]);
     acc[0] += v;
     acc[1] += v * v;
   }
@@ -34,10 +37,21 @@ struct SumsOut {
 
 int64_t bn_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elems(m, c, 2); }
 
+template <typename T>
+static cudaError_t bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
+                           double* scratch, cudaStream_t stream) {
+  return launch_channel_reduce<2>(m, c, SumsTerm<T>{x, c}, SumsOut{sum, sumsq, count, static_cast<double>(m)},
+                                  scratch, stream);
+}
+
 cudaError_t launch_bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
                            double* scratch, cudaStream_t stream) {
-  return launch_channel_reduce<2>(m, c, SumsTerm{x, c}, SumsOut{sum, sumsq, count, static_cast<double>(m)},
-                                  scratch, stream);
+  return bn_sums(x, m, c, sum, sumsq, count, scratch, stream);
+}
+
+cudaError_t launch_bn_sums(const uint16_t* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
+                           double* scratch, cudaStream_t stream) {
+  return bn_sums(as_bf16(x), m, c, sum, sumsq, count, scratch, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -93,11 +107,11 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 // BatchNorm apply: 32 channels x 8 rows per block, the channel's scale and shift in registers; one
 // instantiation per epilogue (residual add, ReLU), so the plain form keeps its own kernel.
 
-template <bool kResidual, bool kRelu>
-static __global__ void bn_apply_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                       const float* __restrict__ mean, const float* __restrict__ invstd,
-                                       const float* __restrict__ gamma, const float* __restrict__ beta,
-                                       const float* __restrict__ residual, int64_t m, int64_t c) {
+template <typename T, bool kResidual, bool kRelu>
+static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ mean,
+                                       const float* __restrict__ invstd, const float* __restrict__ gamma,
+                                       const float* __restrict__ beta, const T* __restrict__ residual, int64_t m,
+                                       int64_t c) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
   const float scale = gamma[ch] * invstd[ch];
@@ -105,24 +119,37 @@ static __global__ void bn_apply_kernel(const float* __restrict__ x, float* __res
   for (int64_t r = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y; r < m;
        r += static_cast<int64_t>(gridDim.y) * kReduceRowLanes) {
     // The value the unfused kernel stored (its expression, so nvcc contracts it the same way),
-    // then add_kernel's sum, then the ReLU.
-    float v = x[r * c + ch] * scale + shift;
-    if (kResidual) v = v + residual[r * c + ch];
+    // then add_kernel's sum, then the ReLU; one rounding at the end (a bf16 y).
+    float v = widen(x[r * c + ch]) * scale + shift;
+    if (kResidual) v = v + widen(residual[r * c + ch]);
     if (kRelu) v = relu_value(v);
-    y[r * c + ch] = v;
+    store(v, y[r * c + ch]);
   }
+}
+
+template <typename T>
+static cudaError_t bn_apply(const T* x, T* y, const float* mean, const float* invstd, const float* gamma,
+                            const float* beta, int64_t m, int64_t c, const T* residual, bool relu,
+                            cudaStream_t stream) {
+  if (m <= 0 || c <= 0) return cudaSuccess;
+  if (c > kMaxChannels) return cudaErrorInvalidValue;
+  const dim3 grid = rows_grid(m, c), block(kReduceLanes, kReduceRowLanes);
+  auto* kernel = residual ? (relu ? bn_apply_kernel<T, true, true> : bn_apply_kernel<T, true, false>)
+                          : (relu ? bn_apply_kernel<T, false, true> : bn_apply_kernel<T, false, false>);
+  kernel<<<grid, block, 0, stream>>>(x, y, mean, invstd, gamma, beta, residual, m, c);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
                             const float* beta, int64_t m, int64_t c, const float* residual, bool relu,
                             cudaStream_t stream) {
-  if (m <= 0 || c <= 0) return cudaSuccess;
-  if (c > kMaxChannels) return cudaErrorInvalidValue;
-  const dim3 grid = rows_grid(m, c), block(kReduceLanes, kReduceRowLanes);
-  auto* kernel = residual ? (relu ? bn_apply_kernel<true, true> : bn_apply_kernel<true, false>)
-                          : (relu ? bn_apply_kernel<false, true> : bn_apply_kernel<false, false>);
-  kernel<<<grid, block, 0, stream>>>(x, y, mean, invstd, gamma, beta, residual, m, c);
-  return cudaGetLastError();
+  return bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu, stream);
+}
+
+cudaError_t launch_bn_apply(const uint16_t* x, uint16_t* y, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, int64_t m, int64_t c, const uint16_t* residual,
+                            bool relu, cudaStream_t stream) {
+  return bn_apply(as_bf16(x), as_bf16(y), mean, invstd, gamma, beta, m, c, as_bf16(residual), relu, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -130,16 +157,19 @@ cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const f
 
 namespace {
 // Each (row, channel) is visited once, so the masked gradient can be stored (dz) as it is summed.
+// (g is dy or 0, so a bf16 dz holds it exactly.)
+template <typename T>
 struct BackwardTerm {
-  const float *x, *dy, *relu_out, *mean, *invstd;
-  float* dz;
+  const T *x, *dy, *relu_out;
+  const float *mean, *invstd;
+  T* dz;
   int64_t c;
   __device__ void operator()(int64_t r, int64_t ch, double* acc) const {
     const int64_t i = r * c + ch;
-    const float g = relu_out ? relu_grad(relu_out[i], dy[i]) : dy[i];
-    if (dz) dz[i] = g;
+    const float g = relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]);
+    if (dz) store(g, dz[i]);
     acc[0] += g;
-    acc[1] += static_cast<double>(g) * ((x[i] - mean[ch]) * invstd[ch]);
+    acc[1] += static_cast<double>(g) * ((widen(x[i]) - mean[ch]) * invstd[ch]);
   }
 };
 struct BackwardOut {
@@ -157,34 +187,52 @@ struct BackwardOut {
 
 int64_t bn_backward_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elems(m, c, 2); }
 
+template <typename T>
+static cudaError_t bn_backward_sums(const T* x, const T* dy, const T* relu_out, const float* mean,
+                                   const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
+                                   float* dgamma, float* dbeta, bool accumulate, T* dz, double* scratch,
+                                   cudaStream_t stream) {
+  return launch_channel_reduce<2>(m, c, BackwardTerm<T>{x, dy, relu_out, mean, invstd, dz, c},
+                                  BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate}, scratch, stream);
+}
+
 cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
                                     const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
                                     float* dgamma, float* dbeta, bool accumulate, float* dz, double* scratch,
                                     cudaStream_t stream) {
-  return launch_channel_reduce<2>(m, c, BackwardTerm{x, dy, relu_out, mean, invstd, dz, c},
-                                  BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate}, scratch, stream);
+  return bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate, dz,
+                          scratch, stream);
+}
+
+cudaError_t launch_bn_backward_sums(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
+                                    const float* mean, const float* invstd, int64_t m, int64_t c, double* sum_dy,
+                                    double* sum_dy_xhat, float* dgamma, float* dbeta, bool accumulate, uint16_t* dz,
+                                    double* scratch, cudaStream_t stream) {
+  return bn_backward_sums(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, m, c, sum_dy, sum_dy_xhat,
+                          dgamma, dbeta, accumulate, as_bf16(dz), scratch, stream);
 }
 
 // ----------------------------------------------------------------------------
 // BatchNorm backward apply: 32 channels x 8 rows per block, per-channel coefficients in registers.
 
-static __global__ void bn_backward_apply_kernel(const float* __restrict__ x, const float* __restrict__ dy,
-                                                const float* __restrict__ relu_out,
+template <typename T>
+static __global__ void bn_backward_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                                const T* __restrict__ relu_out,
                                                 const float* __restrict__ mean, const float* __restrict__ invstd,
                                                 const float* __restrict__ gamma,
                                                 const double* __restrict__ sum_dy,
                                                 const double* __restrict__ sum_dy_xhat,
                                                 const double* __restrict__ count_p, int64_t m, int64_t c,
-                                                float* __restrict__ dx) {
+                                                T* __restrict__ dx) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
   const float a = gamma[ch] * invstd[ch];
   const int64_t r0 = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kReduceRowLanes;
   // The gradient BatchNorm takes: dy, or dy through the fused ReLU (the same test in every thread).
-  auto grad = [&](int64_t i) { return relu_out ? relu_grad(relu_out[i], dy[i]) : dy[i]; };
+  auto grad = [&](int64_t i) { return relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]); };
   if (sum_dy == nullptr) {
-    for (int64_t r = r0; r < m; r += step) dx[r * c + ch] = grad(r * c + ch) * a;
+    for (int64_t r = r0; r < m; r += step) store(grad(r * c + ch) * a, dx[r * c + ch]);
     return;
   }
   const double count = *count_p;
@@ -192,20 +240,36 @@ static __global__ void bn_backward_apply_kernel(const float* __restrict__ x, con
   const float d = static_cast<float>(sum_dy_xhat[ch] / count);
   const float mu = mean[ch], is = invstd[ch];
   for (int64_t r = r0; r < m; r += step) {
-    const float xhat = (x[r * c + ch] - mu) * is;
-    dx[r * c + ch] = a * (grad(r * c + ch) - b - xhat * d);
+    const float xhat = (widen(x[r * c + ch]) - mu) * is;
+    store(a * (grad(r * c + ch) - b - xhat * d), dx[r * c + ch]);
   }
+}
+
+template <typename T>
+static cudaError_t bn_backward_apply(const T* x, const T* dy, const T* relu_out, const float* mean,
+                                    const float* invstd, const float* gamma, const double* sum_dy,
+                                    const double* sum_dy_xhat, const double* count, int64_t m, int64_t c, T* dx,
+                                    cudaStream_t stream) {
+  if (m <= 0 || c <= 0) return cudaSuccess;
+  if (c > kMaxChannels || (sum_dy && (!sum_dy_xhat || !count))) return cudaErrorInvalidValue;
+  bn_backward_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
+      x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
                                      const float* invstd, const float* gamma, const double* sum_dy,
                                      const double* sum_dy_xhat, const double* count, int64_t m, int64_t c,
                                      float* dx, cudaStream_t stream) {
-  if (m <= 0 || c <= 0) return cudaSuccess;
-  if (c > kMaxChannels || (sum_dy && (!sum_dy_xhat || !count))) return cudaErrorInvalidValue;
-  bn_backward_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
-      x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
-  return cudaGetLastError();
+  return bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx, stream);
+}
+
+cudaError_t launch_bn_backward_apply(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
+                                     const float* mean, const float* invstd, const float* gamma,
+                                     const double* sum_dy, const double* sum_dy_xhat, const double* count, int64_t m,
+                                     int64_t c, uint16_t* dx, cudaStream_t stream) {
+  return bn_backward_apply(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, gamma, sum_dy, sum_dy_xhat,
+                           count, m, c, as_bf16(dx), stream);
 }
 
 }  // namespace dpt::cuda

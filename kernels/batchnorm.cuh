@@ -1,5 +1,8 @@
 // BatchNorm on the GPU, one launcher per step of the CPU BatchNorm2d layer (src/nn/layers.cc):
 // forward sums, training/evaluation statistics, normalisation, backward sums and input gradient.
+// The steps that touch activations also take bf16 ones (uint16_t bit patterns, as in
+// precision.cuh): x, residual, dy and relu_out widened exactly, y, dx and dz rounded to nearest even
+// once, everything between (and the statistics) exactly as in the fp32 form: the CPU's bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +22,8 @@ int64_t bn_sums_scratch_elems(int64_t m, int64_t c);
 // count (nullable, one device double) = m, so the three can be all-reduced together for
 // synchronised BatchNorm exactly like the CPU layer's [sum, sumsq, count] buffer.
 cudaError_t launch_bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
+                           double* scratch, cudaStream_t stream);
+cudaError_t launch_bn_sums(const uint16_t* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
                            double* scratch, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
@@ -53,6 +58,9 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
                             const float* beta, int64_t m, int64_t c, const float* residual, bool relu,
                             cudaStream_t stream);
+cudaError_t launch_bn_apply(const uint16_t* x, uint16_t* y, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, int64_t m, int64_t c, const uint16_t* residual,
+                            bool relu, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // BatchNorm backward sums on the GPU (same semantics as cpu::bn_backward_sums), plus this
@@ -71,6 +79,10 @@ cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float
                                     const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
                                     float* dgamma, float* dbeta, bool accumulate, float* dz, double* scratch,
                                     cudaStream_t stream);
+cudaError_t launch_bn_backward_sums(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
+                                    const float* mean, const float* invstd, int64_t m, int64_t c, double* sum_dy,
+                                    double* sum_dy_xhat, float* dgamma, float* dbeta, bool accumulate, uint16_t* dz,
+                                    double* scratch, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // BatchNorm input gradient on the GPU (same semantics as cpu::bn_backward_apply, and as the CPU
@@ -85,5 +97,9 @@ cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const floa
                                      const float* invstd, const float* gamma, const double* sum_dy,
                                      const double* sum_dy_xhat, const double* count, int64_t m, int64_t c,
                                      float* dx, cudaStream_t stream);
+cudaError_t launch_bn_backward_apply(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
+                                     const float* mean, const float* invstd, const float* gamma,
+                                     const double* sum_dy, const double* sum_dy_xhat, const double* count, int64_t m,
+                                     int64_t c, uint16_t* dx, cudaStream_t stream);
 
 }  // namespace dpt::cuda

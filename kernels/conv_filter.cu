@@ -1,18 +1,12 @@
 // The filter layout kernel and its launchers (see conv_filter.cuh): one grid-stride pass over the
 // destination, templated on the source and destination element types.
-#include <cuda_bf16.h>
-
 #include "conv_filter.cuh"
 #include "launch_util.cuh"
+#include "storage.cuh"
 
 namespace dpt::cuda {
 
 namespace {
-
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ void store(float v, float& y) { y = v; }
-__device__ __forceinline__ void store(float v, __nv_bfloat16& y) { y = __float2bfloat16_rn(v); }
 
 // Thread i writes destination element i; its source index depends on the move. A bf16 -> bf16
 // move widens and narrows back, which is exact.
@@ -52,13 +46,12 @@ cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t
 
 cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci, int64_t kk,
                                     FilterMove move, cudaStream_t stream) {
-  return launch(reinterpret_cast<const __nv_bfloat16*>(src), reinterpret_cast<__nv_bfloat16*>(dst), co, ci, kk, move,
-                false, stream);
+  return launch(as_bf16(src), as_bf16(dst), co, ci, kk, move, false, stream);
 }
 
 cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci, int64_t kk,
                                          FilterMove move, bool accumulate, cudaStream_t stream) {
-  return launch(reinterpret_cast<const __nv_bfloat16*>(src), dst, co, ci, kk, move, accumulate, stream);
+  return launch(as_bf16(src), dst, co, ci, kk, move, accumulate, stream);
 }
 
 }  // namespace dpt::cuda

@@ -38,9 +38,11 @@ cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, c
 }
 
 // ----------------------------------------------------------------------------
-// NHWC <-> (c, h, w) permutation: one thread per output element, so writes are coalesced.
+// NHWC <-> (c, h, w) permutation: one thread per output element, so writes are coalesced; the
+// element type only sets the width of the values moved (fp32 or bf16 bits).
 
-static __global__ void permute_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t hw,
+template <typename T>
+static __global__ void permute_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t n, int64_t hw,
                                       int64_t c, bool to_chw) {
   DPT_GRID_STRIDE(i, n * hw * c) {
     if (to_chw) {  // i = (b*c + ch)*hw + p
@@ -55,10 +57,12 @@ static __global__ void permute_kernel(const float* __restrict__ in, float* __res
 
 cudaError_t launch_permute_nhwc_chw(const float* in, float* out, int64_t n, int64_t h, int64_t w, int64_t c,
                                     bool to_chw, cudaStream_t stream) {
-  const int64_t total = n * h * w * c;
-  if (total <= 0) return cudaSuccess;
-  permute_kernel<<<blocks_for(total), kThreads, 0, stream>>>(in, out, n, h * w, c, to_chw);
-  return cudaGetLastError();
+  return launch_over(n * h * w * c, stream, permute_kernel<float>, in, out, n, h * w, c, to_chw);
+}
+
+cudaError_t launch_permute_nhwc_chw(const uint16_t* in, uint16_t* out, int64_t n, int64_t h, int64_t w, int64_t c,
+                                    bool to_chw, cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, permute_kernel<uint16_t>, in, out, n, h * w, c, to_chw);
 }
 
 }  // namespace dpt::cuda

@@ -27,5 +27,9 @@ cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, c
 // to_chw: out[n, c, p] = in[n, p, c] (Flatten forward); else the inverse (Flatten backward).
 cudaError_t launch_permute_nhwc_chw(const float* in, float* out, int64_t n, int64_t h, int64_t w, int64_t c,
                                     bool to_chw, cudaStream_t stream);
+// The same on bf16 activations (uint16_t bit patterns, as in precision.cuh): the values move
+// unchanged (widening and rounding back is exact).
+cudaError_t launch_permute_nhwc_chw(const uint16_t* in, uint16_t* out, int64_t n, int64_t h, int64_t w, int64_t c,
+                                    bool to_chw, cudaStream_t stream);
 
 }  // namespace dpt::cuda

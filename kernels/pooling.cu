@@ -1,17 +1,19 @@
 // Pooling kernels and their launchers (see pooling.cuh): AvgPool2d and global average pooling on
-// NHWC tensors, element-wise grid-stride passes without atomics.
+// NHWC tensors, element-wise grid-stride passes without atomics, each templated on the element type
+// (storage.cuh).
 #include "launch_util.cuh"
 #include "relu.cuh"
 #include "pooling.cuh"
+#include "storage.cuh"
 
 namespace dpt::cuda {
 
 // ----------------------------------------------------------------------------
 // AvgPool2d forward (NHWC): one thread per output element, channel fastest for coalescing.
 
-template <bool kRelu>
-static __global__ void avgpool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
-                                              int64_t h, int64_t w, int64_t c, int k, int s) {
+template <typename T, bool kRelu>
+static __global__ void avgpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t h,
+                                              int64_t w, int64_t c, int k, int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, total = n * oh * ow * c;
   const float inv = 1.f / static_cast<float>(k * k);
   DPT_GRID_STRIDE(i, total) {
@@ -19,36 +21,44 @@ static __global__ void avgpool_forward_kernel(const float* __restrict__ x, float
     float acc = 0.f;
     for (int di = 0; di < k; ++di)
       for (int dj = 0; dj < k; ++dj) {
-        const float v = x[((b * h + r * s + di) * w + j * s + dj) * c + ch];
+        const float v = widen(x[((b * h + r * s + di) * w + j * s + dj) * c + ch]);
         acc += kRelu ? relu_value(v) : v;  // the CPU's order: row by row, then * 1/k^2
       }
-    y[i] = acc * inv;
+    store(acc * inv, y[i]);
   }
+}
+
+template <typename T>
+static cudaError_t avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                                   bool relu, cudaStream_t stream) {
+  const int64_t total = n * ((h - k) / s + 1) * ((w - k) / s + 1) * c;
+  return launch_over(total, stream, relu ? avgpool_forward_kernel<T, true> : avgpool_forward_kernel<T, false>, x, y,
+                     n, h, w, c, k, s);
 }
 
 cudaError_t launch_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
                                    int s, bool relu, cudaStream_t stream) {
-  const int64_t total = n * ((h - k) / s + 1) * ((w - k) / s + 1) * c;
-  if (total <= 0) return cudaSuccess;
-  if (relu)
-    avgpool_forward_kernel<true><<<blocks_for(total), kThreads, 0, stream>>>(x, y, n, h, w, c, k, s);
-  else
-    avgpool_forward_kernel<false><<<blocks_for(total), kThreads, 0, stream>>>(x, y, n, h, w, c, k, s);
-  return cudaGetLastError();
+  return avgpool_forward(x, y, n, h, w, c, k, s, relu, stream);
+}
+
+cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                                   int s, bool relu, cudaStream_t stream) {
+  return avgpool_forward(as_bf16(x), as_bf16(y), n, h, w, c, k, s, relu, stream);
 }
 
 // ----------------------------------------------------------------------------
 // AvgPool2d backward (NHWC): one thread per input element gathers from the windows covering it,
 // so no atomics are needed and uncovered positions get 0.
 
-static __global__ void avgpool_backward_kernel(const float* __restrict__ dy, const float* __restrict__ relu_x,
-                                               float* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c,
-                                               int k, int s) {
+template <typename T>
+static __global__ void avgpool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ relu_x,
+                                               T* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                                               int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, total = n * h * w * c;
   const float inv = 1.f / static_cast<float>(k * k);
   DPT_GRID_STRIDE(i, total) {
-    if (relu_x && !(relu_x[i] > 0.f)) {
-      dx[i] = 0.f;
+    if (relu_x && !(widen(relu_x[i]) > 0.f)) {
+      store(0.f, dx[i]);
       continue;
     }
     const int64_t ch = i % c, x = (i / c) % w, y = (i / (c * w)) % h, b = i / (c * w * h);
@@ -57,54 +67,65 @@ static __global__ void avgpool_backward_kernel(const float* __restrict__ dy, con
     const int64_t r0 = y >= k ? (y - k) / s + 1 : 0, r1 = y / s < oh - 1 ? y / s : oh - 1;
     const int64_t c0 = x >= k ? (x - k) / s + 1 : 0, c1 = x / s < ow - 1 ? x / s : ow - 1;
     for (int64_t r = r0; r <= r1; ++r)
-      for (int64_t q = c0; q <= c1; ++q) acc += dy[((b * oh + r) * ow + q) * c + ch];
-    dx[i] = acc * inv;
+      for (int64_t q = c0; q <= c1; ++q) acc += widen(dy[((b * oh + r) * ow + q) * c + ch]);
+    store(acc * inv, dx[i]);
   }
 }
 
 cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float* dx, int64_t n, int64_t h, int64_t w,
                                     int64_t c, int k, int s, cudaStream_t stream) {
-  const int64_t total = n * h * w * c;
-  if (total <= 0) return cudaSuccess;
-  avgpool_backward_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dy, relu_x, dx, n, h, w, c, k, s);
-  return cudaGetLastError();
+  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<float>, dy, relu_x, dx, n, h, w, c, k, s);
+}
+
+cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx, int64_t n, int64_t h,
+                                    int64_t w, int64_t c, int k, int s, cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<__nv_bfloat16>, as_bf16(dy), as_bf16(relu_x),
+                     as_bf16(dx), n, h, w, c, k, s);
 }
 
 // ----------------------------------------------------------------------------
 // Global average pooling forward (NHWC): one thread per (image, channel), reads coalesced in c.
 
-static __global__ void gap_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
-                                          int64_t hw, int64_t c) {
+template <typename T>
+static __global__ void gap_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t hw,
+                                          int64_t c) {
   const float inv = 1.f / static_cast<float>(hw);
   DPT_GRID_STRIDE(i, n * c) {
     const int64_t b = i / c, ch = i % c;
     float acc = 0.f;
-    for (int64_t p = 0; p < hw; ++p) acc += x[(b * hw + p) * c + ch];
-    y[i] = acc * inv;
+    for (int64_t p = 0; p < hw; ++p) acc += widen(x[(b * hw + p) * c + ch]);
+    store(acc * inv, y[i]);
   }
 }
 
 cudaError_t launch_global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c,
                                           cudaStream_t stream) {
-  if (n * c <= 0) return cudaSuccess;
-  gap_forward_kernel<<<blocks_for(n * c), kThreads, 0, stream>>>(x, y, n, hw, c);
-  return cudaGetLastError();
+  return launch_over(n * c, stream, gap_forward_kernel<float>, x, y, n, hw, c);
+}
+
+cudaError_t launch_global_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t hw, int64_t c,
+                                          cudaStream_t stream) {
+  return launch_over(n * c, stream, gap_forward_kernel<__nv_bfloat16>, as_bf16(x), as_bf16(y), n, hw, c);
 }
 
 // ----------------------------------------------------------------------------
 // Global average pooling backward (NHWC): every position of an image gets dy / HW.
 
-static __global__ void gap_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, int64_t n,
-                                           int64_t hw, int64_t c) {
+template <typename T>
+static __global__ void gap_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, int64_t n, int64_t hw,
+                                           int64_t c) {
   const float inv = 1.f / static_cast<float>(hw);
-  DPT_GRID_STRIDE(i, n * hw * c) dx[i] = dy[(i / (hw * c)) * c + i % c] * inv;
+  DPT_GRID_STRIDE(i, n * hw * c) store(widen(dy[(i / (hw * c)) * c + i % c]) * inv, dx[i]);
 }
 
 cudaError_t launch_global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c,
                                            cudaStream_t stream) {
-  if (n * hw * c <= 0) return cudaSuccess;
-  gap_backward_kernel<<<blocks_for(n * hw * c), kThreads, 0, stream>>>(dy, dx, n, hw, c);
-  return cudaGetLastError();
+  return launch_over(n * hw * c, stream, gap_backward_kernel<float>, dy, dx, n, hw, c);
+}
+
+cudaError_t launch_global_avgpool_backward(const uint16_t* dy, uint16_t* dx, int64_t n, int64_t hw, int64_t c,
+                                           cudaStream_t stream) {
+  return launch_over(n * hw * c, stream, gap_backward_kernel<__nv_bfloat16>, as_bf16(dy), as_bf16(dx), n, hw, c);
 }
 
 }  // namespace dpt::cuda

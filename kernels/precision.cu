@@ -1,30 +1,18 @@
 // The fp32 <-> 16-bit cast kernels and their launchers (see precision.cuh): element-wise grid-stride
 // passes over the 16-bit patterns reinterpreted as __nv_bfloat16 or __half, one kernel per direction
-// templated on the 16-bit type.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// templated on the 16-bit type (storage.cuh's rounding and widening).
 #include "launch_util.cuh"
 #include "precision.cuh"
+#include "storage.cuh"
 
 namespace dpt::cuda {
-
-namespace {
-
-// Round to nearest even (NaN becomes the canonical NaN of the type), and the exact widening.
-__device__ __forceinline__ void narrow(float x, __nv_bfloat16& y) { y = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void narrow(float x, __half& y) { y = __float2half_rn(x); }
-__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
-
-}  // namespace
 
 // ----------------------------------------------------------------------------
 // fp32 -> 16-bit, rounded to nearest even.
 
 template <typename H>
 static __global__ void to_16_kernel(const float* __restrict__ x, H* __restrict__ y, int64_t n) {
-  DPT_GRID_STRIDE(i, n) narrow(x[i], y[i]);
+  DPT_GRID_STRIDE(i, n) store(x[i], y[i]);
 }
 
 template <typename H>

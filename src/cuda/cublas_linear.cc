@@ -2,10 +2,12 @@
 // column-major [c, r] matrix with leading dimension c, i.e. its transpose, so every row-major
 // product below is written as the transposed column-major product. With --precision bf16 the
 // operands of each GEMM are cast to bf16 into the workspace and cublasGemmEx accumulates in fp32
-// into the fp32 result (tensor cores); bias and column sums stay fp32. Only compiled in GPU builds.
+// into the fp32 result (tensor cores); bias and column sums stay fp32. On bf16 activations the same
+// GEMM takes them as they are and only the fp32 master weights are cast. Only compiled in GPU builds.
 #include "cuda/cublas_linear.h"
 
 #include <climits>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "linear.cuh"
@@ -19,46 +21,102 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// C[m,n] = op(A) op(B) + beta C, column-major, A holding m*k and B k*n packed values: cuBLAS
-// sgemm in fp32 (TF32 only under --tf32's math mode), or bf16 copies of A and B with fp32 output
-// and accumulation under --precision bf16.
-void gemm(GpuContext& g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc) {
+// The cuBLAS type of an array's elements.
+cudaDataType_t type_of(const float*) { return CUDA_R_32F; }
+cudaDataType_t type_of(const __nv_bfloat16*) { return CUDA_R_16BF; }
+// A GEMM operand in device memory, fp32 or bf16, with its cuBLAS type.
+struct Mat {
+  const void* p;
+  cudaDataType_t type;
+};
+template <typename T>
+Mat mat(const T* p) {
+  return {p, type_of(p)};
+}
+
+// Operand x (n values) as bf16: itself, or its fp32 values rounded to nearest even into `to`.
+const void* bf16_operand(GpuContext& g, Mat x, int64_t n, char* to) {
+  if (x.type == CUDA_R_16BF) return x.p;
+  auto* d = reinterpret_cast<uint16_t*>(to);
+  CUDA_CHECK(cuda::launch_to_bf16(static_cast<const float*>(x.p), d, n, g.stream()));
+  return d;
+}
+
+// C[m,n] = op(A) op(B) + beta C, column-major, A holding m*k and B k*n packed values. All fp32:
+// cuBLAS sgemm (TF32 only under --tf32's math mode). Under --precision bf16, or with a bf16
+// operand or C (16-bit activations): bf16 A and B (the fp32 ones cast into the workspace), fp32
+// accumulation on tensor cores, C fp32 or bf16 (rounded once from the fp32 sum).
+void gemm(GpuContext& g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, Mat a, int lda, Mat b,
+          int ldb, float beta, void* c, cudaDataType_t c_type, int ldc) {
   const float one = 1.f;
-  if (!g.bf16()) {
-    CUBLAS_CHECK(cublasSgemm(g.cublas(), ta, tb, m, n, k, &one, a, lda, b, ldb, &beta, c, ldc));
+  if (!g.bf16() && a.type == CUDA_R_32F && b.type == CUDA_R_32F && c_type == CUDA_R_32F) {
+    CUBLAS_CHECK(cublasSgemm(g.cublas(), ta, tb, m, n, k, &one, static_cast<const float*>(a.p), lda,
+                             static_cast<const float*>(b.p), ldb, &beta, static_cast<float*>(c), ldc));
     return;
   }
   const int64_t na = int64_t{m} * k, nb = int64_t{k} * n;
-  WorkspaceLayout layout;
-  const size_t at_a = layout.add(static_cast<size_t>(na) * sizeof(uint16_t));
-  const size_t at_b = layout.add(static_cast<size_t>(nb) * sizeof(uint16_t));
+  WorkspaceLayout layout;  // room for the fp32 operands' copies only
+  const size_t at_a = layout.add(a.type == CUDA_R_32F ? static_cast<size_t>(na) * sizeof(uint16_t) : 0);
+  const size_t at_b = layout.add(b.type == CUDA_R_32F ? static_cast<size_t>(nb) * sizeof(uint16_t) : 0);
   char* ws = static_cast<char*>(g.workspace(layout.total()));
-  auto* al = reinterpret_cast<uint16_t*>(ws + at_a);
-  auto* bl = reinterpret_cast<uint16_t*>(ws + at_b);
-  CUDA_CHECK(cuda::launch_to_bf16(a, al, na, g.stream()));
-  CUDA_CHECK(cuda::launch_to_bf16(b, bl, nb, g.stream()));
+  const void* al = bf16_operand(g, a, na, ws + at_a);
+  const void* bl = bf16_operand(g, b, nb, ws + at_b);
   CUBLAS_CHECK(cublasGemmEx(g.cublas(), ta, tb, m, n, k, &one, al, CUDA_R_16BF, lda, bl, CUDA_R_16BF, ldb, &beta, c,
-                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                            c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Both activation types' Linear (T = float or __nv_bfloat16; W, b, dW, db fp32).
+template <typename T>
+void forward(GpuContext& g, const T* x, const float* w, const float* b, T* y, int64_t n, int64_t in, int64_t out) {
+  const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
+  // Row-major y = x W^T  <=>  column-major y^T[O,N] = W^T[I,O]^T x^T[I,N] = op_T(W') op_N(x').
+  const auto product = [&](auto* to) {
+    gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, mat(w), I, mat(x), I, 0.f, to, type_of(to), O);
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    product(y);
+    if (b) add_row_bias(g, y, b, n, out);
+  } else if (!b) {
+    product(y);
+  } else {
+    // The bias joins the fp32 product before the one rounding, as on the CPU (bf16(fl(acc) + b)),
+    // rather than bf16(bf16(acc) + b): the product waits in staging (the GEMM takes the workspace).
+    auto* acc = static_cast<float*>(g.staging(0, static_cast<size_t>(n * out) * sizeof(float)));
+    product(acc);
+    CUDA_CHECK(cuda::launch_add_row_bias_bf16(acc, b, reinterpret_cast<uint16_t*>(y), n, out, g.stream()));
+  }
+}
+
+template <typename T>
+void backward(GpuContext& g, const T* x, const float* w, const T* dy, T* dx, float* dw, float* db, int64_t n,
+              int64_t in, int64_t out, bool accumulate) {
+  const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
+  // Row-major dx[N,I] = dy[N,O] W[O,I]  <=>  column-major dx^T[I,N] = W'[I,O] dy'[O,N].
+  if (dx) gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, mat(w), I, mat(dy), O, 0.f, dx, type_of(dx), I);
+  // Row-major dW[O,I] (+)= dy^T x  <=>  column-major dW^T[I,O] (+)= x'[I,N] dy'[O,N]^T.
+  gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, mat(x), I, mat(dy), O, accumulate ? 1.f : 0.f, dw, CUDA_R_32F, I);
+  if (db) column_sums(g, dy, n, out, db, accumulate);
 }
 }  // namespace
 
 void linear_forward(GpuContext& g, const float* x, const float* w, const float* b, float* y, int64_t n,
                     int64_t in, int64_t out) {
-  const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
-  // Row-major y = x W^T  <=>  column-major y^T[O,N] = W^T[I,O]^T x^T[I,N] = op_T(W') op_N(x').
-  gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, w, I, x, I, 0.f, y, O);
-  if (b) add_row_bias(g, y, b, n, out);
+  forward(g, x, w, b, y, n, in, out);
 }
 
 void linear_backward(GpuContext& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                      float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
-  const int N = as_int(n, "batch"), I = as_int(in, "in_features"), O = as_int(out, "out_features");
-  // Row-major dx[N,I] = dy[N,O] W[O,I]  <=>  column-major dx^T[I,N] = W'[I,O] dy'[O,N].
-  if (dx) gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, w, I, dy, O, 0.f, dx, I);
-  // Row-major dW[O,I] (+)= dy^T x  <=>  column-major dW^T[I,O] (+)= x'[I,N] dy'[O,N]^T.
-  gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, I, dy, O, accumulate ? 1.f : 0.f, dw, I);
-  if (db) column_sums(g, dy, n, out, db, accumulate);
+  backward(g, x, w, dy, dx, dw, db, n, in, out, accumulate);
+}
+
+void linear_forward(GpuContext& g, const __nv_bfloat16* x, const float* w, const float* b, __nv_bfloat16* y,
+                    int64_t n, int64_t in, int64_t out) {
+  forward(g, x, w, b, y, n, in, out);
+}
+
+void linear_backward(GpuContext& g, const __nv_bfloat16* x, const float* w, const __nv_bfloat16* dy,
+                     __nv_bfloat16* dx, float* dw, float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
+  backward(g, x, w, dy, dx, dw, db, n, in, out, accumulate);
 }
 
 void add_row_bias(GpuContext& g, float* y, const float* b, int64_t rows, int64_t cols) {

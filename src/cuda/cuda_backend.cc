@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "activation.cuh"
+#include "cuda/bf16_ptr.h"
 #include "cuda/cuda_graph.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
@@ -20,6 +21,7 @@
 #include "loss.cuh"
 #include "optimizer.cuh"
 #include "pooling.cuh"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 
@@ -113,6 +115,13 @@ class SharedGraphConv : public ConvOp {
                 bool accumulate) override {
     conv_->backward(g, x, w, dy, dx, dw, db, accumulate);
   }
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override {
+    conv_->forward(g, x, w, b, y);
+  }
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                float* db, bool accumulate) override {
+    conv_->backward(g, x, w, dy, dx, dw, db, accumulate);
+  }
 
  private:
   std::shared_ptr<CudnnGraphConv> conv_;
@@ -196,6 +205,60 @@ void CudaBackend::linear_forward(const float* x, const float* w, const float* b,
 void CudaBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                                   int64_t n, int64_t in, int64_t out, bool accumulate) {
   gpu::linear_backward(*ctx_, x, w, dy, dx, dw, db, n, in, out, accumulate);
+}
+
+// ---- 16-bit activations: kernels/ on bf16 bit patterns, Linear on bf16 tensor cores ---------------
+
+void CudaBackend::convert(const float* x, BFloat16* y, int64_t n) {
+  CUDA_CHECK(cuda::launch_to_bf16(x, bits(y), n, ctx_->stream()));
+}
+
+void CudaBackend::convert(const BFloat16* x, float* y, int64_t n) {
+  CUDA_CHECK(cuda::launch_from_bf16(bits(x), y, n, false, ctx_->stream()));
+}
+
+void CudaBackend::relu_forward(const BFloat16* x, BFloat16* y, int64_t n) {
+  CUDA_CHECK(cuda::launch_relu_forward(bits(x), bits(y), n, ctx_->stream()));
+}
+
+void CudaBackend::relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) {
+  CUDA_CHECK(cuda::launch_relu_backward(bits(y), bits(dy), bits(dx), n, ctx_->stream()));
+}
+
+void CudaBackend::add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) {
+  CUDA_CHECK(cuda::launch_add(bits(a), bits(b), bits(y), n, relu, ctx_->stream()));
+}
+
+void CudaBackend::avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                                  int s, bool relu) {
+  CUDA_CHECK(cuda::launch_avgpool_forward(bits(x), bits(y), n, h, w, c, k, s, relu, ctx_->stream()));
+}
+
+void CudaBackend::avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
+                                   int64_t h, int64_t w, int64_t c, int k, int s) {
+  CUDA_CHECK(cuda::launch_avgpool_backward(bits(dy), bits(relu_input), bits(dx), n, h, w, c, k, s, ctx_->stream()));
+}
+
+void CudaBackend::global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) {
+  CUDA_CHECK(cuda::launch_global_avgpool_forward(bits(x), bits(y), n, hw, c, ctx_->stream()));
+}
+
+void CudaBackend::global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) {
+  CUDA_CHECK(cuda::launch_global_avgpool_backward(bits(dy), bits(dx), n, hw, c, ctx_->stream()));
+}
+
+void CudaBackend::flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) {
+  CUDA_CHECK(cuda::launch_permute_nhwc_chw(bits(x), bits(y), n, h, w, c, to_chw, ctx_->stream()));
+}
+
+void CudaBackend::linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
+                                 int64_t in, int64_t out) {
+  gpu::linear_forward(*ctx_, nv(x), w, b, nv(y), n, in, out);
+}
+
+void CudaBackend::linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                                  float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
+  gpu::linear_backward(*ctx_, nv(x), w, nv(dy), nv(dx), dw, db, n, in, out, accumulate);
 }
 
 // ---- training-step operations --------------------------------------------------------------------

@@ -63,6 +63,24 @@ class CudaBackend : public Backend {
                       int64_t out) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
                        int64_t in, int64_t out, bool accumulate) override;
+  // 16-bit activations (backend.h's rule): the same kernels instantiated on bf16, one pass each;
+  // Linear on bf16 tensor cores (cublas_linear.h), BatchNorm and convolution in their ops.
+  void convert(const float* x, BFloat16* y, int64_t n) override;
+  void convert(const BFloat16* x, float* y, int64_t n) override;
+  void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) override;
+  void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) override;
+  void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) override;
+  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                       bool relu) override;
+  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s) override;
+  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) override;
+  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) override;
+  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override;
+  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
+                      int64_t out) override;
+  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw, float* db,
+                       int64_t n, int64_t in, int64_t out, bool accumulate) override;
   void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, const ImageBatchSpec& spec,
                      const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override;
   void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,

@@ -26,7 +26,10 @@
 // legacy API's NHWC bf16 engines were slower than TF32 in every direction and pathological in
 // backward-data (27 ms per call where TF32 takes 0.16 ms), so a bf16 step took 418 ms against
 // 20 ms in TF32. TF32 rounds operands to 10-bit mantissas, finer than bf16's 7; the Linear
-// layers' GEMMs still take bf16 operands (cublas_linear.cc).
+// layers' GEMMs still take bf16 operands (cublas_linear.cc). For the same reason bf16 activations
+// (--activation-dtype bf16) are convolved in fp32 here: widened exactly into the context's staging
+// (two grow-only slots, so nothing is allocated after a shape's first call), convolved by the fp32
+// path, the outputs rounded once. The graph API (cudnn_graph_conv.cc) convolves them natively.
 //
 // Alignment: weights at a 4-byte offset into the flat parameter buffers are slow in cuDNN
 // (conv_common.h), so weights that need no layout change are still copied into the aligned
@@ -39,10 +42,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda/bf16_ptr.h"
 #include "cuda/conv_common.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 
@@ -362,6 +367,43 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
   }
   // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the CPU.
   if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);
+}
+
+// Staging slot 0 holds the widened input (x, or dy in backward), slot 1 the fp32 output, then in
+// backward the widened x for dW (the fp32 dx is rounded out before, in stream order).
+float* CudnnConv::staged(int slot, int64_t elems) {
+  return static_cast<float*>(ctx_.staging(slot, static_cast<size_t>(elems) * sizeof(float)));
+}
+
+void CudnnConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+  const Entry& e = entry(g);
+  cudaStream_t s = ctx_.stream();
+  float* x32 = staged(0, e.x_elems);
+  float* y32 = staged(1, e.y_elems);
+  CUDA_CHECK(cuda::launch_from_bf16(bits(x), x32, e.x_elems, false, s));
+  forward(g, x32, w, b, y32);
+  CUDA_CHECK(cuda::launch_to_bf16(y32, bits(y), e.y_elems, s));
+}
+
+void CudnnConv::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                         float* dw, float* db, bool accumulate) {
+  const Entry& e = entry(g);
+  cudaStream_t s = ctx_.stream();
+  float* dy32 = staged(0, e.y_elems);
+  CUDA_CHECK(cuda::launch_from_bf16(bits(dy), dy32, e.y_elems, false, s));
+  // Two fp32 calls, so that dx and the widened x can share slot 1 (one activation's fp32 copy less).
+  if (dx) {
+    float* dx32 = staged(1, e.x_elems);
+    backward(g, nullptr, w, dy32, dx32, nullptr, nullptr, false);
+    CUDA_CHECK(cuda::launch_to_bf16(dx32, bits(dx), e.x_elems, s));
+  }
+  if (!dw && !db) return;
+  float* x32 = nullptr;
+  if (dw) {
+    x32 = staged(1, e.x_elems);
+    CUDA_CHECK(cuda::launch_from_bf16(bits(x), x32, e.x_elems, false, s));
+  }
+  backward(g, x32, w, dy32, nullptr, dw, db, accumulate);
 }
 
 std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g, bool nchw) {

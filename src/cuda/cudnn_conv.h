@@ -33,6 +33,12 @@ class CudnnConv : public ConvOp {
   // accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
                 float* db, bool accumulate) override;
+  // 16-bit activations (x, y, dy, dx bf16; w, b, dw, db fp32): the fp32 convolution above on exact
+  // fp32 copies of x and dy, its y and dx rounded to bf16 once (the CPU's rule; see cudnn_conv.cc
+  // for why not cuDNN's bf16 engines). The copies live in the context's staging (grow-only).
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                float* db, bool accumulate) override;
   // One algorithm of one direction as cuDNN's timed search (cudnnFind*Ex) measured it on this
   // geometry's descriptors: for bench/gpu_conv_bench, to see how far the heuristic pick is from
   // the fastest; with nchw, the same convolution described channels-first. Not used in training
@@ -58,6 +64,8 @@ class CudnnConv : public ConvOp {
   // The algorithms of the forward and of the backward directions asked for, each chosen on first
   // use (an eager step: the first step is never captured).
   void choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter);
+  // The context's staging slot `slot` as at least `elems` floats (the bf16 forms' fp32 copies).
+  float* staged(int slot, int64_t elems);
 
   GpuContext& ctx_;
   std::map<Key, std::unique_ptr<Entry>> cache_;

@@ -76,10 +76,12 @@
 #include <vector>
 
 #include "conv_filter.cuh"
+#include "cuda/bf16_ptr.h"
 #include "cuda/conv_common.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
 #include "dpt/log.h"
+#include "precision.cuh"
 
 namespace dpt::gpu {
 
@@ -526,6 +528,22 @@ void CudnnGraphConv::backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, co
                                    const __nv_bfloat16* dy, __nv_bfloat16* dx, float* dw, float* db,
                                    bool accumulate) {
   impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
+}
+
+const __nv_bfloat16* CudnnGraphConv::bf16_weights(const ConvGeom& g, const float* w) {
+  const int64_t n = filter_elems(g);
+  auto* w16 = static_cast<uint16_t*>(impl_->ctx.staging(0, static_cast<size_t>(n) * sizeof(uint16_t)));
+  CUDA_CHECK(cuda::launch_to_bf16(w, w16, n, impl_->ctx.stream()));
+  return reinterpret_cast<const __nv_bfloat16*>(w16);
+}
+
+void CudnnGraphConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+  forward_bf16(g, nv(x), bf16_weights(g, w), b, nv(y));
+}
+
+void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                              float* dw, float* db, bool accumulate) {
+  backward_bf16(g, nv(x), dx ? bf16_weights(g, w) : nullptr, nv(dy), nv(dx), dw, db, accumulate);
 }
 
 std::string CudnnGraphConv::plan_choices() const {

@@ -47,6 +47,12 @@ class CudnnGraphConv : public ConvOp {
                     __nv_bfloat16* y);
   void backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* dy,
                      __nv_bfloat16* dx, float* dw, float* db, bool accumulate);
+  // ConvOp's 16-bit activations (bf16 x, y, dy, dx; fp32 master w): the two above, on a bf16 copy
+  // of w rounded to nearest even once per call into the context's staging (slot 0), which the
+  // workspace's growth during the call cannot move. backward makes it only when dx is asked for.
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
+                float* db, bool accumulate) override;
 
   // The plans chosen so far, and seeds not used yet: one line per key, "<key> -> <plan>", sorted by
   // key, where the key names geometry, direction and data type (e.g. "N=256 H=28 W=28 Cin=1
@@ -73,6 +79,9 @@ class CudnnGraphConv : public ConvOp {
 
  private:
   struct Impl;
+  // w (g's filter, fp32) rounded to bf16 in staging slot 0.
+  const __nv_bfloat16* bf16_weights(const ConvGeom& g, const float* w);
+
   std::unique_ptr<Impl> impl_;  // keeps cudnn_frontend.h out of every file that includes this one
 };
 

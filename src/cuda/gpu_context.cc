@@ -71,6 +71,7 @@ void GpuContext::release() noexcept {
   // Teardown must not throw: queued work is drained, then everything is released best-effort.
   if (stream_) cudaStreamSynchronize(stream_);
   workspace_ = DeviceBuffer();
+  for (DeviceBuffer& b : staging_) b = DeviceBuffer();
   ones_ = DeviceBuffer();
   if (cublas_) cublasDestroy(cublas_);
   cublas_workspace_ = DeviceBuffer();  // after the handle that uses it
@@ -79,15 +80,25 @@ void GpuContext::release() noexcept {
   cublas_ = nullptr, cudnn_ = nullptr, stream_ = nullptr;
 }
 
-void* GpuContext::workspace(size_t bytes) {
-  if (bytes > workspace_.bytes()) {
-    // Grow in 1 MiB steps; the old buffer may still be read by queued kernels, so drain first.
+namespace {
+// buf holding at least `bytes`, grown in 1 MiB steps; the old buffer may still be read by kernels
+// queued on `stream`, so that drains first.
+void* grown(DeviceBuffer& buf, size_t bytes, cudaStream_t stream) {
+  if (bytes > buf.bytes()) {
     constexpr size_t kStep = size_t{1} << 20;
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    workspace_ = DeviceBuffer();
-    workspace_ = DeviceBuffer((bytes + kStep - 1) / kStep * kStep);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    buf = DeviceBuffer();
+    buf = DeviceBuffer((bytes + kStep - 1) / kStep * kStep);
   }
-  return workspace_.as<void>();
+  return buf.as<void>();
+}
+}  // namespace
+
+void* GpuContext::workspace(size_t bytes) { return grown(workspace_, bytes, stream_); }
+
+void* GpuContext::staging(int slot, size_t bytes) {
+  DPT_CHECK(slot >= 0 && slot < kStagingSlots, "GPU staging slot " << slot << " does not exist");
+  return grown(staging_[slot], bytes, stream_);
 }
 
 const float* GpuContext::ones(int64_t n) {

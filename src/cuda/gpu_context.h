@@ -73,6 +73,13 @@ class GpuContext {
   // One op call takes it once; ops run in stream order, so they can all share it.
   void* workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_.bytes(); }
+  // Grow-only scratch apart from the workspace, kStagingSlots of it, each as workspace() (valid
+  // until the next call that asks the same slot for more): what an op call keeps while it also
+  // takes the workspace (or calls an op that does), which may move it. The 16-bit activations'
+  // staging: the legacy convolution's fp32 copies of bf16 activations, the graph convolution's bf16
+  // copy of its fp32 weights, a bf16 Linear's fp32 result before its bias.
+  static constexpr int kStagingSlots = 2;
+  void* staging(int slot, size_t bytes);
   // A device vector of at least n ones (grow-only): the broadcast operand of bias additions.
   const float* ones(int64_t n);
   // Waits for everything queued on the stream.
@@ -103,6 +110,7 @@ class GpuContext {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer workspace_;
+  DeviceBuffer staging_[kStagingSlots];
   DeviceBuffer ones_;
   DeviceBuffer cublas_workspace_;  // fixed, so cuBLAS never allocates while a graph is captured
 };
