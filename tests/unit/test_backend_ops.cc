@@ -1245,31 +1245,50 @@ void check_input_gradient(Backend& be, Layer& layer, const LayerCase& lc, const 
 // backend with the same parameter values. Forward, backward (overwriting, then accumulating) and
 // the running statistics must agree; the announcements cover every parameter once; and dx must
 // match finite differences computed on the backend.
+// A layer built on a backend and, as the reference, on the CPU backend with the same parameter
+// and buffer values (init_values(seed)); xs, ys: the batch's input and output shapes; x: the
+// case's input (its gap and shift applied), r: a second uniform array shaped like the output.
+struct LayerPair {
+  LayerPair(Backend& be) : st(be), rst(cpu_backend()) {}
+  ParamStore st, rst;
+  std::unique_ptr<Layer> layer, ref;
+  Shape xs, ys;
+  std::vector<float> x, r;
+};
+void build_pair(LayerPair& p, const LayerCase& lc, uint64_t seed) {
+  p.layer = lc.make(), p.ref = lc.make();
+  const Shape out = p.layer->build(lc.in, p.st, "l");
+  ASSERT_EQ(p.ref->build(lc.in, p.rst, "l"), out);
+  p.st.finalize();
+  p.rst.finalize();
+  ASSERT_EQ(p.st.num_params(), p.rst.num_params());
+  init_values(p.st, seed);
+  std::copy(p.st.params(), p.st.params() + p.st.num_params(), p.rst.params());
+  std::copy(p.st.buffers(), p.st.buffers() + p.st.num_buffers(), p.rst.buffers());
+  p.st.from_host();
+  p.rst.from_host();
+  p.xs = p.ys = Shape{lc.n};
+  p.xs.insert(p.xs.end(), lc.in.begin(), lc.in.end());
+  p.ys.insert(p.ys.end(), out.begin(), out.end());
+  p.x = uniform(sz(shape_numel(p.xs)), seed + 1);
+  p.r = uniform(sz(shape_numel(p.ys)), seed + 2);
+  const int64_t ch = lc.in.back();
+  for (size_t i = 0; i < p.x.size(); ++i) {
+    if (lc.gap > 0) p.x[i] = (p.x[i] < 0 ? -lc.gap : lc.gap) + (1 - lc.gap) * p.x[i];
+    p.x[i] += static_cast<float>(lc.shift * static_cast<double>(i % sz(ch)));
+  }
+}
+
 void check_layer(Backend& be, Tol tol, const LayerCase& lc, uint64_t seed) {
   SCOPED_TRACE(lc.what + " on " + be.name());
-  ParamStore st(be), rst(cpu_backend());
-  const std::unique_ptr<Layer> layer = lc.make(), ref = lc.make();
-  const Shape out = layer->build(lc.in, st, "l");
-  ASSERT_EQ(ref->build(lc.in, rst, "l"), out);
-  st.finalize();
-  rst.finalize();
-  ASSERT_EQ(st.num_params(), rst.num_params());
-  init_values(st, seed);
-  std::copy(st.params(), st.params() + st.num_params(), rst.params());
-  std::copy(st.buffers(), st.buffers() + st.num_buffers(), rst.buffers());
-  st.from_host();
-  rst.from_host();
-
-  Shape xs{lc.n}, ys{lc.n};
-  xs.insert(xs.end(), lc.in.begin(), lc.in.end());
-  ys.insert(ys.end(), out.begin(), out.end());
-  std::vector<float> x = uniform(sz(shape_numel(xs)), seed + 1);
-  const std::vector<float> r = uniform(sz(shape_numel(ys)), seed + 2);
-  const int64_t ch = lc.in.back();
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (lc.gap > 0) x[i] = (x[i] < 0 ? -lc.gap : lc.gap) + (1 - lc.gap) * x[i];
-    x[i] += static_cast<float>(lc.shift * static_cast<double>(i % sz(ch)));
-  }
+  LayerPair p(be);
+  build_pair(p, lc, seed);
+  if (::testing::Test::HasFatalFailure()) return;
+  ParamStore &st = p.st, &rst = p.rst;
+  const std::unique_ptr<Layer>&layer = p.layer, &ref = p.ref;
+  const Shape &xs = p.xs, &ys = p.ys;
+  const std::vector<float>& r = p.r;
+  std::vector<float>& x = p.x;
   const Tensor x_ = to_backend(be, x, xs), r_ = to_backend(be, r, ys);
   const Tensor xr = to_backend(cpu_backend(), x, xs), rr = to_backend(cpu_backend(), r, ys);
 
@@ -1454,48 +1473,33 @@ std::vector<float> to_host16(Backend& be, const Tensor& t) {
 // leaves as well, which `out` must allow for.
 void check_layer_bf16(Backend& be, Tol out, Tol grads, const LayerCase& lc, uint64_t seed) {
   SCOPED_TRACE(lc.what + " (bf16 activations) on " + be.name());
-  ParamStore st(be), rst(cpu_backend());
-  const std::unique_ptr<Layer> layer = lc.make(), ref = lc.make();
-  const Shape shape = layer->build(lc.in, st, "l");
-  ASSERT_EQ(ref->build(lc.in, rst, "l"), shape);
-  st.finalize();
-  rst.finalize();
-  init_values(st, seed);
-  std::copy(st.params(), st.params() + st.num_params(), rst.params());
-  std::copy(st.buffers(), st.buffers() + st.num_buffers(), rst.buffers());
-  st.from_host();
-  rst.from_host();
-  Shape xs{lc.n}, ys{lc.n};
-  xs.insert(xs.end(), lc.in.begin(), lc.in.end());
-  ys.insert(ys.end(), shape.begin(), shape.end());
-  std::vector<float> x = uniform(sz(shape_numel(xs)), seed + 1);
-  for (size_t i = 0; i < x.size(); ++i)
-    x[i] += static_cast<float>(lc.shift * static_cast<double>(i % sz(lc.in.back())));
-  x = bf16_rounded(x);
-  const std::vector<float> dy = bf16_rounded(uniform(sz(shape_numel(ys)), seed + 2));
+  LayerPair p(be);
+  build_pair(p, lc, seed);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<float> x = bf16_rounded(p.x), dy = bf16_rounded(p.r);
 
-  const Tensor x16 = to_backend16(be, x, xs), dy16 = to_backend16(be, dy, ys);
-  const Tensor xr = to_backend(cpu_backend(), x, xs), dyr = to_backend(cpu_backend(), dy, ys);
+  const Tensor x16 = to_backend16(be, x, p.xs), dy16 = to_backend16(be, dy, p.ys);
+  const Tensor xr = to_backend(cpu_backend(), x, p.xs), dyr = to_backend(cpu_backend(), dy, p.ys);
   Tensor y16, yr, dx16, dxr;
-  layer->forward(x16, y16, lc.mode);
-  ref->forward(xr, yr, lc.mode);
+  p.layer->forward(x16, y16, lc.mode);
+  p.ref->forward(xr, yr, lc.mode);
   ASSERT_EQ(y16.dtype(), DType::kBF16);
-  ASSERT_EQ(y16.shape(), ys);
+  ASSERT_EQ(y16.shape(), p.ys);
   expect_match(to_host16(be, y16), as_double(bf16_rounded(to_host(cpu_backend(), yr))), "y", out);
   BackwardCtx ctx, rctx;
-  layer->backward(x16, y16, dy16, &dx16, ctx);
-  ref->backward(xr, yr, dyr, &dxr, rctx);
+  p.layer->backward(x16, y16, dy16, &dx16, ctx);
+  p.ref->backward(xr, yr, dyr, &dxr, rctx);
   ASSERT_EQ(dx16.dtype(), DType::kBF16);
   expect_match(to_host16(be, dx16), as_double(bf16_rounded(to_host(cpu_backend(), dxr))), "dx", out);
-  if (st.num_params() > 0) {
-    st.grads_to_host();
-    expect_match(std::vector<float>(st.grads(), st.grads() + st.num_params()),
-                 std::vector<double>(rst.grads(), rst.grads() + rst.num_params()), "parameter gradients", grads);
+  if (p.st.num_params() > 0) {
+    p.st.grads_to_host();
+    expect_match(std::vector<float>(p.st.grads(), p.st.grads() + p.st.num_params()),
+                 std::vector<double>(p.rst.grads(), p.rst.grads() + p.rst.num_params()), "parameter gradients", grads);
   }
-  if (st.num_buffers() > 0) {
-    st.buffers_to_host();
-    expect_match(std::vector<float>(st.buffers(), st.buffers() + st.num_buffers()),
-                 std::vector<double>(rst.buffers(), rst.buffers() + rst.num_buffers()), "running statistics", grads);
+  if (p.st.num_buffers() > 0) {
+    p.st.buffers_to_host();
+    expect_match(std::vector<float>(p.st.buffers(), p.st.buffers() + p.st.num_buffers()),
+                 std::vector<double>(p.rst.buffers(), p.rst.buffers() + p.rst.num_buffers()), "running statistics", grads);
   }
 }
 
