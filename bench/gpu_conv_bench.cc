@@ -8,9 +8,12 @@
 // graph API only, bf16io: every convolution through the bf16 entry points (x, w, dy cast to bf16
 // outside the timed call, outputs widened after it; the whole-step time includes those casts),
 // what a bf16-activation path would run.
-// --api legacy,graph prints both tables per mode from one run. GPU builds only.
+// --api legacy,graph prints both tables per mode from one run. --fused (graph-API builds) instead
+// times, per ResNet-18 fusion site (cudnn_fused_conv.h), cuDNN's fused prologue+conv+genstats in
+// bf16 against the separate passes it replaces: the BatchNorm apply+ReLU kernel, the bf16 graph
+// convolution and the statistics kernel. GPU builds only.
 // Usage: build/bench/gpu_conv_bench [--model resnet18] [--batch 256] [--steps 10] [--modes fp32,tf32,bf16]
-//        [--api legacy|graph|legacy,graph] [--survey]
+//        [--api legacy|graph|legacy,graph] [--survey] [--fused]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +31,9 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cudnn_conv.h"
 #ifdef DPT_HAVE_CUDNN_FRONTEND
+#include "batchnorm.cuh"
+#include "cuda/conv_common.h"
+#include "cuda/cudnn_fused_conv.h"
 #include "cuda/cudnn_graph_conv.h"
 #endif
 #include "dpt/nn.h"
@@ -280,13 +286,103 @@ void run_mode(const std::string& model_name, const std::string& mode, const std:
     }
 }
 
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+// Mean time per call of f over `steps` calls on the stream, after one untimed call (plan choice).
+template <class F>
+double ms_per_call(cudaStream_t s, int steps, F f) {
+  f();
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < steps; ++i) f();
+  CUDA_CHECK(cudaEventRecord(b, s));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / steps;
+}
+
+// --fused: one table row per ResNet-18 fusion site. The separate passes are what the layers run
+// today with 16-bit activations: y = BN-apply+ReLU(x) with mean 0 and invstd 1 (so the kernel's
+// scale and shift are the fused op's scale and bias), the graph convolution, then the channel
+// sums the next BatchNorm takes (in double: the layers' statistics).
+void run_fused(int64_t batch, int steps) {
+  using dpt::gpu::FusedConvGenstats;
+  dpt::gpu::CudaBackend be(0);
+  dpt::gpu::GpuContext& ctx = be.context();
+  FusedConvGenstats fused(ctx);
+  CudnnGraphConv conv(ctx);
+  cudaStream_t s = ctx.stream();
+  std::printf("\n## fused BatchNorm-prologue convolution with genstats, bf16, batch %lld (ms per call, mean of %d)\n",
+              static_cast<long long>(batch), steps);
+  std::printf("| site | geometry | pattern | fused | apply+relu | conv | stats | separate | separate/fused | fused "
+              "plan |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const dpt::gpu::FusionSite& site : dpt::gpu::resnet18_fusion_sites(batch)) {
+    const ConvGeom& g = site.g;
+    const int64_t m_in = g.n * g.h * g.w, m_out = g.n * g.oh() * g.ow();
+    const int64_t nx = m_in * g.c_in, ny = m_out * g.c_out, nw = g.c_out * g.c_in * g.k * g.k;
+    dpt::Rng r(7);
+    std::vector<float> hx(static_cast<size_t>(nx)), hw(static_cast<size_t>(nw));
+    for (auto& v : hx) v = static_cast<float>(r.uniform(-1, 1));
+    for (auto& v : hw) v = static_cast<float>(r.uniform(-0.05, 0.05));
+    DeviceBuffer fx(hx.size() * 4), fw(hw.size() * 4), x(hx.size() * 2), w(hw.size() * 2), a(hx.size() * 2),
+        y(static_cast<size_t>(ny) * 2), scale(static_cast<size_t>(g.c_in) * 4), bias(static_cast<size_t>(g.c_in) * 4),
+        zero(static_cast<size_t>(g.c_in) * 4), one(static_cast<size_t>(g.c_in) * 4),
+        sum(static_cast<size_t>(g.c_out) * 4), sq(static_cast<size_t>(g.c_out) * 4),
+        dsum(static_cast<size_t>(g.c_out) * 8), dsq(static_cast<size_t>(g.c_out) * 8),
+        scratch(static_cast<size_t>(dpt::cuda::bn_sums_scratch_elems(m_out, g.c_out)) * 8);
+    CUDA_CHECK(cudaMemcpy(fx.as<float>(), hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(fw.as<float>(), hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+    const std::vector<float> h_one(static_cast<size_t>(g.c_in), 1.f), h_scale(h_one.size(), 1.5f),
+        h_bias(h_one.size(), -0.25f), h_zero(h_one.size(), 0.f);
+    for (auto [buf, h] : {std::pair{&scale, &h_scale}, {&bias, &h_bias}, {&zero, &h_zero}, {&one, &h_one}})
+      CUDA_CHECK(cudaMemcpy(buf->as<float>(), h->data(), h->size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(dpt::cuda::launch_to_bf16(fx.as<float>(), x.as<uint16_t>(), nx, s));
+    CUDA_CHECK(dpt::cuda::launch_to_bf16(fw.as<float>(), w.as<uint16_t>(), nw, s));
+    const auto nv = [](const DeviceBuffer& b) { return b.as<__nv_bfloat16>(); };
+    const char* pattern = site.prologue ? "scale-bias-relu-conv-genstats" : "conv-genstats";
+    double fused_ms = -1;
+    std::string plan = "unsupported";
+    try {
+      fused_ms = ms_per_call(s, steps, [&] {
+        fused.forward_bf16(g, nv(x), site.prologue ? scale.as<float>() : nullptr,
+                           site.prologue ? bias.as<float>() : nullptr, nv(w), nv(y), sum.as<float>(), sq.as<float>());
+      });
+      for (const FusedConvGenstats::Choice& c : fused.choices())
+        if (c.key == dpt::gpu::geom_str(g) + " " + pattern + " bf16") plan = c.plan;
+    } catch (const dpt::Error& e) {
+      std::fprintf(stderr, "%s %s: %s\n", site.name, pattern, e.what());
+    }
+    const double apply_ms = site.prologue ? ms_per_call(s, steps, [&] {
+      CUDA_CHECK(dpt::cuda::launch_bn_apply(x.as<uint16_t>(), a.as<uint16_t>(), zero.as<float>(), one.as<float>(),
+                                            scale.as<float>(), bias.as<float>(), m_in, g.c_in, nullptr, true, s));
+    }) : 0;
+    const DeviceBuffer& conv_in = site.prologue ? a : x;
+    const double conv_ms = ms_per_call(s, steps, [&] { conv.forward_bf16(g, nv(conv_in), nv(w), nullptr, nv(y)); });
+    const double stats_ms = ms_per_call(s, steps, [&] {
+      CUDA_CHECK(dpt::cuda::launch_bn_sums(y.as<uint16_t>(), m_out, g.c_out, dsum.as<double>(), dsq.as<double>(),
+                                           nullptr, scratch.as<double>(), s));
+    });
+    const double separate = apply_ms + conv_ms + stats_ms;
+    std::printf("| %s | %s | %s | %s | %.3f | %.3f | %.3f | %.3f | %s | %s |\n", site.name,
+                dpt::gpu::geom_str(g).c_str(), pattern,
+                fused_ms < 0 ? "-" : std::to_string(fused_ms).substr(0, 6).c_str(), apply_ms, conv_ms, stats_ms,
+                separate, fused_ms <= 0 ? "-" : std::to_string(separate / fused_ms).substr(0, 5).c_str(),
+                plan.c_str());
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model = "resnet18", modes = "fp32,tf32,bf16", apis = "legacy";
   int64_t batch = 256;
   int steps = 10;
-  bool survey = false;
+  bool survey = false, fused = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) model = argv[++i];
@@ -295,6 +391,7 @@ int main(int argc, char** argv) {
     else if (a == "--modes" && i + 1 < argc) modes = argv[++i];
     else if (a == "--api" && i + 1 < argc) apis = argv[++i];
     else if (a == "--survey") survey = true;
+    else if (a == "--fused") fused = true;
     else {
       std::fprintf(stderr, "gpu_conv_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -303,6 +400,15 @@ int main(int argc, char** argv) {
   if (batch < 1 || steps < 1) {
     std::fprintf(stderr, "gpu_conv_bench: --batch and --steps must be >= 1\n");
     return 2;
+  }
+  if (fused) {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+    run_fused(batch, steps);
+    return 0;
+#else
+    std::fprintf(stderr, "gpu_conv_bench: --fused: this build has no cuDNN graph API (launch/cudnn_frontend.sh)\n");
+    return 2;
+#endif
   }
   const auto split = [](const std::string& list) {
     std::vector<std::string> out;

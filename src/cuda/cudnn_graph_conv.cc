@@ -43,31 +43,9 @@
 // plan_choices() and set_plan_choices() let a resumed run replay a run's choices.
 #include "cuda/cudnn_graph_conv.h"
 
-// Without the frontend's serialisation: nothing here serialises, and its bundled nlohmann/json
-// (another version than the one the project links) then stays out of the build.
-#define CUDNN_FRONTEND_SKIP_JSON_LIB 1
-#include <cudnn_frontend.h>
-
-// The frontend's experimental open-source engines compile kernels with NVRTC; they are only
-// registered for HeurMode_t::OPENSOURCE, which nothing here asks for. Weak references keep NVRTC
-// from becoming a link and load-time dependency of every binary for code that never runs.
-#pragma weak nvrtcVersion
-#pragma weak nvrtcCreateProgram
-#pragma weak nvrtcDestroyProgram
-#pragma weak nvrtcCompileProgram
-#pragma weak nvrtcGetProgramLogSize
-#pragma weak nvrtcGetProgramLog
-#pragma weak nvrtcGetCUBINSize
-#pragma weak nvrtcGetCUBIN
-#pragma weak nvrtcGetPTXSize
-#pragma weak nvrtcGetPTX
-#pragma weak nvrtcGetErrorString
-
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <map>
-#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -80,6 +58,7 @@
 #include "cuda/conv_common.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cudnn_graph_common.h"
 #include "dpt/log.h"
 #include "precision.cuh"
 
@@ -89,11 +68,14 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-// Per candidate: runs before timing (the first loads its kernels), then timed runs, the fastest kept.
-constexpr int kWarmupRuns = 1, kTimedRuns = 3;
-
-bool fe_failed(const fe::error_t& e) { return e.is_bad(); }
-std::string fe_message(fe::error_t e) { return e.get_message(); }
+using graph_api::fe_failed;
+using graph_api::fe_message;
+using graph_api::check_activation;
+using graph_api::elem_bytes;
+using graph_api::filter_elems;
+using graph_api::Io;
+using graph_api::io_name;
+using graph_api::same_layout;
 
 enum class Dir { kForward, kBackwardData, kBackwardFilter };
 const char* dir_name(Dir d) {
@@ -105,26 +87,10 @@ const char* dir_name(Dir d) {
   return "?";
 }
 
-// A key's array type and the math its plans may use: fp32 strict, fp32 with TF32 tensor cores
-// allowed, bf16 arrays (tensor cores, fp32 accumulation).
-enum class Io { kFp32, kTf32, kBf16 };
-const char* io_name(Io io) {
-  switch (io) {
-    case Io::kFp32: return "fp32";
-    case Io::kTf32: return "tf32";
-    case Io::kBf16: return "bf16";
-  }
-  return "?";
-}
-size_t elem_bytes(Io io) { return io == Io::kBf16 ? 2 : 4; }
-
 std::string key_of(const ConvGeom& g, Dir d, Io io) {
   return geom_str(g) + " " + dir_name(d) + " " + io_name(io);
 }
 
-// Cin == 1 or K == 1: OIHW and OHWI are the same bytes.
-bool same_layout(const ConvGeom& g) { return g.c_in == 1 || g.k == 1; }
-int64_t filter_elems(const ConvGeom& g) { return g.c_out * g.c_in * g.k * g.k; }
 
 // How a plan's graph lays the filter out (see the file comment), and for bf16 backward-filter
 // whether dW comes out in bf16.
@@ -153,14 +119,11 @@ std::vector<std::vector<Variant>> variant_tiers(const ConvGeom& g, Dir d, Io io)
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
 // One built plan of one variant's graph.
-struct Plan {
-  std::shared_ptr<fe::graph::Graph> graph;
+struct Plan : graph_api::BuiltPlan {
   Variant variant;
-  int64_t index = -1;     // in the graph's engine configurations
-  std::string name;       // "<variant>:<engine tag>"
-  int64_t workspace = 0;  // bytes
-  float ms = 0;           // when timed
-  int candidates = 0;     // plans timed against it (0: seeded)
+  std::string name;    // "<variant>:<engine tag>"
+  float ms = 0;        // when timed
+  int candidates = 0;  // plans timed against it (0: seeded)
 };
 
 // One variant's graph with its heuristics' engine configurations queried and filtered (see the
@@ -168,7 +131,7 @@ struct Plan {
 std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeom& g, Dir d, Io io, Variant v,
                                              bool nondeterministic, std::string* why) {
   using fe::DataType_t;
-  const DataType_t t = io == Io::kBf16 ? DataType_t::BFLOAT16 : DataType_t::FLOAT;
+  const DataType_t t = graph_api::data_type(io);
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(t).set_intermediate_data_type(DataType_t::FLOAT).set_compute_data_type(DataType_t::FLOAT);
 
@@ -182,9 +145,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
   const Operand x{"x", kUidX, t, {g.n, ci, g.h, g.w}, {g.h * g.w * ci, 1, g.w * ci, ci}};
   const Operand y{"y", kUidY, t, {g.n, co, oh, ow}, {oh * ow * co, 1, ow * co, co}};
   const DataType_t wt = d == Dir::kBackwardFilter && io == Io::kBf16 && !v.dw_bf16 ? DataType_t::FLOAT : t;
-  const std::vector<int64_t> w_stride = v.ohwi ? std::vector<int64_t>{k * k * ci, 1, k * ci, ci}
-                                                : std::vector<int64_t>{ci * k * k, k * k, k, 1};
-  const Operand w{"w", kUidW, wt, {co, ci, k, k}, w_stride};
+  const Operand w{"w", kUidW, wt, {co, ci, k, k}, graph_api::filter_stride(g, v.ohwi)};
   auto describe = [](fe::graph::Tensor_attributes& a, const Operand& o) {
     a.set_name(o.name).set_uid(o.uid).set_data_type(o.type).set_dim(o.dim).set_stride(o.stride);
   };
@@ -218,18 +179,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
              w);
       break;
   }
-  fe::error_t st = graph->validate();
-  if (st.is_good()) st = graph->build_operation_graph(handle);
-  if (st.is_good()) st = graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  if (st.is_bad()) {
-    *why = st.get_message();
-    return nullptr;
-  }
-  std::vector<fe::NumericalNote_t> barred{fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
-                                          fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
-  if (io == Io::kFp32) barred.push_back(fe::NumericalNote_t::TENSOR_CORE);
-  if (!nondeterministic) barred.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
-  graph->deselect_numeric_notes(barred).deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
+  if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic, why)) return nullptr;
   return graph;
 }
 
@@ -237,39 +187,14 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
 // configuration once (modes A and FALLBACK may both list it); with `only`, just that engine tag's.
 std::vector<Plan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, Variant v, const std::string* only) {
   std::vector<Plan> out;
-  if (graph->check_support().is_bad()) return out;  // no configuration passes
-  std::set<std::string> seen;
-  for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
-    std::string tag;
-    if (graph->get_plan_name_at_index(i, tag).is_bad() || !seen.insert(tag).second) continue;
-    if (only && tag != *only) continue;
-    int64_t ws = 0;
-    if (graph->build_plan_at_index(i).is_bad() || graph->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
+  for (graph_api::BuiltPlan& b : graph_api::build_plans(graph, only)) {
     Plan p;
-    p.graph = graph;
+    static_cast<graph_api::BuiltPlan&>(p) = std::move(b);
     p.variant = v;
-    p.index = i;
-    p.name = variant_name(v) + ":" + tag;
-    p.workspace = ws;
+    p.name = variant_name(v) + ":" + p.tag;
     out.push_back(std::move(p));
   }
   return out;
-}
-
-struct Event {
-  cudaEvent_t e = nullptr;
-  Event() { CUDA_CHECK(cudaEventCreate(&e)); }
-  ~Event() {
-    if (e) cudaEventDestroy(e);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
-
-// cuDNN's tensors are described with its default 16-byte alignment.
-void check_activation(const void* p, const char* what, const ConvGeom& g) {
-  DPT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
-            "convolution " << geom_str(g) << ": " << what << " is not 16-byte aligned, as cuDNN's graph needs");
 }
 
 }  // namespace
@@ -295,12 +220,7 @@ struct CudnnGraphConv::Impl {
   const Plan& plan(const ConvGeom& g, Dir d, Io io, const Trial& trial) {
     const std::string key = key_of(g, d, io);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
-    DPT_CHECK(capture == cudaStreamCaptureStatusNone,
-              "the cuDNN graph of convolution " << key
-                                                << " would be built inside a CUDA-graph capture; every shape's first "
-                                                   "step must run eagerly");
+    graph_api::check_not_capturing(ctx, "convolution " + key);
     const auto t0 = std::chrono::steady_clock::now();
     Plan chosen;
     if (auto seed = seeds.find(key); seed != seeds.end()) {
@@ -346,73 +266,19 @@ struct CudnnGraphConv::Impl {
   // The fastest plan of the first (determinism, tier) step that offers any (see the file comment).
   template <class Trial>
   Plan timed(const ConvGeom& g, Dir d, Io io, const std::string& key, const Trial& trial) {
-    std::vector<Plan> candidates;
-    std::string why;
-    for (bool nondeterministic : {false, true}) {
-      for (const auto& tier : variant_tiers(g, d, io)) {
-        for (Variant v : tier) {
-          std::string failed;
-          auto graph = make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, &failed);
-          if (!graph) {
-            why += DPT_MSG("\n  " << variant_name(v) << ": " << failed);
-            continue;
-          }
-          ++graphs_built;
-          std::vector<Plan> built = build_plans(graph, v, nullptr);
-          if (built.empty())
-            why += DPT_MSG("\n  " << variant_name(v) << (nondeterministic ? "" : " (deterministic)")
-                                  << ": no engine configuration builds");
-          for (Plan& p : built) candidates.push_back(std::move(p));
-        }
-        if (!candidates.empty()) break;
-      }
-      if (!candidates.empty()) {
-        if (nondeterministic)
-          log_warn(DPT_MSG("cuDNN has no deterministic plan for convolution "
-                           << key << "; results will not be bit-reproducible"));
-        break;
-      }
-    }
-    DPT_CHECK(!candidates.empty(), "cuDNN offers no plan for convolution " << key << ":" << why);
+    const auto make = [&](Variant v, bool nondeterministic, std::string* why) {
+      return make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, why);
+    };
+    std::vector<Plan> candidates = graph_api::candidate_plans<Plan>(variant_tiers(g, d, io), make, variant_name,
+                                                                    "convolution " + key, &graphs_built);
     return fastest(candidates, g, key, trial);
   }
 
   template <class Trial>
   Plan fastest(std::vector<Plan>& candidates, const ConvGeom& g, const std::string& key, const Trial& trial) {
-    int64_t most = 0;
-    for (const Plan& c : candidates) most = std::max(most, c.workspace);
     // Every trial's layout fits: its plan's workspace and one fp32 filter, each rounded up.
-    ctx.workspace(static_cast<size_t>(most) + static_cast<size_t>(filter_elems(g)) * sizeof(float) +
-                  2 * WorkspaceLayout::kAlign);
-    Event start, stop;
-    Plan* best = nullptr;
-    int ran = 0;
-    for (Plan& c : candidates) {
-      try {
-        for (int i = 0; i < kWarmupRuns; ++i) trial(c);
-        c.ms = std::numeric_limits<float>::max();
-        // A plan already twice as slow as the best so far cannot win: no more runs of it.
-        for (int i = 0; i < kTimedRuns && !(best && c.ms > 2 * best->ms); ++i) {
-          CUDA_CHECK(cudaEventRecord(start.e, ctx.stream()));
-          trial(c);
-          CUDA_CHECK(cudaEventRecord(stop.e, ctx.stream()));
-          CUDA_CHECK(cudaEventSynchronize(stop.e));
-          float ms = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
-          c.ms = std::min(c.ms, ms);
-        }
-      } catch (const Error& e) {  // a plan that builds but will not run here is only passed over
-        log_debug(DPT_MSG("cuDNN graph plan " << c.name << " for convolution " << key
-                                              << " did not run: " << e.what()));
-        continue;
-      }
-      ++ran;
-      ++plans_timed;
-      if (!best || c.ms < best->ms) best = &c;
-    }
-    DPT_CHECK(best, "none of the " << candidates.size() << " cuDNN plans built for convolution " << key << " ran");
-    best->candidates = ran;
-    return std::move(*best);
+    const size_t extra = static_cast<size_t>(filter_elems(g)) * sizeof(float) + 2 * WorkspaceLayout::kAlign;
+    return graph_api::take_fastest(ctx, candidates, extra, "convolution " + key, trial, &plans_timed);
   }
 
   void execute(const Plan& p, const void* x, const void* w, const void* y, char* workspace) {
@@ -425,19 +291,10 @@ struct CudnnGraphConv::Impl {
   // The filter as plan p reads it: w itself, or moved to the workspace at `to` (OHWI, or an
   // aligned copy). `to` is null when moves_weights() is false.
   static bool moves_weights(const Plan& p, const ConvGeom& g, const void* w) {
-    return (p.variant.ohwi && !same_layout(g)) || !aligned(w);
+    return graph_api::moves_filter(g, p.variant.ohwi, w);
   }
   const void* weights(const Plan& p, const ConvGeom& g, Io io, const void* w, char* to) {
-    if (!to) return w;
-    const auto move = p.variant.ohwi && !same_layout(g) ? cuda::FilterMove::kToOhwi : cuda::FilterMove::kCopy;
-    const int64_t kk = g.k * g.k;
-    if (io == Io::kBf16)
-      CUDA_CHECK(cuda::launch_filter_move_bf16(static_cast<const uint16_t*>(w), reinterpret_cast<uint16_t*>(to),
-                                               g.c_out, g.c_in, kk, move, ctx.stream()));
-    else
-      CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(w), reinterpret_cast<float*>(to), g.c_out,
-                                          g.c_in, kk, move, false, ctx.stream()));
-    return to;
+    return graph_api::place_filter(ctx, g, io, p.variant.ohwi, w, to);
   }
 
   // One direction's work with plan p: forward reads x and w into y; backward-data reads y (dy)

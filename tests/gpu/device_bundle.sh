@@ -15,9 +15,10 @@ exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu-bundle/' "$exclude" 2>/dev/null || echo '/.gpu-bundle/' >> "$exclude"  # carried, never committed
 
-# The graph-API convolution's suite exists only in builds with cudnn-frontend's headers.
+# The graph-API convolution's suites (plain and fused) exist only in builds with cudnn-frontend's headers.
 graph=()
-ninja -C "$build" -t query tests/gpu/test_graph_conv > /dev/null 2>&1 && graph=(tests/gpu/test_graph_conv)
+ninja -C "$build" -t query tests/gpu/test_graph_conv > /dev/null 2>&1 &&
+  graph=(tests/gpu/test_graph_conv tests/gpu/test_fused_conv)
 ninja -C "$build" dptrain tests/test_backend_ops tests/gpu/test_gpu_kernels tests/gpu/test_gpu_ops \
   tests/gpu/test_gpu_nccl tests/gpu/test_gpu_model bench/gpu_conv_bench "${graph[@]}"
 bins=("$build/dptrain" "$build/tests/test_backend_ops" "$build"/tests/gpu/test_gpu_{kernels,ops,nccl,model}

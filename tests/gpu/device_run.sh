@@ -6,9 +6,11 @@
 # gpu_table.md.
 # Usage: bash tests/gpu/device_run.sh [step...]   steps: env smoke backend kernels ops nccl model cli bench
 #        torchcompile_lenet[_P] torchcompile_resnet18_P (P: fp32, tf32 or bf16; none: all three)
-#        reducer2 convbench graphconv graphsmoke graphbench bench16 (default: all but bench, bench16, torchcompile_*,
-#        reducer2, convbench and graph*; graph* check cuDNN's graph-API convolutions: suite 300 s, smoke 120 s, table
-#        400 s; bench trains LeNet and ResNet-18 for timing; bench16 the same in bf16 with 16-bit activations
+#        reducer2 convbench graphconv graphsmoke graphbench fusedconv fusedbench bench16 (default: all but bench,
+#        bench16, torchcompile_*, reducer2, convbench, graph* and fused*; graph* check cuDNN's graph-API convolutions:
+#        suite 300 s, smoke 120 s, table 400 s; fusedconv the fused BatchNorm-prologue convolution with genstats
+#        (test_fused_conv: against the unfused composition, and ResNet-18's batch-256 sites built or refused by
+#        name, 200 s), fusedbench its table against the separate passes (gpu_conv_bench --fused, 150 s); bench trains LeNet and ResNet-18 for timing; bench16 the same in bf16 with 16-bit activations
 #        (--activation-dtype bf16), on the legacy and the graph API, under the bench budget, for the same table;
 #        reducer2 runs the compressed-gradient (--grad-dtype) Reducer check at 2 ranks, host MPI on
 #        one GPU, 90 s); convbench times a ResNet-18 step's convolutions per geometry in fp32,
@@ -60,6 +62,14 @@ for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnc
     echo "MISSING on this machine: $lib" | tee -a "$out/summary.txt"
   fi
 done
+# cuDNN's runtime-fusion engines (fusedconv) compile their kernels with NVRTC, which cuDNN loads
+# itself: its directory joins the path where the machine has it; without it those engines decline.
+nvrtc=$(locate libnvrtc.so.13)
+if [[ -n $nvrtc ]]; then
+  [[ :$libdirs: == *:$(dirname "$nvrtc"):* ]] || libdirs=$libdirs:$(dirname "$nvrtc")
+else
+  echo "no libnvrtc.so.13 on this machine: cuDNN's runtime-fusion engines will decline" | tee -a "$out/summary.txt"
+fi
 export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/opt/dpt/bin:$PATH MPIRUN=/usr/bin/orterun
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
@@ -135,6 +145,10 @@ for s in "${steps[@]}"; do
       --max-steps 3 --eval-every 0 --data "$data" --log-level debug ;;
     graphbench) step graphbench 400 gpu_conv_bench --model resnet18 --batch 256 --steps 10 \
       --modes fp32,tf32,bf16io --api legacy,graph ;;
+    # The fused op (src/cuda/cudnn_fused_conv.h, not yet in the layers): its suite prints the plan
+    # per key and the ResNet-18 table; fusedbench the fused-against-separate table.
+    fusedconv) step fusedconv 200 test_fused_conv ;;
+    fusedbench) step fusedbench 150 gpu_conv_bench --fused --batch 256 --steps 20 ;;
     bench16)  # --precision bf16 with 16-bit activations, legacy and graph API: rows beside bench's in gpu_table.md
       d2l=(--recipe d2l --data "$data" --progress off --precision bf16 --activation-dtype bf16)
       m() { echo --metrics "$logs/$1.jsonl"; }

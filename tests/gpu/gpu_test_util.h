@@ -2,6 +2,7 @@
 // and tensors, seeded random inputs and the relative comparison every GPU-vs-CPU check uses.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "dpt/device.h"
+#include "dpt/half.h"
 #include "dpt/rng.h"
 #include "dpt/tensor.h"
 
@@ -72,5 +74,18 @@ inline void expect_close(const std::vector<float>& gpu, const std::vector<float>
   for (size_t i = 0; i < gpu.size(); ++i)
     ASSERT_NEAR(gpu[i], cpu[i], rel * std::max(1.0, scale)) << what << ", index " << i;
 }
+
+// bf16 bit patterns of fp32 values (rounded to nearest even), and back (exact).
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = bf16_from_float(v[i]);
+  return h;
+}
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = float_from_bf16(h[i]);
+  return v;
+}
+inline __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 }  // namespace dpt::test

@@ -131,17 +131,9 @@ Results<float> run_fp32(ConvOp& op, GpuContext& ctx, const Operands& o) {
   return {y.host(), dx.host(), dw.host(), db.host(), dwa.host(), dba.host()};
 }
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = bf16_from_float(v[i]);
-  return h;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
-  std::vector<float> v(h.size());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = float_from_bf16(h[i]);
-  return v;
-}
-__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+using test::bf;
+using test::from_bf16;
+using test::to_bf16;
 
 // The same three calls through the bf16 entry points (bias, dW and dB stay fp32).
 Results<float> run_bf16(CudnnGraphConv& op, GpuContext& ctx, const Operands& o) {
