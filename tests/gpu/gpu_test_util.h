@@ -46,6 +46,14 @@ struct Dev {
   }
 };
 
+// The NHWC input offset of output (n, oh, ow)'s kernel tap (kh, kw), or -1 where the tap falls in
+// the zero padding: the window walk the host convolution references share.
+inline int64_t tap_offset(const ConvGeom& g, int64_t n, int64_t oh, int64_t ow, int64_t kh, int64_t kw) {
+  const int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+  if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return -1;
+  return ((n * g.h + ih) * g.w + iw) * g.c_in;
+}
+
 // A copy of a host tensor in the backend's memory, and the host values of one there.
 inline Tensor to_device(gpu::CudaBackend& be, const Tensor& host) {
   Tensor dev(host.shape(), &be);

@@ -87,13 +87,12 @@ Reference reference(const Operands& o, bool prologue) {
         const size_t yo = count(((n * g.oh() + oh) * g.ow() + ow) * g.c_out);
         for (int64_t kh = 0; kh < g.k; ++kh)
           for (int64_t kw = 0; kw < g.k; ++kw) {
-            const int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
-            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-            const size_t xo = count(((n * g.h + ih) * g.w + iw) * g.c_in);
+            const int64_t xo = test::tap_offset(g, n, oh, ow, kh, kw);
+            if (xo < 0) continue;
             for (int64_t co = 0; co < g.c_out; ++co) {
               double acc = 0, m = 0;
               for (int64_t ci = 0; ci < g.c_in; ++ci) {
-                const double t = a[xo + count(ci)] * o.w[count(((co * g.c_in + ci) * g.k + kh) * g.k + kw)];
+                const double t = a[count(xo + ci)] * o.w[count(((co * g.c_in + ci) * g.k + kh) * g.k + kw)];
                 acc += t;
                 m += std::fabs(t);
               }

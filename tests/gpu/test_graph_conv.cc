@@ -95,17 +95,16 @@ Results<double> reference(const Operands& o) {
         }
         for (int64_t kh = 0; kh < g.k; ++kh)
           for (int64_t kw = 0; kw < g.k; ++kw) {
-            const int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
-            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-            const size_t xo = count(((n * g.h + ih) * g.w + iw) * g.c_in);
+            const int64_t xo = test::tap_offset(g, n, oh, ow, kh, kw);
+            if (xo < 0) continue;
             for (int64_t co = 0; co < g.c_out; ++co) {
               const double dy = o.dy[yo + count(co)];
               double acc = 0;
               for (int64_t ci = 0; ci < g.c_in; ++ci) {
                 const size_t wi = count(((co * g.c_in + ci) * g.k + kh) * g.k + kw);
-                const double x = o.x[xo + count(ci)], w = o.w[wi];
+                const double x = o.x[count(xo + ci)], w = o.w[wi];
                 acc += x * w;
-                r.dx[xo + count(ci)] += dy * w;
+                r.dx[count(xo + ci)] += dy * w;
                 r.dw[wi] += dy * x;
               }
               r.y[yo + count(co)] += acc;
