@@ -4,7 +4,6 @@
 // ParamStore's, taken at build(). Activations are float or bfloat16 (Model's activation type): a
 // layer's output, and every gradient it makes, takes its input's element type, and each operation
 // is written once over that type T (on_type).
-#include <type_traits>
 #include <vector>
 
 #include "dpt/backend.h"
@@ -17,7 +16,7 @@ namespace dpt {
 namespace {
 
 // Calls f with a null T* for the element type `dt` holds (float or BFloat16), so that a layer's
-// calls are written once, as a generic lambda over T, and the backend's overload is chosen by type.
+// calls are written once, as a lambda templated on T, and the backend's overload is chosen by type.
 template <typename F>
 void on_type(DType dt, F&& f) {
   if (dt == DType::kBF16)
@@ -25,7 +24,6 @@ void on_type(DType dt, F&& f) {
   else
     f(static_cast<float*>(nullptr));
 }
-#define DPT_ELEMENT(tag) std::remove_pointer_t<decltype(tag)>
 
 std::string join(const std::string& prefix, const std::string& name) {
   if (prefix.empty()) return name;
@@ -83,8 +81,7 @@ class Conv2d : public Leaf {
     check_input(x);
     geom_.n = x.dim(0);
     output(y, {geom_.n, geom_.oh(), geom_.ow(), out_}, x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       op_->forward(geom_, x.ptr<T>(), value(w_), value(b_), y.ptr<T>());
     });
   }
@@ -92,8 +89,7 @@ class Conv2d : public Leaf {
                 BackwardCtx& ctx) override {
     check_input(x);
     geom_.n = x.dim(0);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       op_->backward(geom_, x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_),
                     ctx.accumulate);
     });
@@ -138,8 +134,7 @@ class BatchNorm2d : public Leaf {
               kind() << ": residual " << shape_str(residual->shape()) << " != input " << shape_str(x.shape()));
     const int64_t m = x.numel() / in_[2];
     output(y, x.shape(), x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       const T* r = residual ? residual->ptr<T>() : nullptr;
       if (mode == Mode::kTrain)
         op_->forward_train(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_), value(running_mean_),
@@ -162,8 +157,7 @@ class BatchNorm2d : public Leaf {
     check_input(x);
     const int64_t m = x.numel() / in_[2];
     if (dz) output(*dz, y.shape(), x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       op_->backward(x.ptr<T>(), dy.ptr<T>(), prepare_dx<T>(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
                     accumulate, sync_, relu_ ? y.ptr<T>() : nullptr, dz ? dz->ptr<T>() : nullptr);
     });
@@ -190,15 +184,13 @@ class ReLU : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, x.shape(), x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->relu_forward(x.ptr<T>(), y.ptr<T>(), x.numel());
     });
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x)) be_->relu_backward(y.ptr<T>(), dy.ptr<T>(), d, x.numel());
     });
   }
@@ -221,15 +213,13 @@ class AvgPool2d : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, {x.dim(0), (in_[0] - k_) / s_ + 1, (in_[1] - k_) / s_ + 1, in_[2]}, x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->avgpool_forward(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0], in_[1], in_[2], k_, s_, relu_);
     });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
         be_->avgpool_backward(dy.ptr<T>(), relu_ ? x.ptr<T>() : nullptr, d, x.dim(0), in_[0], in_[1], in_[2], k_,
                               s_);
@@ -252,15 +242,13 @@ class GlobalAvgPool : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, {x.dim(0), in_[2]}, x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->global_avgpool_forward(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0] * in_[1], in_[2]);
     });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
         be_->global_avgpool_backward(dy.ptr<T>(), d, x.dim(0), in_[0] * in_[1], in_[2]);
     });
@@ -279,15 +267,13 @@ class Flatten : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, {x.dim(0), in_[0] * in_[1] * in_[2]}, x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->flatten(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/true);
     });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x)) be_->flatten(dy.ptr<T>(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
     });
   }
@@ -307,16 +293,14 @@ class Linear : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, {x.dim(0), out_}, x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->linear_forward(x.ptr<T>(), value(w_), value(b_), y.ptr<T>(), x.dim(0), in_[0], out_);
     });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
     check_input(x);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       be_->linear_backward(x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_), x.dim(0),
                            in_[0], out_, ctx.accumulate);
     });
@@ -382,8 +366,7 @@ class Residual : public Leaf {
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
     main_.backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
-    on_type(x.dtype(), [&](auto* t) {
-      using T = DPT_ELEMENT(t);
+    on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
         be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(), /*relu=*/false);
     });
