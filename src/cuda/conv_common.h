@@ -38,4 +38,13 @@ inline void check_geometry(const ConvGeom& g) {
 // aligned workspace.
 inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; }
 
+// Thrown by the graph-API convolution where cuDNN offers no plan that builds and runs for a key
+// (bf16 channel counts that are not multiples of 8, say: LeNet's 1->20 and 20->50, ResNet-18's
+// 1->64 on Fashion-MNIST). The CUDA backend then runs that layer's direction on the legacy API
+// (cuda_backend.cc), so such a layer trains instead of stopping the run.
+class NoGraphPlan : public Error {
+ public:
+  explicit NoGraphPlan(const std::string& what) : Error(ErrorKind::kInternal, what) {}
+};
+
 }  // namespace dpt::gpu

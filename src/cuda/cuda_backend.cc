@@ -12,6 +12,7 @@
 #include "cuda/cuda_graph.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
+#include "cuda/conv_common.h"
 #include "cuda/cudnn_conv.h"
 #ifdef DPT_HAVE_CUDNN_FRONTEND
 #include "cuda/cudnn_graph_conv.h"
@@ -104,27 +105,52 @@ bool graph_api_requested() {
 }
 
 #ifdef DPT_HAVE_CUDNN_FRONTEND
-// A layer's handle on the backend's one CudnnGraphConv.
+// A layer's handle on the backend's one CudnnGraphConv. Where cuDNN's graph API has no plan for
+// one of the layer's directions (NoGraphPlan: bf16 channel counts that are not multiples of 8 may
+// have none), that direction runs on the legacy API from then on, through a CudnnConv of the
+// layer's own. The switch happens on a shape's first, eager step, before anything of the call was
+// written that the legacy run does not overwrite (dw and db are only touched after every plan is
+// found), so the call is simply run again there.
 class SharedGraphConv : public ConvOp {
  public:
-  explicit SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv) : conv_(std::move(conv)) {}
+  SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv, GpuContext& ctx) : conv_(std::move(conv)), ctx_(ctx) {}
   void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
-    conv_->forward(g, x, w, b, y);
+    either(kForward, 0, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                 bool accumulate) override {
-    conv_->backward(g, x, w, dy, dx, dw, db, accumulate);
+    either(kBackward, 0, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
   void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override {
-    conv_->forward(g, x, w, b, y);
+    either(kForward, 1, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
   void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
                 float* db, bool accumulate) override {
-    conv_->backward(g, x, w, dy, dx, dw, db, accumulate);
+    either(kBackward, 1, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
 
  private:
+  enum { kForward = 0, kBackward = 1 };
+  // call(op) on the graph op, or on the legacy one where this direction and activation type
+  // (0 fp32, 1 bf16) has no graph-API plan.
+  template <class Call>
+  void either(int dir, int type, const Call& call) {
+    if (!legacy_[dir][type]) {
+      try {
+        call(*conv_);
+        return;
+      } catch (const NoGraphPlan&) {  // CudnnGraphConv logged it, once per key
+        legacy_[dir][type] = true;
+      }
+    }
+    if (!legacy_op_) legacy_op_ = std::make_unique<CudnnConv>(ctx_);
+    call(*legacy_op_);
+  }
+
   std::shared_ptr<CudnnGraphConv> conv_;
+  GpuContext& ctx_;
+  std::unique_ptr<CudnnConv> legacy_op_;
+  bool legacy_[2][2] = {{false, false}, {false, false}};
 };
 #endif
 
@@ -137,7 +163,7 @@ std::unique_ptr<ConvOp> CudaBackend::make_conv() {
       graph_conv_ = std::make_shared<CudnnGraphConv>(*ctx_);
       graph_conv_->set_plan_choices(conv_plan_seed_);
     }
-    return std::make_unique<SharedGraphConv>(graph_conv_);
+    return std::make_unique<SharedGraphConv>(graph_conv_, *ctx_);
 #endif
   }
   return std::make_unique<CudnnConv>(*ctx_);

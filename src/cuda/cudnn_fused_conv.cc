@@ -140,7 +140,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
   }
   output(sum, "sum", kUidSum, DataType_t::FLOAT, {1, co, 1, 1}, nhwc(co, 1, 1));
   output(sqsum, "sqsum", kUidSqSum, DataType_t::FLOAT, {1, co, 1, 1}, nhwc(co, 1, 1));
-  if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic, why)) return nullptr;
+  // Runtime fusion has no precompiled engine: NVRTC-compiled ones are this op's only plans.
+  if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic, true, why)) return nullptr;
   return graph;
 }
 

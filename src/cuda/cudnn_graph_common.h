@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <set>
@@ -117,13 +118,42 @@ inline void check_not_capturing(const GpuContext& ctx, const std::string& what) 
                                      "step must run eagerly");
 }
 
+// A positive integer from environment variable `name`, or `fallback` where it is unset or empty;
+// anything else is refused naming the variable.
+inline int env_count(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  DPT_INPUT_CHECK(*end == '\0' && n > 0 && n <= 1000, name << "=" << v << " is not a count from 1 to 1000");
+  return static_cast<int>(n);
+}
+
+// How many candidate plans a key times at most (DPT_CUDNN_MAX_PLANS, default 8): the heuristics'
+// first ones, taken in turn from each variant. Timing every configuration cuDNN lists took up to
+// seconds per key; the heuristics' top few hold the winner in practice, as PyTorch's
+// cudnn.benchmark "limited" mode assumes.
+inline int max_timed_plans() { return env_count("DPT_CUDNN_MAX_PLANS", 8); }
+
+// Whether engines that compile their kernels at run time (NVRTC; cuDNN's behaviour note
+// RUNTIME_COMPILATION) may compete for a plain convolution: only with DPT_CUDNN_RUNTIME_COMPILE=1.
+// Their first build costs seconds per key, and a machine without NVRTC declines them anyway. The
+// fused convolution needs them (runtime fusion has no precompiled engine) and always allows them.
+inline bool runtime_compilation_requested() {
+  const char* v = std::getenv("DPT_CUDNN_RUNTIME_COMPILE");
+  const std::string s = v ? v : "";
+  DPT_INPUT_CHECK(s.empty() || s == "0" || s == "1", "DPT_CUDNN_RUNTIME_COMPILE=" << s << " is not 0 or 1");
+  return s == "1";
+}
+
 // Validates a described graph, builds its operation graph, queries heuristics modes A and
 // FALLBACK and deselects what the project never runs: engines that down-convert inputs or reduce
 // in reduced precision, tensor-core engines unless `tensor_cores` (fp32 arrays in strict fp32),
-// non-deterministic ones unless `nondeterministic`, and workspaces over kMaxConvWorkspace. False
-// with *why where cuDNN cannot build or rank it.
+// non-deterministic ones unless `nondeterministic`, runtime-compiled ones unless
+// `runtime_compiled`, and workspaces over kMaxConvWorkspace. False with *why where cuDNN cannot
+// build or rank it.
 inline bool finish_graph(fe::graph::Graph& graph, cudnnHandle_t handle, bool tensor_cores, bool nondeterministic,
-                         std::string* why) {
+                         bool runtime_compiled, std::string* why) {
   fe::error_t st = graph.validate();
   if (st.is_good()) st = graph.build_operation_graph(handle);
   if (st.is_good()) st = graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
@@ -136,6 +166,7 @@ inline bool finish_graph(fe::graph::Graph& graph, cudnnHandle_t handle, bool ten
   if (!tensor_cores) barred.push_back(fe::NumericalNote_t::TENSOR_CORE);
   if (!nondeterministic) barred.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
   graph.deselect_numeric_notes(barred).deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
+  if (!runtime_compiled) graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   return true;
 }
 
@@ -164,15 +195,18 @@ inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph
   return out;
 }
 
-// Every plan of the first (determinism, tier) step that offers any: deterministic engines of
+// The plans of the first (determinism, tier) step that offers any: deterministic engines of
 // each tier in turn, then (with a warning) non-deterministic ones of each tier. `make(v,
 // nondeterministic, &why)` describes and finishes variant v's graph, or returns null saying why;
-// P is a BuiltPlan with the variant it came from and its name "<variant_name(v)>:<tag>". Throws,
-// with every graph's reason, where no step offers a plan: `what` names the operation.
+// P is a BuiltPlan with the variant it came from and its name "<variant_name(v)>:<tag>". At most
+// max_timed_plans(), taken in turn from each variant's list in the heuristics' order, so each
+// layout's best-ranked engines compete. Throws NoGraphPlan, with every graph's reason, where no
+// step offers a plan: `what` names the operation.
 template <class P, class V, class Make, class Name>
 std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const Make& make, const Name& variant_name,
                                const std::string& what, uint64_t* graphs_built) {
   std::vector<P> candidates;
+  std::vector<std::vector<P>> per_variant;
   std::string why;
   for (bool nondeterministic : {false, true}) {
     for (const auto& tier : tiers) {
@@ -188,14 +222,28 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
         if (built.empty())
           why += DPT_MSG("\n  " << variant_name(v) << (nondeterministic ? "" : " (deterministic)")
                                 << ": no engine configuration passes check_support and builds");
+        std::vector<P> mine;
         for (BuiltPlan& b : built) {
           P p;
           static_cast<BuiltPlan&>(p) = std::move(b);
           p.variant = v;
           p.name = variant_name(v) + ":" + p.tag;
-          candidates.push_back(std::move(p));
+          mine.push_back(std::move(p));
         }
+        per_variant.push_back(std::move(mine));
       }
+      // Round robin over the variants, in each one's heuristic order, up to the cap.
+      const size_t cap = static_cast<size_t>(max_timed_plans());
+      for (size_t rank = 0; candidates.size() < cap; ++rank) {
+        bool any = false;
+        for (auto& list : per_variant)
+          if (rank < list.size() && candidates.size() < cap) {
+            candidates.push_back(std::move(list[rank]));
+            any = true;
+          }
+        if (!any) break;
+      }
+      per_variant.clear();
       if (!candidates.empty()) break;
     }
     if (!candidates.empty()) {
@@ -204,8 +252,7 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
       return candidates;
     }
   }
-  DPT_CHECK(false, "cuDNN offers no plan for " << what << ":" << why);
-  return candidates;
+  throw NoGraphPlan(DPT_MSG("cuDNN offers no plan for " << what << ":" << why));
 }
 
 // The fastest of `candidates` (each with fields name, workspace, ms, candidates), as PyTorch's
@@ -245,7 +292,7 @@ P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspa
     ++*timed;
     if (!best || c.ms < best->ms) best = &c;
   }
-  DPT_CHECK(best, "none of the " << candidates.size() << " cuDNN plans built for " << what << " ran");
+  if (!best) throw NoGraphPlan(DPT_MSG("none of the " << candidates.size() << " cuDNN plans built for " << what << " ran"));
   best->candidates = ran;
   return std::move(*best);
 }

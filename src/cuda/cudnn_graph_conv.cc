@@ -118,6 +118,9 @@ std::vector<std::vector<Variant>> variant_tiers(const ConvGeom& g, Dir d, Io io)
 // "y" is dy, and x (backward-data) or w (backward-filter) is the output.
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
+// The plan name a key without a graph-API plan is recorded under (plan_choices()).
+const std::string kLegacy = "legacy";
+
 // One built plan of one variant's graph.
 struct Plan : graph_api::BuiltPlan {
   Variant variant;
@@ -179,7 +182,9 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
              w);
       break;
   }
-  if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic, why)) return nullptr;
+  if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic,
+                                graph_api::runtime_compilation_requested(), why))
+    return nullptr;
   return graph;
 }
 
@@ -204,7 +209,11 @@ struct CudnnGraphConv::Impl {
   GpuContext& ctx;
   std::map<std::string, Plan> plans;         // by key
   std::map<std::string, std::string> seeds;  // key -> plan name, for keys not built yet
+  // Keys cuDNN offers no plan for -> why: each refused again at once (NoGraphPlan), and recorded
+  // as kLegacy in plan_choices() so that a resumed run takes the same path without searching.
+  std::map<std::string, std::string> unplannable;
   uint64_t graphs_built = 0, plans_timed = 0;
+  double total_seconds = 0;  // spent choosing plans
 
   explicit Impl(GpuContext& c) : ctx(c) {}
 
@@ -220,22 +229,43 @@ struct CudnnGraphConv::Impl {
   const Plan& plan(const ConvGeom& g, Dir d, Io io, const Trial& trial) {
     const std::string key = key_of(g, d, io);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
-    graph_api::check_not_capturing(ctx, "convolution " + key);
+    if (auto it = unplannable.find(key); it != unplannable.end()) throw NoGraphPlan(it->second);
     const auto t0 = std::chrono::steady_clock::now();
     Plan chosen;
     if (auto seed = seeds.find(key); seed != seeds.end()) {
-      if (!seeded(g, d, io, seed->second, &chosen))
-        log_warn(DPT_MSG("cuDNN plan '" << seed->second << "' recorded for convolution " << key
-                                        << " is unknown or unsupported here; timing the candidates instead"));
+      const std::string recorded = seed->second;
       seeds.erase(seed);
+      if (recorded == kLegacy) {
+        unplannable[key] = "convolution " + key + ": the legacy API, as recorded";
+        throw NoGraphPlan(unplannable[key]);
+      }
+      graph_api::check_not_capturing(ctx, "convolution " + key);
+      if (!seeded(g, d, io, recorded, &chosen))
+        log_warn(DPT_MSG("cuDNN plan '" << recorded << "' recorded for convolution " << key
+                                        << " is unknown or unsupported here; timing the candidates instead"));
     }
-    if (!chosen.graph) chosen = timed(g, d, io, key, trial);
+    graph_api::check_not_capturing(ctx, "convolution " + key);
+    if (!chosen.graph) {
+      try {
+        chosen = timed(g, d, io, key, trial);
+      } catch (const NoGraphPlan& e) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        log_info(DPT_MSG("cuDNN's graph API has no plan for convolution " << key << " (" << s
+                                                                          << " s searched); the legacy API runs it"));
+        log_debug(e.what());
+        unplannable[key] = e.what();
+        throw;
+      }
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total_seconds += s;
     const std::string how = chosen.candidates > 0 ? DPT_MSG(chosen.ms << " ms, the fastest of " << chosen.candidates)
                                                   : std::string("as recorded");
-    log_debug(DPT_MSG("cuDNN graph plan for convolution " << key << ": " << chosen.name << ", " << how
-                                                          << " (workspace " << chosen.workspace << " bytes; " << s
-                                                          << " s to choose)"));
+    // Per key at debug level; at info level too when choosing took over a second: that time is part
+    // of the first step's, and an operator seeing a slow first epoch should see where it went.
+    (s > 1.0 ? log_info : log_debug)(DPT_MSG("cuDNN graph plan for convolution " << key << ": " << chosen.name << ", " << how
+                                                         << " (workspace " << chosen.workspace << " bytes; " << s
+                                                         << " s to choose, " << total_seconds << " s in all)"));
     return plans.emplace(key, std::move(chosen)).first->second;
   }
 
@@ -406,6 +436,7 @@ void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float*
 std::string CudnnGraphConv::plan_choices() const {
   std::map<std::string, std::string> all = impl_->seeds;
   for (const auto& [key, p] : impl_->plans) all[key] = p.name;
+  for (const auto& [key, why] : impl_->unplannable) all[key] = kLegacy;
   std::ostringstream out;
   for (const auto& [key, name] : all) out << key << " -> " << name << "\n";
   return out.str();

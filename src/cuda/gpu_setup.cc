@@ -2,9 +2,14 @@
 // reach the backend's context directly. Only compiled in GPU builds.
 #include "cuda/gpu_setup.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -33,11 +38,34 @@ bool ranks_share_a_gpu(Communicator& comm, const cudaDeviceProp& prop) {
   return false;
 }
 
+// The CUDA libraries this process loaded, each with its version and file: a GPU machine may hold
+// several copies (the toolkit's, PyTorch's wheels), and a report must name the one that ran. The
+// file is where the dynamic linker resolved one of the library's symbols.
+std::string loaded_libraries() {
+  const auto file = [](const char* symbol) {
+    Dl_info info{};
+    void* at = dlsym(RTLD_DEFAULT, symbol);
+    return at && dladdr(at, &info) && info.dli_fname ? std::string(info.dli_fname) : std::string("?");
+  };
+  int runtime = 0, driver = 0, nccl = 0, major = 0, minor = 0, patch = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  ncclGetVersion(&nccl);
+  cublasGetProperty(MAJOR_VERSION, &major);
+  cublasGetProperty(MINOR_VERSION, &minor);
+  cublasGetProperty(PATCH_LEVEL, &patch);
+  return DPT_MSG("CUDA runtime " << runtime << " (" << file("cudaRuntimeGetVersion") << "), driver " << driver
+                                 << "; cuDNN " << cudnnGetVersion() << " (" << file("cudnnGetVersion") << "); cuBLAS "
+                                 << major << "." << minor << "." << patch << " (" << file("cublasGetProperty")
+                                 << "); NCCL " << nccl << " (" << file("ncclGetVersion") << ")");
+}
+
 class CudaGpu final : public GpuDevice {
  public:
   CudaGpu(int local_rank, int devices, bool tf32, bool bf16) : local_rank_(local_rank), be_(local_rank % devices) {
     be_.context().set_tf32(tf32);
     be_.context().set_bf16(bf16);
+    log_debug(loaded_libraries());
   }
 
   Backend& ops() override { return be_; }

@@ -3,7 +3,7 @@
 # tool): that machine has CUDA, cuBLAS, cuDNN and NCCL (PyTorch's wheels) but no Open MPI, oneDNN or
 # gtest, and cannot fetch them, so dptrain and the GPU tests are built here and travel with every
 # library they need that is not CUDA's or glibc's, Open MPI's plugins and help files at their own
-# absolute paths, and the data set. tests/gpu/device_run.sh unpacks it there.
+# absolute paths, and the data set. tests/gpu/device_check.sh unpacks it there.
 # Usage (repository root, after `meson setup build`): bash tests/gpu/device_bundle.sh [build-dir]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -29,6 +29,9 @@ chmod 755 "$stage"  # it becomes the archive's ./: never a 700 entry for /
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/opt/dpt/bin" "$stage/opt/dpt/lib"
 cp "${bins[@]}" "$stage/opt/dpt/bin/"
+# Without debug sections (symbols stay, for backtraces): the bundle must leave room in the 64 MiB
+# that travels for the working tree.
+command -v strip > /dev/null && strip --strip-debug "$stage"/opt/dpt/bin/*
 
 # Open MPI (runtime, launcher, help files, plugins) and PMIx, at the paths compiled into them.
 for pkg in libopenmpi3 openmpi-bin openmpi-common libpmix2; do
@@ -60,4 +63,11 @@ mkdir -p "$bundle"
 tar -C "$stage" -cf - . | xz -T0 -6 > "$bundle/runtime.tar.xz"
 if [[ -d $data ]]; then cp -r "$data" "$bundle/data"; else echo "no data set at $data: the tests use synthetic data"; fi
 du -sh "$bundle" "$bundle"/*
-echo "carry .gpu-bundle and run: bash tests/gpu/device_run.sh   (working tree + bundle must stay under 64 MiB)"
+# The device tool carries the working tree and the bundle together, 64 MiB at most: the bundle
+# keeps to 48.
+kib=$(du -sk "$bundle" | cut -f1)
+if ((kib > 48 * 1024)); then
+  echo "the bundle is $((kib / 1024)) MiB, over the 48 MiB it may take: strip more, or carry less data" >&2
+  exit 1
+fi
+echo "carry .gpu-bundle and run: bash tests/gpu/device_check.sh   (bundle $((kib / 1024)) MiB of the 48 it may take)"

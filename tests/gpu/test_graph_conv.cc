@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/conv_common.h"
 #include "cuda/cuda_graph.h"
 #include "cuda/cudnn_graph_conv.h"
 #include "dpt/error.h"
@@ -466,6 +468,48 @@ TEST(GraphConv, BackendSelectsTheApiFromTheEnvironment) {
   expect_same_bits(run_fp32(*b, be.context(), o), ra, "graph, second layer of the same shape");
   EXPECT_EQ(lines(), 4) << "the second layer built its own plans: " << be.conv_plan_choices();
   EXPECT_NE(be.conv_plan_choices().find(seed), std::string::npos) << be.conv_plan_choices();
+}
+
+// A key recorded as "legacy" (the graph API had no plan for it) is refused at once with
+// NoGraphPlan, builds no graph and stays in the text; through the backend, the layer then runs
+// that direction on the legacy API and still computes the convolution. The bf16 case is the
+// real one: channel counts that are not multiples of 8 (here 3 -> 5) may have no graph-API
+// engine, and DPT_CUDNN_API=graph must train such a layer all the same.
+TEST(GraphConv, KeysWithoutAPlanRunOnTheLegacyApi) {
+  SKIP_WITHOUT_GPU();
+  gpu::CudaBackend be(0);
+  GpuContext& ctx = be.context();
+  const ConvGeom g{2, 9, 9, 3, 5, 3, 1, 1};
+  const std::string prefix = "N=2 H=9 W=9 Cin=3 Cout=5 K=3 stride=1 pad=1 ";
+  std::string text;
+  for (const char* d : {"backward-data", "backward-filter", "forward"}) text += prefix + d + " fp32 -> legacy\n";
+  CudnnGraphConv op(ctx);
+  op.set_plan_choices(text);
+  const Operands o = operands(g, 950, false);
+  EXPECT_THROW(run_fp32(op, ctx, o), gpu::NoGraphPlan);
+  EXPECT_THROW(run_fp32(op, ctx, o), gpu::NoGraphPlan) << "refused once, refused again";
+  EXPECT_EQ(op.graphs_built(), 0u) << "a key recorded as legacy searched for a plan";
+  EXPECT_EQ(op.plan_choices(), text);
+
+  ScopedEnv env("DPT_CUDNN_API", "graph");
+  be.set_conv_plan_choices(text);
+  auto layer = be.make_conv();
+  expect_within(run_fp32(*layer, ctx, o), reference(o), kFp32Norm, kFp32Max, "recorded legacy, through the backend");
+  EXPECT_EQ(be.conv_plan_choices(), text);
+  // bf16 activations at 3 -> 5 channels through a layer's ConvOp (fp32 master weights), whatever
+  // cuDNN offers: a graph plan or the fallback; no seed for these keys.
+  auto layer16 = be.make_conv();
+  const Operands o16 = operands(g, 960, true);
+  Dev<uint16_t> x(to_bf16(o16.x)), dy(to_bf16(o16.dy)), y(y_size(g)), dx(x_size(g));
+  Dev<float> w(o16.w), b(o16.b), dw(w_size(g)), db(count(g.c_out)), dwa(o16.dw0), dba(o16.db0);
+  const auto b16 = [](uint16_t* p) { return reinterpret_cast<BFloat16*>(p); };
+  layer16->forward(g, b16(x.p), w.p, b.p, b16(y.p));
+  layer16->backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
+  layer16->backward(g, b16(x.p), w.p, b16(dy.p), nullptr, dwa.p, dba.p, true);
+  ctx.synchronize();
+  const Results<float> got{from_bf16(y.host()), from_bf16(dx.host()), dw.host(), db.host(), dwa.host(), dba.host()};
+  expect_within(got, reference(o16), kBf16Norm, kBf16Max, "bf16 activations at 3 -> 5 channels");
+  std::printf("  DPT_CUDNN_API=graph, bf16 3->5 channels: %s\n", be.conv_plan_choices().c_str());
 }
 
 }  // namespace

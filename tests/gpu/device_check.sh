@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The GPU check in one device call (issue 29): a machine lent for 15 minutes in all cannot take a
+# runbook of several calls, so everything a GPU alone can show runs here under one hard deadline,
+# in order of priority, and every step's result is in $OUT as soon as the step ends.
+#
+# Usage (repository root on the GPU machine, .gpu-bundle carried; tests/gpu/device_bundle.sh
+# makes it here):
+#   bash tests/gpu/device_check.sh [check|perf|compile]
+#     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
+#                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, the fused convolution,
+#                      training parity and the command-line suite.
+#     perf:    issue 29's target table: every model and precision, dptrain against PyTorch tuned
+#              and eager, the 10-epoch bf16 accuracy against fp32, torch.compile for LeNet.
+#     compile: torch.compile max-autotune for ResNet-18 (minutes per precision), for a spare call.
+# Time: a deadline of DPT_DEADLINE seconds (default 470) from the script's start. Groups end at
+# fixed fractions of it (check: A by 150/470, B by 290/470, so that C keeps at least 160 of 470
+# s); each step runs under `timeout -k 5` with the smaller of its cap and what is left of its
+# group, and a step with too little left is cut, which summary.txt says. 10 s are kept at the end
+# for the table and the archive. Run the device call with timeout_s about 40 s over the deadline.
+# Results: $OUT/summary.txt (versions first, then one line per step: group, name, status, seconds,
+# failed test names), $OUT/logs.tar.gz (every step's full log, re-packed after each step),
+# $OUT/gpu_table.md (bench/gpu_table.py on the runs so far). A call killed at its limit still
+# brings back everything up to the step it was in.
+# DPT_DRY_RUN=1: no bundle, no GPU: every step is a fake (sleeps half its scaled cap; the steps
+# named in DPT_DRY_HANG hang until killed) under a 20 s deadline: tests/gpu/test_device_check.sh
+# checks the budget, the cuts, the partial results and the packing with it. Without a bundle or a
+# CUDA device (and not dry), the script says so and exits 77, having unpacked nothing.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+list=${1:-check}
+case $list in check | perf | compile) ;; *) echo "unknown list '$list': check, perf or compile" >&2; exit 2 ;; esac
+dry=${DPT_DRY_RUN:-0}
+deadline=${DPT_DEADLINE:-$([[ $dry == 1 ]] && echo 20 || echo 470)}
+[[ $deadline =~ ^[0-9]+$ && $deadline -ge 5 ]] || { echo "DPT_DEADLINE=$deadline is not a number of seconds >= 5" >&2; exit 2; }
+out=${OUT:-/tmp/dpt-out}
+logs=$(mktemp -d /tmp/dpt-logs.XXXXXX)
+mkdir -p "$out"
+: > "$out/summary.txt"
+bundle=${DPT_BUNDLE:-$root/.gpu-bundle}
+export PYTHONUNBUFFERED=1
+
+# Milliseconds since the script started (EPOCHREALTIME: bash 5; the locale may write a comma).
+t_start=${EPOCHREALTIME/[.,]/}
+now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $(((t - t_start) / 1000)); }
+secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
+# A duration of the real 470 s budget scaled to this deadline, in ms.
+scaled() { echo $(($1 * 1000 * deadline / 470)); }
+note() { echo "$*" | tee -a "$out/summary.txt"; }
+pack() {
+  tar -C "$logs" -czf "$out/logs.tar.gz.part" . 2> /dev/null && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+  cp "$out/summary.txt" "$logs/summary.txt" 2> /dev/null
+}
+
+end_ms=$((deadline * 1000 - $(scaled 10) ))  # kept for the table and the archive
+min_ms=$(scaled 10)                            # a step with less than this left is cut
+((min_ms < 500)) && min_ms=500
+group=- group_end=$end_ms
+# group NAME END: the steps that follow end by END of the real 470 s budget (scaled).
+group() {
+  group=$1
+  group_end=$(scaled "$2")
+  ((group_end > end_ms)) && group_end=$end_ms
+  echo "=== group $group (ends by $(secs "$group_end") s; $(secs "$(now_ms)") s used)"
+}
+
+# step NAME CAP command...: the command under timeout with min(CAP scaled, what is left of the
+# group), its output in $logs/NAME.log; one summary line; the archive re-packed.
+step() {
+  local name=$1 cap_ms
+  cap_ms=$(scaled "$2")
+  shift 2
+  local t0 left limit rc status
+  t0=$(now_ms)
+  left=$((group_end - t0))
+  limit=$((cap_ms < left ? cap_ms : left))
+  if ((limit < min_ms)); then
+    note "$(printf '%-2s %-32s CUT      %s s left of the group, %s s needed' "$group" "$name" "$(secs $((left > 0 ? left : 0)))" "$(secs "$min_ms")")"
+    return 0
+  fi
+  echo "--- $name (limit $(secs "$limit") s): $*"
+  if [[ $dry == 1 ]]; then
+    local nap=$((cap_ms / 2))
+    [[ " ${DPT_DRY_HANG-ops graphconv} " == *" $name "* ]] && nap=1000000
+    set -- bash -c 'echo "fake $0: $*"; sleep "$1"; echo "[  PASSED  ] 1 test."' "$name" "$(secs "$nap")"
+  fi
+  timeout -k 5 "$(secs "$limit")" stdbuf -oL -eL "$@" > "$logs/$name.log" 2>&1
+  rc=$?
+  local took
+  took=$(secs $(($(now_ms) - t0)))
+  case $rc in
+    0) status=ok ;;
+    77) status=skipped ;;
+    124 | 137) status="TIMEOUT" ;;
+    *) status="FAIL" ;;
+  esac
+  # What failed, named: gtest's "[  FAILED  ] Suite.Test" lines, and the command-line suite's "FAIL:" count.
+  local failed fails
+  failed=$(grep -E '^\[  FAILED  \] ' "$logs/$name.log" | awk '$4 ~ /\./ {print $4}' | sort -u | head -12 | tr '\n' ' ')
+  fails=$(grep -c '^FAIL:' "$logs/$name.log")
+  ((fails > 0)) && failed="$failed$fails FAIL: line(s)"
+  note "$(printf '%-2s %-32s %-8s %7s s  rc=%d%s' "$group" "$name" "$status" "$took" "$rc" "${failed:+  failed: $failed}")"
+  tail -n 15 "$logs/$name.log"
+  pack
+}
+
+note "device_check.sh $list: deadline $deadline s, dry run $dry, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
+
+# ---- the machine: unpack the bundle, find CUDA's libraries --------------------------------------
+if [[ $dry != 1 ]]; then
+  if [[ ! -f $bundle/runtime.tar.xz ]]; then
+    note "no bundle at $bundle/runtime.tar.xz: GPU steps skipped (make it with tests/gpu/device_bundle.sh and carry .gpu-bundle)"
+    pack
+    exit 77
+  fi
+  if [[ ! -e /dev/nvidia0 ]] && ! nvidia-smi -L > /dev/null 2>&1; then
+    note "no CUDA device on this machine: GPU steps skipped"
+    pack
+    exit 77
+  fi
+  # --no-overwrite-dir: directories that exist keep their modes (the archive's ./ must never make /
+  # private). Without an xz binary, Python's lzma decompresses.
+  if command -v xz > /dev/null; then
+    tar --no-overwrite-dir -C / -xJf "$bundle/runtime.tar.xz"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+      "$bundle/runtime.tar.xz" | tar --no-overwrite-dir -C / -xf -
+  fi || { note "unpacking the bundle failed"; pack; exit 1; }
+  # The machine's CUDA libraries: the toolkit's first (cudart, cuBLAS and cuBLASLt from one
+  # release), then PyTorch's wheels (cuDNN and NCCL are found only there); NVRTC for cuDNN's
+  # runtime-compiled engines (the fused convolution), which cuDNN loads itself.
+  locate() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+      [[ -e $d/$1 ]] && { echo "$d/$1"; return; }
+    done
+    find /opt /usr/local /usr/lib -name "$1" -not -path '/opt/dpt/*' 2> /dev/null | head -1
+  }
+  libdirs=/opt/dpt/lib
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
+    path=$(locate "$lib")
+    if [[ -z $path ]]; then note "MISSING on this machine: $lib"; continue; fi
+    [[ :$libdirs: == *:$(dirname "$path"):* ]] || libdirs=$libdirs:$(dirname "$path")
+  done
+  machine_ld=${LD_LIBRARY_PATH-}
+  export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=/opt/dpt/bin:$PATH MPIRUN=/usr/bin/orterun
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+  [[ -d $bundle/data ]] && export DPT_TEST_DATA=$bundle/data
+else
+  machine_ld=${LD_LIBRARY_PATH-}
+  MPIRUN=mpirun
+fi
+data=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+# PyTorch loads its own CUDA libraries: it runs with the machine's LD_LIBRARY_PATH, not dptrain's.
+if [[ -n $machine_ld ]]; then torch_py=(env LD_LIBRARY_PATH="$machine_ld" python3); else torch_py=(env -u LD_LIBRARY_PATH python3); fi
+
+# ---- the runs the lists are made of ----------------------------------------------------------
+d2l=(--recipe d2l --data "$data" --progress off)
+# dptrain_run NAME CAP EPOCHS API [flags...]: a d2l-recipe run on cuDNN's API (legacy or graph)
+# whose --metrics is bench_NAME.jsonl, the name read by bench/gpu_table.py (model first;
+# _tf32/_bf16 the precision; graph, act16, eager the variants).
+dptrain_run() {
+  local name=$1 cap=$2 epochs=$3 api=$4 model=${1%%_*}
+  shift 4
+  step "bench_$name" "$cap" env DPT_CUDNN_API="$api" dptrain --device cuda --model "$model" --epochs "$epochs" \
+    "${d2l[@]}" --metrics "$logs/bench_$name.jsonl" "$@"
+}
+# pytorch MODEL PRECISION CONFIG CAP [EPOCHS]: one bench/torch_ref.py run, its --json lines in
+# bench_MODEL_torch_PRECISION_CONFIG.log. Strict fp32 unless tf32 (cuDNN and cuBLAS on TF32, as
+# dptrain --tf32) or bf16 (autocast, as --precision bf16).
+pytorch() {
+  local model=$1 prec=$2 cfg=$3 cap=$4 epochs=${5:-}
+  local p=()
+  [[ -z $epochs ]] && { epochs=10; [[ $model == resnet18 ]] && epochs=3; }
+  case $prec in tf32) p=(--tf32) ;; bf16) p=(--bf16) ;; esac
+  step "bench_${model}_torch_${prec}_${cfg}" "$cap" "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
+    --data "$data" --model "$model" --epochs "$epochs" --config "$cfg" ${p[@]+"${p[@]}"} --json
+}
+table() {
+  [[ $dry == 1 ]] || nvidia-smi -L > "$logs/device.txt" 2>&1
+  python3 bench/gpu_table.py "$logs" > "$out/gpu_table.md" 2> "$logs/gpu_table.err" ||
+    note "bench/gpu_table.py failed: $(tail -n 1 "$logs/gpu_table.err")"
+}
+graph=(env DPT_CUDNN_API=graph)
+act16=(--precision bf16 --activation-dtype bf16)
+
+case $list in
+  check)
+    group A 150  # CUDA against the CPU
+    # Versions first: the libraries dptrain loaded (its --log-level debug banner) and where from.
+    step versions 30 bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+      echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$(command -v dptrain)" | grep -E "not found|cudnn|nccl|cublas|cudart"
+      dptrain --device cuda --model lenet --epochs 1 --max-steps 2 --eval-every 0 --data "$0" --log-level debug' "$data"
+    [[ $dry == 1 ]] || grep -E "CUDA runtime .*cuDNN|not found" "$logs/versions.log" | head -3 | sed 's/^/   /' | tee -a "$out/summary.txt"
+    step backend 60 test_backend_ops --gtest_filter='*/cuda'   # every op and layer, fp32, bf16, fused BN
+    step kernels 30 test_gpu_kernels
+    step ops 60 test_gpu_ops
+    step model 90 test_gpu_model --gtest_filter='GpuModel.*'  # LeNet and ResNet-18 against the CPU, small batch
+    group B 290  # cuDNN's graph API
+    step backend_graph 60 "${graph[@]}" test_backend_ops --gtest_filter='*/cuda'
+    step graphconv 100 test_graph_conv
+    step graphbench 60 gpu_conv_bench --model resnet18 --batch 256 --steps 5 --modes tf32,bf16io --api legacy,graph
+    group C 470  # end to end: ResNet-18 --precision bf16, 3 epochs, beside PyTorch tuned
+    dptrain_run resnet18_graph_act16_bf16 70 3 graph "${act16[@]}" --log-level debug
+    pytorch resnet18 bf16 tuned 70
+    dptrain_run resnet18_act16_bf16 50 3 legacy "${act16[@]}"
+    dptrain_run resnet18_bf16 50 3 legacy --precision bf16
+    pytorch resnet18 bf16 eager 60
+    table
+    group D 470  # only with time left
+    step nccl 60 test_gpu_nccl
+    step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*'
+    step fusedconv 120 test_fused_conv
+    step fusedbench 90 gpu_conv_bench --fused --batch 256 --steps 10
+    step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
+    step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
+    ;;
+  perf)
+    group P1 470  # issue 29's targets, the new path first; ResNet-18 3 epochs, LeNet 10
+    dptrain_run resnet18_graph_act16_bf16 60 3 graph "${act16[@]}"
+    pytorch resnet18 bf16 tuned 60
+    dptrain_run resnet18_graph_tf32 60 3 graph --tf32
+    pytorch resnet18 tf32 tuned 60
+    dptrain_run resnet18_graph 90 3 graph
+    pytorch resnet18 fp32 tuned 90
+    for prec in fp32 tf32 bf16; do
+      f=()
+      case $prec in tf32) f=(--tf32) ;; bf16) f=("${act16[@]}") ;; esac
+      dptrain_run "lenet_graph_$prec" 40 10 graph ${f[@]+"${f[@]}"}
+      pytorch lenet "$prec" tuned 40
+    done
+    table
+    # Accuracy after 10 epochs, bf16 against fp32 (target: within 0.005).
+    dptrain_run resnet18_graph_act16_bf16_e10 90 10 graph "${act16[@]}"
+    dptrain_run resnet18_graph_tf32_e10 90 10 graph --tf32
+    for prec in bf16 tf32 fp32; do pytorch resnet18 "$prec" eager 60; done
+    for prec in bf16 tf32 fp32; do pytorch lenet "$prec" eager 40; done
+    for prec in bf16 tf32 fp32; do pytorch lenet "$prec" compile 120; done
+    ;;
+  compile)
+    group P 470
+    for prec in bf16 tf32 fp32; do pytorch resnet18 "$prec" compile 300; done
+    ;;
+esac
+table
+note "done: $(secs "$(now_ms)") s of $deadline"
+pack
+rm -rf "$logs"
