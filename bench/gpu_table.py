@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # bench/gpu_table.py -- the GPU comparison tables of docs/PERFORMANCE.md from the device's logs
-# (tests/gpu/device_run.sh bench and torchcompile_*): dptrain's --metrics files (bench_<run>.jsonl)
+# (tests/gpu/device_check.sh, its check, perf and compile lists): dptrain's --metrics files (bench_<run>.jsonl)
 # and bench/torch_ref.py's --json lines (bench_<model>_torch_<precision>_<config>.log), all taken on
 # the same GPU. Per model and precision: dptrain against the fastest PyTorch configuration that ran
 # (eager, tuned, compile, compile-nocg) and against PyTorch's eager default; then every PyTorch run
@@ -21,8 +21,9 @@ import sys
 
 PRECISIONS = ["fp32", "tf32", "bf16"]
 CONFIGS = ["eager", "tuned", "compile", "compile-nocg"]   # bench/torch_ref.py --config
-# run-name part -> the dptrain flag it stands for (device_run.sh's bench and bench16 names)
-DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs", "act16": "--activation-dtype bf16", "graph": "DPT_CUDNN_API=graph"}
+# run-name part -> the dptrain flag it stands for (device_check.sh's run names)
+DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs", "act16": "--activation-dtype bf16", "graph": "DPT_CUDNN_API=graph",
+                    "legacy": "DPT_CUDNN_API=legacy", "e10": "(10 epochs)"}
 SKIPPED_CUDAGRAPHS = re.compile(r"skipping cudagraphs due to (.*?)(?:\. Found from.*)?$")
 
 
@@ -63,7 +64,7 @@ def split_precision(parts):
 
 
 def dptrain_run(run, path):
-    """bench_<model>[_<variant>][_tf32|_bf16].jsonl (device_run.sh's names) -> a run dict."""
+    """bench_<model>[_<variant>][_tf32|_bf16].jsonl (device_check.sh's names) -> a run dict."""
     parts = run.split("_")
     prec, rest = split_precision(parts[1:])
     variant = " ".join(DPTRAIN_VARIANTS.get(p, p) for p in rest)

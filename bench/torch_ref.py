@@ -8,7 +8,7 @@
 # off -- the PyTorch a user writes first) or as a user tuning for speed would ("tuned":
 # channels-last and cudnn.benchmark; "compile", "compile-nocg": the same under torch.compile in
 # mode max-autotune, with and without CUDA graphs), so that dptrain is measured against the
-# fastest PyTorch, not only the plainest (tests/gpu/device_run.sh bench, bench/gpu_table.py).
+# fastest PyTorch, not only the plainest (tests/gpu/device_check.sh, bench/gpu_table.py).
 #
 # Examples:
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --recipe d2l --epochs 1 --threads 1 --json

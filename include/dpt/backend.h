@@ -136,6 +136,9 @@ class Backend {
   // kernels and computes the same bits. "" where every choice is a fixed rule (the CPU).
   virtual std::string conv_plan_choices() const { return ""; }
   virtual void set_conv_plan_choices(const std::string& /*text*/) {}
+  // Opens (on) or closes an external profiler's window: CUDA's cudaProfilerStart/Stop, so that
+  // `ncu --profile-from-start off` measures the steps of DPT_PROFILE_STEPS alone (StepEngine).
+  virtual void profiler_window(bool /*on*/) {}
 
   // ---- memory --------------------------------------------------------------------------------
   // Zero-filled storage of `bytes` (at least 64-byte aligned); release waits for queued work that

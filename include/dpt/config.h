@@ -86,8 +86,12 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
 // Of those, the ones a resumed run may change without changing the trajectory it continues.
 bool may_change_on_resume(const std::string& flag);
-// --activation-dtype resolved: DType::kBF16 or kF32.
-DType activation_dtype(const TrainConfig& cfg);
+// --activation-dtype resolved: DType::kBF16 or kF32. auto is bf16 under --precision bf16 on a
+// device whose convolutions take bf16 natively (`device_bf16_fast`: ComputeDevice::
+// fast_bf16_activations, the GPU on cuDNN's graph API), else fp32: the CPU's bf16 activations are
+// the reference, slower than fp32, and so are the legacy API's (H200, 2026-11-26: ResNet-18 2.40
+// against 2.18 s/epoch; on the graph API 1.49).
+DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
 
 // Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
 // input errors naming the flag. Returns false when --help was printed (exit 0).

@@ -107,6 +107,8 @@ class StepEngine {
   std::unique_ptr<Recorder> step_graph_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recorder>> eval_graphs_;  // by test range
   bool step_graphs_ = false, eval_graphs_on_ = false, replayed_ = false;
+  // DPT_PROFILE_STEPS=A:B: global steps [A, B) inside Backend::profiler_window (-1: none).
+  int64_t profile_from_ = -1, profile_to_ = -1;
   std::vector<int64_t> index_host_;
   std::vector<double> stats_host_;
   int64_t batches_ = 0, epoch_first_ = -1, step_first_ = -1, last_ = -1;

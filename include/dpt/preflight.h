@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,7 @@ struct Preflight {
   ImageSet train, test;
   Normalization normalize;  // --normalize resolved (auto: the training set's statistics)
   AugmentSpec augment;      // --augment, its crop padding sized to the images
+  DType activations = DType::kF32;  // --activation-dtype resolved on the opened device
   Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
 
@@ -75,8 +77,9 @@ void check_outputs(const TrainConfig& cfg);
 // activations are of type `activations`.
 std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1},
                                           DType activations = DType::kF32);
-// Input error when the batch needs more than `mem` can give (see DeviceMemory).
+// Input error when the batch needs more than `mem` can give (see DeviceMemory), with activations
+// of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
-                  const Shape& input = {28, 28, 1});
+                  const Shape& input = {28, 28, 1}, std::optional<DType> activations = std::nullopt);
 
 }  // namespace dpt

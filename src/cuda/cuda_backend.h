@@ -39,10 +39,14 @@ class CudaBackend : public Backend {
   void copy_from_host(void* dst, const void* host, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
 
-  // cuDNN's legacy API (CudnnConv, one per layer) or, with DPT_CUDNN_API=graph in a build with
-  // cudnn-frontend, its graph API: every layer's op then shares one CudnnGraphConv (plans per shape,
-  // timed once). Any other value of the variable is refused, naming it.
+  // cuDNN's graph API in a build with cudnn-frontend (every layer's op shares one CudnnGraphConv:
+  // plans per shape, timed once; a direction it has no plan for runs on the legacy API), or with
+  // DPT_CUDNN_API=legacy (or without the frontend) its legacy API (CudnnConv, one per layer). Any
+  // other value of the variable is refused, naming it.
   std::unique_ptr<ConvOp> make_conv() override;
+  // Whether make_conv gives graph-API convolutions (DPT_CUDNN_API and the build, as above).
+  bool graph_api() const;
+  void profiler_window(bool on) override;
   // The graph API's plan choices (CudnnGraphConv::plan_choices): what a checkpoint stores so that a
   // resumed run runs the same plans. Before the first graph convolution exists (and on the legacy
   // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is made.

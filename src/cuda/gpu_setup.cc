@@ -94,6 +94,7 @@ class CudaGpu final : public GpuDevice {
     }
     return gpu::make_nccl_transport(be_, grads, count, make_nccl_communicator(comm, device), wire);
   }
+  bool fast_bf16_activations() override { return be_.graph_api(); }
 
  private:
   const int local_rank_;

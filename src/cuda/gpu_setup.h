@@ -36,6 +36,8 @@ class GpuDevice {
   // it. wire: the type gradients travel in (--grad-dtype: kF32, kBF16 or kF16; see
   // src/cuda/gpu_reducer.h).
   virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) = 0;
+  // Whether the backend's convolutions run on cuDNN's graph API, which takes bf16 natively.
+  virtual bool fast_bf16_activations() = 0;
 };
 
 // GPU local_rank mod visible devices, TF32 allowed or not, bf16 precision or fp32. Input error when no device is visible.

@@ -418,7 +418,8 @@ bool may_change_on_resume(const std::string& flag) {
   return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
 }
 
-DType activation_dtype(const TrainConfig& cfg) {
+DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast) {
+  if (cfg.activation_dtype == "auto") return cfg.precision == "bf16" && device_bf16_fast ? DType::kBF16 : DType::kF32;
   return cfg.activation_dtype == "bf16" ? DType::kBF16 : DType::kF32;
 }
 

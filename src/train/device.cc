@@ -85,6 +85,7 @@ class CudaDevice final : public ComputeDevice {
   std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) override {
     return gpu_->transport(comm, grads, count, wire);
   }
+  bool fast_bf16_activations() override { return gpu_->fast_bf16_activations(); }
 
  private:
   DeviceRequest request_;

@@ -7,6 +7,8 @@
 #include "dpt/engine.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <exception>
 #include <numeric>
@@ -38,6 +40,17 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
       augment_(augment) {
   DPT_CHECK(train.rows == test.rows && train.cols == test.cols && train.channels == test.channels && pixels_ > 0,
             "train and test image shapes differ");
+  // For an external profiler (ncu --profile-from-start off): the window of global steps it sees.
+  // A diagnostic, read by each rank alone: a bad value is warned about and ignored, never an
+  // error one rank raises while the others train on.
+  if (const char* v = std::getenv("DPT_PROFILE_STEPS"); v && *v) {
+    long long a = -1, b = -1;
+    char tail = 0;
+    if (std::sscanf(v, "%lld:%lld%c", &a, &b, &tail) == 2 && a >= 0 && b > a)
+      profile_from_ = a, profile_to_ = b;
+    else
+      log_warn(DPT_MSG("DPT_PROFILE_STEPS=" << v << " is not A:B with 0 <= A < B (global steps): ignored"));
+  }
   eval_spec_.rows = train.rows, eval_spec_.cols = train.cols, eval_spec_.channels = train.channels;
   if (normalize.any()) {
     DPT_CHECK(static_cast<int64_t>(normalize.mean.size()) == train.channels && normalize.std.size() == normalize.mean.size(),
@@ -143,6 +156,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
             "micro-batches [" << first_batch << ", " << first_batch + cfg_.accum_steps << ") outside the epoch's "
                               << batches_);
   const bool first = opt_.steps() == 0;  // momentum starts from the first gradient
+  if (step == profile_from_) be_.profiler_window(true);
   if (epoch_first_ < 0) epoch_first_ = first_batch;
   step_first_ = first_batch;
   last_ = first_batch + cfg_.accum_steps - 1;
@@ -169,6 +183,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   stats_ = reducer.last_stats();
   if (std::exchange(replayed_, false)) stats_.comm_seconds = stats_.exposed_seconds = 0;
   opt_.set_steps(opt_.steps() + 1);
+  if (step + 1 == profile_to_) be_.profiler_window(false);
 }
 
 // A micro-batch's indices to the step's fixed index array; its loss/correct totals back out to the

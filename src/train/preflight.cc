@@ -131,12 +131,12 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
 }
 
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
-                  const Shape& input) {
+                  const Shape& input, std::optional<DType> activations) {
   const double avail = mem.free_bytes, extra = mem.extra;
   const int sharing = mem.sharing;
   const std::string& where = mem.where;
   if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
-  const auto [train, eval] = bytes_per_image(cfg.model, classes, input, activation_dtype(cfg));
+  const auto [train, eval] = bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)));
   const double local = static_cast<double>(cfg.batch_size / world);
   const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   const double per_rank = std::max(train * local, eval * eval_batch) + extra;
@@ -222,10 +222,14 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   req.ranks_here = pf.ranks_here;
   req.tf32 = cfg.tf32;
   req.bf16 = cfg.precision == "bf16";
-  agree_on_input(comm, "another rank could not open its device", [&] { pf.device = open_device(req); });
+  agree_on_input(comm, "another rank could not open its device", [&] {
+    pf.device = open_device(req);
+    pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
+  });
   agree_on_input(comm, kind == "cpu" ? "another host has not enough memory for this batch"
                                      : "another rank's GPU has not enough memory for this batch",
-                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank), pf.input_shape()); });
+                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank), pf.input_shape(),
+                              pf.activations); });
   return pf;
 }
 

@@ -263,7 +263,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   // The model on the device's operations, its gradients' transport, the optimizer, the engine.
   ComputeDevice& device = *pf.device;
   auto model = make_model(cfg.model, pf.train.num_classes, device.ops(), pf.input_shape());
-  model->set_activation_dtype(activation_dtype(cfg));
+  model->set_activation_dtype(pf.activations);
   auto transport = device.transport(comm, model->store().device_grads(), model->num_parameters(),
                                     grad_wire_dtype(cfg.grad_dtype));
   model->init_parameters(cfg.init, cfg.seed);

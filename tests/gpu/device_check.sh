@@ -7,11 +7,16 @@
 # makes it here):
 #   bash tests/gpu/device_check.sh [check|perf|compile]
 #     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
-#                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, the fused convolution,
-#                      training parity and the command-line suite.
-#     perf:    issue 29's target table: every model and precision, dptrain against PyTorch tuned
-#              and eager, the 10-epoch bf16 accuracy against fp32, torch.compile for LeNet.
-#     compile: torch.compile max-autotune for ResNet-18 (minutes per precision), for a spare call.
+#                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, a per-kernel profile
+#                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), training parity, the
+#                      command-line suite and the fused convolution.
+#     perf:    issue 29's target table: every model and precision, dptrain (graph API; legacy
+#              beside it for ResNet-18 in TF32 and fp32) against PyTorch tuned and eager, the
+#              10-epoch bf16 accuracy against TF32.
+#     compile: torch.compile max-autotune, LeNet then ResNet-18 (minutes per precision), for a
+#              spare call.
+# One session's device time (15 minutes) held check (330 s) and perf (360 s) as two calls on the
+# one warm machine (H200, 2026-11-26): run check, then perf at once with DPT_DEADLINE=370.
 # Time: a deadline of DPT_DEADLINE seconds (default 470) from the script's start. Groups end at
 # fixed fractions of it (check: A by 150/470, B by 290/470, so that C keeps at least 160 of 470
 # s); each step runs under `timeout -k 5` with the smaller of its cap and what is left of its
@@ -190,7 +195,6 @@ table() {
   python3 bench/gpu_table.py "$logs" > "$out/gpu_table.md" 2> "$logs/gpu_table.err" ||
     note "bench/gpu_table.py failed: $(tail -n 1 "$logs/gpu_table.err")"
 }
-graph=(env DPT_CUDNN_API=graph)
 act16=(--precision bf16 --activation-dtype bf16)
 
 case $list in
@@ -201,28 +205,36 @@ case $list in
       echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$(command -v dptrain)" | grep -E "not found|cudnn|nccl|cublas|cudart"
       dptrain --device cuda --model lenet --epochs 1 --max-steps 2 --eval-every 0 --data "$0" --log-level debug' "$data"
     [[ $dry == 1 ]] || grep -E "CUDA runtime .*cuDNN|not found" "$logs/versions.log" | head -3 | sed 's/^/   /' | tee -a "$out/summary.txt"
-    step backend 60 test_backend_ops --gtest_filter='*/cuda'   # every op and layer, fp32, bf16, fused BN
+    step backend 60 env DPT_CUDNN_API=legacy test_backend_ops --gtest_filter='*/cuda'  # every op and layer: fp32, bf16, fused BN
     step kernels 30 test_gpu_kernels
     step ops 60 test_gpu_ops
     step model 90 test_gpu_model --gtest_filter='GpuModel.*'  # LeNet and ResNet-18 against the CPU, small batch
-    group B 290  # cuDNN's graph API
-    step backend_graph 60 "${graph[@]}" test_backend_ops --gtest_filter='*/cuda'
+    group B 290  # cuDNN's graph API (the default since 2026-11-26)
+    step backend_graph 60 env DPT_CUDNN_API=graph test_backend_ops --gtest_filter='*/cuda'
     step graphconv 100 test_graph_conv
     step graphbench 60 gpu_conv_bench --model resnet18 --batch 256 --steps 5 --modes tf32,bf16io --api legacy,graph
     group C 470  # end to end: ResNet-18 --precision bf16, 3 epochs, beside PyTorch tuned
     dptrain_run resnet18_graph_act16_bf16 70 3 graph "${act16[@]}" --log-level debug
     pytorch resnet18 bf16 tuned 70
-    dptrain_run resnet18_act16_bf16 50 3 legacy "${act16[@]}"
-    dptrain_run resnet18_bf16 50 3 legacy --precision bf16
+    dptrain_run resnet18_legacy_act16_bf16 50 3 legacy "${act16[@]}"
+    dptrain_run resnet18_legacy_bf16 50 3 legacy --precision bf16 --activation-dtype fp32
     pytorch resnet18 bf16 eager 60
     table
     group D 470  # only with time left
     step nccl 60 test_gpu_nccl
     step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*'
-    step fusedconv 120 test_fused_conv
-    step fusedbench 90 gpu_conv_bench --fused --batch 256 --steps 10
+    # Where ResNet-18's bf16 step goes, kernel by kernel (two steps after warm-up, CUDA graphs'
+    # nodes one by one): $OUT/profile.md, for the missed 0.8 s/epoch target.
+    step profile 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+      [[ -n $ncu ]] || { echo "no ncu on this machine"; exit 77; }
+      DPT_PROFILE_STEPS=20:22 "$ncu" --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum \
+        --csv --print-units base --log-file "$0" dptrain --device cuda --model resnet18 --epochs 1 --max-steps 22 \
+        --eval-every 0 --precision bf16 --progress off --data "$1" &&
+      python3 bench/kernel_table.py "$0" 2 40 | tee "$2"' "$logs/profile.csv" "$data" "$out/profile.md"
     step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
     step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
+    step fusedconv 120 test_fused_conv
+    step fusedbench 90 gpu_conv_bench --fused --batch 256 --steps 10
     ;;
   perf)
     group P1 470  # issue 29's targets, the new path first; ResNet-18 3 epochs, LeNet 10
@@ -230,8 +242,10 @@ case $list in
     pytorch resnet18 bf16 tuned 60
     dptrain_run resnet18_graph_tf32 60 3 graph --tf32
     pytorch resnet18 tf32 tuned 60
+    dptrain_run resnet18_legacy_tf32 60 3 legacy --tf32
     dptrain_run resnet18_graph 90 3 graph
     pytorch resnet18 fp32 tuned 90
+    dptrain_run resnet18_legacy 90 3 legacy
     for prec in fp32 tf32 bf16; do
       f=()
       case $prec in tf32) f=(--tf32) ;; bf16) f=("${act16[@]}") ;; esac
@@ -244,10 +258,10 @@ case $list in
     dptrain_run resnet18_graph_tf32_e10 90 10 graph --tf32
     for prec in bf16 tf32 fp32; do pytorch resnet18 "$prec" eager 60; done
     for prec in bf16 tf32 fp32; do pytorch lenet "$prec" eager 40; done
-    for prec in bf16 tf32 fp32; do pytorch lenet "$prec" compile 120; done
     ;;
-  compile)
+  compile)  # torch.compile max-autotune: LeNet about 60 s a precision (50 s of it compiling, H200)
     group P 470
+    for prec in bf16 tf32 fp32; do pytorch lenet "$prec" compile 100; done
     for prec in bf16 tf32 fp32; do pytorch resnet18 "$prec" compile 300; done
     ;;
 esac

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -211,11 +212,33 @@ const ConvGeom kSmall[] = {
 };
 
 // A call that throws reports it as a failure naming the key and cuDNN's reasons (the op's message).
+// With `may_decline`, cuDNN declining the pattern (gpu::NoGraphPlan) is reported, not failed: on
+// an H200 with cuDNN 9.19 (2026-11-26) no engine took the scale-bias-ReLU prologue in bf16 at any
+// ResNet-18 shape, while the plain conv-genstats pattern ran everywhere. A key declined once is
+// not searched again in this process (each search compiles candidates for seconds).
+std::set<std::string>& declined_keys() {
+  static std::set<std::string> keys;
+  return keys;
+}
 template <class F>
-bool runs(const std::string& what, F f) {
+bool runs(const std::string& what, F f, bool may_decline = false) {
+  if (may_decline && declined_keys().count(what.substr(0, what.rfind(" bf16")))) {
+    std::printf("%s: declined by cuDNN (earlier in this run)\n", what.c_str());
+    return false;
+  }
   try {
     f();
     return true;
+  } catch (const gpu::NoGraphPlan& e) {
+    if (!may_decline) {
+      ADD_FAILURE() << what << ": " << e.what();
+      return false;
+    }
+    EXPECT_NE(std::string(e.what()).find(what.substr(0, what.find(" prologue"))), std::string::npos)
+        << "the refusal does not name the geometry: " << e.what();
+    declined_keys().insert(what.substr(0, what.rfind(" bf16")));
+    std::printf("%s: declined by cuDNN\n", what.c_str());
+    return false;
   } catch (const Error& e) {
     ADD_FAILURE() << what << ": " << e.what();
     return false;
@@ -234,7 +257,7 @@ TEST(FusedConv, Bf16MatchesUnfusedWithinOneRoundingOnExactInputs) {
       const Operands o = operands(g, seed += 10, true);
       const std::string what = gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 exact";
       Outcome out;
-      if (!runs(what, [&] { out = run_bf16(op, o, prologue); })) continue;
+      if (!runs(what, [&] { out = run_bf16(op, o, prologue); }, prologue)) continue;
       std::printf("%s -> %s\n", what.c_str(), out.plan.c_str());
       expect_matches(out, reference(o, prologue), g, {0x1p-8, 0}, what);
     }
@@ -245,25 +268,28 @@ TEST(FusedConv, Bf16MatchesUnfusedOnArbitraryInputs) {
   gpu::CudaBackend be(0);
   FusedConvGenstats op(be.context());
   uint64_t seed = 200;
-  for (const ConvGeom& g : {kSmall[0], kSmall[1]}) {
-    const Operands o = operands(g, seed += 10, false);
-    const std::string what = gpu::geom_str(g) + " prologue bf16 arbitrary";
-    Outcome out;
-    if (!runs(what, [&] { out = run_bf16(op, o, true); })) continue;
-    expect_matches(out, reference(o, true), g, {0x1p-8, 0x1p-8}, what);
-  }
+  for (const ConvGeom& g : {kSmall[0], kSmall[1]})
+    for (bool prologue : {true, false}) {
+      const Operands o = operands(g, seed += 10, false);
+      const std::string what = gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 arbitrary";
+      Outcome out;
+      if (!runs(what, [&] { out = run_bf16(op, o, prologue); }, prologue)) continue;
+      expect_matches(out, reference(o, prologue), g, {0x1p-8, 0x1p-8}, what);
+    }
 }
 
 // scale and bias at a 4-byte offset (where a flat parameter buffer may put them) and w at a
-// 2-byte one go through the workspace to the same plan: the same bits as aligned operands.
+// 2-byte one go through the workspace to the same plan: the same bits as aligned operands. Where
+// cuDNN declines the prologue, the plain pattern's unaligned w alone.
 TEST(FusedConv, UnalignedParametersGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   gpu::CudaBackend be(0);
   FusedConvGenstats op(be.context());
   const Operands o = operands(kSmall[0], 300, true);
   Outcome aligned, offset;
-  ASSERT_TRUE(runs("aligned", [&] { aligned = run_bf16(op, o, true); }));
-  ASSERT_TRUE(runs("offset", [&] { offset = run_bf16(op, o, true, 1, 1); }));
+  bool prologue = runs(gpu::geom_str(o.g) + " prologue bf16 aligned", [&] { aligned = run_bf16(op, o, true); }, true);
+  if (!prologue) ASSERT_TRUE(runs("plain aligned", [&] { aligned = run_bf16(op, o, false); }));
+  ASSERT_TRUE(runs("offset", [&] { offset = run_bf16(op, o, prologue, prologue ? 1 : 0, 1); }));
   EXPECT_EQ(aligned.plan, offset.plan);
   EXPECT_EQ(0, std::memcmp(aligned.y.data(), offset.y.data(), aligned.y.size() * sizeof(float))) << "y";
   EXPECT_EQ(aligned.sum, offset.sum);
@@ -272,7 +298,8 @@ TEST(FusedConv, UnalignedParametersGiveTheSameBits) {
 
 // A second call on a known key builds and times nothing, overwrites the statistics (filled with
 // 1e30 before each call) and gives the same y; the statistics may differ in the last bits only
-// where the plan is non-deterministic (then cuDNN's warning was logged).
+// where the plan is non-deterministic (then cuDNN's warning was logged). The plain pattern: the
+// one cuDNN offers at every ResNet-18 shape.
 TEST(FusedConv, PlanCacheBuildsEachKeyOnce) {
   SKIP_WITHOUT_GPU();
   gpu::CudaBackend be(0);
@@ -280,16 +307,16 @@ TEST(FusedConv, PlanCacheBuildsEachKeyOnce) {
   EXPECT_EQ(op.graphs_built(), 0u);
   const Operands o = operands(kSmall[1], 400, true);
   Outcome first, second;
-  ASSERT_TRUE(runs("first", [&] { first = run_bf16(op, o, true); }));
+  ASSERT_TRUE(runs("first", [&] { first = run_bf16(op, o, false); }));
   const uint64_t built = op.graphs_built(), timed = op.plans_timed();
   EXPECT_GE(built, 1u);
   EXPECT_GE(timed, 1u);
-  ASSERT_TRUE(runs("second", [&] { second = run_bf16(op, o, true); }));
+  ASSERT_TRUE(runs("second", [&] { second = run_bf16(op, o, false); }));
   EXPECT_EQ(op.graphs_built(), built);
   EXPECT_EQ(op.plans_timed(), timed);
   EXPECT_EQ(op.choices().size(), 1u);
   EXPECT_EQ(0, std::memcmp(first.y.data(), second.y.data(), first.y.size() * sizeof(float)));
-  expect_matches(second, reference(o, true), o.g, {0x1p-8, 0}, "second call");
+  expect_matches(second, reference(o, false), o.g, {0x1p-8, 0}, "second call");
 }
 
 TEST(FusedConv, MismatchedScaleAndBiasAreRefused) {

@@ -448,7 +448,8 @@ TEST(GraphConv, BackendSelectsTheApiFromTheEnvironment) {
     EXPECT_NE(std::string(e.what()).find("DPT_CUDNN_API=bogus"), std::string::npos) << e.what();
   }
 
-  env.set(nullptr);  // legacy: CudnnConv, no plan choices
+  env.set("legacy");  // CudnnConv, no plan choices
+  EXPECT_FALSE(be.graph_api());
   auto legacy = be.make_conv();
   expect_within(run_fp32(*legacy, be.context(), o), reference(o), kFp32Norm, kFp32Max, "legacy");
   EXPECT_EQ(be.conv_plan_choices(), "");
@@ -456,7 +457,8 @@ TEST(GraphConv, BackendSelectsTheApiFromTheEnvironment) {
   // graph: every op shares one CudnnGraphConv, seeded with what was set before it existed.
   const std::string seed = "N=9 H=9 W=9 Cin=1 Cout=1 K=1 stride=1 pad=0 forward fp32 -> ohwi:x\n";
   be.set_conv_plan_choices(seed);
-  env.set("graph");
+  env.set(nullptr);  // unset: the graph API, the default where the build has it
+  EXPECT_TRUE(be.graph_api());
   auto a = be.make_conv(), b = be.make_conv();
   const auto lines = [&] {
     const std::string text = be.conv_plan_choices();

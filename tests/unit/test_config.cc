@@ -102,13 +102,17 @@ TEST(Config, PrecisionIsFp32UnlessBf16IsAsked) {
   EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // the pre-flight checks the CPU
 }
 
-TEST(Config, ActivationDtypeIsFp32UnlessBf16IsAsked) {
+TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
   EXPECT_EQ(parse({}).activation_dtype, "auto");
   EXPECT_EQ(activation_dtype(parse({})), DType::kF32);
-  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"})), DType::kF32);  // auto: fp32 until the GPU is validated
+  EXPECT_EQ(activation_dtype(parse({}), true), DType::kF32);  // fp32 precision: fp32 activations anywhere
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"})), DType::kF32);  // the CPU, the legacy cuDNN API
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"}), true), DType::kBF16);  // the graph API
   EXPECT_EQ(activation_dtype(parse({"--activation-dtype", "fp32"})), DType::kF32);
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16", "--activation-dtype", "fp32"}), true), DType::kF32);
   TrainConfig b = parse({"--activation-dtype", "bf16"});
   EXPECT_EQ(activation_dtype(b), DType::kBF16);
+  EXPECT_EQ(activation_dtype(b, true), DType::kBF16);
   EXPECT_NE(b.to_json().find("\"activation_dtype\":\"bf16\""), std::string::npos) << b.to_json();
   std::string msg;
   EXPECT_EQ(input_error_of({"--activation-dtype", "fp16"}, &msg), 2);
