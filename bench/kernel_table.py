@@ -2,7 +2,8 @@
 # bench/kernel_table.py -- where a GPU step's time goes, from Nsight Compute's CSV: every kernel
 # that ran inside dptrain's profiler window (DPT_PROFILE_STEPS=A:B with
 # `ncu --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv
-# --print-units base --log-file FILE`; tests/gpu/device_check.sh's profile step), grouped by kernel
+# --print-units base ... > FILE`; the program's own lines in FILE are skipped: only lines that
+# start with a quote are CSV; tests/gpu/device_check.sh's profile step), grouped by kernel
 # name and by kind (cuDNN/cuBLAS convolution and GEMM engines against dptrain's own kernels), as
 # markdown. Times are each kernel's own duration as ncu measured it (one at a time, caches flushed
 # between kernels by default), so their sum is an upper bound on the step's GPU time, not the

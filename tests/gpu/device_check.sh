@@ -228,8 +228,8 @@ case $list in
     step profile 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
       [[ -n $ncu ]] || { echo "no ncu on this machine"; exit 77; }
       DPT_PROFILE_STEPS=20:22 "$ncu" --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum \
-        --csv --print-units base --log-file "$0" dptrain --device cuda --model resnet18 --epochs 1 --max-steps 22 \
-        --eval-every 0 --precision bf16 --progress off --data "$1" &&
+        --csv --print-units base dptrain --device cuda --model resnet18 --epochs 1 --max-steps 22 \
+        --eval-every 0 --precision bf16 --progress off --data "$1" > "$0" &&
       python3 bench/kernel_table.py "$0" 2 40 | tee "$2"' "$logs/profile.csv" "$data" "$out/profile.md"
     step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
     step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
