@@ -203,8 +203,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   std::vector<std::string> tried;
   auto warn_rest = [&] {
     if (tried.size() > kWarned)
-      log_warn(DPT_MSG("--resume auto: " << tried.size() - kWarned << " more files beside " << cfg_.checkpoint_path
-                                         << " could not be used either: "
+      log_warn(DPT_MSG("--resume auto: more files beside " << cfg_.checkpoint_path << " could not be used either: "
                                          << summarize(std::vector<std::string>(tried.begin() + kWarned, tried.end()))));
   };
   for (const CheckpointInfo& f : files) {
@@ -216,7 +215,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
       if (tried.size() < kWarned)
-        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" + e.what() +
+        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" + printable(e.what(), 500) +
                  "): trying the one before");
       tried.push_back(f.path);
     }
@@ -331,7 +330,7 @@ ResumePoint CheckpointManager::load() {
     agree_on_input(comm_, "a rank could not take the convolution plans of --resume " + cfg_.resume,
                    [&] { engine_.set_conv_plan_choices(mine); });
   }
-  log_info(DPT_MSG("resumed from " << path << " at epoch " << pos[0] + 1 << ", step " << pos[1]
+  log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
   return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
 }
