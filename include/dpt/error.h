@@ -3,9 +3,12 @@
 // checkpoints), 3 for internal/library failures. main() prints it once and ends every rank.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace dpt {
 
@@ -35,6 +38,15 @@ struct AgreedInputError : Error {
 // "[rank r@host] " once MPI is up (set by the bootstrap), empty before.
 const std::string& rank_prefix();
 void set_rank_prefix(const std::string& prefix);
+
+// Text read from a file (a checkpoint's metadata, a header, a name found in a directory), made safe
+// to quote in a message: control bytes and bytes above 0x7e become escapes ("\n", "\x1b"), so a
+// newline or a terminal escape in a file cannot forge or recolour a log line, and text past `limit`
+// bytes is cut ("... (100000 bytes)"), so a huge field cannot make a huge line. Every message that
+// quotes a file's content goes through this.
+std::string printable(std::string_view text, size_t limit = 120);
+// A list for a message: the first `shown` items, printable(), then "and 2,997 more".
+std::string summarize(const std::vector<std::string>& items, size_t shown = 3);
 
 namespace detail {
 [[noreturn]] void throw_error(ErrorKind kind, const char* library, const std::string& message,

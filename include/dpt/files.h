@@ -1,6 +1,7 @@
 // Files that cannot be turned against the operator: the one atomic writer every output goes
 // through (checkpoints, --save, --report, --trace, the metrics trimming) and the checks that keep
-// a FIFO, a device or a planted symlink from hanging a run or being written through.
+// a FIFO, a device or a planted symlink from hanging a run or being written through, and the lock
+// that keeps two runs from writing one output.
 #pragma once
 
 #include <sys/types.h>
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace dpt {
 
@@ -39,10 +41,42 @@ class AtomicFile {
 // AtomicFile in one call.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what);
 
+// A run's claim on one output file, held from the pre-flight to the end of the run, so that a
+// second run given the same --metrics, --report, --trace or --checkpoint-path is refused instead
+// of truncating what the first is writing. It is a flock(2) on "<file>.lock" beside the file (the
+// file a symlink names): not on the file itself, which AtomicFile replaces by a rename (a lock on
+// the old inode would not be seen by a run that opens the new one). The kernel drops the lock with
+// its process, so a run killed with SIGKILL leaves at most an unlocked file, which refuses nothing
+// and is taken over by the next run. The lock file is opened with O_NOFOLLOW (a symlink planted in
+// a shared directory is refused, never followed); after locking, the name must still be the inode
+// locked, else a run that ended has just removed it and the lock is taken again. The holder writes
+// "pid P on host H, started T" into it; a refused run quotes that (printable()). Removed at release.
+class OutputLock {
+ public:
+  OutputLock() = default;
+  // Locks the output `path` (which check_output_path accepted); input error naming `flag`, the
+  // path, the holder and the lock file when another run holds it.
+  OutputLock(const std::string& path, const std::string& flag);
+  ~OutputLock();
+  OutputLock(OutputLock&& o) noexcept : file_(std::move(o.file_)), fd_(o.fd_) { o.fd_ = -1; }
+  OutputLock& operator=(OutputLock&& o) noexcept;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  const std::string& file() const { return file_; }  // the lock file ("" when none is held)
+  // The lock file of the output `path`: "<file>.lock" beside the file it is (symlinks resolved).
+  static std::string file_for(const std::string& path, const std::string& flag);
+
+ private:
+  void release();
+  std::string file_;
+  int fd_ = -1;
+};
+
 // Pre-flight for an output: `path` is absent or a regular file (a symlink only to one), it is
 // writable, and its directory exists and is writable. Input error naming `flag` otherwise. A
 // `stream` (--metrics: appended to, not replaced) may also be a writable character device.
-void check_output_path(const std::string& path, const std::string& flag, bool stream = false);
+// Returns the output's lock (OutputLock; none for a device, which no run can corrupt for another).
+OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream = false);
 
 // Opens an input for reading without ever blocking on it: O_NONBLOCK (a FIFO with no writer opens
 // at once instead of waiting forever), then fstat must show a regular file, then blocking mode is

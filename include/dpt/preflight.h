@@ -17,6 +17,7 @@
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/dataset.h"
+#include "dpt/files.h"
 #include "dpt/nn.h"
 
 namespace dpt {
@@ -50,12 +51,13 @@ struct Preflight {
   Normalization normalize;  // --normalize resolved (auto: the training set's statistics)
   AugmentSpec augment;      // --augment, its crop padding sized to the images
   DType activations = DType::kF32;  // --activation-dtype resolved on the opened device
+  std::vector<OutputLock> locks;    // rank 0's outputs, held until the run ends (check_outputs)
   Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
 
 // In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data (read by
 // every rank, in --data-format; --normalize, --augment and --model checked against its shape),
-// the configuration and data digests (equal on every rank), rank 0's outputs
+// the configuration and data digests (equal on every rank), rank 0's outputs locked
 // (writable regular files or absent; --resume a regular file), the device opened and its memory
 // against the batch. Any failure: AgreedInputError on every rank.
 Preflight run_preflight(const TrainConfig& cfg, Communicator& comm);
@@ -71,8 +73,9 @@ std::string data_digest(const ImageSet& set);
 // with exit 2 naming the flag and the ranks (rank 0 prints it).
 void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test);
 // Rank 0's outputs (--metrics, --save, --report, --trace, --checkpoint-path) absent or regular
-// files it can write, in directories it can write; --resume (not auto) a regular file.
-void check_outputs(const TrainConfig& cfg);
+// files it can write, in directories it can write, each its own file and held by no other run;
+// --resume (not auto) a regular file. Returns the outputs' locks (OutputLock), for the whole run.
+std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
 // Bytes one image costs in a training step and in evaluation, measured on a probe model whose
 // activations are of type `activations`.
 std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1},

@@ -1,9 +1,10 @@
-// The atomic writer and the input/output checks of include/dpt/files.h. Everything goes through
+// The atomic writer, the output locks and the input/output checks of include/dpt/files.h. Everything goes through
 // file descriptors opened with O_NOFOLLOW/O_EXCL/O_NONBLOCK: a name checked with stat and then
 // opened by name could be swapped in between, a descriptor cannot.
 #include "dpt/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 
 #include "dpt/error.h"
@@ -169,12 +171,12 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
   f.commit();
 }
 
-void check_output_path(const std::string& path, const std::string& flag, bool stream) {
+OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream) {
   DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
   struct stat st {};
   if (stream && ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode)) {
     DPT_INPUT_CHECK(::access(path.c_str(), W_OK) == 0, flag << " " << path << ": the device is not writable");
-    return;  // appended to, never replaced: /dev/null discards, /dev/full fails like a full disk
+    return {};  // appended to, never replaced: /dev/null discards, /dev/full fails like a full disk
   }
   const std::string target = resolve_output(path, flag, &st);
   const std::string dir = dir_of(target);
@@ -184,6 +186,86 @@ void check_output_path(const std::string& path, const std::string& flag, bool st
   DPT_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0, flag << " " << path << ": the directory " << dir << " is not writable");
   DPT_INPUT_CHECK(st.st_mode == 0 || ::access(target.c_str(), W_OK) == 0,
                   flag << " " << path << ": the file exists and is not writable");
+  return OutputLock(path, flag);
+}
+
+std::string OutputLock::file_for(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  return resolve_output(path, flag, &st) + ".lock";
+}
+
+OutputLock::OutputLock(const std::string& path, const std::string& flag) {
+  const std::string lock = file_for(path, flag);
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    // Read-only where the file is another user's (a run of theirs that ended, or one that runs):
+    // flock needs no write access, and O_CREAT on another user's file in a sticky directory is
+    // refused under fs.protected_regular.
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno == EACCES || errno == EPERM))
+      fd = ::open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    DPT_INPUT_CHECK(fd >= 0, flag << " " << path << ": cannot open its lock file " << lock << ": "
+                                  << (errno == ELOOP ? "it is a symlink, which is never followed" : errno_text()));
+    struct stat fst {};
+    if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
+      const mode_t m = fst.st_mode;
+      ::close(fd);
+      DPT_INPUT_CHECK(false, flag << " " << path << ": its lock file " << lock << " is " << kind_of(m)
+                                  << ", not a regular file");
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[512];
+      const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+      const std::string holder = n > 0 ? printable(std::string_view(buf, static_cast<size_t>(n))) : "";
+      ::close(fd);
+      DPT_INPUT_CHECK(err == EWOULDBLOCK, flag << " " << path << ": cannot lock " << lock << ": " << std::strerror(err));
+      DPT_INPUT_CHECK(false, flag << " " << path << " is in use by another run ("
+                                  << (holder.empty() ? std::string("it has not said which yet") : holder)
+                                  << "; lock file " << lock << "): two runs writing one file corrupt it; let that run "
+                                  << "end, or give this one another " << flag);
+    }
+    struct stat now {};
+    if (::lstat(lock.c_str(), &now) == 0 && now.st_dev == fst.st_dev && now.st_ino == fst.st_ino) {
+      fd_ = fd;
+    } else {
+      ::close(fd);  // removed by the run that held it, between our open and our lock: again
+      DPT_INPUT_CHECK(attempt < 100, flag << " " << path << ": its lock file " << lock << " keeps being replaced");
+    }
+  }
+  file_ = lock;
+  // Who holds it, for the message of a run refused. A read-only (another user's) file keeps its text.
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+  const std::string text = DPT_MSG("pid " << ::getpid() << " on host " << host << ", started " << when);
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
+}
+
+OutputLock& OutputLock::operator=(OutputLock&& o) noexcept {
+  if (this != &o) {
+    release();
+    file_ = std::move(o.file_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+OutputLock::~OutputLock() { release(); }
+
+// Removed while still locked, and only while the name is still this inode: a run that opened it
+// meanwhile finds its lock on a removed file and opens the name again (see the constructor).
+void OutputLock::release() {
+  if (fd_ < 0) return;
+  struct stat mine {}, now {};
+  if (::fstat(fd_, &mine) == 0 && ::lstat(file_.c_str(), &now) == 0 && mine.st_dev == now.st_dev &&
+      mine.st_ino == now.st_ino)
+    ::unlink(file_.c_str());
+  ::close(fd_);
+  fd_ = -1;
 }
 
 int open_input_file(const std::string& path, const std::string& what) {

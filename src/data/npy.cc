@@ -49,9 +49,7 @@ class HeaderParser {
   void expect(bool ok, const char* what) {
     if (ok) return;
     // A short printable excerpt of what was found instead: enough to recognise, never the file.
-    std::string found;
-    for (size_t i = pos_; i < s_.size() && found.size() < 20; ++i)
-      found += (s_[i] >= 0x20 && s_[i] < 0x7f) ? s_[i] : '?';
+    const std::string found = printable(std::string_view(s_).substr(std::min(pos_, s_.size()), 20), 20);
     DPT_INPUT_CHECK(false, path_ << ": bad .npy header: expected " << what << " at byte " << pos_
                                  << " of the header, found "
                                  << (found.empty() ? std::string("its end") : "'" + found + "'"));
@@ -161,7 +159,7 @@ std::string dtype_description(const std::string& descr) {
   const std::string size = body.substr(1);
   auto bits = [&]() -> std::string {
     for (char ch : size)
-      if (ch < '0' || ch > '9') return size;
+      if (ch < '0' || ch > '9') return printable(size, 20);
     return size.empty() || size.size() > 4 ? size : std::to_string(std::stoi(size) * 8);
   };
   switch (kind) {
@@ -230,7 +228,7 @@ NpyHeader read_header(InputFile& in) {
   static const char* kKeys[] = {"descr", "fortran_order", "shape"};
   for (const std::string& key : dict.keys) {
     DPT_INPUT_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
-                    path << ": bad .npy header: unexpected key '" << key
+                    path << ": bad .npy header: unexpected key '" << printable(key)
                          << "' (the keys are 'descr', 'fortran_order' and 'shape')");
   }
   auto field = [&](const char* key) -> const PyValue& {
@@ -275,12 +273,12 @@ std::vector<uint8_t> read_data(InputFile& in, const NpyHeader& h, uint64_t items
   for (int64_t d : h.shape) {
     DPT_INPUT_CHECK(static_cast<uint64_t>(d) <= kMaxDataBytes / expected,
                     path << ": absurd size: header says " << shape_string(h.shape) << " of '"
-                         << h.descr << "', more than the limit of " << kMaxDataBytes
+                         << printable(h.descr) << "', more than the limit of " << kMaxDataBytes
                          << " bytes (2^34)");
     expected *= static_cast<uint64_t>(d);
   }
   const uint64_t have = in.size() - h.data_offset;
-  const std::string promise = DPT_MSG("header says " << shape_string(h.shape) << " of '" << h.descr
+  const std::string promise = DPT_MSG("header says " << shape_string(h.shape) << " of '" << printable(h.descr)
                                                      << "' = " << expected << " bytes of data");
   DPT_INPUT_CHECK(have >= expected, path << ": truncated: " << promise << ", the file has " << have
                                          << " after the header");
@@ -298,7 +296,7 @@ NpyImages read_npy_images(const std::string& path) {
   InputFile in(path);
   const NpyHeader h = read_header(in);
   DPT_INPUT_CHECK(h.descr == "|u1" || h.descr == "<u1" || h.descr == ">u1",
-                  path << ": unsupported dtype '" << h.descr << "' (" << dtype_description(h.descr)
+                  path << ": unsupported dtype '" << printable(h.descr) << "' (" << dtype_description(h.descr)
                        << "): images must be uint8 ('|u1'), e.g. a.astype(numpy.uint8)");
   DPT_INPUT_CHECK(h.shape.size() == 3 || h.shape.size() == 4,
                   path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "
@@ -329,7 +327,7 @@ std::vector<uint8_t> read_npy_labels(const std::string& path) {
   const std::string size = order_ok ? d.substr(2) : "";
   const bool size_ok = size == "1" || size == "2" || size == "4" || size == "8";
   DPT_INPUT_CHECK(order_ok && (kind == 'i' || kind == 'u') && size_ok,
-                  path << ": unsupported dtype '" << d << "' (" << dtype_description(d)
+                  path << ": unsupported dtype '" << printable(d) << "' (" << dtype_description(d)
                        << "): labels must be integers (int8..int64 or uint8..uint64)");
   DPT_INPUT_CHECK(h.shape.size() == 1,
                   path << ": wrong ndim: expected 1-D labels (n), found " << h.shape.size() << "-D "

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -80,7 +81,7 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
   for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
     if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
         then[i].second != now_values[i].second)
-      changed.push_back(then[i].first + " " + then[i].second + " -> " + now_values[i].second);
+      changed.push_back(then[i].first + " " + printable(then[i].second) + " -> " + printable(now_values[i].second));
   return changed;
 }
 
@@ -191,25 +192,37 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
       }
     }
     if (mine.empty()) mine = ids.front();
-    std::string passed;
+    std::vector<std::string> passed;
     for (const CheckpointInfo& f : files)
-      if (!f.training.empty() && f.training != mine) passed += (passed.empty() ? "" : ", ") + f.path;
-    log_warn("--resume auto: passed over the files of other trainings (" + passed + ")");
+      if (!f.training.empty() && f.training != mine) passed.push_back(f.path);
+    log_warn("--resume auto: passed over the files of other trainings (" + summarize(passed) + ")");
   }
-  std::string tried;
+  // A directory may hold thousands of files that fail: the first few are warned about one by one,
+  // the rest in one line, so the log stays readable.
+  constexpr size_t kWarned = 3;
+  std::vector<std::string> tried;
+  auto warn_rest = [&] {
+    if (tried.size() > kWarned)
+      log_warn(DPT_MSG("--resume auto: more files beside " << cfg_.checkpoint_path << " could not be used either: "
+                                         << summarize(std::vector<std::string>(tried.begin() + kWarned, tried.end()))));
+  };
   for (const CheckpointInfo& f : files) {
     if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
     try {
       *meta = load_model(f.path, model_, &opt_.momentum_buffer());
+      warn_rest();
       return f.path;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
-      log_warn("--resume auto: " + f.path + " cannot be used (" + e.what() + "): trying the one before");
-      tried += (tried.empty() ? "" : ", ") + f.path;
+      if (tried.size() < kWarned)
+        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" + printable(e.what(), 500) +
+                 "): trying the one before");
+      tried.push_back(f.path);
     }
   }
+  warn_rest();
   DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg_.checkpoint_path << " could be read ("
-                                                                        << tried << ")");
+                                                                        << summarize(tried) << ")");
   log_info("--resume auto: no checkpoint at or beside " + cfg_.checkpoint_path + ": starting fresh");
   return "";
 }
@@ -284,7 +297,7 @@ ResumePoint CheckpointManager::load() {
     }
     auto ws = meta.find("world_size");
     if (ws != meta.end() && ws->second != std::to_string(comm_.size()))
-      log_warn(path + " was written at world size " + ws->second + ", resuming at " +
+      log_warn(path + " was written at world size " + printable(ws->second) + ", resuming at " +
                std::to_string(comm_.size()) + ": the data order is the same, float sums may differ");
   });
   comm_.broadcast(pos, 6, 0, "broadcast of the resume position");
@@ -317,7 +330,7 @@ ResumePoint CheckpointManager::load() {
     agree_on_input(comm_, "a rank could not take the convolution plans of --resume " + cfg_.resume,
                    [&] { engine_.set_conv_plan_choices(mine); });
   }
-  log_info(DPT_MSG("resumed from " << path << " at epoch " << pos[0] + 1 << ", step " << pos[1]
+  log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1 << ", step " << pos[1]
                                    << " (global step " << pos[2] << ")"));
   return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
 }
@@ -327,17 +340,26 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
   agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
     if (comm_.rank() != 0) return;
     for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
-      // Files of this training, the file resumed, and files that are no dptrain training's
-      // (unreadable, or written before ids were recorded) are this run's to replace, as before.
-      if (f.training.empty() || f.training == training_ || f.path == resumed_path_) continue;
+      // Files of this training and the file resumed are this run's to replace.
+      if (f.training == training_ || f.path == resumed_path_) continue;
       const bool at_path = std::filesystem::path(f.path).filename() == std::filesystem::path(cfg_.checkpoint_path).filename();
       const bool ahead = f.step > start_step && f.step <= last_step;  // a name this run may still write
       if (cfg_.keep_checkpoints == 0 ? !at_path : !ahead) continue;
-      DPT_INPUT_CHECK(false, "--checkpoint-path " << cfg_.checkpoint_path << ": " << f.path
-                                                  << " is a checkpoint of another training (id " << f.training
-                                                  << ", started " << (f.started.empty() ? "?" : f.started)
+      const std::string shown = printable(f.path, PATH_MAX);
+      if (f.training.empty()) {
+        // No training's (unreadable, or written without an id): this run's to replace, as before,
+        // but not silently when a --resume could continue it.
+        if (f.step >= 0)
+          log_warn(DPT_MSG("--checkpoint-path " << cfg_.checkpoint_path << ": replacing " << shown
+                                                << ", a checkpoint at step " << f.step << " that records no training id; "
+                                                << "--resume " << shown << " would have continued it"));
+        continue;
+      }
+      DPT_INPUT_CHECK(false, "--checkpoint-path " << cfg_.checkpoint_path << ": " << shown
+                                                  << " is a checkpoint of another training (id " << printable(f.training)
+                                                  << ", started " << (f.started.empty() ? "?" : printable(f.started))
                                                   << ", at step " << f.step << ") that this run would overwrite; "
-                                                  << "continue that training with --resume " << f.path
+                                                  << "continue that training with --resume " << shown
                                                   << " (or --resume auto), or choose another --checkpoint-path");
     }
   });
@@ -375,7 +397,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
     const CheckpointInfo there = read_checkpoint_info(file);
     DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || file == resumed_path_,
                     "not writing checkpoint " << file << ": it now holds a checkpoint of another training (id "
-                                              << there.training << "); two trainings share --checkpoint-path");
+                                              << printable(there.training) << "); two trainings share --checkpoint-path");
     save_model(file, model_, meta, &opt_.momentum_buffer());
     prune();
     record(at.global_step, file);

@@ -53,11 +53,11 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   StFile f = read_safetensors(path);
   auto it = f.metadata.find("model");
   DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
-                  path << ": holds a '" << it->second << "' model, not '" << model.name() << "'");
+                  path << ": holds a '" << printable(it->second) << "' model, not '" << model.name() << "'");
   // ResNet-18's tensors are the same for every image size: only the recorded shape tells them apart.
   const auto shape = f.metadata.find("input_shape");
   DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
-                  path << ": was trained on images of " << shape->second << " (H,W,C), this run's data has "
+                  path << ": was trained on images of " << printable(shape->second) << " (H,W,C), this run's data has "
                        << shape_text(model.input_shape()));
   std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
@@ -69,25 +69,25 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
                                               << shape_str(t->shape) << ", " << model.name()
                                               << " needs " << shape_str(p.shape));
     if (p.is_counter) {
-      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is " << t->dtype
+      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is " << printable(t->dtype)
                                               << ", expected I64");
       p.value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
     } else {
-      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is " << t->dtype
+      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is " << printable(t->dtype)
                                               << ", expected F32");
       auto v = as_f32(*t, path);
       std::copy(v.begin(), v.end(), p.value.data());
     }
   }
   for (const auto& t : f.tensors)
-    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << t.name << "' for "
+    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << printable(t.name) << "' for "
                                                  << model.name());
   if (momentum && !momentum->empty()) {
     const StTensor* t = f.find(kMomentum);
     DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
                                        << "'): a --save file, not a training checkpoint");
     DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
-                    path << ": '" << kMomentum << "' is " << t->dtype << " " << shape_str(t->shape)
+                    path << ": '" << kMomentum << "' is " << printable(t->dtype) << " " << shape_str(t->shape)
                          << ", expected F32 [" << momentum->size() << "]");
     *momentum = as_f32(*t, path);
   }

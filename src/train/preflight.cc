@@ -91,13 +91,27 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 // at an output's path is refused: the atomic writer would put a regular file over it (a --save
 // /dev/null run as root replaced /dev/null), and a FIFO would hang the writer. --metrics is a
 // stream appended to, so a character device is fine there (/dev/null, or /dev/full as a full disk).
-void check_outputs(const TrainConfig& cfg) {
+// Each output is locked as it is checked (OutputLock), before anything is truncated: a second run
+// with the same file is refused here, naming the run that holds it. Two flags of one run naming
+// one file would lock it twice; they are refused naming both.
+std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
   std::vector<std::pair<const char*, std::string>> outputs = {
       {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
-  for (const auto& [flag, path] : outputs)
-    if (!path.empty()) check_output_path(path, flag, std::string(flag) == "--metrics");
+  std::vector<OutputLock> locks;
+  std::vector<const char*> owners;  // the flag of each lock
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    for (size_t i = 0; i < locks.size(); ++i)
+      DPT_INPUT_CHECK(locks[i].file() != OutputLock::file_for(path, flag),
+                      flag << " " << path << " is the file " << owners[i] << " names: give each output its own file");
+    OutputLock lock = check_output_path(path, flag, std::string(flag) == "--metrics");
+    if (lock.file().empty()) continue;
+    locks.push_back(std::move(lock));
+    owners.push_back(flag);
+  }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
+  return locks;
 }
 
 // The probe runs on the CPU: the growth of live tensor storage from batch 2 to batch 4, halved, so
@@ -212,7 +226,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
   agree_on_config(cfg, comm, pf.train, pf.test);
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
-    if (rank == 0) check_outputs(cfg);
+    if (rank == 0) pf.locks = check_outputs(cfg);
   });
 
   // The device (a GPU's context is created here) and its memory against the batch.

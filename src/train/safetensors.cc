@@ -115,50 +115,50 @@ struct Entry {
 Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
                   const std::string& origin) {
   DPT_INPUT_CHECK(!name.empty(), origin << ": safetensors header has a tensor with an empty name");
-  DPT_INPUT_CHECK(v.is_object(), origin << ": tensor '" << name << "': header entry is a "
+  DPT_INPUT_CHECK(v.is_object(), origin << ": tensor '" << printable(name) << "': header entry is a "
                                         << v.type_name() << ", expected an object");
   Entry e;
   e.name = name;
 
   auto dt = v.find("dtype");
-  DPT_INPUT_CHECK(dt != v.end(), origin << ": tensor '" << name << "': missing \"dtype\"");
-  DPT_INPUT_CHECK(dt->is_string(), origin << ": tensor '" << name << "': \"dtype\" is a "
+  DPT_INPUT_CHECK(dt != v.end(), origin << ": tensor '" << printable(name) << "': missing \"dtype\"");
+  DPT_INPUT_CHECK(dt->is_string(), origin << ": tensor '" << printable(name) << "': \"dtype\" is a "
                                           << dt->type_name() << ", expected a string");
   e.dtype = dt->get<std::string>();
   size_t elem = st_dtype_size(e.dtype);
   DPT_INPUT_CHECK(elem != 0,
-                  origin << ": tensor '" << name << "': unknown dtype \"" << e.dtype << "\"");
+                  origin << ": tensor '" << printable(name) << "': unknown dtype \"" << printable(e.dtype) << "\"");
 
   auto sh = v.find("shape");
-  DPT_INPUT_CHECK(sh != v.end(), origin << ": tensor '" << name << "': missing \"shape\"");
-  DPT_INPUT_CHECK(sh->is_array(), origin << ": tensor '" << name << "': \"shape\" is a "
+  DPT_INPUT_CHECK(sh != v.end(), origin << ": tensor '" << printable(name) << "': missing \"shape\"");
+  DPT_INPUT_CHECK(sh->is_array(), origin << ": tensor '" << printable(name) << "': \"shape\" is a "
                                          << sh->type_name() << ", expected an array");
   for (const json& d : *sh) {
     uint64_t u = 0;
-    DPT_INPUT_CHECK(as_nonneg_int(d, &u), origin << ": tensor '" << name << "': shape "
+    DPT_INPUT_CHECK(as_nonneg_int(d, &u), origin << ": tensor '" << printable(name) << "': shape "
                                                  << sh->dump() << " has " << d.dump()
                                                  << ", expected non-negative integers");
     e.shape.push_back(static_cast<int64_t>(u));
   }
   uint64_t nbytes = 0;
   DPT_INPUT_CHECK(checked_nbytes(e.shape, elem, &nbytes),
-                  origin << ": tensor '" << name << "': shape " << shape_str(e.shape)
+                  origin << ": tensor '" << printable(name) << "': shape " << shape_str(e.shape)
                          << " overflows the element count");
 
   auto off = v.find("data_offsets");
-  DPT_INPUT_CHECK(off != v.end(), origin << ": tensor '" << name << "': missing \"data_offsets\"");
+  DPT_INPUT_CHECK(off != v.end(), origin << ": tensor '" << printable(name) << "': missing \"data_offsets\"");
   DPT_INPUT_CHECK(off->is_array() && off->size() == 2 && as_nonneg_int((*off)[0], &e.begin) &&
                       as_nonneg_int((*off)[1], &e.end),
-                  origin << ": tensor '" << name << "': \"data_offsets\" is " << off->dump()
+                  origin << ": tensor '" << printable(name) << "': \"data_offsets\" is " << printable(off->dump())
                          << ", expected [begin, end] of non-negative integers");
-  DPT_INPUT_CHECK(e.begin <= e.end, origin << ": tensor '" << name << "': data_offsets [" << e.begin
+  DPT_INPUT_CHECK(e.begin <= e.end, origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin
                                            << ", " << e.end << "] has begin > end");
-  DPT_INPUT_CHECK(e.end <= data_size, origin << ": tensor '" << name << "': data_offsets ["
+  DPT_INPUT_CHECK(e.end <= data_size, origin << ": tensor '" << printable(name) << "': data_offsets ["
                                              << e.begin << ", " << e.end
                                              << "] out of range: the data section has " << data_size
                                              << " bytes (file truncated?)");
   DPT_INPUT_CHECK(e.end - e.begin == nbytes,
-                  origin << ": tensor '" << name << "': data_offsets [" << e.begin << ", " << e.end
+                  origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin << ", " << e.end
                          << "] span " << (e.end - e.begin) << " bytes but shape "
                          << shape_str(e.shape) << " of " << e.dtype << " needs " << nbytes);
   return e;
@@ -206,7 +206,7 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
     header = json::parse(hdr, hdr + n);
   } catch (const json::exception& e) {
     DPT_INPUT_CHECK(false, origin << ": safetensors header (" << n
-                                  << " bytes) is not valid JSON: " << e.what());
+                                  << " bytes) is not valid JSON: " << printable(e.what(), 300));
   }
   DPT_INPUT_CHECK(header.is_object(), origin << ": safetensors header is a JSON "
                                              << header.type_name() << ", expected an object");
@@ -220,8 +220,8 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
       DPT_INPUT_CHECK(it->is_object(), origin << ": \"__metadata__\" is a " << it->type_name()
                                               << ", expected an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        DPT_INPUT_CHECK(m->is_string(), origin << ": metadata '" << m.key() << "' is a "
-                                               << m->type_name() << " (" << m->dump()
+        DPT_INPUT_CHECK(m->is_string(), origin << ": metadata '" << printable(m.key()) << "' is a "
+                                               << m->type_name() << " (" << printable(m->dump())
                                                << "), expected a string");
         file.metadata[m.key()] = m->get<std::string>();
       }
@@ -239,11 +239,11 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
   uint64_t cursor = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {
-    DPT_INPUT_CHECK(e.begin >= cursor, origin << ": tensor '" << e.name << "': data_offsets ["
+    DPT_INPUT_CHECK(e.begin >= cursor, origin << ": tensor '" << printable(e.name) << "': data_offsets ["
                                               << e.begin << ", " << e.end << "] overlap tensor '"
-                                              << (prev ? prev->name : "") << "' which ends at "
+                                              << printable(prev ? prev->name : "") << "' which ends at "
                                               << cursor);
-    DPT_INPUT_CHECK(e.begin == cursor, origin << ": tensor '" << e.name << "': data_offsets ["
+    DPT_INPUT_CHECK(e.begin == cursor, origin << ": tensor '" << printable(e.name) << "': data_offsets ["
                                               << e.begin << ", " << e.end << "] leave a gap of "
                                               << (e.begin - cursor) << " unused bytes before it");
     cursor = e.end;
@@ -373,11 +373,11 @@ namespace {
 template <typename T>
 std::vector<T> copy_out(const StTensor& t, const char* dtype, const std::string& origin) {
   const std::string where = origin.empty() ? "" : origin + ": ";
-  DPT_INPUT_CHECK(t.dtype == dtype, where << "tensor '" << t.name << "' has dtype " << t.dtype
+  DPT_INPUT_CHECK(t.dtype == dtype, where << "tensor '" << printable(t.name) << "' has dtype " << printable(t.dtype)
                                           << ", expected " << dtype);
   uint64_t nbytes = 0;
   DPT_INPUT_CHECK(checked_nbytes(t.shape, sizeof(T), &nbytes) && nbytes == t.bytes.size(),
-                  where << "tensor '" << t.name << "' has " << t.bytes.size() << " bytes, shape "
+                  where << "tensor '" << printable(t.name) << "' has " << t.bytes.size() << " bytes, shape "
                         << shape_str(t.shape) << " of " << dtype);
   std::vector<T> out(t.bytes.size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), t.bytes.size());

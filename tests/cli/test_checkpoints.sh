@@ -3,8 +3,9 @@
 # kept, named by step; --resume auto takes the newest valid one by the step it records (not by its
 # name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
 # a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
-# where an uninterrupted one ends, with float and with 16-bit activations. Usage: test_checkpoints.sh
-# path/to/dptrain
+# where an uninterrupted one ends, with float and with 16-bit activations; a checkpoint's text is
+# quoted escaped and cut, long lists of files summarised, and an id-less checkpoint is replaced by a
+# fresh run only with a warning. Usage: test_checkpoints.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 mpi+=(-np 2)
@@ -73,6 +74,63 @@ for v in 2parsecs -1 1.5steps x; do
   run f.log "$bin" --checkpoint-every "$v"
   [[ $? -eq 2 ]] && grep -q -- "--checkpoint-every" f.log || fail "--checkpoint-every $v: $(cat f.log)"
 done
+
+echo "== file text in messages: control bytes escaped, long text cut, long lists summarised"
+# set_meta SRC DST KEY VALUE: a copy of checkpoint SRC whose metadata KEY is VALUE (Python escapes
+# allowed, e.g. \x1b); the tensors stay as they are.
+set_meta() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, key, value = sys.argv[1:5]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+head["__metadata__"][key] = value.encode().decode("unicode_escape")
+h = json.dumps(head).encode()
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+}
+# longest FILE: the length of its longest line.
+longest() { awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }' "$1"; }
+mkdir txt
+run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path txt/ck.st \
+  || fail "the run for the text checks failed: $(tail -2 t.log)"
+set_meta txt/ck.st txt/ck.st 'training_id' 'evil\n[rank 0@host] error: forged line\x1b[31m'
+run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path txt/ck.st
+rc=$?
+if [[ $rc -ne 2 ]] || grep -q $'\x1b' t.log || grep -q '^\[rank 0@host\] error: forged' t.log ||
+   ! grep -qF 'another training (id evil\n[rank 0@host] error: forged line\x1b[31m,' t.log; then
+  fail "an id with a newline and ESC: exit $rc, printed raw or not named escaped: $(grep -a -A1 'another training' t.log | cat -v)"
+fi
+set_meta txt/ck.st txt/ck.st 'training_id' "$(head -c 100000 /dev/zero | tr '\0' 'i')"
+run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path txt/ck.st
+rc=$?
+[[ $rc -eq 2 && $(longest t.log) -lt 2000 ]] && grep -qF "(100000 bytes)" t.log ||
+  fail "a 100 KB id: exit $rc, longest line $(longest t.log) bytes (want exit 2, the id cut)"
+# A directory of 3,000 other trainings' files (headers only) and 3,000 files that are no
+# checkpoint: a few lines, each short, and "and N more".
+mkdir many
+python3 - many <<'PY'
+import json, struct, sys
+for i in range(3000):
+    h = json.dumps({"__metadata__": {"training_id": "id%04d" % i, "step": str(i + 1), "optimizer_steps": str(i + 1)}}).encode()
+    open(f"{sys.argv[1]}/ck.step{i + 1}.st", "wb").write(struct.pack("<Q", len(h)) + h)
+    open(f"{sys.argv[1]}/ck.step{i + 5001}.st", "wb").write(b"not a checkpoint")
+PY
+run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path many/ck.st --resume auto
+rc=$?
+lines=$(grep -c -- "--resume auto" t.log)
+if [[ $rc -ne 2 || $lines -gt 6 || $(longest t.log) -gt 2000 ]] || ! grep -qF "and 2,996 more)" t.log ||
+   ! grep -qF "and 2,998 more" t.log; then
+  fail "--resume auto beside 6,000 foreign files: exit $rc, $lines lines, longest $(longest t.log) bytes: $(cut -c1-200 t.log | tail -8)"
+fi
+
+echo "== a fresh run warns before replacing a checkpoint that records no training id"
+set_meta txt/ck.st txt/ck.st 'training_id' ''
+run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path txt/ck.st \
+  || fail "the run over an id-less checkpoint failed: $(tail -2 t.log)"
+grep -qF "replacing txt/ck.st, a checkpoint at step 2 that records no training id" t.log ||
+  fail "no warning before replacing an id-less checkpoint: $(grep -i 'warn\|replac' t.log)"
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -3,7 +3,8 @@
 # unpredictable O_EXCL|O_NOFOLLOW temporaries (a planted symlink is not written through), keep the
 # mode of the file they replace, follow a symlink only to a regular file and refuse FIFOs and
 # devices at pre-flight; inputs that are FIFOs fail in seconds instead of hanging any rank; a reader
-# that closes the pipe does not end the run or lose --save; a --save that fails says "--save".
+# that closes the pipe does not end the run or lose --save; a --save that fails says "--save"; a
+# second run given a running one's output is refused, and a killed run's lock refuses nothing.
 # Every check is separate and bounded by `timeout`, so an old build fails them instead of hanging.
 # Usage: test_files.sh path/to/dptrain
 set -uo pipefail
@@ -224,6 +225,59 @@ else
     ok "7 --save on a full disk: exit $rc, $(first "--save" s7/log)"
   fi
 fi
+
+# ---- 8. Two runs with one output: the second is refused, and the lock dies with its run ----------
+# Run A holds --metrics, --report, --trace and --checkpoint-path (no checkpoint is due for 1000
+# epochs) until it is killed; it runs past its pre-flight once its first epoch record is written.
+mkdir -p s8
+long=(--model lenet --epochs 100000 --max-steps 2 --eval-every 0 --threads 1 --batch-size 64 --progress off)
+held=(--metrics "$tmp/s8/m.jsonl" --report "$tmp/s8/r.svg" --trace "$tmp/s8/t.json" --trace-steps 1:2
+      --checkpoint-every 1000 --checkpoint-path "$tmp/s8/ck.st")
+"$bin" "${long[@]}" "${held[@]}" > s8/a.log 2>&1 &
+a=$!
+for _ in $(seq 900); do [[ -s s8/m.jsonl ]] && break; sleep 0.1; done
+[[ -s s8/m.jsonl ]] || fail "8 run A wrote no metrics record in 90 s: $(tail -2 s8/a.log)"
+# flag|file|what else the flag needs
+for spec in "--metrics|m.jsonl|" "--report|r.svg|" "--trace|t.json|--trace-steps 1:2" \
+            "--checkpoint-path|ck.st|--checkpoint-every 1"; do
+  IFS='|' read -r flag f extra <<< "$spec"
+  # shellcheck disable=SC2086  # $extra: zero or two words
+  run s8/b.log 60 "$bin" "${small[@]}" "$flag" "$tmp/s8/$f" $extra
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "$flag $tmp/s8/$f is in use by another run (pid $a on host" s8/b.log; then
+    fail "8 a second run with $flag of a running one: exit $rc (want 2 naming the file and pid $a):"; tail -3 s8/b.log
+  else
+    ok "8 second run with $flag: exit 2, $(first "in use" s8/b.log)"
+  fi
+done
+if python3 -c 'import sys; sys.exit(b"\0" in open(sys.argv[1], "rb").read())' s8/m.jsonl; then
+  ok "8 run A's metrics hold no NUL byte: nobody truncated them"
+else
+  fail "8 run A's metrics were truncated under it (NUL bytes)"
+fi
+kill -9 "$a" 2>/dev/null
+wait "$a" 2>/dev/null
+# Killed: the kernel dropped its locks; whatever it left must not refuse the next run.
+run s8/c.log 60 "$bin" "${small[@]}" "${held[@]}"
+rc=$?
+[[ $rc -eq 0 ]] && ok "8 after run A was killed (SIGKILL), a run with its outputs runs" ||
+  { fail "8 after run A was killed (SIGKILL), a run with its outputs: exit $rc"; tail -3 s8/c.log; }
+ls s8/*.lock >/dev/null 2>&1 && fail "8 a run that ended left lock files: $(ls s8/*.lock)"
+# A symlink planted at the lock's name (a shared directory) is refused, never followed.
+ln -s "$tmp/s8/victim" s8/p.jsonl.lock
+run s8/d.log 60 "$bin" "${small[@]}" --metrics "$tmp/s8/p.jsonl"
+rc=$?
+if [[ $rc -ne 2 ]] || [[ -e s8/victim ]] || ! grep -qF -- "$tmp/s8/p.jsonl.lock: it is a symlink" s8/d.log; then
+  fail "8 a symlink planted at the lock file: exit $rc (want 2 naming it), victim $([[ -e s8/victim ]] && echo created)"
+  tail -3 s8/d.log
+else
+  ok "8 planted symlink at the lock file: $(first "symlink" s8/d.log)"
+fi
+# Two flags of one run naming one file.
+run s8/e.log 60 "$bin" "${small[@]}" --report "$tmp/s8/x" --trace "$tmp/s8/x"
+rc=$?
+[[ $rc -eq 2 ]] && grep -qF -- "--trace $tmp/s8/x is the file --report names" s8/e.log && ok "8 --report and --trace one file: refused" ||
+  { fail "8 --report and --trace naming one file: exit $rc"; tail -3 s8/e.log; }
 
 echo "$fails failed"
 [[ $fails -eq 0 ]]

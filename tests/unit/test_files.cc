@@ -1,5 +1,6 @@
 // Unit tests for include/dpt/files.h: the atomic writer (whole replacement, modes, symlinks, planted
-// names, refused FIFOs/directories/devices), the non-blocking input open and the output pre-flight.
+// names, refused FIFOs/directories/devices), the non-blocking input open, the output pre-flight and
+// its locks; and error.h's printable()/summarize(), which every message quoting a file's text uses.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -423,6 +424,78 @@ TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectory) {
   }
   expect_input_error([&] { check_output_path(ro + "/out.json", "--metrics"); }, {"--metrics", "not writable"});
   ::chmod(ro.c_str(), 0700);
+}
+
+// ---- OutputLock ----
+
+TEST_F(FilesTest, OutputLockRefusesASecondRunNamingTheHolder) {
+  const std::string out = path("m.jsonl");
+  put(out, "x");
+  ASSERT_EQ(::symlink(out.c_str(), path("link").c_str()), 0);
+  {
+    OutputLock first = check_output_path(out, "--metrics", true);
+    EXPECT_EQ(first.file(), out + ".lock");
+    // flock locks are per open file: a second lock in this process conflicts as another run's would.
+    const std::string holder = "pid " + std::to_string(::getpid()) + " on host";
+    expect_input_error([&] { OutputLock second(out, "--report"); }, {"--report", out, "in use by another run", holder, out + ".lock"});
+    // Through a symlink it is the same file, so the same lock.
+    expect_input_error([&] { check_output_path(path("link"), "--trace"); }, {"--trace", path("link"), holder});
+  }
+  // Released: the lock file is gone with it, and the next run takes the output.
+  EXPECT_EQ(list_dir(dir_), (std::set<std::string>{"m.jsonl", "link"}));
+  EXPECT_EQ(slurp(out), "x");
+  EXPECT_NO_THROW(OutputLock(out, "--metrics"));
+}
+
+// A run killed with SIGKILL leaves its lock file, unlocked: it refuses nobody.
+TEST_F(FilesTest, OutputLockDiesWithItsProcess) {
+  const std::string out = path("r.svg");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    OutputLock lock(out, "--report");
+    (void)!::write(ready[1], "1", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  expect_input_error([&] { OutputLock second(out, "--report"); }, {"--report", out, "pid " + std::to_string(child) + " on host"});
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]), ::close(ready[1]);
+  EXPECT_TRUE(std::filesystem::exists(out + ".lock"));
+  EXPECT_NO_THROW(OutputLock(out, "--report"));
+}
+
+TEST_F(FilesTest, OutputLockNeverFollowsAPlantedSymlinkOrFifo) {
+  ASSERT_EQ(::symlink(path("victim").c_str(), path("m.jsonl.lock").c_str()), 0);
+  expect_input_error([&] { OutputLock l(path("m.jsonl"), "--metrics"); }, {"--metrics", path("m.jsonl.lock"), "symlink"});
+  EXPECT_FALSE(std::filesystem::exists(path("victim")));
+  ASSERT_EQ(::mkfifo(path("t.json.lock").c_str(), 0600), 0);
+  expect_input_error([&] { OutputLock l(path("t.json"), "--trace"); }, {"--trace", path("t.json.lock"), "a FIFO"});
+}
+
+// ---- printable / summarize (error.h) ----
+
+TEST(Printable, EscapesControlBytesAndCutsLongText) {
+  EXPECT_EQ(printable("plain id 0123"), "plain id 0123");
+  EXPECT_EQ(printable(std::string("a\nb\x1b[31m\t\r\0\x7f\xc3\xa9\\", 15)), "a\\nb\\x1b[31m\\t\\r\\x00\\x7f\\xc3\\xa9\\\\");
+  const std::string big(100000, 'i');
+  EXPECT_EQ(printable(big), std::string(120, 'i') + "... (100000 bytes)");
+  EXPECT_EQ(printable(big, 5), "iiiii... (100000 bytes)");
+  EXPECT_EQ(printable(""), "");
+}
+
+TEST(Summarize, ShowsTheFirstFewAndCountsTheRest) {
+  EXPECT_EQ(summarize({}), "");
+  EXPECT_EQ(summarize({"a", "b", "c"}), "a, b, c");
+  std::vector<std::string> many(3000, "f");
+  many[0] = "x\ny";
+  EXPECT_EQ(summarize(many), "x\\ny, f, f and 2,997 more");
+  EXPECT_EQ(summarize(std::vector<std::string>(1234567, "f"), 1), "f and 1,234,566 more");
 }
 
 }  // namespace
