@@ -252,14 +252,13 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
 trap 'rm -rf -- "$work"' EXIT
 mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work"
-# Whether a restart can help, without knowing how dptrain names its checkpoints: rank 0 appends a
-# line `<global step> <checkpoint path>` to the file DPT_CHECKPOINT_RECORD names after every
-# checkpoint it writes, so an attempt that made one grew the file. (Rank 0 must run on this host,
-# as docs/USAGE.md advises: elsewhere the path does not exist and no failure is restarted.)
-record=$work/checkpoints
-: >"$record" || die "cannot write $record"
-((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record")
-record_size() { stat -c %s -- "$record" 2>/dev/null || echo 0; }
+# Whether a restart can help: the checkpoint record (launch/checkpoint_record.sh, shared with the
+# Slurm script). Rank 0 must run on this host, as docs/USAGE.md advises: elsewhere the path does
+# not exist and no failure is restarted.
+# shellcheck source=launch/checkpoint_record.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checkpoint_record.sh" || die "cannot read launch/checkpoint_record.sh"
+record_start "$work/checkpoints" || die "cannot write $work/checkpoints"
+((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record_file")
 
 # mpirun's stdout and stderr each go through a relay, because mpirun aborts the whole job once its
 # writes to a closed pipe have raised SIGPIPE more than 10 times ("mpirun: SIGPIPE detected on fd
@@ -417,7 +416,7 @@ set -m
 attempt=0
 cmd=("$@")
 while :; do
-  before=$(record_size)
+  record_mark
   relay stdout <"$work/stdout" &
   relays=($!)
   relay stderr <"$work/stderr" >&2 &
@@ -438,13 +437,12 @@ while :; do
     ((max_restarts)) && echo "$me: the job failed with exit $rc; no restarts left ($max_restarts used)" >&2
     exit "$rc"
   }
-  if (($(record_size) <= before)); then
+  if ! record_grew; then
     echo "$me: the job failed with exit $rc without writing a checkpoint since it started: not restarting" >&2
     exit "$rc"
   fi
   attempt=$((attempt + 1))
-  newest=$(tail -n 1 -- "$record")
-  echo "$me: the job failed with exit $rc after writing a checkpoint (the newest: step ${newest/ /, }); restart $attempt of $max_restarts with --resume auto" >&2
+  echo "$me: the job failed with exit $rc after writing a checkpoint (the newest: $(record_newest)); restart $attempt of $max_restarts with --resume auto" >&2
   # The same command with --resume auto in place of any --resume.
   next=()
   for ((i = 0; i < ${#cmd[@]}; i++)); do
