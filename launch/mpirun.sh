@@ -97,14 +97,14 @@ read_hostfile() {
   done <"$f"
 }
 
-# What the command line says: the rank count, the hosts, the agent, and whether checkpoints are on.
+# What the command line says: the hosts, the agent, and whether checkpoints are on (the rank count
+# and the programs: below).
 np=1 hosts=() hostfiles=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
 [[ ${OMPI_MCA_orte_default_hostfile:-none} != none ]] && hostfiles+=("$OMPI_MCA_orte_default_hostfile")
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   a=${args[i]} v=${args[i + 1]:-}
   case $a in
-    -np | -n | --np | -c) np=$v ;;
     --host | -host | -H) host_list "$a" "$v" ;;
     --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile | -default-hostfile)
       [[ -n $v ]] || die "$a needs a file"
@@ -120,6 +120,71 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 [[ -n ${OMPI_MCA_plm_rsh_args:-} ]] && rsh_args_given=1
 for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
+
+# ---- the program and the rank count of each app context, checked before mpirun starts ----
+# mpirun reports a program it cannot start (missing, a directory, not executable) with exit 131 or
+# 132, which reads as death by SIGQUIT or SIGILL, and runs `-np 0` at one rank per slot. So the
+# launcher finds each app context's program (`-np 1 a : -np 1 b` has two) itself: the first word
+# that is neither an option nor an option's value. Open MPI 4.1's options that take a value
+# (`mpirun --help all`: <arg0>); --mca and --gmca take two; any other option takes none.
+mpirun_value_opts=" -am --app --bind-to -c -np --np -n --n -cf --cartofile -cpu-list --cpu-list -cpu-set
+  --cpu-set -cpus-per-proc --cpus-per-proc -cpus-per-rank --cpus-per-rank -debugger --debugger
+  -default-hostfile --default-hostfile -H -host --host -hnp --hnp -hostfile --hostfile -launch-agent
+  --launch-agent -machinefile --machinefile --map-by -max-restarts --max-restarts -max-vm-size
+  --max-vm-size -N -npernode --npernode -npersocket --npersocket -ompi-server --ompi-server
+  -output-filename --output-filename -path --path -personality --personality --ppr --prefix
+  --preload-files --rank-by -report-events --report-events -report-pid --report-pid -report-uri
+  --report-uri -rf --rankfile -stdin --stdin -timeout --timeout -tune -wd --wd -wdir --wdir -x
+  -xml-file --xml-file -xterm --xterm "
+mpirun_value_opts=${mpirun_value_opts//$'\n'/ }
+# check_program NAME SEARCH: NAME runs here: a file that is executable and not a directory; a name
+# without '/' is looked up in SEARCH (mpirun's --path, then PATH), as mpirun does. Rank 0 runs on
+# this host (docs/USAGE.md), so the program must be here too.
+check_program() {
+  local p=$1 search=$2 shown found
+  quote shown "$p"
+  [[ -n $p ]] || die "the program is an empty word"
+  if [[ $p != */* ]]; then
+    found=$(PATH=$search type -P -- "$p") ||
+      die "program $shown: no such command in the PATH$([[ $search != "$PATH" ]] && echo " or in --path")"
+    p=$found
+  fi
+  [[ -e $p ]] || die "program $shown: no such file"
+  [[ -d $p ]] && die "program $shown is a directory, not a program"
+  [[ -f $p && -x $p ]] || die "program $shown is not executable (chmod +x?)"
+  return 0
+}
+total_np=0 app_file="" search=$PATH
+for ((i = 0; i < ${#args[@]}; i++)); do
+  a=${args[i]} v=${args[i + 1]:-} ctx_np=""
+  # One app context: its options, then its program; its arguments run to a lone ':'.
+  while [[ $a == -* ]]; do
+    case $a in
+      -np | -n | --np | --n | -c)
+        ctx_np=$v
+        [[ $v =~ ^[0-9]{1,6}$ ]] && ((10#$v >= 1)) ||
+          die "$a '$v': the number of ranks must be a whole number, at least 1" ;;
+      --app) app_file=$v ;;
+      -path | --path) search=$v:$PATH ;; # searched before PATH
+    esac
+    if [[ $a == --mca || $a == -mca || $a == --gmca || $a == -gmca ]]; then
+      i=$((i + 3))
+    elif [[ $a != *=* && $mpirun_value_opts == *" $a "* ]]; then
+      i=$((i + 2))
+    else
+      i=$((i + 1))
+    fi
+    a=${args[i]:-} v=${args[i + 1]:-}
+  done
+  [[ -n $ctx_np ]] && total_np=$((total_np + 10#$ctx_np))
+  # --app: the programs are in the appfile, and mpirun ignores the rest of the command line.
+  [[ -n $app_file ]] && break
+  ((i < ${#args[@]})) || die "no program to run: usage: $me [--max-restarts N] [--ssh-timeout S] -np N program [args...]"
+  check_program "$a" "$search"
+  while ((i + 1 < ${#args[@]})) && [[ ${args[i + 1]} != : ]]; do i=$((i + 1)); done
+  i=$((i + 1)) # the ':' that starts the next context, if any
+done
+((total_np > 0)) && np=$total_np
 
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)
@@ -187,14 +252,13 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
 trap 'rm -rf -- "$work"' EXIT
 mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work"
-# Whether a restart can help, without knowing how dptrain names its checkpoints: rank 0 appends a
-# line `<global step> <checkpoint path>` to the file DPT_CHECKPOINT_RECORD names after every
-# checkpoint it writes, so an attempt that made one grew the file. (Rank 0 must run on this host,
-# as docs/USAGE.md advises: elsewhere the path does not exist and no failure is restarted.)
-record=$work/checkpoints
-: >"$record" || die "cannot write $record"
-((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record")
-record_size() { stat -c %s -- "$record" 2>/dev/null || echo 0; }
+# Whether a restart can help: the checkpoint record (launch/checkpoint_record.sh, shared with the
+# Slurm script). Rank 0 must run on this host, as docs/USAGE.md advises: elsewhere the path does
+# not exist and no failure is restarted.
+# shellcheck source=launch/checkpoint_record.sh
+source "$(dirname "${BASH_SOURCE[0]}")/checkpoint_record.sh" || die "cannot read launch/checkpoint_record.sh"
+record_start "$work/checkpoints" || die "cannot write $work/checkpoints"
+((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record_file")
 
 # mpirun's stdout and stderr each go through a relay, because mpirun aborts the whole job once its
 # writes to a closed pipe have raised SIGPIPE more than 10 times ("mpirun: SIGPIPE detected on fd
@@ -352,7 +416,7 @@ set -m
 attempt=0
 cmd=("$@")
 while :; do
-  before=$(record_size)
+  record_mark
   relay stdout <"$work/stdout" &
   relays=($!)
   relay stderr <"$work/stderr" >&2 &
@@ -373,13 +437,12 @@ while :; do
     ((max_restarts)) && echo "$me: the job failed with exit $rc; no restarts left ($max_restarts used)" >&2
     exit "$rc"
   }
-  if (($(record_size) <= before)); then
+  if ! record_grew; then
     echo "$me: the job failed with exit $rc without writing a checkpoint since it started: not restarting" >&2
     exit "$rc"
   fi
   attempt=$((attempt + 1))
-  newest=$(tail -n 1 -- "$record")
-  echo "$me: the job failed with exit $rc after writing a checkpoint (the newest: step ${newest/ /, }); restart $attempt of $max_restarts with --resume auto" >&2
+  echo "$me: the job failed with exit $rc after writing a checkpoint (the newest: $(record_newest)); restart $attempt of $max_restarts with --resume auto" >&2
   # The same command with --resume auto in place of any --resume.
   next=()
   for ((i = 0; i < ${#cmd[@]}; i++)); do

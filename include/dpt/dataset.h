@@ -54,6 +54,18 @@ struct DataSets {
 // (before allocating).
 DataSets load_data(const std::string& dir, const std::string& format);
 
+// What load_data(dir, format) will hold in memory, known before any data is read: each file's
+// bytes of data from its header (IDX: dims x 1 byte, a gzip'd file's decompressed size, inflating
+// only the header; .npy: shape x element size) or its size (CIFAR's records), summed over the
+// images and labels of both splits. The same refusals as load_data for what the headers show (a
+// missing file, a bad header, more than 2^34 bytes). The largest file is named in messages.
+struct DataSize {
+  uint64_t bytes = 0;
+  std::string largest_file;
+  uint64_t largest_bytes = 0;
+};
+DataSize data_size(const std::string& dir, const std::string& format);
+
 // Per-channel mean and (population) standard deviation of pixel / 255 over every image of `set`
 // (which must not be empty): the --normalize auto statistics. The sums are exact integers (a
 // histogram per channel), so the result is the same bits on every rank whatever the order.

@@ -59,7 +59,14 @@ struct DeviceRequest {
 std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request);
 
 // The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit; -1
-// when /proc/meminfo cannot be read.
-double host_available_bytes();
+// when /proc/meminfo cannot be read. DPT_MEMORY_AVAILABLE (bytes, or with a suffix K, M, G, T)
+// replaces it: a host that must keep memory for other work, and the tests of the checks that use
+// it (a bad value: kInput, naming the variable). `source` says where the figure came from.
+struct HostMemory {
+  double bytes = -1;
+  std::string source;
+};
+HostMemory host_memory();
+double host_available_bytes();  // host_memory().bytes
 
 }  // namespace dpt

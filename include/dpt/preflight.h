@@ -55,7 +55,8 @@ struct Preflight {
   Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
 
-// In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data (read by
+// In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data set's size
+// from its headers against each host's memory (the ranks there each hold a copy), the data (read by
 // every rank, in --data-format; --normalize, --augment and --model checked against its shape),
 // the configuration and data digests (equal on every rank), rank 0's outputs locked
 // (writable regular files or absent; --resume a regular file), the device opened and its memory
@@ -76,6 +77,9 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
 // files it can write, in directories it can write, each its own file and held by no other run;
 // --resume (not auto) a regular file. Returns the outputs' locks (OutputLock), for the whole run.
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
+// Input error (naming --data, the largest file and both sizes) when `ranks_here` copies of the data
+// set, as data_size sizes it, need more than `mem` (nothing when mem.bytes < 0: unknown).
+void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here, const HostMemory& mem);
 // Bytes one image costs in a training step and in evaluation, measured on a probe model whose
 // activations are of type `activations`.
 std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1},

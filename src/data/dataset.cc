@@ -186,6 +186,18 @@ void derive_classes(LoadedSplit& train, LoadedSplit& test) {
   train.set.num_classes = test.set.num_classes = num_classes;
 }
 
+// The CIFAR-10 training batches present in dir, in order (at least one).
+std::vector<std::string> cifar10_batches(const std::string& dir) {
+  std::vector<std::string> batches;
+  for (int i = 1; i <= 5; ++i) {
+    const std::string p = first_existing(dir, {"data_batch_" + std::to_string(i) + ".bin"});
+    if (!p.empty()) batches.push_back(p);
+  }
+  DPT_INPUT_CHECK(!batches.empty(), "--data " << dir << ": no CIFAR-10 training batch: expected "
+                                              << "data_batch_1.bin .. data_batch_5.bin");
+  return batches;
+}
+
 DataSets read_format(const std::string& dir, const std::string& format) {
   LoadedSplit train, test;
   if (format == "idx") {
@@ -193,13 +205,7 @@ DataSets read_format(const std::string& dir, const std::string& format) {
     test = load_idx_split(dir, "t10k");
     derive_classes(train, test);
   } else if (format == "cifar10") {
-    std::vector<std::string> batches;
-    for (int i = 1; i <= 5; ++i) {
-      const std::string p = first_existing(dir, {"data_batch_" + std::to_string(i) + ".bin"});
-      if (!p.empty()) batches.push_back(p);
-    }
-    DPT_INPUT_CHECK(!batches.empty(), "--data " << dir << ": no CIFAR-10 training batch: expected "
-                                                << "data_batch_1.bin .. data_batch_5.bin");
+    const std::vector<std::string> batches = cifar10_batches(dir);
     const std::string test_path = (fs::path(dir) / "test_batch.bin").string();
     train = load_cifar_files(batches, 1);
     test = load_cifar_files({test_path}, 1);
@@ -223,13 +229,40 @@ DataSets read_format(const std::string& dir, const std::string& format) {
   return out;
 }
 
+// The files read_format reads for `format` and, from each one's header (IDX, .npy) or size
+// (CIFAR's records have none), the bytes of data it holds.
+DataSize sizes_of(const std::string& dir, const std::string& format) {
+  std::vector<std::pair<std::string, uint64_t>> files;
+  if (format == "idx" || format == "npy") {
+    for (const char* split : {"train", format == "idx" ? "t10k" : "test"}) {
+      const SplitFiles f = format == "idx" ? idx_split_files(dir, split) : npy_split_files(dir, split);
+      for (const std::string& path : {f.images, f.labels})
+        files.emplace_back(path, format == "idx" ? idx_data_bytes(path) : npy_data_bytes(path));
+    }
+  } else {
+    std::vector<std::string> paths = format == "cifar10" ? cifar10_batches(dir)
+                                                         : std::vector<std::string>{(fs::path(dir) / "train.bin").string()};
+    paths.push_back((fs::path(dir) / (format == "cifar10" ? "test_batch.bin" : "test.bin")).string());
+    for (const std::string& path : paths) files.emplace_back(path, InputFile(path).size());
+  }
+  DataSize out;
+  for (const auto& [path, bytes] : files) {
+    out.bytes += bytes;
+    if (bytes >= out.largest_bytes) out.largest_file = path, out.largest_bytes = bytes;
+  }
+  return out;
+}
+
 }  // namespace
 
 }  // namespace data
 
 std::vector<std::string> data_formats() { return {"auto", "idx", "cifar10", "cifar100", "npy"}; }
 
-DataSets load_data(const std::string& dir, const std::string& format) {
+namespace {
+
+// The format to read in dir: `format` checked, "auto" detected, the directory checked first.
+std::string format_in(const std::string& dir, const std::string& format) {
   const std::vector<std::string> formats = data_formats();
   if (std::find(formats.begin(), formats.end(), format) == formats.end()) {
     std::ostringstream os;
@@ -240,7 +273,17 @@ DataSets load_data(const std::string& dir, const std::string& format) {
   DPT_INPUT_CHECK(std::filesystem::is_directory(dir, ec),
                   "--data " << dir << ": "
                             << (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory"));
-  return data::read_format(dir, format == "auto" ? data::detect_format(dir) : format);
+  return format == "auto" ? data::detect_format(dir) : format;
+}
+
+}  // namespace
+
+DataSets load_data(const std::string& dir, const std::string& format) {
+  return data::read_format(dir, format_in(dir, format));
+}
+
+DataSize data_size(const std::string& dir, const std::string& format) {
+  return data::sizes_of(dir, format_in(dir, format));
 }
 
 ChannelStats channel_stats(const ImageSet& set) {

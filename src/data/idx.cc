@@ -186,25 +186,38 @@ void read_header_bytes(ByteSource& src, const std::string& path, uint8_t* out, s
                                  << offset + n << " bytes here)");
 }
 
-}  // namespace
+// An opened IDX file, its header read: the dims and the bytes of data they promise, the source
+// positioned at the first of them.
+struct IdxHeader {
+  InputFile in;
+  bool gzip = false;
+  std::unique_ptr<ByteSource> src;
+  std::vector<int64_t> dims;
+  uint64_t expected = 0;
+  std::string promise;  // "header says 10x28x28 = 7840 bytes of data", for messages
+  explicit IdxHeader(const std::string& path) : in(path) {}
+};
 
-IdxArray read_idx(const std::string& path) {
+// Opens `path` and reads its header, refusing every defect the header alone shows (including a
+// size above kMaxDataBytes); nothing past the header is read.
+std::unique_ptr<IdxHeader> read_idx_header(const std::string& path) {
   // InputFile says "no such file" plainly and refuses what is not a regular file (a FIFO would
   // block a plain open until a writer came, or forever).
-  InputFile in(path);
+  auto h = std::make_unique<IdxHeader>(path);
+  InputFile& in = h->in;
   const uint64_t size = in.size();
 
   // Detect gzip by content: datasets are distributed both ways and files get renamed.
   uint8_t sniff[2] = {0, 0};
   const bool gzip = in.read(sniff, 2) == 2 && sniff[0] == 0x1f && sniff[1] == 0x8b;
   in.rewind();
-
-  std::unique_ptr<ByteSource> src;
+  h->gzip = gzip;
   if (gzip) {
-    src = std::make_unique<GzipSource>(path, in, size);
+    h->src = std::make_unique<GzipSource>(h->in.path(), in, size);
   } else {
-    src = std::make_unique<RawSource>(in, size);
+    h->src = std::make_unique<RawSource>(in, size);
   }
+  ByteSource* src = h->src.get();
 
   // Header: 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 dims.
   uint8_t head[4];
@@ -226,30 +239,43 @@ IdxArray read_idx(const std::string& path) {
 
   uint8_t raw_dims[16];
   read_header_bytes(*src, path, raw_dims, 4 * static_cast<size_t>(ndim), 4, "dimension sizes");
-  IdxArray arr;
-  arr.dims.resize(ndim);
+  std::vector<int64_t>& dims = h->dims;
+  dims.resize(ndim);
   for (int i = 0; i < ndim; ++i) {
     const uint8_t* b = raw_dims + 4 * i;
-    arr.dims[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
+    dims[i] = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
   }
   for (int i = 0; i < ndim; ++i) {
-    DPT_INPUT_CHECK(arr.dims[i] > 0, path << ": zero dimension: dim " << i << " of "
-                                          << data::shape_string(arr.dims)
-                                          << " is 0, every dimension must be > 0");
+    DPT_INPUT_CHECK(dims[i] > 0, path << ": zero dimension: dim " << i << " of "
+                                      << data::shape_string(dims)
+                                      << " is 0, every dimension must be > 0");
   }
   // prod * d > limit  <=>  d > limit / prod (integers), so the check itself cannot overflow.
   uint64_t expected = 1;
-  for (int64_t d : arr.dims) {
+  for (int64_t d : dims) {
     DPT_INPUT_CHECK(static_cast<uint64_t>(d) <= kMaxDataBytes / expected,
-                    path << ": absurd size: header says " << data::shape_string(arr.dims)
+                    path << ": absurd size: header says " << data::shape_string(dims)
                          << ", more than the limit of " << kMaxDataBytes << " bytes (2^34)");
     expected *= static_cast<uint64_t>(d);
   }
-  const std::string promise =
-      DPT_MSG("header says " << data::shape_string(arr.dims) << " = " << expected << " bytes of data");
+  h->expected = expected;
+  h->promise = DPT_MSG("header says " << data::shape_string(dims) << " = " << expected << " bytes of data");
+  return h;
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  const std::unique_ptr<IdxHeader> h = read_idx_header(path);
+  ByteSource* src = h->src.get();
+  const bool gzip = h->gzip;
+  const uint64_t expected = h->expected;
+  const std::string& promise = h->promise;
   DPT_INPUT_CHECK(expected <= src->max_rest(),
                   path << ": truncated: " << promise << ", " << src->bound_note());
 
+  IdxArray arr;
+  arr.dims = h->dims;
   arr.data.resize(expected);
   const size_t got = src->read(arr.data.data(), expected);
   DPT_INPUT_CHECK(got == expected, path << ": truncated: " << promise << ", file has " << got
@@ -283,7 +309,7 @@ std::string no_file_message(const std::string& dir, const std::string& what,
 
 }  // namespace
 
-LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
+SplitFiles idx_split_files(const std::string& dir, const std::string& split) {
   // idx3 (N x H x W, the MNIST family) and idx4 (N x H x W x C, colour images): the name says which
   // the writer meant; both present would leave it to chance which one is trained on.
   const std::string base3 = split + "-images-idx3-ubyte", base4 = split + "-images-idx4-ubyte";
@@ -299,7 +325,13 @@ LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   const std::string lbl_path = gz_or_raw(dir, lbl_base);
   DPT_INPUT_CHECK(!lbl_path.empty(),
                   no_file_message(dir, split + " labels", {lbl_base + ".gz", lbl_base}));
+  return {img_path, lbl_path};
+}
 
+uint64_t idx_data_bytes(const std::string& path) { return read_idx_header(path)->expected; }
+
+LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
+  const auto [img_path, lbl_path] = idx_split_files(dir, split);
   IdxArray img = read_idx(img_path);
   DPT_INPUT_CHECK(img.dims.size() == 3 || img.dims.size() == 4,
                   img_path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "

@@ -259,10 +259,8 @@ NpyHeader read_header(InputFile& in) {
   return h;
 }
 
-// Checks that the file holds exactly shape x itemsize bytes after the header (nothing missing,
-// nothing trailing) without overflow and within the limit, and reads them.
-std::vector<uint8_t> read_data(InputFile& in, const NpyHeader& h, uint64_t itemsize) {
-  const std::string& path = in.path();
+// shape x itemsize, refusing a zero dimension and a product above the limit without overflow.
+uint64_t promised_bytes(const std::string& path, const NpyHeader& h, uint64_t itemsize) {
   for (size_t i = 0; i < h.shape.size(); ++i) {
     DPT_INPUT_CHECK(h.shape[i] > 0, path << ": zero dimension: dim " << i << " of "
                                          << shape_string(h.shape)
@@ -277,6 +275,23 @@ std::vector<uint8_t> read_data(InputFile& in, const NpyHeader& h, uint64_t items
                          << " bytes (2^34)");
     expected *= static_cast<uint64_t>(d);
   }
+  return expected;
+}
+
+// The element size a dtype string names ("<i8": 8); 1 for what names none (such a file is refused
+// when it is read, with the reason).
+uint64_t item_size(const std::string& descr) {
+  const size_t digits = descr.find_first_of("0123456789");
+  if (digits == std::string::npos || descr.size() - digits > 2) return 1;
+  const uint64_t n = std::stoull(descr.substr(digits));
+  return n >= 1 && n <= 16 ? n : 1;
+}
+
+// Checks that the file holds exactly shape x itemsize bytes after the header (nothing missing,
+// nothing trailing) without overflow and within the limit, and reads them.
+std::vector<uint8_t> read_data(InputFile& in, const NpyHeader& h, uint64_t itemsize) {
+  const std::string& path = in.path();
+  const uint64_t expected = promised_bytes(path, h, itemsize);
   const uint64_t have = in.size() - h.data_offset;
   const std::string promise = DPT_MSG("header says " << shape_string(h.shape) << " of '" << printable(h.descr)
                                                      << "' = " << expected << " bytes of data");
@@ -355,16 +370,27 @@ std::vector<uint8_t> read_npy_labels(const std::string& path) {
   return labels;
 }
 
-LoadedSplit load_npy_split(const std::string& dir, const std::string& split) {
-  LoadedSplit out;
+uint64_t npy_data_bytes(const std::string& path) {
+  InputFile in(path);
+  const NpyHeader h = read_header(in);
+  return promised_bytes(path, h, item_size(h.descr));
+}
+
+SplitFiles npy_split_files(const std::string& dir, const std::string& split) {
   const std::string names[2] = {split + "_images.npy", split + "_labels.npy"};
   for (const std::string& name : names) {
     DPT_INPUT_CHECK(!first_existing(dir, {name}).empty(),
                     dir << ": no " << name << " (the npy format needs train_images.npy, "
                         << "train_labels.npy, test_images.npy and test_labels.npy)");
   }
-  out.images_file = first_existing(dir, {names[0]});
-  out.labels_file = first_existing(dir, {names[1]});
+  return {first_existing(dir, {names[0]}), first_existing(dir, {names[1]})};
+}
+
+LoadedSplit load_npy_split(const std::string& dir, const std::string& split) {
+  LoadedSplit out;
+  const SplitFiles files = npy_split_files(dir, split);
+  out.images_file = files.images;
+  out.labels_file = files.labels;
   NpyImages img = read_npy_images(out.images_file);
   return make_split(out.images_file, out.labels_file, img.shape, std::move(img.data),
                     read_npy_labels(out.labels_file));

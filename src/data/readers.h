@@ -55,7 +55,16 @@ std::string shape_string(const std::vector<int64_t>& dims);
 // not a regular file is returned: opening it gives the precise refusal).
 std::string first_existing(const std::string& dir, const std::vector<std::string>& names);
 
+// A split's two files (the same file twice for a one-file format).
+struct SplitFiles {
+  std::string images, labels;
+};
+
 // ---- idx.cc ----
+// The files load_idx_split reads, and the bytes of data one IDX file's header promises (its
+// header alone is read: a gzip'd file is inflated only that far), with read_idx's header checks.
+SplitFiles idx_split_files(const std::string& dir, const std::string& split);
+uint64_t idx_data_bytes(const std::string& path);
 // <split>-images-idx3-ubyte or -idx4-ubyte (each raw or .gz, .gz preferred; idx3 and idx4 both
 // present is refused as ambiguous) and <split>-labels-idx1-ubyte[.gz]. Images 3-D (N x H x W,
 // channels 1) or 4-D (N x H x W x C), labels 1-D with the images' count. num_classes is left 0:
@@ -81,7 +90,12 @@ NpyImages read_npy_images(const std::string& path);
 // An .npy file's labels: 1-D, any integer dtype of 1, 2, 4 or 8 bytes in either byte order, each
 // value in 0..255.
 std::vector<uint8_t> read_npy_labels(const std::string& path);
-// <split>_images.npy and <split>_labels.npy in dir, counts agreeing. num_classes left 0.
+// The bytes of data an .npy file's header promises (shape x element size), with the header's
+// checks; nothing past the header is read.
+uint64_t npy_data_bytes(const std::string& path);
+// <split>_images.npy and <split>_labels.npy in dir (refused when absent), and the split read from
+// them, counts agreeing. num_classes left 0.
+SplitFiles npy_split_files(const std::string& dir, const std::string& split);
 LoadedSplit load_npy_split(const std::string& dir, const std::string& split);
 
 }  // namespace dpt::data

@@ -1,11 +1,16 @@
 // The device registry (include/dpt/device.h): the CPU device, and the GPU device of a CUDA build.
 // The only `#if DPT_HAVE_CUDA` of the driver.
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include "cpu/cpu_backend.h"
 #include "dpt/backend.h"
 #include "dpt/device.h"
+#include "dpt/error.h"
 
 #if DPT_HAVE_CUDA
 #include "cuda/gpu_setup.h"
@@ -13,14 +18,34 @@
 
 namespace dpt {
 
-double host_available_bytes() {
-  double avail = -1;
+namespace {
+
+// DPT_MEMORY_AVAILABLE: bytes, or with a suffix K, M, G or T (powers of 1024).
+double memory_override(const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  const std::string suffix = end ? end : "";
+  const size_t at = std::string("KMGT").find(suffix.empty() ? 'x' : suffix[0]);
+  const size_t power = suffix.empty() ? 0 : at + 1;  // K: 1024^1
+  DPT_INPUT_CHECK(std::isdigit(static_cast<unsigned char>(v[0])) && errno == 0 && n > 0 &&
+                      (suffix.empty() || (suffix.size() == 1 && at != std::string::npos)),
+                  "DPT_MEMORY_AVAILABLE=" << v << ": not a number of bytes above 0 (e.g. 1073741824, or 1G; "
+                                          << "suffixes K, M, G, T)");
+  return static_cast<double>(n) * std::pow(1024.0, static_cast<double>(power));
+}
+
+}  // namespace
+
+HostMemory host_memory() {
+  if (const char* v = std::getenv("DPT_MEMORY_AVAILABLE"); v && *v) return {memory_override(v), "DPT_MEMORY_AVAILABLE"};
+  HostMemory m{-1, "MemAvailable"};
   std::ifstream mi("/proc/meminfo");
   for (std::string key; mi >> key;) {
     double kb = 0;
     mi >> kb;
     mi.ignore(64, '\n');
-    if (key == "MemAvailable:") avail = kb * 1024;
+    if (key == "MemAvailable:") m.bytes = kb * 1024;
   }
   auto read_number = [](const char* path) {
     std::ifstream f(path);
@@ -31,10 +56,13 @@ double host_available_bytes() {
                                      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
     const double l = read_number(limit), u = read_number(usage);  // "max" reads as no number
-    if (l > 0 && u >= 0 && l < 1e18 && (avail < 0 || l - u < avail)) avail = std::max(0.0, l - u);
+    if (l > 0 && u >= 0 && l < 1e18 && (m.bytes < 0 || l - u < m.bytes))
+      m = {std::max(0.0, l - u), DPT_MSG("the memory cgroup's limit less its usage, " << limit)};
   }
-  return avail;
+  return m;
 }
+
+double host_available_bytes() { return host_memory().bytes; }
 
 namespace {
 

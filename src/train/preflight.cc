@@ -144,6 +144,21 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
   return {per[1], per[0]};
 }
 
+void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here, const HostMemory& mem) {
+  if (mem.bytes < 0) return;  // nothing known: the loss of a check is not a reason to refuse a run
+  auto bytes = [](double b) {
+    return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 30) << " GiB (" << std::setprecision(0) << b
+                              << " bytes)");
+  };
+  const double need = static_cast<double>(size.bytes) * ranks_here;
+  DPT_INPUT_CHECK(need <= mem.bytes,
+                  "--data " << dir << ": the data set needs " << bytes(need) << " of memory on this host ("
+                            << ranks_here << " rank(s), each holding all of it: " << bytes(static_cast<double>(size.bytes))
+                            << " as the files' headers say; the largest, " << size.largest_file << ", "
+                            << bytes(static_cast<double>(size.largest_bytes)) << "), but " << bytes(mem.bytes)
+                            << " is available (" << mem.source << "); use a host with more memory, or fewer ranks on it");
+}
+
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
                   const Shape& input, std::optional<DType> activations) {
   const double avail = mem.free_bytes, extra = mem.extra;
@@ -209,6 +224,14 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   pf.ranks_here = static_cast<int>(std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);
 
+  // The data set's size from its headers, against this host's memory (its first rank checks for
+  // all the ranks on it), before any rank reads it: a small .gz that inflates to more than the
+  // memory would otherwise end in the OOM killer's SIGKILL, without a word. The agreement is also
+  // the barrier that keeps a rank's load from shrinking the memory another rank measures.
+  agree_on_input(comm, "--data " + cfg.data + ": another rank could not size the data set, or its host has not the memory for it", [&] {
+    const DataSize size = data_size(cfg.data, cfg.data_format);
+    if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
+  });
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say why).
   const double t_load = now_seconds();
   agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {

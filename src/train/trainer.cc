@@ -7,9 +7,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "dpt/checkpoint.h"
 #include "dpt/clock.h"
@@ -45,7 +49,29 @@ struct Run {
   Tracer* tr;               // &tracer with --trace, else null
   int64_t batches, steps;   // micro-batches and optimizer steps per epoch
   int64_t test_n;
+  double slow_factor;       // DPT_FAULT_SLOW_RANK on this rank, else 1
 };
+
+// DPT_FAULT_SLOW_RANK=r:f, an operator's fault injection (as NCCL's NCCL_* test settings are):
+// rank r's steps take f times their own time, by a sleep after each one, so that the straggler
+// watch, --timeout and the wait figures can be seen at work with certainty, whatever else loads
+// the machine. Returns this rank's factor (1: not slowed); a value that does not parse, a rank
+// outside the world or a factor outside 1..1000 is an input error naming the variable.
+double slow_factor(int rank, int world) {
+  const char* v = std::getenv("DPT_FAULT_SLOW_RANK");
+  if (!v || !*v) return 1;
+  int r = -1, used = 0;
+  double f = 0;
+  const bool parsed = std::sscanf(v, "%d:%lf%n", &r, &f, &used) == 2 && v[used] == '\0';
+  DPT_INPUT_CHECK(parsed && std::isfinite(f) && f >= 1 && f <= 1000,
+                  "DPT_FAULT_SLOW_RANK=" << v << ": want RANK:FACTOR, a factor from 1 to 1000 (e.g. 1:10)");
+  DPT_INPUT_CHECK(r >= 0 && r < world,
+                  "DPT_FAULT_SLOW_RANK=" << v << ": rank " << r << " does not exist at world size " << world);
+  if (r != rank) return 1;
+  log_warn(DPT_MSG("DPT_FAULT_SLOW_RANK=" << v << ": fault injection: this rank's steps take " << f
+                                          << " times their time"));
+  return f;
+}
 
 // An epoch's sums over its steps (seconds, images) and the last learning rate.
 struct EpochTally {
@@ -94,7 +120,7 @@ double at_boundary(Run& r, const Position& at, bool any_step_since) {
                                         << " written to " << checkpoint_file(r.cfg, at.global_step)));
     } else if (r.comm.rank() == 0) {
       log_warn(DPT_MSG(signal_name(sig) << ": stopping at global step " << at.global_step
-                                        << " without a checkpoint (no --checkpoint-every was given)"));
+                                        << " without a checkpoint (--checkpoint-every is off)"));
     }
     throw Stopped{sig, at.global_step};
   }
@@ -207,11 +233,16 @@ int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step) {
     const double step_t0 = now_seconds();
     t.lr = learning_rate(cfg, global_step, r.steps);
     r.engine.step(s * cfg.accum_steps, global_step, t.lr, r.tr);
+    const ReducerStats rs = r.engine.reducer_stats();
+    if (r.slow_factor > 1) {
+      // The step's own time (less its wait for the peers) made slow_factor times as long.
+      const double own = std::max(0.0, now_seconds() - step_t0 - rs.exposed_seconds);
+      std::this_thread::sleep_for(std::chrono::duration<double>(own * (r.slow_factor - 1)));
+    }
     t.step_s += now_seconds() - step_t0;
     t.seen += r.sampler.local_batch() * cfg.accum_steps;
     // A host backend has the sum at once; a device one is checked at the epoch's end.
     if (host_backend) r.guard.check(r.engine.last_grad_sumsq(), global_step, epoch);
-    const ReducerStats rs = r.engine.reducer_stats();
     t.comm_s += rs.comm_seconds;
     t.exposed_s += rs.exposed_seconds;
     after_step(r, at, first, t, rs, step_t0, t0);
@@ -279,6 +310,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   StepEngine engine(cfg, comm, *model, ddp, opt, pf.train, pf.test, pf.normalize, pf.augment);
   print_banner(cfg, comm, *model, ddp, pf, allgather_text(comm, engine.describe()));
 
+  double slow = 1;
+  agree_on_input(comm, "DPT_FAULT_SLOW_RANK: another rank refused its value", [&] { slow = slow_factor(rank, world); });
+
   // Where training starts, and what it writes.
   CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine, input_metadata(pf));
   const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load();
@@ -294,7 +328,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   Tracer tracer;
   NonFiniteGuard guard(cfg, comm, engine);
   Run r{cfg, comm, pf.hosts, *model, ddp, sampler, engine, checkpoints, log, guard, signals, tracer,
-        cfg.trace.empty() ? nullptr : &tracer, batches, steps, pf.test.n};
+        cfg.trace.empty() ? nullptr : &tracer, batches, steps, pf.test.n, slow};
   ddp.reducer().set_tracer(r.tr);
   int64_t global_step = at.global_step;
   for (int epoch = static_cast<int>(at.epoch); epoch < cfg.epochs; ++epoch)

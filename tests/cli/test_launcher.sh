@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # launch/mpirun.sh as a careful program rather than a shell: host names that ssh would take as
 # options (-oProxyCommand=...), whitespace, control characters and CRLF hostfiles are refused with
-# exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--'. A reader
+# exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--'. A program
+# that is missing, a directory or not executable, and -np below 1, are exit 2 naming them. A reader
 # that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
 # --save is written, the exit code is the job's, a launcher whose stderr reader left still restarts;
 # stdout and stderr stay apart, a terminal still gets the progress bar. --max-restarts decides from
@@ -74,6 +75,30 @@ echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no fi
 printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots=2 max_slots=4' >good.hosts
 expect 0 "ok" -- bash "$launcher" --hostfile good.hosts -np 2 echo ok
 [[ $(grep -cx ok out.txt) -eq 2 ]] || fail "want 'ok' from 2 ranks: $(cat out.txt)"
+
+echo "== a program that cannot run, and -np below 1: exit 2 naming it, before mpirun starts"
+# Plain mpirun gives 131 or 132 for these (read as SIGQUIT, SIGILL) and runs -np 0 at one rank
+# per slot. The program is found after mpirun's own options, those with values included; each
+# context of an MPMD line (' : ') is checked.
+mkdir adir
+printf '#!/bin/sh\necho ran >"%s/ran.$OMPI_COMM_WORLD_RANK"\n' "$tmp" >noexec.sh
+expect 2 "program './adir' is a directory, not a program" -- bash "$launcher" -np 2 ./adir
+expect 2 "program '$tmp/noexec.sh' is not executable" -- bash "$launcher" -np 2 "$tmp/noexec.sh"
+expect 2 "program './missing': no such file" -- bash "$launcher" -np 2 ./missing --model lenet
+expect 2 "program 'no-such-program-$$': no such command in the PATH" -- bash "$launcher" -np 2 "no-such-program-$$"
+expect 2 "program './adir' is a directory" -- \
+  bash "$launcher" -np 1 --bind-to none -x A=1 --mca btl self,vader,tcp "$bin" --model lenet : -np 1 ./adir
+expect 2 "-np '0': the number of ranks must be a whole number, at least 1" -- bash "$launcher" -np 0 "$bin"
+expect 2 "-n '-1': the number of ranks must be a whole number, at least 1" -- bash "$launcher" -n -1 "$bin"
+expect 2 "-np 'two': the number of ranks must be a whole number, at least 1" -- bash "$launcher" -np two "$bin"
+chmod +x noexec.sh
+expect 2 "-np '0'" -- bash "$launcher" -np 1 ./noexec.sh : -np 0 ./noexec.sh
+compgen -G "ran.*" >/dev/null && fail "a refused launch ran its program: $(ls ran.*)"
+# What is allowed still runs: options with values before the program, an MPMD line, a command
+# found in the PATH, -c and -n among the program's own arguments.
+expect 0 "ok" -- bash "$launcher" -np 1 --map-by slot -x A=1 --mca btl self,vader,tcp ./noexec.sh : -np 1 echo ok
+[[ -e ran.0 ]] || fail "the MPMD line did not run its first context"
+expect 0 "2 -n 0" -- bash "$launcher" -np 2 bash -c 'echo "$OMPI_COMM_WORLD_SIZE -n $0"' 0
 
 echo "== a reader that leaves early: the job runs to the end, exit 0, --save written"
 # Open MPI's mpirun aborts the job after more than 10 writes to a closed pipe (SIGPIPE): the run

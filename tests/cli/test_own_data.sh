@@ -143,5 +143,49 @@ else
   fail "ResNet-18 16x16 checkpoint run: exit $?"; tail -5 rn16.log
 fi
 
+# ---- a data set larger than the memory: exit 2 before anything is read -------------------------
+# The size comes from the headers (a .gz's decompressed size, a sparse file's claimed one), times
+# the ranks on the host, each of which holds a copy; DPT_MEMORY_AVAILABLE stands for a host (or a
+# memory cgroup) that has less. Before the check, such files ended in the OOM killer's SIGKILL.
+make_data mem --format idx --train 64 --test 32 --rows 28 --cols 28 --classes 3 --seed 9
+# train images: 50000 x 28 x 28 = 39200000 bytes of zeros in a .gz of about 40 KB; with the
+# labels (64) and the test split (32 x 784 + 32), 39225184 bytes a rank.
+python3 - mem/train-images-idx3-ubyte.gz <<'PY'
+import gzip, struct, sys
+with gzip.open(sys.argv[1], "wb") as f:
+    f.write(struct.pack(">BBBBIII", 0, 0, 8, 3, 50000, 28, 28))
+    for _ in range(50):
+        f.write(bytes(784000))
+PY
+rm -f mem/train-images-idx3-ubyte
+two=("${mpi[@]}" -np 2 "$bin" "${small[@]}")
+DPT_MEMORY_AVAILABLE=60000000 expect 2 "the data set needs 0.07 GiB (78450368 bytes) of memory on this host (2 rank(s)" -- \
+  "${two[@]}" --data mem
+for needle in "the largest, mem/train-images-idx3-ubyte.gz, 0.04 GiB (39200000 bytes)" \
+              "but 0.06 GiB (60000000 bytes) is available (DPT_MEMORY_AVAILABLE)"; do
+  grep -qF -- "$needle" out.txt || fail "the refusal lacks '$needle': $(grep error out.txt)"
+done
+# One rank's copy fits: the check passes and the reader goes on (to the 50000 images' 64 labels).
+DPT_MEMORY_AVAILABLE=60000000 expect 2 "image and label counts disagree" -- "${one[@]}" --data mem
+# A sparse raw idx4 whose header claims 300 MB (100000 x 32 x 32 x 3), and a sparse .npy the same.
+make_data sparse --format idx --train 64 --test 32 --rows 32 --cols 32 --channels 3 --classes 3 --seed 9
+rm -f sparse/train-images-idx4-ubyte*
+printf '\0\0\10\4\0\1\206\240\0\0\0\40\0\0\0\40\0\0\0\3' >sparse/train-images-idx4-ubyte
+truncate -s $((20 + 307200000)) sparse/train-images-idx4-ubyte
+DPT_MEMORY_AVAILABLE=100M expect 2 "the largest, sparse/train-images-idx4-ubyte, 0.29 GiB (307200000 bytes)" -- \
+  "${one[@]}" --data sparse
+make_data sparsenpy --format npy --train 64 --test 32 --rows 32 --cols 32 --channels 3 --classes 3 --seed 9
+python3 - sparsenpy/train_images.npy <<'PY'
+import sys
+head = b"{'descr': '|u1', 'fortran_order': False, 'shape': (100000, 32, 32, 3), }"
+head += b" " * (127 - 10 - len(head)) + b"\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head)
+    f.truncate(128 + 307200000)
+PY
+DPT_MEMORY_AVAILABLE=100M expect 2 "the largest, sparsenpy/train_images.npy, 0.29 GiB (307200000 bytes)" -- \
+  "${one[@]}" --data sparsenpy
+DPT_MEMORY_AVAILABLE=lots expect 2 "DPT_MEMORY_AVAILABLE=lots: not a number of bytes" -- "${one[@]}" --data c10
+
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
 # Per-rank timings in the epoch records and the straggler warning: at world size 1 and 2 every
 # epoch record carries slowest_rank, slowest/median compute seconds per step, the spread and the
-# per-rank arrays, consistently; a 2-rank run whose rank 1 is really slowed (SIGSTOP/SIGCONT duty
-# cycle from outside, for the whole run) names rank 1 as the slowest and warns about it after 3
-# epochs in a row, and the same run without the throttle does not warn.
+# per-rank arrays, consistently; a 2-rank run whose rank 1 is slowed 10 times from inside
+# (DPT_FAULT_SLOW_RANK=1:10, whatever else loads the machine) names rank 1 as the slowest and warns
+# about it once, after 3 epochs in a row; the same run without it warns only as its records justify.
 # Usage: test_stragglers.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
-job="" throttler=""
-cleanup() {
-  [[ -n $throttler ]] && kill "$throttler" 2>/dev/null
-  [[ -n $job ]] && kill -CONT $(pgrep -P "$job") 2>/dev/null
-  [[ -n $job ]] && kill -9 "$job" $(pgrep -P "$job") 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 run=(--model lenet --epochs 5 --max-steps 40 --batch-size 64 --eval-batch-size 2000 --seed 3)
 
 # check_records FILE WORLD: every epoch record has the per-rank fields, consistent with each other.
@@ -38,44 +30,50 @@ for r in recs:
 EOF
 }
 
+# justified OUT METRICS: every straggler warning in OUT names a rank that the records of METRICS
+# show more than 20 % above the median for the 3 epochs before it.
+justified() {
+  python3 - "$1" "$2" <<'EOF' || fail "a straggler warning of $1 is not what the records of $2 show"
+import json, re, sys
+recs = [json.loads(l) for l in open(sys.argv[2]) if '"epoch"' in l]
+epoch = 0
+for l in open(sys.argv[1]):
+    if l.startswith("epoch "):
+        epoch = int(l.split()[1].split("/")[0])
+    elif "slower than the median" in l:
+        rank = int(re.search(r"rank (\d+) \(host", l).group(1))
+        assert epoch >= 3, l
+        for r in recs[epoch - 3:epoch]:
+            assert r["rank_compute_seconds"][rank] > 1.2 * r["median_compute_seconds"], (l, r)
+        print("  a warning, justified by the records:", l.strip())
+EOF
+}
+
 echo "== world size 1"
-timeout -k 5 60 "$bin" "${run[@]}" --epochs 2 --metrics "$tmp/w1.jsonl" > "$tmp/w1.out" 2>&1 \
+timeout -k 5 120 "$bin" "${run[@]}" --epochs 2 --metrics "$tmp/w1.jsonl" > "$tmp/w1.out" 2>&1 \
   || fail "1-rank run failed: $(tail -3 "$tmp/w1.out")"
 check_records "$tmp/w1.jsonl" 1
 grep -q "slowest r" "$tmp/w1.out" && fail "the epoch line of a 1-rank run names a slowest rank"
 
-echo "== world size 2, no throttle: no warning"
-timeout -k 5 60 "${mpi[@]}" -np 2 "$bin" "${run[@]}" --metrics "$tmp/even.jsonl" > "$tmp/even.out" 2>&1 \
+echo "== world size 2, not slowed: a warning only as the records justify"
+timeout -k 5 120 "${mpi[@]}" -np 2 "$bin" "${run[@]}" --metrics "$tmp/even.jsonl" > "$tmp/even.out" 2>&1 \
   || fail "2-rank run failed: $(tail -3 "$tmp/even.out")"
 check_records "$tmp/even.jsonl" 2
-grep -q "slower than the median" "$tmp/even.out" && fail "an unthrottled run warned: $(grep slower "$tmp/even.out")"
+# Whether an unslowed run warns depends on what else loads the machine (a rank that shares its
+# core with another program is a straggler): here only that a warning, if any, is what its
+# records show. That no warning comes without 3 slow epochs is tests/unit/test_metrics.cc's.
+justified "$tmp/even.out" "$tmp/even.jsonl"
 grep -q "^epoch 5/5 .* slowest r[01] +[0-9]*%$" "$tmp/even.out" \
   || fail "the epoch line lacks the slowest rank: $(grep '^epoch' "$tmp/even.out" | tail -1)"
 
-echo "== world size 2, rank 1 stopped 75 ms of every 100 ms"
-"${mpi[@]}" -np 2 "$bin" "${run[@]}" --metrics "$tmp/slow.jsonl" > "$tmp/slow.out" 2>&1 &
-job=$!
-p=""
-for _ in $(seq 100); do
-  for c in $(pgrep -P "$job"); do
-    tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && p=$c
-  done
-  [[ -n $p ]] && break
-  sleep 0.1
-done
-[[ -n $p ]] || fail "no rank 1 process found"
-# The duty cycle ends by itself when rank 1 exits (kill -STOP fails).
-(while kill -STOP "$p" 2>/dev/null; do sleep 0.075; kill -CONT "$p" 2>/dev/null; sleep 0.025; done) &
-throttler=$!
-for _ in $(seq 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$job" 2>/dev/null; then
-  fail "throttled run did not end within 60 s"
-else
-  wait "$job" || fail "throttled run failed: $(tail -3 "$tmp/slow.out")"
-fi
-job=""
-wait "$throttler" 2>/dev/null
-throttler=""
+echo "== world size 2, rank 1 made 10 times slower from inside (DPT_FAULT_SLOW_RANK=1:10)"
+# The factor applies to rank 1's own step time, so whatever loads the machine loads both ranks'
+# steps and the ratio stays: rank 1 would need to be 6.7 times faster than rank 0 before its
+# sleep to escape the 1.5 times that a warning at world size 2 needs. (A SIGSTOP duty cycle from
+# outside came out only 17-35 % slower on a loaded 2-core machine.)
+run "$tmp/slow.out" "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=1:10 "$bin" "${run[@]}" --max-steps 20 \
+  --metrics "$tmp/slow.jsonl" || fail "slowed run failed: $(tail -3 "$tmp/slow.out")"
+grep -q "DPT_FAULT_SLOW_RANK=1:10: fault injection" "$tmp/slow.out" || fail "rank 1 did not say it is slowed"
 check_records "$tmp/slow.jsonl" 2
 grep '^epoch\|slower than the median' "$tmp/slow.out" | sed 's/^/  /'
 grep -q "rank 1 (host .*) has been [0-9]*% slower than the median for 3 epochs in a row" "$tmp/slow.out" \
@@ -86,9 +84,16 @@ import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"epoch"' in l]
 for r in recs[-3:]:
     assert r["slowest_rank"] == 1, r
+    # 10 times its own step: well above the 1.5 times rank 0's that a warning needs.
     assert r["slowest_compute_seconds"] > 1.2 * r["median_compute_seconds"], r
-    assert r["compute_spread"] > 0.4, r
+    assert r["rank_compute_seconds"][1] > 3 * r["rank_compute_seconds"][0], r
 EOF
+
+echo "== DPT_FAULT_SLOW_RANK that does not parse, or names no rank: exit 2 naming it"
+expect 2 "DPT_FAULT_SLOW_RANK=2:3: rank 2 does not exist at world size 2" -- \
+  "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=2:3 "$bin" "${run[@]}" --epochs 1
+expect 2 "DPT_FAULT_SLOW_RANK=1:0.5: want RANK:FACTOR" -- "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=1:0.5 "$bin" "${run[@]}"
+expect 2 "DPT_FAULT_SLOW_RANK=1: want RANK:FACTOR" -- "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=1 "$bin" "${run[@]}"
 
 echo "failures: $fails"
 [[ $fails -eq 0 ]]

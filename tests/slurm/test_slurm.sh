@@ -4,7 +4,8 @@
 # launch/slurm/dptrain.sbatch for a short 2-rank LeNet run, and checks that the job COMPLETED
 # with exit code 0 and that its metrics line says world_size 2 and test_count 10000. Then a second
 # job gets the time-limit warning (SIGUSR1) mid-run: it must checkpoint, requeue itself, resume and
-# end bit for bit where an uninterrupted run ends. The daemons
+# end bit for bit where an uninterrupted run ends; a third, with --checkpoint-every 0, must not be
+# requeued (no checkpoint to resume from). The daemons
 # are stopped by their PIDs and the temp dir removed on every exit. Exits 77 (meson's skip code)
 # with the reason when the machine cannot host the cluster.
 # Usage: tests/slurm/test_slurm.sh path/to/dptrain
@@ -302,4 +303,38 @@ grep -q "resumed from $tmp/j2/ck.st" "$out" || fail "the requeued job did not re
 python3 "$repo/tests/cli/same_tensors.py" "$tmp/ref/final.st" "$tmp/j2/final.st" ||
   fail "the requeued job does not end where the uninterrupted run ends"
 log "PASS: job $jobid stopped on SIGUSR1 with a checkpoint, requeued itself and ended bit for bit"
+
+# ---- the same signal with --checkpoint-every 0: no checkpoint, so no requeue ----
+# A requeue would start the job again from scratch, up to DPT_MAX_REQUEUES times. The signal is
+# sent once the job has trained a step (its first step record in --metrics).
+mkdir -p "$tmp/j3"
+jobid=$(sbatch --parsable --chdir="$tmp/j3" --output="$tmp/job-%j.out" --time=5 \
+  "$script" "${run2[@]/10steps/0}" --checkpoint-path "$tmp/j3/ck.st" --metrics "$tmp/j3/m.jsonl" \
+  --metrics-every 1) || fail "sbatch failed"
+jobid=${jobid%%;*}
+log "submitted job $jobid (--checkpoint-every 0); waiting for its first step"
+wait_for 90 grep -q '"type":"step"' "$tmp/j3/m.jsonl" ||
+  fail "job $jobid trained no step within 90 s (state $(job_state))"
+scancel --signal=USR1 "$jobid" || fail "scancel --signal=USR1 $jobid failed"
+log "sent SIGUSR1 to the steps of job $jobid"
+wait_for 60 job_done || fail "job $jobid not finished within 60 s of the signal (state $(job_state))"
+# A requeue that was made would show within a second or two: give it the time.
+sleep 3
+echo "---- job output ----"
+cat "$tmp/job-$jobid.out"
+echo "--------------------"
+info=$(scontrol show job -o "$jobid")
+state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
+restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2)
+exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
+echo "check: job $jobid: state $state, exit code $exit_code, restarts $restarts"
+out=$tmp/job-$jobid.out
+grep -q "without a checkpoint" "$out" || fail "the ranks did not say they stopped without a checkpoint"
+grep -q "; requeueing job $jobid" "$out" && fail "the script requeued job $jobid, which wrote no checkpoint"
+grep -q "without writing a checkpoint (--checkpoint-every 0?): not requeueing job $jobid" "$out" ||
+  fail "the script did not say why it does not requeue"
+[[ $restarts == 0 ]] || fail "job $jobid was requeued ${restarts:-?} times, want 0"
+[[ $state == FAILED && $exit_code == 138:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 138:0"
+compgen -G "$tmp/j3/ck*" >/dev/null && fail "job $jobid wrote a checkpoint: $(ls "$tmp/j3")"
+log "PASS: job $jobid stopped on SIGUSR1 without a checkpoint and was not requeued"
 exit 0

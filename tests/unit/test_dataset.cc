@@ -726,6 +726,15 @@ TEST_F(MakeData, EveryFormatLoadsWithItsShapeAndClasses) {
     }
     EXPECT_EQ(ds.train.n, c.name == "cifar100" ? 120 : 40) << c.name;
     EXPECT_EQ(ds.test.n, 9) << c.name;
+    // data_size, from the headers alone, says what load_data holds: images and labels at the
+    // files' element size (CIFAR-100 keeps 2 label bytes a record in its file).
+    const uint64_t label_size = c.args.find("i8'") != std::string::npos ? 8
+                                : c.args.find("u2'") != std::string::npos || c.name == "cifar100" ? 2 : 1;
+    const dpt::DataSize size = dpt::data_size(d, "auto");
+    EXPECT_EQ(size.bytes, ds.train.images.size() + ds.test.images.size() +
+                              label_size * (ds.train.labels.size() + ds.test.labels.size())) << c.name;
+    EXPECT_FALSE(size.largest_file.empty()) << c.name;
+    EXPECT_GT(size.largest_bytes, 0u) << c.name;
     // Every class of the writer is in the training set.
     const int written = c.name == "cifar10" ? 10 : c.name == "cifar10few" ? 4 : c.name == "cifar100" ? 100 : c.classes;
     std::vector<int> seen(256, 0);

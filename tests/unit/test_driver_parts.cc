@@ -1,6 +1,7 @@
 // The driver's small components on their own: the device registry (what the CPU device offers
 // and which rank checks its memory), stop signals (a signal becomes the agreed stop, and stays
-// pending until asked) and the non-finite guard (skip up to the bound, then stop naming the step).
+// pending until asked), the host's memory (DPT_MEMORY_AVAILABLE, the data set's copies against it)
+// and the non-finite guard (skip up to the bound, then stop naming the step).
 // One rank (an MPI singleton).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include "dpt/ddp.h"
 #include "dpt/device.h"
 #include "dpt/engine.h"
+#include "dpt/preflight.h"
 #include "dpt/train.h"
 #include "engine_rig.h"
 #include "test_util.h"
@@ -44,6 +46,54 @@ TEST(DeviceRegistry, CpuDeviceOffersTheCpuOperationsAndNoTransport) {
   r.local_rank = 1;
   const DeviceMemory other = open_device(r)->memory(1);
   EXPECT_FALSE(other.checks);  // the other ranks of the host do not check again
+}
+
+// DPT_MEMORY_AVAILABLE replaces the host's figure (bytes, or K/M/G/T); a bad value names it.
+TEST(DeviceRegistry, MemoryAvailableOverride) {
+  struct Env {
+    explicit Env(const char* v) { setenv("DPT_MEMORY_AVAILABLE", v, 1); }
+    ~Env() { unsetenv("DPT_MEMORY_AVAILABLE"); }
+  };
+  {
+    Env e("123456");
+    EXPECT_EQ(host_memory().bytes, 123456);
+    EXPECT_EQ(host_memory().source, "DPT_MEMORY_AVAILABLE");
+  }
+  {
+    Env e("3G");
+    EXPECT_EQ(host_available_bytes(), 3.0 * (1 << 30));
+  }
+  for (const char* bad : {"0", "-5", "1.5G", "12X", "G", "1KB", " 12"}) {
+    Env e(bad);
+    try {
+      host_memory();
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kInput) << bad;
+      EXPECT_NE(std::string(err.what()).find(std::string("DPT_MEMORY_AVAILABLE=") + bad), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_NE(host_memory().source, "DPT_MEMORY_AVAILABLE");
+}
+
+// The data set's copies on a host against its memory: every rank there holds one.
+TEST(DeviceRegistry, DataMemoryCountsEveryRankOnTheHost) {
+  DataSize size;
+  size.bytes = 1000;
+  size.largest_file = "d/train-images-idx3-ubyte.gz";
+  size.largest_bytes = 900;
+  check_data_memory("d", size, 2, {2000, "MemAvailable"});  // exactly enough
+  check_data_memory("d", size, 4, {-1, "MemAvailable"});    // unknown: not refused
+  try {
+    check_data_memory("d", size, 3, {2999, "MemAvailable"});
+    ADD_FAILURE() << "3 copies of 1000 bytes fitted in 2999";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    const std::string what = e.what();
+    for (const char* needle : {"--data d:", "(3000 bytes)", "3 rank(s)", "d/train-images-idx3-ubyte.gz", "(900 bytes)",
+                               "(2999 bytes) is available (MemAvailable)"})
+      EXPECT_NE(what.find(needle), std::string::npos) << needle << " not in: " << what;
+  }
 }
 
 TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefusedOrOpens) {
