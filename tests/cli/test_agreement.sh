@@ -34,6 +34,22 @@ expect 2 "different --eval-every" -- "${CMD[@]}"
 # Only rank 0 would write --save, but every rank takes part in its barrier: presence must agree.
 two --save "$tmp/s.st" :
 expect 2 "different --save: rank 0 has (given); rank 1 has (not given)" -- "${CMD[@]}"
+# The settings are compared before any collective that depends on one: the bf16 CPU check, a
+# collective only bf16 ranks joined, met the fp32 rank's next one (exit 3, MPI_ERR_TRUNCATE).
+two --precision bf16 : --precision fp32
+expect 2 'different --precision: rank 0 has "bf16"; rank 1 has "fp32"' -- "${CMD[@]}"
+two --precision fp32 : --precision bf16
+expect 2 'different --precision: rank 0 has "fp32"; rank 1 has "bf16"' -- "${CMD[@]}"
+# --device as given: an explicit cuda beside a cpu rank was quietly made cpu (or, here without a
+# GPU, said "no CUDA device visible"); only auto resolves on a mix of ranks.
+two --device cuda : --device cpu
+expect 2 'different --device: rank 0 has "cuda"; rank 1 has "cpu"' -- "${CMD[@]}"
+two --device auto : --device cpu
+expect 2 'different --device: rank 0 has "auto"; rank 1 has "cpu"' -- "${CMD[@]}"
+# One rank whose CPU lacks bf16 (DPT_CPU_BF16=off on it alone) ends every rank, that rank saying why.
+CMD=("${mpi[@]}" -np 1 "$bin" "${short[@]}" --precision bf16 : -np 1 env DPT_CPU_BF16=off "$bin" "${short[@]}" \
+  --precision bf16)
+expect 2 "--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16" -- "${CMD[@]}"
 expect 2 "ranks 1,2 have" -- "${mpi[@]}" -np 1 "$bin" "${short[@]}" --batch-size 12 --seed 5 : \
   -np 2 "$bin" "${short[@]}" --batch-size 12
 # The same data set at another path is fine; a copy with one label changed is not.

@@ -124,6 +124,15 @@ TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
   EXPECT_FALSE(may_change_on_resume("--activation-dtype"));
 }
 
+// --device as given is agreed by the ranks (an explicit cuda beside a cpu rank must not quietly
+// become cpu), but a resumed run may move to other hardware.
+TEST(Config, DeviceIsAgreedAsGivenAndFreeOnResume) {
+  bool listed = false;
+  for (const auto& [flag, value] : agreed_values(parse({"--device", "cuda"}))) listed |= flag == "--device" && value == "\"cuda\"";
+  EXPECT_TRUE(listed);
+  EXPECT_TRUE(may_change_on_resume("--device"));
+}
+
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;
