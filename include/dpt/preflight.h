@@ -66,10 +66,18 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm);
 // the data digests (data_digest_train, data_digest_test) and, with normalisation, normalize_mean
 // and normalize_std ("M1,..,Mc"). save_model adds input_shape.
 std::map<std::string, std::string> input_metadata(const Preflight& pf);
-// A data set's digest as the ranks compare it (`flag`, as messages name it) and checkpoints
-// record it (metadata `key`): the training set's, then the test set's.
+// The data digests' names: `flag` as messages name one (the ranks' comparison, a resume's), `key`
+// as checkpoints record it; the training set's, then the test set's.
+struct DataDigestName {
+  const char* flag;
+  const char* key;
+};
+inline constexpr DataDigestName kDataDigests[] = {{"--data (training set)", "data_digest_train"},
+                                                  {"--data (test set)", "data_digest_test"}};
+// Each name of kDataDigests with its digest in `pf`.
 struct DataDigest {
-  std::string flag, key, digest;
+  DataDigestName name;
+  std::string digest;
 };
 std::vector<DataDigest> data_digests(const Preflight& pf);
 // The count of lower ranks with the same host name (ranks are numbered host by host or not).

@@ -30,14 +30,13 @@ std::string data_digest(const ImageSet& set) {
 }
 
 std::vector<DataDigest> data_digests(const Preflight& pf) {
-  return {{"--data (training set)", "data_digest_train", pf.train_digest},
-          {"--data (test set)", "data_digest_test", pf.test_digest}};
+  return {{kDataDigests[0], pf.train_digest}, {kDataDigests[1], pf.test_digest}};
 }
 
 std::map<std::string, std::string> input_metadata(const Preflight& pf) {
   std::map<std::string, std::string> m{
       {"data_format", pf.data_format}, {"augment", pf.augment.text()}, {"normalize", pf.normalize.text()}};
-  for (const DataDigest& d : data_digests(pf)) m[d.key] = d.digest;
+  for (const DataDigest& d : data_digests(pf)) m[d.name.key] = d.digest;
   if (pf.normalize.any()) {
     m["normalize_mean"] = pf.normalize.mean_text();
     m["normalize_std"] = pf.normalize.std_text();
@@ -101,7 +100,7 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm) { agree_on_valu
 
 void agree_on_data(const Preflight& pf, Communicator& comm) {
   std::vector<std::pair<std::string, std::string>> values;
-  for (const DataDigest& d : data_digests(pf)) values.emplace_back(d.flag, d.digest);
+  for (const DataDigest& d : data_digests(pf)) values.emplace_back(d.name.flag, d.digest);
   agree_on_values(comm, values);
 }
 

@@ -84,21 +84,56 @@ expect 0 "continuing at epoch 2, step 0 (global step 4)" -- "$bin" --epochs 3 --
 expect 0 "--batch-size 256 -> 128" -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --batch-size 128 \
   --allow-config-change --resume "$tmp/e1.st"
 
-echo "== checkpoint metadata out of range"
-# Rewrites one metadata value of a safetensors file (the header is JSON after an 8-byte length).
+# edit SRC DST KEY [VALUE]: DST is SRC with metadata KEY set to VALUE, or without KEY when no value
+# is given (the header is JSON after an 8-byte length; DST may be SRC).
 edit() {
-  python3 - "$1" "$2" "$3" "$4" <<'PY'
+  python3 - "$@" <<'PY'
 import json, struct, sys
-src, dst, key, value = sys.argv[1:]
+src, dst, key, *value = sys.argv[1:]
 raw = open(src, "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 head = json.loads(raw[8:8 + n])
-head["__metadata__"][key] = value
+if value: head["__metadata__"][key] = value[0]
+else: head["__metadata__"].pop(key, None)
 h = json.dumps(head).encode()
 h += b" " * (-len(h) % 8)
 open(dst, "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
 PY
 }
+
+echo "== resuming on other data than the checkpoint's"
+# A checkpoint records its data's digests: other images of the same shape, even at the same path,
+# are a change like any other (exit 2 naming the file and the set; logged with
+# --allow-config-change), and --normalize auto goes on with the recorded statistics, not the new
+# data's. Before: exit 0 without a word, the statistics recomputed.
+make_data() { python3 "$lib_dir/../data/make_data.py" "$@" > /dev/null || fail "make_data.py $*"; }
+make_data "$tmp/d1" --format idx --train 128 --test 64 --rows 28 --cols 28 --channels 1 --classes 10 --seed 1
+make_data "$tmp/d2" --format idx --train 128 --test 64 --rows 28 --cols 28 --channels 1 --classes 10 --seed 2
+cp -r "$tmp/d1" "$tmp/data"
+nd=("$bin" --epochs 2 --max-steps 2 --batch-size 32 --eval-every 0 --data "$tmp/data" --normalize auto
+    --checkpoint-every 1 --keep-checkpoints 2 --checkpoint-path "$tmp/nd.st")
+if run "$tmp/nd.log" "${nd[@]}"; then
+  mean=$(meta_of normalize_mean "$tmp/nd.step2.st")
+  [[ $(meta_of data_digest_train "$tmp/nd.step2.st") == "images 128 of 28x28x1, checksum 0x"* ]] ||
+    fail "the checkpoint records no training-set digest"
+  expect 0 "resumed from" -- "${nd[@]}" --resume "$tmp/nd.step2.st"
+  cp "$tmp/d2"/* "$tmp/data/"
+  expect 2 "nd.step2.st: the checkpoint was written with other training settings or data (--data (training set) images 128 of 28x28x1" \
+    -- "${nd[@]}" --resume "$tmp/nd.step2.st"
+  expect 0 "--allow-config-change: resuming $tmp/nd.step2.st with --data (training set)" -- "${nd[@]}" \
+    --resume "$tmp/nd.step2.st" --allow-config-change
+  grep -qF -- "--normalize auto: continuing with the statistics the checkpoint recorded ($mean/" "$tmp/out.txt" ||
+    fail "the resume does not say it keeps the recorded statistics $mean"
+  [[ $(meta_of normalize_mean "$tmp/nd.step4.st") == "$mean" ]] ||
+    fail "--normalize auto recomputed on resume: $(meta_of normalize_mean "$tmp/nd.step4.st") against the recorded $mean"
+  # A checkpoint from before digests were recorded still resumes, with a warning.
+  edit "$tmp/nd.step2.st" "$tmp/old.st" data_digest_train && edit "$tmp/old.st" "$tmp/old.st" data_digest_test
+  expect 0 "records no digest of the data it was trained on" -- "${nd[@]}" --resume "$tmp/old.st"
+else
+  fail "the --normalize auto run to resume: exit $?"; tail -5 "$tmp/nd.log"
+fi
+
+echo "== checkpoint metadata out of range"
 edit "$tmp/c.st" "$tmp/neg.st" epoch -2147483169
 expect 2 "metadata 'epoch' is -2147483169, outside [0, 1000000]" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
 edit "$tmp/c.st" "$tmp/huge.st" step 99999999999999999
