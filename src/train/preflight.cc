@@ -57,10 +57,6 @@ std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string&
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // Every rank's "flag, value" list against every other rank's: a difference ends every rank with
 // exit 2, rank 0 naming the flag and which ranks have which value. One all-gather, on every rank.
 void agree_on_values(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& values) {
