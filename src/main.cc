@@ -24,22 +24,33 @@ int main(int argc, char** argv) {
   // during start-up can kill the process either.
   signal(SIGPIPE, SIG_IGN);
   dpt::MpiSession mpi(&argc, &argv);
-  const int world = mpi.world().size;
+  const int world = mpi.world().size, rank = mpi.world().rank;
   dpt::TrainConfig cfg;
+  std::string help, flag_error;
+  int flag_code = 0;
   try {
-    // Flag errors are the same on every rank: rank 0 reports, all exit with 2 without an abort.
-    std::string help;
-    if (!dpt::parse_config(argc, argv, &cfg, &help)) {
-      if (mpi.world().rank == 0) std::printf("%s", help.c_str());
-      return 0;
-    }
-    dpt::validate_config(cfg, world);
+    if (dpt::parse_config(argc, argv, &cfg, &help)) dpt::validate_config(cfg, world);
   } catch (const dpt::Error& e) {
-    if (mpi.world().rank == 0) std::fprintf(stderr, "dptrain: error: %s\n", e.what());
-    return e.exit_code();
+    flag_error = e.what();
+    flag_code = e.exit_code();
   }
   try {
     auto comm = dpt::make_mpi_communicator();
+    // Flags may differ per rank (an MPMD line, a stale job script): a flag error or --help on any
+    // rank ends every rank here, before the pre-flight's first collective, where the others would
+    // wait for it for ever. The lowest such rank prints it (rank 0 when all were given the same).
+    int32_t first[2] = {flag_error.empty() ? world : rank, help.empty() ? world : rank};
+    comm->allreduce(first, 2, dpt::ReduceOp::kMin, "all-reduce of the flag errors");
+    if (first[0] < world) {
+      // Under mpirun the "[rank r@host]" prefix names the rank whose flags are wrong.
+      if (rank == first[0] && world > 1) dpt::log_error(flag_error);
+      if (rank == first[0] && world == 1) std::fprintf(stderr, "dptrain: error: %s\n", flag_error.c_str());
+      return flag_error.empty() ? 2 : flag_code;
+    }
+    if (first[1] < world) {
+      if (rank == first[1]) std::printf("%s", help.c_str());
+      return 0;
+    }
     dpt::run_training(cfg, *comm);
   } catch (const dpt::AgreedInputError& e) {
     if (!e.quiet) dpt::log_error(e.what());

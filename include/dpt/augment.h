@@ -27,7 +27,8 @@ AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols);
 uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64_t index);
 
 // --normalize: "none" (empty), "auto" (channel_stats of the training set) or "M1,..,Mc/S1,..,Sc"
-// (c = the data's channels, every S > 0). With train == nullptr only the syntax is checked.
+// (c = the data's channels; each value a finite float, every S a normal positive float, and every
+// input (x/255 - M) / S finite). With train == nullptr only the values and the syntax are checked.
 struct Normalization {
   std::vector<float> mean, std;
   bool any() const { return !mean.empty(); }

@@ -65,8 +65,10 @@ class CheckpointManager {
                     StepEngine& engine, std::map<std::string, std::string> input = {});
 
   // --resume: rank 0 reads the file (no shared file system needed) into the host model and Sgd;
-  // the other ranks take its state and position by broadcast; the engine takes the host state.
-  // A bad file ends every rank with exit 2. Collective.
+  // the other ranks take its state and position by broadcast; the engine takes the host state
+  // and, under --normalize auto, the statistics the file records. A bad file, or one written with
+  // other settings or data (its digests against `input`'s) without --allow-config-change, ends
+  // every rank with exit 2. Collective.
   ResumePoint load();
   // Refuses (exit 2, agreed) a run whose checkpoints would overwrite another training's file: the
   // names it may still write, up to `last_step`, must not hold one. Collective.
@@ -99,7 +101,7 @@ class CheckpointManager {
   Model& model_;
   DataParallel& ddp_;
   Sgd& opt_;
-  const Meta input_;
+  Meta input_;  // a resumed --normalize auto run's statistics replace the data's
   StepEngine& engine_;
   std::string training_, started_;  // this training's id and start (rank 0)
   std::string resumed_path_;        // the file resumed (rank 0)

@@ -77,9 +77,9 @@ struct TrainConfig {
 
 // The values every rank must share, as (flag, value) pairs in a fixed order: everything that shapes
 // the training (model, recipe, optimiser, schedule, batch, accumulation, epochs, steps, seed,
-// numerics, buckets) or decides which collectives a rank issues (evaluation, checkpoints, step
-// metrics, replica checks, and whether --resume, --save and --trace are given). Paths, threads,
-// logging and --timeout may differ; the data files are compared by digest instead.
+// numerics, buckets, --device as given) or decides which collectives a rank issues (evaluation,
+// checkpoints, step metrics, replica checks, and whether --resume, --save and --trace are given).
+// Paths, threads, logging and --timeout may differ; the data files are compared by digest instead.
 std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg);
 // The same values (without the three "given" ones) from a configuration's JSON (a checkpoint's
 // metadata); keys it lacks read "(not recorded)". Throws on malformed JSON.

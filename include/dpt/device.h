@@ -56,6 +56,8 @@ struct DeviceRequest {
   int local_rank = 0, ranks_here = 1;
   bool tf32 = false, bf16 = false;
 };
+// Input errors (exit 2 under the pre-flight's agree_on_input): --precision bf16 on a CPU without
+// AVX512-BF16 or AMX-BF16 (cpu::cpu_bf16_missing); a GPU that cannot be opened.
 std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request);
 
 // The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit; -1

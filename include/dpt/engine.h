@@ -64,6 +64,11 @@ class StepEngine {
   // checks), and back after the host state changed (broadcast, resume).
   void to_host();
   void from_host();
+  // The channels of the images, and the input transform's per-channel mean and std replaced before
+  // the first step (a resumed --normalize auto run goes on with the statistics it recorded); only
+  // for an engine built with a normalisation of as many channels.
+  int64_t channels() const { return eval_spec_.channels; }
+  void set_normalization(const Normalization& normalize);
   // The backend's timed choices (Backend::conv_plan_choices), for checkpoints and resume.
   std::string conv_plan_choices() const { return be_.conv_plan_choices(); }
   void set_conv_plan_choices(const std::string& text) { be_.set_conv_plan_choices(text); }

@@ -52,27 +52,45 @@ struct Preflight {
   AugmentSpec augment;      // --augment, its crop padding sized to the images
   DType activations = DType::kF32;  // --activation-dtype resolved on the opened device
   std::vector<OutputLock> locks;    // rank 0's outputs, held until the run ends (check_outputs)
+  std::string train_digest, test_digest;  // data_digest of each set, compared across ranks
   Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
 
-// In order: the device (agreed: --device auto on a mix of ranks gives the CPU), the data set's size
-// from its headers against each host's memory (the ranks there each hold a copy), the data (read by
-// every rank, in --data-format; --normalize, --augment and --model checked against its shape),
-// the configuration and data digests (equal on every rank), rank 0's outputs locked
-// (writable regular files or absent; --resume a regular file), the device opened and its memory
-// against the batch. Any failure: AgreedInputError on every rank.
+// In order: the settings (agree_on_config, before any collective that depends on one), the device
+// (--device auto on a mix of ranks gives the CPU), the data set's size from its headers against
+// each host's memory (the ranks there each hold a copy), the data (read by every rank, in
+// --data-format; --normalize, --augment and --model checked against its shape), the data digests
+// (equal on every rank), rank 0's outputs locked (writable regular files or absent; --resume a
+// regular file), the device opened (the CPU's refuses --precision bf16 without bf16 instructions)
+// and its memory against the batch. Any failure: AgreedInputError on every rank.
 Preflight run_preflight(const TrainConfig& cfg, Communicator& comm);
 
-// What the data made of the run, for checkpoints and --save: data_format, augment, normalize and,
-// with normalisation, normalize_mean and normalize_std ("M1,..,Mc"). save_model adds input_shape.
+// What the data made of the run, for checkpoints and --save: data_format, augment, normalize,
+// the data digests (data_digest_train, data_digest_test) and, with normalisation, normalize_mean
+// and normalize_std ("M1,..,Mc"). save_model adds input_shape.
 std::map<std::string, std::string> input_metadata(const Preflight& pf);
+// The data digests' names: `flag` as messages name one (the ranks' comparison, a resume's), `key`
+// as checkpoints record it; the training set's, then the test set's.
+struct DataDigestName {
+  const char* flag;
+  const char* key;
+};
+inline constexpr DataDigestName kDataDigests[] = {{"--data (training set)", "data_digest_train"},
+                                                  {"--data (test set)", "data_digest_test"}};
+// Each name of kDataDigests with its digest in `pf`.
+struct DataDigest {
+  DataDigestName name;
+  std::string digest;
+};
+std::vector<DataDigest> data_digests(const Preflight& pf);
 // The count of lower ranks with the same host name (ranks are numbered host by host or not).
 int local_rank_of(const std::vector<std::string>& hosts, int rank);
 // "images 60000 of 28x28x1, checksum 0x...": a data set as every rank must see it.
 std::string data_digest(const ImageSet& set);
-// Every rank compares every rank's agreed values and data digests; a difference ends them all
-// with exit 2 naming the flag and the ranks (rank 0 prints it).
-void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test);
+// Every rank compares every rank's agreed values (agreed_values), or its data digests; a
+// difference ends them all with exit 2 naming the flag and the ranks (rank 0 prints it).
+void agree_on_config(const TrainConfig& cfg, Communicator& comm);
+void agree_on_data(const Preflight& pf, Communicator& comm);
 // Rank 0's outputs (--metrics, --save, --report, --trace, --checkpoint-path) absent or regular
 // files it can write, in directories it can write, each its own file and held by no other run;
 // --resume (not auto) a regular file. Returns the outputs' locks (OutputLock), for the whole run.

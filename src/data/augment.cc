@@ -33,15 +33,26 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-std::vector<float> parse_floats(const std::string& list, const std::string& value, const char* what) {
+// Each value is checked as the float it is stored in, not as the double strtod reads: 1e39 is a
+// finite double but an infinite float, and 1e-40 a positive double but a subnormal float, which as
+// a standard deviation turns most inputs into infinities. Messages quote the value as given.
+std::vector<float> parse_floats(const std::string& list, const std::string& value, bool stds) {
+  const char* what = stds ? "standard deviation" : "mean";
   std::vector<float> out;
   for (const std::string& t : split(list, ',')) {
     char* end = nullptr;
-    errno = 0;
     const double v = std::strtod(t.c_str(), &end);
-    DPT_INPUT_CHECK(!t.empty() && end == t.c_str() + t.size() && errno == 0 && std::isfinite(v),
+    DPT_INPUT_CHECK(!t.empty() && end == t.c_str() + t.size() && !std::isnan(v),
                     "--normalize '" << value << "': " << what << " '" << t << "' is not a number");
-    out.push_back(static_cast<float>(v));
+    const float f = static_cast<float>(v);
+    DPT_INPUT_CHECK(std::isfinite(f), "--normalize '" << value << "': " << what << " " << t
+                                                      << " is outside a float's range (|x| <= "
+                                                      << std::numeric_limits<float>::max() << ")");
+    DPT_INPUT_CHECK(!stds || v > 0, "--normalize '" << value << "': standard deviation " << t << " is not > 0");
+    DPT_INPUT_CHECK(!stds || std::isnormal(f), "--normalize '" << value << "': standard deviation " << t
+                                                               << " is below the smallest normal float ("
+                                                               << std::numeric_limits<float>::min() << ")");
+    out.push_back(f);
   }
   return out;
 }
@@ -124,13 +135,17 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
   const auto halves = split(value, '/');
   DPT_INPUT_CHECK(halves.size() == 2,
                   "--normalize '" << value << "' is not none, auto or M1,..,Mc/S1,..,Sc (means / standard deviations)");
-  n.mean = parse_floats(halves[0], value, "mean");
-  n.std = parse_floats(halves[1], value, "standard deviation");
+  n.mean = parse_floats(halves[0], value, false);
+  n.std = parse_floats(halves[1], value, true);
   DPT_INPUT_CHECK(!n.mean.empty(), "--normalize '" << value << "' gives no means: write M1,..,Mc/S1,..,Sc");
   DPT_INPUT_CHECK(n.mean.size() == n.std.size(), "--normalize '" << value << "' gives " << n.mean.size()
                                                                  << " means but " << n.std.size() << " standard deviations");
-  for (float s : n.std)
-    DPT_INPUT_CHECK(s > 0, "--normalize '" << value << "': standard deviation " << s << " is not > 0");
+  // A large mean over a small standard deviation overflows too: every input a pixel in [0, 1] makes
+  // must be a finite float, computed as the transform computes it (image_transform.h).
+  for (size_t c = 0; c < n.std.size(); ++c)
+    DPT_INPUT_CHECK(std::isfinite((0.f - n.mean[c]) / n.std[c]) && std::isfinite((1.f - n.mean[c]) / n.std[c]),
+                    "--normalize '" << value << "': mean " << n.mean[c] << " over standard deviation " << n.std[c]
+                                    << " makes inputs outside a float's range");
   DPT_INPUT_CHECK(!train || static_cast<int64_t>(n.mean.size()) == train->channels,
                   "--normalize '" << value << "' gives " << n.mean.size() << " channel(s), the data's images have "
                                   << train->channels);

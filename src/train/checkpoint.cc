@@ -233,6 +233,7 @@ ResumePoint CheckpointManager::load() {
   std::vector<EpochMetrics> history;
   std::string path;  // the file resumed (rank 0)
   std::vector<std::string> plans(static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
+  std::string recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
@@ -275,18 +276,46 @@ ResumePoint CheckpointManager::load() {
     }
     // The same training, or an explicit change (--allow-config-change).
     auto then = meta.find("config");
-    const std::vector<std::string> changed =
+    std::vector<std::string> changed =
         then == meta.end() ? std::vector<std::string>{} : config_changes(cfg_, path, then->second);
+    // On the same data: other images (of the same shape, at the same path or not) are a change like
+    // any other. A checkpoint written before digests were recorded cannot tell, and says so.
+    for (const auto& [flag, key] : kDataDigests) {
+      const auto was = meta.find(key), is = input_.find(key);
+      if (is == input_.end()) continue;  // a manager told nothing of the data
+      if (was == meta.end()) {
+        log_warn(path + " records no digest of the data it was trained on (written before dptrain recorded "
+                        "one): whether --data is that data cannot be checked");
+        break;
+      }
+      if (was->second != is->second) changed.push_back(std::string(flag) + " " + was->second + " -> " + is->second);
+    }
     if (!changed.empty()) {
       std::string list;
       for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
       DPT_INPUT_CHECK(cfg_.allow_config_change,
-                      path << ": the checkpoint was written with other training settings (" << list
+                      path << ": the checkpoint was written with other training settings or data (" << list
                                  << "); a resumed run continues the same training (--allow-config-change "
                                     "accepts the change and recomputes the position)");
       log_warn("--allow-config-change: resuming " + path + " with " + list);
       const auto j = nlohmann::json::parse(then->second);
       pos[4] = j.value("batch_size", cfg_.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
+    }
+    // --normalize auto, then and now: the training goes on with the statistics it has used (not
+    // this data's, which differ on other data and could differ in the last bit on a new reading).
+    const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
+    if (cfg_.normalize == "auto" && then != meta.end() && mean != meta.end() && stdev != meta.end() &&
+        nlohmann::json::parse(then->second).value("normalize", std::string()) == "auto") {
+      Normalization n;
+      try {
+        n = resolve_normalize(mean->second + "/" + stdev->second, nullptr);
+      } catch (const Error& e) {
+        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata normalize_mean and normalize_std: " << e.what()));
+      }
+      DPT_INPUT_CHECK(static_cast<int64_t>(n.mean.size()) == engine_.channels(),
+                      path << ": metadata normalize_mean has " << n.mean.size() << " channel(s), the data's images have "
+                           << engine_.channels());
+      recorded_normalize = n.text();
     }
     // Each rank's timed convolution plans, replayed so the resumed run runs the same kernels;
     // at another world size, rank 0's for every rank (the float sums differ then anyway).
@@ -302,6 +331,16 @@ ResumePoint CheckpointManager::load() {
   });
   comm_.broadcast(pos, 6, 0, "broadcast of the resume position");
   if (!pos[5]) return {};  // --resume auto found nothing: a fresh start on every rank
+  // Every rank takes the recorded statistics (rank 0's text; "" for none), and the checkpoints
+  // from here on record them again.
+  if (const std::string text = allgather_text(comm_, comm_.rank() == 0 ? recorded_normalize : "")[0]; !text.empty()) {
+    const Normalization n = resolve_normalize(text, nullptr);
+    engine_.set_normalization(n);
+    input_["normalize"] = n.text();
+    input_["normalize_mean"] = n.mean_text();
+    input_["normalize_std"] = n.std_text();
+    log_info("--normalize auto: continuing with the statistics the checkpoint recorded (" + text + ")");
+  }
   if (comm_.rank() == 0) {
     // The same training goes on: its id and start stay (a file written before ids gets a new one).
     resumed_path_ = path;

@@ -395,7 +395,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
   static const char* const kKeys[] = {
       "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
-      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "tf32", "cuda_graphs", "precision", "activation_dtype",
+      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "device", "tf32", "cuda_graphs", "precision", "activation_dtype",
       "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb", "grad_dtype",
       "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
       "nonfinite", "nonfinite_max_skips", "data_format", "normalize", "augment"};
@@ -410,11 +410,12 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
 }
 
 bool may_change_on_resume(const std::string& flag) {
-  // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here).
+  // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here);
+  // and --device: a run may move to other hardware (the ranks of one job still agree on it).
   static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--checkpoint-every-steps", "--checkpoint-every-minutes", "--verify-every",
                                       "--metrics-every", "--trace-steps", "--resume", "--save", "--trace",
                                       "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb", "--nonfinite",
-                                      "--nonfinite-max-skips"};
+                                      "--nonfinite-max-skips", "--device"};
   return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
 }
 

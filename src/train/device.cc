@@ -67,10 +67,18 @@ double host_available_bytes() { return host_memory().bytes; }
 namespace {
 
 // The host: oneDNN's operations (with bf16, the backend whose convolutions and Linear GEMMs take
-// bf16 operands; the pre-flight has checked the CPU); gradients leave through the Reducer's MPI thread.
+// bf16 operands); gradients leave through the Reducer's MPI thread.
 class CpuDevice final : public ComputeDevice {
  public:
-  explicit CpuDevice(const DeviceRequest& r) : request_(r) {}
+  // bf16 on a CPU without bf16 instructions would run oneDNN's reference kernels (or none): many
+  // times slower than fp32, so it is refused rather than emulated. An input error: the pre-flight
+  // opens the device under agree_on_input, after the ranks agreed on --precision.
+  explicit CpuDevice(const DeviceRequest& r) : request_(r) {
+    if (!r.bf16) return;
+    const std::string missing = cpu::cpu_bf16_missing();
+    DPT_INPUT_CHECK(missing.empty(), "--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16: "
+                                         << missing << "; use --precision fp32 on this machine");
+  }
   const char* kind() const override { return "cpu"; }
   Backend& ops() override { return request_.bf16 ? cpu::cpu_backend_bf16() : cpu_backend(); }
   // Once per host (its first rank): the estimate covers every rank there. MemAvailable already

@@ -53,12 +53,9 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   }
   eval_spec_.rows = train.rows, eval_spec_.cols = train.cols, eval_spec_.channels = train.channels;
   if (normalize.any()) {
-    DPT_CHECK(static_cast<int64_t>(normalize.mean.size()) == train.channels && normalize.std.size() == normalize.mean.size(),
-              "normalisation of " << normalize.mean.size() << " channels for images of " << train.channels);
     mean_ = DeviceArray<float>(be_, train.channels);
     std_ = DeviceArray<float>(be_, train.channels);
-    mean_.copy_from_host(normalize.mean.data(), train.channels);
-    std_.copy_from_host(normalize.std.data(), train.channels);
+    set_normalization(normalize);
     eval_spec_.mean = mean_.data(), eval_spec_.std = std_.data();
   }
   train_spec_ = eval_spec_;
@@ -99,6 +96,15 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
                       "NCCL (" << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
                                << ")"));
   from_host();
+}
+
+// Into the arrays the specs point at (fixed addresses: a recorded step reads them).
+void StepEngine::set_normalization(const Normalization& normalize) {
+  DPT_CHECK(static_cast<int64_t>(normalize.mean.size()) == channels() && normalize.std.size() == normalize.mean.size() &&
+                mean_.size() == channels(),
+            "normalisation of " << normalize.mean.size() << " channels for images of " << channels());
+  mean_.copy_from_host(normalize.mean.data(), channels());
+  std_.copy_from_host(normalize.std.data(), channels());
 }
 
 StepEngine::~StepEngine() {

@@ -8,7 +8,6 @@
 #include <iomanip>
 #include <sstream>
 
-#include "cpu/cpu_backend.h"
 #include "dpt/clock.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
@@ -30,9 +29,14 @@ std::string data_digest(const ImageSet& set) {
   return os.str();
 }
 
+std::vector<DataDigest> data_digests(const Preflight& pf) {
+  return {{kDataDigests[0], pf.train_digest}, {kDataDigests[1], pf.test_digest}};
+}
+
 std::map<std::string, std::string> input_metadata(const Preflight& pf) {
   std::map<std::string, std::string> m{
       {"data_format", pf.data_format}, {"augment", pf.augment.text()}, {"normalize", pf.normalize.text()}};
+  for (const DataDigest& d : data_digests(pf)) m[d.name.key] = d.digest;
   if (pf.normalize.any()) {
     m["normalize_mean"] = pf.normalize.mean_text();
     m["normalize_std"] = pf.normalize.std_text();
@@ -53,14 +57,9 @@ std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string&
   return out;
 }
 
-}  // namespace
-
-// Ranks started with different settings (an MPMD line, a stale copy of a job script) would train
-// different things, or issue different collectives and hang.
-void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet& train, const ImageSet& test) {
-  auto values = agreed_values(cfg);
-  values.emplace_back("--data (training set)", data_digest(train));
-  values.emplace_back("--data (test set)", data_digest(test));
+// Every rank's "flag, value" list against every other rank's: a difference ends every rank with
+// exit 2, rank 0 naming the flag and which ranks have which value. One all-gather, on every rank.
+void agree_on_values(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& values) {
   std::string mine;
   for (const auto& [flag, value] : values) mine += flag + "\t" + value + "\n";
   const std::vector<std::string> all = allgather_text(comm, mine);
@@ -85,6 +84,20 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm, const ImageSet&
     os << " every rank must be given the same training settings and data";
     throw AgreedInputError(os.str(), comm.rank() != 0);
   }
+}
+
+}  // namespace
+
+// Ranks started with different settings (an MPMD line, a stale copy of a job script) would train
+// different things, or issue different collectives and hang. Compared first of all: until the
+// settings agree, no collective may depend on one (a bf16 check only bf16 ranks joined once met
+// the fp32 ranks' next collective: MPI_ERR_TRUNCATE).
+void agree_on_config(const TrainConfig& cfg, Communicator& comm) { agree_on_values(comm, agreed_values(cfg)); }
+
+void agree_on_data(const Preflight& pf, Communicator& comm) {
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const DataDigest& d : data_digests(pf)) values.emplace_back(d.name.flag, d.digest);
+  agree_on_values(comm, values);
 }
 
 // Checked before the first step instead of after hours of training. A FIFO, device or directory
@@ -184,9 +197,10 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
   log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
 }
 
-// --device for every rank alike: an unusable --device cuda on any rank ends all of them (exit 2,
-// the failing ranks say why); auto picks cuda only when every rank sees a device, since CPU and GPU
-// ranks cannot share one all-reduce.
+// --device for every rank alike (the flag itself is agreed before): an unusable --device cuda on
+// any rank ends all of them (exit 2, the failing ranks say why); auto picks cuda only when every
+// rank sees a device, since CPU and GPU ranks cannot share one all-reduce. An explicit --device
+// cuda is never turned into the CPU: every rank resolved it to cuda, or the job ended.
 namespace {
 
 std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int local_rank) {
@@ -196,20 +210,14 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
   int32_t cuda = device == "cuda" ? 1 : 0;
   comm.allreduce(&cuda, 1, ReduceOp::kSum, "all-reduce of the device choice");
   if (device == "cuda" && cuda < comm.size()) {
+    DPT_CHECK(cfg.device == "auto", "--device " << cfg.device << " resolved to cuda on only " << cuda << " of "
+                                                << comm.size() << " ranks after the ranks agreed on it");
     if (comm.rank() == 0)
       log_warn(DPT_MSG("--device auto: only " << cuda << " of " << comm.size()
                                               << " ranks see a CUDA device; every rank uses the CPU"));
     device = "cpu";
   }
   if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
-  // bf16 on a CPU without bf16 instructions would run oneDNN's reference kernels (or none): many
-  // times slower than fp32, so it is refused rather than emulated.
-  if (device == "cpu" && cfg.precision == "bf16")
-    agree_on_input(comm, "--precision bf16: another rank's CPU cannot run bf16", [] {
-      const std::string missing = cpu::cpu_bf16_missing();
-      DPT_INPUT_CHECK(missing.empty(), "--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16: "
-                                           << missing << "; use --precision fp32 on this machine");
-    });
   return device;
 }
 
@@ -222,6 +230,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   pf.hosts = allgather_text(comm, comm.host());
   pf.local_rank = local_rank_of(pf.hosts, rank);
   pf.ranks_here = static_cast<int>(std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
+  // The settings first: every collective after this may depend on them (the device, the data).
+  agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);
 
   // The data set's size from its headers, against this host's memory (its first rank checks for
@@ -246,13 +256,16 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.normalize = resolve_normalize(cfg.normalize, &pf.train);
     pf.augment = parse_augment(cfg.augment, pf.train.rows, pf.train.cols);
   });
+  pf.train_digest = data_digest(pf.train);
+  pf.test_digest = data_digest(pf.test);
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
-  agree_on_config(cfg, comm, pf.train, pf.test);
+  agree_on_data(pf, comm);
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
     if (rank == 0) pf.locks = check_outputs(cfg);
   });
 
-  // The device (a GPU's context is created here) and its memory against the batch.
+  // The device (a GPU's context is created here; the CPU's checks bf16 there) and its memory
+  // against the batch.
   DeviceRequest req;
   req.kind = kind;
   req.local_rank = pf.local_rank;

@@ -34,6 +34,27 @@ expect 2 "different --eval-every" -- "${CMD[@]}"
 # Only rank 0 would write --save, but every rank takes part in its barrier: presence must agree.
 two --save "$tmp/s.st" :
 expect 2 "different --save: rank 0 has (given); rank 1 has (not given)" -- "${CMD[@]}"
+# A flag only one rank has wrong ends every rank (rank 1 alone returned 2, rank 0 waited in the
+# pre-flight's first collective for ever), that rank saying why.
+two : --lr -1
+EXPECT_TIMEOUT=60 expect 2 "error: --lr must be > 0, got -1" -- "${CMD[@]}"
+grep -qF "[rank 1@" "$tmp/out.txt" || fail "the flag error does not name rank 1"
+# The settings are compared before any collective that depends on one: the bf16 CPU check, a
+# collective only bf16 ranks joined, met the fp32 rank's next one (exit 3, MPI_ERR_TRUNCATE).
+two --precision bf16 : --precision fp32
+expect 2 'different --precision: rank 0 has "bf16"; rank 1 has "fp32"' -- "${CMD[@]}"
+two --precision fp32 : --precision bf16
+expect 2 'different --precision: rank 0 has "fp32"; rank 1 has "bf16"' -- "${CMD[@]}"
+# --device as given: an explicit cuda beside a cpu rank was quietly made cpu (or, here without a
+# GPU, said "no CUDA device visible"); only auto resolves on a mix of ranks.
+two --device cuda : --device cpu
+expect 2 'different --device: rank 0 has "cuda"; rank 1 has "cpu"' -- "${CMD[@]}"
+two --device auto : --device cpu
+expect 2 'different --device: rank 0 has "auto"; rank 1 has "cpu"' -- "${CMD[@]}"
+# One rank whose CPU lacks bf16 (DPT_CPU_BF16=off on it alone) ends every rank, that rank saying why.
+CMD=("${mpi[@]}" -np 1 "$bin" "${short[@]}" --precision bf16 : -np 1 env DPT_CPU_BF16=off "$bin" "${short[@]}" \
+  --precision bf16)
+expect 2 "--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16" -- "${CMD[@]}"
 expect 2 "ranks 1,2 have" -- "${mpi[@]}" -np 1 "$bin" "${short[@]}" --batch-size 12 --seed 5 : \
   -np 2 "$bin" "${short[@]}" --batch-size 12
 # The same data set at another path is fine; a copy with one label changed is not.
@@ -68,21 +89,56 @@ expect 0 "continuing at epoch 2, step 0 (global step 4)" -- "$bin" --epochs 3 --
 expect 0 "--batch-size 256 -> 128" -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --batch-size 128 \
   --allow-config-change --resume "$tmp/e1.st"
 
-echo "== checkpoint metadata out of range"
-# Rewrites one metadata value of a safetensors file (the header is JSON after an 8-byte length).
+# edit SRC DST KEY [VALUE]: DST is SRC with metadata KEY set to VALUE, or without KEY when no value
+# is given (the header is JSON after an 8-byte length; DST may be SRC).
 edit() {
-  python3 - "$1" "$2" "$3" "$4" <<'PY'
+  python3 - "$@" <<'PY'
 import json, struct, sys
-src, dst, key, value = sys.argv[1:]
+src, dst, key, *value = sys.argv[1:]
 raw = open(src, "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 head = json.loads(raw[8:8 + n])
-head["__metadata__"][key] = value
+if value: head["__metadata__"][key] = value[0]
+else: head["__metadata__"].pop(key, None)
 h = json.dumps(head).encode()
 h += b" " * (-len(h) % 8)
 open(dst, "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
 PY
 }
+
+echo "== resuming on other data than the checkpoint's"
+# A checkpoint records its data's digests: other images of the same shape, even at the same path,
+# are a change like any other (exit 2 naming the file and the set; logged with
+# --allow-config-change), and --normalize auto goes on with the recorded statistics, not the new
+# data's. Before: exit 0 without a word, the statistics recomputed.
+make_data() { python3 "$lib_dir/../data/make_data.py" "$@" > /dev/null || fail "make_data.py $*"; }
+make_data "$tmp/d1" --format idx --train 128 --test 64 --rows 28 --cols 28 --channels 1 --classes 10 --seed 1
+make_data "$tmp/d2" --format idx --train 128 --test 64 --rows 28 --cols 28 --channels 1 --classes 10 --seed 2
+cp -r "$tmp/d1" "$tmp/data"
+nd=("$bin" --epochs 2 --max-steps 2 --batch-size 32 --eval-every 0 --data "$tmp/data" --normalize auto
+    --checkpoint-every 1 --keep-checkpoints 2 --checkpoint-path "$tmp/nd.st")
+if run "$tmp/nd.log" "${nd[@]}"; then
+  mean=$(meta_of normalize_mean "$tmp/nd.step2.st")
+  [[ $(meta_of data_digest_train "$tmp/nd.step2.st") == "images 128 of 28x28x1, checksum 0x"* ]] ||
+    fail "the checkpoint records no training-set digest"
+  expect 0 "resumed from" -- "${nd[@]}" --resume "$tmp/nd.step2.st"
+  cp "$tmp/d2"/* "$tmp/data/"
+  expect 2 "nd.step2.st: the checkpoint was written with other training settings or data (--data (training set) images 128 of 28x28x1" \
+    -- "${nd[@]}" --resume "$tmp/nd.step2.st"
+  expect 0 "--allow-config-change: resuming $tmp/nd.step2.st with --data (training set)" -- "${nd[@]}" \
+    --resume "$tmp/nd.step2.st" --allow-config-change
+  grep -qF -- "--normalize auto: continuing with the statistics the checkpoint recorded ($mean/" "$tmp/out.txt" ||
+    fail "the resume does not say it keeps the recorded statistics $mean"
+  [[ $(meta_of normalize_mean "$tmp/nd.step4.st") == "$mean" ]] ||
+    fail "--normalize auto recomputed on resume: $(meta_of normalize_mean "$tmp/nd.step4.st") against the recorded $mean"
+  # A checkpoint from before digests were recorded still resumes, with a warning.
+  edit "$tmp/nd.step2.st" "$tmp/old.st" data_digest_train && edit "$tmp/old.st" "$tmp/old.st" data_digest_test
+  expect 0 "records no digest of the data it was trained on" -- "${nd[@]}" --resume "$tmp/old.st"
+else
+  fail "the --normalize auto run to resume: exit $?"; tail -5 "$tmp/nd.log"
+fi
+
+echo "== checkpoint metadata out of range"
 edit "$tmp/c.st" "$tmp/neg.st" epoch -2147483169
 expect 2 "metadata 'epoch' is -2147483169, outside [0, 1000000]" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
 edit "$tmp/c.st" "$tmp/huge.st" step 99999999999999999

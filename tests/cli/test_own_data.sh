@@ -119,6 +119,11 @@ expect 2 "the data's images have 3" -- "${one[@]}" --data c10 --normalize 0.5/0.
 expect 2 "--normalize '0.5,x/1,1'" -- "${one[@]}" --data c10 --normalize 0.5,x/1,1
 expect 2 "--normalize '/' gives no means" -- "${one[@]}" --data c10 --normalize /
 expect 2 "standard deviation 0 is not > 0" -- "${one[@]}" --data c10 --normalize 0,0,0/1,0,1
+# Values are stored as floats: one that overflows a float, or a subnormal standard deviation, is
+# refused at parsing instead of making every input 0 or infinite.
+expect 2 "--normalize '0,0,0/1e39,1,1': standard deviation 1e39 is outside a float's range" -- "${one[@]}" \
+  --data c10 --normalize 0,0,0/1e39,1,1
+expect 2 "standard deviation 1e-40 is below the smallest normal float" -- "${one[@]}" --data c10 --normalize 0,0,0/1,1e-40,1
 expect 2 "--augment 'crop=40'" -- "${one[@]}" --data c10 --augment crop=40
 expect 2 "--augment 'rotate'" -- "${one[@]}" --data c10 --augment rotate
 expect 2 "--data-format: 'png'" -- "${one[@]}" --data c10 --data-format png

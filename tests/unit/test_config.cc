@@ -124,6 +124,15 @@ TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
   EXPECT_FALSE(may_change_on_resume("--activation-dtype"));
 }
 
+// --device as given is agreed by the ranks (an explicit cuda beside a cpu rank must not quietly
+// become cpu), but a resumed run may move to other hardware.
+TEST(Config, DeviceIsAgreedAsGivenAndFreeOnResume) {
+  bool listed = false;
+  for (const auto& [flag, value] : agreed_values(parse({"--device", "cuda"}))) listed |= flag == "--device" && value == "\"cuda\"";
+  EXPECT_TRUE(listed);
+  EXPECT_TRUE(may_change_on_resume("--device"));
+}
+
 TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;
@@ -158,6 +167,37 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
   EXPECT_EQ(input_error_of({"--batch-size", "256"}, &msg, 3), 2);
   EXPECT_NE(msg.find("not divisible by the world size 3"), std::string::npos) << msg;
   EXPECT_EQ(input_error_of({"--batch-size", "255"}, &msg, 3), 0);
+}
+
+// --normalize values are stored as floats: each is checked as one, at parsing (issue 33, item 5).
+// A double-only check let 0/1e39 through (every input 0) and 1e39/1 or 0/1e-40 fail at the first
+// step, blaming the gradients.
+TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
+  struct Case {
+    const char* value;
+    const char* needle;
+  } refused[] = {
+      {"0/1e39", "standard deviation 1e39 is outside a float's range"},
+      {"0/0x1p200", "standard deviation 0x1p200 is outside a float's range"},
+      {"1e39/1", "mean 1e39 is outside a float's range"},
+      {"-1e39/1", "mean -1e39 is outside a float's range"},
+      {"0/1e-40", "standard deviation 1e-40 is below the smallest normal float"},
+      {"0/1e-50", "standard deviation 1e-50 is below the smallest normal float"},
+      {"0/-1", "standard deviation -1 is not > 0"},
+      {"0/nan", "standard deviation 'nan' is not a number"},
+      {"3e38/0.5", "makes inputs outside a float's range"},
+  };
+  for (const auto& c : refused) {
+    std::string msg;
+    EXPECT_EQ(input_error_of({"--normalize", c.value}, &msg), 2) << c.value;
+    EXPECT_NE(msg.find(std::string("--normalize '") + c.value + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+  }
+  // The edges that are floats: the largest finite mean over std 1, the smallest normal std.
+  for (const char* ok : {"3.4e38/1", "0/1.2e-38", "0.5,0.5,0.5/0.25,0.25,0.25", "1e-40/1"}) {
+    std::string msg;
+    EXPECT_EQ(input_error_of({"--normalize", ok}, &msg), 0) << ok << ": " << msg;
+  }
 }
 
 TEST(Schedule, WarmupThenCosineAndStep) {

@@ -28,6 +28,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/ops.h"
 #include "dpt/backend.h"
+#include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
 #include "dpt/train.h"
@@ -403,6 +404,26 @@ TEST(CpuBf16, RefusedWithExit2WhereTheCpuHasNoBf16) {
   EXPECT_EQ(run_training(c, *comm).size(), 1u);
   ::unsetenv("DPT_CPU_BF16");
   std::filesystem::remove_all(dir);
+}
+
+// The check lives in the CPU device (open_device), which the pre-flight opens after the ranks
+// agreed on --precision: an input error there, and only for bf16.
+TEST(CpuBf16, TheCpuDeviceRefusesBf16WithoutTheInstructions) {
+  DeviceRequest req;
+  req.kind = "cpu";
+  req.bf16 = true;
+  ::setenv("DPT_CPU_BF16", "off", 1);
+  try {
+    (void)open_device(req);
+    ADD_FAILURE() << "a bf16 CPU device opened with DPT_CPU_BF16=off";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16"),
+              std::string::npos) << e.what();
+  }
+  req.bf16 = false;
+  EXPECT_STREQ(open_device(req)->kind(), "cpu");
+  ::unsetenv("DPT_CPU_BF16");
 }
 
 }  // namespace
