@@ -290,6 +290,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     cfg.warmup_epochs = std::max(cfg.warmup_epochs, 1.0);
   }
   Preflight pf = run_preflight(cfg, comm);
+  // From here on the configuration holds the activation type the device resolved, not "auto":
+  // checkpoints and --save record it, the banner shows it, and a resume compares types, so a run
+  // resumed where auto resolves otherwise (the legacy cuDNN API, the CPU) is a changed setting.
+  cfg.activation_dtype = pf.activations == DType::kBF16 ? "bf16" : "fp32";
 
   // The model on the device's operations, its gradients' transport, the optimizer, the engine.
   ComputeDevice& device = *pf.device;

@@ -44,6 +44,30 @@ run j.log "${mpi[@]}" "$bin" "${b16[@]:0:8}" --activation-dtype fp32 --save floa
 same_tensors float.st full16.st >/dev/null 2>&1 && fail "bf16 activations gave the float run's bits: nothing was rounded"
 expect 2 "--activation-dtype \"bf16\" -> \"fp32\"" -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 \
   --activation-dtype fp32 --resume b16/ck.step4.st
+# --activation-dtype auto is recorded as the type it resolved to (fp32 on the CPU), and a
+# checkpoint written before that (its config saying "auto", which was fp32 then) resumes as fp32
+# and is refused as bf16.
+mkdir auto16
+run k.log "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 --checkpoint-every 2steps \
+  --keep-checkpoints 3 --checkpoint-path auto16/ck.st || fail "the auto run failed: $(tail -2 k.log)"
+[[ $(meta_of config auto16/ck.step4.st) == *'"activation_dtype":"fp32"'* ]] ||
+  fail "--activation-dtype auto is not recorded as fp32: $(meta_of config auto16/ck.step4.st)"
+python3 - auto16/ck.step4.st auto16/old.st <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+config = json.loads(head["__metadata__"]["config"])
+config["activation_dtype"] = "auto"
+head["__metadata__"]["config"] = json.dumps(config, separators=(",", ":"))
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+expect 0 "resumed from auto16/old.st" -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 \
+  --resume auto16/old.st
+expect 2 "--activation-dtype \"fp32\" -> \"bf16\"" -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 \
+  --activation-dtype bf16 --resume auto16/old.st
 
 echo "== a corrupt newest checkpoint falls back to the one before"
 mkdir bad && cp run/ck.step12.st bad/ck.step12.st
