@@ -76,11 +76,13 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
   } catch (const std::exception&) {
     throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'config' is not valid JSON"));
   }
-  const auto now_values = agreed_values(cfg);
+  auto now_values = agreed_values(cfg);
   // Checkpoints written before the type was recorded resolved (trainer.cc) say "auto", which was
-  // fp32 everywhere then: they resume as they were trained.
-  for (auto& [flag, value] : then)
-    if (flag == "--activation-dtype" && value == "\"auto\"") value = "\"fp32\"";
+  // fp32 everywhere then: they resume as they were trained. (A configuration not yet resolved, as
+  // a test may hand in, reads the same way.)
+  for (auto* values : {&then, &now_values})
+    for (auto& [flag, value] : *values)
+      if (flag == "--activation-dtype" && value == "\"auto\"") value = "\"fp32\"";
   std::vector<std::string> changed;
   for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
     if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
