@@ -280,20 +280,25 @@ log "sent SIGUSR1 to the steps of job $jobid"
 # Requeued: it leaves RUNNING, comes back and completes (job_done is not true for a requeue).
 # Slurm holds a requeued job back for a while (its BeginTime is set into the future): once it is
 # pending again, it is let go at once, to keep the test short.
+# job_report: job $jobid's output, then its state, exit code and restarts (set as globals).
+job_report() {
+  echo "---- job output ----"
+  cat "$tmp/job-$jobid.out"
+  echo "--------------------"
+  local info
+  info=$(scontrol show job -o "$jobid")
+  state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
+  restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2)
+  exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
+  echo "check: job $jobid: state $state, exit code $exit_code, restarts $restarts"
+}
 requeued() { scontrol show job -o "$jobid" | grep -q 'Restarts=1 .*JobState=PENDING\|JobState=PENDING.*Restarts=1'; }
 if wait_for 60 requeued; then
   log "job $jobid requeued: $(scontrol show job -o "$jobid" | grep -o 'JobState=[A-Z]* Reason=[^ ]*\|BeginTime=[^ ]*' | tr '\n' ' ')"
   scontrol update JobId="$jobid" StartTime=now || true
 fi
 wait_for 180 job_done || fail "job $jobid not finished within 180 s of the signal (state $(job_state))"
-echo "---- job output ----"
-cat "$tmp/job-$jobid.out"
-echo "--------------------"
-info=$(scontrol show job -o "$jobid")
-state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
-restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2)
-exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
-echo "check: job $jobid: state $state, exit code $exit_code, restarts $restarts"
+job_report
 [[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job $jobid: state $state exit code $exit_code, want COMPLETED 0:0"
 [[ $restarts == 1 ]] || fail "job $jobid was requeued ${restarts:-?} times, want 1"
 out=$tmp/job-$jobid.out
@@ -320,14 +325,7 @@ log "sent SIGUSR1 to the steps of job $jobid"
 wait_for 60 job_done || fail "job $jobid not finished within 60 s of the signal (state $(job_state))"
 # A requeue that was made would show within a second or two: give it the time.
 sleep 3
-echo "---- job output ----"
-cat "$tmp/job-$jobid.out"
-echo "--------------------"
-info=$(scontrol show job -o "$jobid")
-state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
-restarts=$(grep -o 'Restarts=[0-9]*' <<<"$info" | cut -d= -f2)
-exit_code=$(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)
-echo "check: job $jobid: state $state, exit code $exit_code, restarts $restarts"
+job_report
 out=$tmp/job-$jobid.out
 grep -q "without a checkpoint" "$out" || fail "the ranks did not say they stopped without a checkpoint"
 grep -q "; requeueing job $jobid" "$out" && fail "the script requeued job $jobid, which wrote no checkpoint"
