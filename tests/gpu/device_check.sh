@@ -57,9 +57,11 @@ secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 # A duration of the real 470 s budget scaled to this deadline, in ms.
 scaled() { echo $(($1 * 1000 * deadline / 470)); }
 note() { echo "$*" | tee -a "$out/summary.txt"; }
+# The archive is replaced whole (written aside, then renamed): a call killed mid-pack still
+# brings back the previous one.
 pack() {
-  tar -C "$logs" -czf "$out/logs.tar.gz.part" . 2> /dev/null && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
   cp "$out/summary.txt" "$logs/summary.txt" 2> /dev/null
+  tar -C "$logs" -czf "$out/logs.tar.gz.part" . 2> /dev/null && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
 }
 
 end_ms=$((deadline * 1000 - $(scaled 10) ))  # kept for the table and the archive
