@@ -179,12 +179,14 @@ struct BuiltPlan {
 };
 
 // The plans of a finished graph that build, in the heuristics' order, each engine configuration
-// once (modes A and FALLBACK may both list it); with `only`, just that engine tag's.
-inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, const std::string* only) {
+// once (modes A and FALLBACK may both list it), the first `limit` of them; with `only`, just that
+// engine tag's.
+inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, const std::string* only,
+                                          size_t limit = std::numeric_limits<size_t>::max()) {
   std::vector<BuiltPlan> out;
   if (graph->check_support().is_bad()) return out;  // no configuration passes
   std::set<std::string> seen;
-  for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+  for (int64_t i = 0; i < graph->get_execution_plan_count() && out.size() < limit; ++i) {
     std::string tag;
     if (graph->get_plan_name_at_index(i, tag).is_bad() || !seen.insert(tag).second) continue;
     if (only && tag != *only) continue;
@@ -207,6 +209,7 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
                                const std::string& what, uint64_t* graphs_built) {
   std::vector<P> candidates;
   std::vector<std::vector<P>> per_variant;
+  const size_t cap = static_cast<size_t>(max_timed_plans());
   std::string why;
   for (bool nondeterministic : {false, true}) {
     for (const auto& tier : tiers) {
@@ -218,7 +221,8 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
           continue;
         }
         ++*graphs_built;
-        std::vector<BuiltPlan> built = build_plans(graph, nullptr);
+        // No more than the cap from one variant: the round robin below takes no more.
+        std::vector<BuiltPlan> built = build_plans(graph, nullptr, cap);
         if (built.empty())
           why += DPT_MSG("\n  " << variant_name(v) << (nondeterministic ? "" : " (deterministic)")
                                 << ": no engine configuration passes check_support and builds");
@@ -233,7 +237,6 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
         per_variant.push_back(std::move(mine));
       }
       // Round robin over the variants, in each one's heuristic order, up to the cap.
-      const size_t cap = static_cast<size_t>(max_timed_plans());
       for (size_t rank = 0; candidates.size() < cap; ++rank) {
         bool any = false;
         for (auto& list : per_variant)

@@ -30,9 +30,10 @@
 // the two models (queried without a device for sm_90), so today bf16 dW is the rule. The bias goes
 // through the kernels CudnnConv uses (on a bf16 output: an fp32 addition, rounded once more).
 //
-// Plan choice, as PyTorch's cudnn.benchmark: every engine configuration heuristics modes A and
-// FALLBACK offer that passes the notes above, the workspace cap (conv_common.h) and check_support
-// is built and run on the call's own operands, once to warm up and then up to kTimedRuns times
+// Plan choice, as PyTorch's cudnn.benchmark: the engine configurations heuristics modes A and
+// FALLBACK offer that pass the notes above, the workspace cap (conv_common.h) and check_support,
+// up to DPT_CUDNN_MAX_PLANS of them in turn from each filter layout, are built and run on the
+// call's own operands, once to warm up and then up to kTimedRuns times
 // between cudaEvents on the context's stream (fewer once it is twice as slow as the best so far);
 // its fastest run counts, the fastest plan is kept. The context's shared workspace is grown once,
 // before the first timed run, to the largest need among the candidates, so no timed run
@@ -231,20 +232,20 @@ struct CudnnGraphConv::Impl {
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     if (auto it = unplannable.find(key); it != unplannable.end()) throw NoGraphPlan(it->second);
     const auto t0 = std::chrono::steady_clock::now();
-    Plan chosen;
+    std::string recorded;
     if (auto seed = seeds.find(key); seed != seeds.end()) {
-      const std::string recorded = seed->second;
+      recorded = seed->second;
       seeds.erase(seed);
-      if (recorded == kLegacy) {
-        unplannable[key] = "convolution " + key + ": the legacy API, as recorded";
-        throw NoGraphPlan(unplannable[key]);
-      }
-      graph_api::check_not_capturing(ctx, "convolution " + key);
-      if (!seeded(g, d, io, recorded, &chosen))
-        log_warn(DPT_MSG("cuDNN plan '" << recorded << "' recorded for convolution " << key
-                                        << " is unknown or unsupported here; timing the candidates instead"));
+    }
+    if (recorded == kLegacy) {
+      unplannable[key] = "convolution " + key + ": the legacy API, as recorded";
+      throw NoGraphPlan(unplannable[key]);
     }
     graph_api::check_not_capturing(ctx, "convolution " + key);
+    Plan chosen;
+    if (!recorded.empty() && !seeded(g, d, io, recorded, &chosen))
+      log_warn(DPT_MSG("cuDNN plan '" << recorded << "' recorded for convolution " << key
+                                      << " is unknown or unsupported here; timing the candidates instead"));
     if (!chosen.graph) {
       try {
         chosen = timed(g, d, io, key, trial);
