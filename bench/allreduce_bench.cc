@@ -2,7 +2,8 @@
 // dptrain's Reducer (buckets of the same bytes all-reduced by its communication thread) on the
 // same buffer. Prints one fixed-width table (medians over --iters) or JSON lines with --json.
 // busbw = algbw * 2(n-1)/n, the bytes each link carries in a ring all-reduce.
-// Usage: mpirun -np 2 build/bench/allreduce_bench [--iters 20] [--min-bytes 4096] [--max-bytes 67108864] [--json]
+// Usage: mpirun -np 2 build/bench/allreduce_bench [--iters 20] [--min-bytes 4096] [--max-bytes
+// 67108864] [--json]
 #include <mpi.h>
 
 #include <algorithm>
@@ -33,12 +34,17 @@ int main(int argc, char** argv) {
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (a == "--min-bytes" && i + 1 < argc) min_bytes = std::atoll(argv[++i]);
-    else if (a == "--max-bytes" && i + 1 < argc) max_bytes = std::atoll(argv[++i]);
-    else if (a == "--json") json = true;
+    if (a == "--iters" && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--min-bytes" && i + 1 < argc)
+      min_bytes = std::atoll(argv[++i]);
+    else if (a == "--max-bytes" && i + 1 < argc)
+      max_bytes = std::atoll(argv[++i]);
+    else if (a == "--json")
+      json = true;
     else {
-      if (mpi.world().rank == 0) std::fprintf(stderr, "allreduce_bench: unknown argument %s\n", a.c_str());
+      if (mpi.world().rank == 0)
+        std::fprintf(stderr, "allreduce_bench: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
@@ -60,7 +66,8 @@ int main(int argc, char** argv) {
     for (int it = 0; it < iters + 2; ++it) {  // two warm-up iterations
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = now();
-      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
       if (it >= 2) raw.push_back(now() - t0);
     }
     // The reducer on one bucket of the same bytes, launched by mark_ready as backward would.
@@ -77,9 +84,10 @@ int main(int argc, char** argv) {
     const double alg_r = bytes / tr / 1e9, alg_d = bytes / td / 1e9;
     if (comm->rank() == 0) {
       if (json)
-        std::printf("{\"bytes\":%lld,\"ranks\":%d,\"mpi_us\":%.2f,\"mpi_busbw\":%.4f,\"reducer_us\":%.2f,"
-                    "\"reducer_busbw\":%.4f,\"ratio\":%.4f}\n",
-                    bytes, n, tr * 1e6, alg_r * factor, td * 1e6, alg_d * factor, tr / td);
+        std::printf(
+            "{\"bytes\":%lld,\"ranks\":%d,\"mpi_us\":%.2f,\"mpi_busbw\":%.4f,\"reducer_us\":%.2f,"
+            "\"reducer_busbw\":%.4f,\"ratio\":%.4f}\n",
+            bytes, n, tr * 1e6, alg_r * factor, td * 1e6, alg_d * factor, tr / td);
       else
         std::printf("  %12lld %10lld | %10.1f %9.3f %9.3f | %10.1f %9.3f %9.3f %7.3f\n", bytes,
                     static_cast<long long>(count), tr * 1e6, alg_r, alg_r * factor, td * 1e6, alg_d,

@@ -2,8 +2,9 @@
 // DPT_WINOGRAD=off takes) against dptrain's Winograd passes, one thread, minimum of --reps calls
 // after a warm-up, and each Winograd result's largest error relative to oneDNN's output scale.
 // --tile M,MW picks the tiles (F(M,3) forward and backward-data, F(3,MW) backward-weights; default
-// 2,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops (src/cpu/isa.h).
-// Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile 2,4] [--cpu-time] [--json]
+// 2,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops
+// (src/cpu/isa.h). Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile
+// 2,4] [--cpu-time] [--json]
 #include <omp.h>
 
 #include <algorithm>
@@ -46,7 +47,9 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
 bool g_cpu_time = false;
 double now_ms() {
   if (!g_cpu_time)
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
@@ -73,11 +76,17 @@ int main(int argc, char** argv) {
   int tile_m = 2, tile_mw = 4;  // winograd_choice's tiles for these shapes
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--json") json = true;
-    else if (a == "--cpu-time") g_cpu_time = true;
-    else if (a == "--tile" && i + 1 < argc && std::sscanf(argv[++i], "%d,%d", &tile_m, &tile_mw) == 2) continue;
+    if (a == "--batch" && i + 1 < argc)
+      batch = std::atoll(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (a == "--json")
+      json = true;
+    else if (a == "--cpu-time")
+      g_cpu_time = true;
+    else if (a == "--tile" && i + 1 < argc &&
+             std::sscanf(argv[++i], "%d,%d", &tile_m, &tile_mw) == 2)
+      continue;
     else {
       std::fprintf(stderr, "conv_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -98,11 +107,13 @@ int main(int argc, char** argv) {
                 {"resnet layer3", 7, 256, 256, 3, 1},
                 {"resnet layer4", 4, 512, 512, 3, 1}};
   if (!json) {
-    std::printf("# convolution, batch %lld, %d thread(s), best of %d calls, ms%s; loops %s; tiles F(%d,3) F(3,%d)\n",
-                static_cast<long long>(batch), omp_get_max_threads(), reps, g_cpu_time ? " of thread CPU time" : "",
-                dpt::cpu::isa_report().c_str(), tile_m, tile_mw);
-    std::printf("# %-14s %9s %11s %9s %10s %10s %7s %9s\n", "shape", "onednn_fwd", "onednn_bwd", "wino_fwd",
-                "wino_bwd_x", "wino_bwd_w", "speedup", "max_err");
+    std::printf(
+        "# convolution, batch %lld, %d thread(s), best of %d calls, ms%s; loops %s; tiles F(%d,3) "
+        "F(3,%d)\n",
+        static_cast<long long>(batch), omp_get_max_threads(), reps,
+        g_cpu_time ? " of thread CPU time" : "", dpt::cpu::isa_report().c_str(), tile_m, tile_mw);
+    std::printf("# %-14s %9s %11s %9s %10s %10s %7s %9s\n", "shape", "onednn_fwd", "onednn_bwd",
+                "wino_fwd", "wino_bwd_x", "wino_bwd_w", "speedup", "max_err");
   }
   for (const Shape& s : shapes) {
     ConvGeom g{batch, s.hw, s.hw, s.c, s.k, s.kernel, 1, s.pad};
@@ -115,26 +126,29 @@ int main(int argc, char** argv) {
         dw2(w.size()), db(b.size());
     dpt::cpu::ConvPrimitives direct;
     dpt::cpu::WinogradConv wino;
-    const double f1 = best_ms(reps, [&] { direct.forward(g, x.data(), w.data(), b.data(), y1.data()); });
+    const double f1 =
+        best_ms(reps, [&] { direct.forward(g, x.data(), w.data(), b.data(), y1.data()); });
     const double b1 = best_ms(reps, [&] {
       direct.backward(g, x.data(), w.data(), dy.data(), dx1.data(), dw1.data(), db.data(), false);
     });
-    const double f2 = best_ms(reps, [&] { wino.forward(g, choice.m, x.data(), w.data(), b.data(), y2.data()); });
-    const double d2 = best_ms(reps, [&] { wino.backward_data(g, choice.m, w.data(), dy.data(), dx2.data()); });
-    const double w2 = best_ms(reps, [&] {
-      wino.backward_weights(g, choice.mw, x.data(), dy.data(), dw2.data(), false);
-    });
+    const double f2 =
+        best_ms(reps, [&] { wino.forward(g, choice.m, x.data(), w.data(), b.data(), y2.data()); });
+    const double d2 =
+        best_ms(reps, [&] { wino.backward_data(g, choice.m, w.data(), dy.data(), dx2.data()); });
+    const double w2 = best_ms(
+        reps, [&] { wino.backward_weights(g, choice.mw, x.data(), dy.data(), dw2.data(), false); });
     const double err = std::max({rel_error(y2, y1), rel_error(dx2, dx1), rel_error(dw2, dw1)});
     const double speedup = (f1 + b1) / (f2 + d2 + w2);
     if (json)
-      std::printf("{\"shape\":\"%s\",\"batch\":%lld,\"onednn_fwd_ms\":%.3f,\"onednn_bwd_ms\":%.3f,"
-                  "\"wino_fwd_ms\":%.3f,\"wino_bwd_data_ms\":%.3f,\"wino_bwd_weights_ms\":%.3f,"
-                  "\"speedup\":%.3f,\"max_rel_err\":%.2e,\"tile\":[%d,%d],\"isa\":\"%s\"}\n",
-                  s.name, static_cast<long long>(batch), f1, b1, f2, d2, w2, speedup, err, choice.m, choice.mw,
-                  dpt::cpu::isa_name(dpt::cpu::active_isa()));
+      std::printf(
+          "{\"shape\":\"%s\",\"batch\":%lld,\"onednn_fwd_ms\":%.3f,\"onednn_bwd_ms\":%.3f,"
+          "\"wino_fwd_ms\":%.3f,\"wino_bwd_data_ms\":%.3f,\"wino_bwd_weights_ms\":%.3f,"
+          "\"speedup\":%.3f,\"max_rel_err\":%.2e,\"tile\":[%d,%d],\"isa\":\"%s\"}\n",
+          s.name, static_cast<long long>(batch), f1, b1, f2, d2, w2, speedup, err, choice.m,
+          choice.mw, dpt::cpu::isa_name(dpt::cpu::active_isa()));
     else
-      std::printf("  %-14s %9.2f %11.2f %9.2f %10.2f %10.2f %6.2fx %9.1e\n", s.name, f1, b1, f2, d2, w2,
-                  speedup, err);
+      std::printf("  %-14s %9.2f %11.2f %9.2f %10.2f %10.2f %6.2fx %9.1e\n", s.name, f1, b1, f2, d2,
+                  w2, speedup, err);
   }
   return 0;
 }

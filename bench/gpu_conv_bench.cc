@@ -12,7 +12,8 @@
 // times, per ResNet-18 fusion site (cudnn_fused_conv.h), cuDNN's fused prologue+conv+genstats in
 // bf16 against the separate passes it replaces: the BatchNorm apply+ReLU kernel, the bf16 graph
 // convolution and the statistics kernel. GPU builds only.
-// Usage: build/bench/gpu_conv_bench [--model resnet18] [--batch 256] [--steps 10] [--modes fp32,tf32,bf16]
+// Usage: build/bench/gpu_conv_bench [--model resnet18] [--batch 256] [--steps 10] [--modes
+// fp32,tf32,bf16]
 //        [--api legacy|graph|legacy,graph] [--survey] [--fused]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -44,7 +45,8 @@ namespace {
 
 using dpt::ConvGeom;
 using dpt::gpu::CudnnConv;
-using dpt::gpu::CudnnGraphConv;  // declared by cuda_backend.h; defined where the build has the frontend
+using dpt::gpu::CudnnGraphConv;  // declared by cuda_backend.h; defined where the build has the
+                                 // frontend
 using dpt::gpu::DeviceBuffer;
 
 std::string key_of(const ConvGeom& g) {
@@ -90,7 +92,8 @@ class TimedConv : public dpt::ConvOp {
     cudaEventDestroy(a_);
     cudaEventDestroy(b_);
   }
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override {
     double ms = 0;
     if (bf16io_) {
 #ifdef DPT_HAVE_CUDNN_FRONTEND
@@ -104,8 +107,8 @@ class TimedConv : public dpt::ConvOp {
     }
     if (*on_) add(g, ms, true);
   }
-  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                bool accumulate) override {
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                float* dw, float* db, bool accumulate) override {
     double ms = 0;
     if (bf16io_) {
 #ifdef DPT_HAVE_CUDNN_FRONTEND
@@ -123,19 +126,21 @@ class TimedConv : public dpt::ConvOp {
     if (*on_) add(g, ms, false);
   }
   // 16-bit activations (a model with --activation-dtype bf16): the layer's own bf16 path, timed.
-  void forward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const float* b, dpt::BFloat16* y) override {
+  void forward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const float* b,
+               dpt::BFloat16* y) override {
     const double ms = time([&] { inner_->forward(g, x, w, b, y); });
     if (*on_) add(g, ms, true);
   }
-  void backward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const dpt::BFloat16* dy, dpt::BFloat16* dx,
-                float* dw, float* db, bool accumulate) override {
+  void backward(const ConvGeom& g, const dpt::BFloat16* x, const float* w, const dpt::BFloat16* dy,
+                dpt::BFloat16* dx, float* dw, float* db, bool accumulate) override {
     const double ms = time([&] { inner_->backward(g, x, w, dy, dx, dw, db, accumulate); });
     if (*on_) add(g, ms, false);
   }
 
  private:
   static __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
-  // x and w as bf16 copies (made once per pointer and size), with the sizes of x and y and the stream.
+  // x and w as bf16 copies (made once per pointer and size), with the sizes of x and y and the
+  // stream.
   struct Operands16 {
     int64_t nx, ny;
     cudaStream_t s;
@@ -179,7 +184,8 @@ class TimedConv : public dpt::ConvOp {
 // by every layer, as CudaBackend shares it.
 class ProfilingBackend : public dpt::gpu::CudaBackend {
  public:
-  ProfilingBackend(std::string api, bool bf16io) : CudaBackend(0), api_(std::move(api)), bf16io_(bf16io) {}
+  ProfilingBackend(std::string api, bool bf16io)
+      : CudaBackend(0), api_(std::move(api)), bf16io_(bf16io) {}
   std::unique_ptr<dpt::ConvOp> make_conv() override {
     std::shared_ptr<dpt::ConvOp> inner;
     CudnnGraphConv* bf16io = nullptr;
@@ -208,15 +214,19 @@ class ProfilingBackend : public dpt::gpu::CudaBackend {
 
 const char* math_name(cudnnMathType_t m) {
   switch (m) {
-    case CUDNN_DEFAULT_MATH: return "default";
-    case CUDNN_TENSOR_OP_MATH: return "tensor";
-    case CUDNN_FMA_MATH: return "fma";
-    default: return "other";
+    case CUDNN_DEFAULT_MATH:
+      return "default";
+    case CUDNN_TENSOR_OP_MATH:
+      return "tensor";
+    case CUDNN_FMA_MATH:
+      return "fma";
+    default:
+      return "other";
   }
 }
 
-void run_mode(const std::string& model_name, const std::string& mode, const std::string& api, int64_t batch,
-              int steps, bool survey) {
+void run_mode(const std::string& model_name, const std::string& mode, const std::string& api,
+              int64_t batch, int steps, bool survey) {
   ProfilingBackend be(api, mode == "bf16io");
   be.context().set_tf32(mode == "tf32");
   be.context().set_bf16(mode == "bf16");
@@ -237,7 +247,8 @@ void run_mode(const std::string& model_name, const std::string& mode, const std:
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 2; ++i) step();  // algorithm or plan choice, workspace growth
   be.synchronize();
-  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double setup_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
@@ -254,10 +265,12 @@ void run_mode(const std::string& model_name, const std::string& mode, const std:
   be.profiling = false;
   double conv_sum = 0;
   for (const auto& [k, t] : be.table) conv_sum += (t.fwd_ms + t.bwd_ms) / steps;
-  std::printf("\n## %s %s batch %lld, cuDNN %s API: step %.2f ms (forward+backward, mean of %d), convolutions "
-              "%.2f ms of it when timed one by one; the first two steps (choices, workspace) took %.1f s\n",
-              model_name.c_str(), mode.c_str(), static_cast<long long>(batch), api.c_str(), total / steps, steps,
-              conv_sum, setup_s);
+  std::printf(
+      "\n## %s %s batch %lld, cuDNN %s API: step %.2f ms (forward+backward, mean of %d), "
+      "convolutions "
+      "%.2f ms of it when timed one by one; the first two steps (choices, workspace) took %.1f s\n",
+      model_name.c_str(), mode.c_str(), static_cast<long long>(batch), api.c_str(), total / steps,
+      steps, conv_sum, setup_s);
   std::printf("| geometry | layers | forward ms | backward ms |\n|---|---|---|---|\n");
   for (const auto& [k, t] : be.table)
     std::printf("| %s | %d | %.3f | %.3f |\n", k.c_str(), t.calls_fwd / steps, t.fwd_ms / steps,
@@ -266,21 +279,23 @@ void run_mode(const std::string& model_name, const std::string& mode, const std:
   if (be.graph) {
     std::printf("\ncuDNN graph plans kept (the fastest of those timed on the first step):\n");
     for (const CudnnGraphConv::Choice& c : be.graph->choices())
-      std::printf("- %s: %s, %.3f ms, fastest of %d, workspace %lld bytes\n", c.key.c_str(), c.plan.c_str(), c.ms,
-                  c.candidates, static_cast<long long>(c.workspace));
+      std::printf("- %s: %s, %.3f ms, fastest of %d, workspace %lld bytes\n", c.key.c_str(),
+                  c.plan.c_str(), c.ms, c.candidates, static_cast<long long>(c.workspace));
   }
 #endif
   if (!survey || be.convs.empty()) return;
-  std::printf("\ncuDNN's timed search per geometry (ms per call; * = dptrain's pick, d = deterministic), in "
-              "dptrain's NHWC and, for comparison, NCHW:\n");
+  std::printf(
+      "\ncuDNN's timed search per geometry (ms per call; * = dptrain's pick, d = deterministic), "
+      "in "
+      "dptrain's NHWC and, for comparison, NCHW:\n");
   for (const auto& [k, t] : be.table)
     for (bool nchw : {false, true}) {
       std::printf("- %s %s:", k.c_str(), nchw ? "NCHW" : "NHWC");
       const char* dir = "";
       for (const CudnnConv::AlgoTime& a : be.convs.front()->survey(t.g, nchw)) {
         if (std::string(dir) != a.direction) std::printf("\n    %s:", dir = a.direction);
-        std::printf(" %d/%s%s%s %.3f", a.algo, math_name(a.math), a.deterministic ? "/d" : "", a.chosen ? "*" : "",
-                    a.ms);
+        std::printf(" %d/%s%s%s %.3f", a.algo, math_name(a.math), a.deterministic ? "/d" : "",
+                    a.chosen ? "*" : "", a.ms);
       }
       std::printf("\n");
     }
@@ -316,10 +331,14 @@ void run_fused(int64_t batch, int steps) {
   FusedConvGenstats fused(ctx);
   CudnnGraphConv conv(ctx);
   cudaStream_t s = ctx.stream();
-  std::printf("\n## fused BatchNorm-prologue convolution with genstats, bf16, batch %lld (ms per call, mean of %d)\n",
-              static_cast<long long>(batch), steps);
-  std::printf("| site | geometry | pattern | fused | apply+relu | conv | stats | separate | separate/fused | fused "
-              "plan |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n## fused BatchNorm-prologue convolution with genstats, bf16, batch %lld (ms per call, "
+      "mean of %d)\n",
+      static_cast<long long>(batch), steps);
+  std::printf(
+      "| site | geometry | pattern | fused | apply+relu | conv | stats | separate | separate/fused "
+      "| fused "
+      "plan |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const dpt::gpu::FusionSite& site : dpt::gpu::resnet18_fusion_sites(batch)) {
     const ConvGeom& g = site.g;
     const int64_t m_in = g.n * g.h * g.w, m_out = g.n * g.oh() * g.ow();
@@ -328,17 +347,19 @@ void run_fused(int64_t batch, int steps) {
     std::vector<float> hx(static_cast<size_t>(nx)), hw(static_cast<size_t>(nw));
     for (auto& v : hx) v = static_cast<float>(r.uniform(-1, 1));
     for (auto& v : hw) v = static_cast<float>(r.uniform(-0.05, 0.05));
-    DeviceBuffer fx(hx.size() * 4), fw(hw.size() * 4), x(hx.size() * 2), w(hw.size() * 2), a(hx.size() * 2),
-        y(static_cast<size_t>(ny) * 2), scale(static_cast<size_t>(g.c_in) * 4), bias(static_cast<size_t>(g.c_in) * 4),
-        zero(static_cast<size_t>(g.c_in) * 4), one(static_cast<size_t>(g.c_in) * 4),
-        sum(static_cast<size_t>(g.c_out) * 4), sq(static_cast<size_t>(g.c_out) * 4),
-        dsum(static_cast<size_t>(g.c_out) * 8), dsq(static_cast<size_t>(g.c_out) * 8),
+    DeviceBuffer fx(hx.size() * 4), fw(hw.size() * 4), x(hx.size() * 2), w(hw.size() * 2),
+        a(hx.size() * 2), y(static_cast<size_t>(ny) * 2), scale(static_cast<size_t>(g.c_in) * 4),
+        bias(static_cast<size_t>(g.c_in) * 4), zero(static_cast<size_t>(g.c_in) * 4),
+        one(static_cast<size_t>(g.c_in) * 4), sum(static_cast<size_t>(g.c_out) * 4),
+        sq(static_cast<size_t>(g.c_out) * 4), dsum(static_cast<size_t>(g.c_out) * 8),
+        dsq(static_cast<size_t>(g.c_out) * 8),
         scratch(static_cast<size_t>(dpt::cuda::bn_sums_scratch_elems(m_out, g.c_out)) * 8);
     CUDA_CHECK(cudaMemcpy(fx.as<float>(), hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(fw.as<float>(), hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
     const std::vector<float> h_one(static_cast<size_t>(g.c_in), 1.f), h_scale(h_one.size(), 1.5f),
         h_bias(h_one.size(), -0.25f), h_zero(h_one.size(), 0.f);
-    for (auto [buf, h] : {std::pair{&scale, &h_scale}, {&bias, &h_bias}, {&zero, &h_zero}, {&one, &h_one}})
+    for (auto [buf, h] :
+         {std::pair{&scale, &h_scale}, {&bias, &h_bias}, {&zero, &h_zero}, {&one, &h_one}})
       CUDA_CHECK(cudaMemcpy(buf->as<float>(), h->data(), h->size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(dpt::cuda::launch_to_bf16(fx.as<float>(), x.as<uint16_t>(), nx, s));
     CUDA_CHECK(dpt::cuda::launch_to_bf16(fw.as<float>(), w.as<uint16_t>(), nw, s));
@@ -349,28 +370,36 @@ void run_fused(int64_t batch, int steps) {
     try {
       fused_ms = ms_per_call(s, steps, [&] {
         fused.forward_bf16(g, nv(x), site.prologue ? scale.as<float>() : nullptr,
-                           site.prologue ? bias.as<float>() : nullptr, nv(w), nv(y), sum.as<float>(), sq.as<float>());
+                           site.prologue ? bias.as<float>() : nullptr, nv(w), nv(y),
+                           sum.as<float>(), sq.as<float>());
       });
       for (const FusedConvGenstats::Choice& c : fused.choices())
         if (c.key == dpt::gpu::geom_str(g) + " " + pattern + " bf16") plan = c.plan;
     } catch (const dpt::Error& e) {
       std::fprintf(stderr, "%s %s: %s\n", site.name, pattern, e.what());
     }
-    const double apply_ms = site.prologue ? ms_per_call(s, steps, [&] {
-      CUDA_CHECK(dpt::cuda::launch_bn_apply(x.as<uint16_t>(), a.as<uint16_t>(), zero.as<float>(), one.as<float>(),
-                                            scale.as<float>(), bias.as<float>(), m_in, g.c_in, nullptr, true, s));
-    }) : 0;
+    const double apply_ms =
+        site.prologue ? ms_per_call(s, steps,
+                                    [&] {
+                                      CUDA_CHECK(dpt::cuda::launch_bn_apply(
+                                          x.as<uint16_t>(), a.as<uint16_t>(), zero.as<float>(),
+                                          one.as<float>(), scale.as<float>(), bias.as<float>(),
+                                          m_in, g.c_in, nullptr, true, s));
+                                    })
+                      : 0;
     const DeviceBuffer& conv_in = site.prologue ? a : x;
-    const double conv_ms = ms_per_call(s, steps, [&] { conv.forward_bf16(g, nv(conv_in), nv(w), nullptr, nv(y)); });
+    const double conv_ms =
+        ms_per_call(s, steps, [&] { conv.forward_bf16(g, nv(conv_in), nv(w), nullptr, nv(y)); });
     const double stats_ms = ms_per_call(s, steps, [&] {
-      CUDA_CHECK(dpt::cuda::launch_bn_sums(y.as<uint16_t>(), m_out, g.c_out, dsum.as<double>(), dsq.as<double>(),
-                                           nullptr, scratch.as<double>(), s));
+      CUDA_CHECK(dpt::cuda::launch_bn_sums(y.as<uint16_t>(), m_out, g.c_out, dsum.as<double>(),
+                                           dsq.as<double>(), nullptr, scratch.as<double>(), s));
     });
     const double separate = apply_ms + conv_ms + stats_ms;
     std::printf("| %s | %s | %s | %s | %.3f | %.3f | %.3f | %.3f | %s | %s |\n", site.name,
                 dpt::gpu::geom_str(g).c_str(), pattern,
-                fused_ms < 0 ? "-" : std::to_string(fused_ms).substr(0, 6).c_str(), apply_ms, conv_ms, stats_ms,
-                separate, fused_ms <= 0 ? "-" : std::to_string(separate / fused_ms).substr(0, 5).c_str(),
+                fused_ms < 0 ? "-" : std::to_string(fused_ms).substr(0, 6).c_str(), apply_ms,
+                conv_ms, stats_ms, separate,
+                fused_ms <= 0 ? "-" : std::to_string(separate / fused_ms).substr(0, 5).c_str(),
                 plan.c_str());
   }
 }
@@ -385,13 +414,20 @@ int main(int argc, char** argv) {
   bool survey = false, fused = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc) model = argv[++i];
-    else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--modes" && i + 1 < argc) modes = argv[++i];
-    else if (a == "--api" && i + 1 < argc) apis = argv[++i];
-    else if (a == "--survey") survey = true;
-    else if (a == "--fused") fused = true;
+    if (a == "--model" && i + 1 < argc)
+      model = argv[++i];
+    else if (a == "--batch" && i + 1 < argc)
+      batch = std::atoll(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--modes" && i + 1 < argc)
+      modes = argv[++i];
+    else if (a == "--api" && i + 1 < argc)
+      apis = argv[++i];
+    else if (a == "--survey")
+      survey = true;
+    else if (a == "--fused")
+      fused = true;
     else {
       std::fprintf(stderr, "gpu_conv_bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -406,7 +442,9 @@ int main(int argc, char** argv) {
     run_fused(batch, steps);
     return 0;
 #else
-    std::fprintf(stderr, "gpu_conv_bench: --fused: this build has no cuDNN graph API (launch/cudnn_frontend.sh)\n");
+    std::fprintf(
+        stderr,
+        "gpu_conv_bench: --fused: this build has no cuDNN graph API (launch/cudnn_frontend.sh)\n");
     return 2;
 #endif
   }
@@ -424,21 +462,23 @@ int main(int argc, char** argv) {
     }
 #ifndef DPT_HAVE_CUDNN_FRONTEND
     if (a == "graph") {
-      std::fprintf(stderr, "gpu_conv_bench: --api graph: this build has no cuDNN graph API "
-                           "(launch/cudnn_frontend.sh)\n");
+      std::fprintf(stderr,
+                   "gpu_conv_bench: --api graph: this build has no cuDNN graph API "
+                   "(launch/cudnn_frontend.sh)\n");
       return 2;
     }
 #endif
   }
   for (const std::string& m : mode_list) {
     if (m != "fp32" && m != "tf32" && m != "bf16" && m != "bf16io") {
-      std::fprintf(stderr, "gpu_conv_bench: --modes: unknown mode '%s' (fp32|tf32|bf16|bf16io)\n", m.c_str());
+      std::fprintf(stderr, "gpu_conv_bench: --modes: unknown mode '%s' (fp32|tf32|bf16|bf16io)\n",
+                   m.c_str());
       return 2;
     }
     for (const std::string& a : api_list) {
       if (m == "bf16io" && a != "graph") {
-        std::printf("\n## %s bf16io, cuDNN %s API: skipped (bf16 arrays need the graph API)\n", model.c_str(),
-                    a.c_str());
+        std::printf("\n## %s bf16io, cuDNN %s API: skipped (bf16 arrays need the graph API)\n",
+                    model.c_str(), a.c_str());
         continue;
       }
       run_mode(model, m, a, batch, steps, survey);

@@ -63,7 +63,8 @@ int parse_pass(const std::string& v) {
   if (v == "wino2") return 2;
   if (v == "wino4") return 4;
   if (v == "wino6") return 6;
-  throw dpt::Error(dpt::ErrorKind::kInput, "--conv: '" + v + "' is not auto|direct|wino2|wino4|wino6");
+  throw dpt::Error(dpt::ErrorKind::kInput,
+                   "--conv: '" + v + "' is not auto|direct|wino2|wino4|wino6");
 }
 
 ConvPlan parse_plan(const std::string& spec) {
@@ -76,10 +77,14 @@ ConvPlan parse_plan(const std::string& spec) {
     DPT_INPUT_CHECK(eq != std::string::npos, "--conv: '" << item << "' is not PASS=ALGO");
     const std::string key = item.substr(0, eq);
     const int v = parse_pass(item.substr(eq + 1));
-    if (key == "fwd") p.fwd = v;
-    else if (key == "bwd_data") p.bwd_data = v;
-    else if (key == "bwd_w") p.bwd_w = v;
-    else DPT_INPUT_CHECK(false, "--conv: unknown pass '" << key << "' (fwd|bwd_data|bwd_w)");
+    if (key == "fwd")
+      p.fwd = v;
+    else if (key == "bwd_data")
+      p.bwd_data = v;
+    else if (key == "bwd_w")
+      p.bwd_w = v;
+    else
+      DPT_INPUT_CHECK(false, "--conv: unknown pass '" << key << "' (fwd|bwd_data|bwd_w)");
     at = comma + 1;
   }
   return p;
@@ -91,11 +96,17 @@ bool library_would_use_winograd(const dpt::ConvGeom& g) {
 }
 
 // This tool diagnoses float32 activations: the 16-bit forms of its replacement ops refuse.
-[[noreturn]] void refuse_bf16() { DPT_CHECK(false, "grad_error diagnoses float32 activations only"); std::abort(); }
+[[noreturn]] void refuse_bf16() {
+  DPT_CHECK(false, "grad_error diagnoses float32 activations only");
+  std::abort();
+}
 struct Float32ConvOp : dpt::ConvOp {
   using BF = dpt::BFloat16;
-  void forward(const dpt::ConvGeom&, const BF*, const float*, const float*, BF*) override { refuse_bf16(); }
-  void backward(const dpt::ConvGeom&, const BF*, const float*, const BF*, BF*, float*, float*, bool) override {
+  void forward(const dpt::ConvGeom&, const BF*, const float*, const float*, BF*) override {
+    refuse_bf16();
+  }
+  void backward(const dpt::ConvGeom&, const BF*, const float*, const BF*, BF*, float*, float*,
+                bool) override {
     refuse_bf16();
   }
 };
@@ -105,12 +116,12 @@ struct Float32BatchNormOp : dpt::BatchNormOp {
                      const dpt::ChannelSumFn&, const BF*, bool) override {
     refuse_bf16();
   }
-  void forward_eval(const BF*, BF*, int64_t, const float*, const float*, const float*, const float*, const BF*,
-                    bool) override {
+  void forward_eval(const BF*, BF*, int64_t, const float*, const float*, const float*, const float*,
+                    const BF*, bool) override {
     refuse_bf16();
   }
-  void backward(const BF*, const BF*, BF*, int64_t, const float*, float*, float*, bool, const dpt::ChannelSumFn&,
-                const BF*, BF*) override {
+  void backward(const BF*, const BF*, BF*, int64_t, const float*, float*, float*, bool,
+                const dpt::ChannelSumFn&, const BF*, BF*) override {
     refuse_bf16();
   }
 };
@@ -119,21 +130,23 @@ struct Float32BatchNormOp : dpt::BatchNormOp {
 class PlannedConv : public Float32ConvOp {
  public:
   explicit PlannedConv(ConvPlan plan) : plan_(plan) {}
-  void forward(const dpt::ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
+  void forward(const dpt::ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override {
     const int m = pick(g, plan_.fwd);
     if (m > 0) return wino_.forward(g, m, x, w, b, y);
     direct_.forward(g, x, w, b, y);
   }
-  void backward(const dpt::ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                float* db, bool accumulate) override {
+  void backward(const dpt::ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                float* dw, float* db, bool accumulate) override {
     const int md = pick(g, plan_.bwd_data), mw = pick(g, plan_.bwd_w);
     if (md <= 0 && mw <= 0) return direct_.backward(g, x, w, dy, dx, dw, db, accumulate);
     if (md > 0 && dx) wino_.backward_data(g, md, w, dy, dx);
     if (mw > 0) {
-      if (md <= 0 && dx) {  // direct backward-data: oneDNN computes weight (and bias) gradients too, dropped
+      if (md <= 0 &&
+          dx) {  // direct backward-data: oneDNN computes weight (and bias) gradients too, dropped
         scratch_.resize(static_cast<size_t>(g.c_out * g.c_in * g.k * g.k + g.c_out));
-        direct_.backward(g, x, w, dy, dx, scratch_.data(), db ? scratch_.data() + g.c_out * g.c_in * g.k * g.k : nullptr,
-                         false);
+        direct_.backward(g, x, w, dy, dx, scratch_.data(),
+                         db ? scratch_.data() + g.c_out * g.c_in * g.k * g.k : nullptr, false);
       }
       wino_.backward_weights(g, mw, x, dy, dw, accumulate);
       if (db) dpt::cpu::column_sums(dy, g.n * g.oh() * g.ow(), g.c_out, db, accumulate);
@@ -158,9 +171,9 @@ class PlannedConv : public Float32ConvOp {
 class F64BatchNorm : public Float32BatchNormOp {
  public:
   F64BatchNorm(int64_t c, double momentum, double eps) : c_(c), momentum_(momentum), eps_(eps) {}
-  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta, float* rm,
-                     float* rv, float* nbt, const dpt::ChannelSumFn& sync, const float* residual,
-                     bool relu) override {
+  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                     float* rm, float* rv, float* nbt, const dpt::ChannelSumFn& sync,
+                     const float* residual, bool relu) override {
     DPT_CHECK(!sync, "--bn f64 has no synchronised BatchNorm");
     mean_.assign(static_cast<size_t>(c_), 0.0);
     invstd_.assign(static_cast<size_t>(c_), 0.0);
@@ -190,13 +203,13 @@ class F64BatchNorm : public Float32BatchNormOp {
         y[i] = v;
       }
   }
-  void forward_eval(const float*, float*, int64_t, const float*, const float*, const float*, const float*,
-                    const float*, bool) override {
+  void forward_eval(const float*, float*, int64_t, const float*, const float*, const float*,
+                    const float*, const float*, bool) override {
     DPT_CHECK(false, "--bn f64 is for training-mode steps only");
   }
-  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const dpt::ChannelSumFn&, const float* relu_out,
-                float* dz_out) override {
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const dpt::ChannelSumFn&,
+                const float* relu_out, float* dz_out) override {
     // The gradient BatchNorm takes: dy, or dy through the fused ReLU (backend.h).
     std::vector<float> masked;
     if (relu_out) {
@@ -240,20 +253,20 @@ class MaskReportingBatchNorm : public Float32BatchNormOp {
   using Report = std::function<void(const float* y, int64_t n)>;
   MaskReportingBatchNorm(std::unique_ptr<dpt::BatchNormOp> op, int64_t c, Report report)
       : op_(std::move(op)), c_(c), report_(std::move(report)) {}
-  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta, float* rm,
-                     float* rv, float* nbt, const dpt::ChannelSumFn& sync, const float* residual,
-                     bool relu) override {
+  void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                     float* rm, float* rv, float* nbt, const dpt::ChannelSumFn& sync,
+                     const float* residual, bool relu) override {
     op_->forward_train(x, y, m, gamma, beta, rm, rv, nbt, sync, residual, relu);
     if (relu) report_(y, m * c_);
   }
-  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta, const float* rm,
-                    const float* rv, const float* residual, bool relu) override {
+  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                    const float* rm, const float* rv, const float* residual, bool relu) override {
     op_->forward_eval(x, y, m, gamma, beta, rm, rv, residual, relu);
     if (relu) report_(y, m * c_);
   }
-  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const dpt::ChannelSumFn& sync, const float* relu_out,
-                float* dz_out) override {
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const dpt::ChannelSumFn& sync,
+                const float* relu_out, float* dz_out) override {
     op_->backward(x, dy, dx, m, gamma, dgamma, dbeta, accumulate, sync, relu_out, dz_out);
   }
 
@@ -275,14 +288,14 @@ struct ForwardRoot : dpt::Backend {
   void release(void* p) noexcept override { b_->release(p); }
   dpt::Backend* b_;
 };
-#define GE_FORWARD_AS(NAME, TAG, PREV, ...)                                                   \
-  template <class Sig>                                                                          \
-  struct Fwd_##TAG;                                                                             \
-  template <class R, class... A>                                                                \
-  struct Fwd_##TAG<R (dpt::Backend::*)(A...)> : PREV {                                          \
-    using PREV::PREV;                                                                           \
-    R NAME(A... a) override { return this->base().NAME(a...); }                                \
-  };                                                                                            \
+#define GE_FORWARD_AS(NAME, TAG, PREV, ...)                     \
+  template <class Sig>                                          \
+  struct Fwd_##TAG;                                             \
+  template <class R, class... A>                                \
+  struct Fwd_##TAG<R (dpt::Backend::*)(A...)> : PREV {          \
+    using PREV::PREV;                                           \
+    R NAME(A... a) override { return this->base().NAME(a...); } \
+  };                                                            \
   using F_##TAG = Fwd_##TAG<__VA_ARGS__>;
 #define GE_FORWARD(NAME, PREV) GE_FORWARD_AS(NAME, NAME, PREV, decltype(&dpt::Backend::NAME))
 using BF = dpt::BFloat16;
@@ -296,24 +309,38 @@ GE_FORWARD(copy_from_host, F_copy_to_host)
 GE_FORWARD(copy, F_copy_from_host)
 GE_FORWARD_AS(relu_forward, relu_forward, F_copy, Op<const float*, float*, I>)
 GE_FORWARD_AS(relu_forward, relu_forward16, F_relu_forward, Op<const BF*, BF*, I>)
-GE_FORWARD_AS(relu_backward, relu_backward, F_relu_forward16, Op<const float*, const float*, float*, I>)
+GE_FORWARD_AS(relu_backward, relu_backward, F_relu_forward16,
+              Op<const float*, const float*, float*, I>)
 GE_FORWARD_AS(relu_backward, relu_backward16, F_relu_backward, Op<const BF*, const BF*, BF*, I>)
 GE_FORWARD_AS(add, add, F_relu_backward16, Op<const float*, const float*, float*, I, bool>)
 GE_FORWARD_AS(add, add16, F_add, Op<const BF*, const BF*, BF*, I, bool>)
-GE_FORWARD_AS(avgpool_forward, avgpool_forward, F_add16, Op<const float*, float*, I, I, I, I, int, int, bool>)
-GE_FORWARD_AS(avgpool_forward, avgpool_forward16, F_avgpool_forward, Op<const BF*, BF*, I, I, I, I, int, int, bool>)
-GE_FORWARD_AS(avgpool_backward, avgpool_backward, F_avgpool_forward16, Op<const float*, const float*, float*, I, I, I, I, int, int>)
-GE_FORWARD_AS(avgpool_backward, avgpool_backward16, F_avgpool_backward, Op<const BF*, const BF*, BF*, I, I, I, I, int, int>)
-GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward, F_avgpool_backward16, Op<const float*, float*, I, I, I>)
-GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward16, F_global_avgpool_forward, Op<const BF*, BF*, I, I, I>)
-GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward, F_global_avgpool_forward16, Op<const float*, float*, I, I, I>)
-GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward16, F_global_avgpool_backward, Op<const BF*, BF*, I, I, I>)
-GE_FORWARD_AS(flatten, flatten, F_global_avgpool_backward16, Op<const float*, float*, I, I, I, I, bool>)
+GE_FORWARD_AS(avgpool_forward, avgpool_forward, F_add16,
+              Op<const float*, float*, I, I, I, I, int, int, bool>)
+GE_FORWARD_AS(avgpool_forward, avgpool_forward16, F_avgpool_forward,
+              Op<const BF*, BF*, I, I, I, I, int, int, bool>)
+GE_FORWARD_AS(avgpool_backward, avgpool_backward, F_avgpool_forward16,
+              Op<const float*, const float*, float*, I, I, I, I, int, int>)
+GE_FORWARD_AS(avgpool_backward, avgpool_backward16, F_avgpool_backward,
+              Op<const BF*, const BF*, BF*, I, I, I, I, int, int>)
+GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward, F_avgpool_backward16,
+              Op<const float*, float*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward16, F_global_avgpool_forward,
+              Op<const BF*, BF*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward, F_global_avgpool_forward16,
+              Op<const float*, float*, I, I, I>)
+GE_FORWARD_AS(global_avgpool_backward, global_avgpool_backward16, F_global_avgpool_backward,
+              Op<const BF*, BF*, I, I, I>)
+GE_FORWARD_AS(flatten, flatten, F_global_avgpool_backward16,
+              Op<const float*, float*, I, I, I, I, bool>)
 GE_FORWARD_AS(flatten, flatten16, F_flatten, Op<const BF*, BF*, I, I, I, I, bool>)
-GE_FORWARD_AS(linear_forward, linear_forward, F_flatten16, Op<const float*, const float*, const float*, float*, I, I, I>)
-GE_FORWARD_AS(linear_forward, linear_forward16, F_linear_forward, Op<const BF*, const float*, const float*, BF*, I, I, I>)
-GE_FORWARD_AS(linear_backward, linear_backward, F_linear_forward16, Op<const float*, const float*, const float*, float*, float*, float*, I, I, I, bool>)
-GE_FORWARD_AS(linear_backward, linear_backward16, F_linear_backward, Op<const BF*, const float*, const BF*, BF*, float*, float*, I, I, I, bool>)
+GE_FORWARD_AS(linear_forward, linear_forward, F_flatten16,
+              Op<const float*, const float*, const float*, float*, I, I, I>)
+GE_FORWARD_AS(linear_forward, linear_forward16, F_linear_forward,
+              Op<const BF*, const float*, const float*, BF*, I, I, I>)
+GE_FORWARD_AS(linear_backward, linear_backward, F_linear_forward16,
+              Op<const float*, const float*, const float*, float*, float*, float*, I, I, I, bool>)
+GE_FORWARD_AS(linear_backward, linear_backward16, F_linear_backward,
+              Op<const BF*, const float*, const BF*, BF*, float*, float*, I, I, I, bool>)
 GE_FORWARD_AS(convert, convert, F_linear_backward16, Op<const float*, BF*, I>)
 GE_FORWARD_AS(convert, convert16, F_convert, Op<const BF*, float*, I>)
 GE_FORWARD(gather_images, F_convert16)
@@ -344,15 +371,16 @@ class DiagnosisBackend : public F_synchronize {
   std::unique_ptr<dpt::ConvOp> make_conv() override {
     return plan_.any() ? std::make_unique<PlannedConv>(plan_) : base().make_conv();
   }
-  std::unique_ptr<dpt::BatchNormOp> make_batchnorm(int64_t c, double momentum, double eps) override {
+  std::unique_ptr<dpt::BatchNormOp> make_batchnorm(int64_t c, double momentum,
+                                                   double eps) override {
     std::unique_ptr<dpt::BatchNormOp> op;
     if (bn64_)
       op = std::make_unique<F64BatchNorm>(c, momentum, eps);
     else
       op = base().make_batchnorm(c, momentum, eps);
     if (!record_masks_) return op;
-    return std::make_unique<MaskReportingBatchNorm>(std::move(op), c,
-                                                    [this](const float* y, int64_t n) { record(y, n); });
+    return std::make_unique<MaskReportingBatchNorm>(
+        std::move(op), c, [this](const float* y, int64_t n) { record(y, n); });
   }
 
  private:
@@ -374,7 +402,8 @@ class DiagnosisBackend : public F_synchronize {
 int main(int argc, char** argv) {
   int64_t batch = 256;
   uint64_t seed = 1;
-  std::string data = "/usr/share/datasets/fashion-mnist", out, init = "d2l", model_name = "resnet18";
+  std::string data = "/usr/share/datasets/fashion-mnist", out, init = "d2l",
+              model_name = "resnet18";
   std::string conv_spec, bn_mode;
   bool relu_masks = false;
   for (int i = 1; i < argc; ++i) {
@@ -386,20 +415,30 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--batch") batch = std::atoll(value().c_str());
-    else if (a == "--seed") seed = std::strtoull(value().c_str(), nullptr, 10);
-    else if (a == "--data") data = value();
-    else if (a == "--out") out = value();
-    else if (a == "--init") init = value();
-    else if (a == "--model") model_name = value();
-    else if (a == "--conv") conv_spec = value();
-    else if (a == "--bn") bn_mode = value();
-    else if (a == "--relu-masks") relu_masks = true;
+    if (a == "--batch")
+      batch = std::atoll(value().c_str());
+    else if (a == "--seed")
+      seed = std::strtoull(value().c_str(), nullptr, 10);
+    else if (a == "--data")
+      data = value();
+    else if (a == "--out")
+      out = value();
+    else if (a == "--init")
+      init = value();
+    else if (a == "--model")
+      model_name = value();
+    else if (a == "--conv")
+      conv_spec = value();
+    else if (a == "--bn")
+      bn_mode = value();
+    else if (a == "--relu-masks")
+      relu_masks = true;
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--batch 256] [--seed 1] [--init d2l|kaiming] [--model resnet18|lenet] "
-                   "[--data DIR] [--conv fwd=A,bwd_data=B,bwd_w=C] [--bn f64] [--relu-masks] --out FILE\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--batch 256] [--seed 1] [--init d2l|kaiming] [--model resnet18|lenet] "
+          "[--data DIR] [--conv fwd=A,bwd_data=B,bwd_w=C] [--bn f64] [--relu-masks] --out FILE\n",
+          argv[0]);
       return 2;
     }
   }
@@ -410,10 +449,12 @@ int main(int argc, char** argv) {
   try {
     DPT_INPUT_CHECK(bn_mode.empty() || bn_mode == "f64", "--bn: '" << bn_mode << "' is not f64");
     const ConvPlan plan = parse_plan(conv_spec);
-    if (plan.any()) setenv("DPT_WINOGRAD", "off", 1);  // `direct` must be oneDNN's; read on first use
+    if (plan.any())
+      setenv("DPT_WINOGRAD", "off", 1);  // `direct` must be oneDNN's; read on first use
     std::unique_ptr<DiagnosisBackend> diag;
     if (plan.any() || !bn_mode.empty() || relu_masks)
-      diag = std::make_unique<DiagnosisBackend>(dpt::cpu_backend(), plan, bn_mode == "f64", relu_masks);
+      diag = std::make_unique<DiagnosisBackend>(dpt::cpu_backend(), plan, bn_mode == "f64",
+                                                relu_masks);
     dpt::Backend& be = diag ? static_cast<dpt::Backend&>(*diag) : dpt::cpu_backend();
     auto model = dpt::make_model(model_name, 10, be);
     model->init_parameters(init, seed);
@@ -422,15 +463,17 @@ int main(int argc, char** argv) {
     DPT_INPUT_CHECK(batch <= set.n, "--batch " << batch << " > " << set.n << " training images");
     const dpt::Shape& in_shape = model->input_shape();  // {H, W, C}
     const int64_t pixels = static_cast<int64_t>(set.images.size()) / set.n;
-    DPT_INPUT_CHECK(pixels == dpt::shape_numel(in_shape),
-                    data << ": images of " << pixels << " values, the model takes " << dpt::shape_str(in_shape));
+    DPT_INPUT_CHECK(pixels == dpt::shape_numel(in_shape), data << ": images of " << pixels
+                                                               << " values, the model takes "
+                                                               << dpt::shape_str(in_shape));
     std::vector<int64_t> idx(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) idx[static_cast<size_t>(i)] = i;
     dpt::Tensor x({batch, in_shape[0], in_shape[1], in_shape[2]});
     dpt::images_to_float(set.images.data(), set.n, pixels, idx.data(), batch, x.data());
     std::vector<int32_t> labels(static_cast<size_t>(batch));
     std::vector<int64_t> labels64(static_cast<size_t>(batch));
-    for (int64_t i = 0; i < batch; ++i) labels[i] = labels64[i] = set.labels[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < batch; ++i)
+      labels[i] = labels64[i] = set.labels[static_cast<size_t>(i)];
 
     // The values before the step (forward in training mode moves the running statistics).
     std::vector<dpt::StTensor> tensors;
@@ -447,8 +490,8 @@ int main(int argc, char** argv) {
     const int64_t k = model->num_classes();
     dpt::Tensor dlogits({batch, k});
     double sums[2] = {0, 0};
-    be.softmax_xent(logits.data(), labels.data(), batch, k, 1.f / static_cast<float>(batch), dlogits.data(), sums,
-                    false);
+    be.softmax_xent(logits.data(), labels.data(), batch, k, 1.f / static_cast<float>(batch),
+                    dlogits.data(), sums, false);
     const double loss = sums[0] / static_cast<double>(batch);
     model->store().zero_grads();
     dpt::BackwardCtx ctx;
@@ -465,14 +508,16 @@ int main(int argc, char** argv) {
     std::vector<float> nchw(static_cast<size_t>(x.numel()));
     for (int64_t n = 0; n < batch; ++n)
       for (int64_t ch = 0; ch < c; ++ch)
-        for (int64_t p = 0; p < h * w; ++p) nchw[((n * c + ch) * h * w) + p] = x.data()[(n * h * w + p) * c + ch];
+        for (int64_t p = 0; p < h * w; ++p)
+          nchw[((n * c + ch) * h * w) + p] = x.data()[(n * h * w + p) * c + ch];
     tensors.push_back(dpt::st_f32("input", {batch, c, h, w}, nchw.data()));
     tensors.push_back(dpt::st_i64("labels", {batch}, labels64.data()));
     tensors.push_back(dpt::st_f32("logits", {batch, k}, logits.data()));
     if (diag)
       for (size_t i = 0; i < diag->masks().size(); ++i) {
         const auto& [n, bits] = diag->masks()[i];
-        dpt::StTensor t{"relu_mask." + std::to_string(i), "U8", {static_cast<int64_t>(bits.size())}, bits};
+        dpt::StTensor t{
+            "relu_mask." + std::to_string(i), "U8", {static_cast<int64_t>(bits.size())}, bits};
         tensors.push_back(std::move(t));
       }
 
@@ -494,8 +539,9 @@ int main(int argc, char** argv) {
         {"bn", bn_mode.empty() ? "library" : bn_mode},
     };
     dpt::write_safetensors(out, tensors, meta, "--out");
-    std::printf("loss %.9g  (%s, DPT_WINOGRAD=%s, %zu tensors -> %s)\n", loss, dpt::cpu::isa_report().c_str(),
-                wino && *wino ? wino : "default", tensors.size(), out.c_str());
+    std::printf("loss %.9g  (%s, DPT_WINOGRAD=%s, %zu tensors -> %s)\n", loss,
+                dpt::cpu::isa_report().c_str(), wino && *wino ? wino : "default", tensors.size(),
+                out.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "grad_error: %s\n", e.what());
     return 1;

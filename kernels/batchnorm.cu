@@ -38,30 +38,30 @@ struct SumsOut {
 int64_t bn_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elems(m, c, 2); }
 
 template <typename T>
-static cudaError_t bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
-                           double* scratch, cudaStream_t stream) {
-  return launch_channel_reduce<2>(m, c, SumsTerm<T>{x, c}, SumsOut{sum, sumsq, count, static_cast<double>(m)},
-                                  scratch, stream);
+static cudaError_t bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq,
+                           double* count, double* scratch, cudaStream_t stream) {
+  return launch_channel_reduce<2>(
+      m, c, SumsTerm<T>{x, c}, SumsOut{sum, sumsq, count, static_cast<double>(m)}, scratch, stream);
 }
 
-cudaError_t launch_bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
-                           double* scratch, cudaStream_t stream) {
+cudaError_t launch_bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq,
+                           double* count, double* scratch, cudaStream_t stream) {
   return bn_sums(x, m, c, sum, sumsq, count, scratch, stream);
 }
 
-cudaError_t launch_bn_sums(const uint16_t* x, int64_t m, int64_t c, double* sum, double* sumsq, double* count,
-                           double* scratch, cudaStream_t stream) {
+cudaError_t launch_bn_sums(const uint16_t* x, int64_t m, int64_t c, double* sum, double* sumsq,
+                           double* count, double* scratch, cudaStream_t stream) {
   return bn_sums(as_bf16(x), m, c, sum, sumsq, count, scratch, stream);
 }
 
 // ----------------------------------------------------------------------------
 // BatchNorm training statistics and running-statistics update: one thread per channel.
 
-static __global__ void bn_stats_kernel(const double* __restrict__ sum, const double* __restrict__ sumsq,
-                                       const double* __restrict__ count_p, int64_t c, double momentum, double eps,
-                                       float* __restrict__ running_mean, float* __restrict__ running_var,
-                                       float* __restrict__ num_batches, float* __restrict__ mean_out,
-                                       float* __restrict__ invstd_out) {
+static __global__ void bn_stats_kernel(
+    const double* __restrict__ sum, const double* __restrict__ sumsq,
+    const double* __restrict__ count_p, int64_t c, double momentum, double eps,
+    float* __restrict__ running_mean, float* __restrict__ running_var,
+    float* __restrict__ num_batches, float* __restrict__ mean_out, float* __restrict__ invstd_out) {
   const double count = *count_p;
   DPT_GRID_STRIDE(ch, c) {
     const double mean = sum[ch] / count;
@@ -77,10 +77,12 @@ static __global__ void bn_stats_kernel(const double* __restrict__ sum, const dou
 
 cudaError_t launch_bn_stats(const double* sum, const double* sumsq, const double* count, int64_t c,
                             double momentum, double eps, float* running_mean, float* running_var,
-                            float* num_batches_tracked, float* mean, float* invstd, cudaStream_t stream) {
+                            float* num_batches_tracked, float* mean, float* invstd,
+                            cudaStream_t stream) {
   if (c <= 0) return cudaSuccess;
-  bn_stats_kernel<<<blocks_for(c), kThreads, 0, stream>>>(sum, sumsq, count, c, momentum, eps, running_mean,
-                                                          running_var, num_batches_tracked, mean, invstd);
+  bn_stats_kernel<<<blocks_for(c), kThreads, 0, stream>>>(sum, sumsq, count, c, momentum, eps,
+                                                          running_mean, running_var,
+                                                          num_batches_tracked, mean, invstd);
   return cudaGetLastError();
 }
 
@@ -88,18 +90,20 @@ cudaError_t launch_bn_stats(const double* sum, const double* sumsq, const double
 // BatchNorm evaluation statistics: one thread per channel.
 
 static __global__ void bn_eval_stats_kernel(const float* __restrict__ running_mean,
-                                            const float* __restrict__ running_var, int64_t c, double eps,
-                                            float* __restrict__ mean, float* __restrict__ invstd) {
+                                            const float* __restrict__ running_var, int64_t c,
+                                            double eps, float* __restrict__ mean,
+                                            float* __restrict__ invstd) {
   DPT_GRID_STRIDE(ch, c) {
     mean[ch] = running_mean[ch];
     invstd[ch] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[ch]) + eps));
   }
 }
 
-cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running_var, int64_t c, double eps,
-                                 float* mean, float* invstd, cudaStream_t stream) {
+cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running_var, int64_t c,
+                                 double eps, float* mean, float* invstd, cudaStream_t stream) {
   if (c <= 0) return cudaSuccess;
-  bn_eval_stats_kernel<<<blocks_for(c), kThreads, 0, stream>>>(running_mean, running_var, c, eps, mean, invstd);
+  bn_eval_stats_kernel<<<blocks_for(c), kThreads, 0, stream>>>(running_mean, running_var, c, eps,
+                                                               mean, invstd);
   return cudaGetLastError();
 }
 
@@ -108,10 +112,12 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 // instantiation per epilogue (residual add, ReLU), so the plain form keeps its own kernel.
 
 template <typename T, bool kResidual, bool kRelu>
-static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ mean,
-                                       const float* __restrict__ invstd, const float* __restrict__ gamma,
-                                       const float* __restrict__ beta, const T* __restrict__ residual, int64_t m,
-                                       int64_t c) {
+static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                       const float* __restrict__ mean,
+                                       const float* __restrict__ invstd,
+                                       const float* __restrict__ gamma,
+                                       const float* __restrict__ beta,
+                                       const T* __restrict__ residual, int64_t m, int64_t c) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
   const float scale = gamma[ch] * invstd[ch];
@@ -128,28 +134,30 @@ static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ 
 }
 
 template <typename T>
-static cudaError_t bn_apply(const T* x, T* y, const float* mean, const float* invstd, const float* gamma,
-                            const float* beta, int64_t m, int64_t c, const T* residual, bool relu,
-                            cudaStream_t stream) {
+static cudaError_t bn_apply(const T* x, T* y, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, int64_t m, int64_t c,
+                            const T* residual, bool relu, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels) return cudaErrorInvalidValue;
   const dim3 grid = rows_grid(m, c), block(kReduceLanes, kReduceRowLanes);
-  auto* kernel = residual ? (relu ? bn_apply_kernel<T, true, true> : bn_apply_kernel<T, true, false>)
-                          : (relu ? bn_apply_kernel<T, false, true> : bn_apply_kernel<T, false, false>);
+  auto* kernel = residual
+                     ? (relu ? bn_apply_kernel<T, true, true> : bn_apply_kernel<T, true, false>)
+                     : (relu ? bn_apply_kernel<T, false, true> : bn_apply_kernel<T, false, false>);
   kernel<<<grid, block, 0, stream>>>(x, y, mean, invstd, gamma, beta, residual, m, c);
   return cudaGetLastError();
 }
 
-cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-                            const float* beta, int64_t m, int64_t c, const float* residual, bool relu,
-                            cudaStream_t stream) {
+cudaError_t launch_bn_apply(const float* x, float* y, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, int64_t m, int64_t c,
+                            const float* residual, bool relu, cudaStream_t stream) {
   return bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu, stream);
 }
 
 cudaError_t launch_bn_apply(const uint16_t* x, uint16_t* y, const float* mean, const float* invstd,
-                            const float* gamma, const float* beta, int64_t m, int64_t c, const uint16_t* residual,
-                            bool relu, cudaStream_t stream) {
-  return bn_apply(as_bf16(x), as_bf16(y), mean, invstd, gamma, beta, m, c, as_bf16(residual), relu, stream);
+                            const float* gamma, const float* beta, int64_t m, int64_t c,
+                            const uint16_t* residual, bool relu, cudaStream_t stream) {
+  return bn_apply(as_bf16(x), as_bf16(y), mean, invstd, gamma, beta, m, c, as_bf16(residual), relu,
+                  stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -185,52 +193,57 @@ struct BackwardOut {
 };
 }  // namespace
 
-int64_t bn_backward_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elems(m, c, 2); }
+int64_t bn_backward_sums_scratch_elems(int64_t m, int64_t c) {
+  return reduce_scratch_elems(m, c, 2);
+}
 
 template <typename T>
 static cudaError_t bn_backward_sums(const T* x, const T* dy, const T* relu_out, const float* mean,
-                                   const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
-                                   float* dgamma, float* dbeta, bool accumulate, T* dz, double* scratch,
-                                   cudaStream_t stream) {
+                                    const float* invstd, int64_t m, int64_t c, double* sum_dy,
+                                    double* sum_dy_xhat, float* dgamma, float* dbeta,
+                                    bool accumulate, T* dz, double* scratch, cudaStream_t stream) {
   return launch_channel_reduce<2>(m, c, BackwardTerm<T>{x, dy, relu_out, mean, invstd, dz, c},
-                                  BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate}, scratch, stream);
+                                  BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate},
+                                  scratch, stream);
 }
 
-cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
-                                    const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
-                                    float* dgamma, float* dbeta, bool accumulate, float* dz, double* scratch,
+cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out,
+                                    const float* mean, const float* invstd, int64_t m, int64_t c,
+                                    double* sum_dy, double* sum_dy_xhat, float* dgamma,
+                                    float* dbeta, bool accumulate, float* dz, double* scratch,
                                     cudaStream_t stream) {
-  return bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate, dz,
-                          scratch, stream);
+  return bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dgamma, dbeta,
+                          accumulate, dz, scratch, stream);
 }
 
 cudaError_t launch_bn_backward_sums(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
-                                    const float* mean, const float* invstd, int64_t m, int64_t c, double* sum_dy,
-                                    double* sum_dy_xhat, float* dgamma, float* dbeta, bool accumulate, uint16_t* dz,
-                                    double* scratch, cudaStream_t stream) {
-  return bn_backward_sums(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, m, c, sum_dy, sum_dy_xhat,
-                          dgamma, dbeta, accumulate, as_bf16(dz), scratch, stream);
+                                    const float* mean, const float* invstd, int64_t m, int64_t c,
+                                    double* sum_dy, double* sum_dy_xhat, float* dgamma,
+                                    float* dbeta, bool accumulate, uint16_t* dz, double* scratch,
+                                    cudaStream_t stream) {
+  return bn_backward_sums(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, m, c, sum_dy,
+                          sum_dy_xhat, dgamma, dbeta, accumulate, as_bf16(dz), scratch, stream);
 }
 
 // ----------------------------------------------------------------------------
 // BatchNorm backward apply: 32 channels x 8 rows per block, per-channel coefficients in registers.
 
 template <typename T>
-static __global__ void bn_backward_apply_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                                                const T* __restrict__ relu_out,
-                                                const float* __restrict__ mean, const float* __restrict__ invstd,
-                                                const float* __restrict__ gamma,
-                                                const double* __restrict__ sum_dy,
-                                                const double* __restrict__ sum_dy_xhat,
-                                                const double* __restrict__ count_p, int64_t m, int64_t c,
-                                                T* __restrict__ dx) {
+static __global__ void bn_backward_apply_kernel(
+    const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ relu_out,
+    const float* __restrict__ mean, const float* __restrict__ invstd,
+    const float* __restrict__ gamma, const double* __restrict__ sum_dy,
+    const double* __restrict__ sum_dy_xhat, const double* __restrict__ count_p, int64_t m,
+    int64_t c, T* __restrict__ dx) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
   const float a = gamma[ch] * invstd[ch];
   const int64_t r0 = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kReduceRowLanes;
   // The gradient BatchNorm takes: dy, or dy through the fused ReLU (the same test in every thread).
-  auto grad = [&](int64_t i) { return relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]); };
+  auto grad = [&](int64_t i) {
+    return relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]);
+  };
   if (sum_dy == nullptr) {
     for (int64_t r = r0; r < m; r += step) store(grad(r * c + ch) * a, dx[r * c + ch]);
     return;
@@ -247,9 +260,9 @@ static __global__ void bn_backward_apply_kernel(const T* __restrict__ x, const T
 
 template <typename T>
 static cudaError_t bn_backward_apply(const T* x, const T* dy, const T* relu_out, const float* mean,
-                                    const float* invstd, const float* gamma, const double* sum_dy,
-                                    const double* sum_dy_xhat, const double* count, int64_t m, int64_t c, T* dx,
-                                    cudaStream_t stream) {
+                                     const float* invstd, const float* gamma, const double* sum_dy,
+                                     const double* sum_dy_xhat, const double* count, int64_t m,
+                                     int64_t c, T* dx, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels || (sum_dy && (!sum_dy_xhat || !count))) return cudaErrorInvalidValue;
   bn_backward_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
@@ -257,19 +270,22 @@ static cudaError_t bn_backward_apply(const T* x, const T* dy, const T* relu_out,
   return cudaGetLastError();
 }
 
-cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
-                                     const float* invstd, const float* gamma, const double* sum_dy,
-                                     const double* sum_dy_xhat, const double* count, int64_t m, int64_t c,
-                                     float* dx, cudaStream_t stream) {
-  return bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx, stream);
+cudaError_t launch_bn_backward_apply(const float* x, const float* dy, const float* relu_out,
+                                     const float* mean, const float* invstd, const float* gamma,
+                                     const double* sum_dy, const double* sum_dy_xhat,
+                                     const double* count, int64_t m, int64_t c, float* dx,
+                                     cudaStream_t stream) {
+  return bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c,
+                           dx, stream);
 }
 
-cudaError_t launch_bn_backward_apply(const uint16_t* x, const uint16_t* dy, const uint16_t* relu_out,
-                                     const float* mean, const float* invstd, const float* gamma,
-                                     const double* sum_dy, const double* sum_dy_xhat, const double* count, int64_t m,
+cudaError_t launch_bn_backward_apply(const uint16_t* x, const uint16_t* dy,
+                                     const uint16_t* relu_out, const float* mean,
+                                     const float* invstd, const float* gamma, const double* sum_dy,
+                                     const double* sum_dy_xhat, const double* count, int64_t m,
                                      int64_t c, uint16_t* dx, cudaStream_t stream) {
-  return bn_backward_apply(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, gamma, sum_dy, sum_dy_xhat,
-                           count, m, c, as_bf16(dx), stream);
+  return bn_backward_apply(as_bf16(x), as_bf16(dy), as_bf16(relu_out), mean, invstd, gamma, sum_dy,
+                           sum_dy_xhat, count, m, c, as_bf16(dx), stream);
 }
 
 }  // namespace dpt::cuda

@@ -34,12 +34,14 @@ inline ReducePlan reduce_plan(int64_t m) {
 }
 
 // Doubles of scratch a reduction of NQ quantities over [m, c] needs.
-inline int64_t reduce_scratch_elems(int64_t m, int64_t c, int nq) { return nq * reduce_plan(m).chunks * c; }
+inline int64_t reduce_scratch_elems(int64_t m, int64_t c, int nq) {
+  return nq * reduce_plan(m).chunks * c;
+}
 
 // term(r, ch, acc) adds row r's contribution for channel ch into acc[0..NQ).
 template <int NQ, class Term>
-__global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_chunk, int64_t chunks, Term term,
-                                        double* __restrict__ partial) {
+__global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_chunk,
+                                        int64_t chunks, Term term, double* __restrict__ partial) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   const int64_t r0 = chunk * rows_per_chunk;
@@ -61,7 +63,8 @@ __global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_c
 
 // out(ch, total) receives the NQ totals of channel ch (zeros when m == 0).
 template <int NQ, class Out>
-__global__ void channel_totals_kernel(const double* __restrict__ partial, int64_t chunks, int64_t c, Out out) {
+__global__ void channel_totals_kernel(const double* __restrict__ partial, int64_t chunks, int64_t c,
+                                      Out out) {
   DPT_GRID_STRIDE(ch, c) {
     double total[NQ];
     for (int q = 0; q < NQ; ++q) {
@@ -75,7 +78,8 @@ __global__ void channel_totals_kernel(const double* __restrict__ partial, int64_
 
 // Both passes on `stream`; scratch holds reduce_scratch_elems(m, c, NQ) doubles.
 template <int NQ, class Term, class Out>
-cudaError_t launch_channel_reduce(int64_t m, int64_t c, Term term, Out out, double* scratch, cudaStream_t stream) {
+cudaError_t launch_channel_reduce(int64_t m, int64_t c, Term term, Out out, double* scratch,
+                                  cudaStream_t stream) {
   if (c <= 0) return cudaSuccess;
   if (m < 0 || c > kMaxChannels) return cudaErrorInvalidValue;
   const ReducePlan p = reduce_plan(m);

@@ -11,8 +11,8 @@ namespace {
 // Thread i writes destination element i; its source index depends on the move. A bf16 -> bf16
 // move widens and narrows back, which is exact.
 template <typename S, typename D>
-__global__ void filter_move_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t co, int64_t ci,
-                                   int64_t kk, FilterMove move, bool accumulate) {
+__global__ void filter_move_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t co,
+                                   int64_t ci, int64_t kk, FilterMove move, bool accumulate) {
   const int64_t n = co * ci * kk;
   DPT_GRID_STRIDE(i, n) {
     int64_t j = i;
@@ -29,28 +29,30 @@ __global__ void filter_move_kernel(const S* __restrict__ src, D* __restrict__ ds
 }
 
 template <typename S, typename D>
-cudaError_t launch(const S* src, D* dst, int64_t co, int64_t ci, int64_t kk, FilterMove move, bool accumulate,
-                   cudaStream_t stream) {
+cudaError_t launch(const S* src, D* dst, int64_t co, int64_t ci, int64_t kk, FilterMove move,
+                   bool accumulate, cudaStream_t stream) {
   const int64_t n = co * ci * kk;
   if (n <= 0) return cudaSuccess;
-  filter_move_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, co, ci, kk, move, accumulate);
+  filter_move_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, co, ci, kk, move,
+                                                             accumulate);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t ci, int64_t kk, FilterMove move,
-                               bool accumulate, cudaStream_t stream) {
+cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t ci, int64_t kk,
+                               FilterMove move, bool accumulate, cudaStream_t stream) {
   return launch(src, dst, co, ci, kk, move, accumulate, stream);
 }
 
-cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci, int64_t kk,
-                                    FilterMove move, cudaStream_t stream) {
+cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci,
+                                    int64_t kk, FilterMove move, cudaStream_t stream) {
   return launch(as_bf16(src), as_bf16(dst), co, ci, kk, move, false, stream);
 }
 
-cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci, int64_t kk,
-                                         FilterMove move, bool accumulate, cudaStream_t stream) {
+cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci,
+                                         int64_t kk, FilterMove move, bool accumulate,
+                                         cudaStream_t stream) {
   return launch(as_bf16(src), dst, co, ci, kk, move, accumulate, stream);
 }
 

@@ -14,13 +14,14 @@ namespace dpt::cuda {
 enum class FilterMove { kCopy, kToOhwi, kToOihw };
 
 // dst = move(src), or dst += move(src) when accumulate. Returns the launch status.
-cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t ci, int64_t kk, FilterMove move,
-                               bool accumulate, cudaStream_t stream);
+cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t ci, int64_t kk,
+                               FilterMove move, bool accumulate, cudaStream_t stream);
 // bf16 -> bf16 (weights of the bf16 entry points), exact.
-cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci, int64_t kk,
-                                    FilterMove move, cudaStream_t stream);
+cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci,
+                                    int64_t kk, FilterMove move, cudaStream_t stream);
 // bf16 -> fp32 (a bf16 weight gradient into the fp32 gradient buffer), exact before the addition.
-cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci, int64_t kk,
-                                         FilterMove move, bool accumulate, cudaStream_t stream);
+cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci,
+                                         int64_t kk, FilterMove move, bool accumulate,
+                                         cudaStream_t stream);
 
 }  // namespace dpt::cuda

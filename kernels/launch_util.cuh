@@ -12,8 +12,8 @@ inline int blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
-#define DPT_GRID_STRIDE(i, n)                                                                  \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);     \
+#define DPT_GRID_STRIDE(i, n)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // kernel(args...) on a grid sized for n elements (nothing when n <= 0); the launch status. The

@@ -8,9 +8,11 @@ namespace dpt::cuda {
 // ----------------------------------------------------------------------------
 // Softmax cross-entropy: one block of 32 threads (a warp) per row; max and sum by warp shuffles.
 
-static __global__ void softmax_xent_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels,
-                                           int64_t n, int64_t k, float grad_scale, float* __restrict__ loss,
-                                           int32_t* __restrict__ correct, float* __restrict__ dlogits) {
+static __global__ void softmax_xent_kernel(const float* __restrict__ logits,
+                                           const int32_t* __restrict__ labels, int64_t n, int64_t k,
+                                           float grad_scale, float* __restrict__ loss,
+                                           int32_t* __restrict__ correct,
+                                           float* __restrict__ dlogits) {
   const int64_t row = blockIdx.x;
   if (row >= n) return;
   const float* z = logits + row * k;
@@ -41,12 +43,13 @@ static __global__ void softmax_xent_kernel(const float* __restrict__ logits, con
       dlogits[row * k + j] = (__expf(z[j] - lse) - (j == y ? 1.f : 0.f)) * grad_scale;
 }
 
-cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                                float* loss, int32_t* correct, float* dlogits, cudaStream_t stream) {
+cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                                float grad_scale, float* loss, int32_t* correct, float* dlogits,
+                                cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (k <= 0 || k > 1024 || n > 2147483647LL) return cudaErrorInvalidValue;
-  softmax_xent_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(logits, labels, n, k, grad_scale, loss, correct,
-                                                                   dlogits);
+  softmax_xent_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(logits, labels, n, k, grad_scale,
+                                                                   loss, correct, dlogits);
   return cudaGetLastError();
 }
 
@@ -54,8 +57,9 @@ cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int6
 // Loss and correct-count totals: one block of 256 threads, strided partial sums, then a fixed
 // tree in shared memory (no atomics, so every run adds in the same order).
 
-static __global__ void loss_sums_kernel(const float* __restrict__ loss, const int32_t* __restrict__ correct,
-                                        int64_t n, double* __restrict__ out, bool accumulate) {
+static __global__ void loss_sums_kernel(const float* __restrict__ loss,
+                                        const int32_t* __restrict__ correct, int64_t n,
+                                        double* __restrict__ out, bool accumulate) {
   __shared__ double s_loss[kThreads], s_hits[kThreads];
   double l = 0.0, h = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
@@ -78,8 +82,8 @@ static __global__ void loss_sums_kernel(const float* __restrict__ loss, const in
   }
 }
 
-cudaError_t launch_loss_sums(const float* loss, const int32_t* correct, int64_t n, double* out, bool accumulate,
-                             cudaStream_t stream) {
+cudaError_t launch_loss_sums(const float* loss, const int32_t* correct, int64_t n, double* out,
+                             bool accumulate, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   // n == 0 still runs: it writes zeros (or leaves the totals) like an empty CPU batch would.
   loss_sums_kernel<<<1, kThreads, 0, stream>>>(loss, correct, n, out, accumulate);

@@ -14,7 +14,9 @@ namespace dpt::cuda {
 // Per row of logits [N, K] (K <= 1024): loss[i] = logsumexp(z) - z[y], correct[i] = argmax == y,
 // dlogits (optional) = (softmax - onehot) * grad_scale. Sums are left to the caller (one reduction
 // per step, no host round trip).
-cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale, float* loss, int32_t* correct, float* dlogits, cudaStream_t stream);
+cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                                float grad_scale, float* loss, int32_t* correct, float* dlogits,
+                                cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // The batch totals of softmax_xent's per-row outputs on the GPU: summed loss and correct count,
@@ -22,7 +24,7 @@ cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int6
 
 // out[0] (+)= sum of loss[0..n) and out[1] (+)= sum of correct[0..n), in double and in a fixed
 // order (one block: bit-reproducible); added to out when accumulate, else overwritten.
-cudaError_t launch_loss_sums(const float* loss, const int32_t* correct, int64_t n, double* out, bool accumulate,
-                             cudaStream_t stream);
+cudaError_t launch_loss_sums(const float* loss, const int32_t* correct, int64_t n, double* out,
+                             bool accumulate, cudaStream_t stream);
 
 }  // namespace dpt::cuda

@@ -1,9 +1,9 @@
 // Optimizer kernels and their launchers (see optimizer.cuh): the SGD update and the one-thread
 // scalar store that feeds it the learning rate.
+#include <algorithm>
+
 #include "launch_util.cuh"
 #include "optimizer.cuh"
-
-#include <algorithm>
 
 namespace dpt::cuda {
 
@@ -19,10 +19,12 @@ static __device__ float clip_coef(const double* grad_sumsq, float clip_norm) {
 }
 
 static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __restrict__ g,
-                                         float* __restrict__ buf, int64_t n, const float* __restrict__ lr_at,
-                                         float momentum, float wd, bool first, const double* __restrict__ grad_sumsq,
+                                         float* __restrict__ buf, int64_t n,
+                                         const float* __restrict__ lr_at, float momentum, float wd,
+                                         bool first, const double* __restrict__ grad_sumsq,
                                          float clip_norm) {
-  if (grad_sumsq && !isfinite(*grad_sumsq)) return;  // the non-finite guard: this step changes nothing
+  if (grad_sumsq && !isfinite(*grad_sumsq))
+    return;  // the non-finite guard: this step changes nothing
   const float lr = *lr_at;
   const float c = clip_coef(grad_sumsq, clip_norm);
   DPT_GRID_STRIDE(i, n) {
@@ -38,11 +40,11 @@ static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __r
 }
 
 cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
-                              float momentum, float weight_decay, bool first, const double* grad_sumsq,
-                              float clip_norm, cudaStream_t stream) {
+                              float momentum, float weight_decay, bool first,
+                              const double* grad_sumsq, float clip_norm, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, buf, n, lr, momentum, weight_decay, first,
-                                                             grad_sumsq, clip_norm);
+  sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+      p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq, clip_norm);
   return cudaGetLastError();
 }
 
@@ -61,7 +63,8 @@ static __device__ double block_sum(double v, double* shared) {
   return shared[0];
 }
 
-static __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n, double* __restrict__ partials) {
+static __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n,
+                                                  double* __restrict__ partials) {
   __shared__ double s[kThreads];
   double acc = 0.0;
   DPT_GRID_STRIDE(i, n) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
@@ -69,7 +72,8 @@ static __global__ void sum_squares_partial_kernel(const float* __restrict__ x, i
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-static __global__ void sum_partials_kernel(const double* __restrict__ partials, int count, double* __restrict__ out) {
+static __global__ void sum_partials_kernel(const double* __restrict__ partials, int count,
+                                           double* __restrict__ out) {
   __shared__ double s[kThreads];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += kThreads) acc += partials[i];
@@ -79,7 +83,8 @@ static __global__ void sum_partials_kernel(const double* __restrict__ partials, 
 
 int sum_squares_partials() { return kSumBlocks; }
 
-cudaError_t launch_sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream) {
+cudaError_t launch_sum_squares(const float* x, int64_t n, double* partials, double* out,
+                               cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   const int blocks = n > 0 ? std::min(kSumBlocks, blocks_for(n)) : 1;
   sum_squares_partial_kernel<<<blocks, kThreads, 0, stream>>>(x, n, partials);

@@ -12,24 +12,26 @@ namespace dpt::cuda {
 // SGD with momentum and weight decay over the flat parameter/gradient buffers on the GPU
 // (PyTorch semantics, the same as the CPU's dpt::Sgd::step).
 
-// p -= lr * buf, buf = first ? d : momentum*buf + d with d = c*g + wd*p (buf unused when momentum == 0).
-// lr is read from device memory (one float, see launch_store_scalar), so a step replayed from a CUDA
-// graph follows the schedule. grad_sumsq (nullable, device): the gradients' sum of squares; when it
-// is not finite nothing is updated (the non-finite guard), and with clip_norm > 0 the gradients are
-// scaled by c = clip_norm / (norm + 1e-6) where the norm exceeds clip_norm (PyTorch's
-// clip_grad_norm_), else c = 1. Checks the launch; returns the launch status.
+// p -= lr * buf, buf = first ? d : momentum*buf + d with d = c*g + wd*p (buf unused when momentum
+// == 0). lr is read from device memory (one float, see launch_store_scalar), so a step replayed
+// from a CUDA graph follows the schedule. grad_sumsq (nullable, device): the gradients' sum of
+// squares; when it is not finite nothing is updated (the non-finite guard), and with clip_norm > 0
+// the gradients are scaled by c = clip_norm / (norm + 1e-6) where the norm exceeds clip_norm
+// (PyTorch's clip_grad_norm_), else c = 1. Checks the launch; returns the launch status.
 cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
-                              float momentum, float weight_decay, bool first, const double* grad_sumsq,
-                              float clip_norm, cudaStream_t stream);
+                              float momentum, float weight_decay, bool first,
+                              const double* grad_sumsq, float clip_norm, cudaStream_t stream);
 
 // out[0] = sum of x[i]^2 over n floats, in double, in a fixed order (blocks' partial sums in the
 // workspace `partials`, at least sum_squares_partials() doubles, then one block adds them up).
 int sum_squares_partials();
-cudaError_t launch_sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream);
+cudaError_t launch_sum_squares(const float* x, int64_t n, double* partials, double* out,
+                               cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Writes one float into device memory from a kernel argument: how a value that changes every step
-// (the learning rate) reaches kernels replayed from a CUDA graph, which read it from a fixed address.
+// (the learning rate) reaches kernels replayed from a CUDA graph, which read it from a fixed
+// address.
 
 // *dst = value, in stream order. Checks the launch; returns the launch status.
 cudaError_t launch_store_scalar(float* dst, float value, cudaStream_t stream);

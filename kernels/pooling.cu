@@ -2,8 +2,8 @@
 // NHWC tensors, element-wise grid-stride passes without atomics, each templated on the element type
 // (storage.cuh).
 #include "launch_util.cuh"
-#include "relu.cuh"
 #include "pooling.cuh"
+#include "relu.cuh"
 #include "storage.cuh"
 
 namespace dpt::cuda {
@@ -12,8 +12,8 @@ namespace dpt::cuda {
 // AvgPool2d forward (NHWC): one thread per output element, channel fastest for coalescing.
 
 template <typename T, bool kRelu>
-static __global__ void avgpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t h,
-                                              int64_t w, int64_t c, int k, int s) {
+static __global__ void avgpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                              int64_t h, int64_t w, int64_t c, int k, int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, total = n * oh * ow * c;
   const float inv = 1.f / static_cast<float>(k * k);
   DPT_GRID_STRIDE(i, total) {
@@ -29,20 +29,21 @@ static __global__ void avgpool_forward_kernel(const T* __restrict__ x, T* __rest
 }
 
 template <typename T>
-static cudaError_t avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                                   bool relu, cudaStream_t stream) {
+static cudaError_t avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                                   int k, int s, bool relu, cudaStream_t stream) {
   const int64_t total = n * ((h - k) / s + 1) * ((w - k) / s + 1) * c;
-  return launch_over(total, stream, relu ? avgpool_forward_kernel<T, true> : avgpool_forward_kernel<T, false>, x, y,
-                     n, h, w, c, k, s);
+  return launch_over(total, stream,
+                     relu ? avgpool_forward_kernel<T, true> : avgpool_forward_kernel<T, false>, x,
+                     y, n, h, w, c, k, s);
 }
 
-cudaError_t launch_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                                   int s, bool relu, cudaStream_t stream) {
+cudaError_t launch_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, bool relu, cudaStream_t stream) {
   return avgpool_forward(x, y, n, h, w, c, k, s, relu, stream);
 }
 
-cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                                   int s, bool relu, cudaStream_t stream) {
+cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, bool relu, cudaStream_t stream) {
   return avgpool_forward(as_bf16(x), as_bf16(y), n, h, w, c, k, s, relu, stream);
 }
 
@@ -51,8 +52,9 @@ cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, in
 // so no atomics are needed and uncovered positions get 0.
 
 template <typename T>
-static __global__ void avgpool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ relu_x,
-                                               T* __restrict__ dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+static __global__ void avgpool_backward_kernel(const T* __restrict__ dy,
+                                               const T* __restrict__ relu_x, T* __restrict__ dx,
+                                               int64_t n, int64_t h, int64_t w, int64_t c, int k,
                                                int s) {
   const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, total = n * h * w * c;
   const float inv = 1.f / static_cast<float>(k * k);
@@ -72,23 +74,26 @@ static __global__ void avgpool_backward_kernel(const T* __restrict__ dy, const T
   }
 }
 
-cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float* dx, int64_t n, int64_t h, int64_t w,
-                                    int64_t c, int k, int s, cudaStream_t stream) {
-  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<float>, dy, relu_x, dx, n, h, w, c, k, s);
+cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s,
+                                    cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<float>, dy, relu_x, dx, n, h, w,
+                     c, k, s);
 }
 
-cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx, int64_t n, int64_t h,
-                                    int64_t w, int64_t c, int k, int s, cudaStream_t stream) {
-  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<__nv_bfloat16>, as_bf16(dy), as_bf16(relu_x),
-                     as_bf16(dx), n, h, w, c, k, s);
+cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx,
+                                    int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                                    cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, avgpool_backward_kernel<__nv_bfloat16>, as_bf16(dy),
+                     as_bf16(relu_x), as_bf16(dx), n, h, w, c, k, s);
 }
 
 // ----------------------------------------------------------------------------
 // Global average pooling forward (NHWC): one thread per (image, channel), reads coalesced in c.
 
 template <typename T>
-static __global__ void gap_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, int64_t hw,
-                                          int64_t c) {
+static __global__ void gap_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                          int64_t hw, int64_t c) {
   const float inv = 1.f / static_cast<float>(hw);
   DPT_GRID_STRIDE(i, n * c) {
     const int64_t b = i / c, ch = i % c;
@@ -98,34 +103,36 @@ static __global__ void gap_forward_kernel(const T* __restrict__ x, T* __restrict
   }
 }
 
-cudaError_t launch_global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c,
-                                          cudaStream_t stream) {
+cudaError_t launch_global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
+                                          int64_t c, cudaStream_t stream) {
   return launch_over(n * c, stream, gap_forward_kernel<float>, x, y, n, hw, c);
 }
 
-cudaError_t launch_global_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t hw, int64_t c,
-                                          cudaStream_t stream) {
-  return launch_over(n * c, stream, gap_forward_kernel<__nv_bfloat16>, as_bf16(x), as_bf16(y), n, hw, c);
+cudaError_t launch_global_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t hw,
+                                          int64_t c, cudaStream_t stream) {
+  return launch_over(n * c, stream, gap_forward_kernel<__nv_bfloat16>, as_bf16(x), as_bf16(y), n,
+                     hw, c);
 }
 
 // ----------------------------------------------------------------------------
 // Global average pooling backward (NHWC): every position of an image gets dy / HW.
 
 template <typename T>
-static __global__ void gap_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, int64_t n, int64_t hw,
-                                           int64_t c) {
+static __global__ void gap_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, int64_t n,
+                                           int64_t hw, int64_t c) {
   const float inv = 1.f / static_cast<float>(hw);
   DPT_GRID_STRIDE(i, n * hw * c) store(widen(dy[(i / (hw * c)) * c + i % c]) * inv, dx[i]);
 }
 
-cudaError_t launch_global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c,
-                                           cudaStream_t stream) {
+cudaError_t launch_global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                                           int64_t c, cudaStream_t stream) {
   return launch_over(n * hw * c, stream, gap_backward_kernel<float>, dy, dx, n, hw, c);
 }
 
-cudaError_t launch_global_avgpool_backward(const uint16_t* dy, uint16_t* dx, int64_t n, int64_t hw, int64_t c,
-                                           cudaStream_t stream) {
-  return launch_over(n * hw * c, stream, gap_backward_kernel<__nv_bfloat16>, as_bf16(dy), as_bf16(dx), n, hw, c);
+cudaError_t launch_global_avgpool_backward(const uint16_t* dy, uint16_t* dx, int64_t n, int64_t hw,
+                                           int64_t c, cudaStream_t stream) {
+  return launch_over(n * hw * c, stream, gap_backward_kernel<__nv_bfloat16>, as_bf16(dy),
+                     as_bf16(dx), n, hw, c);
 }
 
 }  // namespace dpt::cuda

@@ -1,7 +1,7 @@
 // Pooling layers on the GPU (NHWC): AvgPool2d forward/backward, optionally fused with the ReLU
 // before the pool, and global average pooling forward/backward. Each on fp32 or on bf16 activations
-// (uint16_t bit patterns, as in precision.cuh): every bf16 value widened, the fp32 computation, each
-// result rounded to nearest even (the CPU's bf16 overloads' bits).
+// (uint16_t bit patterns, as in precision.cuh): every bf16 value widened, the fp32 computation,
+// each result rounded to nearest even (the CPU's bf16 overloads' bits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,10 +16,10 @@ namespace dpt::cuda {
 
 // NHWC k x k window, stride s, no padding, floor mode. relu: pool max(x, 0) instead of x (LeNet's
 // ReLU + pool in one pass; the ReLU output is never written).
-cudaError_t launch_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                                   bool relu, cudaStream_t stream);
-cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                                   int s, bool relu, cudaStream_t stream);
+cudaError_t launch_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, bool relu, cudaStream_t stream);
+cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, bool relu, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // AvgPool2d backward on NHWC tensors, optionally fused with the ReLU before the pool (same
@@ -27,25 +27,29 @@ cudaError_t launch_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, in
 
 // dx is overwritten; positions no window covers get 0. relu_x (nullable): the fused layer's input;
 // where it is not > 0 the gradient is 0 (the ReLU's mask, taken from its input, not its output).
-cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float* dx, int64_t n, int64_t h, int64_t w,
-                                    int64_t c, int k, int s, cudaStream_t stream);
-cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx, int64_t n, int64_t h,
-                                    int64_t w, int64_t c, int k, int s, cudaStream_t stream);
+cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s,
+                                    cudaStream_t stream);
+cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx,
+                                    int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                                    cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Global average pooling forward (NHWC).
 
 // [N, HW, C] -> [N, C], mean over HW.
-cudaError_t launch_global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c, cudaStream_t stream);
-cudaError_t launch_global_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t hw, int64_t c,
-                                          cudaStream_t stream);
+cudaError_t launch_global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
+                                          int64_t c, cudaStream_t stream);
+cudaError_t launch_global_avgpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t hw,
+                                          int64_t c, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------
 // Global average pooling backward (NHWC).
 
 // dx[n, p, c] = dy[n, c] / HW.
-cudaError_t launch_global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c, cudaStream_t stream);
-cudaError_t launch_global_avgpool_backward(const uint16_t* dy, uint16_t* dx, int64_t n, int64_t hw, int64_t c,
-                                           cudaStream_t stream);
+cudaError_t launch_global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                                           int64_t c, cudaStream_t stream);
+cudaError_t launch_global_avgpool_backward(const uint16_t* dy, uint16_t* dx, int64_t n, int64_t hw,
+                                           int64_t c, cudaStream_t stream);
 
 }  // namespace dpt::cuda

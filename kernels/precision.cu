@@ -1,6 +1,6 @@
-// The fp32 <-> 16-bit cast kernels and their launchers (see precision.cuh): element-wise grid-stride
-// passes over the 16-bit patterns reinterpreted as __nv_bfloat16 or __half, one kernel per direction
-// templated on the 16-bit type (storage.cuh's rounding and widening).
+// The fp32 <-> 16-bit cast kernels and their launchers (see precision.cuh): element-wise
+// grid-stride passes over the 16-bit patterns reinterpreted as __nv_bfloat16 or __half, one kernel
+// per direction templated on the 16-bit type (storage.cuh's rounding and widening).
 #include "launch_util.cuh"
 #include "precision.cuh"
 #include "storage.cuh"
@@ -34,7 +34,8 @@ cudaError_t launch_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t s
 // 16-bit -> fp32 (exact), optionally accumulated.
 
 template <typename H>
-static __global__ void from_16_kernel(const H* __restrict__ x, float* __restrict__ y, int64_t n, bool accumulate) {
+static __global__ void from_16_kernel(const H* __restrict__ x, float* __restrict__ y, int64_t n,
+                                      bool accumulate) {
   DPT_GRID_STRIDE(i, n) {
     const float v = widen(x[i]);
     y[i] = accumulate ? y[i] + v : v;
@@ -42,17 +43,21 @@ static __global__ void from_16_kernel(const H* __restrict__ x, float* __restrict
 }
 
 template <typename H>
-static cudaError_t launch_from_16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+static cudaError_t launch_from_16(const uint16_t* x, float* y, int64_t n, bool accumulate,
+                                  cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  from_16_kernel<H><<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const H*>(x), y, n, accumulate);
+  from_16_kernel<H>
+      <<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const H*>(x), y, n, accumulate);
   return cudaGetLastError();
 }
 
-cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate,
+                             cudaStream_t stream) {
   return launch_from_16<__nv_bfloat16>(x, y, n, accumulate, stream);
 }
 
-cudaError_t launch_from_f16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream) {
+cudaError_t launch_from_f16(const uint16_t* x, float* y, int64_t n, bool accumulate,
+                            cudaStream_t stream) {
   return launch_from_16<__half>(x, y, n, accumulate, stream);
 }
 

@@ -29,7 +29,9 @@ cudaError_t launch_to_f16(const float* x, uint16_t* y, int64_t n, cudaStream_t s
 
 // y[i] = float(x[i]), or y[i] += float(x[i]) when accumulate (gradient accumulation in fp32).
 // Returns the launch status.
-cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream);
-cudaError_t launch_from_f16(const uint16_t* x, float* y, int64_t n, bool accumulate, cudaStream_t stream);
+cudaError_t launch_from_bf16(const uint16_t* x, float* y, int64_t n, bool accumulate,
+                             cudaStream_t stream);
+cudaError_t launch_from_f16(const uint16_t* x, float* y, int64_t n, bool accumulate,
+                            cudaStream_t stream);
 
 }  // namespace dpt::cuda

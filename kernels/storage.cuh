@@ -1,8 +1,9 @@
 // Element storage of the templated kernels: fp32, or a 16-bit type (__nv_bfloat16, __half) that the
 // launchers receive as uint16_t bit patterns (precision.cuh: no CUDA half type crosses a host
 // header) and reinterpret. Loads widen exactly and stores round to nearest even (a NaN becomes the
-// type's canonical NaN), so a kernel instantiated on bf16 computes in float exactly as its fp32 form
-// and rounds once per stored value: the CPU's widen -> float op -> round (include/dpt/backend.h).
+// type's canonical NaN), so a kernel instantiated on bf16 computes in float exactly as its fp32
+// form and rounds once per stored value: the CPU's widen -> float op -> round
+// (include/dpt/backend.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,7 +24,9 @@ __device__ __forceinline__ void store(float v, __nv_bfloat16& y) { y = __float2b
 __device__ __forceinline__ void store(float v, __half& y) { y = __float2half_rn(v); }
 
 // A launcher's bf16 bit patterns as the kernels' element type (the same two bytes).
-inline const __nv_bfloat16* as_bf16(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+inline const __nv_bfloat16* as_bf16(const uint16_t* p) {
+  return reinterpret_cast<const __nv_bfloat16*>(p);
+}
 inline __nv_bfloat16* as_bf16(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 }  // namespace dpt::cuda

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
     if (first[0] < world) {
       // Under mpirun the "[rank r@host]" prefix names the rank whose flags are wrong.
       if (rank == first[0] && world > 1) dpt::log_error(flag_error);
-      if (rank == first[0] && world == 1) std::fprintf(stderr, "dptrain: error: %s\n", flag_error.c_str());
+      if (rank == first[0] && world == 1)
+        std::fprintf(stderr, "dptrain: error: %s\n", flag_error.c_str());
       return flag_error.empty() ? 2 : flag_code;
     }
     if (first[1] < world) {
@@ -56,8 +57,8 @@ int main(int argc, char** argv) {
     if (!e.quiet) dpt::log_error(e.what());
     return e.exit_code();
   } catch (const dpt::Stopped& s) {
-    dpt::log_info("stopped by " + dpt::signal_name(s.signal) + " after global step " + std::to_string(s.step) +
-                  " (exit " + std::to_string(128 + s.signal) + ")");
+    dpt::log_info("stopped by " + dpt::signal_name(s.signal) + " after global step " +
+                  std::to_string(s.step) + " (exit " + std::to_string(128 + s.signal) + ")");
     return 128 + s.signal;
   } catch (const dpt::Error& e) {
     dpt::log_error(e.what());

@@ -9,12 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <string>
-#include <vector>
-
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "dpt/backend.h"
 #include "dpt/comm.h"
@@ -95,7 +94,8 @@ inline void write_idx(const std::string& path, const std::vector<int32_t>& dims,
 }
 
 // Writes train (n_train) and t10k (n_test) 28x28 sets into dir.
-inline void write_synthetic_dataset(const std::string& dir, int n_train, int n_test, uint64_t seed) {
+inline void write_synthetic_dataset(const std::string& dir, int n_train, int n_test,
+                                    uint64_t seed) {
   Rng rng(seed);
   auto make = [&](const std::string& split, int n) {
     std::vector<uint8_t> images(static_cast<size_t>(n) * 784), labels(static_cast<size_t>(n));
@@ -133,7 +133,8 @@ inline std::string shared_synthetic_dir(Communicator& comm, const std::string& t
 
 // A quiet run of `model` with its recipe's defaults over the data in `dir`: the TrainConfig every
 // training test starts from.
-inline TrainConfig small_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
+inline TrainConfig small_config(const std::string& model, const std::string& dir, int epochs,
+                                int64_t batch) {
   TrainConfig c;
   c.model = model;
   apply_recipe(&c);

@@ -42,7 +42,7 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
 // x[i] = the transformed image idx[i] (spec: crop, flip, / 255, normalisation) for i < count, from
 // num_images images of spec.pixels() bytes. Host memory. Without draws and normalisation it is the
 // plain ToTensor (images_to_float), bit for bit.
-void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& spec, const int64_t* idx,
-                        int64_t count, float* x);
+void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& spec,
+                        const int64_t* idx, int64_t count, float* x);
 
 }  // namespace dpt

@@ -51,7 +51,8 @@ class Recorder {
   // before each attempt at body (not before a replay). A failed capture is dropped (failure()
   // says why) and the work runs eagerly; eager errors propagate.
   virtual Ran run(bool capture, const std::function<void(bool capturing)>& prepare,
-                  const std::function<void()>& body, const std::function<bool(bool captured)>& agree) = 0;
+                  const std::function<void()>& body,
+                  const std::function<bool(bool captured)>& agree) = 0;
   virtual bool exists() const = 0;
   virtual bool valid() const = 0;  // exists, and nothing allocated since its capture
   virtual bool warm() const = 0;   // the last run was eager and nothing was allocated since
@@ -65,15 +66,17 @@ class ConvOp {
  public:
   virtual ~ConvOp() = default;
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  virtual void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) = 0;
+  virtual void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+                       float* y) = 0;
   // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
   // accumulate.
-  virtual void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                        float* db, bool accumulate) = 0;
+  virtual void backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
+                        float* dx, float* dw, float* db, bool accumulate) = 0;
   // 16-bit activations: x, y, dy, dx bfloat16; w, b, dw, db float.
-  virtual void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) = 0;
-  virtual void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
-                        float* dw, float* db, bool accumulate) = 0;
+  virtual void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+                       BFloat16* y) = 0;
+  virtual void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                        BFloat16* dx, float* dw, float* db, bool accumulate) = 0;
 };
 
 // One per BatchNorm layer over rows of [m, C] (m = N*H*W): it keeps the last forward's mean,
@@ -91,29 +94,31 @@ class BatchNormOp {
   virtual ~BatchNormOp() = default;
   // Batch statistics ([sum, sumsq, count] summed through `sync` when set) normalise; running_mean
   // and running_var (unbiased) move by PyTorch's momentum; num_batches_tracked[0] += 1.
-  virtual void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                             float* running_mean, float* running_var, float* num_batches_tracked,
-                             const ChannelSumFn& sync, const float* residual, bool relu) = 0;
+  virtual void forward_train(const float* x, float* y, int64_t m, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             float* num_batches_tracked, const ChannelSumFn& sync,
+                             const float* residual, bool relu) = 0;
   // The running statistics normalise; nothing is updated.
-  virtual void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, const float* residual,
-                            bool relu) = 0;
+  virtual void forward_eval(const float* x, float* y, int64_t m, const float* gamma,
+                            const float* beta, const float* running_mean, const float* running_var,
+                            const float* residual, bool relu) = 0;
   // Of the last forward (same x and m), with g = dy or the masked dz: dgamma (+)= sum g*xhat,
   // dbeta (+)= sum g over this replica's rows; dx (nullable) after a training forward uses the
   // sums over every replica (through `sync`), after an evaluation forward is g*gamma*invstd.
-  virtual void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                        float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
-                        float* dz_out) = 0;
-  // 16-bit activations: x, y, residual, dy, dx, relu_out and dz_out bfloat16; the rest float.
-  virtual void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                             float* running_mean, float* running_var, float* num_batches_tracked,
-                             const ChannelSumFn& sync, const BFloat16* residual, bool relu) = 0;
-  virtual void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                            const float* running_mean, const float* running_var, const BFloat16* residual,
-                            bool relu) = 0;
-  virtual void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
+  virtual void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
                         float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
-                        const BFloat16* relu_out, BFloat16* dz_out) = 0;
+                        const float* relu_out, float* dz_out) = 0;
+  // 16-bit activations: x, y, residual, dy, dx, relu_out and dz_out bfloat16; the rest float.
+  virtual void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                             const float* beta, float* running_mean, float* running_var,
+                             float* num_batches_tracked, const ChannelSumFn& sync,
+                             const BFloat16* residual, bool relu) = 0;
+  virtual void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                            const float* beta, const float* running_mean, const float* running_var,
+                            const BFloat16* residual, bool relu) = 0;
+  virtual void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m,
+                        const float* gamma, float* dgamma, float* dbeta, bool accumulate,
+                        const ChannelSumFn& sync, const BFloat16* relu_out, BFloat16* dz_out) = 0;
 };
 
 class Backend {
@@ -154,28 +159,34 @@ class Backend {
 
   // ---- layer operations ------------------------------------------------------------------------
   virtual std::unique_ptr<ConvOp> make_conv() = 0;
-  virtual std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) = 0;
+  virtual std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
+                                                      double eps) = 0;
   virtual void relu_forward(const float* x, float* y, int64_t n) = 0;
   // dx = dy where y > 0 (y: the forward output), else 0.
   virtual void relu_backward(const float* y, const float* dy, float* dx, int64_t n) = 0;
   // y = a + b, then max(y, 0) when relu (the residual join). y may not alias a or b.
   virtual void add(const float* a, const float* b, float* y, int64_t n, bool relu) = 0;
-  // k x k window, stride s, no padding, floor mode; relu: the ReLU before it fused (x is its input).
-  virtual void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                               bool relu) = 0;
+  // k x k window, stride s, no padding, floor mode; relu: the ReLU before it fused (x is its
+  // input).
+  virtual void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                               int k, int s, bool relu) = 0;
   // dx overwritten; relu_input: the fused ReLU's input (masks dx), or null.
-  virtual void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h, int64_t w,
-                                int64_t c, int k, int s) = 0;
-  virtual void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) = 0;
-  virtual void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) = 0;
+  virtual void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n,
+                                int64_t h, int64_t w, int64_t c, int k, int s) = 0;
+  virtual void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
+                                      int64_t c) = 0;
+  virtual void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                                       int64_t c) = 0;
   // NHWC [N,H,W,C] -> [N, C*H*W] in PyTorch's (c, h, w) flatten order, and back (to_chw false).
-  virtual void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) = 0;
+  virtual void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       bool to_chw) = 0;
   // y[n,out] = x[n,in] W[out,in]^T + b (b may be null).
-  virtual void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
-                              int64_t out) = 0;
+  virtual void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
+                              int64_t in, int64_t out) = 0;
   // dx (nullable) = dy W; dW (+)= dy^T x; db (nullable) (+)= sum_n dy.
-  virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                               int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
+  virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx,
+                               float* dw, float* db, int64_t n, int64_t in, int64_t out,
+                               bool accumulate) = 0;
 
   // ---- 16-bit activations: the operations above on bfloat16 activations (rule at the top) -----
   // y[i] = bf16(x[i]) to nearest even, and back (exact).
@@ -184,31 +195,35 @@ class Backend {
   virtual void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) = 0;
   virtual void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) = 0;
   virtual void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) = 0;
-  virtual void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                               int s, bool relu) = 0;
-  virtual void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h,
-                                int64_t w, int64_t c, int k, int s) = 0;
-  virtual void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) = 0;
-  virtual void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) = 0;
-  virtual void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) = 0;
+  virtual void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
+                               int64_t c, int k, int s, bool relu) = 0;
+  virtual void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx,
+                                int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) = 0;
+  virtual void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
+                                      int64_t c) = 0;
+  virtual void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,
+                                       int64_t c) = 0;
+  virtual void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       bool to_chw) = 0;
   // x, y, dy, dx bfloat16; w, b, dw, db float.
-  virtual void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
-                              int64_t out) = 0;
-  virtual void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                               float* db, int64_t n, int64_t in, int64_t out, bool accumulate) = 0;
+  virtual void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y,
+                              int64_t n, int64_t in, int64_t out) = 0;
+  virtual void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                               float* dw, float* db, int64_t n, int64_t in, int64_t out,
+                               bool accumulate) = 0;
 
   // ---- training-step operations --------------------------------------------------------------
   // x[i] = image idx[i] transformed as `spec` says (image_transform.h: crop, flip, / 255,
   // normalisation; plain x / 255 without draws and means) and labels_out[i] = labels[idx[i]] for
   // i < count, from a data set of num_images images of spec.pixels() uint8 each.
   virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
-                             const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
-                             int32_t* labels_out) = 0;
+                             const ImageBatchSpec& spec, const int64_t* idx, int64_t count,
+                             float* x, int32_t* labels_out) = 0;
   // Softmax cross-entropy on logits [n, k]: sums[0] (+)= the summed loss and sums[1] (+)= the count
   // of argmax hits (doubles; added to when accumulate); dlogits (nullable) = (softmax - onehot) *
   // grad_scale.
-  virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                            float* dlogits, double* sums, bool accumulate) = 0;
+  virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                            float grad_scale, float* dlogits, double* sums, bool accumulate) = 0;
   // *dst = v, in the order of the queued work (a learning rate a recorded step reads).
   virtual void store_scalar(float* dst, float v) = 0;
   // PyTorch's SGD over n floats: d = c g + wd p; buf = first ? d : momentum buf + d; p -= lr buf
@@ -217,8 +232,9 @@ class Backend {
   // updated (the non-finite guard, decided where the data is: no host round trip); with
   // clip_norm > 0, c = clip_norm / (norm + 1e-6) where the norm exceeds clip_norm (PyTorch's
   // clip_grad_norm_), else c = 1.
-  virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                          float weight_decay, bool first, const double* grad_sumsq, float clip_norm) = 0;
+  virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
+                          float momentum, float weight_decay, bool first, const double* grad_sumsq,
+                          float clip_norm) = 0;
   // out[0] = sum of x[i]^2 over n floats, in double, in a fixed order (out: backend memory).
   virtual void sum_squares(const float* x, int64_t n, double* out) = 0;
 };

@@ -61,8 +61,8 @@ class CheckpointManager {
  public:
   // Rank 0 removes the temporaries of killed writers (of its own file names only).
   // `input`: what the data made of the run (data_input_metadata), written into every file.
-  CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-                    StepEngine& engine, std::map<std::string, std::string> input = {});
+  CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
+                    Sgd& opt, StepEngine& engine, std::map<std::string, std::string> input = {});
 
   // --resume: rank 0 reads the file (no shared file system needed) into the host model and Sgd;
   // the other ranks take its state and position by broadcast; the engine takes the host state
@@ -79,7 +79,8 @@ class CheckpointManager {
   bool minutes_due() const;
   // The checkpoint due at `at`, if any: at an epoch's end (`epoch_end`) by epochs or steps; at a
   // boundary inside an epoch by steps, or by minutes when `minutes_due` (agreed). Collective.
-  bool save_if_due(const Position& at, bool epoch_end, bool minutes_due, const std::vector<EpochMetrics>& history);
+  bool save_if_due(const Position& at, bool epoch_end, bool minutes_due,
+                   const std::vector<EpochMetrics>& history);
   // The checkpoint at `at`, now (a stop signal). Collective.
   void save(const Position& at, const std::vector<EpochMetrics>& history);
   // --save at the end (if given). Collective.

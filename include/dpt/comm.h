@@ -1,6 +1,7 @@
 // Communicator: typed collectives (counts in elements, never bytes), synchronous and
 // asynchronous, over MPI now and NCCL later behind the same interface. Every blocking wait is
-// bounded by the communicator's timeout, so a dead or stopped peer ends the job instead of hanging it.
+// bounded by the communicator's timeout, so a dead or stopped peer ends the job instead of hanging
+// it.
 #pragma once
 
 #include <cstdint>
@@ -15,13 +16,32 @@ enum class ReduceOp { kSum, kAvg, kMax, kMin };
 // in float and rounding each partial sum (gradients sent compressed, --grad-dtype).
 enum class DType { kF32, kF64, kI32, kI64, kU64, kU8, kBF16, kF16 };
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<double>() { return DType::kF64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
-template <> constexpr DType dtype_of<uint64_t>() { return DType::kU64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
+template <>
+constexpr DType dtype_of<uint64_t>() {
+  return DType::kU64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kU8;
+}
 
 // An operation in flight; wait() blocks (bounded by the timeout), test() polls.
 class Request {
@@ -44,8 +64,8 @@ class Communicator {
   virtual void set_timeout(double seconds) = 0;
   virtual double timeout() const = 0;
 
-  virtual std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt,
-                                                  ReduceOp op, const std::string& what) = 0;
+  virtual std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
+                                                  const std::string& what) = 0;
   virtual std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
                                                   const std::string& what) = 0;
   virtual void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,

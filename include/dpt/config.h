@@ -27,48 +27,52 @@ struct TrainConfig {
   uint64_t seed = 42;
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string data_format = "auto";  // auto | idx | cifar10 | cifar100 | npy (dataset.h)
-  std::string normalize = "none";    // none | auto | M1,..,Mc/S1,..,Sc: per-channel (x - mean) / std
-  std::string augment = "none";      // none | a comma list of crop, crop=P, flip (augment.h)
-  std::string device = "auto";  // auto | cpu | cuda
-  bool tf32 = false;            // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
-  bool cuda_graphs = true;      // replay warm steps and evaluations as CUDA graphs (GPU only)
-  std::string precision = "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
-  // auto | fp32 | bf16: the element type of activations and their gradients (Model::set_activation_dtype);
-  // auto is fp32 until the GPU's one-pass bf16 kernels are validated on a GPU (then bf16 under
+  std::string normalize = "none";  // none | auto | M1,..,Mc/S1,..,Sc: per-channel (x - mean) / std
+  std::string augment = "none";    // none | a comma list of crop, crop=P, flip (augment.h)
+  std::string device = "auto";     // auto | cpu | cuda
+  bool tf32 = false;               // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
+  bool cuda_graphs = true;         // replay warm steps and evaluations as CUDA graphs (GPU only)
+  std::string precision =
+      "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
+  // auto | fp32 | bf16: the element type of activations and their gradients
+  // (Model::set_activation_dtype); auto is fp32 until the GPU's one-pass bf16 kernels are validated
+  // on a GPU (then bf16 under
   // --precision bf16 on CUDA, as PyTorch autocast stores them).
   std::string activation_dtype = "auto";
   int threads = 1;
   int64_t max_steps = 0;  // 0 = whole epoch
   int64_t eval_batch_size = 1000;
-  int eval_every = 1;  // evaluate every N epochs and after the last (0 = never)
-  std::string metrics;  // JSON lines file
-  std::string save;     // safetensors at the end
-  int checkpoint_every = 0;  // epochs between training checkpoints (0 = none)
-  int64_t checkpoint_every_steps = 0;    // --checkpoint-every Nsteps
-  double checkpoint_every_minutes = 0;   // --checkpoint-every Nmin
+  int eval_every = 1;                   // evaluate every N epochs and after the last (0 = never)
+  std::string metrics;                  // JSON lines file
+  std::string save;                     // safetensors at the end
+  int checkpoint_every = 0;             // epochs between training checkpoints (0 = none)
+  int64_t checkpoint_every_steps = 0;   // --checkpoint-every Nsteps
+  double checkpoint_every_minutes = 0;  // --checkpoint-every Nmin
   int keep_checkpoints = 0;  // > 0: files named by step beside --checkpoint-path, the newest K kept
-  bool checkpoints() const { return checkpoint_every > 0 || checkpoint_every_steps > 0 || checkpoint_every_minutes > 0; }
+  bool checkpoints() const {
+    return checkpoint_every > 0 || checkpoint_every_steps > 0 || checkpoint_every_minutes > 0;
+  }
   std::string checkpoint_path = "checkpoint.safetensors";
   std::string resume;  // training checkpoint to continue from; "auto": the newest valid one, if any
   bool allow_config_change = false;  // --resume may continue with other training settings
   double bucket_mb = 25;
-  double last_bucket_mb = 0;  // 0 = no separate small last bucket
+  double last_bucket_mb = 0;        // 0 = no separate small last bucket
   std::string grad_dtype = "fp32";  // fp32 | bf16 | fp16: the type gradient buckets travel in
   bool overlap = true;
   int accum_steps = 1;
-  double clip_grad_norm = 0;        // > 0: clip the global gradient norm (torch clip_grad_norm_)
-  std::string nonfinite = "stop";   // stop | skip: what follows a step with non-finite gradients
-  int64_t nonfinite_max_skips = 10; // with skip: at most this many skipped steps in all
+  double clip_grad_norm = 0;         // > 0: clip the global gradient norm (torch clip_grad_norm_)
+  std::string nonfinite = "stop";    // stop | skip: what follows a step with non-finite gradients
+  int64_t nonfinite_max_skips = 10;  // with skip: at most this many skipped steps in all
   bool sync_bn = false;
   bool scale_lr = false;
   int64_t verify_every = 0;
   double timeout = 300;
   std::string log_level = "info";
   bool quiet = false;
-  std::string progress = "auto";  // auto | on | off: the per-epoch progress bar of rank 0
-  int64_t metrics_every = 0;  // per-step metric records every N steps (0 = none)
-  std::string report;         // learning-curve SVG, rewritten every epoch
-  std::string trace;          // Chrome-trace JSON of a window of steps
+  std::string progress = "auto";            // auto | on | off: the per-epoch progress bar of rank 0
+  int64_t metrics_every = 0;                // per-step metric records every N steps (0 = none)
+  std::string report;                       // learning-curve SVG, rewritten every epoch
+  std::string trace;                        // Chrome-trace JSON of a window of steps
   int64_t trace_begin = 2, trace_end = 12;  // --trace-steps A:B (global steps [A, B))
 
   std::string to_json() const;  // one line, every field

@@ -27,9 +27,8 @@ struct Bucket {
 // off into a last bucket of at most that size (at least one parameter): its all-reduce cannot
 // start before backward ends, so it is the part that stays exposed. `bounds` are the
 // parameters' [begin, end) ranges in any order.
-std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
-                                 double cap_bytes, double first_cap_bytes,
-                                 double last_cap_bytes = 0);
+std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds, double cap_bytes,
+                                 double first_cap_bytes, double last_cap_bytes = 0);
 
 struct ReducerStats {
   double comm_seconds = 0;     // sum over buckets of launch-to-completion time
@@ -67,12 +66,13 @@ class ReduceTransport {
 };
 
 // The CPU transport: a thread that owns a duplicate of `comm` and all-reduces each launched bucket
-// of `grads` (host memory) with MPI's fastest blocking all-reduce; finish() waits for it, bounded by
-// comm's --timeout. At world size 1 nothing is sent. allreduce_doubles uses `comm` itself, on the
-// calling thread.
-// wire: the type gradients travel in: kF32, or kBF16 / kF16 (--grad-dtype), cast from and back to
-// the float buffer around each bucket's all-reduce, which adds in float and rounds each partial sum.
-std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads, DType wire = DType::kF32);
+// of `grads` (host memory) with MPI's fastest blocking all-reduce; finish() waits for it, bounded
+// by comm's --timeout. At world size 1 nothing is sent. allreduce_doubles uses `comm` itself, on
+// the calling thread. wire: the type gradients travel in: kF32, or kBF16 / kF16 (--grad-dtype),
+// cast from and back to the float buffer around each bucket's all-reduce, which adds in float and
+// rounds each partial sum.
+std::unique_ptr<ReduceTransport> make_mpi_transport(Communicator& comm, float* grads,
+                                                    DType wire = DType::kF32);
 
 // --grad-dtype's value ("fp32", "bf16", "fp16") as the wire type; throws an input error otherwise.
 DType grad_wire_dtype(const std::string& name);

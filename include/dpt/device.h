@@ -43,7 +43,8 @@ class ComputeDevice {
   virtual DeviceMemory memory(int rank) = 0;
   // How gradients travel for a model on ops() with `count` gradients at `grads`. Null: the
   // Reducer's MPI thread over host gradients. Collective: every rank calls it.
-  virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) = 0;
+  virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads,
+                                                     int64_t count, DType wire) = 0;
   // Whether bf16 activations are this device's fast path under --precision bf16 (what
   // --activation-dtype auto follows): its convolutions take bf16 operands natively.
   virtual bool fast_bf16_activations() { return false; }

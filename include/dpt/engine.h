@@ -105,7 +105,8 @@ class StepEngine {
   std::vector<uint32_t> draws_host_;
   DeviceArray<int64_t> test_index_, epoch_index_, step_index_;
   DeviceArray<double> batch_stats_, step_stats_, eval_sums_;
-  DeviceArray<double> grad_sumsq_, step_sumsq_;  // per step of the epoch; the fixed slot a step writes
+  DeviceArray<double> grad_sumsq_,
+      step_sumsq_;  // per step of the epoch; the fixed slot a step writes
   DeviceArray<int32_t> labels_, eval_labels_;
   DeviceArray<float> lr_, momentum_;
   Tensor x_, dlogits_, eval_x_;

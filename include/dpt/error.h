@@ -58,27 +58,27 @@ namespace detail {
   (static_cast<std::ostringstream&&>(std::ostringstream() << stream_expr)).str()
 
 // Bad user input: a message that names the file/flag/rank and what is wrong; exit code 2.
-#define DPT_INPUT_CHECK(cond, stream_expr)                                                        \
-  do {                                                                                            \
-    if (!(cond)) throw ::dpt::Error(::dpt::ErrorKind::kInput, DPT_MSG(stream_expr));              \
+#define DPT_INPUT_CHECK(cond, stream_expr)                                           \
+  do {                                                                               \
+    if (!(cond)) throw ::dpt::Error(::dpt::ErrorKind::kInput, DPT_MSG(stream_expr)); \
   } while (0)
 
 // The generator of the library check family: evaluates `call`, and if `failed(status)` throws
 // "<library> error: <message> at file:line: <expr>". Each library macro below is one line of it.
-#define DPT_LIB_CHECK(library, call, failed, message_of)                                         \
-  do {                                                                                            \
-    auto dpt_status_ = (call);                                                                    \
-    if (failed(dpt_status_))                                                                      \
-      ::dpt::detail::throw_error(::dpt::ErrorKind::kInternal, library, message_of(dpt_status_),   \
-                                 __FILE__, __LINE__, #call);                                      \
+#define DPT_LIB_CHECK(library, call, failed, message_of)                                        \
+  do {                                                                                          \
+    auto dpt_status_ = (call);                                                                  \
+    if (failed(dpt_status_))                                                                    \
+      ::dpt::detail::throw_error(::dpt::ErrorKind::kInternal, library, message_of(dpt_status_), \
+                                 __FILE__, __LINE__, #call);                                    \
   } while (0)
 
 // Internal invariant (not the user's fault).
-#define DPT_CHECK(cond, stream_expr)                                                              \
-  do {                                                                                            \
-    if (!(cond))                                                                                  \
-      ::dpt::detail::throw_error(::dpt::ErrorKind::kInternal, "dptrain", DPT_MSG(stream_expr),    \
-                                 __FILE__, __LINE__, #cond);                                      \
+#define DPT_CHECK(cond, stream_expr)                                                           \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      ::dpt::detail::throw_error(::dpt::ErrorKind::kInternal, "dptrain", DPT_MSG(stream_expr), \
+                                 __FILE__, __LINE__, #cond);                                   \
   } while (0)
 
 }  // namespace dpt

@@ -30,7 +30,9 @@ class AtomicFile {
 
   void write(const void* data, size_t n);
   void commit();
-  const std::string& target() const { return target_; }  // the regular file replaced (symlinks resolved)
+  const std::string& target() const {
+    return target_;
+  }  // the regular file replaced (symlinks resolved)
 
  private:
   std::string path_, what_, target_, temp_;
@@ -50,7 +52,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
 // and is taken over by the next run. The lock file is opened with O_NOFOLLOW (a symlink planted in
 // a shared directory is refused, never followed); after locking, the name must still be the inode
 // locked, else a run that ended has just removed it and the lock is taken again. The holder writes
-// "pid P on host H, started T" into it; a refused run quotes that (printable()). Removed at release.
+// "pid P on host H, started T" into it; a refused run quotes that (printable()). Removed at
+// release.
 class OutputLock {
  public:
   OutputLock() = default;
@@ -86,8 +89,9 @@ int open_input_file(const std::string& path, const std::string& what);
 // The same check without keeping the file open.
 void check_input_file(const std::string& path, const std::string& what);
 
-// Whether `name` (a file name, no directory) is one of AtomicFile's temporaries ("<target>.tmp.<pid>"
-// with or without ".<random>"); if so, the target's file name and the pid of its writer.
+// Whether `name` (a file name, no directory) is one of AtomicFile's temporaries
+// ("<target>.tmp.<pid>" with or without ".<random>"); if so, the target's file name and the pid of
+// its writer.
 bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t* pid);
 
 }  // namespace dpt

@@ -17,7 +17,10 @@ struct BFloat16 {
   uint16_t bits;
 };
 static_assert(sizeof(BFloat16) == 2, "BFloat16 is two bytes");
-template <> constexpr DType dtype_of<BFloat16>() { return DType::kBF16; }
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::kBF16;
+}
 
 // bfloat16: float's top 16 bits, rounded to nearest even; NaN stays NaN (quietened), infinities
 // and overflow become infinities, as in torch.

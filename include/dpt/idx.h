@@ -37,7 +37,7 @@ ImageSet load_image_set(const std::string& dir, const std::string& split, int nu
 // `out` holds count*P floats; every index must be in [0, set.n).
 void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out);
 // The same on raw arrays: num_images images of `pixels` uint8 each.
-void images_to_float(const uint8_t* images, int64_t num_images, int64_t pixels, const int64_t* indices,
-                     int64_t count, float* out);
+void images_to_float(const uint8_t* images, int64_t num_images, int64_t pixels,
+                     const int64_t* indices, int64_t count, float* out);
 
 }  // namespace dpt

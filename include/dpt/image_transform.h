@@ -17,9 +17,9 @@ namespace dpt {
 // How gather_images turns each gathered image into the model's input. Pointers are backend memory.
 struct ImageBatchSpec {
   int64_t rows = 0, cols = 0, channels = 1;
-  int pad = 0;                       // the crop's zero padding; a draw's offsets are in [0, 2 pad]
-  const uint32_t* draws = nullptr;   // one draw per gathered image (image_draw), or null: as stored
-  const float* mean = nullptr;       // `channels` means and standard deviations, or null: x / 255
+  int pad = 0;                      // the crop's zero padding; a draw's offsets are in [0, 2 pad]
+  const uint32_t* draws = nullptr;  // one draw per gathered image (image_draw), or null: as stored
+  const float* mean = nullptr;      // `channels` means and standard deviations, or null: x / 255
   const float* std = nullptr;
   DPT_HOST_DEVICE int64_t pixels() const { return rows * cols * channels; }
 };
@@ -33,9 +33,11 @@ DPT_HOST_DEVICE constexpr uint32_t pack_draw(uint32_t oy, uint32_t ox, bool flip
 // The offset within its image of the stored pixel that lands at output (y, x, c), or -1 where the
 // crop reaches into the zero padding. torchvision's order: RandomCrop(padding) then
 // RandomHorizontalFlip, so the flip mirrors the cropped window.
-DPT_HOST_DEVICE inline int64_t source_pixel(const ImageBatchSpec& s, uint32_t draw, int64_t y, int64_t x, int64_t c) {
+DPT_HOST_DEVICE inline int64_t source_pixel(const ImageBatchSpec& s, uint32_t draw, int64_t y,
+                                            int64_t x, int64_t c) {
   constexpr uint32_t mask = (1u << kDrawBits) - 1;
-  const int64_t oy = static_cast<int64_t>(draw & mask), ox = static_cast<int64_t>((draw >> kDrawBits) & mask);
+  const int64_t oy = static_cast<int64_t>(draw & mask),
+                ox = static_cast<int64_t>((draw >> kDrawBits) & mask);
   const bool flip = (draw >> (2 * kDrawBits)) & 1u;
   const int64_t sy = y + oy - s.pad, sx = (flip ? s.cols - 1 - x : x) + ox - s.pad;
   if (sy < 0 || sy >= s.rows || sx < 0 || sx >= s.cols) return -1;
@@ -43,7 +45,8 @@ DPT_HOST_DEVICE inline int64_t source_pixel(const ImageBatchSpec& s, uint32_t dr
 }
 
 // The model's input value of stored byte v (or of the zero padding) in channel c. Without
-// normalisation it is v / 255.f exactly (a true division, as the CPU's table and PyTorch's ToTensor).
+// normalisation it is v / 255.f exactly (a true division, as the CPU's table and PyTorch's
+// ToTensor).
 DPT_HOST_DEVICE inline float input_value(const ImageBatchSpec& s, uint32_t v, int64_t c) {
   const float x = static_cast<float>(v) / 255.f;
   return s.mean ? (x - s.mean[c]) / s.std[c] : x;

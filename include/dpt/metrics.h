@@ -34,15 +34,16 @@ struct EpochMetrics {
   static EpochMetrics from_json(const std::string& json);
 };
 
-// This rank's summed loss, correct predictions and images over some training steps or an evaluation.
+// This rank's summed loss, correct predictions and images over some training steps or an
+// evaluation.
 struct Totals {
   double loss = 0;
   int64_t correct = 0, count = 0;
 };
 
 // Writes the learning curves of `history` as a self-contained SVG (atomically).
-void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& history,
-                      int epochs, const std::string& title);
+void write_report_svg(const std::string& path, const std::vector<EpochMetrics>& history, int epochs,
+                      const std::string& title);
 
 // A step's record in --metrics (--metrics-every), its values already global.
 struct StepRecord {
@@ -79,12 +80,13 @@ class MetricsLogger {
   // `before`: the epochs a resumed checkpoint brought (the report draws them again). After a
   // resume at (epoch, global_step), --metrics keeps only the records up to there: the steps run
   // after it, before the interruption, are run again and recorded again.
-  MetricsLogger(const TrainConfig& cfg, int rank, int world, std::vector<EpochMetrics> before, bool resumed,
-                int64_t resumed_epoch, int64_t resumed_step);
+  MetricsLogger(const TrainConfig& cfg, int rank, int world, std::vector<EpochMetrics> before,
+                bool resumed, int64_t resumed_epoch, int64_t resumed_step);
   // Whether the progress bar is drawn (rank 0 on a terminal, or --progress on).
   bool progress() const { return progress_; }
   // The bar after `done` of `total` steps of epoch `epoch` (1-based).
-  void draw_progress(int epoch, int64_t done, int64_t total, double loss, double images_per_second, double elapsed);
+  void draw_progress(int epoch, int64_t done, int64_t total, double loss, double images_per_second,
+                     double elapsed);
   void end_progress();
   void step_record(const StepRecord& r);
   // End of an epoch: the line, the record, the report (rank 0) and the straggler watch.

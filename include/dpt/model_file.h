@@ -20,7 +20,8 @@ std::string shape_text(const Shape& s);
 // file is a training checkpoint. `what` names the file in errors ("checkpoint", "--save").
 void save_model(const std::string& path, const Model& model,
                 const std::map<std::string, std::string>& metadata,
-                const std::vector<float>* momentum = nullptr, const std::string& what = "checkpoint");
+                const std::vector<float>* momentum = nullptr,
+                const std::string& what = "checkpoint");
 // Loads every parameter and buffer; refuses (input error naming the file and tensor) a file with
 // missing or extra tensors, other shapes or dtypes, or another model. With `momentum` (sized to
 // the model, or empty when the optimizer has none), the optimizer state must be there too.

@@ -78,7 +78,8 @@ class ParamStore {
   Backend* backend_;
   std::deque<Param> entries_;  // deque: Param* handed to layers stay valid
   Tensor params_, grads_, buffers_;
-  std::unique_ptr<Tensor> dparams_, dgrads_, dbuffers_;  // only where the backend's memory is not the host's
+  std::unique_ptr<Tensor> dparams_, dgrads_,
+      dbuffers_;  // only where the backend's memory is not the host's
   int64_t num_params_ = 0, num_buffers_ = 0;
   bool finalized_ = false;
 };
@@ -90,9 +91,9 @@ using GradReadyFn = std::function<void(int64_t begin, int64_t end)>;
 class Tracer;
 
 struct BackwardCtx {
-  GradReadyFn on_ready;     // may be empty
-  bool accumulate = false;  // add into gradients (accumulation micro-steps) instead of overwrite
-  Tracer* tracer = nullptr; // when active: one span per layer's backward
+  GradReadyFn on_ready;      // may be empty
+  bool accumulate = false;   // add into gradients (accumulation micro-steps) instead of overwrite
+  Tracer* tracer = nullptr;  // when active: one span per layer's backward
   void ready(const std::vector<Param*>& params) const;
 };
 
@@ -119,10 +120,13 @@ std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t
                                    int64_t pad = 0, bool bias = true);
 // PyTorch's BatchNorm2d defaults.
 inline constexpr double kBatchNormMomentum = 0.1, kBatchNormEps = 1e-5;
-std::unique_ptr<Layer> make_batchnorm2d(double momentum = kBatchNormMomentum, double eps = kBatchNormEps);
+std::unique_ptr<Layer> make_batchnorm2d(double momentum = kBatchNormMomentum,
+                                        double eps = kBatchNormEps);
 // BatchNorm2d then ReLU fused into one layer (kind "BatchNorm2d+ReLU"): the same values, gradients
-// and parameter names as the two layers, one memory pass each way, the BatchNorm output never stored.
-std::unique_ptr<Layer> make_batchnorm2d_relu(double momentum = kBatchNormMomentum, double eps = kBatchNormEps);
+// and parameter names as the two layers, one memory pass each way, the BatchNorm output never
+// stored.
+std::unique_ptr<Layer> make_batchnorm2d_relu(double momentum = kBatchNormMomentum,
+                                             double eps = kBatchNormEps);
 std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_avgpool2d(int kernel, int stride);
 // ReLU then AvgPool2d fused into one layer (same values and gradients, fewer memory passes).
@@ -152,8 +156,8 @@ class Sequential : public Layer {
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
-  std::vector<Tensor> acts_;   // output of child i (the last child writes into y)
-  std::vector<Tensor> grads_;  // dL/d(output of child i)
+  std::vector<Tensor> acts_;             // output of child i (the last child writes into y)
+  std::vector<Tensor> grads_;            // dL/d(output of child i)
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -202,7 +206,8 @@ class Model {
 // H x W; LeNet's fc1 is sized from H x W. Input error for another name or a shape the model cannot
 // take (model_input_problem).
 std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
-                                  Backend& backend = cpu_backend(), const Shape& input = {28, 28, 1});
+                                  Backend& backend = cpu_backend(),
+                                  const Shape& input = {28, 28, 1});
 // Why `name` cannot take images of shape {H, W, C}, or "" when it can.
 std::string model_input_problem(const std::string& name, const Shape& input);
 

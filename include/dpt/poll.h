@@ -1,7 +1,8 @@
 // poll_with_deadline: the one polling loop behind every wait on a peer (the MPI communicator's
-// requests; the NCCL communicator's set-up, a split, a collective's launch and its completion): a probe is called until it reports done, with
-// a growing pause between calls, and a deadline (--timeout) after which on_timeout is called.
-// Header-only and free of CUDA, so that it is unit-tested without a GPU (tests/unit/test_poll.cc).
+// requests; the NCCL communicator's set-up, a split, a collective's launch and its completion): a
+// probe is called until it reports done, with a growing pause between calls, and a deadline
+// (--timeout) after which on_timeout is called. Header-only and free of CUDA, so that it is
+// unit-tested without a GPU (tests/unit/test_poll.cc).
 #pragma once
 
 #include <algorithm>
@@ -48,9 +49,11 @@ bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
 
 // The one message of a wait that ran past --timeout (MPI, NCCL and the reducer alike):
 // "<what> did not complete within --timeout <t> s on rank <r><detail>".
-inline std::string timeout_message(const std::string& what, double timeout_s, int rank, const std::string& detail) {
+inline std::string timeout_message(const std::string& what, double timeout_s, int rank,
+                                   const std::string& detail) {
   std::ostringstream os;
-  os << what << " did not complete within --timeout " << timeout_s << " s on rank " << rank << detail;
+  os << what << " did not complete within --timeout " << timeout_s << " s on rank " << rank
+     << detail;
   return os.str();
 }
 

@@ -14,9 +14,9 @@
 #include "dpt/augment.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
+#include "dpt/dataset.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
-#include "dpt/dataset.h"
 #include "dpt/files.h"
 #include "dpt/nn.h"
 
@@ -48,8 +48,8 @@ struct Preflight {
   std::unique_ptr<ComputeDevice> device;
   std::string data_format;  // the format read (--data-format, or the one detected)
   ImageSet train, test;
-  Normalization normalize;  // --normalize resolved (auto: the training set's statistics)
-  AugmentSpec augment;      // --augment, its crop padding sized to the images
+  Normalization normalize;          // --normalize resolved (auto: the training set's statistics)
+  AugmentSpec augment;              // --augment, its crop padding sized to the images
   DType activations = DType::kF32;  // --activation-dtype resolved on the opened device
   std::vector<OutputLock> locks;    // rank 0's outputs, held until the run ends (check_outputs)
   std::string train_digest, test_digest;  // data_digest of each set, compared across ranks
@@ -97,14 +97,17 @@ void agree_on_data(const Preflight& pf, Communicator& comm);
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
 // Input error (naming --data, the largest file and both sizes) when `ranks_here` copies of the data
 // set, as data_size sizes it, need more than `mem` (nothing when mem.bytes < 0: unknown).
-void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here, const HostMemory& mem);
+void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
+                       const HostMemory& mem);
 // Bytes one image costs in a training step and in evaluation, measured on a probe model whose
 // activations are of type `activations`.
-std::pair<double, double> bytes_per_image(const std::string& model, int classes, const Shape& input = {28, 28, 1},
+std::pair<double, double> bytes_per_image(const std::string& model, int classes,
+                                          const Shape& input = {28, 28, 1},
                                           DType activations = DType::kF32);
 // Input error when the batch needs more than `mem` can give (see DeviceMemory), with activations
 // of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
-void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
-                  const Shape& input = {28, 28, 1}, std::optional<DType> activations = std::nullopt);
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,
+                  const DeviceMemory& mem, const Shape& input = {28, 28, 1},
+                  std::optional<DType> activations = std::nullopt);
 
 }  // namespace dpt

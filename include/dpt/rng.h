@@ -1,5 +1,5 @@
-// Rng: a small, fully specified random generator (splitmix64 + Box-Muller), so that a seed gives the
-// same initial weights and the same data order on every rank, compiler and machine.
+// Rng: a small, fully specified random generator (splitmix64 + Box-Muller), so that a seed gives
+// the same initial weights and the same data order on every rank, compiler and machine.
 #pragma once
 
 #include <cmath>

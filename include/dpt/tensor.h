@@ -44,8 +44,9 @@ class Tensor {
 
   // Reshapes; reallocates only when more bytes than ever before are needed, so buffers that are
   // resized every step (activations) allocate once. New storage is zero-filled. With a backend
-  // other than the tensor's own, the storage moves to it (contents are not kept); with a dtype (kF32
-  // or kBF16) other than its own, the elements are that type from now on (contents meaningless).
+  // other than the tensor's own, the storage moves to it (contents are not kept); with a dtype
+  // (kF32 or kBF16) other than its own, the elements are that type from now on (contents
+  // meaningless).
   void resize(const Shape& shape);
   void resize(const Shape& shape, Backend* backend);
   void resize(const Shape& shape, Backend* backend, DType dtype);
@@ -71,7 +72,7 @@ class Tensor {
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const { return shape_numel(shape_); }
   bool empty() const { return data_ == nullptr; }
-  size_t bytes() const;  // numel() elements of dtype()
+  size_t bytes() const;                          // numel() elements of dtype()
   Backend* backend() const { return backend_; }  // null: host memory
   // Bytes of storage all tensors of this process own right now (the memory estimate measures a
   // probe step with it).

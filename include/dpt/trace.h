@@ -3,8 +3,8 @@
 // Perfetto JSON file (one process per rank: pid = rank; tid 0 = compute, tid 1 = communication).
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,7 +45,10 @@ class Tracer {
 class TraceScope {
  public:
   TraceScope(Tracer* t, const char* name, const char* category, Tracer::Tid tid = Tracer::kCompute)
-      : t_(t && t->active() ? t : nullptr), name_(name), category_(category), tid_(tid),
+      : t_(t && t->active() ? t : nullptr),
+        name_(name),
+        category_(category),
+        tid_(tid),
         t0_(t_ ? t_->now_us() : 0) {}
   ~TraceScope() {
     if (t_) t_->span(name_, category_, tid_, t0_, t_->now_us());

@@ -1,20 +1,19 @@
 // The MPI Communicator and the process bootstrap. Waits poll MPI_Test with short sleeps instead of
 // MPI_Wait: a sleeping waiter leaves the core to the compute thread (2 ranks x 2 threads share 2
 // cores here), and polling is what lets every wait end with a clear error after --timeout.
-#include <algorithm>
-#include <cstring>
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <system_error>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "comm/mpi_check.h"
-
 #include "dpt/bootstrap.h"
 #include "dpt/comm.h"
 #include "dpt/half.h"
@@ -27,14 +26,21 @@ namespace {
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kU64: return MPI_UINT64_T;
-    case DType::kU8: return MPI_UINT8_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU64:
+      return MPI_UINT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
     case DType::kBF16:
-    case DType::kF16: return MPI_UINT16_T;  // bit patterns, summed by the operations below
+    case DType::kF16:
+      return MPI_UINT16_T;  // bit patterns, summed by the operations below
   }
   return MPI_DATATYPE_NULL;
 }
@@ -67,9 +73,12 @@ MPI_Op mpi_op(ReduceOp op, DType dt) {
   }
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides after completion
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kAvg:
+      return MPI_SUM;  // kAvg divides after completion
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -96,9 +105,12 @@ void poll_until(Poll done, double timeout, const std::string& what, int rank,
   poll_with_deadline(
       timeout, done,
       [&] {
-        throw Error(ErrorKind::kInternal,
-                    timeout_message(what, timeout, rank,
-                                    ": " + (diagnose ? diagnose() : std::string("a peer rank is stopped, dead or far behind"))));
+        throw Error(
+            ErrorKind::kInternal,
+            timeout_message(
+                what, timeout, rank,
+                ": " + (diagnose ? diagnose()
+                                 : std::string("a peer rank is stopped, dead or far behind"))));
       },
       PollPause{std::chrono::microseconds(20), std::chrono::microseconds(20), 64});
 }
@@ -107,7 +119,10 @@ class MpiRequest : public Request {
  public:
   MpiRequest(MPI_Request req, std::string what, double timeout, int rank,
              std::function<std::string()> diagnose)
-      : req_(req), what_(std::move(what)), timeout_(timeout), rank_(rank),
+      : req_(req),
+        what_(std::move(what)),
+        timeout_(timeout),
+        rank_(rank),
         diagnose_(std::move(diagnose)) {}
   // A request still pending here belongs to a job that is failing (its waiter threw): it is left
   // alone, since waiting could hang on a dead peer and MPI forbids freeing an active collective.
@@ -119,7 +134,9 @@ class MpiRequest : public Request {
     if (flag) finish();
     return done_;
   }
-  void wait() override { poll_until([this] { return test(); }, timeout_, what_, rank_, diagnose_); }
+  void wait() override {
+    poll_until([this] { return test(); }, timeout_, what_, rank_, diagnose_);
+  }
   std::function<void()> on_complete;
 
  private:
@@ -149,9 +166,10 @@ class MpiCommunicator : public Communicator {
     // Every rank's host, gathered now while every peer can answer: a timeout's message names the
     // host of a silent rank, since a whole host going quiet (its link down) is the usual cause.
     std::vector<char> all(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
-    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                            MPI_CHAR, health_));
-    for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, health_));
+    for (int r = 0; r < size_; ++r)
+      hosts_.emplace_back(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -218,7 +236,8 @@ class MpiCommunicator : public Communicator {
 
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     ++seq_;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op, dt), comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(dt), mpi_op(op, dt),
+                            comm_));
     if (op == ReduceOp::kAvg) divide(data, count, dt, size_);
   }
 
@@ -271,19 +290,23 @@ class MpiCommunicator : public Communicator {
     }
     std::string out;
     if (!silent.empty())
-      out += "rank(s) " + silent + " did not answer within 2 s (stopped, dead or unreachable; on host(s) " +
+      out += "rank(s) " + silent +
+             " did not answer within 2 s (stopped, dead or unreachable; on host(s) " +
              silent_hosts + ")";
-    if (!behind.empty()) out += std::string(out.empty() ? "" : "; ") + "rank(s) " + behind +
-                                " behind this rank (at collective #" + std::to_string(seq_) + ")";
-    if (out.empty()) out = "every rank answered and none is behind: a collective is mismatched or the network is stalled";
+    if (!behind.empty())
+      out += std::string(out.empty() ? "" : "; ") + "rank(s) " + behind +
+             " behind this rank (at collective #" + std::to_string(seq_) + ")";
+    if (out.empty())
+      out =
+          "every rank answered and none is behind: a collective is mismatched or the network is "
+          "stalled";
     return out;
   }
 
  private:
   static constexpr int kHealthTag = 7301;
   std::unique_ptr<MpiRequest> make_request(MPI_Request req, const std::string& what) {
-    return std::make_unique<MpiRequest>(req, what, timeout_, rank_,
-                                        [this] { return diagnose(); });
+    return std::make_unique<MpiRequest>(req, what, timeout_, rank_, [this] { return diagnose(); });
   }
   static int checked_count(int64_t count) {
     DPT_CHECK(count >= 0 && count <= INT32_MAX, "collective count " << count << " out of range");
@@ -315,12 +338,14 @@ uint64_t checksum(const void* data, size_t bytes, uint64_t h) {
 std::vector<std::string> allgather_text(Communicator& comm, const std::string& mine) {
   const auto lens = comm.allgather(static_cast<int64_t>(mine.size()));
   const int64_t width = std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end()));
-  std::vector<uint8_t> one(static_cast<size_t>(width), 0), all(static_cast<size_t>(width * comm.size()));
+  std::vector<uint8_t> one(static_cast<size_t>(width), 0),
+      all(static_cast<size_t>(width * comm.size()));
   std::copy(mine.begin(), mine.end(), one.begin());
   comm.allgather(one.data(), all.data(), width);
   std::vector<std::string> out;
   for (int r = 0; r < comm.size(); ++r)
-    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * width, static_cast<size_t>(lens[static_cast<size_t>(r)]));
+    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * width,
+                     static_cast<size_t>(lens[static_cast<size_t>(r)]));
   return out;
 }
 

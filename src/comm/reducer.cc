@@ -1,5 +1,5 @@
-// Bucket planning, the Reducer (buckets all-reduced in order while backward runs, over a transport),
-// the CPU's transport (an MPI communication thread) and the DataParallel wrapper.
+// Bucket planning, the Reducer (buckets all-reduced in order while backward runs, over a
+// transport), the CPU's transport (an MPI communication thread) and the DataParallel wrapper.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -9,19 +9,17 @@
 #include <mutex>
 #include <thread>
 
+#include "dpt/clock.h"
 #include "dpt/ddp.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
-#include "dpt/clock.h"
 #include "dpt/log.h"
 #include "dpt/poll.h"
 
 namespace dpt {
 
-
-std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds,
-                                 double cap_bytes, double first_cap_bytes,
-                                 double last_cap_bytes) {
+std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds, double cap_bytes,
+                                 double first_cap_bytes, double last_cap_bytes) {
   std::sort(bounds.begin(), bounds.end());
   std::vector<Bucket> out;
   for (const auto& [b, e] : bounds) {
@@ -37,7 +35,8 @@ std::vector<Bucket> plan_buckets(std::vector<std::pair<int64_t, int64_t>> bounds
     const Bucket last = out.back();
     int64_t split = last.end;
     for (auto it = bounds.rbegin(); it != bounds.rend() && it->first > last.begin; ++it) {
-      if (split != last.end && static_cast<double>((last.end - it->first) * 4) > last_cap_bytes) break;
+      if (split != last.end && static_cast<double>((last.end - it->first) * 4) > last_cap_bytes)
+        break;
       split = it->first;
     }
     if (split > last.begin && split < last.end) {
@@ -69,13 +68,17 @@ class MpiThreadTransport : public ReduceTransport {
     if (thread_.joinable()) {
       // A thread stuck in a collective that will never finish cannot be joined; the process is
       // ending anyway (the job is aborted after a timeout).
-      if (error_ || stuck_) thread_.detach(); else thread_.join();
+      if (error_ || stuck_)
+        thread_.detach();
+      else
+        thread_.join();
     }
   }
 
   void begin(int64_t) override {
     std::lock_guard<std::mutex> lock(mu_);
-    DPT_CHECK(queue_.empty() && completed_ == launched_.size(), "Reducer::begin with all-reduces in flight");
+    DPT_CHECK(queue_.empty() && completed_ == launched_.size(),
+              "Reducer::begin with all-reduces in flight");
     launched_.clear();
     completed_ = 0;
     comm_seconds_ = 0;
@@ -96,7 +99,8 @@ class MpiThreadTransport : public ReduceTransport {
     const double t0 = now_seconds();
     std::unique_lock<std::mutex> lock(mu_);
     // The communication thread uses MPI's blocking all-reduce (the fast, tuned algorithms), so the
-    // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is gone.
+    // --timeout is enforced here, by the waiter: it names the bucket and asks the peers who is
+    // gone.
     auto done = [this] { return completed_ == launched_.size() || error_; };
     const double timeout = comm_->timeout();
     if (timeout > 0) {
@@ -104,7 +108,8 @@ class MpiThreadTransport : public ReduceTransport {
         const Launched& l = launched_[completed_];
         stuck_ = true;
         lock.unlock();
-        throw Error(ErrorKind::kInternal, timeout_message(l.what, timeout, comm_->rank(), ": " + comm_->diagnose()));
+        throw Error(ErrorKind::kInternal,
+                    timeout_message(l.what, timeout, comm_->rank(), ": " + comm_->diagnose()));
       }
     } else {
       cv_.wait(lock, done);
@@ -146,14 +151,16 @@ class MpiThreadTransport : public ReduceTransport {
         } else {
           // Compressed: cast into 16-bit values, sum those (in float, rounded per partial sum),
           // cast back. The optimizer and the master weights never see anything but float.
-          if (static_cast<int64_t>(wire_buf_.size()) < l.range.size()) wire_buf_.resize(static_cast<size_t>(l.range.size()));
+          if (static_cast<int64_t>(wire_buf_.size()) < l.range.size())
+            wire_buf_.resize(static_cast<size_t>(l.range.size()));
           compress16(g, wire_buf_.data(), l.range.size(), wire_);
           comm_->allreduce_unbounded_raw(wire_buf_.data(), l.range.size(), wire_, ReduceOp::kSum);
           decompress16(wire_buf_.data(), g, l.range.size(), wire_);
         }
         const double dt = now_seconds() - t0;
         if (tracer_ && tracer_->active())
-          tracer_->span("allreduce bucket " + std::to_string(l.bucket), "comm", Tracer::kComm, s0, tracer_->now_us());
+          tracer_->span("allreduce bucket " + std::to_string(l.bucket), "comm", Tracer::kComm, s0,
+                        tracer_->now_us());
         std::lock_guard<std::mutex> lock(mu_);
         comm_seconds_ += dt;
         ++completed_;
@@ -168,10 +175,12 @@ class MpiThreadTransport : public ReduceTransport {
   }
 
   Communicator& main_;
-  std::unique_ptr<Communicator> comm_;  // the thread's own: its collectives never interleave with main_'s
+  std::unique_ptr<Communicator>
+      comm_;  // the thread's own: its collectives never interleave with main_'s
   float* grads_;
   DType wire_;
-  std::vector<uint16_t> wire_buf_;  // the thread's: a bucket in 16-bit values (compressed wire only)
+  std::vector<uint16_t>
+      wire_buf_;  // the thread's: a bucket in 16-bit values (compressed wire only)
   Tracer* tracer_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -204,7 +213,8 @@ const char* grad_wire_name(DType wire) {
 
 // ---- Reducer ---------------------------------------------------------------------------------
 
-Reducer::Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets, bool overlap)
+Reducer::Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets,
+                 bool overlap)
     : transport_(std::move(transport)), buckets_(std::move(buckets)), overlap_(overlap) {
   DPT_CHECK(transport_ != nullptr, "Reducer without a transport");
   pending_.resize(buckets_.size());
@@ -256,7 +266,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
                            std::unique_ptr<ReduceTransport> transport)
     : model_(model), comm_(comm), options_(options) {
   DPT_INPUT_CHECK(options.bucket_mb > 0, "--bucket-mb must be > 0, got " << options.bucket_mb);
-  DPT_INPUT_CHECK(options.last_bucket_mb >= 0, "--last-bucket-mb must be >= 0, got " << options.last_bucket_mb);
+  DPT_INPUT_CHECK(options.last_bucket_mb >= 0,
+                  "--last-bucket-mb must be >= 0, got " << options.last_bucket_mb);
   check_replicas();
   broadcast_state();
   ParamStore& store = model_.store();
@@ -281,7 +292,8 @@ DataParallel::DataParallel(Model& model, Communicator& comm, const DdpOptions& o
     // Through the transport: the statistics are in the backend's memory, ordered with its compute.
     ReduceTransport* t = &reducer_->transport();
     model_.net().visit([t](Layer& l) {
-      set_batchnorm_sync(l, [t](double* data, int64_t n) { t->allreduce_doubles(data, n, "sync-bn statistics"); });
+      set_batchnorm_sync(
+          l, [t](double* data, int64_t n) { t->allreduce_doubles(data, n, "sync-bn statistics"); });
     });
   }
 }
@@ -308,11 +320,9 @@ void DataParallel::check_replicas() {
       std::string lb = other.substr(b, eb == std::string::npos ? std::string::npos : eb - b);
       if (la != lb || ea == std::string::npos || eb == std::string::npos) {
         throw Error(ErrorKind::kInput,
-                    DPT_MSG("model replicas differ: rank " << r << " has '"
-                                                           << (lb.empty() ? "(nothing)" : lb)
-                                                           << "' where rank 0 has '"
-                                                           << (la.empty() ? "(nothing)" : la)
-                                                           << "'"));
+                    DPT_MSG("model replicas differ: rank "
+                            << r << " has '" << (lb.empty() ? "(nothing)" : lb)
+                            << "' where rank 0 has '" << (la.empty() ? "(nothing)" : la) << "'"));
       }
       a = ea + 1;
       b = eb + 1;
@@ -347,7 +357,8 @@ void DataParallel::sync_buffers() {
 
 void DataParallel::verify_replicas(int64_t step) {
   ParamStore& store = model_.store();
-  const uint64_t h = checksum(store.params(), static_cast<size_t>(store.num_params()) * sizeof(float));
+  const uint64_t h =
+      checksum(store.params(), static_cast<size_t>(store.num_params()) * sizeof(float));
   const auto all = comm_.allgather(h);
   std::string bad;
   for (int r = 1; r < comm_.size(); ++r)

@@ -1,5 +1,6 @@
 // The out-of-line half of include/dpt/error.h: the rank prefix and the message format shared by
-// every check macro, so each error reads "[rank r@host] <library> error: <message> at file:line: <expr>".
+// every check macro, so each error reads "[rank r@host] <library> error: <message> at file:line:
+// <expr>".
 #include "dpt/error.h"
 
 namespace dpt {
@@ -55,7 +56,8 @@ std::string grouped(size_t n) {
 
 std::string summarize(const std::vector<std::string>& items, size_t shown) {
   std::string out;
-  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + printable(items[i]);
+  for (size_t i = 0; i < items.size() && i < shown; ++i)
+    out += (i ? ", " : "") + printable(items[i]);
   if (items.size() > shown) out += " and " + grouped(items.size() - shown) + " more";
   return out;
 }

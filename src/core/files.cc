@@ -1,6 +1,6 @@
-// The atomic writer, the output locks and the input/output checks of include/dpt/files.h. Everything goes through
-// file descriptors opened with O_NOFOLLOW/O_EXCL/O_NONBLOCK: a name checked with stat and then
-// opened by name could be swapped in between, a descriptor cannot.
+// The atomic writer, the output locks and the input/output checks of include/dpt/files.h.
+// Everything goes through file descriptors opened with O_NOFOLLOW/O_EXCL/O_NONBLOCK: a name checked
+// with stat and then opened by name could be swapped in between, a descriptor cannot.
 #include "dpt/files.h"
 
 #include <fcntl.h>
@@ -10,8 +10,8 @@
 
 #include <cerrno>
 #include <climits>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -52,7 +52,8 @@ mode_t current_umask() {
     char line[256];
     unsigned mask = 0;
     bool found = false;
-    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "Umask: %o", &mask) == 1;
+    while (!found && std::fgets(line, sizeof line, f))
+      found = std::sscanf(line, "Umask: %o", &mask) == 1;
     std::fclose(f);
     if (found) return static_cast<mode_t>(mask);
   }
@@ -73,7 +74,7 @@ std::string resolve_output(const std::string& path, const std::string& what, str
   if (!S_ISLNK(lst.st_mode)) {
     DPT_INPUT_CHECK(!S_ISDIR(lst.st_mode), what << " " << path << " is a directory, not a file");
     DPT_INPUT_CHECK(S_ISREG(lst.st_mode), what << " " << path << " is " << kind_of(lst.st_mode)
-                                                << ", not a regular file: refusing to replace it");
+                                               << ", not a regular file: refusing to replace it");
     *st = lst;
     return path;
   }
@@ -84,14 +85,16 @@ std::string resolve_output(const std::string& path, const std::string& what, str
                   what << " " << path << " is a symlink to nothing that exists (" << errno_text()
                        << "): refusing to write through it");
   DPT_INPUT_CHECK(::stat(real, st) == 0, what << " " << path << ": " << errno_text());
-  DPT_INPUT_CHECK(S_ISREG(st->st_mode), what << " " << path << " is a symlink to " << real << ", which is "
-                                             << kind_of(st->st_mode) << ": refusing to replace it");
+  DPT_INPUT_CHECK(S_ISREG(st->st_mode), what << " " << path << " is a symlink to " << real
+                                             << ", which is " << kind_of(st->st_mode)
+                                             << ": refusing to replace it");
   return real;
 }
 
 }  // namespace
 
-AtomicFile::AtomicFile(const std::string& path, const std::string& what) : path_(path), what_(what) {
+AtomicFile::AtomicFile(const std::string& path, const std::string& what)
+    : path_(path), what_(what) {
   DPT_INPUT_CHECK(!path.empty(), what << ": the path is empty");
   struct stat st {};
   target_ = resolve_output(path, what, &st);
@@ -106,16 +109,19 @@ AtomicFile::AtomicFile(const std::string& path, const std::string& what) : path_
   // O_NOFOLLOW refuses one planted by a lucky guess (we then draw again).
   std::random_device rd;
   static const char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  const std::string stem = dir_of(target_) + "/" + base_of(target_) + ".tmp." + std::to_string(::getpid()) + ".";
+  const std::string stem =
+      dir_of(target_) + "/" + base_of(target_) + ".tmp." + std::to_string(::getpid()) + ".";
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     std::string suffix(10, 'x');
     for (char& c : suffix) c = kAlnum[rd() % (sizeof kAlnum - 1)];
     temp_ = stem + suffix;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    DPT_INPUT_CHECK(fd_ >= 0 || errno == EEXIST,
-                    what << ": cannot create a temporary file beside " << path << " (" << temp_ << "): " << errno_text());
+    DPT_INPUT_CHECK(fd_ >= 0 || errno == EEXIST, what << ": cannot create a temporary file beside "
+                                                      << path << " (" << temp_
+                                                      << "): " << errno_text());
   }
-  DPT_INPUT_CHECK(fd_ >= 0, what << ": cannot create a temporary file beside " << path << ": every name was taken");
+  DPT_INPUT_CHECK(fd_ >= 0, what << ": cannot create a temporary file beside " << path
+                                 << ": every name was taken");
   // open's mode is masked by the umask: set the replaced file's mode exactly.
   if (::fchmod(fd_, mode) != 0) {
     const std::string err = errno_text();
@@ -135,7 +141,8 @@ void AtomicFile::write(const void* data, size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, n);
     if (w < 0 && errno == EINTR) continue;
-    DPT_INPUT_CHECK(w > 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+    DPT_INPUT_CHECK(w > 0, "cannot write " << what_ << " " << path_ << " (via " << temp_
+                                           << "): " << errno_text());
     p += w, n -= static_cast<size_t>(w);
   }
 }
@@ -144,17 +151,20 @@ void AtomicFile::commit() {
   DPT_CHECK(fd_ >= 0, "AtomicFile::commit twice");
   // The bytes must be on disk before the rename makes them the file: a power cut would otherwise
   // leave an empty file behind a completed rename.
-  DPT_INPUT_CHECK(::fsync(fd_) == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+  DPT_INPUT_CHECK(::fsync(fd_) == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_
+                                                     << "): " << errno_text());
   const int rc = ::close(fd_);
   fd_ = -1;
-  DPT_INPUT_CHECK(rc == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
+  DPT_INPUT_CHECK(rc == 0, "cannot write " << what_ << " " << path_ << " (via " << temp_
+                                           << "): " << errno_text());
   // The target may have become something else since the constructor looked (a FIFO planted in the
   // meantime): look again right before the rename.
   struct stat st {};
   DPT_INPUT_CHECK(resolve_output(path_, what_, &st) == target_,
                   what_ << " " << path_ << " changed while it was being written: not replacing it");
-  DPT_INPUT_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0,
-                  "cannot rename " << temp_ << " to " << what_ << " " << target_ << ": " << errno_text());
+  DPT_INPUT_CHECK(
+      ::rename(temp_.c_str(), target_.c_str()) == 0,
+      "cannot rename " << temp_ << " to " << what_ << " " << target_ << ": " << errno_text());
   committed_ = true;
   // Persist the rename itself. Best effort: some file systems refuse fsync on directories, and
   // the file is complete either way.
@@ -175,7 +185,8 @@ OutputLock check_output_path(const std::string& path, const std::string& flag, b
   DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
   struct stat st {};
   if (stream && ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode)) {
-    DPT_INPUT_CHECK(::access(path.c_str(), W_OK) == 0, flag << " " << path << ": the device is not writable");
+    DPT_INPUT_CHECK(::access(path.c_str(), W_OK) == 0,
+                    flag << " " << path << ": the device is not writable");
     return {};  // appended to, never replaced: /dev/null discards, /dev/full fails like a full disk
   }
   const std::string target = resolve_output(path, flag, &st);
@@ -183,7 +194,8 @@ OutputLock check_output_path(const std::string& path, const std::string& flag, b
   struct stat dst {};
   DPT_INPUT_CHECK(::stat(dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode),
                   flag << " " << path << ": the directory " << dir << " does not exist");
-  DPT_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0, flag << " " << path << ": the directory " << dir << " is not writable");
+  DPT_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0,
+                  flag << " " << path << ": the directory " << dir << " is not writable");
   DPT_INPUT_CHECK(st.st_mode == 0 || ::access(target.c_str(), W_OK) == 0,
                   flag << " " << path << ": the file exists and is not writable");
   return OutputLock(path, flag);
@@ -200,47 +212,56 @@ OutputLock::OutputLock(const std::string& path, const std::string& flag) {
     // Read-only where the file is another user's (a run of theirs that ended, or one that runs):
     // flock needs no write access, and O_CREAT on another user's file in a sticky directory is
     // refused under fs.protected_regular.
-    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+                    0644);
     if (fd < 0 && (errno == EACCES || errno == EPERM))
       fd = ::open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     DPT_INPUT_CHECK(fd >= 0, flag << " " << path << ": cannot open its lock file " << lock << ": "
-                                  << (errno == ELOOP ? "it is a symlink, which is never followed" : errno_text()));
+                                  << (errno == ELOOP ? "it is a symlink, which is never followed"
+                                                     : errno_text()));
     struct stat fst {};
     if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
       const mode_t m = fst.st_mode;
       ::close(fd);
-      DPT_INPUT_CHECK(false, flag << " " << path << ": its lock file " << lock << " is " << kind_of(m)
-                                  << ", not a regular file");
+      DPT_INPUT_CHECK(false, flag << " " << path << ": its lock file " << lock << " is "
+                                  << kind_of(m) << ", not a regular file");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       char buf[512];
       const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
-      const std::string holder = n > 0 ? printable(std::string_view(buf, static_cast<size_t>(n))) : "";
+      const std::string holder =
+          n > 0 ? printable(std::string_view(buf, static_cast<size_t>(n))) : "";
       ::close(fd);
-      DPT_INPUT_CHECK(err == EWOULDBLOCK, flag << " " << path << ": cannot lock " << lock << ": " << std::strerror(err));
-      DPT_INPUT_CHECK(false, flag << " " << path << " is in use by another run ("
-                                  << (holder.empty() ? std::string("it has not said which yet") : holder)
-                                  << "; lock file " << lock << "): two runs writing one file corrupt it; let that run "
-                                  << "end, or give this one another " << flag);
+      DPT_INPUT_CHECK(err == EWOULDBLOCK, flag << " " << path << ": cannot lock " << lock << ": "
+                                               << std::strerror(err));
+      DPT_INPUT_CHECK(false,
+                      flag << " " << path << " is in use by another run ("
+                           << (holder.empty() ? std::string("it has not said which yet") : holder)
+                           << "; lock file " << lock
+                           << "): two runs writing one file corrupt it; let that run "
+                           << "end, or give this one another " << flag);
     }
     struct stat now {};
     if (::lstat(lock.c_str(), &now) == 0 && now.st_dev == fst.st_dev && now.st_ino == fst.st_ino) {
       fd_ = fd;
     } else {
       ::close(fd);  // removed by the run that held it, between our open and our lock: again
-      DPT_INPUT_CHECK(attempt < 100, flag << " " << path << ": its lock file " << lock << " keeps being replaced");
+      DPT_INPUT_CHECK(attempt < 100,
+                      flag << " " << path << ": its lock file " << lock << " keeps being replaced");
     }
   }
   file_ = lock;
-  // Who holds it, for the message of a run refused. A read-only (another user's) file keeps its text.
+  // Who holds it, for the message of a run refused. A read-only (another user's) file keeps its
+  // text.
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-  const std::string text = DPT_MSG("pid " << ::getpid() << " on host " << host << ", started " << when);
+  const std::string text =
+      DPT_MSG("pid " << ::getpid() << " on host " << host << ", started " << when);
   if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
 }
 
@@ -260,7 +281,8 @@ OutputLock::~OutputLock() { release(); }
 // meanwhile finds its lock on a removed file and opens the name again (see the constructor).
 void OutputLock::release() {
   if (fd_ < 0) return;
-  struct stat mine {}, now {};
+  struct stat mine {
+  }, now{};
   if (::fstat(fd_, &mine) == 0 && ::lstat(file_.c_str(), &now) == 0 && mine.st_dev == now.st_dev &&
       mine.st_ino == now.st_ino)
     ::unlink(file_.c_str());
@@ -285,7 +307,9 @@ int open_input_file(const std::string& path, const std::string& what) {
   return fd;
 }
 
-void check_input_file(const std::string& path, const std::string& what) { ::close(open_input_file(path, what)); }
+void check_input_file(const std::string& path, const std::string& what) {
+  ::close(open_input_file(path, what));
+}
 
 bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t* pid) {
   // "<target>.tmp.<pid>" (older builds) or "<target>.tmp.<pid>.<random>".
@@ -294,8 +318,12 @@ bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t*
   const std::string rest = name.substr(at + 5);
   const size_t dot = rest.find('.');
   const std::string digits = rest.substr(0, dot);
-  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
-  if (dot != std::string::npos && (dot + 1 >= rest.size() || rest.find('.', dot + 1) != std::string::npos)) return false;
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  if (dot != std::string::npos &&
+      (dot + 1 >= rest.size() || rest.find('.', dot + 1) != std::string::npos))
+    return false;
   *target_name = name.substr(0, at);
   *pid = static_cast<pid_t>(std::stol(digits));
   return true;

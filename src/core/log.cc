@@ -45,7 +45,9 @@ void write_stdout(const std::string& line) {
   if (g_stdout_gone.exchange(true)) return;  // another thread already reported it
   std::clearerr(stdout);
   if (g_level < LogLevel::kWarn) return;
-  const std::string why = err == EPIPE ? "the reader closed the pipe" : err ? std::strerror(err) : "a write failed";
+  const std::string why = err == EPIPE ? "the reader closed the pipe"
+                          : err        ? std::strerror(err)
+                                       : "a write failed";
   write_stderr(rank_prefix() + "warning: stdout is gone (" + why +
                "): training goes on; later stdout lines are dropped\n");
 }
@@ -115,7 +117,10 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
 
 void Tensor::release() noexcept {
   if (!owned_) return;
-  if (backend_) backend_->release(owned_); else std::free(owned_);
+  if (backend_)
+    backend_->release(owned_);
+  else
+    std::free(owned_);
   g_live_bytes.fetch_sub(owned_bytes_, std::memory_order_relaxed);
   owned_ = nullptr;
   owned_bytes_ = 0;
@@ -125,9 +130,12 @@ namespace {
 size_t element_bytes(DType dt) { return dt == DType::kBF16 ? 2 : 4; }
 const char* dtype_name(DType dt) {
   switch (dt) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    default: return "another type";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    default:
+      return "another type";
   }
 }
 }  // namespace
@@ -136,13 +144,14 @@ size_t Tensor::bytes() const { return static_cast<size_t>(numel()) * element_byt
 
 void Tensor::wrong_dtype(DType asked) const {
   DPT_CHECK(false, "tensor " << shape_str(shape_) << " holds " << dtype_name(dtype_) << ", read as "
-                              << dtype_name(asked));
+                             << dtype_name(asked));
   std::abort();  // not reached: DPT_CHECK(false) throws
 }
 
 void Tensor::resize(const Shape& shape, Backend* backend, DType dtype) {
   DPT_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "a tensor holds float32 or bfloat16");
-  DPT_CHECK(dtype == dtype_ || owned_ || data_ == nullptr, "cannot change the element type of a view");
+  DPT_CHECK(dtype == dtype_ || owned_ || data_ == nullptr,
+            "cannot change the element type of a view");
   dtype_ = dtype;
   resize(shape, backend);
 }
@@ -179,7 +188,8 @@ void Tensor::resize(const Shape& shape) {
     owned_ = p;
     owned_bytes_ = static_cast<int64_t>(bytes);
     g_live_bytes.fetch_add(owned_bytes_, std::memory_order_relaxed);
-    capacity_ = static_cast<int64_t>(bytes);  // all of it: a later dtype or shape may use the rounding
+    capacity_ =
+        static_cast<int64_t>(bytes);  // all of it: a later dtype or shape may use the rounding
     data_ = p;
   }
   shape_ = shape;
@@ -187,7 +197,10 @@ void Tensor::resize(const Shape& shape) {
 
 void Tensor::zero() {
   if (!data_) return;
-  if (backend_) backend_->zero(data_, bytes()); else std::memset(data_, 0, bytes());
+  if (backend_)
+    backend_->zero(data_, bytes());
+  else
+    std::memset(data_, 0, bytes());
 }
 
 }  // namespace dpt

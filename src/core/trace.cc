@@ -36,15 +36,28 @@ void Tracer::write(Communicator& comm, const std::string& path, const std::strin
   active_ = false;
   nlohmann::json events = nlohmann::json::array();
   const int rank = comm.rank();
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + "@" + host}}}});
-  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  events.push_back({{"name", "process_sort_index"},
+                    {"ph", "M"},
+                    {"pid", rank},
+                    {"args", {{"sort_index", rank}}}});
   for (int tid : {0, 1})
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"tid", tid},
                       {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
   for (const Span& s : spans_)
-    events.push_back({{"name", s.name}, {"cat", s.category}, {"ph", "X"}, {"pid", rank},
-                      {"tid", s.tid}, {"ts", s.t0}, {"dur", s.t1 - s.t0}});
+    events.push_back({{"name", s.name},
+                      {"cat", s.category},
+                      {"ph", "X"},
+                      {"pid", rank},
+                      {"tid", s.tid},
+                      {"ts", s.t0},
+                      {"dur", s.t1 - s.t0}});
   std::string mine = events.dump();
   // Rank r's events reach rank 0 by a broadcast rooted at r: sizes are known to every rank.
   std::string all;
@@ -60,7 +73,8 @@ void Tracer::write(Communicator& comm, const std::string& path, const std::strin
     }
   }
   if (rank != 0) return;
-  write_file_atomic(path, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[" + all + "]}\n", "--trace");
+  write_file_atomic(path, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[" + all + "]}\n",
+                    "--trace");
 }
 
 }  // namespace dpt

@@ -5,14 +5,13 @@
 // same primitives take bf16 x, w and dy (rounded here, or by the weight reorder) and write fp32.
 #include "cpu/conv.h"
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -85,12 +84,12 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
       dnnl::convolution_backward_weights::desc(algo, src_md, avoid_1x1 ? e->plain_w_md : dw_any,
                                                e->bias_md, ddst_md, strides, pad, pad),
       attr, eng, e->fwd_pd);
-  size_t scratch_bytes = std::max({e->fwd_pd.scratchpad_desc().get_size(),
-                                   e->bwd_data_pd.scratchpad_desc().get_size(),
-                                   e->bwd_w_pd.scratchpad_desc().get_size()});
-  e->scratch = memory(memory::desc({static_cast<memory::dim>(std::max<size_t>(scratch_bytes, 1))},
-                                   dt::u8, tag::x),
-                      eng);
+  size_t scratch_bytes =
+      std::max({e->fwd_pd.scratchpad_desc().get_size(), e->bwd_data_pd.scratchpad_desc().get_size(),
+                e->bwd_w_pd.scratchpad_desc().get_size()});
+  e->scratch = memory(
+      memory::desc({static_cast<memory::dim>(std::max<size_t>(scratch_bytes, 1))}, dt::u8, tag::x),
+      eng);
   e->fwd = dnnl::convolution_forward(e->fwd_pd);
   e->bwd_data = dnnl::convolution_backward_data(e->bwd_data_pd);
   e->bwd_w = dnnl::convolution_backward_weights(e->bwd_w_pd);
@@ -132,10 +131,9 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
     dnnl::reorder(w_plain, e.w_fwd).execute(strm, w_plain, e.w_fwd);
     w_used = e.w_fwd;
   }
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, operand(e.fwd_pd.src_desc(), x, e.x16)},
-      {DNNL_ARG_WEIGHTS, w_used},
-      {DNNL_ARG_DST, memory(e.fwd_pd.dst_desc(), eng, y)}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, operand(e.fwd_pd.src_desc(), x, e.x16)},
+                                       {DNNL_ARG_WEIGHTS, w_used},
+                                       {DNNL_ARG_DST, memory(e.fwd_pd.dst_desc(), eng, y)}};
   if (b) args[DNNL_ARG_BIAS] = memory(e.bias_md, eng, const_cast<float*>(b));
   args[DNNL_ARG_SCRATCHPAD] = e.scratch;
   e.fwd.execute(strm, args);
@@ -143,7 +141,8 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
 }
 
 void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, const float* w,
-                                   const float* dy, float* dx, float* dw, float* db, bool accumulate) {
+                                   const float* dy, float* dx, float* dw, float* db,
+                                   bool accumulate) {
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
   const memory dy_mem = operand(e.bwd_data_pd.diff_dst_desc(), dy, e.dy16);
@@ -173,10 +172,9 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
     dw_target = dw_tmp.data();
   }
   memory dw_plain(e.plain_w_md, eng, dw_target);
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, operand(e.bwd_w_pd.src_desc(), x, e.x16)},
-      {DNNL_ARG_DIFF_DST, dy_mem},
-      {DNNL_ARG_DIFF_WEIGHTS, e.dw_prim ? e.dw_prim : dw_plain}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, operand(e.bwd_w_pd.src_desc(), x, e.x16)},
+                                       {DNNL_ARG_DIFF_DST, dy_mem},
+                                       {DNNL_ARG_DIFF_WEIGHTS, e.dw_prim ? e.dw_prim : dw_plain}};
   if (db) args[DNNL_ARG_DIFF_BIAS] = accumulate ? e.db_tmp : memory(e.bias_md, eng, db);
   args[DNNL_ARG_SCRATCHPAD] = e.scratch;
   e.bwd_w.execute(strm, args);
@@ -188,17 +186,17 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, 
   }
 }
 
-
 // The same gradients as backward_dnnl, as two large sgemms over im2col columns (NHWC makes the
 // columns contiguous copies): dW = dY^T col and dcol = dY W. On this project's AVX2 machines
 // oneDNN 2.6's direct backward kernels reach ~50 GFLOP/s on LeNet's conv2, sgemm ~87.
 void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w,
-                                   const float* dy, float* dx, float* dw, float* db, bool accumulate) {
+                                   const float* dy, float* dx, float* dw, float* db,
+                                   bool accumulate) {
   const int64_t kk = g.k * g.k, kkc = kk * g.c_in, o = g.c_out, per_image = g.oh() * g.ow();
   // Blocks of images whose columns (~1.5 MB) stay in cache between im2col, the two sgemms and
   // col2im, instead of 20 MB round trips through memory for LeNet's conv2 at batch 128.
-  const int64_t block = std::clamp<int64_t>((int64_t{3} << 18) / std::max<int64_t>(1, per_image * kkc),
-                                            1, g.n);
+  const int64_t block =
+      std::clamp<int64_t>((int64_t{3} << 18) / std::max<int64_t>(1, per_image * kkc), 1, g.n);
   e.col.resize(static_cast<size_t>(block * per_image * kkc));
   e.dw_ohwi.resize(static_cast<size_t>(o * kkc));
   if (dx) {
@@ -214,12 +212,14 @@ void ConvPrimitives::backward_gemm(Entry& e, const ConvGeom& g, const float* x, 
     gb.n = std::min(block, g.n - n0);
     const int64_t rows = gb.n * per_image;
     const float* dyb = dy + n0 * per_image * o;
-    im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad, e.col.data());
-    sgemm('T', 'N', o, kkc, rows, dyb, o, e.col.data(), kkc, n0 == 0 ? 0.f : 1.f,
-          e.dw_ohwi.data(), kkc);
+    im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
+                e.col.data());
+    sgemm('T', 'N', o, kkc, rows, dyb, o, e.col.data(), kkc, n0 == 0 ? 0.f : 1.f, e.dw_ohwi.data(),
+          kkc);
     if (dx) {
       sgemm('N', 'N', rows, kkc, o, dyb, o, e.w_ohwi.data(), kkc, 0.f, e.dcol.data(), kkc);
-      col2im_nhwc(e.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad, dx + n0 * g.h * g.w * g.c_in);
+      col2im_nhwc(e.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
+                  dx + n0 * g.h * g.w * g.c_in);
     }
   }
   // [O][kh][kw][C] -> PyTorch's [O][C][kh][kw].
@@ -253,9 +253,12 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     // bf16 is always oneDNN's: the sgemm path is fp32.
     const char* env = std::getenv("DPT_CONV_BACKWARD");
     const std::string force = env ? env : "";
-    if (force == "onednn" || bf16_) e.bwd_path = 0;
-    else if (force == "sgemm") e.bwd_path = 1;
-    else if (force != "auto") e.bwd_path = g.k >= 5 || (g.k >= 3 && g.stride > 1) ? 1 : 0;
+    if (force == "onednn" || bf16_)
+      e.bwd_path = 0;
+    else if (force == "sgemm")
+      e.bwd_path = 1;
+    else if (force != "auto")
+      e.bwd_path = g.k >= 5 || (g.k >= 3 && g.stride > 1) ? 1 : 0;
   }
   if (e.bwd_path < 0 && accumulate) {
     // The trial overwrites the gradients: measure on a call that does not accumulate.
@@ -263,15 +266,18 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     return;
   }
   if (e.bwd_path < 0) {
-    // DPT_CONV_BACKWARD=auto: once per shape, like cuDNN's algorithm search, time both paths (the second run of each,
-    // after first-touch page faults) and keep the faster. Both write the same gradients, so the
-    // trial runs are real work (the caller's gradients are overwritten, never accumulated).
+    // DPT_CONV_BACKWARD=auto: once per shape, like cuDNN's algorithm search, time both paths (the
+    // second run of each, after first-touch page faults) and keep the faster. Both write the same
+    // gradients, so the trial runs are real work (the caller's gradients are overwritten, never
+    // accumulated).
     double best[2] = {0, 0};
     for (int rep = 0; rep < 2; ++rep)
       for (int path = 0; path < 2; ++path) {
         const auto t0 = std::chrono::steady_clock::now();
-        if (path == 0) backward_dnnl(e, g, x, w, dy, dx, dw, db, false);
-        else backward_gemm(e, g, x, w, dy, dx, dw, db, false);
+        if (path == 0)
+          backward_dnnl(e, g, x, w, dy, dx, dw, db, false);
+        else
+          backward_gemm(e, g, x, w, dy, dx, dw, db, false);
         best[path] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
     e.bwd_path = best[1] < best[0] ? 1 : 0;
@@ -279,23 +285,30 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
                                                   << " (oneDNN " << best[0] * 1e3 << " ms, sgemm "
                                                   << best[1] * 1e3 << " ms) for N=" << g.n << " C="
                                                   << g.c_in << " O=" << g.c_out << " K=" << g.k));
-    if (e.bwd_path == 1) e.col.shrink_to_fit();
-    else e.col = {}, e.dcol = {}, e.w_ohwi = {}, e.dw_ohwi = {};
+    if (e.bwd_path == 1)
+      e.col.shrink_to_fit();
+    else
+      e.col = {}, e.dcol = {}, e.w_ohwi = {}, e.dw_ohwi = {};
   }
-  if (e.bwd_path == 1) backward_gemm(e, g, x, w, dy, dx, dw, db, accumulate);
-  else backward_dnnl(e, g, x, w, dy, dx, dw, db, accumulate);
+  if (e.bwd_path == 1)
+    backward_gemm(e, g, x, w, dy, dx, dw, db, accumulate);
+  else
+    backward_dnnl(e, g, x, w, dy, dx, dw, db, accumulate);
 }
 
-void ConvPrimitives::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+void ConvPrimitives::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+                             BFloat16* y) {
   Widened f;
   forward(g, f.in(x, g.n * g.h * g.w * g.c_in), w, b, f.out(y, g.n * g.oh() * g.ow() * g.c_out));
 }
 
-void ConvPrimitives::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
-                              float* dw, float* db, bool accumulate) {
+void ConvPrimitives::backward(const ConvGeom& g, const BFloat16* x, const float* w,
+                              const BFloat16* dy, BFloat16* dx, float* dw, float* db,
+                              bool accumulate) {
   Widened f;
   const int64_t in = g.n * g.h * g.w * g.c_in;
-  backward(g, f.in(x, in), w, f.in(dy, g.n * g.oh() * g.ow() * g.c_out), f.out(dx, in), dw, db, accumulate);
+  backward(g, f.in(x, in), w, f.in(dy, g.n * g.oh() * g.ow() * g.c_out), f.out(dx, in), dw, db,
+           accumulate);
 }
 
 }  // namespace dpt::cpu

@@ -22,14 +22,16 @@ class ConvPrimitives : public ConvOp {
   explicit ConvPrimitives(bool bf16 = false);
   ~ConvPrimitives() override;
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override;
   // dx (nullable) = conv_backward_data; dw, db (nullable) = gradients, added to when accumulate.
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
                 float* dw, float* db, bool accumulate) override;
   // 16-bit activations: the float forms on widened copies (widen.h).
-  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
-  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                float* db, bool accumulate) override;
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+               BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                BFloat16* dx, float* dw, float* db, bool accumulate) override;
 
  private:
   struct Entry;
@@ -39,8 +41,8 @@ class ConvPrimitives : public ConvOp {
   void backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w, const float* dy,
                      float* dx, float* dw, float* db, bool accumulate);
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size
-  std::unique_ptr<WinogradConv> wino_;            // stride-1 3x3 shapes (winograd.h)
-  bool bf16_;                                     // bf16 operands, always oneDNN
+  std::unique_ptr<WinogradConv> wino_;               // stride-1 3x3 shapes (winograd.h)
+  bool bf16_;                                        // bf16 operands, always oneDNN
 };
 
 }  // namespace dpt::cpu

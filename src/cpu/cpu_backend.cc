@@ -6,13 +6,13 @@
 #include "cpu/cpu_backend.h"
 
 #include <immintrin.h>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
 
@@ -34,7 +34,11 @@ namespace {
 class CpuBatchNorm : public BatchNormOp {
  public:
   CpuBatchNorm(int64_t c, double momentum, double eps)
-      : c_(c), momentum_(momentum), eps_(eps), mean_(static_cast<size_t>(c)), invstd_(static_cast<size_t>(c)) {}
+      : c_(c),
+        momentum_(momentum),
+        eps_(eps),
+        mean_(static_cast<size_t>(c)),
+        invstd_(static_cast<size_t>(c)) {}
 
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                      float* running_mean, float* running_var, float* num_batches_tracked,
@@ -53,7 +57,8 @@ class CpuBatchNorm : public BatchNormOp {
       invstd_[ch] = static_cast<float>(1.0 / std::sqrt(var + eps_));
       const double unbiased = count > 1 ? var * count / (count - 1) : var;
       running_mean[ch] = static_cast<float>((1 - momentum_) * running_mean[ch] + momentum_ * mean);
-      running_var[ch] = static_cast<float>((1 - momentum_) * running_var[ch] + momentum_ * unbiased);
+      running_var[ch] =
+          static_cast<float>((1 - momentum_) * running_var[ch] + momentum_ * unbiased);
     }
     if (num_batches_tracked) num_batches_tracked[0] += 1.f;
     train_mode_ = true;
@@ -65,15 +70,16 @@ class CpuBatchNorm : public BatchNormOp {
                     bool relu) override {
     for (int64_t ch = 0; ch < c_; ++ch) {
       mean_[ch] = running_mean[ch];
-      invstd_[ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps_));
+      invstd_[ch] =
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(running_var[ch]) + eps_));
     }
     train_mode_ = false;
     bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c_, residual, relu);
   }
 
-  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
-                float* dz_out) override {
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                const float* relu_out, float* dz_out) override {
     const int64_t c = c_;
     // With a fused ReLU the gradient BatchNorm takes is dz = dy masked by relu_out > 0: computed
     // in the sums pass (and stored when the caller wants it, or when the evaluation form below
@@ -82,9 +88,10 @@ class CpuBatchNorm : public BatchNormOp {
     if (relu_out && !dz_out && dx && !train_mode_) masked.resize(static_cast<size_t>(m * c));
     float* dz = dz_out ? dz_out : masked.empty() ? nullptr : masked.data();
     std::vector<double> sums(static_cast<size_t>(2 * c));
-    bn_backward_sums(x, dy, relu_out, mean_.data(), invstd_.data(), m, c, sums.data(), sums.data() + c, dz);
-    const float* g = dz ? dz : dy;                  // the gradient, masked or not
-    const float* mask = dz ? nullptr : relu_out;    // the mask still to apply
+    bn_backward_sums(x, dy, relu_out, mean_.data(), invstd_.data(), m, c, sums.data(),
+                     sums.data() + c, dz);
+    const float* g = dz ? dz : dy;                // the gradient, masked or not
+    const float* mask = dz ? nullptr : relu_out;  // the mask still to apply
     // Parameter gradients are this replica's own sums (the reducer adds the replicas up).
     for (int64_t ch = 0; ch < c; ++ch) {
       dgamma[ch] = static_cast<float>((accumulate ? dgamma[ch] : 0.0) + sums[c + ch]);
@@ -97,33 +104,34 @@ class CpuBatchNorm : public BatchNormOp {
     } else if (dx) {
       // The input gradient needs the sums over every row the statistics were taken over.
       if (sync) sync(sums.data(), 2 * c);
-      bn_backward_apply(x, g, mask, mean_.data(), invstd_.data(), gamma, sums.data(), sums.data() + c, count_, m, c,
-                        dx);
+      bn_backward_apply(x, g, mask, mean_.data(), invstd_.data(), gamma, sums.data(),
+                        sums.data() + c, count_, m, c, dx);
     }
   }
 
   // 16-bit activations: the float forms on widened copies (widen.h).
-  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                     float* running_mean, float* running_var, float* num_batches_tracked, const ChannelSumFn& sync,
-                     const BFloat16* residual, bool relu) override {
+  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                     const float* beta, float* running_mean, float* running_var,
+                     float* num_batches_tracked, const ChannelSumFn& sync, const BFloat16* residual,
+                     bool relu) override {
     Widened f;
     forward_train(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
                   num_batches_tracked, sync, f.in(residual, m * c_), relu);
   }
-  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var, const BFloat16* residual,
-                    bool relu) override {
+  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                    const float* beta, const float* running_mean, const float* running_var,
+                    const BFloat16* residual, bool relu) override {
     Widened f;
     forward_eval(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
                  f.in(residual, m * c_), relu);
   }
-  void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const ChannelSumFn& sync, const BFloat16* relu_out,
-                BFloat16* dz_out) override {
+  void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                const BFloat16* relu_out, BFloat16* dz_out) override {
     Widened f;
     const int64_t n = m * c_;
-    backward(f.in(x, n), f.in(dy, n), f.out(dx, n), m, gamma, dgamma, dbeta, accumulate, sync, f.in(relu_out, n),
-             f.out(dz_out, n));
+    backward(f.in(x, n), f.in(dy, n), f.out(dx, n), m, gamma, dgamma, dbeta, accumulate, sync,
+             f.in(relu_out, n), f.out(dz_out, n));
   }
 
  private:
@@ -150,12 +158,17 @@ class CpuBackend : public Backend {
   }
   void release(void* p) noexcept override { std::free(p); }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void copy_to_host(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
-  void copy_from_host(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void copy_to_host(void* host, const void* src, size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host, size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+  }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   std::unique_ptr<ConvOp> make_conv() override { return std::make_unique<ConvPrimitives>(bf16_); }
-  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override {
+  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
+                                              double eps) override {
     return std::make_unique<CpuBatchNorm>(channels, momentum, eps);
   }
   void relu_forward(const float* x, float* y, int64_t n) override { cpu::relu_forward(x, y, n); }
@@ -166,12 +179,12 @@ class CpuBackend : public Backend {
     cpu::add(a, b, y, n);
     if (relu) cpu::relu_forward(y, y, n);
   }
-  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                       bool relu) override {
+  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                       int s, bool relu) override {
     (relu ? cpu::relu_avgpool_forward : cpu::avgpool_forward)(x, y, n, h, w, c, k, s);
   }
-  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h, int64_t w,
-                        int64_t c, int k, int s) override {
+  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h,
+                        int64_t w, int64_t c, int k, int s) override {
     if (relu_input)
       cpu::relu_avgpool_backward(relu_input, dy, dx, n, h, w, c, k, s);
     else
@@ -180,18 +193,20 @@ class CpuBackend : public Backend {
   void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override {
     cpu::global_avgpool_forward(x, y, n, hw, c);
   }
-  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) override {
+  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                               int64_t c) override {
     cpu::global_avgpool_backward(dy, dx, n, hw, c);
   }
-  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override {
+  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+               bool to_chw) override {
     (to_chw ? cpu::nhwc_to_chw : cpu::chw_to_nhwc)(x, y, n, h, w, c);
   }
-  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
-                      int64_t out) override {
+  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
+                      int64_t in, int64_t out) override {
     cpu::linear_forward(x, w, b, y, n, in, out, gemm());
   }
-  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                       int64_t in, int64_t out, bool accumulate) override {
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, int64_t n, int64_t in, int64_t out, bool accumulate) override {
     cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate, gemm());
   }
 
@@ -216,48 +231,54 @@ class CpuBackend : public Backend {
     Widened f;
     add(f.in(a, n), f.in(b, n), f.out(y, n), n, relu);
   }
-  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                       bool relu) override {
+  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       int k, int s, bool relu) override {
     Widened f;
-    avgpool_forward(f.in(x, n * h * w * c), f.out(y, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c), n, h, w, c, k,
-                    s, relu);
+    avgpool_forward(f.in(x, n * h * w * c), f.out(y, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c),
+                    n, h, w, c, k, s, relu);
   }
-  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h, int64_t w,
-                        int64_t c, int k, int s) override {
+  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
+                        int64_t h, int64_t w, int64_t c, int k, int s) override {
     Widened f;
-    avgpool_backward(f.in(dy, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c), f.in(relu_input, n * h * w * c),
-                     f.out(dx, n * h * w * c), n, h, w, c, k, s);
+    avgpool_backward(f.in(dy, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c),
+                     f.in(relu_input, n * h * w * c), f.out(dx, n * h * w * c), n, h, w, c, k, s);
   }
-  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) override {
+  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
+                              int64_t c) override {
     Widened f;
     global_avgpool_forward(f.in(x, n * hw * c), f.out(y, n * c), n, hw, c);
   }
-  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) override {
+  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,
+                               int64_t c) override {
     Widened f;
     global_avgpool_backward(f.in(dy, n * c), f.out(dx, n * hw * c), n, hw, c);
   }
-  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override {
+  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+               bool to_chw) override {
     Widened f;
     flatten(f.in(x, n * h * w * c), f.out(y, n * h * w * c), n, h, w, c, to_chw);
   }
-  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
-                      int64_t out) override {
+  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
+                      int64_t in, int64_t out) override {
     Widened f;
     linear_forward(f.in(x, n * in), w, b, f.out(y, n * out), n, in, out);
   }
-  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw, float* db,
-                       int64_t n, int64_t in, int64_t out, bool accumulate) override {
+  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                       float* dw, float* db, int64_t n, int64_t in, int64_t out,
+                       bool accumulate) override {
     Widened f;
-    linear_backward(f.in(x, n * in), w, f.in(dy, n * out), f.out(dx, n * in), dw, db, n, in, out, accumulate);
+    linear_backward(f.in(x, n * in), w, f.in(dy, n * out), f.out(dx, n * in), dw, db, n, in, out,
+                    accumulate);
   }
 
-  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, const ImageBatchSpec& spec,
-                     const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override {
+  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+                     const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
+                     int32_t* labels_out) override {
     gather_transformed(images, num_images, spec, idx, count, x);
     for (int64_t i = 0; i < count; ++i) labels_out[i] = labels[idx[i]];
   }
-  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                    float* dlogits, double* sums, bool accumulate) override {
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                    float grad_scale, float* dlogits, double* sums, bool accumulate) override {
     int64_t hits = 0;
     const double loss = cpu::softmax_xent(logits, labels, n, k, grad_scale, dlogits, &hits);
     sums[0] = (accumulate ? sums[0] : 0.0) + loss;
@@ -265,7 +286,8 @@ class CpuBackend : public Backend {
   }
   void store_scalar(float* dst, float v) override { *dst = v; }
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first, const double* grad_sumsq, float clip_norm) override {
+                  float weight_decay, bool first, const double* grad_sumsq,
+                  float clip_norm) override {
     float coef = 1.f;
     if (grad_sumsq) {
       if (!std::isfinite(*grad_sumsq)) return;  // the non-finite guard: this step changes nothing
@@ -274,7 +296,9 @@ class CpuBackend : public Backend {
     }
     cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first, coef);
   }
-  void sum_squares(const float* x, int64_t n, double* out) override { *out = cpu::sum_squares(x, n); }
+  void sum_squares(const float* x, int64_t n, double* out) override {
+    *out = cpu::sum_squares(x, n);
+  }
 
  private:
   GemmFn gemm() const { return bf16_ ? gemm_bf16 : sgemm; }
@@ -282,11 +306,13 @@ class CpuBackend : public Backend {
 };
 
 // 16 floats per VCVTNEPS2BF16, the tail under a mask, so every element is rounded the same way.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx512(const float* x, uint16_t* y,
-                                                                                     int64_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16_avx512(const float* x,
+                                                                                    uint16_t* y,
+                                                                                    int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
     _mm256_mask_storeu_epi16(y + i, m, reinterpret_cast<const __m256i&>(v));
   }
@@ -314,9 +340,10 @@ std::string cpu_bf16_missing() {
   // A CPU feature oneDNN may not use (ONEDNN_MAX_CPU_ISA) would leave its reference kernels.
   const auto need = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   if ((static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & need) != need)
-    return DPT_MSG(cpu_model() << " has " << (avx512 ? "AVX512-BF16" : "AMX-BF16")
-                               << " but oneDNN may not use it (its ISA is capped below avx512_core_bf16, "
-                                  "by ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA)");
+    return DPT_MSG(
+        cpu_model() << " has " << (avx512 ? "AVX512-BF16" : "AMX-BF16")
+                    << " but oneDNN may not use it (its ISA is capped below avx512_core_bf16, "
+                       "by ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA)");
   return "";
 }
 
@@ -326,14 +353,15 @@ Backend& cpu_backend_bf16() {
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {
-  static const bool native = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+  static const bool native = __builtin_cpu_supports("avx512bf16") &&
+                             __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl");
   if (native) return to_bf16_avx512(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_from_float(x[i]);
 }
 
-void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-               int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   DPT_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16: beta " << beta << " is neither 0 nor 1");
   using dnnl::memory;
   using dt = memory::data_type;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
-
 #include <string>
 
 namespace dpt::cpu {

@@ -21,17 +21,26 @@ std::atomic<int> g_active{0};
 // What oneDNN's own dispatch settled on (its names, as ONEDNN_VERBOSE prints them).
 std::string onednn_isa() {
   switch (dnnl_get_effective_cpu_isa()) {
-    case dnnl_cpu_isa_sse41: return "sse41";
-    case dnnl_cpu_isa_avx: return "avx";
-    case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
     default: {
       char hex[32];
-      std::snprintf(hex, sizeof hex, "isa 0x%x", static_cast<unsigned>(dnnl_get_effective_cpu_isa()));
+      std::snprintf(hex, sizeof hex, "isa 0x%x",
+                    static_cast<unsigned>(dnnl_get_effective_cpu_isa()));
       return hex;
     }
   }
@@ -63,9 +72,12 @@ std::string report(Isa isa) {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kGeneric: break;
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kGeneric:
+      break;
   }
   return "generic";
 }
@@ -105,7 +117,8 @@ Isa active_isa() {
 std::string isa_report() { return report(active_isa()); }
 
 ScopedIsa::ScopedIsa(Isa isa) : previous_(active_isa()) {
-  DPT_CHECK(isa <= cpu_isa(), "ScopedIsa(" << isa_name(isa) << ") on a CPU that runs only " << isa_name(cpu_isa()));
+  DPT_CHECK(isa <= cpu_isa(),
+            "ScopedIsa(" << isa_name(isa) << ") on a CPU that runs only " << isa_name(cpu_isa()));
   g_active.store(static_cast<int>(isa), std::memory_order_release);
 }
 

@@ -12,13 +12,14 @@ namespace dpt::cpu {
 
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  DPT_LIB_CHECK("oneDNN", dnnl_sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc),
-                [](dnnl_status_t s) { return s != dnnl_success; },
-                [](dnnl_status_t s) { return std::string("sgemm status ") + std::to_string(s); });
+  DPT_LIB_CHECK(
+      "oneDNN", dnnl_sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc),
+      [](dnnl_status_t s) { return s != dnnl_success; },
+      [](dnnl_status_t s) { return std::string("sgemm status ") + std::to_string(s); });
 }
 
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
-                    int64_t in, int64_t out, GemmFn gemm) {
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
+                    int64_t out, GemmFn gemm) {
   gemm('N', 'T', n, out, in, x, in, w, in, 0.f, y, out);
   if (b) {
 #pragma omp parallel for schedule(static)

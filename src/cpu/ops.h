@@ -41,8 +41,8 @@ void bn_apply(const float* x, float* y, const float* mean, const float* invstd, 
 // or with relu_out (the fused ReLU's output) relu_backward's (relu_out > 0 ? dy : 0); dz (nullable)
 // receives g (the masked gradient a residual join's other path needs too).
 void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
-                      const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat,
-                      float* dz);
+                      const float* invstd, int64_t m, int64_t c, double* sum_dy,
+                      double* sum_dy_xhat, float* dz);
 // dx = gamma * invstd * (g - sum_dy/count - xhat * sum_dy_xhat/count), count = rows over all
 // replicas, g = dy masked by relu_out > 0 when relu_out is not null (as bn_backward_sums).
 void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
@@ -59,23 +59,25 @@ void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool ac
 
 // A GEMM with sgemm's contract: Linear's products go through one, so --precision bf16 can hand
 // in its bf16 GEMM (cpu_backend.h) while the bias and its gradient stay fp32 loops here.
-using GemmFn = void (*)(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                        const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+using GemmFn = void (*)(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                        int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                        int64_t ldc);
 
 // y[n,out] = x[n,in] * W[out,in]^T + b.
-void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
-                    int64_t in, int64_t out, GemmFn gemm = sgemm);
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
+                    int64_t out, GemmFn gemm = sgemm);
 // dx (optional) = dy W; dW (+)= dy^T x; db (+)= sum_n dy. accumulate: add into dW/db.
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate, GemmFn gemm = sgemm);
+                     float* db, int64_t n, int64_t in, int64_t out, bool accumulate,
+                     GemmFn gemm = sgemm);
 
-// The columns of a k x k convolution (stride, pad) over NHWC x[n,h,w,c]: col[(n, oh, ow), (kh, kw, c)],
-// zeros where the window hangs over the padding; col2im_nhwc is its adjoint: dx (overwritten) =
-// the columns added back at their input positions. The sgemm backward path of conv.cc.
-void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
-                 float* col);
-void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride,
-                 int64_t pad, float* dx);
+// The columns of a k x k convolution (stride, pad) over NHWC x[n,h,w,c]: col[(n, oh, ow), (kh, kw,
+// c)], zeros where the window hangs over the padding; col2im_nhwc is its adjoint: dx (overwritten)
+// = the columns added back at their input positions. The sgemm backward path of conv.cc.
+void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
+                 int64_t stride, int64_t pad, float* col);
+void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
+                 int64_t stride, int64_t pad, float* dx);
 
 // NHWC [N,H,W,C] <-> [N, C*H*W] in (c, h, w) order, PyTorch's flatten order.
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
@@ -83,8 +85,8 @@ void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int6
 
 // PyTorch's SGD step over n floats (buf unused when momentum is 0), gradients scaled by `coef`
 // (clipping; 1: none); see Backend::sgd_update.
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
-                bool first, float coef = 1.f);
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+                float weight_decay, bool first, float coef = 1.f);
 // Sum of x[i]^2 in double, in a fixed order.
 double sum_squares(const float* x, int64_t n);
 

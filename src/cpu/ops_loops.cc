@@ -1,7 +1,9 @@
 // Entry points of ops.h's hand-written loops (ReLU, residual add, pooling, BatchNorm, flatten,
-// column sums, im2col/col2im, SGD, sum of squares, softmax cross-entropy): the loops themselves are in
-// ops_loops.inc, compiled for each level of isa.h, and each call runs the copy of the level
+// column sums, im2col/col2im, SGD, sum of squares, softmax cross-entropy): the loops themselves are
+// in ops_loops.inc, compiled for each level of isa.h, and each call runs the copy of the level
 // isa.cc chose (one table lookup per call, not per element).
+#include "cpu/ops.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "cpu/isa.h"
-#include "cpu/ops.h"
 
 namespace dpt::cpu {
 
@@ -52,21 +53,26 @@ const Loops& loops() { return for_active_isa(kByIsa); }
 }  // namespace
 
 void relu_forward(const float* x, float* y, int64_t n) { loops().relu_forward(x, y, n); }
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n) { loops().relu_backward(y, dy, dx, n); }
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n) {
+  loops().relu_backward(y, dy, dx, n);
+}
 void add(const float* a, const float* b, float* y, int64_t n) { loops().add(a, b, y, n); }
 void add_inplace(float* y, const float* b, int64_t n) { loops().add_inplace(y, b, n); }
 
-void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
+void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                     int s) {
   loops().avgpool_forward(x, y, n, h, w, c, k, s);
 }
-void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
+void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                      int s) {
   loops().avgpool_backward(dy, dx, n, h, w, c, k, s);
 }
-void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
+void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                          int k, int s) {
   loops().relu_avgpool_forward(x, y, n, h, w, c, k, s);
 }
-void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c,
-                           int k, int s) {
+void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
+                           int64_t w, int64_t c, int k, int s) {
   loops().relu_avgpool_backward(x, dy, dx, n, h, w, c, k, s);
 }
 void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
@@ -84,24 +90,26 @@ void bn_apply(const float* x, float* y, const float* mean, const float* invstd, 
   loops().bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu);
 }
 void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
-                      const float* invstd, int64_t m, int64_t c, double* sum_dy, double* sum_dy_xhat, float* dz) {
+                      const float* invstd, int64_t m, int64_t c, double* sum_dy,
+                      double* sum_dy_xhat, float* dz) {
   loops().bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dz);
 }
 void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
-                       const float* invstd, const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
-                       double count, int64_t m, int64_t c, float* dx) {
-  loops().bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
+                       const float* invstd, const float* gamma, const double* sum_dy,
+                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, float* dx) {
+  loops().bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c,
+                            dx);
 }
 
 void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
   loops().column_sums(a, rows, cols, out, accumulate);
 }
-void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride, int64_t pad,
-                 float* col) {
+void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
+                 int64_t stride, int64_t pad, float* col) {
   loops().im2col_nhwc(x, n, h, w, c, k, stride, pad, col);
 }
-void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t stride,
-                 int64_t pad, float* dx) {
+void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
+                 int64_t stride, int64_t pad, float* dx) {
   loops().col2im_nhwc(dcol, n, h, w, c, k, stride, pad, dx);
 }
 void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c) {
@@ -111,13 +119,13 @@ void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int6
   loops().chw_to_nhwc(x, y, n, h, w, c);
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float weight_decay,
-                bool first, float coef) {
+void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+                float weight_decay, bool first, float coef) {
   loops().sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, coef);
 }
 double sum_squares(const float* x, int64_t n) { return loops().sum_squares(x, n); }
-double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                    float* dlogits, int64_t* correct) {
+double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                    float grad_scale, float* dlogits, int64_t* correct) {
   return loops().softmax_xent(logits, labels, n, k, grad_scale, dlogits, correct);
 }
 

@@ -48,7 +48,9 @@ int64_t block_tiles(int64_t P, int64_t c, int64_t k, int64_t total) {
 struct TileAt {
   int64_t img, ty, tx;
 };
-TileAt tile_at(int64_t tile, int64_t th, int64_t tw) { return {tile / (th * tw), tile / tw % th, tile % tw}; }
+TileAt tile_at(int64_t tile, int64_t th, int64_t tw) {
+  return {tile / (th * tw), tile / tw % th, tile % tw};
+}
 
 // Stride-1 correlation out[N,OH,OW,K] = sum_c sum_{a,b} in[N, oy+a-pad, ox+b-pad, c] w[a,b,c,k]
 // (+ bias), with w given transformed: U[p][c][k], p over the alpha x alpha tile points.
@@ -59,13 +61,13 @@ struct Corr {
 
 // One level's copies of the passes' loops (winograd_loops.inc).
 struct WinogradLoops {
-  void (*transform_filters)(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr, float* u,
-                            std::vector<float>& tmp);
+  void (*transform_filters)(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr,
+                            float* u, std::vector<float>& tmp);
   void (*correlate)(const Corr& s, const float* in, const float* u, const float* bias, float* out,
                     std::vector<float>& v, std::vector<float>& mt, std::vector<float>& tmp);
-  void (*weight_gradient)(const ConvGeom& g, const wino::Tables& t, const float* x, const float* dy, float* dw,
-                          bool accumulate, std::vector<float>& v, std::vector<float>& d, std::vector<float>& tmp,
-                          std::vector<float>& acc);
+  void (*weight_gradient)(const ConvGeom& g, const wino::Tables& t, const float* x, const float* dy,
+                          float* dw, bool accumulate, std::vector<float>& v, std::vector<float>& d,
+                          std::vector<float>& tmp, std::vector<float>& acc);
 };
 
 #define DPT_ISA_LOOPS "cpu/winograd_loops.inc"
@@ -98,7 +100,8 @@ WinogradChoice winograd_choice(const ConvGeom& g) {
 }
 
 // The transformed filters, in the buffer of the forward and backward-data passes.
-float* WinogradConv::transform_filters(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr) {
+float* WinogradConv::transform_filters(const wino::Tables& t, int64_t ins, int64_t outs,
+                                       const float* wr) {
   float* u = grow(u_, (t.m + t.r - 1) * (t.m + t.r - 1) * ins * outs);
   loops().transform_filters(t, ins, outs, wr, u, tmp_);
   return u;
@@ -109,8 +112,8 @@ float* WinogradConv::transform_filters(const wino::Tables& t, int64_t ins, int64
 // the vector dimension is innermost, then transformed. Both reorders write wr in runs of
 // consecutive floats: scattering single floats K apart made the forward one 2.6x slower
 // (7 ms for 512 x 512 x 3 x 3 on the AVX-512 EPYC of docs/PERFORMANCE.md).
-std::pair<const wino::Tables*, float*> WinogradConv::filters(const ConvGeom& g, int m, const float* w,
-                                                             bool rotate) {
+std::pair<const wino::Tables*, float*> WinogradConv::filters(const ConvGeom& g, int m,
+                                                             const float* w, bool rotate) {
   DPT_CHECK(g.stride == 1, "Winograd convolution needs stride 1");
   const auto& t = tables(m, static_cast<int>(g.k));
   const int r = t.r;
@@ -137,17 +140,18 @@ std::pair<const wino::Tables*, float*> WinogradConv::filters(const ConvGeom& g, 
   return {&t, transform_filters(t, ins, outs, wr)};
 }
 
-void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float* w,
-                           const float* b, float* y) {
+void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float* w, const float* b,
+                           float* y) {
   const auto [t, u] = filters(g, m, w, false);
-  loops().correlate(Corr{*t, g.n, g.h, g.w, g.c_in, g.oh(), g.ow(), g.c_out, g.pad}, x, u, b, y, v_, mt_, acc_);
+  loops().correlate(Corr{*t, g.n, g.h, g.w, g.c_in, g.oh(), g.ow(), g.c_out, g.pad}, x, u, b, y, v_,
+                    mt_, acc_);
 }
 
 void WinogradConv::backward_data(const ConvGeom& g, int m, const float* w, const float* dy,
                                  float* dx) {
   const auto [t, u] = filters(g, m, w, true);
-  loops().correlate(Corr{*t, g.n, g.oh(), g.ow(), g.c_out, g.h, g.w, g.c_in, g.k - 1 - g.pad}, dy, u, nullptr,
-                    dx, v_, mt_, acc_);
+  loops().correlate(Corr{*t, g.n, g.oh(), g.ow(), g.c_out, g.h, g.w, g.c_in, g.k - 1 - g.pad}, dy,
+                    u, nullptr, dx, v_, mt_, acc_);
 }
 
 void WinogradConv::backward_weights(const ConvGeom& g, int mw, const float* x, const float* dy,

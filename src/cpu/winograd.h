@@ -42,7 +42,8 @@ class WinogradConv {
                         bool accumulate);
 
  private:
-  std::pair<const wino::Tables*, float*> filters(const ConvGeom& g, int m, const float* w, bool rotate);
+  std::pair<const wino::Tables*, float*> filters(const ConvGeom& g, int m, const float* w,
+                                                 bool rotate);
   float* transform_filters(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr);
   std::vector<float> wr_, u_, v_, mt_, acc_, tmp_;
 };

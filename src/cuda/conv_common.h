@@ -18,18 +18,20 @@ namespace dpt::gpu {
 constexpr size_t kMaxConvWorkspace = size_t{256} << 20;
 
 inline std::string geom_str(const ConvGeom& g) {
-  return DPT_MSG("N=" << g.n << " H=" << g.h << " W=" << g.w << " Cin=" << g.c_in << " Cout=" << g.c_out
-                      << " K=" << g.k << " stride=" << g.stride << " pad=" << g.pad);
+  return DPT_MSG("N=" << g.n << " H=" << g.h << " W=" << g.w << " Cin=" << g.c_in << " Cout="
+                      << g.c_out << " K=" << g.k << " stride=" << g.stride << " pad=" << g.pad);
 }
 
 inline int as_int(int64_t v, const ConvGeom& g) {
-  DPT_CHECK(v > 0 && v <= INT_MAX, "convolution " << geom_str(g) << ": a dimension does not fit cuDNN's int");
+  DPT_CHECK(v > 0 && v <= INT_MAX,
+            "convolution " << geom_str(g) << ": a dimension does not fit cuDNN's int");
   return static_cast<int>(v);
 }
 
 // Refuses what no convolution can run: a non-positive stride, negative padding, an empty output.
 inline void check_geometry(const ConvGeom& g) {
-  DPT_CHECK(g.stride > 0 && g.pad >= 0 && g.oh() > 0 && g.ow() > 0, "convolution " << geom_str(g) << " is empty");
+  DPT_CHECK(g.stride > 0 && g.pad >= 0 && g.oh() > 0 && g.ow() > 0,
+            "convolution " << geom_str(g) << " is empty");
 }
 
 // Whether a device pointer has cudaMalloc's alignment. A weight or gradient pointer into the flat

@@ -11,10 +11,10 @@
 
 #include "activation.cuh"
 #include "cuda/bf16_ptr.h"
-#include "cuda/cuda_graph.h"
+#include "cuda/conv_common.h"
 #include "cuda/cublas_linear.h"
 #include "cuda/cuda_check.h"
-#include "cuda/conv_common.h"
+#include "cuda/cuda_graph.h"
 #include "cuda/cudnn_conv.h"
 #ifdef DPT_HAVE_CUDNN_FRONTEND
 #include "cuda/cudnn_graph_conv.h"
@@ -39,7 +39,8 @@ CudaBackend::~CudaBackend() {
   }
 }
 
-// ---- memory --------------------------------------------------------------------------------------
+// ---- memory
+// --------------------------------------------------------------------------------------
 
 void* CudaBackend::allocate(size_t bytes) {
   bytes = bytes > 0 ? bytes : 1;  // never null, as on the CPU: null means "no storage" to callers
@@ -85,10 +86,12 @@ void CudaBackend::copy_from_host(void* dst, const void* host, size_t bytes) {
 }
 
 void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
-  if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_->stream()));
+  if (bytes > 0)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_->stream()));
 }
 
-// ---- layer operations ----------------------------------------------------------------------------
+// ---- layer operations
+// ----------------------------------------------------------------------------
 
 namespace {
 
@@ -103,10 +106,13 @@ bool graph_api_requested() {
   if (api.empty()) return true;
 #endif
   if (api.empty() || api == "legacy") return false;
-  DPT_INPUT_CHECK(api == "graph", "DPT_CUDNN_API=" << api << " is not a cuDNN API: use legacy or graph");
+  DPT_INPUT_CHECK(api == "graph",
+                  "DPT_CUDNN_API=" << api << " is not a cuDNN API: use legacy or graph");
 #ifndef DPT_HAVE_CUDNN_FRONTEND
-  DPT_INPUT_CHECK(false, "DPT_CUDNN_API=graph: this build has no cuDNN graph API (cudnn-frontend's headers were "
-                         "not installed when it was configured: run launch/cudnn_frontend.sh, then rebuild)");
+  DPT_INPUT_CHECK(
+      false,
+      "DPT_CUDNN_API=graph: this build has no cuDNN graph API (cudnn-frontend's headers were "
+      "not installed when it was configured: run launch/cudnn_frontend.sh, then rebuild)");
 #endif
   return true;
 }
@@ -120,19 +126,22 @@ bool graph_api_requested() {
 // found), so the call is simply run again there.
 class SharedGraphConv : public ConvOp {
  public:
-  SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv, GpuContext& ctx) : conv_(std::move(conv)), ctx_(ctx) {}
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override {
+  SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv, GpuContext& ctx)
+      : conv_(std::move(conv)), ctx_(ctx) {}
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override {
     either(kForward, 0, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
-  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                bool accumulate) override {
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                float* dw, float* db, bool accumulate) override {
     either(kBackward, 0, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
-  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override {
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+               BFloat16* y) override {
     either(kForward, 1, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
-  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                float* db, bool accumulate) override {
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                BFloat16* dx, float* dw, float* db, bool accumulate) override {
     either(kBackward, 1, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
 
@@ -197,7 +206,8 @@ void CudaBackend::set_conv_plan_choices(const std::string& text) {
   conv_plan_seed_ = text;
 }
 
-std::unique_ptr<BatchNormOp> CudaBackend::make_batchnorm(int64_t channels, double momentum, double eps) {
+std::unique_ptr<BatchNormOp> CudaBackend::make_batchnorm(int64_t channels, double momentum,
+                                                         double eps) {
   return std::make_unique<GpuBatchNorm>(*ctx_, channels, momentum, eps);
 }
 
@@ -213,41 +223,47 @@ void CudaBackend::add(const float* a, const float* b, float* y, int64_t n, bool 
   CUDA_CHECK(cuda::launch_add(a, b, y, n, relu, ctx_->stream()));
 }
 
-void CudaBackend::avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                                  bool relu) {
+void CudaBackend::avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                  int64_t c, int k, int s, bool relu) {
   CUDA_CHECK(cuda::launch_avgpool_forward(x, y, n, h, w, c, k, s, relu, ctx_->stream()));
 }
 
-void CudaBackend::avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h,
-                                   int64_t w, int64_t c, int k, int s) {
+void CudaBackend::avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n,
+                                   int64_t h, int64_t w, int64_t c, int k, int s) {
   CUDA_CHECK(cuda::launch_avgpool_backward(dy, relu_input, dx, n, h, w, c, k, s, ctx_->stream()));
 }
 
-void CudaBackend::global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
+void CudaBackend::global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
+                                         int64_t c) {
   CUDA_CHECK(cuda::launch_global_avgpool_forward(x, y, n, hw, c, ctx_->stream()));
 }
 
-void CudaBackend::global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) {
+void CudaBackend::global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                                          int64_t c) {
   CUDA_CHECK(cuda::launch_global_avgpool_backward(dy, dx, n, hw, c, ctx_->stream()));
 }
 
-void CudaBackend::flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) {
-  // The kernel's to_chw has the interface's meaning: true for Flatten's forward, false for its backward.
+void CudaBackend::flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                          bool to_chw) {
+  // The kernel's to_chw has the interface's meaning: true for Flatten's forward, false for its
+  // backward.
   CUDA_CHECK(cuda::launch_permute_nhwc_chw(x, y, n, h, w, c, to_chw, ctx_->stream()));
 }
 
 // gpu:: qualified: the members of the same names would hide cublas_linear.h's functions.
-void CudaBackend::linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
-                                 int64_t out) {
+void CudaBackend::linear_forward(const float* x, const float* w, const float* b, float* y,
+                                 int64_t n, int64_t in, int64_t out) {
   gpu::linear_forward(*ctx_, x, w, b, y, n, in, out);
 }
 
-void CudaBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                                  int64_t n, int64_t in, int64_t out, bool accumulate) {
+void CudaBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx,
+                                  float* dw, float* db, int64_t n, int64_t in, int64_t out,
+                                  bool accumulate) {
   gpu::linear_backward(*ctx_, x, w, dy, dx, dw, db, n, in, out, accumulate);
 }
 
-// ---- 16-bit activations: kernels/ on bf16 bit patterns, Linear on bf16 tensor cores ---------------
+// ---- 16-bit activations: kernels/ on bf16 bit patterns, Linear on bf16 tensor cores
+// ---------------
 
 void CudaBackend::convert(const float* x, BFloat16* y, int64_t n) {
   CUDA_CHECK(cuda::launch_to_bf16(x, bits(y), n, ctx_->stream()));
@@ -269,47 +285,56 @@ void CudaBackend::add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t
   CUDA_CHECK(cuda::launch_add(bits(a), bits(b), bits(y), n, relu, ctx_->stream()));
 }
 
-void CudaBackend::avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                                  int s, bool relu) {
-  CUDA_CHECK(cuda::launch_avgpool_forward(bits(x), bits(y), n, h, w, c, k, s, relu, ctx_->stream()));
+void CudaBackend::avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
+                                  int64_t c, int k, int s, bool relu) {
+  CUDA_CHECK(
+      cuda::launch_avgpool_forward(bits(x), bits(y), n, h, w, c, k, s, relu, ctx_->stream()));
 }
 
-void CudaBackend::avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
-                                   int64_t h, int64_t w, int64_t c, int k, int s) {
-  CUDA_CHECK(cuda::launch_avgpool_backward(bits(dy), bits(relu_input), bits(dx), n, h, w, c, k, s, ctx_->stream()));
+void CudaBackend::avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx,
+                                   int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
+  CUDA_CHECK(cuda::launch_avgpool_backward(bits(dy), bits(relu_input), bits(dx), n, h, w, c, k, s,
+                                           ctx_->stream()));
 }
 
-void CudaBackend::global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) {
+void CudaBackend::global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
+                                         int64_t c) {
   CUDA_CHECK(cuda::launch_global_avgpool_forward(bits(x), bits(y), n, hw, c, ctx_->stream()));
 }
 
-void CudaBackend::global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) {
+void CudaBackend::global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,
+                                          int64_t c) {
   CUDA_CHECK(cuda::launch_global_avgpool_backward(bits(dy), bits(dx), n, hw, c, ctx_->stream()));
 }
 
-void CudaBackend::flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) {
+void CudaBackend::flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
+                          int64_t c, bool to_chw) {
   CUDA_CHECK(cuda::launch_permute_nhwc_chw(bits(x), bits(y), n, h, w, c, to_chw, ctx_->stream()));
 }
 
-void CudaBackend::linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
-                                 int64_t in, int64_t out) {
+void CudaBackend::linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y,
+                                 int64_t n, int64_t in, int64_t out) {
   gpu::linear_forward(*ctx_, nv(x), w, b, nv(y), n, in, out);
 }
 
-void CudaBackend::linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                                  float* db, int64_t n, int64_t in, int64_t out, bool accumulate) {
+void CudaBackend::linear_backward(const BFloat16* x, const float* w, const BFloat16* dy,
+                                  BFloat16* dx, float* dw, float* db, int64_t n, int64_t in,
+                                  int64_t out, bool accumulate) {
   gpu::linear_backward(*ctx_, nv(x), w, nv(dy), nv(dx), dw, db, n, in, out, accumulate);
 }
 
-// ---- training-step operations --------------------------------------------------------------------
+// ---- training-step operations
+// --------------------------------------------------------------------
 
-void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t, const ImageBatchSpec& spec,
-                                const int64_t* idx, int64_t count, float* x, int32_t* labels_out) {
-  CUDA_CHECK(cuda::launch_gather_images(images, labels, idx, count, spec, x, labels_out, ctx_->stream()));
+void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t,
+                                const ImageBatchSpec& spec, const int64_t* idx, int64_t count,
+                                float* x, int32_t* labels_out) {
+  CUDA_CHECK(
+      cuda::launch_gather_images(images, labels, idx, count, spec, x, labels_out, ctx_->stream()));
 }
 
-void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                               float* dlogits, double* sums, bool accumulate) {
+void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                               float grad_scale, float* dlogits, double* sums, bool accumulate) {
   // Per-row losses and hits in the shared workspace, summed in a fixed order (bit-reproducible).
   WorkspaceLayout lay;
   const size_t loss_at = lay.add(static_cast<size_t>(n) * sizeof(float));
@@ -317,7 +342,8 @@ void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64
   auto* ws = static_cast<char*>(ctx_->workspace(lay.total()));
   auto* loss = reinterpret_cast<float*>(ws + loss_at);
   auto* hits = reinterpret_cast<int32_t*>(ws + hits_at);
-  CUDA_CHECK(cuda::launch_softmax_xent(logits, labels, n, k, grad_scale, loss, hits, dlogits, ctx_->stream()));
+  CUDA_CHECK(cuda::launch_softmax_xent(logits, labels, n, k, grad_scale, loss, hits, dlogits,
+                                       ctx_->stream()));
   CUDA_CHECK(cuda::launch_loss_sums(loss, hits, n, sums, accumulate, ctx_->stream()));
 }
 
@@ -325,14 +351,16 @@ void CudaBackend::store_scalar(float* dst, float v) {
   CUDA_CHECK(cuda::launch_store_scalar(dst, v, ctx_->stream()));
 }
 
-void CudaBackend::sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                             float weight_decay, bool first, const double* grad_sumsq, float clip_norm) {
-  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq, clip_norm,
-                                     ctx_->stream()));
+void CudaBackend::sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
+                             float momentum, float weight_decay, bool first,
+                             const double* grad_sumsq, float clip_norm) {
+  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq,
+                                     clip_norm, ctx_->stream()));
 }
 
 void CudaBackend::sum_squares(const float* x, int64_t n, double* out) {
-  auto* partials = static_cast<double*>(ctx_->workspace(sizeof(double) * cuda::sum_squares_partials()));
+  auto* partials =
+      static_cast<double*>(ctx_->workspace(sizeof(double) * cuda::sum_squares_partials()));
   CUDA_CHECK(cuda::launch_sum_squares(x, n, partials, out, ctx_->stream()));
 }
 
@@ -346,9 +374,12 @@ class GraphRecorder : public Recorder {
   Ran run(bool capture, const std::function<void(bool)>& prepare, const std::function<void()>& body,
           const std::function<bool(bool)>& agree) override {
     switch (graph_.run(stream_, capture, prepare, body, agree)) {
-      case StreamGraph::Ran::kCaptured: return Ran::kCaptured;
-      case StreamGraph::Ran::kReplayed: return Ran::kReplayed;
-      case StreamGraph::Ran::kEager: break;
+      case StreamGraph::Ran::kCaptured:
+        return Ran::kCaptured;
+      case StreamGraph::Ran::kReplayed:
+        return Ran::kReplayed;
+      case StreamGraph::Ran::kEager:
+        break;
     }
     return Ran::kEager;
   }
@@ -366,7 +397,9 @@ class GraphRecorder : public Recorder {
 
 }  // namespace
 
-std::unique_ptr<Recorder> CudaBackend::make_recorder() { return std::make_unique<GraphRecorder>(ctx_->stream()); }
+std::unique_ptr<Recorder> CudaBackend::make_recorder() {
+  return std::make_unique<GraphRecorder>(ctx_->stream());
+}
 
 std::string CudaBackend::describe() const {
   cudaDeviceProp prop{};

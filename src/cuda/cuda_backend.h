@@ -49,24 +49,28 @@ class CudaBackend : public Backend {
   void profiler_window(bool on) override;
   // The graph API's plan choices (CudnnGraphConv::plan_choices): what a checkpoint stores so that a
   // resumed run runs the same plans. Before the first graph convolution exists (and on the legacy
-  // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is made.
+  // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is
+  // made.
   std::string conv_plan_choices() const override;
   void set_conv_plan_choices(const std::string& text) override;
-  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum, double eps) override;
+  std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
+                                              double eps) override;
   void relu_forward(const float* x, float* y, int64_t n) override;
   void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override;
   void add(const float* a, const float* b, float* y, int64_t n, bool relu) override;
-  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                       bool relu) override;
-  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h, int64_t w,
-                        int64_t c, int k, int s) override;
+  void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                       int s, bool relu) override;
+  void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h,
+                        int64_t w, int64_t c, int k, int s) override;
   void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override;
-  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) override;
-  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override;
-  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t in,
-                      int64_t out) override;
-  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t n,
-                       int64_t in, int64_t out, bool accumulate) override;
+  void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
+                               int64_t c) override;
+  void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+               bool to_chw) override;
+  void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
+                      int64_t in, int64_t out) override;
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                       float* db, int64_t n, int64_t in, int64_t out, bool accumulate) override;
   // 16-bit activations (backend.h's rule): the same kernels instantiated on bf16, one pass each;
   // Linear on bf16 tensor cores (cublas_linear.h), BatchNorm and convolution in their ops.
   void convert(const float* x, BFloat16* y, int64_t n) override;
@@ -74,24 +78,30 @@ class CudaBackend : public Backend {
   void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) override;
   void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) override;
   void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) override;
-  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
-                       bool relu) override;
-  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n, int64_t h, int64_t w,
-                        int64_t c, int k, int s) override;
-  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw, int64_t c) override;
-  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw, int64_t c) override;
-  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) override;
-  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n, int64_t in,
-                      int64_t out) override;
-  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw, float* db,
-                       int64_t n, int64_t in, int64_t out, bool accumulate) override;
-  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images, const ImageBatchSpec& spec,
-                     const int64_t* idx, int64_t count, float* x, int32_t* labels_out) override;
-  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k, float grad_scale,
-                    float* dlogits, double* sums, bool accumulate) override;
+  void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       int k, int s, bool relu) override;
+  void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
+                        int64_t h, int64_t w, int64_t c, int k, int s) override;
+  void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
+                              int64_t c) override;
+  void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,
+                               int64_t c) override;
+  void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+               bool to_chw) override;
+  void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
+                      int64_t in, int64_t out) override;
+  void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
+                       float* dw, float* db, int64_t n, int64_t in, int64_t out,
+                       bool accumulate) override;
+  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+                     const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
+                     int32_t* labels_out) override;
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                    float grad_scale, float* dlogits, double* sums, bool accumulate) override;
   void store_scalar(float* dst, float v) override;
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first, const double* grad_sumsq, float clip_norm) override;
+                  float weight_decay, bool first, const double* grad_sumsq,
+                  float clip_norm) override;
   void sum_squares(const float* x, int64_t n, double* out) override;
 
  private:

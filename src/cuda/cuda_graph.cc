@@ -33,8 +33,10 @@ bool StreamGraph::valid() const { return exec_ && captured_at_ == DeviceBuffer::
 
 bool StreamGraph::warm() const { return eager_at_ == DeviceBuffer::allocations(); }
 
-StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::function<void(bool)>& prepare,
-                                  const std::function<void()>& body, const std::function<bool(bool)>& agree) {
+StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture,
+                                  const std::function<void(bool)>& prepare,
+                                  const std::function<void()>& body,
+                                  const std::function<bool(bool)>& agree) {
   eager_at_ = ~uint64_t{0};
   if (valid()) {
     launch(exec_, stream);
@@ -60,10 +62,13 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture, const std::
     }
     cudaGraph_t graph = nullptr;
     if (capturing) {
-      const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // ends the capture, failed or not
-      if (error.empty() && end != cudaSuccess) error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
+      const cudaError_t end =
+          cudaStreamEndCapture(stream, &graph);  // ends the capture, failed or not
+      if (error.empty() && end != cudaSuccess)
+        error = DPT_MSG("cudaStreamEndCapture: " << cudaGetErrorString(end));
     }
-    if (error.empty() && DeviceBuffer::allocations() != before) error = "the work allocated device memory";
+    if (error.empty() && DeviceBuffer::allocations() != before)
+      error = "the work allocated device memory";
     cudaGraphExec_t exec = nullptr;
     size_t nodes = 0;
     if (error.empty()) {

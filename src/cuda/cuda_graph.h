@@ -23,7 +23,8 @@ class StreamGraph {
   // Queues body's work on `stream` (body queues everything on that stream, or on streams that
   // fork from and join back into it through events). The work is
   //  - replayed from the graph when one was captured and no DeviceBuffer was allocated since (a
-  //    graph holds raw pointers; buffers only grow, so a new allocation may have freed one it uses);
+  //    graph holds raw pointers; buffers only grow, so a new allocation may have freed one it
+  //    uses);
   //  - else, when `capture` is true (the caller's decision: warm, and the same on every rank where
   //    the body holds collectives), captured; launched if agree(captured here) says every rank
   //    captured (a collective where the body holds collectives, else the identity);
@@ -49,7 +50,7 @@ class StreamGraph {
 
  private:
   cudaGraphExec_t exec_ = nullptr;
-  uint64_t captured_at_ = 0;  // DeviceBuffer::allocations() at capture
+  uint64_t captured_at_ = 0;          // DeviceBuffer::allocations() at capture
   uint64_t eager_at_ = ~uint64_t{0};  // DeviceBuffer::allocations() after the last run, if eager
   size_t nodes_ = 0;
   std::string failure_;

@@ -60,9 +60,14 @@ bool math_allowed(cudnnMathType_t m, bool tensor_ops) {
   return tensor_ops || m != CUDNN_TENSOR_OP_MATH;
 }
 // The descriptor's math type while cuDNN ranks algorithms (and between calls).
-cudnnMathType_t base_math(bool tensor_ops) { return tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH; }
-// The math type an algorithm listed with `m` runs under: FMA (never TF32) unless tensor cores are allowed.
-cudnnMathType_t run_math(cudnnMathType_t m, bool tensor_ops) { return tensor_ops ? m : CUDNN_FMA_MATH; }
+cudnnMathType_t base_math(bool tensor_ops) {
+  return tensor_ops ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+// The math type an algorithm listed with `m` runs under: FMA (never TF32) unless tensor cores are
+// allowed.
+cudnnMathType_t run_math(cudnnMathType_t m, bool tensor_ops) {
+  return tensor_ops ? m : CUDNN_FMA_MATH;
+}
 
 std::string no_algorithm(const char* direction, const ConvGeom& g) {
   return DPT_MSG("cuDNN offers no " << direction << " algorithm for convolution " << geom_str(g));
@@ -70,10 +75,11 @@ std::string no_algorithm(const char* direction, const ConvGeom& g) {
 
 // x, y and the filter of convolution g as fp32 descriptors in `format` (for the filter, NHWC is
 // KRSC and NCHW is KCRS).
-void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y, cudnnFilterDescriptor_t w,
-                     cudnnTensorFormat_t format, const ConvGeom& g) {
+void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
+                     cudnnFilterDescriptor_t w, cudnnTensorFormat_t format, const ConvGeom& g) {
   const int n = as_int(g.n, g), h = as_int(g.h, g), wd = as_int(g.w, g), ci = as_int(g.c_in, g),
-            co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g), ow = as_int(g.ow(), g);
+            co = as_int(g.c_out, g), k = as_int(g.k, g), oh = as_int(g.oh(), g),
+            ow = as_int(g.ow(), g);
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, CUDNN_DATA_FLOAT, n, ci, h, wd));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, CUDNN_DATA_FLOAT, n, co, oh, ow));
   CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, format, co, ci, k, k));
@@ -85,8 +91,8 @@ void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y, cudnn
 // only if none is, the first non-deterministic one (with a warning). Returns false when nothing
 // qualifies.
 template <class Perf, class Algo, class WorkspaceOf>
-bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf workspace_of, const char* what,
-          const ConvGeom& g, Algo* algo, cudnnMathType_t* math, size_t* ws) {
+bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf workspace_of,
+          const char* what, const ConvGeom& g, Algo* algo, cudnnMathType_t* math, size_t* ws) {
   for (int pass = 0; pass < 2; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<size_t>(i)];
@@ -94,13 +100,15 @@ bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf
       if (pass == 0 && p.determinism != CUDNN_DETERMINISTIC) continue;
       size_t bytes = 0;
       const cudnnMathType_t m = run_math(p.mathType, tensor_ops);
-      if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspace) continue;
+      if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspace)
+        continue;
       if (pass == 1)
-        log_warn(DPT_MSG("cuDNN has no deterministic " << what << " algorithm for convolution " << geom_str(g)
-                                                       << "; results will not be bit-reproducible"));
-      log_debug(DPT_MSG("cuDNN " << what << " for convolution " << geom_str(g) << ": algorithm " << p.algo
-                                 << " (rank " << i + 1 << " of " << count << "), math type " << m << ", workspace "
-                                 << bytes << " bytes"));
+        log_warn(DPT_MSG("cuDNN has no deterministic "
+                         << what << " algorithm for convolution " << geom_str(g)
+                         << "; results will not be bit-reproducible"));
+      log_debug(DPT_MSG("cuDNN " << what << " for convolution " << geom_str(g) << ": algorithm "
+                                 << p.algo << " (rank " << i + 1 << " of " << count
+                                 << "), math type " << m << ", workspace " << bytes << " bytes"));
       *algo = p.algo;
       *math = m;
       *ws = bytes;
@@ -126,15 +134,19 @@ struct FwdOps {
   using Algo = cudnnConvolutionFwdAlgo_t;
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
   static constexpr const char* kName = "forward";
-  static cudnnStatus_t max_count(cudnnHandle_t h, int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(h, n); }
+  static cudnnStatus_t max_count(cudnnHandle_t h, int* n) {
+    return cudnnGetConvolutionForwardAlgorithmMaxCount(h, n);
+  }
   static cudnnStatus_t rank(const Descs& d, int max, int* got, Perf* p) {
     return cudnnGetConvolutionForwardAlgorithm_v7(d.h, d.x, d.w, d.conv, d.y, max, got, p);
   }
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionForwardWorkspaceSize(d.h, d.x, d.w, d.conv, d.y, a, bytes);
   }
-  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
-    return cudnnFindConvolutionForwardAlgorithmEx(d.h, d.x, b.x, d.w, b.w, d.conv, d.y, b.y, max, got, p, ws, wsb);
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws,
+                            size_t wsb) {
+    return cudnnFindConvolutionForwardAlgorithmEx(d.h, d.x, b.x, d.w, b.w, d.conv, d.y, b.y, max,
+                                                  got, p, ws, wsb);
   }
 };
 struct BwdDataOps {
@@ -150,9 +162,10 @@ struct BwdDataOps {
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(d.h, d.w, d.y, d.conv, d.x, a, bytes);
   }
-  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
-    return cudnnFindConvolutionBackwardDataAlgorithmEx(d.h, d.w, b.w, d.y, b.y, d.conv, d.x, b.dx, max, got, p, ws,
-                                                       wsb);
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws,
+                            size_t wsb) {
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(d.h, d.w, b.w, d.y, b.y, d.conv, d.x, b.dx,
+                                                       max, got, p, ws, wsb);
   }
 };
 struct BwdFilterOps {
@@ -168,9 +181,10 @@ struct BwdFilterOps {
   static cudnnStatus_t workspace(const Descs& d, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(d.h, d.x, d.y, d.conv, d.w, a, bytes);
   }
-  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws, size_t wsb) {
-    return cudnnFindConvolutionBackwardFilterAlgorithmEx(d.h, d.x, b.x, d.y, b.y, d.conv, d.w, b.dw, max, got, p,
-                                                         ws, wsb);
+  static cudnnStatus_t find(const Descs& d, const Bufs& b, int max, int* got, Perf* p, void* ws,
+                            size_t wsb) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(d.h, d.x, b.x, d.y, b.y, d.conv, d.w, b.dw,
+                                                         max, got, p, ws, wsb);
   }
 };
 
@@ -212,16 +226,18 @@ bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typen
 
 // cuDNN's timed search for one direction, appended to `out` with the chosen algorithm marked.
 template <class Ops>
-void timed(const Descs& d, const Bufs& b, bool tensor_ops, const ConvChoice<typename Ops::Algo>& chosen, void* ws,
-           size_t wsb, std::vector<CudnnConv::AlgoTime>* out) {
+void timed(const Descs& d, const Bufs& b, bool tensor_ops,
+           const ConvChoice<typename Ops::Algo>& chosen, void* ws, size_t wsb,
+           std::vector<CudnnConv::AlgoTime>* out) {
   int max = 0, got = 0;
   std::vector<typename Ops::Perf> perf = perf_slots<Ops>(d, tensor_ops, &max);
   CUDNN_CHECK(Ops::find(d, b, max, &got, perf.data(), ws, wsb));
   for (int i = 0; i < got; ++i) {
     const auto& p = perf[static_cast<size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tensor_ops)) continue;
-    out->push_back({Ops::kName, static_cast<int>(p.algo), p.mathType, p.determinism == CUDNN_DETERMINISTIC,
-                    p.memory, p.time, chosen.have && p.algo == chosen.algo && p.mathType == chosen.math});
+    out->push_back({Ops::kName, static_cast<int>(p.algo), p.mathType,
+                    p.determinism == CUDNN_DETERMINISTIC, p.memory, p.time,
+                    chosen.have && p.algo == chosen.algo && p.mathType == chosen.math});
   }
 }
 
@@ -229,8 +245,9 @@ void timed(const Descs& d, const Bufs& b, bool tensor_ops, const ConvChoice<type
 
 struct CudnnConv::Entry {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnTensorDescriptor_t w_oihw = nullptr, w_ohwi = nullptr;  // the weights as plain tensors, for transforms
-  cudnnFilterDescriptor_t w = nullptr;                         // the filter as cuDNN convolves it (NHWC)
+  cudnnTensorDescriptor_t w_oihw = nullptr,
+                          w_ohwi = nullptr;  // the weights as plain tensors, for transforms
+  cudnnFilterDescriptor_t w = nullptr;       // the filter as cuDNN convolves it (NHWC)
   cudnnConvolutionDescriptor_t conv = nullptr;
   bool same_layout = false;  // Cin == 1 or K == 1: OIHW and OHWI are the same bytes
   size_t weight_bytes = 0;   // fp32
@@ -270,18 +287,22 @@ CudnnConv::Entry& CudnnConv::entry(const ConvGeom& g) {
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
   CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_oihw));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_oihw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, co, ci, k, k));
+  CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(e->w_oihw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->w_ohwi));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->w_ohwi, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, co, ci, k, k));
+  CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(e->w_ohwi, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, co, ci, k, k));
   CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
   // PyTorch's Conv2d is a cross-correlation (no kernel flip). Compute in fp32 for both precisions.
-  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, p, p, s, s, 1, 1, CUDNN_CROSS_CORRELATION,
+                                              CUDNN_DATA_FLOAT));
   describe(*e, g);
   int dn = 0, dc = 0, dh = 0, dw = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &dn, &dc, &dh, &dw));
   DPT_CHECK(dn == n && dc == co && dh == oh && dw == ow,
-            "cuDNN's output shape " << dn << "x" << dc << "x" << dh << "x" << dw << " for convolution "
-                                    << geom_str(g) << " differs from ConvGeom's");
+            "cuDNN's output shape " << dn << "x" << dc << "x" << dh << "x" << dw
+                                    << " for convolution " << geom_str(g)
+                                    << " differs from ConvGeom's");
   e->same_layout = g.c_in == 1 || g.k == 1;
   e->w_elems = g.c_out * g.c_in * g.k * g.k;
   e->weight_bytes = static_cast<size_t>(e->w_elems) * sizeof(float);
@@ -299,15 +320,18 @@ void CudnnConv::describe(Entry& e, const ConvGeom& g) {
 void CudnnConv::choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter) {
   const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
   const bool tc = ctx_.tensor_ops();
-  if (!e.fwd.have) DPT_CHECK(e.fwd.have = search<FwdOps>(d, tc, g, &e.fwd), no_algorithm(FwdOps::kName, g));
+  if (!e.fwd.have)
+    DPT_CHECK(e.fwd.have = search<FwdOps>(d, tc, g, &e.fwd), no_algorithm(FwdOps::kName, g));
   if (bwd_data && !e.bwd_data.have)
-    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, tc, g, &e.bwd_data), no_algorithm(BwdDataOps::kName, g));
+    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, tc, g, &e.bwd_data),
+              no_algorithm(BwdDataOps::kName, g));
   if (bwd_filter && !e.bwd_filter.have)
     DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, tc, g, &e.bwd_filter),
               no_algorithm(BwdFilterOps::kName, g));
 }
 
-void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+                        float* y) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
   choose(e, g, false, false);
@@ -325,13 +349,13 @@ void CudnnConv::forward(const ConvGeom& g, const float* x, const float* w, const
   }
   // One descriptor serves three directions whose algorithms may differ in math type.
   CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.fwd.math));
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd.algo, ws + at_algo, e.fwd.ws, &zero, e.y,
-                                      y));
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, e.x, x, e.w, wk, e.conv, e.fwd.algo, ws + at_algo,
+                                      e.fwd.ws, &zero, e.y, y));
   if (b) add_row_bias(ctx_, y, b, e.rows, g.c_out);
 }
 
-void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                         float* db, bool accumulate) {
+void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
+                         float* dx, float* dw, float* db, bool accumulate) {
   Entry& e = entry(g);
   cudnnHandle_t h = ctx_.cudnn();
   choose(e, g, dx != nullptr, dw != nullptr);
@@ -353,19 +377,22 @@ void CudnnConv::backward(const ConvGeom& g, const float* x, const float* w, cons
       wk = wt;
     }
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_data.math));
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data.algo, ws + at_algo,
-                                             e.bwd_data.ws, &zero, e.x, dx));
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, e.w, wk, e.y, dy, e.conv, e.bwd_data.algo,
+                                             ws + at_algo, e.bwd_data.ws, &zero, e.x, dx));
   }
   if (dw) {
     CUDNN_CHECK(cudnnSetConvolutionMathType(e.conv, e.bwd_filter.math));
     // cuDNN writes dW (OHWI) to the workspace, to transform back to OIHW (adding into dw when
     // accumulating), or straight into dw.
     float* dwt = transform_dw ? reinterpret_cast<float*>(ws + at_dw) : dw;
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter.algo, ws + at_algo,
-                                               e.bwd_filter.ws, transform_dw ? &zero : &beta, e.w, dwt));
-    if (transform_dw) CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, e.x, x, e.y, dy, e.conv, e.bwd_filter.algo,
+                                               ws + at_algo, e.bwd_filter.ws,
+                                               transform_dw ? &zero : &beta, e.w, dwt));
+    if (transform_dw)
+      CUDNN_CHECK(cudnnTransformTensor(h, &one, e.w_ohwi, dwt, &beta, e.w_oihw, dw));
   }
-  // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the CPU.
+  // Bias gradient: dy is a row-major [N*OH*OW, Cout] matrix; its column sums, in double like the
+  // CPU.
   if (db) column_sums(ctx_, dy, e.rows, g.c_out, db, accumulate);
 }
 
@@ -375,7 +402,8 @@ float* CudnnConv::staged(int slot, int64_t elems) {
   return static_cast<float*>(ctx_.staging(slot, static_cast<size_t>(elems) * sizeof(float)));
 }
 
-void CudnnConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+void CudnnConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+                        BFloat16* y) {
   const Entry& e = entry(g);
   cudaStream_t s = ctx_.stream();
   float* x32 = staged(0, e.x_elems);
@@ -385,13 +413,14 @@ void CudnnConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, co
   CUDA_CHECK(cuda::launch_to_bf16(y32, bits(y), e.y_elems, s));
 }
 
-void CudnnConv::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
-                         float* dw, float* db, bool accumulate) {
+void CudnnConv::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                         BFloat16* dx, float* dw, float* db, bool accumulate) {
   const Entry& e = entry(g);
   cudaStream_t s = ctx_.stream();
   float* dy32 = staged(0, e.y_elems);
   CUDA_CHECK(cuda::launch_from_bf16(bits(dy), dy32, e.y_elems, false, s));
-  // Two fp32 calls, so that dx and the widened x can share slot 1 (one activation's fp32 copy less).
+  // Two fp32 calls, so that dx and the widened x can share slot 1 (one activation's fp32 copy
+  // less).
   if (dx) {
     float* dx32 = staged(1, e.x_elems);
     backward(g, nullptr, w, dy32, dx32, nullptr, nullptr, false);
@@ -412,7 +441,8 @@ std::vector<CudnnConv::AlgoTime> CudnnConv::survey(const ConvGeom& g, bool nchw)
   const size_t elem = sizeof(float);  // zeros: timing only
   DeviceBuffer x(e.x_elems * elem), w(e.w_elems * elem), y(e.y_elems * elem), dx(e.x_elems * elem),
       dw(e.w_elems * elem), ws(kMaxConvWorkspace);
-  for (DeviceBuffer* b : {&x, &w, &y, &dx, &dw}) CUDA_CHECK(cudaMemset(b->as<void>(), 0, b->bytes()));
+  for (DeviceBuffer* b : {&x, &w, &y, &dx, &dw})
+    CUDA_CHECK(cudaMemset(b->as<void>(), 0, b->bytes()));
   ctx_.synchronize();
   Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
   // nchw: the same convolution described channels-first (what PyTorch's default layout gets), to

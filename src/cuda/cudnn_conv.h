@@ -28,17 +28,19 @@ class CudnnConv : public ConvOp {
   CudnnConv& operator=(const CudnnConv&) = delete;
 
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override;
   // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
   // accumulate.
-  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                float* db, bool accumulate) override;
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                float* dw, float* db, bool accumulate) override;
   // 16-bit activations (x, y, dy, dx bf16; w, b, dw, db fp32): the fp32 convolution above on exact
   // fp32 copies of x and dy, its y and dx rounded to bf16 once (the CPU's rule; see cudnn_conv.cc
   // for why not cuDNN's bf16 engines). The copies live in the context's staging (grow-only).
-  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
-  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                float* db, bool accumulate) override;
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+               BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                BFloat16* dx, float* dw, float* db, bool accumulate) override;
   // One algorithm of one direction as cuDNN's timed search (cudnnFind*Ex) measured it on this
   // geometry's descriptors: for bench/gpu_conv_bench, to see how far the heuristic pick is from
   // the fastest; with nchw, the same convolution described channels-first. Not used in training

@@ -1,5 +1,6 @@
-// The runtime-fusion convolution of NVIDIA's ResNet training (MLPerf's "scale-bias-relu-conv-genstats")
-// through cuDNN's graph API, standalone: not wired into the layers until a GPU shows it is faster.
+// The runtime-fusion convolution of NVIDIA's ResNet training (MLPerf's
+// "scale-bias-relu-conv-genstats") through cuDNN's graph API, standalone: not wired into the layers
+// until a GPU shows it is faster.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,11 +37,12 @@ class FusedConvGenstats {
   FusedConvGenstats& operator=(const FusedConvGenstats&) = delete;
 
   // bf16 x, w and y (the bf16-activation path's arrays).
-  void forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const float* scale, const float* bias,
-                    const __nv_bfloat16* w, __nv_bfloat16* y, float* sum, float* sqsum);
+  void forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const float* scale,
+                    const float* bias, const __nv_bfloat16* w, __nv_bfloat16* y, float* sum,
+                    float* sqsum);
   // fp32 x, w and y, strict fp32 or TF32 as GpuContext::tensor_ops() says (as CudnnGraphConv).
-  void forward(const ConvGeom& g, const float* x, const float* scale, const float* bias, const float* w, float* y,
-               float* sum, float* sqsum);
+  void forward(const ConvGeom& g, const float* x, const float* scale, const float* bias,
+               const float* w, float* y, float* sum, float* sqsum);
 
   // One key's choice ("N=.. forward-fused bf16" -> "genstats+ohwi:<engine tag>"), for the bench
   // and the tests.

@@ -1,6 +1,6 @@
-// What the graph-API ops (cudnn_graph_conv.cc, cudnn_fused_conv.cc) share: cudnn-frontend's include,
-// finishing a graph under the project's numerical rules, building its plans, timing them. Include
-// only from those .cc files: it pulls in cudnn_frontend.h.
+// What the graph-API ops (cudnn_graph_conv.cc, cudnn_fused_conv.cc) share: cudnn-frontend's
+// include, finishing a graph under the project's numerical rules, building its plans, timing them.
+// Include only from those .cc files: it pulls in cudnn_frontend.h.
 #pragma once
 
 // Without the frontend's serialisation: nothing here serialises, and its bundled nlohmann/json
@@ -49,14 +49,19 @@ namespace fe = cudnn_frontend;
 enum class Io { kFp32, kTf32, kBf16 };
 inline const char* io_name(Io io) {
   switch (io) {
-    case Io::kFp32: return "fp32";
-    case Io::kTf32: return "tf32";
-    case Io::kBf16: return "bf16";
+    case Io::kFp32:
+      return "fp32";
+    case Io::kTf32:
+      return "tf32";
+    case Io::kBf16:
+      return "bf16";
   }
   return "?";
 }
 inline size_t elem_bytes(Io io) { return io == Io::kBf16 ? 2 : 4; }
-inline fe::DataType_t data_type(Io io) { return io == Io::kBf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::FLOAT; }
+inline fe::DataType_t data_type(Io io) {
+  return io == Io::kBf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::FLOAT;
+}
 
 // Cin == 1 or K == 1: OIHW and OHWI are the same bytes.
 inline bool same_layout(const ConvGeom& g) { return g.c_in == 1 || g.k == 1; }
@@ -65,28 +70,34 @@ inline int64_t filter_elems(const ConvGeom& g) { return g.c_out * g.c_in * g.k *
 // cuDNN's channels-last engines are built for.
 inline std::vector<int64_t> filter_stride(const ConvGeom& g, bool ohwi) {
   const int64_t ci = g.c_in, k = g.k;
-  return ohwi ? std::vector<int64_t>{k * k * ci, 1, k * ci, ci} : std::vector<int64_t>{ci * k * k, k * k, k, 1};
+  return ohwi ? std::vector<int64_t>{k * k * ci, 1, k * ci, ci}
+              : std::vector<int64_t>{ci * k * k, k * k, k, 1};
 }
 
 // Whether a plan reading the filter as OHWI (`ohwi`) or OIHW needs w moved into the workspace:
 // to OHWI where the layouts differ, or to an aligned copy (conv_common.h).
-inline bool moves_filter(const ConvGeom& g, bool ohwi, const void* w) { return (ohwi && !same_layout(g)) || !aligned(w); }
+inline bool moves_filter(const ConvGeom& g, bool ohwi, const void* w) {
+  return (ohwi && !same_layout(g)) || !aligned(w);
+}
 // The filter w (OIHW, io's type) as such a plan reads it: w itself when `to` is null (moves_filter
 // false), else moved to `to` in the workspace.
-inline const void* place_filter(GpuContext& ctx, const ConvGeom& g, Io io, bool ohwi, const void* w, char* to) {
+inline const void* place_filter(GpuContext& ctx, const ConvGeom& g, Io io, bool ohwi, const void* w,
+                                char* to) {
   if (!to) return w;
   const auto move = ohwi && !same_layout(g) ? cuda::FilterMove::kToOhwi : cuda::FilterMove::kCopy;
   const int64_t kk = g.k * g.k;
   if (io == Io::kBf16)
-    CUDA_CHECK(cuda::launch_filter_move_bf16(static_cast<const uint16_t*>(w), reinterpret_cast<uint16_t*>(to),
-                                             g.c_out, g.c_in, kk, move, ctx.stream()));
+    CUDA_CHECK(cuda::launch_filter_move_bf16(static_cast<const uint16_t*>(w),
+                                             reinterpret_cast<uint16_t*>(to), g.c_out, g.c_in, kk,
+                                             move, ctx.stream()));
   else
-    CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(w), reinterpret_cast<float*>(to), g.c_out, g.c_in,
-                                        kk, move, false, ctx.stream()));
+    CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(w), reinterpret_cast<float*>(to),
+                                        g.c_out, g.c_in, kk, move, false, ctx.stream()));
   return to;
 }
 
-// Per candidate: runs before timing (the first loads its kernels), then timed runs, the fastest kept.
+// Per candidate: runs before timing (the first loads its kernels), then timed runs, the fastest
+// kept.
 constexpr int kWarmupRuns = 1, kTimedRuns = 3;
 
 inline bool fe_failed(const fe::error_t& e) { return e.is_bad(); }
@@ -105,7 +116,8 @@ struct Event {
 // cuDNN's tensors are described with its default 16-byte alignment.
 inline void check_activation(const void* p, const char* what, const ConvGeom& g) {
   DPT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
-            "convolution " << geom_str(g) << ": " << what << " is not 16-byte aligned, as cuDNN's graph needs");
+            "convolution " << geom_str(g) << ": " << what
+                           << " is not 16-byte aligned, as cuDNN's graph needs");
 }
 
 // Building times plans, which synchronises the stream: refused inside a CUDA-graph capture (see
@@ -113,9 +125,11 @@ inline void check_activation(const void* p, const char* what, const ConvGeom& g)
 inline void check_not_capturing(const GpuContext& ctx, const std::string& what) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
-  DPT_CHECK(capture == cudaStreamCaptureStatusNone,
-            "the cuDNN graph of " << what << " would be built inside a CUDA-graph capture; every shape's first "
-                                     "step must run eagerly");
+  DPT_CHECK(
+      capture == cudaStreamCaptureStatusNone,
+      "the cuDNN graph of " << what
+                            << " would be built inside a CUDA-graph capture; every shape's first "
+                               "step must run eagerly");
 }
 
 // A positive integer from environment variable `name`, or `fallback` where it is unset or empty;
@@ -125,7 +139,8 @@ inline int env_count(const char* name, int fallback) {
   if (!v || !*v) return fallback;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  DPT_INPUT_CHECK(*end == '\0' && n > 0 && n <= 1000, name << "=" << v << " is not a count from 1 to 1000");
+  DPT_INPUT_CHECK(*end == '\0' && n > 0 && n <= 1000,
+                  name << "=" << v << " is not a count from 1 to 1000");
   return static_cast<int>(n);
 }
 
@@ -142,7 +157,8 @@ inline int max_timed_plans() { return env_count("DPT_CUDNN_MAX_PLANS", 8); }
 inline bool runtime_compilation_requested() {
   const char* v = std::getenv("DPT_CUDNN_RUNTIME_COMPILE");
   const std::string s = v ? v : "";
-  DPT_INPUT_CHECK(s.empty() || s == "0" || s == "1", "DPT_CUDNN_RUNTIME_COMPILE=" << s << " is not 0 or 1");
+  DPT_INPUT_CHECK(s.empty() || s == "0" || s == "1",
+                  "DPT_CUDNN_RUNTIME_COMPILE=" << s << " is not 0 or 1");
   return s == "1";
 }
 
@@ -152,11 +168,12 @@ inline bool runtime_compilation_requested() {
 // non-deterministic ones unless `nondeterministic`, runtime-compiled ones unless
 // `runtime_compiled`, and workspaces over kMaxConvWorkspace. False with *why where cuDNN cannot
 // build or rank it.
-inline bool finish_graph(fe::graph::Graph& graph, cudnnHandle_t handle, bool tensor_cores, bool nondeterministic,
-                         bool runtime_compiled, std::string* why) {
+inline bool finish_graph(fe::graph::Graph& graph, cudnnHandle_t handle, bool tensor_cores,
+                         bool nondeterministic, bool runtime_compiled, std::string* why) {
   fe::error_t st = graph.validate();
   if (st.is_good()) st = graph.build_operation_graph(handle);
-  if (st.is_good()) st = graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (st.is_good())
+    st = graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
   if (st.is_bad()) {
     *why = st.get_message();
     return false;
@@ -165,7 +182,8 @@ inline bool finish_graph(fe::graph::Graph& graph, cudnnHandle_t handle, bool ten
                                           fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
   if (!tensor_cores) barred.push_back(fe::NumericalNote_t::TENSOR_CORE);
   if (!nondeterministic) barred.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
-  graph.deselect_numeric_notes(barred).deselect_workspace_greater_than(static_cast<int64_t>(kMaxConvWorkspace));
+  graph.deselect_numeric_notes(barred).deselect_workspace_greater_than(
+      static_cast<int64_t>(kMaxConvWorkspace));
   if (!runtime_compiled) graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   return true;
 }
@@ -181,7 +199,8 @@ struct BuiltPlan {
 // The plans of a finished graph that build, in the heuristics' order, each engine configuration
 // once (modes A and FALLBACK may both list it), the first `limit` of them; with `only`, just that
 // engine tag's.
-inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, const std::string* only,
+inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph,
+                                          const std::string* only,
                                           size_t limit = std::numeric_limits<size_t>::max()) {
   std::vector<BuiltPlan> out;
   if (graph->check_support().is_bad()) return out;  // no configuration passes
@@ -191,7 +210,9 @@ inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph
     if (graph->get_plan_name_at_index(i, tag).is_bad() || !seen.insert(tag).second) continue;
     if (only && tag != *only) continue;
     int64_t ws = 0;
-    if (graph->build_plan_at_index(i).is_bad() || graph->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
+    if (graph->build_plan_at_index(i).is_bad() ||
+        graph->get_workspace_size_plan_at_index(i, ws).is_bad())
+      continue;
     out.push_back({graph, i, tag, ws});
   }
   return out;
@@ -205,8 +226,9 @@ inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph
 // layout's best-ranked engines compete. Throws NoGraphPlan, with every graph's reason, where no
 // step offers a plan: `what` names the operation.
 template <class P, class V, class Make, class Name>
-std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const Make& make, const Name& variant_name,
-                               const std::string& what, uint64_t* graphs_built) {
+std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const Make& make,
+                               const Name& variant_name, const std::string& what,
+                               uint64_t* graphs_built) {
   std::vector<P> candidates;
   std::vector<std::vector<P>> per_variant;
   const size_t cap = static_cast<size_t>(max_timed_plans());
@@ -251,7 +273,8 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
     }
     if (!candidates.empty()) {
       if (nondeterministic)
-        log_warn(DPT_MSG("cuDNN has no deterministic plan for " << what << "; results will not be bit-reproducible"));
+        log_warn(DPT_MSG("cuDNN has no deterministic plan for "
+                         << what << "; results will not be bit-reproducible"));
       return candidates;
     }
   }
@@ -265,8 +288,8 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
 // no timed run synchronises. A candidate that throws dpt::Error is passed over; *timed counts those
 // that ran. `what` names the operation in messages.
 template <class P, class Trial>
-P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspace, const std::string& what,
-               const Trial& trial, uint64_t* timed) {
+P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspace,
+               const std::string& what, const Trial& trial, uint64_t* timed) {
   int64_t most = 0;
   for (const P& c : candidates) most = std::max(most, c.workspace);
   ctx.workspace(static_cast<size_t>(most) + extra_workspace);
@@ -288,14 +311,17 @@ P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspa
         c.ms = std::min(c.ms, ms);
       }
     } catch (const Error& e) {  // a plan that builds but will not run here is only passed over
-      log_debug(DPT_MSG("cuDNN graph plan " << c.name << " for " << what << " did not run: " << e.what()));
+      log_debug(DPT_MSG("cuDNN graph plan " << c.name << " for " << what
+                                            << " did not run: " << e.what()));
       continue;
     }
     ++ran;
     ++*timed;
     if (!best || c.ms < best->ms) best = &c;
   }
-  if (!best) throw NoGraphPlan(DPT_MSG("none of the " << candidates.size() << " cuDNN plans built for " << what << " ran"));
+  if (!best)
+    throw NoGraphPlan(DPT_MSG("none of the " << candidates.size() << " cuDNN plans built for "
+                                             << what << " ran"));
   best->candidates = ran;
   return std::move(*best);
 }

@@ -69,10 +69,10 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-using graph_api::fe_failed;
-using graph_api::fe_message;
 using graph_api::check_activation;
 using graph_api::elem_bytes;
+using graph_api::fe_failed;
+using graph_api::fe_message;
 using graph_api::filter_elems;
 using graph_api::Io;
 using graph_api::io_name;
@@ -81,9 +81,12 @@ using graph_api::same_layout;
 enum class Dir { kForward, kBackwardData, kBackwardFilter };
 const char* dir_name(Dir d) {
   switch (d) {
-    case Dir::kForward: return "forward";
-    case Dir::kBackwardData: return "backward-data";
-    case Dir::kBackwardFilter: return "backward-filter";
+    case Dir::kForward:
+      return "forward";
+    case Dir::kBackwardData:
+      return "backward-data";
+    case Dir::kBackwardFilter:
+      return "backward-filter";
   }
   return "?";
 }
@@ -92,14 +95,15 @@ std::string key_of(const ConvGeom& g, Dir d, Io io) {
   return geom_str(g) + " " + dir_name(d) + " " + io_name(io);
 }
 
-
 // How a plan's graph lays the filter out (see the file comment), and for bf16 backward-filter
 // whether dW comes out in bf16.
 struct Variant {
   bool ohwi = false;
   bool dw_bf16 = false;
 };
-std::string variant_name(Variant v) { return std::string(v.ohwi ? "ohwi" : "oihw") + (v.dw_bf16 ? "+bf16dw" : ""); }
+std::string variant_name(Variant v) {
+  return std::string(v.ohwi ? "ohwi" : "oihw") + (v.dw_bf16 ? "+bf16dw" : "");
+}
 
 // The variants a key's plans may come from, in tiers: a later tier only where no earlier one
 // offers a plan.
@@ -132,12 +136,14 @@ struct Plan : graph_api::BuiltPlan {
 
 // One variant's graph with its heuristics' engine configurations queried and filtered (see the
 // file comment), or null with *why where cuDNN cannot build or rank it.
-std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeom& g, Dir d, Io io, Variant v,
-                                             bool nondeterministic, std::string* why) {
+std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeom& g, Dir d, Io io,
+                                             Variant v, bool nondeterministic, std::string* why) {
   using fe::DataType_t;
   const DataType_t t = graph_api::data_type(io);
   auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(t).set_intermediate_data_type(DataType_t::FLOAT).set_compute_data_type(DataType_t::FLOAT);
+  graph->set_io_data_type(t)
+      .set_intermediate_data_type(DataType_t::FLOAT)
+      .set_compute_data_type(DataType_t::FLOAT);
 
   struct Operand {
     const char* name;
@@ -148,7 +154,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
   const int64_t ci = g.c_in, co = g.c_out, k = g.k, oh = g.oh(), ow = g.ow();
   const Operand x{"x", kUidX, t, {g.n, ci, g.h, g.w}, {g.h * g.w * ci, 1, g.w * ci, ci}};
   const Operand y{"y", kUidY, t, {g.n, co, oh, ow}, {oh * ow * co, 1, ow * co, co}};
-  const DataType_t wt = d == Dir::kBackwardFilter && io == Io::kBf16 && !v.dw_bf16 ? DataType_t::FLOAT : t;
+  const DataType_t wt =
+      d == Dir::kBackwardFilter && io == Io::kBf16 && !v.dw_bf16 ? DataType_t::FLOAT : t;
   const Operand w{"w", kUidW, wt, {co, ci, k, k}, graph_api::filter_stride(g, v.ohwi)};
   auto describe = [](fe::graph::Tensor_attributes& a, const Operand& o) {
     a.set_name(o.name).set_uid(o.uid).set_data_type(o.type).set_dim(o.dim).set_stride(o.stride);
@@ -165,33 +172,40 @@ std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const ConvGeo
   const std::vector<int64_t> pad{g.pad, g.pad}, stride{g.stride, g.stride}, dilation{1, 1};
   switch (d) {
     case Dir::kForward:
-      output(graph->conv_fprop(
-                 input(x), input(w),
-                 fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
-             y);
+      output(
+          graph->conv_fprop(
+              input(x), input(w),
+              fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                  dilation)),
+          y);
       break;
     case Dir::kBackwardData:
-      output(graph->conv_dgrad(
-                 input(y), input(w),
-                 fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
-             x);
+      output(
+          graph->conv_dgrad(
+              input(y), input(w),
+              fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                  dilation)),
+          x);
       break;
     case Dir::kBackwardFilter:
-      output(graph->conv_wgrad(
-                 input(y), input(x),
-                 fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation)),
-             w);
+      output(
+          graph->conv_wgrad(
+              input(y), input(x),
+              fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(
+                  dilation)),
+          w);
       break;
   }
   if (!graph_api::finish_graph(*graph, handle, io != Io::kFp32, nondeterministic,
-                                graph_api::runtime_compilation_requested(), why))
+                               graph_api::runtime_compilation_requested(), why))
     return nullptr;
   return graph;
 }
 
 // The plans of one variant's graph that build, in the heuristics' order, each engine
 // configuration once (modes A and FALLBACK may both list it); with `only`, just that engine tag's.
-std::vector<Plan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, Variant v, const std::string* only) {
+std::vector<Plan> build_plans(const std::shared_ptr<fe::graph::Graph>& graph, Variant v,
+                              const std::string* only) {
   std::vector<Plan> out;
   for (graph_api::BuiltPlan& b : graph_api::build_plans(graph, only)) {
     Plan p;
@@ -220,8 +234,10 @@ struct CudnnGraphConv::Impl {
 
   template <class T>
   Io io_of() const {
-    if constexpr (std::is_same_v<T, float>) return ctx.tensor_ops() ? Io::kTf32 : Io::kFp32;
-    else return Io::kBf16;
+    if constexpr (std::is_same_v<T, float>)
+      return ctx.tensor_ops() ? Io::kTf32 : Io::kFp32;
+    else
+      return Io::kBf16;
   }
 
   // The key's plan, built (seeded or timed through `trial`, which runs a candidate on the call's
@@ -244,15 +260,17 @@ struct CudnnGraphConv::Impl {
     graph_api::check_not_capturing(ctx, "convolution " + key);
     Plan chosen;
     if (!recorded.empty() && !seeded(g, d, io, recorded, &chosen))
-      log_warn(DPT_MSG("cuDNN plan '" << recorded << "' recorded for convolution " << key
-                                      << " is unknown or unsupported here; timing the candidates instead"));
+      log_warn(DPT_MSG("cuDNN plan '"
+                       << recorded << "' recorded for convolution " << key
+                       << " is unknown or unsupported here; timing the candidates instead"));
     if (!chosen.graph) {
       try {
         chosen = timed(g, d, io, key, trial);
       } catch (const NoGraphPlan& e) {
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        log_info(DPT_MSG("cuDNN's graph API has no plan for convolution " << key << " (" << s
-                                                                          << " s searched); the legacy API runs it"));
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        log_info(DPT_MSG("cuDNN's graph API has no plan for convolution "
+                         << key << " (" << s << " s searched); the legacy API runs it"));
         log_debug(e.what());
         unplannable[key] = e.what();
         throw;
@@ -260,13 +278,15 @@ struct CudnnGraphConv::Impl {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     total_seconds += s;
-    const std::string how = chosen.candidates > 0 ? DPT_MSG(chosen.ms << " ms, the fastest of " << chosen.candidates)
-                                                  : std::string("as recorded");
+    const std::string how = chosen.candidates > 0
+                                ? DPT_MSG(chosen.ms << " ms, the fastest of " << chosen.candidates)
+                                : std::string("as recorded");
     // Per key at debug level; at info level too when choosing took over a second: that time is part
     // of the first step's, and an operator seeing a slow first epoch should see where it went.
-    (s > 1.0 ? log_info : log_debug)(DPT_MSG("cuDNN graph plan for convolution " << key << ": " << chosen.name << ", " << how
-                                                         << " (workspace " << chosen.workspace << " bytes; " << s
-                                                         << " s to choose, " << total_seconds << " s in all)"));
+    (s > 1.0 ? log_info : log_debug)(
+        DPT_MSG("cuDNN graph plan for convolution "
+                << key << ": " << chosen.name << ", " << how << " (workspace " << chosen.workspace
+                << " bytes; " << s << " s to choose, " << total_seconds << " s in all)"));
     return plans.emplace(key, std::move(chosen)).first->second;
   }
 
@@ -300,22 +320,27 @@ struct CudnnGraphConv::Impl {
     const auto make = [&](Variant v, bool nondeterministic, std::string* why) {
       return make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, why);
     };
-    std::vector<Plan> candidates = graph_api::candidate_plans<Plan>(variant_tiers(g, d, io), make, variant_name,
-                                                                    "convolution " + key, &graphs_built);
+    std::vector<Plan> candidates = graph_api::candidate_plans<Plan>(
+        variant_tiers(g, d, io), make, variant_name, "convolution " + key, &graphs_built);
     return fastest(candidates, g, key, trial);
   }
 
   template <class Trial>
-  Plan fastest(std::vector<Plan>& candidates, const ConvGeom& g, const std::string& key, const Trial& trial) {
+  Plan fastest(std::vector<Plan>& candidates, const ConvGeom& g, const std::string& key,
+               const Trial& trial) {
     // Every trial's layout fits: its plan's workspace and one fp32 filter, each rounded up.
-    const size_t extra = static_cast<size_t>(filter_elems(g)) * sizeof(float) + 2 * WorkspaceLayout::kAlign;
-    return graph_api::take_fastest(ctx, candidates, extra, "convolution " + key, trial, &plans_timed);
+    const size_t extra =
+        static_cast<size_t>(filter_elems(g)) * sizeof(float) + 2 * WorkspaceLayout::kAlign;
+    return graph_api::take_fastest(ctx, candidates, extra, "convolution " + key, trial,
+                                   &plans_timed);
   }
 
   void execute(const Plan& p, const void* x, const void* w, const void* y, char* workspace) {
-    std::unordered_map<int64_t, void*> pack{
-        {kUidX, const_cast<void*>(x)}, {kUidW, const_cast<void*>(w)}, {kUidY, const_cast<void*>(y)}};
-    DPT_LIB_CHECK("cuDNN graph", p.graph->execute_plan_at_index(ctx.cudnn(), pack, workspace, p.index), fe_failed,
+    std::unordered_map<int64_t, void*> pack{{kUidX, const_cast<void*>(x)},
+                                            {kUidW, const_cast<void*>(w)},
+                                            {kUidY, const_cast<void*>(y)}};
+    DPT_LIB_CHECK("cuDNN graph",
+                  p.graph->execute_plan_at_index(ctx.cudnn(), pack, workspace, p.index), fe_failed,
                   fe_message);
   }
 
@@ -330,21 +355,25 @@ struct CudnnGraphConv::Impl {
 
   // One direction's work with plan p: forward reads x and w into y; backward-data reads y (dy)
   // and w into x (dx).
-  void run_data(const Plan& p, const ConvGeom& g, Io io, const void* x, const void* w, const void* y) {
+  void run_data(const Plan& p, const ConvGeom& g, Io io, const void* x, const void* w,
+                const void* y) {
     WorkspaceLayout layout;
     const bool move = moves_weights(p, g, w);
-    const size_t at_w = move ? layout.add(static_cast<size_t>(filter_elems(g)) * elem_bytes(io)) : 0;
+    const size_t at_w =
+        move ? layout.add(static_cast<size_t>(filter_elems(g)) * elem_bytes(io)) : 0;
     const size_t at_plan = layout.add(static_cast<size_t>(p.workspace));
     char* ws = static_cast<char*>(ctx.workspace(layout.total()));
     execute(p, x, weights(p, g, io, w, move ? ws + at_w : nullptr), y, ws + at_plan);
   }
 
   // Backward-filter with plan p: dw (fp32 OIHW) = or += the gradient of x and dy.
-  void run_filter(const Plan& p, const ConvGeom& g, const void* x, const void* dy, float* dw, bool accumulate) {
+  void run_filter(const Plan& p, const ConvGeom& g, const void* x, const void* dy, float* dw,
+                  bool accumulate) {
     const bool permute = p.variant.ohwi && !same_layout(g), bf16 = p.variant.dw_bf16;
     const bool direct = !accumulate && !permute && !bf16 && aligned(dw);
     WorkspaceLayout layout;
-    const size_t at_dw = direct ? 0 : layout.add(static_cast<size_t>(filter_elems(g)) * (bf16 ? 2 : 4));
+    const size_t at_dw =
+        direct ? 0 : layout.add(static_cast<size_t>(filter_elems(g)) * (bf16 ? 2 : 4));
     const size_t at_plan = layout.add(static_cast<size_t>(p.workspace));
     char* ws = static_cast<char*>(ctx.workspace(layout.total()));
     void* out = direct ? static_cast<void*>(dw) : ws + at_dw;
@@ -353,11 +382,11 @@ struct CudnnGraphConv::Impl {
     const auto move = permute ? cuda::FilterMove::kToOihw : cuda::FilterMove::kCopy;
     const int64_t kk = g.k * g.k;
     if (bf16)
-      CUDA_CHECK(cuda::launch_filter_move_from_bf16(static_cast<const uint16_t*>(out), dw, g.c_out, g.c_in, kk, move,
-                                                    accumulate, ctx.stream()));
+      CUDA_CHECK(cuda::launch_filter_move_from_bf16(static_cast<const uint16_t*>(out), dw, g.c_out,
+                                                    g.c_in, kk, move, accumulate, ctx.stream()));
     else
-      CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(out), dw, g.c_out, g.c_in, kk, move, accumulate,
-                                          ctx.stream()));
+      CUDA_CHECK(cuda::launch_filter_move(static_cast<const float*>(out), dw, g.c_out, g.c_in, kk,
+                                          move, accumulate, ctx.stream()));
   }
 
   template <class T>
@@ -386,7 +415,8 @@ struct CudnnGraphConv::Impl {
       check_activation(x, "x", g);
       DeviceBuffer scratch;  // the trials' dW, so that only the chosen plan's run touches dw
       const auto trial = [&](const Plan& p) {
-        if (scratch.bytes() == 0) scratch = DeviceBuffer(static_cast<size_t>(filter_elems(g)) * sizeof(float));
+        if (scratch.bytes() == 0)
+          scratch = DeviceBuffer(static_cast<size_t>(filter_elems(g)) * sizeof(float));
         run_filter(p, g, x, dy, scratch.as<float>(), false);
       };
       run_filter(plan(g, Dir::kBackwardFilter, io, trial), g, x, dy, dw, accumulate);
@@ -398,39 +428,43 @@ struct CudnnGraphConv::Impl {
 CudnnGraphConv::CudnnGraphConv(GpuContext& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
 CudnnGraphConv::~CudnnGraphConv() = default;
 
-void CudnnGraphConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+void CudnnGraphConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+                             float* y) {
   impl_->forward(g, x, w, b, y);
 }
 
-void CudnnGraphConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* db, bool accumulate) {
+void CudnnGraphConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
+                              float* dx, float* dw, float* db, bool accumulate) {
   impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
 }
 
-void CudnnGraphConv::forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* b,
-                                  __nv_bfloat16* y) {
+void CudnnGraphConv::forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                  const float* b, __nv_bfloat16* y) {
   impl_->forward(g, x, w, b, y);
 }
 
-void CudnnGraphConv::backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                                   const __nv_bfloat16* dy, __nv_bfloat16* dx, float* dw, float* db,
-                                   bool accumulate) {
+void CudnnGraphConv::backward_bf16(const ConvGeom& g, const __nv_bfloat16* x,
+                                   const __nv_bfloat16* w, const __nv_bfloat16* dy,
+                                   __nv_bfloat16* dx, float* dw, float* db, bool accumulate) {
   impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
 }
 
 const __nv_bfloat16* CudnnGraphConv::bf16_weights(const ConvGeom& g, const float* w) {
   const int64_t n = filter_elems(g);
-  auto* w16 = static_cast<uint16_t*>(impl_->ctx.staging(0, static_cast<size_t>(n) * sizeof(uint16_t)));
+  auto* w16 =
+      static_cast<uint16_t*>(impl_->ctx.staging(0, static_cast<size_t>(n) * sizeof(uint16_t)));
   CUDA_CHECK(cuda::launch_to_bf16(w, w16, n, impl_->ctx.stream()));
   return reinterpret_cast<const __nv_bfloat16*>(w16);
 }
 
-void CudnnGraphConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) {
+void CudnnGraphConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+                             BFloat16* y) {
   forward_bf16(g, nv(x), bf16_weights(g, w), b, nv(y));
 }
 
-void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
-                              float* dw, float* db, bool accumulate) {
+void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float* w,
+                              const BFloat16* dy, BFloat16* dx, float* dw, float* db,
+                              bool accumulate) {
   backward_bf16(g, nv(x), dx ? bf16_weights(g, w) : nullptr, nv(dy), nv(dx), dw, db, accumulate);
 }
 
@@ -453,14 +487,16 @@ void CudnnGraphConv::set_plan_choices(const std::string& text) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const size_t at = line.find(kArrow);
-    DPT_INPUT_CHECK(at != std::string::npos && at > 0 && at + kArrow.size() < line.size(),
-                    "cuDNN plan choices, line " << number << ": '" << line << "' is not '<key> -> <plan>'");
+    DPT_INPUT_CHECK(
+        at != std::string::npos && at > 0 && at + kArrow.size() < line.size(),
+        "cuDNN plan choices, line " << number << ": '" << line << "' is not '<key> -> <plan>'");
     parsed[line.substr(0, at)] = line.substr(at + kArrow.size());
   }
   for (auto& [key, name] : parsed) {
     if (auto built = impl_->plans.find(key); built != impl_->plans.end()) {
       if (built->second.name != name)
-        log_warn(DPT_MSG("cuDNN plan '" << name << "' for convolution " << key << " comes after its plan was chosen ("
+        log_warn(DPT_MSG("cuDNN plan '" << name << "' for convolution " << key
+                                        << " comes after its plan was chosen ("
                                         << built->second.name << "); it is ignored"));
       continue;
     }
@@ -470,7 +506,8 @@ void CudnnGraphConv::set_plan_choices(const std::string& text) {
 
 std::vector<CudnnGraphConv::Choice> CudnnGraphConv::choices() const {
   std::vector<Choice> out;
-  for (const auto& [key, p] : impl_->plans) out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
+  for (const auto& [key, p] : impl_->plans)
+    out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
   return out;
 }
 

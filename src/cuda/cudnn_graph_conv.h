@@ -1,7 +1,7 @@
 // GPU convolution through cuDNN's graph API (NVIDIA's header-only cudnn-frontend): the CUDA
-// backend's ConvOp under DPT_CUDNN_API=graph, with CudnnConv's semantics, plans timed like PyTorch's
-// cudnn.benchmark, and bf16 entry points for a bf16-activation path. GPU builds with the frontend's
-// headers only (DPT_HAVE_CUDNN_FRONTEND); cudnn_graph_conv.cc says how it works.
+// backend's ConvOp under DPT_CUDNN_API=graph, with CudnnConv's semantics, plans timed like
+// PyTorch's cudnn.benchmark, and bf16 entry points for a bf16-activation path. GPU builds with the
+// frontend's headers only (DPT_HAVE_CUDNN_FRONTEND); cudnn_graph_conv.cc says how it works.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,7 +20,8 @@ using dpt::ConvGeom;
 
 // Plans are cached per (geometry, direction, data type and math), so one object can serve every
 // layer of a model (CudaBackend shares one): layers of one shape then share their plans and their
-// timing. Scratch comes from the context's shared workspace; no device memory is held between calls.
+// timing. Scratch comes from the context's shared workspace; no device memory is held between
+// calls.
 class CudnnGraphConv : public ConvOp {
  public:
   explicit CudnnGraphConv(GpuContext& ctx);
@@ -31,11 +32,12 @@ class CudnnGraphConv : public ConvOp {
   // fp32 arrays: NHWC activations, OIHW weights, as CudnnConv. Computed in fp32, on TF32 tensor
   // cores only when GpuContext::tensor_ops() (--tf32, --precision bf16) allows them.
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
-  void forward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y) override;
+  void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+               float* y) override;
   // dx (nullable) = conv_backward_data (overwritten); dw, db (nullable) = gradients, added to when
   // accumulate.
-  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx, float* dw,
-                float* db, bool accumulate) override;
+  void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                float* dw, float* db, bool accumulate) override;
 
   // bf16 activations and weights, fp32 accumulation on tensor cores, whatever the context's
   // settings. The parameters' side stays fp32 (master bias; dW and dB in the fp32 gradient
@@ -43,16 +45,18 @@ class CudnnGraphConv : public ConvOp {
   // rounded to bf16 before it is widened and added where cuDNN writes no fp32 dW from bf16 inputs
   // (cuDNN 9.19: everywhere; see cudnn_graph_conv.cc); db (+)= column sums of dy in double. Same
   // nullability as backward().
-  void forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* b,
-                    __nv_bfloat16* y);
-  void backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* dy,
-                     __nv_bfloat16* dx, float* dw, float* db, bool accumulate);
+  void forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                    const float* b, __nv_bfloat16* y);
+  void backward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                     const __nv_bfloat16* dy, __nv_bfloat16* dx, float* dw, float* db,
+                     bool accumulate);
   // ConvOp's 16-bit activations (bf16 x, y, dy, dx; fp32 master w): the two above, on a bf16 copy
   // of w rounded to nearest even once per call into the context's staging (slot 0), which the
   // workspace's growth during the call cannot move. backward makes it only when dx is asked for.
-  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b, BFloat16* y) override;
-  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx, float* dw,
-                float* db, bool accumulate) override;
+  void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+               BFloat16* y) override;
+  void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
+                BFloat16* dx, float* dw, float* db, bool accumulate) override;
 
   // The plans chosen so far, and seeds not used yet: one line per key, "<key> -> <plan>", sorted by
   // key, where the key names geometry, direction and data type (e.g. "N=256 H=28 W=28 Cin=1
@@ -67,9 +71,9 @@ class CudnnGraphConv : public ConvOp {
   // One key's choice, for bench/gpu_conv_bench.
   struct Choice {
     std::string key, plan;
-    float ms = 0;            // its time per call when timed (0 when seeded)
-    int candidates = 0;      // plans timed for it (0 when seeded)
-    int64_t workspace = 0;   // its cuDNN workspace, bytes
+    float ms = 0;           // its time per call when timed (0 when seeded)
+    int candidates = 0;     // plans timed for it (0 when seeded)
+    int64_t workspace = 0;  // its cuDNN workspace, bytes
   };
   std::vector<Choice> choices() const;
   // cuDNN graphs built (every candidate graph counts) and plans executed under timing, since

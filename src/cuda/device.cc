@@ -33,9 +33,10 @@ std::string resolve_device(const std::string& want, int local_rank) {
                                << " (cudaGetDeviceCount found none); use --device cpu or auto");
 #else
     (void)local_rank;
-    DPT_INPUT_CHECK(false, "--device cuda: no CUDA device visible to this build: it was compiled without "
-                           "the GPU backend (nvcc, cuDNN, cuBLAS or NCCL missing, or -Dgpu=disabled); "
-                           "use --device cpu or auto");
+    DPT_INPUT_CHECK(false,
+                    "--device cuda: no CUDA device visible to this build: it was compiled without "
+                    "the GPU backend (nvcc, cuDNN, cuBLAS or NCCL missing, or -Dgpu=disabled); "
+                    "use --device cpu or auto");
 #endif
     return "cuda";
   }

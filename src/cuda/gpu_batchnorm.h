@@ -37,18 +37,19 @@ class GpuBatchNorm : public BatchNormOp {
   // this replica's rows (the reducer adds replicas up); dx (nullable) after a training forward
   // uses [sum g, sum g*xhat] over every replica (through `sync`), after an evaluation forward is
   // g*gamma*invstd.
-  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma, float* dgamma,
-                float* dbeta, bool accumulate, const ChannelSumFn& sync, const float* relu_out,
-                float* dz_out) override;
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                const float* relu_out, float* dz_out) override;
   // The same three on bf16 activations (x, y, residual, dy, dx, relu_out, dz_out), in one pass each
   // like the fp32 forms: every value widened, the fp32 arithmetic, one rounding per stored value
   // (the CPU's bits); parameters, their gradients and the statistics stay fp32 (doubles inside).
-  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                     float* running_mean, float* running_var, float* num_batches_tracked,
-                     const ChannelSumFn& sync, const BFloat16* residual, bool relu) override;
-  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var, const BFloat16* residual,
-                    bool relu) override;
+  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                     const float* beta, float* running_mean, float* running_var,
+                     float* num_batches_tracked, const ChannelSumFn& sync, const BFloat16* residual,
+                     bool relu) override;
+  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                    const float* beta, const float* running_mean, const float* running_var,
+                    const BFloat16* residual, bool relu) override;
   void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
                 float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
                 const BFloat16* relu_out, BFloat16* dz_out) override;
@@ -58,16 +59,18 @@ class GpuBatchNorm : public BatchNormOp {
   const float* saved_invstd() const { return invstd_.as<float>(); }  // device, C floats
 
  private:
-  // The steps of both forms, over T = float or uint16_t (bf16 bit patterns, as kernels/ takes them).
+  // The steps of both forms, over T = float or uint16_t (bf16 bit patterns, as kernels/ takes
+  // them).
   template <typename T>
-  void train(const T* x, T* y, int64_t m, const float* gamma, const float* beta, float* running_mean,
-             float* running_var, float* num_batches_tracked, const ChannelSumFn& sync, const T* residual, bool relu);
+  void train(const T* x, T* y, int64_t m, const float* gamma, const float* beta,
+             float* running_mean, float* running_var, float* num_batches_tracked,
+             const ChannelSumFn& sync, const T* residual, bool relu);
   template <typename T>
-  void eval(const T* x, T* y, int64_t m, const float* gamma, const float* beta, const float* running_mean,
-            const float* running_var, const T* residual, bool relu);
+  void eval(const T* x, T* y, int64_t m, const float* gamma, const float* beta,
+            const float* running_mean, const float* running_var, const T* residual, bool relu);
   template <typename T>
-  void grad(const T* x, const T* dy, T* dx, int64_t m, const float* gamma, float* dgamma, float* dbeta,
-            bool accumulate, const ChannelSumFn& sync, const T* relu_out, T* dz_out);
+  void grad(const T* x, const T* dy, T* dx, int64_t m, const float* gamma, float* dgamma,
+            float* dbeta, bool accumulate, const ChannelSumFn& sync, const T* relu_out, T* dz_out);
 
   GpuContext& ctx_;
   int64_t c_;

@@ -62,7 +62,8 @@ void GpuContext::create() {
   // An explicit workspace (32 MiB, NVIDIA's advice for Hopper) instead of cuBLAS's own: the memory
   // is fixed from the start and no GEMM captured into a CUDA graph allocates.
   cublas_workspace_ = DeviceBuffer(size_t{32} << 20);
-  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
+  CUBLAS_CHECK(
+      cublasSetWorkspace(cublas_, cublas_workspace_.as<void>(), cublas_workspace_.bytes()));
 }
 
 GpuContext::~GpuContext() { release(); }
@@ -110,7 +111,8 @@ const float* GpuContext::ones(int64_t n) {
     ones_ = DeviceBuffer();
     ones_ = DeviceBuffer(bytes);
     const std::vector<float> host(bytes / sizeof(float), 1.f);
-    CUDA_CHECK(cudaMemcpyAsync(ones_.as<void>(), host.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(ones_.as<void>(), host.data(), bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` dies at the end of this scope
   }
   return ones_.as<float>();
@@ -119,7 +121,8 @@ const float* GpuContext::ones(int64_t n) {
 void GpuContext::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void GpuContext::set_tf32(bool allow) {
-  CUBLAS_CHECK(cublasSetMathMode(cublas_, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(
+      cublasSetMathMode(cublas_, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   tf32_ = allow;
 }
 

@@ -5,7 +5,8 @@
 // Both transports take one path whatever the wire type (--grad-dtype): the wire buffer is the
 // gradients themselves for fp32 (no cast), else a 16-bit staging buffer the casts fill and empty.
 // Per bucket, everything on the communication stream after it waited for the bucket's gradients
-// (so the casts, like the all-reduce, overlap the rest of backward and sit in a CUDA graph with it):
+// (so the casts, like the all-reduce, overlap the rest of backward and sit in a CUDA graph with
+// it):
 //   NCCL:     to wire, ncclAllReduce(wire, sum) (16-bit: NCCL adds in float and rounds), from wire.
 //   host MPI: to wire, copy wire -> pinned host (16-bit: half the bytes of fp32), MPI sum
 //             (16-bit: Communicator's float-add-and-round operation), copy back, from wire.
@@ -42,7 +43,8 @@ class StreamTransport : public ReduceTransport {
   // the compute stream is never disturbed by it).
   // wire: kF32, or kBF16 / kF16 with a device staging buffer of `count` 16-bit values, allocated
   // once here through the backend (so CUDA graphs count it), never inside a step.
-  StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream, DType wire)
+  StreamTransport(CudaBackend& be, float* grads, int64_t count, cudaStream_t comm_stream,
+                  DType wire)
       : be_(be),
         ctx_(be.context()),
         grads_(grads),
@@ -59,7 +61,8 @@ class StreamTransport : public ReduceTransport {
       }
       ready_ = event(false);
       done_ = event(false);
-      if (compressed()) stage_ = static_cast<uint16_t*>(be_.allocate(wire_bytes(std::max<int64_t>(count_, 1))));
+      if (compressed())
+        stage_ = static_cast<uint16_t*>(be_.allocate(wire_bytes(std::max<int64_t>(count_, 1))));
     } catch (...) {
       release();  // the destructor does not run for a half-built object
       throw;
@@ -69,7 +72,8 @@ class StreamTransport : public ReduceTransport {
   // An event released with the transport; timing ones can be read by cudaEventElapsedTime.
   cudaEvent_t event(bool timing) {
     events_.push_back(nullptr);  // owned before it exists: nothing leaks whichever call fails
-    CUDA_CHECK(cudaEventCreateWithFlags(&events_.back(), timing ? cudaEventDefault : cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&events_.back(),
+                                        timing ? cudaEventDefault : cudaEventDisableTiming));
     return events_.back();
   }
   // Bucket k's event in `list`, created on first use: a transport learns the buckets from launch().
@@ -80,7 +84,8 @@ class StreamTransport : public ReduceTransport {
 
   void check_bucket(const Bucket& b) const {
     DPT_CHECK(b.begin >= 0 && b.begin <= b.end && b.end <= count_,
-              "gradient bucket [" << b.begin << ", " << b.end << ") outside the " << count_ << " gradients");
+              "gradient bucket [" << b.begin << ", " << b.end << ") outside the " << count_
+                                  << " gradients");
   }
   // The communication stream waits for the work queued on the compute stream so far (a bucket's
   // gradients). One event serves every wait: a wait binds to the record before it, so the event
@@ -99,33 +104,39 @@ class StreamTransport : public ReduceTransport {
 
   bool compressed() const { return wire_ != DType::kF32; }
   size_t wire_bytes(int64_t n) const { return static_cast<size_t>(n) * wire_size_; }
-  // Bucket b's slice of the wire buffer: the gradients themselves for fp32, else the staging buffer.
+  // Bucket b's slice of the wire buffer: the gradients themselves for fp32, else the staging
+  // buffer.
   void* wire_at(const Bucket& b) const {
-    return compressed() ? static_cast<void*>(stage_ + b.begin) : static_cast<void*>(grads_ + b.begin);
+    return compressed() ? static_cast<void*>(stage_ + b.begin)
+                        : static_cast<void*>(grads_ + b.begin);
   }
-  // `what` as a bucket's collective names itself in errors: how it travels, and in what if not fp32.
+  // `what` as a bucket's collective names itself in errors: how it travels, and in what if not
+  // fp32.
   std::string labelled(const std::string& what, const char* via) const {
-    return what + " (" + via + (compressed() ? std::string(", ") + grad_wire_name(wire_) : std::string()) + ")";
+    return what + " (" + via +
+           (compressed() ? std::string(", ") + grad_wire_name(wire_) : std::string()) + ")";
   }
   // On the communication stream, for a 16-bit wire (nothing for fp32): bucket b's gradients into
   // its slice of the staging buffer, rounded to nearest even; and the slice back (exact).
   void to_wire(const Bucket& b) {
     if (!compressed()) return;
     const int64_t n = b.size();
-    CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_to_bf16(grads_ + b.begin, stage_ + b.begin, n, comm_)
-                                     : cuda::launch_to_f16(grads_ + b.begin, stage_ + b.begin, n, comm_));
+    CUDA_CHECK(wire_ == DType::kBF16
+                   ? cuda::launch_to_bf16(grads_ + b.begin, stage_ + b.begin, n, comm_)
+                   : cuda::launch_to_f16(grads_ + b.begin, stage_ + b.begin, n, comm_));
   }
   void from_wire(const Bucket& b) {
     if (!compressed()) return;
     const int64_t n = b.size();
-    CUDA_CHECK(wire_ == DType::kBF16 ? cuda::launch_from_bf16(stage_ + b.begin, grads_ + b.begin, n, false, comm_)
-                                     : cuda::launch_from_f16(stage_ + b.begin, grads_ + b.begin, n, false, comm_));
+    CUDA_CHECK(wire_ == DType::kBF16
+                   ? cuda::launch_from_bf16(stage_ + b.begin, grads_ + b.begin, n, false, comm_)
+                   : cuda::launch_from_f16(stage_ + b.begin, grads_ + b.begin, n, false, comm_));
   }
   // Frees the staging buffer once the communication stream's work on it is done. Derived
   // destructors call it while that stream still exists (NCCL's dies with its communicator).
   void release_stage() noexcept {
     if (!stage_ || be_.abandoned()) return;  // abandoned: leak (see release())
-    cudaStreamSynchronize(comm_);            // best effort: the casts still queued read and write it
+    cudaStreamSynchronize(comm_);  // best effort: the casts still queued read and write it
     be_.release(stage_);
     stage_ = nullptr;
   }
@@ -164,7 +175,8 @@ class StreamTransport : public ReduceTransport {
 
 class NcclTransport final : public StreamTransport {
  public:
-  NcclTransport(CudaBackend& be, float* grads, int64_t count, std::unique_ptr<NcclCommunicator> nccl, DType wire)
+  NcclTransport(CudaBackend& be, float* grads, int64_t count,
+                std::unique_ptr<NcclCommunicator> nccl, DType wire)
       : StreamTransport(be, grads, count, stream_of(nccl.get()), wire), nccl_(std::move(nccl)) {}
 
   ~NcclTransport() override {
@@ -196,7 +208,8 @@ class NcclTransport final : public StreamTransport {
     // The request completes with the all-reduce; the cast back after it is ordered before the
     // compute stream's next work by finish(), and inside the timing (start .. end).
     to_wire(b);
-    inflight_.push_back(nccl_->iallreduce_raw(wire_at(b), b.size(), wire_, ReduceOp::kSum, labelled(what, "NCCL")));
+    inflight_.push_back(
+        nccl_->iallreduce_raw(wire_at(b), b.size(), wire_, ReduceOp::kSum, labelled(what, "NCCL")));
     from_wire(b);
     CUDA_CHECK(cudaEventRecord(end, comm_));
     launched_.push_back(k);
@@ -239,13 +252,14 @@ class NcclTransport final : public StreamTransport {
     timed_.clear();
     comm_seconds_ = 0;
     settled_ = inflight_.size();
-    inflight_.push_back(
-        nccl_->fence(ctx_.stream(), DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
+    inflight_.push_back(nccl_->fence(
+        ctx_.stream(), DPT_MSG("step " << step << " (a CUDA graph with its NCCL all-reduces)")));
   }
 
  private:
   static cudaStream_t stream_of(const NcclCommunicator* nccl) {
-    DPT_CHECK(nccl != nullptr, "the NCCL transport needs an NCCL communicator (make_nccl_communicator)");
+    DPT_CHECK(nccl != nullptr,
+              "the NCCL transport needs an NCCL communicator (make_nccl_communicator)");
     return nccl->stream();
   }
 
@@ -288,8 +302,8 @@ class HostMpiTransport final : public StreamTransport {
   // the exposed time. The host never converts (the MPI sum rounds each partial sum itself).
   HostMpiTransport(CudaBackend& be, float* grads, int64_t count, Communicator& mpi, DType wire)
       : StreamTransport(be, grads, count, nullptr, wire), mpi_(mpi) {
-    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), wire_bytes(std::max<int64_t>(count, 1)),
-                             cudaHostAllocDefault));
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_),
+                             wire_bytes(std::max<int64_t>(count, 1)), cudaHostAllocDefault));
   }
 
   ~HostMpiTransport() override {
@@ -304,7 +318,8 @@ class HostMpiTransport final : public StreamTransport {
     check_bucket(b);
     comm_follows_compute();
     to_wire(b);
-    CUDA_CHECK(cudaMemcpyAsync(host_at(b), wire_at(b), wire_bytes(b.size()), cudaMemcpyDeviceToHost, comm_));
+    CUDA_CHECK(cudaMemcpyAsync(host_at(b), wire_at(b), wire_bytes(b.size()), cudaMemcpyDeviceToHost,
+                               comm_));
     const cudaEvent_t copied = bucket_event(copied_, k, false);
     CUDA_CHECK(cudaEventRecord(copied, comm_));
     launched_.push_back({b, copied, labelled(what, "MPI, through host memory")});
@@ -333,17 +348,19 @@ class HostMpiTransport final : public StreamTransport {
   void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
     // The compute stream waits only for local work (copies), so its sync always ends.
     std::vector<double> host(static_cast<size_t>(count));
-    CUDA_CHECK(cudaMemcpyAsync(host.data(), data, host.size() * sizeof(double), cudaMemcpyDeviceToHost,
-                               ctx_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), data, host.size() * sizeof(double),
+                               cudaMemcpyDeviceToHost, ctx_.stream()));
     ctx_.synchronize();
     mpi_.allreduce(host.data(), count, ReduceOp::kSum, what);
-    CUDA_CHECK(cudaMemcpyAsync(data, host.data(), host.size() * sizeof(double), cudaMemcpyHostToDevice,
-                               ctx_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(data, host.data(), host.size() * sizeof(double),
+                               cudaMemcpyHostToDevice, ctx_.stream()));
     ctx_.synchronize();  // `host` dies at the end of this scope
   }
 
   void set_capturing(bool on) override {
-    DPT_CHECK(!on, "only NCCL collectives can be captured into a CUDA graph (ranks sharing a GPU sum by MPI)");
+    DPT_CHECK(
+        !on,
+        "only NCCL collectives can be captured into a CUDA graph (ranks sharing a GPU sum by MPI)");
   }
 
  private:
@@ -365,12 +382,14 @@ class HostMpiTransport final : public StreamTransport {
 }  // namespace
 
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<NcclCommunicator> nccl, DType wire) {
+                                                     std::unique_ptr<NcclCommunicator> nccl,
+                                                     DType wire) {
   return std::make_unique<NcclTransport>(be, grads, count, std::move(nccl), wire);
 }
 
-std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads, int64_t count,
-                                                         Communicator& mpi, DType wire) {
+std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads,
+                                                         int64_t count, Communicator& mpi,
+                                                         DType wire) {
   return std::make_unique<HostMpiTransport>(be, grads, count, mpi, wire);
 }
 

@@ -26,7 +26,8 @@ namespace dpt::gpu {
 // back into the gradients, all three on NCCL's stream (capturable; at world size 1 too, where the
 // gradients come back rounded to 16 bits).
 std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* grads, int64_t count,
-                                                     std::unique_ptr<NcclCommunicator> nccl, DType wire = DType::kF32);
+                                                     std::unique_ptr<NcclCommunicator> nccl,
+                                                     DType wire = DType::kF32);
 
 // Ranks sharing a GPU: each launched bucket is copied to pinned host memory on a stream of its own,
 // summed by `mpi` (bounded by its --timeout) in finish() as the copies land, and copied back; the
@@ -34,7 +35,8 @@ std::unique_ptr<ReduceTransport> make_nccl_transport(CudaBackend& be, float* gra
 // wire: kF32 copies the floats; kBF16 / kF16 cast each bucket on the GPU into a device staging
 // buffer and copy those 16-bit values (half the bytes) to pinned host memory, where `mpi` sums them
 // (its 16-bit sum: float additions, each rounded), then back and cast into the gradients.
-std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads, int64_t count,
-                                                         Communicator& mpi, DType wire = DType::kF32);
+std::unique_ptr<ReduceTransport> make_host_mpi_transport(CudaBackend& be, float* grads,
+                                                         int64_t count, Communicator& mpi,
+                                                         DType wire = DType::kF32);
 
 }  // namespace dpt::gpu

@@ -45,7 +45,8 @@ std::string loaded_libraries() {
   const auto file = [](const char* symbol) {
     Dl_info info{};
     void* at = dlsym(RTLD_DEFAULT, symbol);
-    return at && dladdr(at, &info) && info.dli_fname ? std::string(info.dli_fname) : std::string("?");
+    return at && dladdr(at, &info) && info.dli_fname ? std::string(info.dli_fname)
+                                                     : std::string("?");
   };
   int runtime = 0, driver = 0, nccl = 0, major = 0, minor = 0, patch = 0;
   cudaRuntimeGetVersion(&runtime);
@@ -54,15 +55,17 @@ std::string loaded_libraries() {
   cublasGetProperty(MAJOR_VERSION, &major);
   cublasGetProperty(MINOR_VERSION, &minor);
   cublasGetProperty(PATCH_LEVEL, &patch);
-  return DPT_MSG("CUDA runtime " << runtime << " (" << file("cudaRuntimeGetVersion") << "), driver " << driver
-                                 << "; cuDNN " << cudnnGetVersion() << " (" << file("cudnnGetVersion") << "); cuBLAS "
-                                 << major << "." << minor << "." << patch << " (" << file("cublasGetProperty")
-                                 << "); NCCL " << nccl << " (" << file("ncclGetVersion") << ")");
+  return DPT_MSG("CUDA runtime " << runtime << " (" << file("cudaRuntimeGetVersion") << "), driver "
+                                 << driver << "; cuDNN " << cudnnGetVersion() << " ("
+                                 << file("cudnnGetVersion") << "); cuBLAS " << major << "." << minor
+                                 << "." << patch << " (" << file("cublasGetProperty") << "); NCCL "
+                                 << nccl << " (" << file("ncclGetVersion") << ")");
 }
 
 class CudaGpu final : public GpuDevice {
  public:
-  CudaGpu(int local_rank, int devices, bool tf32, bool bf16) : local_rank_(local_rank), be_(local_rank % devices) {
+  CudaGpu(int local_rank, int devices, bool tf32, bool bf16)
+      : local_rank_(local_rank), be_(local_rank % devices) {
     be_.context().set_tf32(tf32);
     be_.context().set_bf16(bf16);
     log_debug(loaded_libraries());
@@ -82,14 +85,17 @@ class CudaGpu final : public GpuDevice {
     return m;
   }
 
-  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) override {
+  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count,
+                                             DType wire) override {
     if (comm.size() == 1) return nullptr;
     const int device = be_.context().device();
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (ranks_share_a_gpu(comm, prop)) {
       if (comm.rank() == 0)
-        log_info("ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host memory");
+        log_info(
+            "ranks share a GPU (NCCL needs one per rank): gradients are summed by MPI through host "
+            "memory");
       return gpu::make_host_mpi_transport(be_, grads, count, comm, wire);
     }
     return gpu::make_nccl_transport(be_, grads, count, make_nccl_communicator(comm, device), wire);

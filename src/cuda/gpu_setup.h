@@ -21,7 +21,8 @@ struct GpuMemory {
   std::string device;  // "cuda:0 (NVIDIA H100 80GB HBM3)"
 };
 
-// One GPU as the driver sees it: its operations backend, its memory, and the gradient transport over it.
+// One GPU as the driver sees it: its operations backend, its memory, and the gradient transport
+// over it.
 class GpuDevice {
  public:
   virtual ~GpuDevice() = default;
@@ -35,12 +36,14 @@ class GpuDevice {
   // Reducer then takes the MPI transport, which sends nothing either). Collective: every rank calls
   // it. wire: the type gradients travel in (--grad-dtype: kF32, kBF16 or kF16; see
   // src/cuda/gpu_reducer.h).
-  virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) = 0;
+  virtual std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads,
+                                                     int64_t count, DType wire) = 0;
   // Whether the backend's convolutions run on cuDNN's graph API, which takes bf16 natively.
   virtual bool fast_bf16_activations() = 0;
 };
 
-// GPU local_rank mod visible devices, TF32 allowed or not, bf16 precision or fp32. Input error when no device is visible.
+// GPU local_rank mod visible devices, TF32 allowed or not, bf16 precision or fp32. Input error when
+// no device is visible.
 std::unique_ptr<GpuDevice> open_gpu(int local_rank, bool tf32, bool bf16);
 
 }  // namespace dpt

@@ -38,24 +38,36 @@ constexpr const char* kPeerAbsent =
 
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF64: return ncclFloat64;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU64: return ncclUint64;
-    case DType::kU8: return ncclUint8;
-    case DType::kBF16: return ncclBfloat16;  // summed by NCCL in float, each partial sum rounded
-    case DType::kF16: return ncclFloat16;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU64:
+      return ncclUint64;
+    case DType::kU8:
+      return ncclUint8;
+    case DType::kBF16:
+      return ncclBfloat16;  // summed by NCCL in float, each partial sum rounded
+    case DType::kF16:
+      return ncclFloat16;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -79,10 +91,13 @@ struct CommHandle {
 };
 using SharedComm = std::shared_ptr<CommHandle>;
 
-[[noreturn]] void throw_timeout(CommHandle& h, const std::string& what, const Where& w, const char* check) {
+[[noreturn]] void throw_timeout(CommHandle& h, const std::string& what, const Where& w,
+                                const char* check) {
   h.abort();
-  throw Error(ErrorKind::kInternal, timeout_message(what, w.timeout, w.rank,
-                                                   DPT_MSG(" (host " << w.host << "; NCCL communicator aborted): " << check)));
+  throw Error(
+      ErrorKind::kInternal,
+      timeout_message(what, w.timeout, w.rank,
+                      DPT_MSG(" (host " << w.host << "; NCCL communicator aborted): " << check)));
 }
 
 // The communicator's asynchronous state: ncclSuccess, or ncclInProgress while an operation of a
@@ -97,18 +112,21 @@ ncclResult_t comm_state(CommHandle& h, const std::string& what, const Where& w) 
   const ncclResult_t queried = ncclCommGetAsyncError(h.comm, &state);
   if (queried != ncclSuccess) state = queried;
   if (state == ncclSuccess || state == ncclInProgress) return state;
-  const char* last_error = ncclGetLastError(h.comm);  // read before the abort adds messages of its own
+  const char* last_error =
+      ncclGetLastError(h.comm);  // read before the abort adds messages of its own
   const std::string last = last_error ? last_error : "";
   h.abort();
-  throw Error(ErrorKind::kInternal, DPT_MSG(what << " failed on rank " << w.rank << " (host " << w.host << "): NCCL "
-                                                 << ncclGetErrorString(state) << (last.empty() ? "" : ": ") << last));
+  throw Error(ErrorKind::kInternal,
+              DPT_MSG(what << " failed on rank " << w.rank << " (host " << w.host << "): NCCL "
+                           << ncclGetErrorString(state) << (last.empty() ? "" : ": ") << last));
 }
 
 // Waits, bounded by w.timeout, until the communicator's last call has finished (its state left
 // ncclInProgress); on timeout aborts it and throws, naming `what` and what to `check`. Returns at
 // the first poll when the call was already complete: every collective launched outside a set-up
 // or a first connection, and every call when NCCL_COMM_BLOCKING=1 overrides the configuration.
-void settle(CommHandle& h, const std::string& what, const Where& w, const char* check, PollPause pause) {
+void settle(CommHandle& h, const std::string& what, const Where& w, const char* check,
+            PollPause pause) {
   poll_with_deadline(
       w.timeout, [&] { return comm_state(h, what, w) != ncclInProgress; },
       [&] { throw_timeout(h, what, w, check); }, pause);
@@ -140,8 +158,8 @@ class NcclRequest : public Request {
     // On timeout the communicator is aborted, which frees the GPU from a collective that can never
     // complete.
     poll_with_deadline(
-        where_.timeout, [&] { return test(); }, [&] { throw_timeout(*comm_, what_, where_, kPeerBehind); },
-        kCollectivePause);
+        where_.timeout, [&] { return test(); },
+        [&] { throw_timeout(*comm_, what_, where_, kPeerBehind); }, kCollectivePause);
   }
 
  private:
@@ -154,8 +172,14 @@ class NcclRequest : public Request {
 
 class NcclCommunicatorImpl final : public NcclCommunicator {
  public:
-  NcclCommunicatorImpl(SharedComm comm, int rank, int size, int device, std::string host, double timeout)
-      : comm_(std::move(comm)), rank_(rank), size_(size), device_(device), host_(std::move(host)), timeout_(timeout) {
+  NcclCommunicatorImpl(SharedComm comm, int rank, int size, int device, std::string host,
+                       double timeout)
+      : comm_(std::move(comm)),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        host_(std::move(host)),
+        timeout_(timeout) {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
@@ -176,9 +200,11 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     // The split is a collective over this communicator: its state, not the child's, is the one in
     // progress, and the child's handle is written when the split completes.
     settle(*comm_, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
-    DPT_CHECK(child->comm != nullptr, "ncclCommSplit completed without a communicator on rank " << rank_);
+    DPT_CHECK(child->comm != nullptr,
+              "ncclCommSplit completed without a communicator on rank " << rank_);
     settle(*child, "NCCL communicator split", where(), kPeerBehind, kSetUpPause);
-    return std::make_unique<NcclCommunicatorImpl>(std::move(child), rank_, size_, device_, host_, timeout_);
+    return std::make_unique<NcclCommunicatorImpl>(std::move(child), rank_, size_, device_, host_,
+                                                  timeout_);
   }
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
@@ -197,21 +223,27 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
   std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
                                           const std::string& what) override {
-    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, live(), stream_));
+    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, live(),
+                             stream_));
     launched(what, timeout_);
     return fence(stream_, what);
   }
-  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op, int root) override {
-    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root, live(), stream_));
+  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
+                  int root) override {
+    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root,
+                          live(), stream_));
     launched("reduce", timeout_);
     NcclRequest(comm_, stream_, "reduce", where()).wait();
   }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
-    NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), live(), stream_));
+    NCCL_CHECK(
+        ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), live(), stream_));
     launched("allgather", timeout_);
     NcclRequest(comm_, stream_, "allgather", where()).wait();
   }
-  void barrier() override { iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait(); }
+  void barrier() override {
+    iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait();
+  }
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     // No deadline, as the interface says: neither for the launch nor for the completion.
     queue_allreduce(data, count, dt, op, "all-reduce launch", 0);
@@ -227,14 +259,17 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
  private:
   Where where() const { return Where{timeout_, rank_, host_}; }
   // An in-place all-reduce queued on the stream; `timeout` bounds only the wait for its launch.
-  void queue_allreduce(void* data, int64_t count, DType dt, ReduceOp op, const std::string& what, double timeout) {
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), live(), stream_));
+  void queue_allreduce(void* data, int64_t count, DType dt, ReduceOp op, const std::string& what,
+                       double timeout) {
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dt), nccl_op(op),
+                             live(), stream_));
     launched(what, timeout);
   }
   // The communicator for the next NCCL call; an error once a timeout or failure aborted it.
   ncclComm_t live() const {
     DPT_CHECK(comm_->comm != nullptr,
-              "rank " << rank_ << ": the NCCL communicator was aborted after an earlier error or timeout");
+              "rank " << rank_
+                      << ": the NCCL communicator was aborted after an earlier error or timeout");
     return comm_->comm;
   }
   // After a collective call: waits until NCCL has queued it on the stream (on a non-blocking
@@ -267,11 +302,12 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& bootstrap
   config.blocking = 0;
   auto comm = std::make_shared<CommHandle>();
   NCCL_CHECK(ncclCommInitRankConfig(&comm->comm, bootstrap.size(), id, bootstrap.rank(), &config));
-  DPT_CHECK(comm->comm != nullptr, "ncclCommInitRankConfig returned no communicator on rank " << bootstrap.rank());
-  settle(*comm, "NCCL communicator set-up", Where{bootstrap.timeout(), bootstrap.rank(), bootstrap.host()},
-         kPeerAbsent, kSetUpPause);
-  return std::make_unique<NcclCommunicatorImpl>(std::move(comm), bootstrap.rank(), bootstrap.size(), device,
-                                                bootstrap.host(), bootstrap.timeout());
+  DPT_CHECK(comm->comm != nullptr,
+            "ncclCommInitRankConfig returned no communicator on rank " << bootstrap.rank());
+  settle(*comm, "NCCL communicator set-up",
+         Where{bootstrap.timeout(), bootstrap.rank(), bootstrap.host()}, kPeerAbsent, kSetUpPause);
+  return std::make_unique<NcclCommunicatorImpl>(std::move(comm), bootstrap.rank(), bootstrap.size(),
+                                                device, bootstrap.host(), bootstrap.timeout());
 }
 
 }  // namespace dpt

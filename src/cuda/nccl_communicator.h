@@ -25,7 +25,8 @@ class NcclCommunicator : public Communicator {
   // compute stream and makes this stream wait.
   virtual cudaStream_t stream() const = 0;
   // Queues an all-reduce on stream() and returns no request: the form for a CUDA graph under
-  // capture, where no event may be polled. Completion is watched by a fence after the graph's launch.
+  // capture, where no event may be polled. Completion is watched by a fence after the graph's
+  // launch.
   virtual void allreduce_queued(void* data, int64_t count, DType dt, ReduceOp op) = 0;
   // A request that completes when everything queued on `stream` so far has run: waited for with
   // this communicator's --timeout, checking NCCL's asynchronous errors and aborting the

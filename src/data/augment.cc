@@ -25,7 +25,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// SplitMix64's finaliser: a counter-based generator needs no state to carry between ranks or epochs.
+// SplitMix64's finaliser: a counter-based generator needs no state to carry between ranks or
+// epochs.
 uint64_t mix(uint64_t z) {
   z += 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -48,10 +49,12 @@ std::vector<float> parse_floats(const std::string& list, const std::string& valu
     DPT_INPUT_CHECK(std::isfinite(f), "--normalize '" << value << "': " << what << " " << t
                                                       << " is outside a float's range (|x| <= "
                                                       << std::numeric_limits<float>::max() << ")");
-    DPT_INPUT_CHECK(!stds || v > 0, "--normalize '" << value << "': standard deviation " << t << " is not > 0");
-    DPT_INPUT_CHECK(!stds || std::isnormal(f), "--normalize '" << value << "': standard deviation " << t
-                                                               << " is below the smallest normal float ("
-                                                               << std::numeric_limits<float>::min() << ")");
+    DPT_INPUT_CHECK(!stds || v > 0,
+                    "--normalize '" << value << "': standard deviation " << t << " is not > 0");
+    DPT_INPUT_CHECK(!stds || std::isnormal(f), "--normalize '"
+                                                   << value << "': standard deviation " << t
+                                                   << " is below the smallest normal float ("
+                                                   << std::numeric_limits<float>::min() << ")");
     out.push_back(f);
   }
   return out;
@@ -83,7 +86,8 @@ AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) 
       continue;
     }
     DPT_INPUT_CHECK(item == "crop" || item.rfind("crop=", 0) == 0,
-                    "--augment '" << value << "': '" << item << "' is not crop, crop=P or flip (or none alone)");
+                    "--augment '" << value << "': '" << item
+                                  << "' is not crop, crop=P or flip (or none alone)");
     DPT_INPUT_CHECK(!spec.crop, "--augment '" << value << "': crop is given twice");
     spec.crop = true;
     if (item == "crop") {
@@ -93,24 +97,28 @@ AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) 
       char* end = nullptr;
       errno = 0;
       const long v = std::strtol(p.c_str(), &end, 10);
-      DPT_INPUT_CHECK(!p.empty() && end == p.c_str() + p.size() && errno == 0 && v >= 1 && v <= 2047,
-                      "--augment '" << value << "': crop=" << p << " is not a padding of 1..2047 pixels");
+      DPT_INPUT_CHECK(
+          !p.empty() && end == p.c_str() + p.size() && errno == 0 && v >= 1 && v <= 2047,
+          "--augment '" << value << "': crop=" << p << " is not a padding of 1..2047 pixels");
       spec.pad = static_cast<int>(v);
     }
   }
   // A window shifted by more than the image would see only padding.
   DPT_INPUT_CHECK(rows == 0 || !spec.crop || (spec.pad < rows && spec.pad < cols),
-                  "--augment '" << value << "': a crop padding of " << spec.pad << " pixels needs images larger than "
-                                << spec.pad << "x" << spec.pad << ", the data's are " << rows << "x" << cols);
+                  "--augment '" << value << "': a crop padding of " << spec.pad
+                                << " pixels needs images larger than " << spec.pad << "x"
+                                << spec.pad << ", the data's are " << rows << "x" << cols);
   return spec;
 }
 
 uint32_t image_draw(const AugmentSpec& spec, uint64_t seed, int64_t epoch, int64_t index) {
   // Domain-separated from the sampler's and the initialisation's use of the seed.
-  const uint64_t h = mix(mix(mix(seed ^ 0x6175676d656e74ULL) + static_cast<uint64_t>(epoch)) + static_cast<uint64_t>(index));
+  const uint64_t h = mix(mix(mix(seed ^ 0x6175676d656e74ULL) + static_cast<uint64_t>(epoch)) +
+                         static_cast<uint64_t>(index));
   const uint32_t span = static_cast<uint32_t>(2 * spec.pad + 1);
   const uint32_t oy = spec.crop ? static_cast<uint32_t>((h & 0xffffffffULL) % span) : spec.pad;
-  const uint32_t ox = spec.crop ? static_cast<uint32_t>(((h >> 32) & 0x7fffffffULL) % span) : spec.pad;
+  const uint32_t ox =
+      spec.crop ? static_cast<uint32_t>(((h >> 32) & 0x7fffffffULL) % span) : spec.pad;
   const bool flip = spec.flip && (h >> 63) != 0;
   return pack_draw(oy, ox, flip);
 }
@@ -133,27 +141,32 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
     return n;
   }
   const auto halves = split(value, '/');
-  DPT_INPUT_CHECK(halves.size() == 2,
-                  "--normalize '" << value << "' is not none, auto or M1,..,Mc/S1,..,Sc (means / standard deviations)");
+  DPT_INPUT_CHECK(
+      halves.size() == 2,
+      "--normalize '" << value
+                      << "' is not none, auto or M1,..,Mc/S1,..,Sc (means / standard deviations)");
   n.mean = parse_floats(halves[0], value, false);
   n.std = parse_floats(halves[1], value, true);
-  DPT_INPUT_CHECK(!n.mean.empty(), "--normalize '" << value << "' gives no means: write M1,..,Mc/S1,..,Sc");
-  DPT_INPUT_CHECK(n.mean.size() == n.std.size(), "--normalize '" << value << "' gives " << n.mean.size()
-                                                                 << " means but " << n.std.size() << " standard deviations");
+  DPT_INPUT_CHECK(!n.mean.empty(),
+                  "--normalize '" << value << "' gives no means: write M1,..,Mc/S1,..,Sc");
+  DPT_INPUT_CHECK(n.mean.size() == n.std.size(),
+                  "--normalize '" << value << "' gives " << n.mean.size() << " means but "
+                                  << n.std.size() << " standard deviations");
   // A large mean over a small standard deviation overflows too: every input a pixel in [0, 1] makes
   // must be a finite float, computed as the transform computes it (image_transform.h).
   for (size_t c = 0; c < n.std.size(); ++c)
-    DPT_INPUT_CHECK(std::isfinite((0.f - n.mean[c]) / n.std[c]) && std::isfinite((1.f - n.mean[c]) / n.std[c]),
-                    "--normalize '" << value << "': mean " << n.mean[c] << " over standard deviation " << n.std[c]
-                                    << " makes inputs outside a float's range");
+    DPT_INPUT_CHECK(
+        std::isfinite((0.f - n.mean[c]) / n.std[c]) && std::isfinite((1.f - n.mean[c]) / n.std[c]),
+        "--normalize '" << value << "': mean " << n.mean[c] << " over standard deviation "
+                        << n.std[c] << " makes inputs outside a float's range");
   DPT_INPUT_CHECK(!train || static_cast<int64_t>(n.mean.size()) == train->channels,
-                  "--normalize '" << value << "' gives " << n.mean.size() << " channel(s), the data's images have "
-                                  << train->channels);
+                  "--normalize '" << value << "' gives " << n.mean.size()
+                                  << " channel(s), the data's images have " << train->channels);
   return n;
 }
 
-void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& s, const int64_t* idx,
-                        int64_t count, float* x) {
+void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& s,
+                        const int64_t* idx, int64_t count, float* x) {
   const int64_t per = s.pixels();
   if (!s.draws && !s.mean) return images_to_float(images, num_images, per, idx, count, x);
   for (int64_t i = 0; i < count; ++i) {

@@ -35,9 +35,9 @@ void read_cifar_file(InputFile& in, int label_bytes, int64_t records, ImageSet& 
       } else {
         // CIFAR-100 records carry the coarse (superclass) label first, then the fine one we train
         // on; a coarse label out of range means the file is not what it claims to be.
-        DPT_INPUT_CHECK(rec[0] < 20, in.path() << ": coarse label " << int{rec[0]} << " at index "
-                                               << index
-                                               << ", but CIFAR-100 has coarse classes 0..19");
+        DPT_INPUT_CHECK(rec[0] < 20, in.path()
+                                         << ": coarse label " << int{rec[0]} << " at index "
+                                         << index << ", but CIFAR-100 has coarse classes 0..19");
         label = rec[1];
         DPT_INPUT_CHECK(label < 100, in.path() << ": fine label " << int{label} << " at index "
                                                << index << ", but CIFAR-100 has classes 0..99");
@@ -78,16 +78,16 @@ LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_by
     if (size % static_cast<uint64_t>(record) != 0) {
       // The other CIFAR's record size is the usual mix-up: say so.
       const bool other_fits = size % static_cast<uint64_t>(other) == 0;
-      DPT_INPUT_CHECK(false, path << ": " << size << " bytes is not a whole number of " << record
-                                  << "-byte " << format_name(label_bytes) << " records ("
-                                  << label_bytes << " label byte" << (label_bytes == 1 ? "" : "s")
-                                  << " + " << kCifarPixels << " pixel bytes)"
-                                  << (other_fits ? DPT_MSG("; it is a whole number of " << other
-                                                           << "-byte " << format_name(3 - label_bytes)
-                                                           << " records: --data-format "
-                                                           << (label_bytes == 1 ? "cifar100" : "cifar10")
-                                                           << "?")
-                                                 : std::string()));
+      DPT_INPUT_CHECK(
+          false,
+          path << ": " << size << " bytes is not a whole number of " << record << "-byte "
+               << format_name(label_bytes) << " records (" << label_bytes << " label byte"
+               << (label_bytes == 1 ? "" : "s") << " + " << kCifarPixels << " pixel bytes)"
+               << (other_fits ? DPT_MSG("; it is a whole number of "
+                                        << other << "-byte " << format_name(3 - label_bytes)
+                                        << " records: --data-format "
+                                        << (label_bytes == 1 ? "cifar100" : "cifar10") << "?")
+                              : std::string()));
     }
     records.push_back(static_cast<int64_t>(size / static_cast<uint64_t>(record)));
     total += size;
@@ -105,7 +105,8 @@ LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_by
   set.num_classes = label_bytes == 1 ? 10 : 100;
   set.images.resize(static_cast<size_t>(n * kCifarPixels));
   set.labels.reserve(static_cast<size_t>(n));
-  for (size_t i = 0; i < files.size(); ++i) read_cifar_file(*files[i], label_bytes, records[i], set);
+  for (size_t i = 0; i < files.size(); ++i)
+    read_cifar_file(*files[i], label_bytes, records[i], set);
   return out;
 }
 

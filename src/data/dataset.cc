@@ -71,8 +71,9 @@ LoadedSplit make_split(const std::string& images_file, const std::string& labels
                        const std::vector<int64_t>& dims, std::vector<uint8_t> images,
                        std::vector<uint8_t> labels) {
   DPT_INPUT_CHECK(static_cast<int64_t>(labels.size()) == dims[0],
-                  "image and label counts disagree: " << images_file << " has " << dims[0] << " images, "
-                                                      << labels_file << " has " << labels.size() << " labels");
+                  "image and label counts disagree: " << images_file << " has " << dims[0]
+                                                      << " images, " << labels_file << " has "
+                                                      << labels.size() << " labels");
   LoadedSplit out;
   out.images_file = images_file;
   out.labels_file = labels_file;
@@ -116,10 +117,14 @@ struct Signature {
 const std::vector<Signature>& signatures() {
   static const std::vector<Signature> sigs = {
       {"idx",
-       {{"train-images-idx3-ubyte.gz"}, {"train-images-idx3-ubyte"}, {"train-images-idx4-ubyte.gz"},
+       {{"train-images-idx3-ubyte.gz"},
+        {"train-images-idx3-ubyte"},
+        {"train-images-idx4-ubyte.gz"},
         {"train-images-idx4-ubyte"}},
        "idx: train-images-idx3-ubyte[.gz] or train-images-idx4-ubyte[.gz]"},
-      {"cifar10", {{"data_batch_1.bin"}, {"test_batch.bin"}}, "cifar10: data_batch_1.bin or test_batch.bin"},
+      {"cifar10",
+       {{"data_batch_1.bin"}, {"test_batch.bin"}},
+       "cifar10: data_batch_1.bin or test_batch.bin"},
       // train.bin alone is too common a name to mean CIFAR-100.
       {"cifar100", {{"train.bin", "test.bin"}}, "cifar100: train.bin and test.bin"},
       {"npy", {{"train_images.npy"}}, "npy: train_images.npy"},
@@ -151,11 +156,12 @@ std::string detect_format(const std::string& dir) {
     std::ostringstream os;
     for (size_t i = 0; i < found.size(); ++i)
       os << (i == 0 ? "" : i + 1 == found.size() ? " and " : ", ") << found[i];
-    DPT_INPUT_CHECK(false, "--data " << dir << ": files of several formats are present (" << os.str()
-                                     << "): name the one to read with --data-format");
+    DPT_INPUT_CHECK(false, "--data " << dir << ": files of several formats are present ("
+                                     << os.str() << "): name the one to read with --data-format");
   }
   std::ostringstream looked;
-  for (const Signature& sig : signatures()) looked << (looked.tellp() > 0 ? "; " : " ") << sig.described;
+  for (const Signature& sig : signatures())
+    looked << (looked.tellp() > 0 ? "; " : " ") << sig.described;
   // The archives unpack into a folder (cifar-10-batches-bin, cifar-100-binary): pointing --data at
   // its parent is the usual slip, so say where a data set is.
   std::string hint;
@@ -166,7 +172,8 @@ std::string detect_format(const std::string& dir) {
       break;
     }
   }
-  DPT_INPUT_CHECK(false, "--data " << dir << ": no data set found; looked for" << looked.str() << hint);
+  DPT_INPUT_CHECK(false,
+                  "--data " << dir << ": no data set found; looked for" << looked.str() << hint);
   return {};
 }
 
@@ -178,11 +185,10 @@ void derive_classes(LoadedSplit& train, LoadedSplit& test) {
   const int num_classes = *std::max_element(tl.begin(), tl.end()) + 1;
   const std::vector<uint8_t>& vl = test.set.labels;
   const auto bad = std::find_if(vl.begin(), vl.end(), [&](uint8_t v) { return v >= num_classes; });
-  DPT_INPUT_CHECK(bad == vl.end(), test.labels_file << ": label " << int{*bad} << " at index "
-                                                    << (bad - vl.begin())
-                                                    << ", but the training set has classes 0.."
-                                                    << num_classes - 1 << " (from "
-                                                    << train.labels_file << ")");
+  DPT_INPUT_CHECK(bad == vl.end(),
+                  test.labels_file << ": label " << int{*bad} << " at index " << (bad - vl.begin())
+                                   << ", but the training set has classes 0.." << num_classes - 1
+                                   << " (from " << train.labels_file << ")");
   train.set.num_classes = test.set.num_classes = num_classes;
 }
 
@@ -219,8 +225,9 @@ DataSets read_format(const std::string& dir, const std::string& format) {
   }
   const ImageSet &a = train.set, &b = test.set;
   DPT_INPUT_CHECK(a.shape_text() == b.shape_text(),
-                  "training and test images differ in shape: " << train.images_file << " holds "
-                      << a.shape_text() << " (rows x cols x channels), " << test.images_file << " holds "
+                  "training and test images differ in shape: "
+                      << train.images_file << " holds " << a.shape_text()
+                      << " (rows x cols x channels), " << test.images_file << " holds "
                       << b.shape_text());
   DataSets out;
   out.format = format;
@@ -235,14 +242,17 @@ DataSize sizes_of(const std::string& dir, const std::string& format) {
   std::vector<std::pair<std::string, uint64_t>> files;
   if (format == "idx" || format == "npy") {
     for (const char* split : {"train", format == "idx" ? "t10k" : "test"}) {
-      const SplitFiles f = format == "idx" ? idx_split_files(dir, split) : npy_split_files(dir, split);
+      const SplitFiles f =
+          format == "idx" ? idx_split_files(dir, split) : npy_split_files(dir, split);
       for (const std::string& path : {f.images, f.labels})
         files.emplace_back(path, format == "idx" ? idx_data_bytes(path) : npy_data_bytes(path));
     }
   } else {
-    std::vector<std::string> paths = format == "cifar10" ? cifar10_batches(dir)
-                                                         : std::vector<std::string>{(fs::path(dir) / "train.bin").string()};
-    paths.push_back((fs::path(dir) / (format == "cifar10" ? "test_batch.bin" : "test.bin")).string());
+    std::vector<std::string> paths =
+        format == "cifar10" ? cifar10_batches(dir)
+                            : std::vector<std::string>{(fs::path(dir) / "train.bin").string()};
+    paths.push_back(
+        (fs::path(dir) / (format == "cifar10" ? "test_batch.bin" : "test.bin")).string());
     for (const std::string& path : paths) files.emplace_back(path, InputFile(path).size());
   }
   DataSize out;
@@ -267,12 +277,14 @@ std::string format_in(const std::string& dir, const std::string& format) {
   if (std::find(formats.begin(), formats.end(), format) == formats.end()) {
     std::ostringstream os;
     for (size_t i = 0; i < formats.size(); ++i) os << (i ? ", " : "") << formats[i];
-    DPT_INPUT_CHECK(false, "--data-format " << format << ": unknown format (one of " << os.str() << ")");
+    DPT_INPUT_CHECK(false,
+                    "--data-format " << format << ": unknown format (one of " << os.str() << ")");
   }
   std::error_code ec;
-  DPT_INPUT_CHECK(std::filesystem::is_directory(dir, ec),
-                  "--data " << dir << ": "
-                            << (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory"));
+  DPT_INPUT_CHECK(
+      std::filesystem::is_directory(dir, ec),
+      "--data " << dir << ": "
+                << (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory"));
   return format == "auto" ? data::detect_format(dir) : format;
 }
 

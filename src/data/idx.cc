@@ -37,13 +37,20 @@ std::string hex_byte(uint8_t b) {
 
 const char* dtype_name(uint8_t code) {
   switch (code) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    default: return "not an IDX dtype";
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+    default:
+      return "not an IDX dtype";
   }
 }
 
@@ -74,9 +81,7 @@ class RawSource : public ByteSource {
   // The size is known up front, so trailing bytes need not be read.
   uint64_t count_rest() override { return size_ > pos_ ? size_ - pos_ : 0; }
   uint64_t max_rest() const override { return size_ > pos_ ? size_ - pos_ : 0; }
-  std::string bound_note() const override {
-    return DPT_MSG("file has " << max_rest());
-  }
+  std::string bound_note() const override { return DPT_MSG("file has " << max_rest()); }
 
  private:
   InputFile& in_;
@@ -222,10 +227,9 @@ std::unique_ptr<IdxHeader> read_idx_header(const std::string& path) {
   // Header: 0x00 0x00 <dtype> <ndim>, then ndim big-endian uint32 dims.
   uint8_t head[4];
   const size_t got_head = src->read(head, 4);
-  DPT_INPUT_CHECK(got_head == 4, path << ": truncated: " << (gzip ? "decompressed data has" :
-                                                                 "file has")
-                                      << " only " << got_head
-                                      << " bytes, an IDX header needs at least 4");
+  DPT_INPUT_CHECK(got_head == 4,
+                  path << ": truncated: " << (gzip ? "decompressed data has" : "file has")
+                       << " only " << got_head << " bytes, an IDX header needs at least 4");
   DPT_INPUT_CHECK(head[0] == 0 && head[1] == 0,
                   path << ": bad magic: the " << (gzip ? "decompressed data starts" : "file starts")
                        << " with " << hex_byte(head[0]) << " " << hex_byte(head[1])
@@ -259,7 +263,8 @@ std::unique_ptr<IdxHeader> read_idx_header(const std::string& path) {
     expected *= static_cast<uint64_t>(d);
   }
   h->expected = expected;
-  h->promise = DPT_MSG("header says " << data::shape_string(dims) << " = " << expected << " bytes of data");
+  h->promise =
+      DPT_MSG("header says " << data::shape_string(dims) << " = " << expected << " bytes of data");
   return h;
 }
 
@@ -291,7 +296,8 @@ namespace data {
 
 namespace {
 
-// dir/<base>.gz, else dir/<base>, else "": the real files are distributed gzip'd, users gunzip them.
+// dir/<base>.gz, else dir/<base>, else "": the real files are distributed gzip'd, users gunzip
+// them.
 std::string gz_or_raw(const std::string& dir, const std::string& base) {
   return first_existing(dir, {base + ".gz", base});
 }
@@ -316,8 +322,8 @@ SplitFiles idx_split_files(const std::string& dir, const std::string& split) {
   const std::string img3 = gz_or_raw(dir, base3), img4 = gz_or_raw(dir, base4);
   DPT_INPUT_CHECK(img3.empty() || img4.empty(),
                   dir << ": both " << fs::path(img3).filename().string() << " and "
-                      << fs::path(img4).filename().string()
-                      << " exist: which are the " << split << " images? Remove one");
+                      << fs::path(img4).filename().string() << " exist: which are the " << split
+                      << " images? Remove one");
   const std::string img_path = img3.empty() ? img4 : img3;
   DPT_INPUT_CHECK(!img_path.empty(), no_file_message(dir, split + " images",
                                                      {base3 + ".gz", base3, base4 + ".gz", base4}));
@@ -333,10 +339,10 @@ uint64_t idx_data_bytes(const std::string& path) { return read_idx_header(path)-
 LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   const auto [img_path, lbl_path] = idx_split_files(dir, split);
   IdxArray img = read_idx(img_path);
-  DPT_INPUT_CHECK(img.dims.size() == 3 || img.dims.size() == 4,
-                  img_path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "
-                           << "cols x channels), found " << img.dims.size() << "-D "
-                           << shape_string(img.dims));
+  DPT_INPUT_CHECK(
+      img.dims.size() == 3 || img.dims.size() == 4,
+      img_path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "
+               << "cols x channels), found " << img.dims.size() << "-D " << shape_string(img.dims));
   IdxArray lbl = read_idx(lbl_path);
   DPT_INPUT_CHECK(lbl.dims.size() == 1, lbl_path << ": wrong ndim: expected 1-D labels, found "
                                                  << lbl.dims.size() << "-D "
@@ -354,11 +360,11 @@ ImageSet load_image_set(const std::string& dir, const std::string& split, int nu
   // Report the first offending label: one is enough to find the broken file.
   const auto bad =
       std::find_if(labels.begin(), labels.end(), [&](uint8_t v) { return v >= num_classes; });
-  DPT_INPUT_CHECK(bad == labels.end(),
-                  loaded.labels_file << ": label out of range: label " << int{*bad} << " at index "
-                                     << (bad - labels.begin()) << ", but num_classes is "
-                                     << num_classes << " (labels must be 0.." << num_classes - 1
-                                     << ")");
+  DPT_INPUT_CHECK(bad == labels.end(), loaded.labels_file
+                                           << ": label out of range: label " << int{*bad}
+                                           << " at index " << (bad - labels.begin())
+                                           << ", but num_classes is " << num_classes
+                                           << " (labels must be 0.." << num_classes - 1 << ")");
   loaded.set.num_classes = num_classes;
   return std::move(loaded.set);
 }

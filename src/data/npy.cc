@@ -24,8 +24,8 @@ struct PyValue {
   std::string str;
   int64_t num = 0;
   bool flag = false;
-  std::vector<PyValue> items;                            // tuple, list; dict values
-  std::vector<std::string> keys;                         // dict keys (strings only)
+  std::vector<PyValue> items;     // tuple, list; dict values
+  std::vector<std::string> keys;  // dict keys (strings only)
 };
 
 class HeaderParser {
@@ -42,14 +42,15 @@ class HeaderParser {
 
  private:
   void skip_space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
-                                s_[pos_] == '\r'))
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' || s_[pos_] == '\r'))
       ++pos_;
   }
   void expect(bool ok, const char* what) {
     if (ok) return;
     // A short printable excerpt of what was found instead: enough to recognise, never the file.
-    const std::string found = printable(std::string_view(s_).substr(std::min(pos_, s_.size()), 20), 20);
+    const std::string found =
+        printable(std::string_view(s_).substr(std::min(pos_, s_.size()), 20), 20);
     DPT_INPUT_CHECK(false, path_ << ": bad .npy header: expected " << what << " at byte " << pos_
                                  << " of the header, found "
                                  << (found.empty() ? std::string("its end") : "'" + found + "'"));
@@ -153,7 +154,8 @@ class HeaderParser {
 // What a dtype string means, for messages: "<f4" -> "float32".
 std::string dtype_description(const std::string& descr) {
   if (descr.size() < 2) return "not a dtype";
-  const std::string body = descr.substr(std::string("<>|=").find(descr[0]) != std::string::npos ? 1 : 0);
+  const std::string body =
+      descr.substr(std::string("<>|=").find(descr[0]) != std::string::npos ? 1 : 0);
   if (body.empty()) return "not a dtype";
   const char kind = body[0];
   const std::string size = body.substr(1);
@@ -163,18 +165,31 @@ std::string dtype_description(const std::string& descr) {
     return size.empty() || size.size() > 4 ? size : std::to_string(std::stoi(size) * 8);
   };
   switch (kind) {
-    case 'u': return "uint" + bits();
-    case 'i': return "int" + bits();
-    case 'f': return "float" + bits();
-    case 'c': return "complex" + bits();
-    case 'b': return "bool";
-    case 'U': return "unicode string";
-    case 'S': case 'a': return "byte string";
-    case 'O': return "Python objects";
-    case 'V': return "raw void records";
-    case 'M': return "datetime";
-    case 'm': return "timedelta";
-    default: return "not a numeric dtype";
+    case 'u':
+      return "uint" + bits();
+    case 'i':
+      return "int" + bits();
+    case 'f':
+      return "float" + bits();
+    case 'c':
+      return "complex" + bits();
+    case 'b':
+      return "bool";
+    case 'U':
+      return "unicode string";
+    case 'S':
+    case 'a':
+      return "byte string";
+    case 'O':
+      return "Python objects";
+    case 'V':
+      return "raw void records";
+    case 'M':
+      return "datetime";
+    case 'm':
+      return "timedelta";
+    default:
+      return "not a numeric dtype";
   }
 }
 
@@ -193,8 +208,8 @@ NpyHeader read_header(InputFile& in) {
   static const uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   DPT_INPUT_CHECK(got >= 6 && std::memcmp(prefix, kMagic, 6) == 0,
                   path << ": not an .npy file: bad magic (an .npy file starts with \\x93NUMPY)");
-  DPT_INPUT_CHECK(got >= 10, path << ": truncated: " << got
-                                  << " bytes, an .npy header needs at least 10");
+  DPT_INPUT_CHECK(got >= 10,
+                  path << ": truncated: " << got << " bytes, an .npy header needs at least 10");
   const int major = prefix[6], minor = prefix[7];
   DPT_INPUT_CHECK((major >= 1 && major <= 3) && minor == 0,
                   path << ": unsupported .npy format version " << major << "." << minor
@@ -210,12 +225,13 @@ NpyHeader read_header(InputFile& in) {
     for (int i = 0; i < 4; ++i) header_len |= uint64_t{prefix[8 + i]} << (8 * i);
     offset = 12;
   }
-  DPT_INPUT_CHECK(header_len <= kMaxHeaderBytes,
-                  path << ": bad .npy header: its length field says " << header_len
-                       << " bytes, more than the " << kMaxHeaderBytes << " a header may have");
-  DPT_INPUT_CHECK(offset + header_len <= in.size(),
-                  path << ": truncated: the header says it is " << header_len << " bytes, the file has "
-                       << in.size() - offset << " after the " << offset << "-byte prefix");
+  DPT_INPUT_CHECK(header_len <= kMaxHeaderBytes, path << ": bad .npy header: its length field says "
+                                                      << header_len << " bytes, more than the "
+                                                      << kMaxHeaderBytes << " a header may have");
+  DPT_INPUT_CHECK(offset + header_len <= in.size(), path << ": truncated: the header says it is "
+                                                         << header_len << " bytes, the file has "
+                                                         << in.size() - offset << " after the "
+                                                         << offset << "-byte prefix");
   std::string text(header_len, '\0');
   in.rewind();
   std::vector<uint8_t> skip(offset);
@@ -223,8 +239,9 @@ NpyHeader read_header(InputFile& in) {
   in.read_exact(reinterpret_cast<uint8_t*>(text.data()), header_len);
 
   const PyValue dict = HeaderParser(path, text).parse();
-  DPT_INPUT_CHECK(dict.kind == PyValue::kDict,
-                  path << ": bad .npy header: not a dict (an .npy header is a Python dict literal)");
+  DPT_INPUT_CHECK(
+      dict.kind == PyValue::kDict,
+      path << ": bad .npy header: not a dict (an .npy header is a Python dict literal)");
   static const char* kKeys[] = {"descr", "fortran_order", "shape"};
   for (const std::string& key : dict.keys) {
     DPT_INPUT_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
@@ -241,7 +258,8 @@ NpyHeader read_header(InputFile& in) {
   DPT_INPUT_CHECK(descr.kind != PyValue::kList,
                   path << ": unsupported dtype: a structured dtype (record array); save plain "
                        << "uint8 images and integer labels");
-  DPT_INPUT_CHECK(descr.kind == PyValue::kStr, path << ": bad .npy header: 'descr' is not a string");
+  DPT_INPUT_CHECK(descr.kind == PyValue::kStr,
+                  path << ": bad .npy header: 'descr' is not a string");
   h.descr = descr.str;
   const PyValue& fortran = field("fortran_order");
   DPT_INPUT_CHECK(fortran.kind == PyValue::kBool,
@@ -293,8 +311,9 @@ std::vector<uint8_t> read_data(InputFile& in, const NpyHeader& h, uint64_t items
   const std::string& path = in.path();
   const uint64_t expected = promised_bytes(path, h, itemsize);
   const uint64_t have = in.size() - h.data_offset;
-  const std::string promise = DPT_MSG("header says " << shape_string(h.shape) << " of '" << printable(h.descr)
-                                                     << "' = " << expected << " bytes of data");
+  const std::string promise =
+      DPT_MSG("header says " << shape_string(h.shape) << " of '" << printable(h.descr)
+                             << "' = " << expected << " bytes of data");
   DPT_INPUT_CHECK(have >= expected, path << ": truncated: " << promise << ", the file has " << have
                                          << " after the header");
   DPT_INPUT_CHECK(have == expected, path << ": trailing bytes: " << promise << ", the file has "
@@ -311,7 +330,8 @@ NpyImages read_npy_images(const std::string& path) {
   InputFile in(path);
   const NpyHeader h = read_header(in);
   DPT_INPUT_CHECK(h.descr == "|u1" || h.descr == "<u1" || h.descr == ">u1",
-                  path << ": unsupported dtype '" << printable(h.descr) << "' (" << dtype_description(h.descr)
+                  path << ": unsupported dtype '" << printable(h.descr) << "' ("
+                       << dtype_description(h.descr)
                        << "): images must be uint8 ('|u1'), e.g. a.astype(numpy.uint8)");
   DPT_INPUT_CHECK(h.shape.size() == 3 || h.shape.size() == 4,
                   path << ": wrong ndim: expected 3-D images (n x rows x cols) or 4-D (n x rows x "
@@ -344,9 +364,9 @@ std::vector<uint8_t> read_npy_labels(const std::string& path) {
   DPT_INPUT_CHECK(order_ok && (kind == 'i' || kind == 'u') && size_ok,
                   path << ": unsupported dtype '" << printable(d) << "' (" << dtype_description(d)
                        << "): labels must be integers (int8..int64 or uint8..uint64)");
-  DPT_INPUT_CHECK(h.shape.size() == 1,
-                  path << ": wrong ndim: expected 1-D labels (n), found " << h.shape.size() << "-D "
-                       << shape_string(h.shape) << (h.shape.size() == 2 ? " (a.reshape(-1)?)" : ""));
+  DPT_INPUT_CHECK(h.shape.size() == 1, path << ": wrong ndim: expected 1-D labels (n), found "
+                                            << h.shape.size() << "-D " << shape_string(h.shape)
+                                            << (h.shape.size() == 2 ? " (a.reshape(-1)?)" : ""));
   // A 1-D array is the same bytes in C and Fortran order: fortran_order does not matter here.
   const uint64_t itemsize = static_cast<uint64_t>(size[0] - '0');
   const std::vector<uint8_t> raw = read_data(in, h, itemsize);

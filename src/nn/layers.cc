@@ -47,7 +47,9 @@ class Leaf : public Layer {
                          << shape_str(in_) << "]");
   }
   // y: `shape`, in the backend's memory, of x's element type.
-  void output(Tensor& y, const Shape& shape, const Tensor& x) const { y.resize(shape, be_, x.dtype()); }
+  void output(Tensor& y, const Shape& shape, const Tensor& x) const {
+    y.resize(shape, be_, x.dtype());
+  }
   template <typename T>
   T* prepare_dx(Tensor* dx, const Tensor& x) const {
     if (!dx) return nullptr;
@@ -70,7 +72,8 @@ class Conv2d : public Leaf {
     DPT_CHECK(in.size() == 3, "Conv2d needs an {H, W, C} input, got " << shape_str(in));
     bind(in, store);
     geom_ = ConvGeom{0, in[0], in[1], in[2], out_, k_, s_, p_};
-    DPT_CHECK(geom_.oh() > 0 && geom_.ow() > 0, "Conv2d output would be empty for " << shape_str(in));
+    DPT_CHECK(geom_.oh() > 0 && geom_.ow() > 0,
+              "Conv2d output would be empty for " << shape_str(in));
     w_ = store.add_param(join(prefix, "weight"), {out_, in[2], k_, k_}, Init::kWeight,
                          in[2] * k_ * k_, out_ * k_ * k_);
     if (bias_) b_ = store.add_param(join(prefix, "bias"), {out_}, Init::kBias, in[2] * k_ * k_, 0);
@@ -90,8 +93,8 @@ class Conv2d : public Leaf {
     check_input(x);
     geom_.n = x.dim(0);
     on_type(x.dtype(), [&]<typename T>(T*) {
-      op_->backward(geom_, x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_),
-                    ctx.accumulate);
+      op_->backward(geom_, x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_),
+                    grad(b_), ctx.accumulate);
     });
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
@@ -112,7 +115,8 @@ class Conv2d : public Leaf {
 // results as BatchNorm2d then (add then) ReLU.
 class BatchNorm2d : public Leaf {
  public:
-  BatchNorm2d(double momentum, double eps, bool relu) : momentum_(momentum), eps_(eps), relu_(relu) {}
+  BatchNorm2d(double momentum, double eps, bool relu)
+      : momentum_(momentum), eps_(eps), relu_(relu) {}
   std::string kind() const override { return relu_ ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     DPT_CHECK(in.size() == 3, kind() << " needs an {H, W, C} input, got " << shape_str(in));
@@ -126,22 +130,26 @@ class BatchNorm2d : public Leaf {
     op_ = be_->make_batchnorm(c, momentum_, eps_);
     return in;
   }
-  void forward(const Tensor& x, Tensor& y, Mode mode) override { forward_join(x, nullptr, y, mode); }
+  void forward(const Tensor& x, Tensor& y, Mode mode) override {
+    forward_join(x, nullptr, y, mode);
+  }
   // y = bn(x) + residual (nullable, shaped like x), then the ReLU when fused.
   void forward_join(const Tensor& x, const Tensor* residual, Tensor& y, Mode mode) {
     check_input(x);
     DPT_CHECK(!residual || residual->shape() == x.shape(),
-              kind() << ": residual " << shape_str(residual->shape()) << " != input " << shape_str(x.shape()));
+              kind() << ": residual " << shape_str(residual->shape()) << " != input "
+                     << shape_str(x.shape()));
     const int64_t m = x.numel() / in_[2];
     output(y, x.shape(), x);
     on_type(x.dtype(), [&]<typename T>(T*) {
       const T* r = residual ? residual->ptr<T>() : nullptr;
       if (mode == Mode::kTrain)
-        op_->forward_train(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_), value(running_mean_),
-                           value(running_var_), value(num_batches_), sync_, r, relu_);
+        op_->forward_train(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_),
+                           value(running_mean_), value(running_var_), value(num_batches_), sync_, r,
+                           relu_);
       else
-        op_->forward_eval(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_), value(running_mean_),
-                          value(running_var_), r, relu_);
+        op_->forward_eval(x.ptr<T>(), y.ptr<T>(), m, value(gamma_), value(beta_),
+                          value(running_mean_), value(running_var_), r, relu_);
     });
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
@@ -158,8 +166,9 @@ class BatchNorm2d : public Leaf {
     const int64_t m = x.numel() / in_[2];
     if (dz) output(*dz, y.shape(), x);
     on_type(x.dtype(), [&]<typename T>(T*) {
-      op_->backward(x.ptr<T>(), dy.ptr<T>(), prepare_dx<T>(dx, x), m, value(gamma_), grad(gamma_), grad(beta_),
-                    accumulate, sync_, relu_ ? y.ptr<T>() : nullptr, dz ? dz->ptr<T>() : nullptr);
+      op_->backward(x.ptr<T>(), dy.ptr<T>(), prepare_dx<T>(dx, x), m, value(gamma_), grad(gamma_),
+                    grad(beta_), accumulate, sync_, relu_ ? y.ptr<T>() : nullptr,
+                    dz ? dz->ptr<T>() : nullptr);
     });
   }
   void announce(const BackwardCtx& ctx) const { ctx.ready({gamma_, beta_}); }
@@ -184,9 +193,8 @@ class ReLU : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, x.shape(), x);
-    on_type(x.dtype(), [&]<typename T>(T*) {
-      be_->relu_forward(x.ptr<T>(), y.ptr<T>(), x.numel());
-    });
+    on_type(x.dtype(),
+            [&]<typename T>(T*) { be_->relu_forward(x.ptr<T>(), y.ptr<T>(), x.numel()); });
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
@@ -221,8 +229,8 @@ class AvgPool2d : public Leaf {
                 BackwardCtx&) override {
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
-        be_->avgpool_backward(dy.ptr<T>(), relu_ ? x.ptr<T>() : nullptr, d, x.dim(0), in_[0], in_[1], in_[2], k_,
-                              s_);
+        be_->avgpool_backward(dy.ptr<T>(), relu_ ? x.ptr<T>() : nullptr, d, x.dim(0), in_[0],
+                              in_[1], in_[2], k_, s_);
     });
   }
 
@@ -274,7 +282,8 @@ class Flatten : public Leaf {
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx&) override {
     on_type(x.dtype(), [&]<typename T>(T*) {
-      if (T* d = prepare_dx<T>(dx, x)) be_->flatten(dy.ptr<T>(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
+      if (T* d = prepare_dx<T>(dx, x))
+        be_->flatten(dy.ptr<T>(), d, x.dim(0), in_[0], in_[1], in_[2], /*to_chw=*/false);
     });
   }
 };
@@ -301,8 +310,8 @@ class Linear : public Leaf {
                 BackwardCtx& ctx) override {
     check_input(x);
     on_type(x.dtype(), [&]<typename T>(T*) {
-      be_->linear_backward(x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_), grad(b_), x.dim(0),
-                           in_[0], out_, ctx.accumulate);
+      be_->linear_backward(x.ptr<T>(), value(w_), dy.ptr<T>(), prepare_dx<T>(dx, x), grad(w_),
+                           grad(b_), x.dim(0), in_[0], out_, ctx.accumulate);
     });
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
@@ -368,7 +377,8 @@ class Residual : public Leaf {
     main_.backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
-        be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(), /*relu=*/false);
+        be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(),
+                 /*relu=*/false);
     });
   }
   void visit(const std::function<void(Layer&)>& fn) override {
@@ -382,7 +392,8 @@ class Residual : public Leaf {
   Sequential main_;  // conv1, bn1 + ReLU, conv2
   std::unique_ptr<BatchNorm2d> bn2_;
   std::unique_ptr<Layer> shortcut_;
-  std::string bn2_span_;  // "backward <prefix>.bn2": bn2 is outside main_, whose children get theirs
+  std::string
+      bn2_span_;  // "backward <prefix>.bn2": bn2 is outside main_, whose children get theirs
   Tensor main_out_, short_out_, dz_, dmid_, dskip_, dmain_;
 };
 
@@ -398,7 +409,9 @@ std::unique_ptr<Layer> make_batchnorm2d_relu(double momentum, double eps) {
   return std::make_unique<BatchNorm2d>(momentum, eps, true);
 }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<ReLU>(); }
-std::unique_ptr<Layer> make_avgpool2d(int k, int s) { return std::make_unique<AvgPool2d>(k, s, false); }
+std::unique_ptr<Layer> make_avgpool2d(int k, int s) {
+  return std::make_unique<AvgPool2d>(k, s, false);
+}
 std::unique_ptr<Layer> make_relu_avgpool2d(int k, int s) {
   return std::make_unique<AvgPool2d>(k, s, true);
 }
@@ -427,7 +440,8 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
   span_names_.clear();
   for (auto& [name, layer] : children_) {
     s = layer->build(s, store, join(prefix, name));
-    span_names_.push_back("backward " + (name.empty() ? join(prefix, layer->kind()) : join(prefix, name)));
+    span_names_.push_back("backward " +
+                          (name.empty() ? join(prefix, layer->kind()) : join(prefix, name)));
   }
   acts_.resize(children_.size() - 1);
   grads_.resize(children_.size() - 1);

@@ -11,8 +11,8 @@
 
 namespace dpt {
 
-Param* ParamStore::add_param(const std::string& name, const Shape& shape, Init init,
-                             int64_t fan_in, int64_t fan_out) {
+Param* ParamStore::add_param(const std::string& name, const Shape& shape, Init init, int64_t fan_in,
+                             int64_t fan_out) {
   DPT_CHECK(!finalized_, "parameter " << name << " registered after finalize()");
   DPT_CHECK(find(name) == nullptr, "duplicate parameter name " << name);
   Param& p = entries_.emplace_back();
@@ -95,7 +95,8 @@ void ParamStore::buffers_to_host() {
 }
 
 void ParamStore::buffers_from_host() {
-  if (dbuffers_) backend_->copy_from_host(dbuffers_->data(), buffers_.data(), bytes_of(num_buffers_));
+  if (dbuffers_)
+    backend_->copy_from_host(dbuffers_->data(), buffers_.data(), bytes_of(num_buffers_));
 }
 
 void ParamStore::grads_to_host() {
@@ -119,11 +120,14 @@ void BackwardCtx::ready(const std::vector<Param*>& params) const {
 
 Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes,
              Backend& backend)
-    : name_(std::move(name)), net_(std::move(net)), input_shape_(std::move(input_shape)),
-      num_classes_(num_classes), store_(backend) {
+    : name_(std::move(name)),
+      net_(std::move(net)),
+      input_shape_(std::move(input_shape)),
+      num_classes_(num_classes),
+      store_(backend) {
   Shape out = net_->build(input_shape_, store_, "");
-  DPT_CHECK(out == Shape{num_classes_}, name_ << " produces " << shape_str(out) << ", expected ["
-                                               << num_classes_ << "]");
+  DPT_CHECK(out == Shape{num_classes_},
+            name_ << " produces " << shape_str(out) << ", expected [" << num_classes_ << "]");
   store_.finalize();
 }
 
@@ -137,7 +141,8 @@ void Model::init_parameters(const std::string& scheme, uint64_t seed) {
     switch (p.init) {
       case Init::kWeight: {
         const double stddev =
-            scheme == "d2l" ? 0.01 : std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(p.fan_in, 1)));
+            scheme == "d2l" ? 0.01
+                            : std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(p.fan_in, 1)));
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(stddev * rng.normal());
         break;
       }
@@ -154,7 +159,8 @@ void Model::init_parameters(const std::string& scheme, uint64_t seed) {
 }
 
 void Model::set_activation_dtype(DType dt) {
-  DPT_CHECK(dt == DType::kF32 || dt == DType::kBF16, name_ << ": activations are float32 or bfloat16");
+  DPT_CHECK(dt == DType::kF32 || dt == DType::kBF16,
+            name_ << ": activations are float32 or bfloat16");
   act_dtype_ = dt;
   input_ = nullptr;
 }
@@ -163,7 +169,8 @@ const Tensor& Model::forward(const Tensor& x, Mode mode) {
   DPT_CHECK(x.rank() == 4 && Shape(x.shape().begin() + 1, x.shape().end()) == input_shape_,
             name_ << ": input " << shape_str(x.shape()) << " is not [N, " << shape_str(input_shape_)
                   << "]");
-  DPT_CHECK(x.backend() == &store_.backend() || (x.backend() == nullptr && store_.backend().host_memory()),
+  DPT_CHECK(x.backend() == &store_.backend() ||
+                (x.backend() == nullptr && store_.backend().host_memory()),
             name_ << ": input tensor is not in " << store_.backend().name() << " memory");
   if (act_dtype_ == DType::kF32) {
     input_ = &x;
@@ -185,7 +192,8 @@ const Tensor& Model::forward(const Tensor& x, Mode mode) {
 void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
   DPT_CHECK(input_ != nullptr, "backward before forward");
   DPT_CHECK(dlogits.shape() == logits_.shape(), "dlogits " << shape_str(dlogits.shape())
-                                                           << " != logits " << shape_str(logits_.shape()));
+                                                           << " != logits "
+                                                           << shape_str(logits_.shape()));
   if (act_dtype_ == DType::kF32) {
     net_->backward(*input_, logits_, dlogits, nullptr, ctx);
     return;

@@ -46,15 +46,18 @@ std::string model_input_problem(const std::string& name, const Shape& input) {
   // LeNet: conv 3x3, pool 2, conv 5x5, pool 2, each without padding, must leave at least 1x1:
   // ((H - 2) / 2 - 4) / 2 >= 1, i.e. H >= 14. ResNet-18 pads every 3x3 and takes any size.
   if (name == "lenet" && (input[0] < 14 || input[1] < 14))
-    return "lenet needs images of at least 14x14 (its two convolutions and poolings leave nothing of smaller ones)";
+    return "lenet needs images of at least 14x14 (its two convolutions and poolings leave nothing "
+           "of smaller ones)";
   return "";
 }
 
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend, const Shape& input) {
-  DPT_INPUT_CHECK(name == "lenet" || name == "resnet18", "--model: unknown model '" << name << "' (lenet|resnet18)");
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend,
+                                  const Shape& input) {
+  DPT_INPUT_CHECK(name == "lenet" || name == "resnet18",
+                  "--model: unknown model '" << name << "' (lenet|resnet18)");
   const std::string problem = model_input_problem(name, input);
-  DPT_INPUT_CHECK(problem.empty(), "--model " << name << " cannot take images of shape " << shape_str(input)
-                                              << " (H, W, C): " << problem);
+  DPT_INPUT_CHECK(problem.empty(), "--model " << name << " cannot take images of shape "
+                                              << shape_str(input) << " (H, W, C): " << problem);
   auto net = name == "lenet" ? lenet(num_classes) : resnet18(num_classes);
   return std::make_unique<Model>(name, std::move(net), input, num_classes, backend);
 }

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -44,7 +44,8 @@ bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
   if (name == p.filename().string()) return true;
   const std::string prefix = p.stem().string() + ".step", ext = p.extension().string();
   return name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + ext.size() &&
-         name.compare(name.size() - ext.size(), ext.size(), ext) == 0 && name.find(".tmp.") == std::string::npos;
+         name.compare(name.size() - ext.size(), ext.size(), ext) == 0 &&
+         name.find(".tmp.") == std::string::npos;
 }
 
 // A new training's id: a digest of its configuration, where and when it started, and 64 random
@@ -52,9 +53,11 @@ bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
 std::string new_training_id(const TrainConfig& cfg, const std::string& host) {
   std::random_device rd;
   const uint64_t salt = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
-  const std::string seed = cfg.to_json() + host + std::to_string(std::time(nullptr)) + std::to_string(salt);
+  const std::string seed =
+      cfg.to_json() + host + std::to_string(std::time(nullptr)) + std::to_string(salt);
   char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(std::hash<std::string>{}(seed) ^ salt));
+  std::snprintf(out, sizeof out, "%016llx",
+                static_cast<unsigned long long>(std::hash<std::string>{}(seed) ^ salt));
   return out;
 }
 
@@ -69,7 +72,8 @@ std::string utc_now() {
 
 // The checkpoint's training settings against this run's: "--lr 0.1 -> 0.2" for each value that
 // differs and that a resumed run may not change silently.
-std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& path, const std::string& then_json) {
+std::vector<std::string> config_changes(const TrainConfig& cfg, const std::string& path,
+                                        const std::string& then_json) {
   std::vector<std::pair<std::string, std::string>> then;
   try {
     then = agreed_values(then_json);
@@ -87,7 +91,8 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
   for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
     if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
         then[i].second != now_values[i].second)
-      changed.push_back(then[i].first + " " + printable(then[i].second) + " -> " + printable(now_values[i].second));
+      changed.push_back(then[i].first + " " + printable(then[i].second) + " -> " +
+                        printable(now_values[i].second));
   return changed;
 }
 
@@ -124,7 +129,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
 std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
   if (cfg.keep_checkpoints == 0) return cfg.checkpoint_path;
   const std::filesystem::path p(cfg.checkpoint_path);
-  return (p.parent_path() / (p.stem().string() + ".step" + std::to_string(global_step) + p.extension().string()))
+  return (p.parent_path() /
+          (p.stem().string() + ".step" + std::to_string(global_step) + p.extension().string()))
       .string();
 }
 
@@ -148,9 +154,15 @@ std::string plans_key(int r) { return "conv_plans.rank" + std::to_string(r); }
 
 }  // namespace
 
-CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
-                                     Sgd& opt, StepEngine& engine, Meta input)
-    : cfg_(cfg), comm_(comm), model_(model), ddp_(ddp), opt_(opt), input_(std::move(input)), engine_(engine),
+CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model,
+                                     DataParallel& ddp, Sgd& opt, StepEngine& engine, Meta input)
+    : cfg_(cfg),
+      comm_(comm),
+      model_(model),
+      ddp_(ddp),
+      opt_(opt),
+      input_(std::move(input)),
+      engine_(engine),
       last_save_(now_seconds()) {
   if (comm.rank() != 0) return;
   training_ = new_training_id(cfg, comm.host());
@@ -166,11 +178,15 @@ void CheckpointManager::remove_stale_temporaries() const {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     std::string target;
     pid_t pid = 0;
-    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) || !is_checkpoint_name(cfg_, target)) continue;
+    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) ||
+        !is_checkpoint_name(cfg_, target))
+      continue;
     struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer runs
-    if (std::filesystem::remove(e.path(), ec)) log_info("removed " + e.path().string() + ", left by a killed writer");
+    if (std::filesystem::remove(e.path(), ec))
+      log_info("removed " + e.path().string() + ", left by a killed writer");
   }
 }
 
@@ -183,13 +199,17 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   std::string mine;  // the training chosen ("" when the readable files name at most one)
   std::vector<std::string> ids;
   for (const CheckpointInfo& f : files)
-    if (!f.training.empty() && std::find(ids.begin(), ids.end(), f.training) == ids.end()) ids.push_back(f.training);
+    if (!f.training.empty() && std::find(ids.begin(), ids.end(), f.training) == ids.end())
+      ids.push_back(f.training);
   if (ids.size() > 1) {
-    for (const std::string& id : ids) {  // files are newest first: the first of each id is its newest
-      const auto newest = std::find_if(files.begin(), files.end(), [&](const CheckpointInfo& f) { return f.training == id; });
+    for (const std::string& id :
+         ids) {  // files are newest first: the first of each id is its newest
+      const auto newest = std::find_if(files.begin(), files.end(),
+                                       [&](const CheckpointInfo& f) { return f.training == id; });
       bool same = false;
       try {
-        same = !newest->config.empty() && config_changes(cfg_, newest->path, newest->config).empty();
+        same =
+            !newest->config.empty() && config_changes(cfg_, newest->path, newest->config).empty();
       } catch (const Error&) {
       }
       if (same) {
@@ -209,8 +229,10 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   std::vector<std::string> tried;
   auto warn_rest = [&] {
     if (tried.size() > kWarned)
-      log_warn(DPT_MSG("--resume auto: more files beside " << cfg_.checkpoint_path << " could not be used either: "
-                                         << summarize(std::vector<std::string>(tried.begin() + kWarned, tried.end()))));
+      log_warn(
+          DPT_MSG("--resume auto: more files beside "
+                  << cfg_.checkpoint_path << " could not be used either: "
+                  << summarize(std::vector<std::string>(tried.begin() + kWarned, tried.end()))));
   };
   for (const CheckpointInfo& f : files) {
     if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
@@ -221,15 +243,17 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
       if (tried.size() < kWarned)
-        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" + printable(e.what(), 500) +
-                 "): trying the one before");
+        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" +
+                 printable(e.what(), 500) + "): trying the one before");
       tried.push_back(f.path);
     }
   }
   warn_rest();
-  DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg_.checkpoint_path << " could be read ("
+  DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg_.checkpoint_path
+                                                                        << " could be read ("
                                                                         << summarize(tried) << ")");
-  log_info("--resume auto: no checkpoint at or beside " + cfg_.checkpoint_path + ": starting fresh");
+  log_info("--resume auto: no checkpoint at or beside " + cfg_.checkpoint_path +
+           ": starting fresh");
   return "";
 }
 
@@ -238,8 +262,10 @@ ResumePoint CheckpointManager::load() {
   int64_t pos[6] = {0, 0, 0, 0, 0, 1};
   std::vector<EpochMetrics> history;
   std::string path;  // the file resumed (rank 0)
-  std::vector<std::string> plans(static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
-  std::string recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
+  std::vector<std::string> plans(
+      static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
+  std::string
+      recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
@@ -255,18 +281,21 @@ ResumePoint CheckpointManager::load() {
     }
     auto num = [&](const char* key) -> int64_t {
       auto it = meta.find(key);
-      DPT_INPUT_CHECK(it != meta.end(), path << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
+      DPT_INPUT_CHECK(it != meta.end(),
+                      path << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
       try {
         return std::stoll(it->second);
       } catch (const std::exception&) {
-        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata '" << key << "' is not a number"));
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG(path << ": metadata '" << key << "' is not a number"));
       }
     };
     // Range-checked: a damaged or hand-edited file must not train "epoch -2147483169".
     auto in_range = [&](const char* key, int64_t hi) {
       const int64_t v = num(key);
-      DPT_INPUT_CHECK(v >= 0 && v <= hi, path << ": metadata '" << key << "' is " << v << ", outside [0, " << hi
-                                                    << "]: not a checkpoint of a run this can continue");
+      DPT_INPUT_CHECK(v >= 0 && v <= hi, path << ": metadata '" << key << "' is " << v
+                                              << ", outside [0, " << hi
+                                              << "]: not a checkpoint of a run this can continue");
       return v;
     };
     pos[0] = in_range("epoch", 1'000'000);
@@ -275,9 +304,11 @@ ResumePoint CheckpointManager::load() {
     pos[3] = in_range("optimizer_steps", pos[2]);
     if (auto h = meta.find("history"); h != meta.end()) {
       try {
-        for (const auto& rec : nlohmann::json::parse(h->second)) history.push_back(EpochMetrics::from_json(rec.dump()));
+        for (const auto& rec : nlohmann::json::parse(h->second))
+          history.push_back(EpochMetrics::from_json(rec.dump()));
       } catch (const std::exception&) {
-        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'history' is not a list of epoch records"));
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG(path << ": metadata 'history' is not a list of epoch records"));
       }
     }
     // The same training, or an explicit change (--allow-config-change).
@@ -290,37 +321,44 @@ ResumePoint CheckpointManager::load() {
       const auto was = meta.find(key), is = input_.find(key);
       if (is == input_.end()) continue;  // a manager told nothing of the data
       if (was == meta.end()) {
-        log_warn(path + " records no digest of the data it was trained on (written before dptrain recorded "
-                        "one): whether --data is that data cannot be checked");
+        log_warn(
+            path +
+            " records no digest of the data it was trained on (written before dptrain recorded "
+            "one): whether --data is that data cannot be checked");
         break;
       }
-      if (was->second != is->second) changed.push_back(std::string(flag) + " " + was->second + " -> " + is->second);
+      if (was->second != is->second)
+        changed.push_back(std::string(flag) + " " + was->second + " -> " + is->second);
     }
     if (!changed.empty()) {
       std::string list;
       for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
       DPT_INPUT_CHECK(cfg_.allow_config_change,
-                      path << ": the checkpoint was written with other training settings or data (" << list
-                                 << "); a resumed run continues the same training (--allow-config-change "
-                                    "accepts the change and recomputes the position)");
+                      path << ": the checkpoint was written with other training settings or data ("
+                           << list
+                           << "); a resumed run continues the same training (--allow-config-change "
+                              "accepts the change and recomputes the position)");
       log_warn("--allow-config-change: resuming " + path + " with " + list);
       const auto j = nlohmann::json::parse(then->second);
-      pos[4] = j.value("batch_size", cfg_.batch_size) * j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
+      pos[4] = j.value("batch_size", cfg_.batch_size) *
+               j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
     }
     // --normalize auto, then and now: the training goes on with the statistics it has used (not
     // this data's, which differ on other data and could differ in the last bit on a new reading).
     const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
-    if (cfg_.normalize == "auto" && then != meta.end() && mean != meta.end() && stdev != meta.end() &&
+    if (cfg_.normalize == "auto" && then != meta.end() && mean != meta.end() &&
+        stdev != meta.end() &&
         nlohmann::json::parse(then->second).value("normalize", std::string()) == "auto") {
       Normalization n;
       try {
         n = resolve_normalize(mean->second + "/" + stdev->second, nullptr);
       } catch (const Error& e) {
-        throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata normalize_mean and normalize_std: " << e.what()));
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG(path << ": metadata normalize_mean and normalize_std: " << e.what()));
       }
       DPT_INPUT_CHECK(static_cast<int64_t>(n.mean.size()) == engine_.channels(),
-                      path << ": metadata normalize_mean has " << n.mean.size() << " channel(s), the data's images have "
-                           << engine_.channels());
+                      path << ": metadata normalize_mean has " << n.mean.size()
+                           << " channel(s), the data's images have " << engine_.channels());
       recorded_normalize = n.text();
     }
     // Each rank's timed convolution plans, replayed so the resumed run runs the same kernels;
@@ -333,19 +371,23 @@ ResumePoint CheckpointManager::load() {
     auto ws = meta.find("world_size");
     if (ws != meta.end() && ws->second != std::to_string(comm_.size()))
       log_warn(path + " was written at world size " + printable(ws->second) + ", resuming at " +
-               std::to_string(comm_.size()) + ": the data order is the same, float sums may differ");
+               std::to_string(comm_.size()) +
+               ": the data order is the same, float sums may differ");
   });
   comm_.broadcast(pos, 6, 0, "broadcast of the resume position");
   if (!pos[5]) return {};  // --resume auto found nothing: a fresh start on every rank
   // Every rank takes the recorded statistics (rank 0's text; "" for none), and the checkpoints
   // from here on record them again.
-  if (const std::string text = allgather_text(comm_, comm_.rank() == 0 ? recorded_normalize : "")[0]; !text.empty()) {
+  if (const std::string text =
+          allgather_text(comm_, comm_.rank() == 0 ? recorded_normalize : "")[0];
+      !text.empty()) {
     const Normalization n = resolve_normalize(text, nullptr);
     engine_.set_normalization(n);
     input_["normalize"] = n.text();
     input_["normalize_mean"] = n.mean_text();
     input_["normalize_std"] = n.std_text();
-    log_info("--normalize auto: continuing with the statistics the checkpoint recorded (" + text + ")");
+    log_info("--normalize auto: continuing with the statistics the checkpoint recorded (" + text +
+             ")");
   }
   if (comm_.rank() == 0) {
     // The same training goes on: its id and start stay (a file written before ids gets a new one).
@@ -355,28 +397,36 @@ ResumePoint CheckpointManager::load() {
   }
   ddp_.broadcast_state();
   if (!opt_.momentum_buffer().empty())
-    comm_.broadcast(opt_.momentum_buffer().data(), static_cast<int64_t>(opt_.momentum_buffer().size()), 0,
-                   "broadcast of the optimizer state");
+    comm_.broadcast(opt_.momentum_buffer().data(),
+                    static_cast<int64_t>(opt_.momentum_buffer().size()), 0,
+                    "broadcast of the optimizer state");
   opt_.set_steps(pos[3]);
   engine_.from_host();
   // Rank 0 hands each rank its plans: lengths, then the texts end to end.
   std::vector<int64_t> lengths(plans.size());
   for (size_t r = 0; r < plans.size(); ++r) lengths[r] = static_cast<int64_t>(plans[r].size());
-  comm_.broadcast(lengths.data(), static_cast<int64_t>(lengths.size()), 0, "broadcast of the convolution plans");
-  std::vector<uint8_t> bytes(static_cast<size_t>(std::accumulate(lengths.begin(), lengths.end(), int64_t{0})));
+  comm_.broadcast(lengths.data(), static_cast<int64_t>(lengths.size()), 0,
+                  "broadcast of the convolution plans");
+  std::vector<uint8_t> bytes(
+      static_cast<size_t>(std::accumulate(lengths.begin(), lengths.end(), int64_t{0})));
   if (!bytes.empty()) {
     if (comm_.rank() == 0) {
       size_t at = 0;
-      for (const std::string& t : plans) at = std::copy(t.begin(), t.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at)) - bytes.begin();
+      for (const std::string& t : plans)
+        at = std::copy(t.begin(), t.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at)) -
+             bytes.begin();
     }
-    comm_.broadcast(bytes.data(), static_cast<int64_t>(bytes.size()), 0, "broadcast of the convolution plans");
-    const int64_t from = std::accumulate(lengths.begin(), lengths.begin() + comm_.rank(), int64_t{0});
-    const std::string mine(bytes.begin() + from, bytes.begin() + from + lengths[static_cast<size_t>(comm_.rank())]);
+    comm_.broadcast(bytes.data(), static_cast<int64_t>(bytes.size()), 0,
+                    "broadcast of the convolution plans");
+    const int64_t from =
+        std::accumulate(lengths.begin(), lengths.begin() + comm_.rank(), int64_t{0});
+    const std::string mine(bytes.begin() + from,
+                           bytes.begin() + from + lengths[static_cast<size_t>(comm_.rank())]);
     agree_on_input(comm_, "a rank could not take the convolution plans of --resume " + cfg_.resume,
                    [&] { engine_.set_conv_plan_choices(mine); });
   }
-  log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1 << ", step " << pos[1]
-                                   << " (global step " << pos[2] << ")"));
+  log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1
+                                   << ", step " << pos[1] << " (global step " << pos[2] << ")"));
   return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
 }
 
@@ -387,8 +437,10 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
     for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
       // Files of this training and the file resumed are this run's to replace.
       if (f.training == training_ || f.path == resumed_path_) continue;
-      const bool at_path = std::filesystem::path(f.path).filename() == std::filesystem::path(cfg_.checkpoint_path).filename();
-      const bool ahead = f.step > start_step && f.step <= last_step;  // a name this run may still write
+      const bool at_path = std::filesystem::path(f.path).filename() ==
+                           std::filesystem::path(cfg_.checkpoint_path).filename();
+      const bool ahead =
+          f.step > start_step && f.step <= last_step;  // a name this run may still write
       if (cfg_.keep_checkpoints == 0 ? !at_path : !ahead) continue;
       const std::string shown = printable(f.path, PATH_MAX);
       if (f.training.empty()) {
@@ -396,16 +448,20 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
         // but not silently when a --resume could continue it.
         if (f.step >= 0)
           log_warn(DPT_MSG("--checkpoint-path " << cfg_.checkpoint_path << ": replacing " << shown
-                                                << ", a checkpoint at step " << f.step << " that records no training id; "
-                                                << "--resume " << shown << " would have continued it"));
+                                                << ", a checkpoint at step " << f.step
+                                                << " that records no training id; "
+                                                << "--resume " << shown
+                                                << " would have continued it"));
         continue;
       }
-      DPT_INPUT_CHECK(false, "--checkpoint-path " << cfg_.checkpoint_path << ": " << shown
-                                                  << " is a checkpoint of another training (id " << printable(f.training)
-                                                  << ", started " << (f.started.empty() ? "?" : printable(f.started))
-                                                  << ", at step " << f.step << ") that this run would overwrite; "
-                                                  << "continue that training with --resume " << shown
-                                                  << " (or --resume auto), or choose another --checkpoint-path");
+      DPT_INPUT_CHECK(false, "--checkpoint-path "
+                                 << cfg_.checkpoint_path << ": " << shown
+                                 << " is a checkpoint of another training (id "
+                                 << printable(f.training) << ", started "
+                                 << (f.started.empty() ? "?" : printable(f.started)) << ", at step "
+                                 << f.step << ") that this run would overwrite; "
+                                 << "continue that training with --resume " << shown
+                                 << " (or --resume auto), or choose another --checkpoint-path");
     }
   });
 }
@@ -417,8 +473,10 @@ bool CheckpointManager::minutes_due() const {
 
 bool CheckpointManager::save_if_due(const Position& at, bool epoch_end, bool minutes_due,
                                     const std::vector<EpochMetrics>& history) {
-  const bool by_steps = cfg_.checkpoint_every_steps > 0 && at.global_step % cfg_.checkpoint_every_steps == 0;
-  const bool by_epochs = epoch_end && cfg_.checkpoint_every > 0 && at.epoch % cfg_.checkpoint_every == 0;
+  const bool by_steps =
+      cfg_.checkpoint_every_steps > 0 && at.global_step % cfg_.checkpoint_every_steps == 0;
+  const bool by_epochs =
+      epoch_end && cfg_.checkpoint_every > 0 && at.epoch % cfg_.checkpoint_every == 0;
   if (!(by_steps || by_epochs || (!epoch_end && minutes_due))) return false;
   save(at, history);
   return true;
@@ -434,22 +492,27 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
     std::string hist = "[";
     for (const EpochMetrics& m : history) hist += (hist.size() > 1 ? "," : "") + m.to_json();
     Meta meta = metadata(at.epoch, at.global_step);
-    meta.insert({{"epoch_step", std::to_string(at.epoch_step)}, {"optimizer_steps", std::to_string(opt_.steps())},
-                 {"history", hist + "]"}, {"training_id", training_}, {"training_started", started_}});
+    meta.insert({{"epoch_step", std::to_string(at.epoch_step)},
+                 {"optimizer_steps", std::to_string(opt_.steps())},
+                 {"history", hist + "]"},
+                 {"training_id", training_},
+                 {"training_started", started_}});
     for (size_t r = 0; r < plans.size(); ++r)
       if (!plans[r].empty()) meta[plans_key(static_cast<int>(r))] = plans[r];
     // Never over another training's file (one started beside this run after its claim).
     const CheckpointInfo there = read_checkpoint_info(file);
     DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || file == resumed_path_,
-                    "not writing checkpoint " << file << ": it now holds a checkpoint of another training (id "
-                                              << printable(there.training) << "); two trainings share --checkpoint-path");
+                    "not writing checkpoint "
+                        << file << ": it now holds a checkpoint of another training (id "
+                        << printable(there.training) << "); two trainings share --checkpoint-path");
     save_model(file, model_, meta, &opt_.momentum_buffer());
     prune();
     record(at.global_step, file);
   }
   comm_.barrier();
   last_save_ = now_seconds();
-  log_info("checkpoint written to " + file + " (global step " + std::to_string(at.global_step) + ")");
+  log_info("checkpoint written to " + file + " (global step " + std::to_string(at.global_step) +
+           ")");
 }
 
 // With --keep-checkpoints K: only the K newest of this training's files (by the step each
@@ -460,7 +523,8 @@ void CheckpointManager::prune() const {
   std::error_code ec;
   for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
     if (f.training != training_ && f.path != resumed_path_) continue;
-    if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path) std::filesystem::remove(f.path, ec);
+    if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path)
+      std::filesystem::remove(f.path, ec);
   }
 }
 
@@ -475,23 +539,30 @@ void CheckpointManager::record(int64_t global_step, const std::string& file) con
   const bool ok = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                   ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   if (fd >= 0) ::close(fd);
-  if (!ok) log_warn(DPT_MSG("DPT_CHECKPOINT_RECORD " << to << ": cannot append the checkpoint's record; a launcher "
-                                                    << "restart may not see it"));
+  if (!ok)
+    log_warn(DPT_MSG("DPT_CHECKPOINT_RECORD "
+                     << to << ": cannot append the checkpoint's record; a launcher "
+                     << "restart may not see it"));
 }
 
 void CheckpointManager::save_final(int64_t global_step) {
   if (cfg_.save.empty()) return;
-  engine_.to_host();  // buffers were averaged before the last evaluation; parameters are equal by construction
+  engine_.to_host();  // buffers were averaged before the last evaluation; parameters are equal by
+                      // construction
   refuse_nonfinite(cfg_.save);
-  if (comm_.rank() == 0) save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step), nullptr, "--save");
+  if (comm_.rank() == 0)
+    save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step), nullptr, "--save");
   comm_.barrier();
   log_info("saved " + cfg_.save);
 }
 
 // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.
 CheckpointManager::Meta CheckpointManager::metadata(int64_t epoch, int64_t global_step) const {
-  Meta m{{"config", cfg_.to_json()}, {"epoch", std::to_string(epoch)}, {"step", std::to_string(global_step)},
-         {"seed", std::to_string(cfg_.seed)}, {"world_size", std::to_string(comm_.size())}};
+  Meta m{{"config", cfg_.to_json()},
+         {"epoch", std::to_string(epoch)},
+         {"step", std::to_string(global_step)},
+         {"seed", std::to_string(cfg_.seed)},
+         {"world_size", std::to_string(comm_.size())}};
   m.insert(input_.begin(), input_.end());
   return m;
 }
@@ -500,16 +571,20 @@ CheckpointManager::Meta CheckpointManager::metadata(int64_t epoch, int64_t globa
 // from a forward pass whose step was then skipped). The host state is the same on every rank
 // (parameters by construction, buffers averaged, momentum), so every rank refuses alike.
 void CheckpointManager::refuse_nonfinite(const std::string& path) const {
-  auto finite = [](const float* v, int64_t n) { return std::all_of(v, v + n, [](float x) { return std::isfinite(x); }); };
+  auto finite = [](const float* v, int64_t n) {
+    return std::all_of(v, v + n, [](float x) { return std::isfinite(x); });
+  };
   std::string bad;
   for (const Param& p : model_.store().entries())
     if (bad.empty() && !finite(p.value.data(), p.numel())) bad = p.name;
   const auto& mom = opt_.momentum_buffer();
-  if (bad.empty() && !finite(mom.data(), static_cast<int64_t>(mom.size()))) bad = "optimizer.momentum_buffer";
+  if (bad.empty() && !finite(mom.data(), static_cast<int64_t>(mom.size())))
+    bad = "optimizer.momentum_buffer";
   if (!bad.empty())
-    throw AgreedInputError(DPT_MSG("not writing " << path << ": '" << bad << "' holds non-finite values (the file "
-                                                  << "there, if any, is kept)"),
-                           comm_.rank() != 0);
+    throw AgreedInputError(
+        DPT_MSG("not writing " << path << ": '" << bad << "' holds non-finite values (the file "
+                               << "there, if any, is kept)"),
+        comm_.rank() != 0);
 }
 
 }  // namespace dpt

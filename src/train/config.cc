@@ -1,12 +1,11 @@
 // Command-line flags (cxxopts), recipes and validation of TrainConfig. A recipe sets the defaults
 // of the optimisation flags; a flag given explicitly always wins.
-#include <filesystem>
 #include <algorithm>
-#include <cxxopts.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
+#include <cxxopts.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dpt/augment.h"
@@ -39,19 +38,23 @@ void parse_checkpoint_every(const std::string& v, TrainConfig* c) {
     end = 0;
   }
   std::string unit = v.substr(end);
-  DPT_INPUT_CHECK(end > 0 && std::isfinite(n) && n >= 0,
-                  "--checkpoint-every: '" << v << "' is not N, Nepochs, Nsteps or Nmin with N >= 0");
+  DPT_INPUT_CHECK(
+      end > 0 && std::isfinite(n) && n >= 0,
+      "--checkpoint-every: '" << v << "' is not N, Nepochs, Nsteps or Nmin with N >= 0");
   c->checkpoint_every = 0, c->checkpoint_every_steps = 0, c->checkpoint_every_minutes = 0;
   if (unit.empty() || unit == "epoch" || unit == "epochs" || unit == "steps" || unit == "step") {
-    DPT_INPUT_CHECK(n == std::floor(n) && n <= 1e9, "--checkpoint-every: '" << v << "': a whole number of "
-                                                                           << (unit.rfind("step", 0) == 0 ? "steps" : "epochs"));
-    if (unit.rfind("step", 0) == 0) c->checkpoint_every_steps = static_cast<int64_t>(n);
-    else c->checkpoint_every = static_cast<int>(n);
+    DPT_INPUT_CHECK(n == std::floor(n) && n <= 1e9,
+                    "--checkpoint-every: '" << v << "': a whole number of "
+                                            << (unit.rfind("step", 0) == 0 ? "steps" : "epochs"));
+    if (unit.rfind("step", 0) == 0)
+      c->checkpoint_every_steps = static_cast<int64_t>(n);
+    else
+      c->checkpoint_every = static_cast<int>(n);
   } else if (unit == "min" || unit == "minutes") {
     c->checkpoint_every_minutes = n;
   } else {
-    throw Error(ErrorKind::kInput, DPT_MSG("--checkpoint-every: unknown unit '" << unit << "' in '" << v
-                                                                                 << "' (epochs, steps or min)"));
+    throw Error(ErrorKind::kInput, DPT_MSG("--checkpoint-every: unknown unit '"
+                                           << unit << "' in '" << v << "' (epochs, steps or min)"));
   }
 }
 
@@ -81,8 +84,9 @@ void apply_recipe(TrainConfig* c) {
 
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {
   TrainConfig d;  // the built-in defaults shown in --help
-  cxxopts::Options opts("dptrain", "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST "
-                                   "(launch with mpirun or srun; one rank per GPU or CPU slot)");
+  cxxopts::Options opts("dptrain",
+                        "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST "
+                        "(launch with mpirun or srun; one rank per GPU or CPU slot)");
   auto s = [](auto v) {
     std::ostringstream os;
     os << v;
@@ -199,17 +203,21 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     // cxxopts converts typed values while parsing and names only the value ("Argument 'nan' failed
     // to parse"): find the flag it was given to, so the message says which one.
     const std::string what = e.what(), open = "\u2018", close = "\u2019";
-    const size_t a = what.find(open), b = a == std::string::npos ? a : what.find(close, a + open.size());
+    const size_t a = what.find(open),
+                 b = a == std::string::npos ? a : what.find(close, a + open.size());
     if (b != std::string::npos) {
       const std::string value = what.substr(a + open.size(), b - a - open.size());
       for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         const size_t eq = arg.find('=');
         std::string flag;
-        if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == value) flag = arg.substr(0, eq);
-        if (arg == value && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0) flag = argv[i - 1];
+        if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == value)
+          flag = arg.substr(0, eq);
+        if (arg == value && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0)
+          flag = argv[i - 1];
         if (!flag.empty())
-          throw Error(ErrorKind::kInput, flag + ": '" + value + "' is not a valid value (see dptrain --help)");
+          throw Error(ErrorKind::kInput,
+                      flag + ": '" + value + "' is not a valid value (see dptrain --help)");
       }
     }
     throw Error(ErrorKind::kInput, what + " (see dptrain --help)");
@@ -218,11 +226,12 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
     *help_text = opts.help();
     return false;
   }
-  DPT_INPUT_CHECK(r.unmatched().empty(), "unexpected argument '" << r.unmatched()[0]
-                                                                 << "' (see dptrain --help)");
+  DPT_INPUT_CHECK(r.unmatched().empty(),
+                  "unexpected argument '" << r.unmatched()[0] << "' (see dptrain --help)");
   // `--resume "$CKPT"` with the variable unset would start from scratch and then overwrite the
   // checkpoint: an empty path is an error, never "not given".
-  for (const char* path_flag : {"data", "metrics", "save", "checkpoint-path", "resume", "report", "trace"})
+  for (const char* path_flag :
+       {"data", "metrics", "save", "checkpoint-path", "resume", "report", "trace"})
     DPT_INPUT_CHECK(!r.count(path_flag) || !r[path_flag].as<std::string>().empty(),
                     "--" << path_flag << ": empty path (an unset variable?)");
   {
@@ -293,35 +302,43 @@ namespace {
 // Whether two paths name the same file (as they would be resolved; neither needs to exist).
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ea, eb;
-  const auto pa = std::filesystem::weakly_canonical(a, ea), pb = std::filesystem::weakly_canonical(b, eb);
+  const auto pa = std::filesystem::weakly_canonical(a, ea),
+             pb = std::filesystem::weakly_canonical(b, eb);
   return ea || eb ? a == b : pa == pb;
 }
 }  // namespace
 
 void validate_config(const TrainConfig& c, int world) {
-  // A --save file (parameters only) written over a training checkpoint would end every later resume.
-  DPT_INPUT_CHECK(c.save.empty() || !c.checkpoints() || !same_file(c.save, c.checkpoint_path),
-                  "--save " << c.save << " names the training checkpoint (--checkpoint-path): choose another file");
-  DPT_INPUT_CHECK(c.save.empty() || c.resume.empty() || !same_file(c.save, c.resume),
-                  "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
+  // A --save file (parameters only) written over a training checkpoint would end every later
+  // resume.
+  DPT_INPUT_CHECK(
+      c.save.empty() || !c.checkpoints() || !same_file(c.save, c.checkpoint_path),
+      "--save " << c.save
+                << " names the training checkpoint (--checkpoint-path): choose another file");
+  DPT_INPUT_CHECK(
+      c.save.empty() || c.resume.empty() || !same_file(c.save, c.resume),
+      "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
   DPT_INPUT_CHECK(c.model == "lenet" || c.model == "resnet18",
                   "--model: unknown model '" << c.model << "' (lenet|resnet18)");
   DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);
   DPT_INPUT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got " << c.batch_size);
   DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr must be > 0, got " << c.lr);
-  DPT_INPUT_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1), got " << c.momentum);
+  DPT_INPUT_CHECK(c.momentum >= 0 && c.momentum < 1,
+                  "--momentum must be in [0, 1), got " << c.momentum);
   DPT_INPUT_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0, got " << c.weight_decay);
   DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
                   "--schedule: '" << c.schedule << "' is not constant|step|cosine");
   DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);
   DPT_INPUT_CHECK(c.step_gamma > 0, "--step-gamma must be > 0, got " << c.step_gamma);
-  DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l", "--init: '" << c.init << "' is not kaiming|d2l");
+  DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l",
+                  "--init: '" << c.init << "' is not kaiming|d2l");
   DPT_INPUT_CHECK(c.device == "auto" || c.device == "cpu" || c.device == "cuda",
                   "--device: '" << c.device << "' is not auto|cpu|cuda");
   DPT_INPUT_CHECK(c.precision == "fp32" || c.precision == "bf16",
                   "--precision: '" << c.precision << "' is not fp32|bf16");
-  DPT_INPUT_CHECK(c.activation_dtype == "auto" || c.activation_dtype == "fp32" || c.activation_dtype == "bf16",
-                  "--activation-dtype: '" << c.activation_dtype << "' is not auto|fp32|bf16");
+  DPT_INPUT_CHECK(
+      c.activation_dtype == "auto" || c.activation_dtype == "fp32" || c.activation_dtype == "bf16",
+      "--activation-dtype: '" << c.activation_dtype << "' is not auto|fp32|bf16");
   {
     const auto formats = data_formats();
     std::string all;
@@ -329,13 +346,17 @@ void validate_config(const TrainConfig& c, int world) {
     DPT_INPUT_CHECK(std::find(formats.begin(), formats.end(), c.data_format) != formats.end(),
                     "--data-format: '" << c.data_format << "' is not " << all);
   }
-  (void)resolve_normalize(c.normalize, nullptr);  // the syntax; the channel count once the data is read
+  (void)resolve_normalize(c.normalize,
+                          nullptr);  // the syntax; the channel count once the data is read
   (void)parse_augment(c.augment, 0, 0);
-  DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads must be in 1..1024, got " << c.threads);
+  DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024,
+                  "--threads must be in 1..1024, got " << c.threads);
   DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
-  DPT_INPUT_CHECK(c.eval_batch_size >= 1, "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
+  DPT_INPUT_CHECK(c.eval_batch_size >= 1,
+                  "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
   DPT_INPUT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0, got " << c.eval_every);
-  DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "--bucket-mb must be > 0, got " << c.bucket_mb);
+  DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0,
+                  "--bucket-mb must be > 0, got " << c.bucket_mb);
   (void)grad_wire_dtype(c.grad_dtype);  // names the flag and the value when it is none of the three
   DPT_INPUT_CHECK(std::isfinite(c.last_bucket_mb) && c.last_bucket_mb >= 0,
                   "--last-bucket-mb must be >= 0, got " << c.last_bucket_mb);
@@ -344,11 +365,14 @@ void validate_config(const TrainConfig& c, int world) {
                   "--clip-grad-norm must be >= 0 (0 = off), got " << c.clip_grad_norm);
   DPT_INPUT_CHECK(c.nonfinite == "stop" || c.nonfinite == "skip",
                   "--nonfinite must be stop or skip, got '" << c.nonfinite << "'");
-  DPT_INPUT_CHECK(c.nonfinite_max_skips >= 0, "--nonfinite-max-skips must be >= 0, got " << c.nonfinite_max_skips);
+  DPT_INPUT_CHECK(c.nonfinite_max_skips >= 0,
+                  "--nonfinite-max-skips must be >= 0, got " << c.nonfinite_max_skips);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
-  DPT_INPUT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
-  DPT_INPUT_CHECK(c.keep_checkpoints >= 0, "--keep-checkpoints must be >= 0, got " << c.keep_checkpoints);
+  DPT_INPUT_CHECK(c.checkpoint_every >= 0,
+                  "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
+  DPT_INPUT_CHECK(c.keep_checkpoints >= 0,
+                  "--keep-checkpoints must be >= 0, got " << c.keep_checkpoints);
   DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
   DPT_INPUT_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off",
                   "--progress: '" << c.progress << "' is not auto|on|off");
@@ -361,24 +385,61 @@ void validate_config(const TrainConfig& c, int world) {
 }
 
 std::string TrainConfig::to_json() const {
-  nlohmann::json j = {{"model", model}, {"recipe", recipe}, {"epochs", epochs},
-                      {"batch_size", batch_size}, {"lr", lr}, {"momentum", momentum},
-                      {"weight_decay", weight_decay}, {"schedule", schedule},
-                      {"warmup_epochs", warmup_epochs}, {"step_epochs", step_epochs},
-                      {"step_gamma", step_gamma}, {"init", init}, {"seed", seed}, {"data", data},
-                      {"data_format", data_format}, {"normalize", normalize}, {"augment", augment},
-                      {"device", device}, {"tf32", tf32}, {"cuda_graphs", cuda_graphs}, {"precision", precision}, {"activation_dtype", activation_dtype}, {"threads", threads}, {"max_steps", max_steps},
-                      {"eval_batch_size", eval_batch_size}, {"eval_every", eval_every}, {"metrics", metrics}, {"save", save},
-                      {"checkpoint_every", checkpoint_every},
-                      {"checkpoint_every_steps", checkpoint_every_steps}, {"checkpoint_every_minutes", checkpoint_every_minutes},
-                      {"keep_checkpoints", keep_checkpoints}, {"checkpoint_path", checkpoint_path},
-                      {"resume", resume}, {"allow_config_change", allow_config_change},
-                      {"bucket_mb", bucket_mb}, {"last_bucket_mb", last_bucket_mb}, {"grad_dtype", grad_dtype}, {"overlap", overlap}, {"accum_steps", accum_steps},
-                      {"clip_grad_norm", clip_grad_norm}, {"nonfinite", nonfinite}, {"nonfinite_max_skips", nonfinite_max_skips},
-                      {"sync_bn", sync_bn}, {"scale_lr", scale_lr}, {"verify_every", verify_every},
-                      {"timeout", timeout}, {"log_level", log_level}, {"quiet", quiet}, {"progress", progress},
-                      {"metrics_every", metrics_every}, {"report", report}, {"trace", trace},
-                      {"trace_steps", std::to_string(trace_begin) + ":" + std::to_string(trace_end)}};
+  nlohmann::json j = {
+      {"model", model},
+      {"recipe", recipe},
+      {"epochs", epochs},
+      {"batch_size", batch_size},
+      {"lr", lr},
+      {"momentum", momentum},
+      {"weight_decay", weight_decay},
+      {"schedule", schedule},
+      {"warmup_epochs", warmup_epochs},
+      {"step_epochs", step_epochs},
+      {"step_gamma", step_gamma},
+      {"init", init},
+      {"seed", seed},
+      {"data", data},
+      {"data_format", data_format},
+      {"normalize", normalize},
+      {"augment", augment},
+      {"device", device},
+      {"tf32", tf32},
+      {"cuda_graphs", cuda_graphs},
+      {"precision", precision},
+      {"activation_dtype", activation_dtype},
+      {"threads", threads},
+      {"max_steps", max_steps},
+      {"eval_batch_size", eval_batch_size},
+      {"eval_every", eval_every},
+      {"metrics", metrics},
+      {"save", save},
+      {"checkpoint_every", checkpoint_every},
+      {"checkpoint_every_steps", checkpoint_every_steps},
+      {"checkpoint_every_minutes", checkpoint_every_minutes},
+      {"keep_checkpoints", keep_checkpoints},
+      {"checkpoint_path", checkpoint_path},
+      {"resume", resume},
+      {"allow_config_change", allow_config_change},
+      {"bucket_mb", bucket_mb},
+      {"last_bucket_mb", last_bucket_mb},
+      {"grad_dtype", grad_dtype},
+      {"overlap", overlap},
+      {"accum_steps", accum_steps},
+      {"clip_grad_norm", clip_grad_norm},
+      {"nonfinite", nonfinite},
+      {"nonfinite_max_skips", nonfinite_max_skips},
+      {"sync_bn", sync_bn},
+      {"scale_lr", scale_lr},
+      {"verify_every", verify_every},
+      {"timeout", timeout},
+      {"log_level", log_level},
+      {"quiet", quiet},
+      {"progress", progress},
+      {"metrics_every", metrics_every},
+      {"report", report},
+      {"trace", trace},
+      {"trace_steps", std::to_string(trace_begin) + ":" + std::to_string(trace_end)}};
   return j.dump();
 }
 
@@ -386,23 +447,59 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
   auto out = agreed_values(cfg.to_json());
   // Only whether they are given: each decides collectives (the resume broadcasts, the final
   // barrier, the trace gather); the paths themselves are rank 0's business.
-  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--resume", &cfg.resume},
-                                    {"--save", &cfg.save}, {"--trace", &cfg.trace}})
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--resume", &cfg.resume},
+        {"--save", &cfg.save},
+        {"--trace", &cfg.trace}})
     out.emplace_back(flag, value->empty() ? "(not given)" : "(given)");
   return out;
 }
 
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
-  static const char* const kKeys[] = {
-      "model", "recipe", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule",
-      "warmup_epochs", "step_epochs", "step_gamma", "init", "seed", "device", "tf32", "cuda_graphs", "precision", "activation_dtype",
-      "max_steps", "eval_batch_size", "eval_every", "checkpoint_every", "checkpoint_every_steps", "checkpoint_every_minutes", "bucket_mb", "last_bucket_mb", "grad_dtype",
-      "accum_steps", "sync_bn", "scale_lr", "verify_every", "metrics_every", "trace_steps", "clip_grad_norm",
-      "nonfinite", "nonfinite_max_skips", "data_format", "normalize", "augment"};
+  static const char* const kKeys[] = {"model",
+                                      "recipe",
+                                      "epochs",
+                                      "batch_size",
+                                      "lr",
+                                      "momentum",
+                                      "weight_decay",
+                                      "schedule",
+                                      "warmup_epochs",
+                                      "step_epochs",
+                                      "step_gamma",
+                                      "init",
+                                      "seed",
+                                      "device",
+                                      "tf32",
+                                      "cuda_graphs",
+                                      "precision",
+                                      "activation_dtype",
+                                      "max_steps",
+                                      "eval_batch_size",
+                                      "eval_every",
+                                      "checkpoint_every",
+                                      "checkpoint_every_steps",
+                                      "checkpoint_every_minutes",
+                                      "bucket_mb",
+                                      "last_bucket_mb",
+                                      "grad_dtype",
+                                      "accum_steps",
+                                      "sync_bn",
+                                      "scale_lr",
+                                      "verify_every",
+                                      "metrics_every",
+                                      "trace_steps",
+                                      "clip_grad_norm",
+                                      "nonfinite",
+                                      "nonfinite_max_skips",
+                                      "data_format",
+                                      "normalize",
+                                      "augment"};
   const auto j = nlohmann::json::parse(config_json);
   std::vector<std::pair<std::string, std::string>> out;
   for (const char* key : kKeys) {
-    std::string flag = std::string("--") + (std::string(key) == "cuda_graphs" ? "no_cuda_graphs" : key);
+    std::string flag =
+        std::string("--") + (std::string(key) == "cuda_graphs" ? "no_cuda_graphs" : key);
     std::replace(flag.begin(), flag.end(), '_', '-');
     out.emplace_back(flag, j.contains(key) ? j.at(key).dump() : "(not recorded)");
   }
@@ -412,22 +509,37 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
 bool may_change_on_resume(const std::string& flag) {
   // Outputs and checks, not the trajectory (the schedule depends on --epochs: not listed here);
   // and --device: a run may move to other hardware (the ranks of one job still agree on it).
-  static const char* const kFree[] = {"--eval-batch-size", "--eval-every", "--checkpoint-every", "--checkpoint-every-steps", "--checkpoint-every-minutes", "--verify-every",
-                                      "--metrics-every", "--trace-steps", "--resume", "--save", "--trace",
-                                      "--no-cuda-graphs", "--bucket-mb", "--last-bucket-mb", "--nonfinite",
-                                      "--nonfinite-max-skips", "--device"};
+  static const char* const kFree[] = {"--eval-batch-size",
+                                      "--eval-every",
+                                      "--checkpoint-every",
+                                      "--checkpoint-every-steps",
+                                      "--checkpoint-every-minutes",
+                                      "--verify-every",
+                                      "--metrics-every",
+                                      "--trace-steps",
+                                      "--resume",
+                                      "--save",
+                                      "--trace",
+                                      "--no-cuda-graphs",
+                                      "--bucket-mb",
+                                      "--last-bucket-mb",
+                                      "--nonfinite",
+                                      "--nonfinite-max-skips",
+                                      "--device"};
   return std::find(std::begin(kFree), std::end(kFree), flag) != std::end(kFree);
 }
 
 DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast) {
-  if (cfg.activation_dtype == "auto") return cfg.precision == "bf16" && device_bf16_fast ? DType::kBF16 : DType::kF32;
+  if (cfg.activation_dtype == "auto")
+    return cfg.precision == "bf16" && device_bf16_fast ? DType::kBF16 : DType::kF32;
   return cfg.activation_dtype == "bf16" ? DType::kBF16 : DType::kF32;
 }
 
 std::string TrainConfig::to_text() const {
   auto j = nlohmann::json::parse(to_json());
   std::ostringstream os;
-  for (auto it = j.begin(); it != j.end(); ++it) os << "  " << it.key() << ": " << it.value().dump() << "\n";
+  for (auto it = j.begin(); it != j.end(); ++it)
+    os << "  " << it.key() << ": " << it.value().dump() << "\n";
   return os.str();
 }
 

@@ -1,7 +1,9 @@
 // The device registry (include/dpt/device.h): the CPU device, and the GPU device of a CUDA build.
 // The only `#if DPT_HAVE_CUDA` of the driver.
-#include <cerrno>
+#include "dpt/device.h"
+
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -9,7 +11,6 @@
 
 #include "cpu/cpu_backend.h"
 #include "dpt/backend.h"
-#include "dpt/device.h"
 #include "dpt/error.h"
 
 #if DPT_HAVE_CUDA
@@ -28,17 +29,19 @@ double memory_override(const char* v) {
   const std::string suffix = end ? end : "";
   const size_t at = std::string("KMGT").find(suffix.empty() ? 'x' : suffix[0]);
   const size_t power = suffix.empty() ? 0 : at + 1;  // K: 1024^1
-  DPT_INPUT_CHECK(std::isdigit(static_cast<unsigned char>(v[0])) && errno == 0 && n > 0 &&
-                      (suffix.empty() || (suffix.size() == 1 && at != std::string::npos)),
-                  "DPT_MEMORY_AVAILABLE=" << v << ": not a number of bytes above 0 (e.g. 1073741824, or 1G; "
-                                          << "suffixes K, M, G, T)");
+  DPT_INPUT_CHECK(
+      std::isdigit(static_cast<unsigned char>(v[0])) && errno == 0 && n > 0 &&
+          (suffix.empty() || (suffix.size() == 1 && at != std::string::npos)),
+      "DPT_MEMORY_AVAILABLE=" << v << ": not a number of bytes above 0 (e.g. 1073741824, or 1G; "
+                              << "suffixes K, M, G, T)");
   return static_cast<double>(n) * std::pow(1024.0, static_cast<double>(power));
 }
 
 }  // namespace
 
 HostMemory host_memory() {
-  if (const char* v = std::getenv("DPT_MEMORY_AVAILABLE"); v && *v) return {memory_override(v), "DPT_MEMORY_AVAILABLE"};
+  if (const char* v = std::getenv("DPT_MEMORY_AVAILABLE"); v && *v)
+    return {memory_override(v), "DPT_MEMORY_AVAILABLE"};
   HostMemory m{-1, "MemAvailable"};
   std::ifstream mi("/proc/meminfo");
   for (std::string key; mi >> key;) {
@@ -52,9 +55,10 @@ HostMemory host_memory() {
     double v = -1;
     return (f >> v) ? v : -1.0;
   };
-  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                      "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+  for (const auto& [limit, usage] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+         "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
     const double l = read_number(limit), u = read_number(usage);  // "max" reads as no number
     if (l > 0 && u >= 0 && l < 1e18 && (m.bytes < 0 || l - u < m.bytes))
       m = {std::max(0.0, l - u), DPT_MSG("the memory cgroup's limit less its usage, " << limit)};
@@ -91,7 +95,9 @@ class CpuDevice final : public ComputeDevice {
     m.where = "on this host";
     return m;
   }
-  std::unique_ptr<ReduceTransport> transport(Communicator&, float*, int64_t, DType) override { return nullptr; }
+  std::unique_ptr<ReduceTransport> transport(Communicator&, float*, int64_t, DType) override {
+    return nullptr;
+  }
 
  private:
   DeviceRequest request_;
@@ -101,7 +107,8 @@ class CpuDevice final : public ComputeDevice {
 // A GPU (src/cuda/gpu_setup.h): its context is created here, on GPU local_rank mod visible devices.
 class CudaDevice final : public ComputeDevice {
  public:
-  explicit CudaDevice(const DeviceRequest& r) : request_(r), gpu_(open_gpu(r.local_rank, r.tf32, r.bf16)) {}
+  explicit CudaDevice(const DeviceRequest& r)
+      : request_(r), gpu_(open_gpu(r.local_rank, r.tf32, r.bf16)) {}
   const char* kind() const override { return "cuda"; }
   Backend& ops() override { return gpu_->ops(); }
   // Every rank checks its GPU, after its context exists (so its own memory is already taken): per
@@ -118,7 +125,8 @@ class CudaDevice final : public ComputeDevice {
     m.where = "on rank " + std::to_string(rank) + "'s GPU " + gm.device;
     return m;
   }
-  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count, DType wire) override {
+  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count,
+                                             DType wire) override {
     return gpu_->transport(comm, grads, count, wire);
   }
   bool fast_bf16_activations() override { return gpu_->fast_bf16_activations(); }

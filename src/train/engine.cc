@@ -7,9 +7,9 @@
 #include "dpt/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <exception>
 #include <numeric>
 #include <utility>
@@ -21,9 +21,9 @@
 
 namespace dpt {
 
-StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-                       const ImageSet& train, const ImageSet& test, const Normalization& normalize,
-                       const AugmentSpec& augment)
+StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
+                       Sgd& opt, const ImageSet& train, const ImageSet& test,
+                       const Normalization& normalize, const AugmentSpec& augment)
     : cfg_(cfg),
       comm_(comm),
       model_(model),
@@ -38,7 +38,8 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
       grad_scale_(1.f / static_cast<float>(cfg.batch_size * cfg.accum_steps)),
       uncaught_(std::uncaught_exceptions()),
       augment_(augment) {
-  DPT_CHECK(train.rows == test.rows && train.cols == test.cols && train.channels == test.channels && pixels_ > 0,
+  DPT_CHECK(train.rows == test.rows && train.cols == test.cols && train.channels == test.channels &&
+                pixels_ > 0,
             "train and test image shapes differ");
   // For an external profiler (ncu --profile-from-start off): the window of global steps it sees.
   // A diagnostic, read by each rank alone: a bad value is warned about and ignored, never an
@@ -49,7 +50,8 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
     if (std::sscanf(v, "%lld:%lld%c", &a, &b, &tail) == 2 && a >= 0 && b > a)
       profile_from_ = a, profile_to_ = b;
     else
-      log_warn(DPT_MSG("DPT_PROFILE_STEPS=" << v << " is not A:B with 0 <= A < B (global steps): ignored"));
+      log_warn(DPT_MSG(
+          "DPT_PROFILE_STEPS=" << v << " is not A:B with 0 <= A < B (global steps): ignored"));
   }
   eval_spec_.rows = train.rows, eval_spec_.cols = train.cols, eval_spec_.channels = train.channels;
   if (normalize.any()) {
@@ -64,10 +66,14 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
     train_spec_.pad = augment_.pad;
     train_spec_.draws = step_draws_.data();  // a fixed address, as a recorded step needs
   }
-  train_images_ = DeviceArray<uint8_t>::mirror(be_, train.images.data(), static_cast<int64_t>(train.images.size()));
-  train_labels_ = DeviceArray<uint8_t>::mirror(be_, train.labels.data(), static_cast<int64_t>(train.labels.size()));
-  test_images_ = DeviceArray<uint8_t>::mirror(be_, test.images.data(), static_cast<int64_t>(test.images.size()));
-  test_labels_ = DeviceArray<uint8_t>::mirror(be_, test.labels.data(), static_cast<int64_t>(test.labels.size()));
+  train_images_ = DeviceArray<uint8_t>::mirror(be_, train.images.data(),
+                                               static_cast<int64_t>(train.images.size()));
+  train_labels_ = DeviceArray<uint8_t>::mirror(be_, train.labels.data(),
+                                               static_cast<int64_t>(train.labels.size()));
+  test_images_ = DeviceArray<uint8_t>::mirror(be_, test.images.data(),
+                                              static_cast<int64_t>(test.images.size()));
+  test_labels_ = DeviceArray<uint8_t>::mirror(be_, test.labels.data(),
+                                              static_cast<int64_t>(test.labels.size()));
   std::vector<int64_t> iota(static_cast<size_t>(test.n));
   std::iota(iota.begin(), iota.end(), int64_t{0});
   test_index_ = DeviceArray<int64_t>(be_, test.n);
@@ -90,19 +96,23 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   // can record (NCCL, or none), and no --trace (whose spans time the phases of an eager step).
   step_graph_ = cfg.cuda_graphs ? be_.make_recorder() : nullptr;
   eval_graphs_on_ = step_graph_ != nullptr;
-  step_graphs_ = step_graph_ && cfg.accum_steps == 1 && cfg.trace.empty() && ddp.reducer().transport().capturable();
+  step_graphs_ = step_graph_ && cfg.accum_steps == 1 && cfg.trace.empty() &&
+                 ddp.reducer().transport().capturable();
   if (eval_graphs_on_ && !step_graphs_ && comm.rank() == 0)
-    log_debug(DPT_MSG("CUDA graphs for evaluation only: training steps need --accum-steps 1, no --trace and "
-                      "NCCL (" << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
-                               << ")"));
+    log_debug(DPT_MSG(
+        "CUDA graphs for evaluation only: training steps need --accum-steps 1, no --trace and "
+        "NCCL ("
+        << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
+        << ")"));
   from_host();
 }
 
 // Into the arrays the specs point at (fixed addresses: a recorded step reads them).
 void StepEngine::set_normalization(const Normalization& normalize) {
-  DPT_CHECK(static_cast<int64_t>(normalize.mean.size()) == channels() && normalize.std.size() == normalize.mean.size() &&
-                mean_.size() == channels(),
-            "normalisation of " << normalize.mean.size() << " channels for images of " << channels());
+  DPT_CHECK(
+      static_cast<int64_t>(normalize.mean.size()) == channels() &&
+          normalize.std.size() == normalize.mean.size() && mean_.size() == channels(),
+      "normalisation of " << normalize.mean.size() << " channels for images of " << channels());
   mean_.copy_from_host(normalize.mean.data(), channels());
   std_.copy_from_host(normalize.std.data(), channels());
 }
@@ -125,12 +135,16 @@ StepEngine::~StepEngine() {
 }
 
 void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
-  DPT_CHECK(sampler.local_batch() == batch_, "sampler batch " << sampler.local_batch() << " != " << batch_);
-  // The previous epoch's gathers may still be queued: the new indices go in stream order after them.
+  DPT_CHECK(sampler.local_batch() == batch_,
+            "sampler batch " << sampler.local_batch() << " != " << batch_);
+  // The previous epoch's gathers may still be queued: the new indices go in stream order after
+  // them.
   index_host_.resize(static_cast<size_t>(std::max<int64_t>(batches, 1) * batch_));
   for (int64_t i = 0; i < batches; ++i)
-    std::copy(sampler.local_indices(i), sampler.local_indices(i) + batch_, index_host_.begin() + i * batch_);
-  const int64_t indices = static_cast<int64_t>(index_host_.size()), stats = 2 * std::max<int64_t>(batches, 1);
+    std::copy(sampler.local_indices(i), sampler.local_indices(i) + batch_,
+              index_host_.begin() + i * batch_);
+  const int64_t indices = static_cast<int64_t>(index_host_.size()),
+                stats = 2 * std::max<int64_t>(batches, 1);
   const int64_t steps = std::max<int64_t>(batches / cfg_.accum_steps, 1);
   if (epoch_index_.size() < indices || batch_stats_.size() < stats || grad_sumsq_.size() < steps) {
     quiesce();  // the old arrays may still be read by queued work, which may wait for collectives
@@ -159,8 +173,8 @@ void StepEngine::begin_epoch(const ShardedSampler& sampler, int64_t batches) {
 
 void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) {
   DPT_CHECK(first_batch >= 0 && first_batch + cfg_.accum_steps <= batches_,
-            "micro-batches [" << first_batch << ", " << first_batch + cfg_.accum_steps << ") outside the epoch's "
-                              << batches_);
+            "micro-batches [" << first_batch << ", " << first_batch + cfg_.accum_steps
+                              << ") outside the epoch's " << batches_);
   const bool first = opt_.steps() == 0;  // momentum starts from the first gradient
   if (step == profile_from_) be_.profiler_window(true);
   if (epoch_first_ < 0) epoch_first_ = first_batch;
@@ -195,9 +209,11 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
 // A micro-batch's indices to the step's fixed index array; its loss/correct totals back out to the
 // epoch's per-batch slots. Copies in stream order, outside any recording.
 void StepEngine::stage_in(int64_t batch) {
-  be_.copy(step_index_.data(), epoch_index_.data() + batch * batch_, static_cast<size_t>(batch_) * sizeof(int64_t));
+  be_.copy(step_index_.data(), epoch_index_.data() + batch * batch_,
+           static_cast<size_t>(batch_) * sizeof(int64_t));
   if (augment_.any())
-    be_.copy(step_draws_.data(), epoch_draws_.data() + batch * batch_, static_cast<size_t>(batch_) * sizeof(uint32_t));
+    be_.copy(step_draws_.data(), epoch_draws_.data() + batch * batch_,
+             static_cast<size_t>(batch_) * sizeof(uint32_t));
 }
 
 void StepEngine::stage_out(int64_t batch) {
@@ -209,8 +225,8 @@ void StepEngine::stage_out(int64_t batch) {
 void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
   {
     TraceScope span(tr, "data", "data");
-    be_.gather_images(train_images_.data(), train_labels_.data(), train_labels_.size(), train_spec_, step_index_.data(),
-                      batch_, x_.data(), labels_.data());
+    be_.gather_images(train_images_.data(), train_labels_.data(), train_labels_.size(), train_spec_,
+                      step_index_.data(), batch_, x_.data(), labels_.data());
   }
   const Tensor* logits;
   {
@@ -230,15 +246,17 @@ void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
 void StepEngine::update(bool first) {
   ParamStore& m = model_.store();
   be_.sum_squares(m.device_grads(), m.num_params(), step_sumsq_.data());
-  be_.sgd_update(m.device_params(), m.device_grads(), cfg_.momentum > 0 ? momentum_.data() : nullptr, m.num_params(),
-                 lr_.data(), static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first,
+  be_.sgd_update(m.device_params(), m.device_grads(),
+                 cfg_.momentum > 0 ? momentum_.data() : nullptr, m.num_params(), lr_.data(),
+                 static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first,
                  step_sumsq_.data(), static_cast<float>(cfg_.clip_grad_norm));
 }
 
 std::vector<double> StepEngine::epoch_grad_sumsq() {
   if (epoch_first_ < 0) return {};
   // Steps of the epoch run so far, as indices within it (micro-batches / accumulation).
-  const int64_t first_step = epoch_first_ / cfg_.accum_steps, last_step = step_first_ / cfg_.accum_steps;
+  const int64_t first_step = epoch_first_ / cfg_.accum_steps,
+                last_step = step_first_ / cfg_.accum_steps;
   quiesce();
   std::vector<double> out(static_cast<size_t>(last_step - first_step + 1));
   grad_sumsq_.copy_to_host(out.data(), static_cast<int64_t>(out.size()), first_step);
@@ -283,16 +301,21 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
   ReduceTransport& t = r.transport();
   Recorder& graph = *step_graph_;
   if (graph.exists() && !graph.valid()) {
-    // Nothing allocates inside an epoch once warm, and begin_epoch drops recordings that went stale.
-    DPT_CHECK(comm_.size() == 1, "rank " << comm_.rank() << " allocated device memory inside an epoch after capturing "
-                                             "its step's CUDA graph; replaying on the other ranks would desynchronise NCCL");
+    // Nothing allocates inside an epoch once warm, and begin_epoch drops recordings that went
+    // stale.
+    DPT_CHECK(
+        comm_.size() == 1,
+        "rank " << comm_.rank()
+                << " allocated device memory inside an epoch after capturing "
+                   "its step's CUDA graph; replaying on the other ranks would desynchronise NCCL");
     graph.reset();  // one rank, no collectives: just capture again when warm
   }
   r.begin(step);  // collectives two steps back, bounded by --timeout
   stage_in(batch);
   // Uniform across ranks: the replay state was agreed in begin_epoch, and the capture decision is
   // agreed here (only on eager steps, i.e. while warming up).
-  const bool capture = !graph.exists() && all_ranks(!first && graph.warm(), "agreement on capturing the step's CUDA graph");
+  const bool capture = !graph.exists() && all_ranks(!first && graph.warm(),
+                                                    "agreement on capturing the step's CUDA graph");
   auto prepare = [&](bool capturing) {
     t.set_capturing(capturing);
     r.begin(step);  // a dropped capture may have counted some gradients already
@@ -310,13 +333,13 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
   // A replay is not timed (no events inside a graph), and no wait() ran to say so.
   replayed_ = ran == Recorder::Ran::kReplayed;
   if (ran == Recorder::Ran::kCaptured && comm_.rank() == 0)
-    log_debug(DPT_MSG("CUDA graph of the training step captured at step " << step << ": " << graph.nodes() << " nodes"));
+    log_debug(DPT_MSG("CUDA graph of the training step captured at step "
+                      << step << ": " << graph.nodes() << " nodes"));
   if (capture && ran == Recorder::Ran::kEager) {
     // Not retried (on any rank: the verdict was agreed): a collective queued into a dropped capture
     // is not worth a second risk.
-    log_warn(DPT_MSG("CUDA graph capture of the training step failed on rank " << comm_.rank() << " ("
-                                                                                 << graph.failure()
-                                                                                 << "): steps run without graphs"));
+    log_warn(DPT_MSG("CUDA graph capture of the training step failed on rank "
+                     << comm_.rank() << " (" << graph.failure() << "): steps run without graphs"));
     step_graphs_ = false;
   }
   stage_out(batch);
@@ -333,7 +356,8 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
       be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), eval_spec_,
                         test_index_.data() + s, b, eval_x_.data(), eval_labels_.data());
       const Tensor& logits = model_.forward(eval_x_, Mode::kEval);
-      be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, nullptr, eval_sums_.data(), s != begin);
+      be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, nullptr,
+                       eval_sums_.data(), s != begin);
     }
   };
   if (!eval_graphs_on_) {
@@ -344,13 +368,14 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
     auto& graph = eval_graphs_[{begin, end}];
     if (!graph) graph = be_.make_recorder();
     const bool capture = graph->warm();
-    const auto ran = graph->run(capture, [](bool) {}, body, [](bool captured) { return captured; });
+    const auto ran = graph->run(
+        capture, [](bool) {}, body, [](bool captured) { return captured; });
     if (ran == Recorder::Ran::kCaptured)
-      log_debug(DPT_MSG("CUDA graph of the evaluation of test images [" << begin << ", " << end << ") captured: "
-                                                                         << graph->nodes() << " nodes"));
+      log_debug(DPT_MSG("CUDA graph of the evaluation of test images ["
+                        << begin << ", " << end << ") captured: " << graph->nodes() << " nodes"));
     if (capture && ran == Recorder::Ran::kEager) {
-      log_warn(DPT_MSG("CUDA graph capture of the evaluation failed (" << graph->failure()
-                                                                         << "): evaluation runs without graphs"));
+      log_warn(DPT_MSG("CUDA graph capture of the evaluation failed ("
+                       << graph->failure() << "): evaluation runs without graphs"));
       eval_graphs_on_ = false;
     }
   }

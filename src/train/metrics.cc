@@ -1,4 +1,6 @@
 // MetricsLogger (include/dpt/metrics.h): rank 0's outputs of a run, and the epoch record's JSON.
+#include "dpt/metrics.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +15,6 @@
 #include "dpt/error.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
-#include "dpt/metrics.h"
 
 namespace dpt {
 
@@ -28,15 +29,18 @@ EpochMetrics EpochMetrics::from_json(const std::string& json) {
   num("epoch", m.epoch), num("train_loss", m.train_loss), num("train_acc", m.train_acc);
   num("test_loss", m.test_loss), num("test_acc", m.test_acc), num("test_count", m.test_count);
   num("train_count", m.train_count), num("steps", m.steps), num("epoch_seconds", m.epoch_seconds);
-  num("images_per_second", m.images_per_second), num("lr", m.lr), num("comm_seconds", m.comm_seconds);
+  num("images_per_second", m.images_per_second), num("lr", m.lr),
+      num("comm_seconds", m.comm_seconds);
   num("exposed_comm_seconds", m.exposed_comm_seconds), num("grad_norm", m.grad_norm);
-  num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps), num("world_size", m.world_size);
+  num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps),
+      num("world_size", m.world_size);
   num("slowest_rank", m.slowest_rank), num("slowest_compute_seconds", m.slowest_compute_seconds);
   num("median_compute_seconds", m.median_compute_seconds), num("compute_spread", m.compute_spread);
   auto list = [&](const char* key, std::vector<double>& field) {
     if (j.contains(key) && j.at(key).is_array()) field = j.at(key).get<std::vector<double>>();
   };
-  list("rank_compute_seconds", m.rank_compute_seconds), list("rank_wait_seconds", m.rank_wait_seconds);
+  list("rank_compute_seconds", m.rank_compute_seconds),
+      list("rank_wait_seconds", m.rank_wait_seconds);
   return m;
 }
 
@@ -71,7 +75,8 @@ std::string EpochMetrics::to_json() const {
 void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {
   const size_t n = all.size() / 2;
   m.rank_compute_seconds.resize(n), m.rank_wait_seconds.resize(n);
-  for (size_t r = 0; r < n; ++r) m.rank_compute_seconds[r] = all[2 * r], m.rank_wait_seconds[r] = all[2 * r + 1];
+  for (size_t r = 0; r < n; ++r)
+    m.rank_compute_seconds[r] = all[2 * r], m.rank_wait_seconds[r] = all[2 * r + 1];
   const std::vector<double>& c = m.rank_compute_seconds;
   // max_element: the first of equals (minmax_element's max is the last).
   const auto lo = std::min_element(c.begin(), c.end()), hi = std::max_element(c.begin(), c.end());
@@ -83,7 +88,8 @@ void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {
   m.compute_spread = m.median_compute_seconds > 0 ? (*hi - *lo) / m.median_compute_seconds : 0;
 }
 
-std::vector<int> StragglerWatch::epoch_done(const EpochMetrics& m, const std::vector<std::string>& hosts) {
+std::vector<int> StragglerWatch::epoch_done(const EpochMetrics& m,
+                                            const std::vector<std::string>& hosts) {
   const std::vector<double>& c = m.rank_compute_seconds;
   const double median = m.median_compute_seconds;
   std::vector<int> warned;
@@ -96,18 +102,22 @@ std::vector<int> StragglerWatch::epoch_done(const EpochMetrics& m, const std::ve
     if (++streak_[r] != kEpochs) continue;
     char line[320];
     std::snprintf(line, sizeof line,
-                  "rank %zu (host %s) has been %.0f%% slower than the median for %d epochs in a row (%.3g s against "
+                  "rank %zu (host %s) has been %.0f%% slower than the median for %d epochs in a "
+                  "row (%.3g s against "
                   "%.3g s of compute per step): a slow host or a noisy neighbour?",
-                  r, r < hosts.size() ? hosts[r].c_str() : "?", (c[r] / median - 1) * 100, kEpochs, c[r], median);
+                  r, r < hosts.size() ? hosts[r].c_str() : "?", (c[r] / median - 1) * 100, kEpochs,
+                  c[r], median);
     log_warn(line);
     warned.push_back(static_cast<int>(r));
   }
   return warned;
 }
 
-MetricsLogger::MetricsLogger(const TrainConfig& cfg, int rank, int world, std::vector<EpochMetrics> before,
-                             bool resumed, int64_t resumed_epoch, int64_t resumed_step)
-    : cfg_(cfg), rank_(rank),
+MetricsLogger::MetricsLogger(const TrainConfig& cfg, int rank, int world,
+                             std::vector<EpochMetrics> before, bool resumed, int64_t resumed_epoch,
+                             int64_t resumed_step)
+    : cfg_(cfg),
+      rank_(rank),
       title_(DPT_MSG(cfg.model << ", " << world << " rank(s), global batch " << cfg.batch_size)),
       history_(std::move(before)) {
   // Under mpirun a rank's stderr is a pipe even when the user watches a terminal: launch/mpirun.sh
@@ -122,12 +132,15 @@ MetricsLogger::MetricsLogger(const TrainConfig& cfg, int rank, int world, std::v
   DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
 }
 
-void MetricsLogger::draw_progress(int epoch, int64_t done, int64_t total, double loss, double ips, double elapsed) {
+void MetricsLogger::draw_progress(int epoch, int64_t done, int64_t total, double loss, double ips,
+                                  double elapsed) {
   const int width = 24;
   const int fill = static_cast<int>(width * done / std::max<int64_t>(total, 1));
-  const double left = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
-  std::fprintf(stderr, "\r\033[Kepoch %d/%d [%.*s%*s] %lld/%lld  %.0f img/s  loss %.4f  %.0f s left",
-               epoch, cfg_.epochs, fill, "########################", width - fill, "",
+  const double left =
+      done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+  std::fprintf(stderr,
+               "\r\033[Kepoch %d/%d [%.*s%*s] %lld/%lld  %.0f img/s  loss %.4f  %.0f s left", epoch,
+               cfg_.epochs, fill, "########################", width - fill, "",
                static_cast<long long>(done), static_cast<long long>(total), ips, loss, left);
   std::fflush(stderr);
 }
@@ -137,10 +150,17 @@ void MetricsLogger::end_progress() {
 }
 
 void MetricsLogger::step_record(const StepRecord& r) {
-  const nlohmann::json j = {{"type", "step"}, {"epoch", r.epoch}, {"step", r.step}, {"loss", r.loss},
-                            {"train_acc", r.train_acc}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                            {"images_per_second", r.images_per_second}, {"allreduce_seconds", r.allreduce_seconds},
-                            {"exposed_comm_seconds", r.exposed_comm_seconds}, {"world_size", r.world_size}};
+  const nlohmann::json j = {{"type", "step"},
+                            {"epoch", r.epoch},
+                            {"step", r.step},
+                            {"loss", r.loss},
+                            {"train_acc", r.train_acc},
+                            {"lr", r.lr},
+                            {"grad_norm", r.grad_norm},
+                            {"images_per_second", r.images_per_second},
+                            {"allreduce_seconds", r.allreduce_seconds},
+                            {"exposed_comm_seconds", r.exposed_comm_seconds},
+                            {"world_size", r.world_size}};
   write_metrics(j.dump());
 }
 
@@ -161,8 +181,10 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
   ran_.push_back(m);
   if (rank_ != 0) return;
   char line[256];
-  std::snprintf(line, sizeof line, "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
-                m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds, m.images_per_second);
+  std::snprintf(line, sizeof line,
+                "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
+                m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds,
+                m.images_per_second);
   if (m.world_size > 1 && m.median_compute_seconds > 0) {
     // The slowest rank's compute per step against the median (the metrics have every rank's).
     const size_t len = std::strlen(line);
@@ -186,7 +208,8 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
 // records of later epochs and step records of later steps. Other lines stay.
 void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
   struct stat st {};
-  if (::stat(cfg_.metrics.c_str(), &st) != 0 || S_ISCHR(st.st_mode)) return;  // nothing written yet, or a device
+  if (::stat(cfg_.metrics.c_str(), &st) != 0 || S_ISCHR(st.st_mode))
+    return;  // nothing written yet, or a device
   std::string text;
   {
     FILE* f = ::fdopen(open_input_file(cfg_.metrics, "--metrics"), "r");  // never blocks on a FIFO
@@ -210,18 +233,23 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
       if (type == "step") keep = j.value("step", int64_t{0}) <= global_step;
     } catch (const std::exception&) {
     }
-    if (keep) kept += line + "\n"; else ++dropped;
+    if (keep)
+      kept += line + "\n";
+    else
+      ++dropped;
   }
   if (!dropped) return;
   write_file_atomic(cfg_.metrics, kept, "--metrics");
-  log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from " << cfg_.metrics));
+  log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from "
+                                 << cfg_.metrics));
 }
 
 void MetricsLogger::write_metrics(const std::string& record) {
   if (!metrics_.is_open() || failed_.count("--metrics")) return;
   metrics_ << record << "\n";
   metrics_.flush();
-  if (!metrics_.good()) output_failed("--metrics", "writing " + cfg_.metrics + " failed (disk full?)");
+  if (!metrics_.good())
+    output_failed("--metrics", "writing " + cfg_.metrics + " failed (disk full?)");
 }
 
 }  // namespace dpt

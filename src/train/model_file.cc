@@ -40,7 +40,8 @@ void save_model(const std::string& path, const Model& model,
   meta["input_shape"] = shape_text(model.input_shape());
   meta["num_classes"] = std::to_string(model.num_classes());
   if (momentum) {
-    tensors.push_back(st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
+    tensors.push_back(
+        st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
     meta["format"] = "dptrain-checkpoint-v1";
   } else {
     meta["format"] = "dptrain-model-v1";
@@ -52,43 +53,45 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
                                               std::vector<float>* momentum) {
   StFile f = read_safetensors(path);
   auto it = f.metadata.find("model");
-  DPT_INPUT_CHECK(it == f.metadata.end() || it->second == model.name(),
-                  path << ": holds a '" << printable(it->second) << "' model, not '" << model.name() << "'");
-  // ResNet-18's tensors are the same for every image size: only the recorded shape tells them apart.
+  DPT_INPUT_CHECK(
+      it == f.metadata.end() || it->second == model.name(),
+      path << ": holds a '" << printable(it->second) << "' model, not '" << model.name() << "'");
+  // ResNet-18's tensors are the same for every image size: only the recorded shape tells them
+  // apart.
   const auto shape = f.metadata.find("input_shape");
   DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
-                  path << ": was trained on images of " << printable(shape->second) << " (H,W,C), this run's data has "
-                       << shape_text(model.input_shape()));
+                  path << ": was trained on images of " << printable(shape->second)
+                       << " (H,W,C), this run's data has " << shape_text(model.input_shape()));
   std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);
     const StTensor* t = f.find(p.name);
-    DPT_INPUT_CHECK(t != nullptr, path << ": tensor '" << p.name << "' of " << model.name()
-                                       << " is missing");
+    DPT_INPUT_CHECK(t != nullptr,
+                    path << ": tensor '" << p.name << "' of " << model.name() << " is missing");
     DPT_INPUT_CHECK(t->shape == p.shape, path << ": tensor '" << p.name << "' has shape "
                                               << shape_str(t->shape) << ", " << model.name()
                                               << " needs " << shape_str(p.shape));
     if (p.is_counter) {
-      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is " << printable(t->dtype)
-                                              << ", expected I64");
+      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is "
+                                              << printable(t->dtype) << ", expected I64");
       p.value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
     } else {
-      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is " << printable(t->dtype)
-                                              << ", expected F32");
+      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is "
+                                              << printable(t->dtype) << ", expected F32");
       auto v = as_f32(*t, path);
       std::copy(v.begin(), v.end(), p.value.data());
     }
   }
   for (const auto& t : f.tensors)
-    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << printable(t.name) << "' for "
-                                                 << model.name());
+    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << printable(t.name)
+                                                 << "' for " << model.name());
   if (momentum && !momentum->empty()) {
     const StTensor* t = f.find(kMomentum);
     DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
                                        << "'): a --save file, not a training checkpoint");
     DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
-                    path << ": '" << kMomentum << "' is " << printable(t->dtype) << " " << shape_str(t->shape)
-                         << ", expected F32 [" << momentum->size() << "]");
+                    path << ": '" << kMomentum << "' is " << printable(t->dtype) << " "
+                         << shape_str(t->shape) << ", expected F32 [" << momentum->size() << "]");
     *momentum = as_f32(*t, path);
   }
   return f.metadata;

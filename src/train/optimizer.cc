@@ -1,10 +1,11 @@
 // The optimizer (include/dpt/optimizer.h): PyTorch's SGD over the flat buffers, and the learning
 // rate of every step.
+#include "dpt/optimizer.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "cpu/ops.h"
-#include "dpt/optimizer.h"
 
 namespace dpt {
 

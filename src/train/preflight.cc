@@ -25,7 +25,8 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
 std::string data_digest(const ImageSet& set) {
   std::ostringstream os;
   os << "images " << set.n << " of " << set.shape_text() << ", checksum 0x" << std::hex
-     << checksum(set.labels.data(), set.labels.size(), checksum(set.images.data(), set.images.size()));
+     << checksum(set.labels.data(), set.labels.size(),
+                 checksum(set.images.data(), set.images.size()));
   return os.str();
 }
 
@@ -34,8 +35,9 @@ std::vector<DataDigest> data_digests(const Preflight& pf) {
 }
 
 std::map<std::string, std::string> input_metadata(const Preflight& pf) {
-  std::map<std::string, std::string> m{
-      {"data_format", pf.data_format}, {"augment", pf.augment.text()}, {"normalize", pf.normalize.text()}};
+  std::map<std::string, std::string> m{{"data_format", pf.data_format},
+                                       {"augment", pf.augment.text()},
+                                       {"normalize", pf.normalize.text()}};
   for (const DataDigest& d : data_digests(pf)) m[d.name.key] = d.digest;
   if (pf.normalize.any()) {
     m["normalize_mean"] = pf.normalize.mean_text();
@@ -59,19 +61,27 @@ std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string&
 
 // Every rank's "flag, value" list against every other rank's: a difference ends every rank with
 // exit 2, rank 0 naming the flag and which ranks have which value. One all-gather, on every rank.
-void agree_on_values(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& values) {
+void agree_on_values(Communicator& comm,
+                     const std::vector<std::pair<std::string, std::string>>& values) {
   std::string mine;
   for (const auto& [flag, value] : values) mine += flag + "\t" + value + "\n";
   const std::vector<std::string> all = allgather_text(comm, mine);
   std::vector<std::vector<std::pair<std::string, std::string>>> lines;
   for (const std::string& text : all) lines.push_back(agreed_lines(text));
   for (size_t i = 0; i < lines[0].size(); ++i) {
-    std::vector<std::pair<std::string, std::vector<int>>> ranks_of;  // value -> ranks, rank 0's first
+    std::vector<std::pair<std::string, std::vector<int>>>
+        ranks_of;  // value -> ranks, rank 0's first
     for (int r = 0; r < comm.size(); ++r) {
       const auto& l = lines[static_cast<size_t>(r)];
-      const std::string v = i < l.size() && l[i].first == lines[0][i].first ? l[i].second : "(another dptrain version)";
-      auto it = std::find_if(ranks_of.begin(), ranks_of.end(), [&](const auto& g) { return g.first == v; });
-      if (it == ranks_of.end()) ranks_of.push_back({v, {r}}); else it->second.push_back(r);
+      const std::string v = i < l.size() && l[i].first == lines[0][i].first
+                                ? l[i].second
+                                : "(another dptrain version)";
+      auto it = std::find_if(ranks_of.begin(), ranks_of.end(),
+                             [&](const auto& g) { return g.first == v; });
+      if (it == ranks_of.end())
+        ranks_of.push_back({v, {r}});
+      else
+        it->second.push_back(r);
     }
     if (ranks_of.size() == 1) continue;
     std::ostringstream os;
@@ -92,7 +102,9 @@ void agree_on_values(Communicator& comm, const std::vector<std::pair<std::string
 // different things, or issue different collectives and hang. Compared first of all: until the
 // settings agree, no collective may depend on one (a bf16 check only bf16 ranks joined once met
 // the fp32 ranks' next collective: MPI_ERR_TRUNCATE).
-void agree_on_config(const TrainConfig& cfg, Communicator& comm) { agree_on_values(comm, agreed_values(cfg)); }
+void agree_on_config(const TrainConfig& cfg, Communicator& comm) {
+  agree_on_values(comm, agreed_values(cfg));
+}
 
 void agree_on_data(const Preflight& pf, Communicator& comm) {
   std::vector<std::pair<std::string, std::string>> values;
@@ -108,8 +120,10 @@ void agree_on_data(const Preflight& pf, Communicator& comm) {
 // with the same file is refused here, naming the run that holds it. Two flags of one run naming
 // one file would lock it twice; they are refused naming both.
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
-  std::vector<std::pair<const char*, std::string>> outputs = {
-      {"--metrics", cfg.metrics}, {"--save", cfg.save}, {"--report", cfg.report}, {"--trace", cfg.trace}};
+  std::vector<std::pair<const char*, std::string>> outputs = {{"--metrics", cfg.metrics},
+                                                              {"--save", cfg.save},
+                                                              {"--report", cfg.report},
+                                                              {"--trace", cfg.trace}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   std::vector<OutputLock> locks;
   std::vector<const char*> owners;  // the flag of each lock
@@ -117,7 +131,8 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
     if (path.empty()) continue;
     for (size_t i = 0; i < locks.size(); ++i)
       DPT_INPUT_CHECK(locks[i].file() != OutputLock::file_for(path, flag),
-                      flag << " " << path << " is the file " << owners[i] << " names: give each output its own file");
+                      flag << " " << path << " is the file " << owners[i]
+                           << " names: give each output its own file");
     OutputLock lock = check_output_path(path, flag, std::string(flag) == "--metrics");
     if (lock.file().empty()) continue;
     locks.push_back(std::move(lock));
@@ -132,9 +147,11 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
 // are the same bytes on a GPU. Images larger than 32x32 are probed at 32x32 (a ResNet-18 pass on
 // four 512x512 images would take minutes) and the result scaled by the area: every activation of
 // these convolutional models grows with H x W.
-std::pair<double, double> bytes_per_image(const std::string& name, int classes, const Shape& shape, DType activations) {
+std::pair<double, double> bytes_per_image(const std::string& name, int classes, const Shape& shape,
+                                          DType activations) {
   const Shape input{std::min<int64_t>(shape[0], 32), std::min<int64_t>(shape[1], 32), shape[2]};
-  const double area = static_cast<double>(shape[0] * shape[1]) / static_cast<double>(input[0] * input[1]);
+  const double area =
+      static_cast<double>(shape[0] * shape[1]) / static_cast<double>(input[0] * input[1]);
   double per[2] = {0, 0};
   for (int train = 0; train < 2; ++train) {
     auto probe = make_model(name, classes, cpu_backend(), input);
@@ -157,44 +174,54 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
   return {per[1], per[0]};
 }
 
-void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here, const HostMemory& mem) {
+void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
+                       const HostMemory& mem) {
   if (mem.bytes < 0) return;  // nothing known: the loss of a check is not a reason to refuse a run
   auto bytes = [](double b) {
-    return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 30) << " GiB (" << std::setprecision(0) << b
-                              << " bytes)");
+    return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 30) << " GiB ("
+                              << std::setprecision(0) << b << " bytes)");
   };
   const double need = static_cast<double>(size.bytes) * ranks_here;
-  DPT_INPUT_CHECK(need <= mem.bytes,
-                  "--data " << dir << ": the data set needs " << bytes(need) << " of memory on this host ("
-                            << ranks_here << " rank(s), each holding all of it: " << bytes(static_cast<double>(size.bytes))
-                            << " as the files' headers say; the largest, " << size.largest_file << ", "
-                            << bytes(static_cast<double>(size.largest_bytes)) << "), but " << bytes(mem.bytes)
-                            << " is available (" << mem.source << "); use a host with more memory, or fewer ranks on it");
+  DPT_INPUT_CHECK(
+      need <= mem.bytes,
+      "--data " << dir << ": the data set needs " << bytes(need) << " of memory on this host ("
+                << ranks_here
+                << " rank(s), each holding all of it: " << bytes(static_cast<double>(size.bytes))
+                << " as the files' headers say; the largest, " << size.largest_file << ", "
+                << bytes(static_cast<double>(size.largest_bytes)) << "), but " << bytes(mem.bytes)
+                << " is available (" << mem.source
+                << "); use a host with more memory, or fewer ranks on it");
 }
 
-void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n, const DeviceMemory& mem,
-                  const Shape& input, std::optional<DType> activations) {
+void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,
+                  const DeviceMemory& mem, const Shape& input, std::optional<DType> activations) {
   const double avail = mem.free_bytes, extra = mem.extra;
   const int sharing = mem.sharing;
   const std::string& where = mem.where;
   if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
-  const auto [train, eval] = bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)));
+  const auto [train, eval] =
+      bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)));
   const double local = static_cast<double>(cfg.batch_size / world);
-  const double eval_batch = static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
+  const double eval_batch =
+      static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   const double per_rank = std::max(train * local, eval * eval_batch) + extra;
   const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
-  DPT_INPUT_CHECK(need <= avail,
-                  "--batch-size " << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
-                                  << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
-                                  << " MiB per image of a training step x " << cfg.batch_size / world << ", or "
-                                  << mib(eval) << " MiB per image of evaluation x " << eval_batch
-                                  << (extra > 0 ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
-                                                : std::string())
-                                  << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
-                                  << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
-  log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail) << " GiB available"));
+  DPT_INPUT_CHECK(
+      need <= avail,
+      "--batch-size "
+          << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
+          << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
+          << " MiB per image of a training step x " << cfg.batch_size / world << ", or "
+          << mib(eval) << " MiB per image of evaluation x " << eval_batch
+          << (extra > 0
+                  ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
+                  : std::string())
+          << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
+          << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
+  log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail)
+                                       << " GiB available"));
 }
 
 // --device for every rank alike (the flag itself is agreed before): an unusable --device cuda on
@@ -210,11 +237,13 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
   int32_t cuda = device == "cuda" ? 1 : 0;
   comm.allreduce(&cuda, 1, ReduceOp::kSum, "all-reduce of the device choice");
   if (device == "cuda" && cuda < comm.size()) {
-    DPT_CHECK(cfg.device == "auto", "--device " << cfg.device << " resolved to cuda on only " << cuda << " of "
-                                                << comm.size() << " ranks after the ranks agreed on it");
+    DPT_CHECK(cfg.device == "auto", "--device " << cfg.device << " resolved to cuda on only "
+                                                << cuda << " of " << comm.size()
+                                                << " ranks after the ranks agreed on it");
     if (comm.rank() == 0)
-      log_warn(DPT_MSG("--device auto: only " << cuda << " of " << comm.size()
-                                              << " ranks see a CUDA device; every rank uses the CPU"));
+      log_warn(DPT_MSG("--device auto: only "
+                       << cuda << " of " << comm.size()
+                       << " ranks see a CUDA device; every rank uses the CPU"));
     device = "cpu";
   }
   if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
@@ -229,7 +258,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
   pf.hosts = allgather_text(comm, comm.host());
   pf.local_rank = local_rank_of(pf.hosts, rank);
-  pf.ranks_here = static_cast<int>(std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
+  pf.ranks_here = static_cast<int>(
+      std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
   // The settings first: every collective after this may depend on them (the device, the data).
   agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);
@@ -238,11 +268,16 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // all the ranks on it), before any rank reads it: a small .gz that inflates to more than the
   // memory would otherwise end in the OOM killer's SIGKILL, without a word. The agreement is also
   // the barrier that keeps a rank's load from shrinking the memory another rank measures.
-  agree_on_input(comm, "--data " + cfg.data + ": another rank could not size the data set, or its host has not the memory for it", [&] {
-    const DataSize size = data_size(cfg.data, cfg.data_format);
-    if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
-  });
-  // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say why).
+  agree_on_input(
+      comm,
+      "--data " + cfg.data +
+          ": another rank could not size the data set, or its host has not the memory for it",
+      [&] {
+        const DataSize size = data_size(cfg.data, cfg.data_format);
+        if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
+      });
+  // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say
+  // why).
   const double t_load = now_seconds();
   agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
     DataSets data = load_data(cfg.data, cfg.data_format);
@@ -251,8 +286,10 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.test = std::move(data.test);
     const Shape shape = pf.input_shape();
     const std::string problem = model_input_problem(cfg.model, shape);
-    DPT_INPUT_CHECK(problem.empty(), "--data " << cfg.data << " has images of " << pf.train.shape_text()
-                                               << " (HxWxC), which --model " << cfg.model << " cannot take: " << problem);
+    DPT_INPUT_CHECK(problem.empty(), "--data " << cfg.data << " has images of "
+                                               << pf.train.shape_text()
+                                               << " (HxWxC), which --model " << cfg.model
+                                               << " cannot take: " << problem);
     pf.normalize = resolve_normalize(cfg.normalize, &pf.train);
     pf.augment = parse_augment(cfg.augment, pf.train.rows, pf.train.cols);
   });
@@ -276,10 +313,13 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.device = open_device(req);
     pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
   });
-  agree_on_input(comm, kind == "cpu" ? "another host has not enough memory for this batch"
-                                     : "another rank's GPU has not enough memory for this batch",
-                 [&] { check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank), pf.input_shape(),
-                              pf.activations); });
+  agree_on_input(comm,
+                 kind == "cpu" ? "another host has not enough memory for this batch"
+                               : "another rank's GPU has not enough memory for this batch",
+                 [&] {
+                   check_memory(cfg, world, pf.train.num_classes, pf.test.n,
+                                pf.device->memory(rank), pf.input_shape(), pf.activations);
+                 });
   return pf;
 }
 

@@ -115,22 +115,25 @@ struct Entry {
 Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
                   const std::string& origin) {
   DPT_INPUT_CHECK(!name.empty(), origin << ": safetensors header has a tensor with an empty name");
-  DPT_INPUT_CHECK(v.is_object(), origin << ": tensor '" << printable(name) << "': header entry is a "
-                                        << v.type_name() << ", expected an object");
+  DPT_INPUT_CHECK(v.is_object(), origin << ": tensor '" << printable(name)
+                                        << "': header entry is a " << v.type_name()
+                                        << ", expected an object");
   Entry e;
   e.name = name;
 
   auto dt = v.find("dtype");
-  DPT_INPUT_CHECK(dt != v.end(), origin << ": tensor '" << printable(name) << "': missing \"dtype\"");
+  DPT_INPUT_CHECK(dt != v.end(),
+                  origin << ": tensor '" << printable(name) << "': missing \"dtype\"");
   DPT_INPUT_CHECK(dt->is_string(), origin << ": tensor '" << printable(name) << "': \"dtype\" is a "
                                           << dt->type_name() << ", expected a string");
   e.dtype = dt->get<std::string>();
   size_t elem = st_dtype_size(e.dtype);
-  DPT_INPUT_CHECK(elem != 0,
-                  origin << ": tensor '" << printable(name) << "': unknown dtype \"" << printable(e.dtype) << "\"");
+  DPT_INPUT_CHECK(elem != 0, origin << ": tensor '" << printable(name) << "': unknown dtype \""
+                                    << printable(e.dtype) << "\"");
 
   auto sh = v.find("shape");
-  DPT_INPUT_CHECK(sh != v.end(), origin << ": tensor '" << printable(name) << "': missing \"shape\"");
+  DPT_INPUT_CHECK(sh != v.end(),
+                  origin << ": tensor '" << printable(name) << "': missing \"shape\"");
   DPT_INPUT_CHECK(sh->is_array(), origin << ": tensor '" << printable(name) << "': \"shape\" is a "
                                          << sh->type_name() << ", expected an array");
   for (const json& d : *sh) {
@@ -146,20 +149,22 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
                          << " overflows the element count");
 
   auto off = v.find("data_offsets");
-  DPT_INPUT_CHECK(off != v.end(), origin << ": tensor '" << printable(name) << "': missing \"data_offsets\"");
+  DPT_INPUT_CHECK(off != v.end(),
+                  origin << ": tensor '" << printable(name) << "': missing \"data_offsets\"");
   DPT_INPUT_CHECK(off->is_array() && off->size() == 2 && as_nonneg_int((*off)[0], &e.begin) &&
                       as_nonneg_int((*off)[1], &e.end),
-                  origin << ": tensor '" << printable(name) << "': \"data_offsets\" is " << printable(off->dump())
+                  origin << ": tensor '" << printable(name) << "': \"data_offsets\" is "
+                         << printable(off->dump())
                          << ", expected [begin, end] of non-negative integers");
-  DPT_INPUT_CHECK(e.begin <= e.end, origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin
-                                           << ", " << e.end << "] has begin > end");
-  DPT_INPUT_CHECK(e.end <= data_size, origin << ": tensor '" << printable(name) << "': data_offsets ["
-                                             << e.begin << ", " << e.end
+  DPT_INPUT_CHECK(e.begin <= e.end, origin << ": tensor '" << printable(name) << "': data_offsets ["
+                                           << e.begin << ", " << e.end << "] has begin > end");
+  DPT_INPUT_CHECK(e.end <= data_size, origin << ": tensor '" << printable(name)
+                                             << "': data_offsets [" << e.begin << ", " << e.end
                                              << "] out of range: the data section has " << data_size
                                              << " bytes (file truncated?)");
   DPT_INPUT_CHECK(e.end - e.begin == nbytes,
-                  origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin << ", " << e.end
-                         << "] span " << (e.end - e.begin) << " bytes but shape "
+                  origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin
+                         << ", " << e.end << "] span " << (e.end - e.begin) << " bytes but shape "
                          << shape_str(e.shape) << " of " << e.dtype << " needs " << nbytes);
   return e;
 }
@@ -185,10 +190,11 @@ const StTensor* StFile::find(const std::string& name) const {
 // The header of a safetensors image of `size` bytes whose first `avail` bytes are at `data` (at
 // least the length field and the header): metadata into *file, the entries sorted by offset and
 // checked to tile the data section. Returns the header length.
-uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const std::string& origin, StFile* file_out,
-                      std::vector<Entry>* entries_out, bool whole = true) {
-  DPT_INPUT_CHECK(size >= 8 && avail >= 8, origin << ": not a safetensors file: " << size
-                                    << " bytes, need at least 8 for the header length");
+uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const std::string& origin,
+                      StFile* file_out, std::vector<Entry>* entries_out, bool whole = true) {
+  DPT_INPUT_CHECK(size >= 8 && avail >= 8, origin
+                                               << ": not a safetensors file: " << size
+                                               << " bytes, need at least 8 for the header length");
   uint64_t n = 0;
   std::memcpy(&n, data, 8);
   const uint64_t rest = size - 8;
@@ -239,21 +245,22 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
   uint64_t cursor = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {
-    DPT_INPUT_CHECK(e.begin >= cursor, origin << ": tensor '" << printable(e.name) << "': data_offsets ["
-                                              << e.begin << ", " << e.end << "] overlap tensor '"
-                                              << printable(prev ? prev->name : "") << "' which ends at "
-                                              << cursor);
-    DPT_INPUT_CHECK(e.begin == cursor, origin << ": tensor '" << printable(e.name) << "': data_offsets ["
-                                              << e.begin << ", " << e.end << "] leave a gap of "
-                                              << (e.begin - cursor) << " unused bytes before it");
+    DPT_INPUT_CHECK(e.begin >= cursor,
+                    origin << ": tensor '" << printable(e.name) << "': data_offsets [" << e.begin
+                           << ", " << e.end << "] overlap tensor '"
+                           << printable(prev ? prev->name : "") << "' which ends at " << cursor);
+    DPT_INPUT_CHECK(e.begin == cursor, origin << ": tensor '" << printable(e.name)
+                                              << "': data_offsets [" << e.begin << ", " << e.end
+                                              << "] leave a gap of " << (e.begin - cursor)
+                                              << " unused bytes before it");
     cursor = e.end;
     prev = &e;
   }
-  DPT_INPUT_CHECK(!whole || cursor == data_size, origin << ": " << (data_size - cursor)
-                                              << " trailing bytes after the last tensor (data "
-                                                 "section has "
-                                              << data_size << " bytes, tensors cover " << cursor
-                                              << ")");
+  DPT_INPUT_CHECK(!whole || cursor == data_size,
+                  origin << ": " << (data_size - cursor)
+                         << " trailing bytes after the last tensor (data "
+                            "section has "
+                         << data_size << " bytes, tensors cover " << cursor << ")");
   return n;
 }
 
@@ -296,16 +303,19 @@ std::map<std::string, std::string> read_metadata(const std::string& path) {
   DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
   std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
   struct stat st {};
-  DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0, "cannot stat safetensors file " << path << ": " << std::strerror(errno));
+  DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0,
+                  "cannot stat safetensors file " << path << ": " << std::strerror(errno));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   std::vector<uint8_t> head(8);
   DPT_INPUT_CHECK(size >= 8 && std::fread(head.data(), 1, 8, f) == 8,
-                  path << ": not a safetensors file: " << size << " bytes, need at least 8 for the header length");
+                  path << ": not a safetensors file: " << size
+                       << " bytes, need at least 8 for the header length");
   uint64_t n = 0;
   std::memcpy(&n, head.data(), 8);
   if (n <= kMaxHeaderBytes && n <= size - 8) {  // else parse_header says what is wrong
     head.resize(8 + n);
-    DPT_INPUT_CHECK(std::fread(head.data() + 8, 1, n, f) == n, "cannot read safetensors file " << path);
+    DPT_INPUT_CHECK(std::fread(head.data() + 8, 1, n, f) == n,
+                    "cannot read safetensors file " << path);
   }
   StFile file;
   std::vector<Entry> entries;
@@ -314,7 +324,8 @@ std::map<std::string, std::string> read_metadata(const std::string& path) {
 }
 
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata, const std::string& what) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::string& what) {
   // Validate everything before touching the disk, so a bad call never clobbers an old file.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -373,12 +384,12 @@ namespace {
 template <typename T>
 std::vector<T> copy_out(const StTensor& t, const char* dtype, const std::string& origin) {
   const std::string where = origin.empty() ? "" : origin + ": ";
-  DPT_INPUT_CHECK(t.dtype == dtype, where << "tensor '" << printable(t.name) << "' has dtype " << printable(t.dtype)
-                                          << ", expected " << dtype);
+  DPT_INPUT_CHECK(t.dtype == dtype, where << "tensor '" << printable(t.name) << "' has dtype "
+                                          << printable(t.dtype) << ", expected " << dtype);
   uint64_t nbytes = 0;
   DPT_INPUT_CHECK(checked_nbytes(t.shape, sizeof(T), &nbytes) && nbytes == t.bytes.size(),
-                  where << "tensor '" << printable(t.name) << "' has " << t.bytes.size() << " bytes, shape "
-                        << shape_str(t.shape) << " of " << dtype);
+                  where << "tensor '" << printable(t.name) << "' has " << t.bytes.size()
+                        << " bytes, shape " << shape_str(t.shape) << " of " << dtype);
   std::vector<T> out(t.bytes.size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
   return out;

@@ -1,20 +1,24 @@
 // The sampler (include/dpt/sampler.h): epoch e's permutation from (seed, e), each rank's slice of
 // every global batch, and the balanced split of the test set.
+#include "dpt/sampler.h"
+
 #include <algorithm>
 
 #include "dpt/error.h"
 #include "dpt/rng.h"
-#include "dpt/sampler.h"
 
 namespace dpt {
 
 ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t global_batch, int rank, int world,
                                uint64_t seed)
-    : dataset_size_(dataset_size), global_batch_(global_batch), rank_(rank), world_(world),
+    : dataset_size_(dataset_size),
+      global_batch_(global_batch),
+      rank_(rank),
+      world_(world),
       seed_(seed) {
-  DPT_INPUT_CHECK(global_batch % world == 0, "--batch-size " << global_batch
-                                                             << " is not divisible by the world size "
-                                                             << world);
+  DPT_INPUT_CHECK(
+      global_batch % world == 0,
+      "--batch-size " << global_batch << " is not divisible by the world size " << world);
   DPT_INPUT_CHECK(global_batch <= dataset_size, "--batch-size " << global_batch
                                                                 << " exceeds the training set ("
                                                                 << dataset_size << " images)");

@@ -30,7 +30,8 @@ sigset_t stop_signal_set() {
 
 StopSignals::StopSignals() {
   g_stop_signal = 0;
-  for (size_t i = 0; i < kStopSignals.size(); ++i) old_[i] = std::signal(kStopSignals[i], on_stop_signal);
+  for (size_t i = 0; i < kStopSignals.size(); ++i)
+    old_[i] = std::signal(kStopSignals[i], on_stop_signal);
   block_stop_signals();
   watcher_ = std::thread([this] {
     const sigset_t set = stop_signal_set();

@@ -46,10 +46,10 @@ struct Run {
   NonFiniteGuard& guard;
   StopSignals& signals;
   Tracer& tracer;
-  Tracer* tr;               // &tracer with --trace, else null
-  int64_t batches, steps;   // micro-batches and optimizer steps per epoch
+  Tracer* tr;              // &tracer with --trace, else null
+  int64_t batches, steps;  // micro-batches and optimizer steps per epoch
   int64_t test_n;
-  double slow_factor;       // DPT_FAULT_SLOW_RANK on this rank, else 1
+  double slow_factor;  // DPT_FAULT_SLOW_RANK on this rank, else 1
 };
 
 // DPT_FAULT_SLOW_RANK=r:f, an operator's fault injection (as NCCL's NCCL_* test settings are):
@@ -63,10 +63,12 @@ double slow_factor(int rank, int world) {
   int r = -1, used = 0;
   double f = 0;
   const bool parsed = std::sscanf(v, "%d:%lf%n", &r, &f, &used) == 2 && v[used] == '\0';
-  DPT_INPUT_CHECK(parsed && std::isfinite(f) && f >= 1 && f <= 1000,
-                  "DPT_FAULT_SLOW_RANK=" << v << ": want RANK:FACTOR, a factor from 1 to 1000 (e.g. 1:10)");
-  DPT_INPUT_CHECK(r >= 0 && r < world,
-                  "DPT_FAULT_SLOW_RANK=" << v << ": rank " << r << " does not exist at world size " << world);
+  DPT_INPUT_CHECK(
+      parsed && std::isfinite(f) && f >= 1 && f <= 1000,
+      "DPT_FAULT_SLOW_RANK=" << v << ": want RANK:FACTOR, a factor from 1 to 1000 (e.g. 1:10)");
+  DPT_INPUT_CHECK(r >= 0 && r < world, "DPT_FAULT_SLOW_RANK=" << v << ": rank " << r
+                                                              << " does not exist at world size "
+                                                              << world);
   if (r != rank) return 1;
   log_warn(DPT_MSG("DPT_FAULT_SLOW_RANK=" << v << ": fault injection: this rank's steps take " << f
                                           << " times their time"));
@@ -93,15 +95,16 @@ void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model
                   const Preflight& pf, const std::vector<std::string>& devices) {
   if (comm.rank() != 0) return;
   std::ostringstream os;
-  os << "dptrain: " << cfg.model << " (" << model.num_parameters() << " parameters), world size " << comm.size()
-     << ", " << cfg.threads << " thread(s) per rank\n";
+  os << "dptrain: " << cfg.model << " (" << model.num_parameters() << " parameters), world size "
+     << comm.size() << ", " << cfg.threads << " thread(s) per rank\n";
   for (int r = 0; r < comm.size(); ++r)
-    os << "  rank " << r << ": " << pf.hosts[static_cast<size_t>(r)] << ", " << devices[static_cast<size_t>(r)] << "\n";
-  os << "  data: " << pf.data_format << ", " << pf.train.n << " training and " << pf.test.n << " test images of "
-     << pf.train.shape_text() << " (HxWxC), " << pf.train.num_classes
+    os << "  rank " << r << ": " << pf.hosts[static_cast<size_t>(r)] << ", "
+       << devices[static_cast<size_t>(r)] << "\n";
+  os << "  data: " << pf.data_format << ", " << pf.train.n << " training and " << pf.test.n
+     << " test images of " << pf.train.shape_text() << " (HxWxC), " << pf.train.num_classes
      << " classes; normalize " << pf.normalize.text() << ", augment " << pf.augment.text() << "\n";
-  os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb << " MiB, overlap "
-     << (cfg.overlap ? "on" : "off") << ")\n";
+  os << "  gradient buckets: " << ddp.reducer().buckets().size() << " (cap " << cfg.bucket_mb
+     << " MiB, overlap " << (cfg.overlap ? "on" : "off") << ")\n";
   os << "configuration:\n" << cfg.to_text();
   log_info(os.str());
 }
@@ -111,13 +114,15 @@ void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model
 // steps or by rank 0's clock. Returns the seconds spent waiting for the peers in the agreement.
 double at_boundary(Run& r, const Position& at, bool any_step_since) {
   const double t0 = now_seconds();
-  const auto [sig, minutes_due] = r.signals.agreed(r.comm, any_step_since && r.checkpoints.minutes_due());
+  const auto [sig, minutes_due] =
+      r.signals.agreed(r.comm, any_step_since && r.checkpoints.minutes_due());
   const double waited = now_seconds() - t0;
   if (sig) {
     if (r.cfg.checkpoints()) {
       r.checkpoints.save(at, r.log.history());
-      log_info(DPT_MSG(signal_name(sig) << ": checkpoint of epoch " << at.epoch + 1 << " step " << at.epoch_step
-                                        << " written to " << checkpoint_file(r.cfg, at.global_step)));
+      log_info(DPT_MSG(signal_name(sig)
+                       << ": checkpoint of epoch " << at.epoch + 1 << " step " << at.epoch_step
+                       << " written to " << checkpoint_file(r.cfg, at.global_step)));
     } else if (r.comm.rank() == 0) {
       log_warn(DPT_MSG(signal_name(sig) << ": stopping at global step " << at.global_step
                                         << " without a checkpoint (--checkpoint-every is off)"));
@@ -129,8 +134,8 @@ double at_boundary(Run& r, const Position& at, bool any_step_since) {
 }
 
 // The diagnostics of a step: replica check, step record, progress bar.
-void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t, const ReducerStats& rs,
-                double step_t0, double epoch_t0) {
+void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t,
+                const ReducerStats& rs, double step_t0, double epoch_t0) {
   const TrainConfig& cfg = r.cfg;
   const int64_t global_step = at.global_step;
   if (cfg.verify_every > 0 && (global_step + 1) % cfg.verify_every == 0) {
@@ -144,9 +149,10 @@ void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t, 
                     static_cast<double>(r.sampler.local_batch() * cfg.accum_steps)};
     r.comm.allreduce(st, 3, ReduceOp::kSum, "all-reduce of step metrics");
     if (r.comm.rank() == 0)
-      r.log.step_record({static_cast<int>(at.epoch) + 1, global_step + 1, st[0] / st[2], st[1] / st[2], t.lr,
-                         std::sqrt(r.engine.last_grad_sumsq()), st[2] / (now_seconds() - step_t0), rs.comm_seconds,
-                         rs.exposed_seconds, r.comm.size()});
+      r.log.step_record({static_cast<int>(at.epoch) + 1, global_step + 1, st[0] / st[2],
+                         st[1] / st[2], t.lr, std::sqrt(r.engine.last_grad_sumsq()),
+                         st[2] / (now_seconds() - step_t0), rs.comm_seconds, rs.exposed_seconds,
+                         r.comm.size()});
   }
   const int64_t s = at.epoch_step;
   if (r.log.progress() && ((s + 1) % 5 == 0 || s + 1 == r.steps)) {
@@ -160,7 +166,8 @@ void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t, 
 // The epoch's record from its tally: the global training totals, every rank's timings per step
 // (compute = time in its steps less the exposed all-reduce wait; wait = that wait plus the
 // boundaries' agreement), the evaluation when due. Collective.
-EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step, EpochTally t, double t0) {
+EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step, EpochTally t,
+                           double t0) {
   const TrainConfig& cfg = r.cfg;
   const bool host_backend = r.model.store().backend().host_memory();
   // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
@@ -173,7 +180,8 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   int64_t applied = 0, nonfinite = 0;
   for (size_t i = 0; i < sumsq.size(); ++i) {
     // A device backend's steps are checked here (its non-finite steps were not applied either).
-    if (!host_backend) r.guard.check(sumsq[i], global_step - static_cast<int64_t>(sumsq.size() - i), epoch);
+    if (!host_backend)
+      r.guard.check(sumsq[i], global_step - static_cast<int64_t>(sumsq.size() - i), epoch);
     if (!std::isfinite(sumsq[i])) {
       ++nonfinite;
       continue;
@@ -189,7 +197,8 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   std::vector<double> timings(2 * static_cast<size_t>(r.comm.size()));
   r.comm.allgather(mine, timings.data(), 2);
   r.engine.sync_buffers();
-  const bool eval_now = cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
+  const bool eval_now =
+      cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
   const Totals ev = eval_now ? evaluate(r.engine, r.comm, r.test_n) : Totals{};
 
   EpochMetrics m;
@@ -199,7 +208,8 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   m.train_count = static_cast<int64_t>(tsum[2]);
   // Not evaluated this epoch: NaN, written as null in the metrics JSON.
   m.test_loss = ev.count ? ev.loss / static_cast<double>(ev.count) : std::nan("");
-  m.test_acc = ev.count ? static_cast<double>(ev.correct) / static_cast<double>(ev.count) : std::nan("");
+  m.test_acc =
+      ev.count ? static_cast<double>(ev.correct) / static_cast<double>(ev.count) : std::nan("");
   m.test_count = ev.count;
   m.steps = r.steps - first;
   m.lr = t.lr;
@@ -264,11 +274,14 @@ Position start_position(const TrainConfig& cfg, const ResumePoint& start, int64_
     const int64_t now_per_step = cfg.batch_size * cfg.accum_steps;
     at.epoch_step = std::min(steps, at.epoch_step * start.images_per_step_then / now_per_step);
     at.global_step = at.epoch * steps + at.epoch_step;
-    log_info(DPT_MSG("--allow-config-change: continuing at epoch " << at.epoch + 1 << ", step " << at.epoch_step
-                                                                   << " (global step " << at.global_step << ")"));
+    log_info(DPT_MSG("--allow-config-change: continuing at epoch "
+                     << at.epoch + 1 << ", step " << at.epoch_step << " (global step "
+                     << at.global_step << ")"));
   }
-  DPT_INPUT_CHECK(at.epoch_step <= steps, "--resume: the checkpoint is at step " << at.epoch_step
-                                              << " of its epoch, but epochs now have " << steps << " steps");
+  DPT_INPUT_CHECK(at.epoch_step <= steps, "--resume: the checkpoint is at step "
+                                              << at.epoch_step
+                                              << " of its epoch, but epochs now have " << steps
+                                              << " steps");
   return at;
 }
 
@@ -315,15 +328,18 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   print_banner(cfg, comm, *model, ddp, pf, allgather_text(comm, engine.describe()));
 
   double slow = 1;
-  agree_on_input(comm, "DPT_FAULT_SLOW_RANK: another rank refused its value", [&] { slow = slow_factor(rank, world); });
+  agree_on_input(comm, "DPT_FAULT_SLOW_RANK: another rank refused its value",
+                 [&] { slow = slow_factor(rank, world); });
 
   // Where training starts, and what it writes.
   CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine, input_metadata(pf));
   const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load();
-  MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch, start.at.global_step);
+  MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch,
+                    start.at.global_step);
   const int64_t batches = sampler.steps_per_epoch();
   int64_t steps = batches / cfg.accum_steps;
-  DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps << " leaves no optimizer step in an epoch of "
+  DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps
+                                               << " leaves no optimizer step in an epoch of "
                                                << batches << " batches");
   if (cfg.max_steps > 0) steps = std::min(steps, cfg.max_steps);
   const Position at = start_position(cfg, start, steps);
@@ -331,8 +347,23 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
   Tracer tracer;
   NonFiniteGuard guard(cfg, comm, engine);
-  Run r{cfg, comm, pf.hosts, *model, ddp, sampler, engine, checkpoints, log, guard, signals, tracer,
-        cfg.trace.empty() ? nullptr : &tracer, batches, steps, pf.test.n, slow};
+  Run r{cfg,
+        comm,
+        pf.hosts,
+        *model,
+        ddp,
+        sampler,
+        engine,
+        checkpoints,
+        log,
+        guard,
+        signals,
+        tracer,
+        cfg.trace.empty() ? nullptr : &tracer,
+        batches,
+        steps,
+        pf.test.n,
+        slow};
   ddp.reducer().set_tracer(r.tr);
   int64_t global_step = at.global_step;
   for (int epoch = static_cast<int>(at.epoch); epoch < cfg.epochs; ++epoch)
@@ -342,8 +373,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     try {
       // The collectives come first inside; only rank 0's file writing can throw here.
       tracer.write(comm, cfg.trace, comm.host());
-      log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end) +
-               " written to " + cfg.trace);
+      log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" +
+               std::to_string(cfg.trace_end) + " written to " + cfg.trace);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
       log.output_failed("--trace", e.what());

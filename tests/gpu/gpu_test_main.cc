@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
   const auto* unit = ::testing::UnitTest::GetInstance();
-  if (rc == 0 && unit->test_to_run_count() > 0 && unit->skipped_test_count() == unit->test_to_run_count())
+  if (rc == 0 && unit->test_to_run_count() > 0 &&
+      unit->skipped_test_count() == unit->test_to_run_count())
     return 77;
   return rc;
 }

@@ -48,7 +48,8 @@ struct Dev {
 
 // The NHWC input offset of output (n, oh, ow)'s kernel tap (kh, kw), or -1 where the tap falls in
 // the zero padding: the window walk the host convolution references share.
-inline int64_t tap_offset(const ConvGeom& g, int64_t n, int64_t oh, int64_t ow, int64_t kh, int64_t kw) {
+inline int64_t tap_offset(const ConvGeom& g, int64_t n, int64_t oh, int64_t ow, int64_t kh,
+                          int64_t kw) {
   const int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
   if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) return -1;
   return ((n * g.h + ih) * g.w + iw) * g.c_in;
@@ -74,8 +75,8 @@ inline std::vector<float> random(size_t n, uint64_t seed, double lo = -1, double
 }
 
 // |gpu - cpu| <= rel * max(1, max |cpu|) element-wise.
-inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what = "",
-                         double rel = 1e-5) {
+inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                         const std::string& what = "", double rel = 1e-5) {
   ASSERT_EQ(gpu.size(), cpu.size()) << what;
   double scale = 0;
   for (float c : cpu) scale = std::max(scale, std::fabs(static_cast<double>(c)));

@@ -35,10 +35,11 @@ size_t w_size(const ConvGeom& g) { return count(g.c_out * g.c_in * g.k * g.k); }
 float round_bf16(float f) { return float_from_bf16(bf16_from_float(f)); }
 
 // Operands. "Exact" ones sit on grids that make every step before the output's own rounding exact
-// in bf16 and fp32: x = i/32 (|i| <= 32), scale a power of two in [1/2, 2], bias = j/64 (|j| <= 32),
-// so x*scale + bias = k/64 with |k| <= 160 < 256 (8 significant bits: a bf16 value); w any bf16
-// value, so each product has at most 16 significant bits (exact in fp32). Otherwise x, scale, bias
-// and w are arbitrary bf16 values and the prologue's result may be rounded before the convolution.
+// in bf16 and fp32: x = i/32 (|i| <= 32), scale a power of two in [1/2, 2], bias = j/64 (|j| <=
+// 32), so x*scale + bias = k/64 with |k| <= 160 < 256 (8 significant bits: a bf16 value); w any
+// bf16 value, so each product has at most 16 significant bits (exact in fp32). Otherwise x, scale,
+// bias and w are arbitrary bf16 values and the prologue's result may be rounded before the
+// convolution.
 struct Operands {
   ConvGeom g;
   std::vector<float> x, scale, bias, w;  // every value a bf16 value
@@ -55,7 +56,8 @@ Operands operands(const ConvGeom& g, uint64_t seed, bool exact) {
     o.x = grid(x_size(g), 32, 1.0 / 32);
     o.bias = grid(count(g.c_in), 32, 1.0 / 64);
     o.scale.resize(count(g.c_in));
-    for (float& s : o.scale) s = static_cast<float>(std::ldexp(1.0, static_cast<int>(std::floor(r.uniform(-1, 2)))));
+    for (float& s : o.scale)
+      s = static_cast<float>(std::ldexp(1.0, static_cast<int>(std::floor(r.uniform(-1, 2)))));
   } else {
     o.x = test::random(x_size(g), seed + 2, -1, 1);
     o.scale = test::random(count(g.c_in), seed + 3, 0.25, 2);
@@ -93,7 +95,8 @@ Reference reference(const Operands& o, bool prologue) {
             for (int64_t co = 0; co < g.c_out; ++co) {
               double acc = 0, m = 0;
               for (int64_t ci = 0; ci < g.c_in; ++ci) {
-                const double t = a[count(xo + ci)] * o.w[count(((co * g.c_in + ci) * g.k + kh) * g.k + kw)];
+                const double t =
+                    a[count(xo + ci)] * o.w[count(((co * g.c_in + ci) * g.k + kh) * g.k + kw)];
                 acc += t;
                 m += std::fabs(t);
               }
@@ -133,7 +136,8 @@ struct Outcome {
 };
 
 // Checks one run's outputs against the reference; at most a few failures printed per array.
-void expect_matches(const Outcome& gpu, const Reference& ref, const ConvGeom& g, Bounds b, const std::string& what) {
+void expect_matches(const Outcome& gpu, const Reference& ref, const ConvGeom& g, Bounds b,
+                    const std::string& what) {
   ASSERT_EQ(gpu.y.size(), ref.y.size()) << what;
   const size_t c_out = count(g.c_out);
   std::vector<double> sum_bound(c_out, 0), sq_bound(c_out, 0), abs_sum(c_out, 0), sq_ref(c_out, 0);
@@ -149,8 +153,9 @@ void expect_matches(const Outcome& gpu, const Reference& ref, const ConvGeom& g,
     if (std::fabs(gpu.y[i] - ref.y[i]) > e) {
       ++bad;
       if (shown++ < 5)
-        ADD_FAILURE() << what << ": y[" << i << "] (channel " << c << ") = " << gpu.y[i] << ", unfused "
-                      << ref.y[i] << ", bound " << e << " [plan " << gpu.plan << "]";
+        ADD_FAILURE() << what << ": y[" << i << "] (channel " << c << ") = " << gpu.y[i]
+                      << ", unfused " << ref.y[i] << ", bound " << e << " [plan " << gpu.plan
+                      << "]";
     }
   }
   EXPECT_EQ(bad, 0u) << what << ": elements of y outside their bound, of " << ref.y.size();
@@ -160,9 +165,9 @@ void expect_matches(const Outcome& gpu, const Reference& ref, const ConvGeom& g,
     const double ds = std::fabs(gpu.sum[c] - ref.sum[c]), bs = sum_bound[c] + rows * abs_sum[c];
     const double dq = std::fabs(gpu.sqsum[c] - ref.sqsum[c]), bq = sq_bound[c] + rows * sq_ref[c];
     if ((ds > bs || dq > bq) && shown++ < 5)
-      ADD_FAILURE() << what << ": channel " << c << ": sum " << gpu.sum[c] << " (unfused " << ref.sum[c]
-                    << ", bound " << bs << "), sqsum " << gpu.sqsum[c] << " (unfused " << ref.sqsum[c] << ", bound "
-                    << bq << ") [plan " << gpu.plan << "]";
+      ADD_FAILURE() << what << ": channel " << c << ": sum " << gpu.sum[c] << " (unfused "
+                    << ref.sum[c] << ", bound " << bs << "), sqsum " << gpu.sqsum[c] << " (unfused "
+                    << ref.sqsum[c] << ", bound " << bq << ") [plan " << gpu.plan << "]";
   }
 }
 
@@ -172,7 +177,8 @@ using test::to_bf16;
 
 // The plan op chose for the key of g (the only key containing its text and pattern).
 std::string plan_of(const FusedConvGenstats& op, const ConvGeom& g, bool prologue, const char* io) {
-  const std::string want = gpu::geom_str(g) + (prologue ? " scale-bias-relu-conv-genstats " : " conv-genstats ") + io;
+  const std::string want =
+      gpu::geom_str(g) + (prologue ? " scale-bias-relu-conv-genstats " : " conv-genstats ") + io;
   for (const FusedConvGenstats::Choice& c : op.choices())
     if (c.key == want) return c.plan;
   return "(none)";
@@ -180,7 +186,8 @@ std::string plan_of(const FusedConvGenstats& op, const ConvGeom& g, bool prologu
 
 // One bf16 run; scale and bias at an offset of `sb_offset` floats and w of `w_offset` elements in
 // their buffers (0: as allocated).
-Outcome run_bf16(FusedConvGenstats& op, const Operands& o, bool prologue, size_t sb_offset = 0, size_t w_offset = 0) {
+Outcome run_bf16(FusedConvGenstats& op, const Operands& o, bool prologue, size_t sb_offset = 0,
+                 size_t w_offset = 0) {
   const ConvGeom& g = o.g;
   std::vector<float> scale(sb_offset, 0.f), bias(sb_offset, 0.f);
   scale.insert(scale.end(), o.scale.begin(), o.scale.end());
@@ -189,15 +196,17 @@ Outcome run_bf16(FusedConvGenstats& op, const Operands& o, bool prologue, size_t
   const std::vector<uint16_t> w16 = to_bf16(o.w);
   w.insert(w.end(), w16.begin(), w16.end());
   Dev<uint16_t> x(to_bf16(o.x)), wd(w), y(y_size(g));
-  Dev<float> s(scale), b(bias), sum(std::vector<float>(count(g.c_out), 1e30f)), sq(std::vector<float>(count(g.c_out), 1e30f));
-  op.forward_bf16(g, bf(x.p), prologue ? s.p + sb_offset : nullptr, prologue ? b.p + sb_offset : nullptr,
-                  bf(wd.p + w_offset), bf(y.p), sum.p, sq.p);
+  Dev<float> s(scale), b(bias), sum(std::vector<float>(count(g.c_out), 1e30f)),
+      sq(std::vector<float>(count(g.c_out), 1e30f));
+  op.forward_bf16(g, bf(x.p), prologue ? s.p + sb_offset : nullptr,
+                  prologue ? b.p + sb_offset : nullptr, bf(wd.p + w_offset), bf(y.p), sum.p, sq.p);
   return {from_bf16(y.host()), sum.host(), sq.host(), plan_of(op, g, prologue, "bf16")};
 }
 
 Outcome run_fp32(FusedConvGenstats& op, const Operands& o, bool prologue) {
   const ConvGeom& g = o.g;
-  Dev<float> x(o.x), w(o.w), y(y_size(g)), s(o.scale), b(o.bias), sum(count(g.c_out)), sq(count(g.c_out));
+  Dev<float> x(o.x), w(o.w), y(y_size(g)), s(o.scale), b(o.bias), sum(count(g.c_out)),
+      sq(count(g.c_out));
   op.forward(g, x.p, prologue ? s.p : nullptr, prologue ? b.p : nullptr, w.p, y.p, sum.p, sq.p);
   return {y.host(), sum.host(), sq.host(), plan_of(op, g, prologue, "fp32")};
 }
@@ -245,7 +254,8 @@ bool runs(const std::string& what, F f, bool may_decline = false) {
   }
 }
 
-// ---- bf16 numerics ---------------------------------------------------------------------------------
+// ---- bf16 numerics
+// ---------------------------------------------------------------------------------
 
 TEST(FusedConv, Bf16MatchesUnfusedWithinOneRoundingOnExactInputs) {
   SKIP_WITHOUT_GPU();
@@ -255,9 +265,12 @@ TEST(FusedConv, Bf16MatchesUnfusedWithinOneRoundingOnExactInputs) {
   for (const ConvGeom& g : kSmall)
     for (bool prologue : {true, false}) {
       const Operands o = operands(g, seed += 10, true);
-      const std::string what = gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 exact";
+      const std::string what =
+          gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 exact";
       Outcome out;
-      if (!runs(what, [&] { out = run_bf16(op, o, prologue); }, prologue)) continue;
+      if (!runs(
+              what, [&] { out = run_bf16(op, o, prologue); }, prologue))
+        continue;
       std::printf("%s -> %s\n", what.c_str(), out.plan.c_str());
       expect_matches(out, reference(o, prologue), g, {0x1p-8, 0}, what);
     }
@@ -271,9 +284,12 @@ TEST(FusedConv, Bf16MatchesUnfusedOnArbitraryInputs) {
   for (const ConvGeom& g : {kSmall[0], kSmall[1]})
     for (bool prologue : {true, false}) {
       const Operands o = operands(g, seed += 10, false);
-      const std::string what = gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 arbitrary";
+      const std::string what =
+          gpu::geom_str(g) + (prologue ? " prologue" : " plain") + " bf16 arbitrary";
       Outcome out;
-      if (!runs(what, [&] { out = run_bf16(op, o, prologue); }, prologue)) continue;
+      if (!runs(
+              what, [&] { out = run_bf16(op, o, prologue); }, prologue))
+        continue;
       expect_matches(out, reference(o, prologue), g, {0x1p-8, 0x1p-8}, what);
     }
 }
@@ -287,14 +303,16 @@ TEST(FusedConv, UnalignedParametersGiveTheSameBits) {
   FusedConvGenstats op(be.context());
   const Operands o = operands(kSmall[0], 300, true);
   Outcome aligned, offset;
-  const bool prologue =
-      runs(gpu::geom_str(o.g) + " prologue bf16 aligned", [&] { aligned = run_bf16(op, o, true); }, true);
+  const bool prologue = runs(
+      gpu::geom_str(o.g) + " prologue bf16 aligned", [&] { aligned = run_bf16(op, o, true); },
+      true);
   if (!prologue) {
     ASSERT_TRUE(runs("plain aligned", [&] { aligned = run_bf16(op, o, false); }));
   }
   ASSERT_TRUE(runs("offset", [&] { offset = run_bf16(op, o, prologue, prologue ? 1 : 0, 1); }));
   EXPECT_EQ(aligned.plan, offset.plan);
-  EXPECT_EQ(0, std::memcmp(aligned.y.data(), offset.y.data(), aligned.y.size() * sizeof(float))) << "y";
+  EXPECT_EQ(0, std::memcmp(aligned.y.data(), offset.y.data(), aligned.y.size() * sizeof(float)))
+      << "y";
   EXPECT_EQ(aligned.sum, offset.sum);
   EXPECT_EQ(aligned.sqsum, offset.sqsum);
 }
@@ -332,7 +350,8 @@ TEST(FusedConv, MismatchedScaleAndBiasAreRefused) {
   EXPECT_THROW(op.forward_bf16(g, bf(x.p), s.p, nullptr, bf(w.p), bf(y.p), sum.p, sq.p), Error);
 }
 
-// ---- fp32: run where cuDNN supports it, otherwise say so ------------------------------------------
+// ---- fp32: run where cuDNN supports it, otherwise say so
+// ------------------------------------------
 
 TEST(FusedConv, Fp32WhereSupported) {
   SKIP_WITHOUT_GPU();
@@ -355,10 +374,12 @@ TEST(FusedConv, Fp32WhereSupported) {
       std::printf("%s -> %s\n", what.c_str(), out.plan.c_str());
       expect_matches(out, reference(o, prologue), g, {0, 0}, what);
     }
-  if (!unsupported.empty()) std::printf("fp32 fused patterns cuDNN declined:%s\n", unsupported.c_str());
+  if (!unsupported.empty())
+    std::printf("fp32 fused patterns cuDNN declined:%s\n", unsupported.c_str());
 }
 
-// ---- ResNet-18's geometries at batch 256 ----------------------------------------------------------
+// ---- ResNet-18's geometries at batch 256
+// ----------------------------------------------------------
 
 // Every fusion site builds a plan, or reports clearly (a dpt::Error naming the geometry) that
 // cuDNN has none; where it runs, its statistics agree with its own y (the host sums y as
@@ -367,7 +388,8 @@ TEST(FusedConv, ResNet18GeometriesBuildOrReportUnsupported) {
   SKIP_WITHOUT_GPU();
   gpu::CudaBackend be(0);
   FusedConvGenstats op(be.context());
-  std::printf("| site | geometry | pattern | plan | ms | candidates |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| site | geometry | pattern | plan | ms | candidates |\n|---|---|---|---|---|---|\n");
   int ran = 0;
   for (const gpu::FusionSite& site : gpu::resnet18_fusion_sites(256)) {
     const ConvGeom& g = site.g;
@@ -378,16 +400,18 @@ TEST(FusedConv, ResNet18GeometriesBuildOrReportUnsupported) {
     const double fan = std::sqrt(static_cast<double>(g.c_in * g.k * g.k));
     for (uint16_t& v : hw) v = bf16_from_float(static_cast<float>(r.uniform(-1, 1) / fan));
     Dev<uint16_t> x(hx), w(hw), y(ny);
-    Dev<float> s(std::vector<float>(count(g.c_in), 1.5f)), b(std::vector<float>(count(g.c_in), -0.25f)),
-        sum(count(g.c_out)), sq(count(g.c_out));
+    Dev<float> s(std::vector<float>(count(g.c_in), 1.5f)),
+        b(std::vector<float>(count(g.c_in), -0.25f)), sum(count(g.c_out)), sq(count(g.c_out));
     const char* pattern = site.prologue ? "scale-bias-relu-conv-genstats" : "conv-genstats";
     try {
-      op.forward_bf16(g, bf(x.p), site.prologue ? s.p : nullptr, site.prologue ? b.p : nullptr, bf(w.p), bf(y.p),
-                      sum.p, sq.p);
+      op.forward_bf16(g, bf(x.p), site.prologue ? s.p : nullptr, site.prologue ? b.p : nullptr,
+                      bf(w.p), bf(y.p), sum.p, sq.p);
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find(gpu::geom_str(g)), std::string::npos) << "the refusal does not name the geometry: " << msg;
-      std::printf("| %s | %s | %s | unsupported | | |\n", site.name, gpu::geom_str(g).c_str(), pattern);
+      EXPECT_NE(msg.find(gpu::geom_str(g)), std::string::npos)
+          << "the refusal does not name the geometry: " << msg;
+      std::printf("| %s | %s | %s | unsupported | | |\n", site.name, gpu::geom_str(g).c_str(),
+                  pattern);
       std::printf("  (%s)\n", msg.c_str());
       continue;
     }
@@ -406,17 +430,18 @@ TEST(FusedConv, ResNet18GeometriesBuildOrReportUnsupported) {
       const double bs = 0x1p-8 * habs[c] + rows * habs[c], bq = 0x1p-7 * hq[c] + rows * hq[c];
       if (std::fabs(gs[c] - hs[c]) > bs || std::fabs(gq[c] - hq[c]) > bq) {
         ++shown;
-        ADD_FAILURE() << site.name << " " << gpu::geom_str(g) << " channel " << c << ": sum " << gs[c] << " vs "
-                      << hs[c] << " of its y (bound " << bs << "), sqsum " << gq[c] << " vs " << hq[c] << " (bound "
-                      << bq << ")";
+        ADD_FAILURE() << site.name << " " << gpu::geom_str(g) << " channel " << c << ": sum "
+                      << gs[c] << " vs " << hs[c] << " of its y (bound " << bs << "), sqsum "
+                      << gq[c] << " vs " << hq[c] << " (bound " << bq << ")";
       }
     }
     for (const FusedConvGenstats::Choice& c : op.choices())
       if (c.key == gpu::geom_str(g) + " " + pattern + " bf16")
-        std::printf("| %s | %s | %s | %s | %.3f | %d |\n", site.name, gpu::geom_str(g).c_str(), pattern, c.plan.c_str(),
-                    c.ms, c.candidates);
+        std::printf("| %s | %s | %s | %s | %.3f | %d |\n", site.name, gpu::geom_str(g).c_str(),
+                    pattern, c.plan.c_str(), c.ms, c.candidates);
   }
-  std::printf("%d of %zu ResNet-18 fusion sites ran fused\n", ran, gpu::resnet18_fusion_sites(256).size());
+  std::printf("%d of %zu ResNet-18 fusion sites ran fused\n", ran,
+              gpu::resnet18_fusion_sites(256).size());
 }
 
 }  // namespace

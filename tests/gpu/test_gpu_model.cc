@@ -1,11 +1,10 @@
 // The GPU training path against the CPU reference: whole-model forward/backward parity for LeNet
 // and ResNet-18, the same Model on the CUDA backend against the CPU one (logits, every parameter
 // gradient, BatchNorm buffers, the gradient announcements),
-// the GPU reducer (NCCL and the MPI fallback, gradients sent as fp32, bf16 or fp16) at world size 1,
-// 50 LeNet steps whose losses track the
-// CPU run's, end-to-end --device cuda training, bit-exact resume, CUDA graphs (the reducer captured,
-// invalidation, whole runs bit for bit against eager). Skipped (exit code 77) where no CUDA device
-// is visible.
+// the GPU reducer (NCCL and the MPI fallback, gradients sent as fp32, bf16 or fp16) at world size
+// 1, 50 LeNet steps whose losses track the CPU run's, end-to-end --device cuda training, bit-exact
+// resume, CUDA graphs (the reducer captured, invalidation, whole runs bit for bit against eager).
+// Skipped (exit code 77) where no CUDA device is visible.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -34,8 +33,8 @@
 #include "dpt/rng.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"
-#include "optimizer.cuh"
 #include "gpu_test_util.h"
+#include "optimizer.cuh"
 #include "test_util.h"
 
 namespace dpt {
@@ -62,7 +61,8 @@ double max_abs(const float* p, int64_t n) {
 // whose true gradient is 0) from turning noise into huge relative errors.
 double rel_error(const float* gpu, const float* cpu, int64_t n, double floor) {
   double diff = 0;
-  for (int64_t i = 0; i < n; ++i) diff = std::max(diff, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+  for (int64_t i = 0; i < n; ++i)
+    diff = std::max(diff, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
   return diff / std::max(max_abs(cpu, n), floor);
 }
 
@@ -83,7 +83,8 @@ using Ranges = std::vector<std::pair<int64_t, int64_t>>;
 // state, input and dlogits, then an evaluation-mode forward on the updated running statistics.
 // Logits and buffers within `tol` (max-relative); each gradient within `grad_tol`, max-relative or,
 // with `norm`, norm-relative. bf16: --precision bf16 (TF32 convolutions, bf16 GEMM operands).
-void check_parity(const std::string& name, double tol, double grad_tol, bool norm, bool bf16 = false) {
+void check_parity(const std::string& name, double tol, double grad_tol, bool norm,
+                  bool bf16 = false) {
   auto model = make_model(name);
   model->init_parameters("kaiming", 7);
   ParamStore& store = model->store();
@@ -109,9 +110,11 @@ void check_parity(const std::string& name, double tol, double grad_tol, bool nor
 
   // The same dlogits for both: softmax cross-entropy of the CPU logits, scaled by 1/n.
   std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 10);
+  for (int64_t i = 0; i < n; ++i)
+    labels[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 10);
   Tensor dlogits(logits.shape());
-  cpu::softmax_xent(logits.data(), labels.data(), n, logits.dim(1), 1.f / n, dlogits.data(), nullptr);
+  cpu::softmax_xent(logits.data(), labels.data(), n, logits.dim(1), 1.f / n, dlogits.data(),
+                    nullptr);
   const Tensor ddl = to_device(be, dlogits);
 
   Ranges cpu_ready, gpu_ready;
@@ -140,13 +143,14 @@ void check_parity(const std::string& name, double tol, double grad_tol, bool nor
     EXPECT_LE(e, grad_tol) << name << ": gradient of " << p.name << " " << shape_str(p.shape);
     if (e > worst) worst = e, worst_name = p.name;
   }
-  std::printf("%s parity at batch %lld (%s): logits %.2e, worst gradient %.2e %s (%s)\n", name.c_str(),
-              static_cast<long long>(n), bf16 ? "bf16" : "fp32", logit_err, worst,
+  std::printf("%s parity at batch %lld (%s): logits %.2e, worst gradient %.2e %s (%s)\n",
+              name.c_str(), static_cast<long long>(n), bf16 ? "bf16" : "fp32", logit_err, worst,
               norm ? "norm-relative" : "max-relative", worst_name.c_str());
 
   const Tensor& elogits = model->forward(x, Mode::kEval);
   const std::vector<float> gelogits = to_host(be, gm->forward(dx, Mode::kEval));
-  EXPECT_LE(rel_error(gelogits.data(), elogits.data(), elogits.numel(), 1e-6), tol) << name << ": eval logits";
+  EXPECT_LE(rel_error(gelogits.data(), elogits.data(), elogits.numel(), 1e-6), tol)
+      << name << ": eval logits";
 }
 
 TEST(GpuModel, LenetForwardBackwardMatchesCpu) {
@@ -158,11 +162,11 @@ TEST(GpuModel, LenetForwardBackwardMatchesCpu) {
 // subtract their dy's projection, so small gradients are differences of large terms, and near-zero
 // pre-activations flip their ReLUs. Measured on the CPU alone, scaling every input pixel by
 // 1 +- 3e-7 (about one ulp) moves single gradient entries by up to 2e-2 of their tensor's largest
-// (layer1.1.conv1.weight) and whole tensors by up to 2.5e-3 in norm. The GPU sums in other orders in
-// every layer, not only at the input, so entry-wise agreement to 1e-4 is not a property of correct
-// code here (an H100 measured 6e-2 on layer2.0.conv1.weight); each gradient is held in norm instead
-// (measured: at most 1.1e-2, layer2.0.bn1.bias), which a wrong formula (an O(1) error) cannot meet.
-// Logits and buffers stay entry-wise.
+// (layer1.1.conv1.weight) and whole tensors by up to 2.5e-3 in norm. The GPU sums in other orders
+// in every layer, not only at the input, so entry-wise agreement to 1e-4 is not a property of
+// correct code here (an H100 measured 6e-2 on layer2.0.conv1.weight); each gradient is held in norm
+// instead (measured: at most 1.1e-2, layer2.0.bn1.bias), which a wrong formula (an O(1) error)
+// cannot meet. Logits and buffers stay entry-wise.
 TEST(GpuModel, Resnet18ForwardBackwardMatchesCpu) {
   SKIP_WITHOUT_GPU();
   check_parity("resnet18", 1e-4, 3e-2, /*norm=*/true);
@@ -199,11 +203,13 @@ TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
   model->backward(ddl, accumulate);
   const std::vector<float> twice = host_grads(*model);
   for (int64_t i = 0; i < np; ++i)
-    ASSERT_NEAR(twice[static_cast<size_t>(i)], 2 * once[static_cast<size_t>(i)], 1e-5 * (1 + std::fabs(once[i])))
+    ASSERT_NEAR(twice[static_cast<size_t>(i)], 2 * once[static_cast<size_t>(i)],
+                1e-5 * (1 + std::fabs(once[i])))
         << i;
 }
 
-// ---- The GPU transports of the Reducer at world size 1 -------------------------------------------
+// ---- The GPU transports of the Reducer at world size 1
+// -------------------------------------------
 
 // The reducer tests' set-up: LeNet on the GPU, a plain backward's gradients as the reference
 // (a sum over one rank changes nothing, so the reduced gradients must equal them bit for bit)
@@ -227,7 +233,8 @@ struct ReducerBench {
       if (!p.is_buffer) bounds.emplace_back(p.offset, p.offset + p.numel());
     buckets = plan_buckets(bounds, 64 * 1024, 16 * 1024);  // several buckets
     std::mt19937_64 g(6);
-    Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f), dl = test::random_tensor({16, 10}, g);
+    Tensor x = test::random_tensor({16, 28, 28, 1}, g, 0.f, 1.f),
+           dl = test::random_tensor({16, 10}, g);
     dx = to_device(be, x);
     ddl = to_device(be, dl);
     np = store.num_params();
@@ -241,7 +248,9 @@ struct ReducerBench {
   // A transport over it: NCCL (which owns its communicator, so each gets one of its own) or the
   // MPI fallback through pinned host memory; gradients sent as `wire`.
   std::unique_ptr<ReduceTransport> transport(bool nccl, DType wire = DType::kF32) {
-    if (nccl) return gpu::make_nccl_transport(be, device_grads(), np, make_nccl_communicator(*self, 0), wire);
+    if (nccl)
+      return gpu::make_nccl_transport(be, device_grads(), np, make_nccl_communicator(*self, 0),
+                                      wire);
     return gpu::make_host_mpi_transport(be, device_grads(), np, *self, wire);
   }
   // What a sum over one rank gives when gradients travel as `wire`: each rounded to 16 bits (to
@@ -256,7 +265,8 @@ struct ReducerBench {
   }
   // Garbage in the gradients, then backward through the reducer (begin has been called).
   void backward_through(Reducer& reducer) {
-    CUDA_CHECK(cudaMemsetAsync(device_grads(), 0xff, static_cast<size_t>(np) * sizeof(float), ctx.stream()));
+    CUDA_CHECK(cudaMemsetAsync(device_grads(), 0xff, static_cast<size_t>(np) * sizeof(float),
+                               ctx.stream()));
     BackwardCtx bctx;
     bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
     model->backward(ddl, bctx);
@@ -273,10 +283,11 @@ TEST(GpuReducer, WorldSizeOneKeepsGradientsForNcclAndMpiFallback) {
   ASSERT_GT(rb.buckets.size(), 2u);
   for (bool use_nccl : {true, false})
     for (bool overlap : {true, false}) {
-      SCOPED_TRACE(testing::Message() << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
+      SCOPED_TRACE(testing::Message()
+                   << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
       Reducer reducer(rb.transport(use_nccl), rb.buckets, overlap);
       ReduceTransport& t = reducer.transport();
-      EXPECT_EQ(t.capturable(), use_nccl);  // only NCCL collectives go into CUDA graphs
+      EXPECT_EQ(t.capturable(), use_nccl);        // only NCCL collectives go into CUDA graphs
       for (int64_t step = 0; step < 2; ++step) {  // the second step reuses every event
         reducer.begin(step);
         rb.backward_through(reducer);
@@ -308,8 +319,9 @@ TEST(GpuReducer, WorldSizeOneRoundsGradientsTo16BitsForNcclAndMpiFallback) {
     ASSERT_GT(rounded, want.size() / 4);  // the reference itself is not the fp32 gradients
     for (bool use_nccl : {true, false})
       for (bool overlap : {true, false}) {
-        SCOPED_TRACE(testing::Message() << (wire == DType::kBF16 ? "bf16" : "fp16") << ", "
-                                        << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
+        SCOPED_TRACE(testing::Message()
+                     << (wire == DType::kBF16 ? "bf16" : "fp16") << ", "
+                     << (use_nccl ? "NCCL" : "MPI fallback") << (overlap ? ", overlap" : ""));
         Reducer reducer(rb.transport(use_nccl, wire), rb.buckets, overlap);
         ReduceTransport& t = reducer.transport();
         EXPECT_EQ(t.capturable(), use_nccl);
@@ -451,16 +463,17 @@ TEST(GpuReducer, MissingGradientsAreReportedAtWait) {
   auto self = make_mpi_self_communicator();
   gpu::CudaBackend be(0);
   Tensor grads({100}, &be);
-  Reducer reducer(gpu::make_host_mpi_transport(be, grads.data(), 100, *self), {Bucket{0, 60}, Bucket{60, 100}},
-                  true);
+  Reducer reducer(gpu::make_host_mpi_transport(be, grads.data(), 100, *self),
+                  {Bucket{0, 60}, Bucket{60, 100}}, true);
   reducer.begin(3);
   reducer.mark_ready(0, 60);
   try {
     reducer.wait();
     FAIL() << "wait() with bucket 1 incomplete must throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bucket 1 of step 3 is missing 40 gradient elements at wait()"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("bucket 1 of step 3 is missing 40 gradient elements at wait()"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -485,9 +498,9 @@ std::vector<StepRecord> step_records(const std::string& path) {
   return out;
 }
 
-// A harder synthetic set than test_util's (which LeNet fits to a loss of 1e-5 within 50 steps, where
-// relative comparisons mean nothing): a faint band over strong noise, and 20% of the labels random,
-// so the loss stays near 1 after 50 steps.
+// A harder synthetic set than test_util's (which LeNet fits to a loss of 1e-5 within 50 steps,
+// where relative comparisons mean nothing): a faint band over strong noise, and 20% of the labels
+// random, so the loss stays near 1 after 50 steps.
 void write_noisy_dataset(const std::string& dir, int n_train, int n_test, uint64_t seed) {
   Rng rng(seed);
   auto make = [&](const std::string& split, int n) {
@@ -496,9 +509,11 @@ void write_noisy_dataset(const std::string& dir, int n_train, int n_test, uint64
       const int k = static_cast<int>(rng.below(10));
       for (int p = 0; p < 784; ++p) {
         const bool band = p / 28 >= 2 + 2 * k && p / 28 < 4 + 2 * k;
-        images[static_cast<size_t>(i) * 784 + p] = static_cast<uint8_t>(20 + 100 * rng.uniform() + (band ? 60 : 0));
+        images[static_cast<size_t>(i) * 784 + p] =
+            static_cast<uint8_t>(20 + 100 * rng.uniform() + (band ? 60 : 0));
       }
-      labels[static_cast<size_t>(i)] = static_cast<uint8_t>(rng.uniform() < 0.2 ? rng.below(10) : k);
+      labels[static_cast<size_t>(i)] =
+          static_cast<uint8_t>(rng.uniform() < 0.2 ? rng.below(10) : k);
     }
     test::write_idx(dir + "/" + split + "-images-idx3-ubyte", {n, 28, 28}, images);
     test::write_idx(dir + "/" + split + "-labels-idx1-ubyte", {n}, labels);
@@ -545,17 +560,19 @@ TEST(GpuTraining, LenetLossesTrackTheCpuRunFor50Steps) {
     }
   }
   EXPECT_NEAR(runs[1].back().loss, runs[0].back().loss, 0.05 * runs[0].back().loss) << "final step";
-  EXPECT_NEAR(mean(runs[1], 40, 50), mean(runs[0], 40, 50), 0.03 * mean(runs[0], 40, 50)) << "last 10 steps";
+  EXPECT_NEAR(mean(runs[1], 40, 50), mean(runs[0], 40, 50), 0.03 * mean(runs[0], 40, 50))
+      << "last 10 steps";
   EXPECT_LT(mean(runs[1], 40, 50), 0.75 * mean(runs[1], 0, 10)) << "the GPU run learns";
-  std::printf("50 LeNet steps: CPU %.4f -> %.4f, GPU %.4f -> %.4f\n", runs[0].front().loss, runs[0].back().loss,
-              runs[1].front().loss, runs[1].back().loss);
+  std::printf("50 LeNet steps: CPU %.4f -> %.4f, GPU %.4f -> %.4f\n", runs[0].front().loss,
+              runs[0].back().loss, runs[1].front().loss, runs[1].back().loss);
   EXPECT_NEAR(hist[1][0].train_loss, hist[0][0].train_loss, 0.05 * hist[0][0].train_loss);
   EXPECT_NEAR(hist[1][0].test_acc, hist[0][0].test_acc, 0.05);
   EXPECT_EQ(hist[1][0].test_count, 500);
   std::filesystem::remove_all(dir);
 }
 
-// The real data when installed (DPT_TEST_DATA), else a synthetic set: either is learnable in an epoch.
+// The real data when installed (DPT_TEST_DATA), else a synthetic set: either is learnable in an
+// epoch.
 std::string data_dir_or_synthetic(const std::string& tmp, int* train_n) {
   const char* env = std::getenv("DPT_TEST_DATA");
   const std::string real = env ? env : "/usr/share/datasets/fashion-mnist";
@@ -570,7 +587,8 @@ std::string data_dir_or_synthetic(const std::string& tmp, int* train_n) {
 }
 
 // A quiet --device cuda run of `model` with its recipe over the data in dir.
-TrainConfig gpu_config(const std::string& model, const std::string& dir, int epochs, int64_t batch) {
+TrainConfig gpu_config(const std::string& model, const std::string& dir, int epochs,
+                       int64_t batch) {
   TrainConfig c;
   c.model = model;
   apply_recipe(&c);
@@ -591,8 +609,8 @@ TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
   auto comm = self_comm();
   auto hist = run_training(c, *comm);
   ASSERT_EQ(hist.size(), 1u);
-  std::printf("LeNet, 1 epoch on the GPU (%s): test acc %.4f, %.3f s/epoch\n", c.data.c_str(), hist[0].test_acc,
-              hist[0].epoch_seconds);
+  std::printf("LeNet, 1 epoch on the GPU (%s): test acc %.4f, %.3f s/epoch\n", c.data.c_str(),
+              hist[0].test_acc, hist[0].epoch_seconds);
   EXPECT_GT(hist[0].test_acc, 0.5);
   EXPECT_EQ(hist[0].train_count, train_n / 256 * 256);
   // --save holds the GPU's parameters: the CPU scores them as the GPU did (a few predictions may
@@ -648,8 +666,8 @@ TrainConfig three_epochs(const std::string& model, const std::string& dir) {
 }
 
 // A run checkpointed after epoch 2 and resumed ends bit for bit where the uninterrupted run ends:
-// parameters, BatchNorm buffers and momentum go device -> host -> file -> host -> device intact, and
-// every GPU kernel and algorithm is deterministic.
+// parameters, BatchNorm buffers and momentum go device -> host -> file -> host -> device intact,
+// and every GPU kernel and algorithm is deterministic.
 void check_resume(const std::string& model) {
   const std::string dir = test::make_temp_dir("gpu_ckpt");
   test::write_synthetic_dataset(dir, 640, 200, 4);
@@ -667,7 +685,8 @@ void check_resume(const std::string& model) {
   StFile a = read_safetensors(full.save), b = read_safetensors(resumed.save);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i)
-    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << model << ": " << a.tensors[i].name << " differs";
+    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes)
+        << model << ": " << a.tensors[i].name << " differs";
   std::filesystem::remove_all(dir);
 }
 
@@ -715,10 +734,12 @@ void check_graphs_match_eager(const std::string& model) {
     EXPECT_EQ(hist[1][e].test_loss, hist[0][e].test_loss) << model << ", epoch " << e + 1;
     EXPECT_EQ(hist[1][e].test_acc, hist[0][e].test_acc) << model << ", epoch " << e + 1;
   }
-  StFile a = read_safetensors(dir + "/graphs0.safetensors"), b = read_safetensors(dir + "/graphs1.safetensors");
+  StFile a = read_safetensors(dir + "/graphs0.safetensors"),
+         b = read_safetensors(dir + "/graphs1.safetensors");
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i)
-    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << model << ": " << a.tensors[i].name << " differs";
+    EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes)
+        << model << ": " << a.tensors[i].name << " differs";
   std::filesystem::remove_all(dir);
 }
 

@@ -27,7 +27,8 @@ using test::Dev;
 using test::expect_close;
 using test::random;
 
-// ---- Memory --------------------------------------------------------------------------------------
+// ---- Memory
+// --------------------------------------------------------------------------------------
 
 // The backend's storage is counted with every DeviceBuffer, since a CUDA graph captured before an
 // allocation may hold pointers to storage it replaced and must not be replayed (StreamGraph watches
@@ -43,7 +44,8 @@ TEST(GpuOps, BackendAllocationsAreCountedForCudaGraphs) {
   EXPECT_EQ(gpu::DeviceBuffer::allocations(), before + 2);
 }
 
-// ---- Convolution ---------------------------------------------------------------------------------
+// ---- Convolution
+// ---------------------------------------------------------------------------------
 
 struct ConvCase {
   const char* name;
@@ -81,7 +83,8 @@ double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
 // rounded operands accumulated in fp32: within 1e-2 of the fp32 CPU, and visibly not fp32 (an
 // error above 1e-6 shows the tensor-core path really ran).
 constexpr double kBf16Tol = 1e-2;
-void expect_bf16_rounding(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::string& what) {
+void expect_bf16_rounding(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                          const std::string& what) {
   const double e = rel_error(gpu, cpu);
   EXPECT_GT(e, 1e-6) << what << ": no tensor-core rounding visible";
   EXPECT_LT(e, kBf16Tol) << what;
@@ -92,8 +95,8 @@ struct LayerResults {
   std::vector<float> y, dx, dw, dw_acc;
 };
 // bf16: the GPU ran on tensor cores (rounded operands), whose rounding must then show.
-void expect_layer(const LayerResults& gpu, const LayerResults& cpu, const std::string& what, bool bf16, double tol_y,
-                  double tol_dw) {
+void expect_layer(const LayerResults& gpu, const LayerResults& cpu, const std::string& what,
+                  bool bf16, double tol_y, double tol_dw) {
   // y only: for a small batch cuDNN may rank an FMA backward-filter algorithm first (measured: dW
   // of the stride-2 ResNet shapes at N=2 came back exact), which is allowed.
   if (bf16) expect_bf16_rounding(gpu.y, cpu.y, what + ": y");
@@ -105,9 +108,11 @@ void expect_layer(const LayerResults& gpu, const LayerResults& cpu, const std::s
 
 // Forward; backward with dx, overwriting; backward without dx, accumulating into existing
 // gradients. Each output against cpu::ConvPrimitives.
-void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, bool bias, uint64_t seed) {
+void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, bool bias,
+                uint64_t seed) {
   const ConvGeom g{c.n, c.h, c.h, c.c_in, c.c_out, c.k, c.stride, c.pad};
-  const std::string what = std::string(c.name) + (bias ? " +bias" : " no bias") + " N=" + std::to_string(c.n);
+  const std::string what =
+      std::string(c.name) + (bias ? " +bias" : " no bias") + " N=" + std::to_string(c.n);
   const size_t xs = static_cast<size_t>(g.n * g.h * g.w * g.c_in);
   const size_t ys = static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out);
   const size_t ws = static_cast<size_t>(g.c_out * g.c_in * g.k * g.k);
@@ -118,8 +123,10 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   cpu::ConvPrimitives ref;
   std::vector<float> y(ys), dx(xs), dw(ws), db(bs), dw_acc = dw0, db_acc = db0;
   ref.forward(g, x.data(), w.data(), bias ? b.data() : nullptr, y.data());
-  ref.backward(g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr, false);
-  ref.backward(g, x.data(), w.data(), dy.data(), nullptr, dw_acc.data(), bias ? db_acc.data() : nullptr, true);
+  ref.backward(g, x.data(), w.data(), dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr,
+               false);
+  ref.backward(g, x.data(), w.data(), dy.data(), nullptr, dw_acc.data(),
+               bias ? db_acc.data() : nullptr, true);
 
   Dev<float> x_(x), w_(w), b_(b), dy_(dy), y_(ys), dx_(xs), dw_(ws), db_(bs), dwa_(dw0), dba_(db0);
   conv.forward(g, x_.p, w_.p, bias ? b_.p : nullptr, y_.p);
@@ -134,7 +141,12 @@ void check_conv(gpu::GpuContext& ctx, gpu::CudnnConv& conv, const ConvCase& c, b
   // Channel counts that are multiples of 8 are tensor-core shapes: there the rounding must show.
   const bool visible = tc && c.c_in % 8 == 0 && c.c_out % 8 == 0;
   expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, visible,
-               tc ? kBf16Tol : wc.m ? 5e-5 : 1e-5, tc ? kBf16Tol : wc.mw ? 5e-5 : 1e-5);
+               tc     ? kBf16Tol
+               : wc.m ? 5e-5
+                      : 1e-5,
+               tc      ? kBf16Tol
+               : wc.mw ? 5e-5
+                       : 1e-5);
   if (bias) {  // column sums of the fp32 dy: fp32 agreement in both precisions
     expect_close(db_.host(), db, what + ": db");
     expect_close(dba_.host(), db_acc, what + ": db accumulated (dx = null)");
@@ -149,8 +161,10 @@ TEST(GpuOps, TensorCoreConvolutionMatchesCpuWithinTf32Rounding) {
   for (bool bf16 : {true, false}) {
     gpu::CudaBackend be(0);
     gpu::GpuContext& ctx = be.context();
-    if (bf16) ctx.set_bf16(true);
-    else ctx.set_tf32(true);
+    if (bf16)
+      ctx.set_bf16(true);
+    else
+      ctx.set_tf32(true);
     uint64_t seed = 500;
     for (const ConvCase& c : kConvCases) {
       gpu::CudnnConv conv(ctx);
@@ -167,7 +181,8 @@ TEST(GpuOps, ConvolutionOnUnalignedWeightsMatchesCpu) {
   gpu::CudaBackend be(0);
   gpu::GpuContext& ctx = be.context();
   const ConvGeom g{4, 14, 14, 64, 128, 1, 2, 0};
-  const size_t xs = static_cast<size_t>(g.n * g.h * g.w * g.c_in), ys = static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out);
+  const size_t xs = static_cast<size_t>(g.n * g.h * g.w * g.c_in),
+               ys = static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out);
   const size_t ws = static_cast<size_t>(g.c_out * g.c_in);
   auto x = random(xs, 71), dy = random(ys, 72), w = random(ws, 73, -0.5, 0.5);
   std::vector<float> w1(ws + 1, 0.f), dw1(ws + 1, 0.f), y(ys), dx(xs), dw(ws);
@@ -193,20 +208,24 @@ TEST(GpuOps, ConvolutionCachesPerGeometry) {
   gpu::GpuContext& ctx = be.context();
   gpu::CudnnConv conv(ctx);  // one layer seeing several batch sizes, as at an epoch's last batch
   for (int64_t n : {3, 1, 3, 2}) {
-    check_conv(ctx, conv, {"resnet.layer2.0.conv1 3x3 p1 s2", n, 28, 64, 128, 3, 2, 1}, true, 900 + n);
+    check_conv(ctx, conv, {"resnet.layer2.0.conv1 3x3 p1 s2", n, 28, 64, 128, 3, 2, 1}, true,
+               900 + n);
     if (HasFatalFailure()) return;
-    check_conv(ctx, conv, {"5x5 p0 64->128 (same object)", n, 13, 64, 128, 5, 1, 0}, false, 950 + n);
+    check_conv(ctx, conv, {"5x5 p0 64->128 (same object)", n, 13, 64, 128, 5, 1, 0}, false,
+               950 + n);
     if (HasFatalFailure()) return;
   }
 }
 
-// ---- Linear --------------------------------------------------------------------------------------
+// ---- Linear
+// --------------------------------------------------------------------------------------
 
 // The backend's forward, backward overwriting, backward accumulating without dx, against
 // src/cpu/ops.h.
-void check_linear(gpu::CudaBackend& be, int64_t n, int64_t in, int64_t out, bool bias, uint64_t seed) {
-  const std::string what = "linear " + std::to_string(n) + "x" + std::to_string(in) + "->" + std::to_string(out) +
-                           (bias ? " +bias" : " no bias");
+void check_linear(gpu::CudaBackend& be, int64_t n, int64_t in, int64_t out, bool bias,
+                  uint64_t seed) {
+  const std::string what = "linear " + std::to_string(n) + "x" + std::to_string(in) + "->" +
+                           std::to_string(out) + (bias ? " +bias" : " no bias");
   const size_t xs = static_cast<size_t>(n * in), ys = static_cast<size_t>(n * out);
   const size_t ws = static_cast<size_t>(out * in), bs = static_cast<size_t>(out);
   auto x = random(xs, seed), w = random(ws, seed + 1, -0.2, 0.2), b = random(bs, seed + 2);
@@ -214,10 +233,10 @@ void check_linear(gpu::CudaBackend& be, int64_t n, int64_t in, int64_t out, bool
   std::vector<float> y(ys), dx(xs), dw(ws), db(bs), dw_acc = dw0, db_acc = db0;
   const float* bp = bias ? b.data() : nullptr;
   cpu::linear_forward(x.data(), w.data(), bp, y.data(), n, in, out);
-  cpu::linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr, n, in, out,
-                       false);
-  cpu::linear_backward(x.data(), w.data(), dy.data(), nullptr, dw_acc.data(), bias ? db_acc.data() : nullptr, n, in,
-                       out, true);
+  cpu::linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                       bias ? db.data() : nullptr, n, in, out, false);
+  cpu::linear_backward(x.data(), w.data(), dy.data(), nullptr, dw_acc.data(),
+                       bias ? db_acc.data() : nullptr, n, in, out, true);
 
   Dev<float> x_(x), w_(w), b_(b), dy_(dy), y_(ys), dx_(xs), dw_(ws), db_(bs), dwa_(dw0), dba_(db0);
   be.linear_forward(x_.p, w_.p, bias ? b_.p : nullptr, y_.p, n, in, out);
@@ -226,7 +245,8 @@ void check_linear(gpu::CudaBackend& be, int64_t n, int64_t in, int64_t out, bool
   be.context().synchronize();
   const bool bf16 = be.context().bf16();
   const double tol = bf16 ? kBf16Tol : 1e-5;
-  expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, bf16, tol, tol);
+  expect_layer({y_.host(), dx_.host(), dw_.host(), dwa_.host()}, {y, dx, dw, dw_acc}, what, bf16,
+               tol, tol);
   expect_close(dba_.host(), bias ? db_acc : db0, what + ": db accumulated");
   if (bias) expect_close(db_.host(), db, what + ": db");
 }
@@ -238,7 +258,9 @@ TEST(GpuOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
   gpu::CudaBackend be(0);
   be.context().set_bf16(true);
   uint64_t seed = 700;
-  for (auto [n, in, out] : {std::tuple<int64_t, int64_t, int64_t>{37, 800, 128}, {37, 128, 10}, {37, 512, 10},
+  for (auto [n, in, out] : {std::tuple<int64_t, int64_t, int64_t>{37, 800, 128},
+                            {37, 128, 10},
+                            {37, 512, 10},
                             {1, 800, 128}})
     for (bool bias : {true, false}) {
       check_linear(be, n, in, out, bias, seed += 10);

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_backend.h"
 #include "cuda/conv_common.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_graph.h"
 #include "cuda/cudnn_graph_conv.h"
 #include "dpt/error.h"
@@ -62,9 +62,13 @@ struct Operands {
   std::vector<float> x, w, b, dy, dw0, db0;
 };
 Operands operands(const ConvGeom& g, uint64_t seed, bool bf16) {
-  Operands o{g, test::random(x_size(g), seed), test::random(w_size(g), seed + 1, -0.5, 0.5),
-             test::random(count(g.c_out), seed + 2), test::random(y_size(g), seed + 3),
-             test::random(w_size(g), seed + 4), test::random(count(g.c_out), seed + 5)};
+  Operands o{g,
+             test::random(x_size(g), seed),
+             test::random(w_size(g), seed + 1, -0.5, 0.5),
+             test::random(count(g.c_out), seed + 2),
+             test::random(y_size(g), seed + 3),
+             test::random(w_size(g), seed + 4),
+             test::random(count(g.c_out), seed + 5)};
   if (bf16)
     for (auto* v : {&o.x, &o.w, &o.b, &o.dy, &o.dw0, &o.db0})
       for (float& f : *v) f = float_from_bf16(bf16_from_float(f));
@@ -123,8 +127,8 @@ Results<double> reference(const Operands& o) {
 // The same three calls through a ConvOp on fp32 device arrays.
 Results<float> run_fp32(ConvOp& op, GpuContext& ctx, const Operands& o) {
   const ConvGeom& g = o.g;
-  Dev<float> x(o.x), w(o.w), b(o.b), dy(o.dy), y(y_size(g)), dx(x_size(g)), dw(w_size(g)), db(count(g.c_out)),
-      dwa(o.dw0), dba(o.db0);
+  Dev<float> x(o.x), w(o.w), b(o.b), dy(o.dy), y(y_size(g)), dx(x_size(g)), dw(w_size(g)),
+      db(count(g.c_out)), dwa(o.dw0), dba(o.db0);
   op.forward(g, x.p, w.p, b.p, y.p);
   op.backward(g, x.p, w.p, dy.p, dx.p, dw.p, db.p, false);
   op.backward(g, x.p, w.p, dy.p, nullptr, dwa.p, dba.p, true);
@@ -172,20 +176,25 @@ double max_error(const std::vector<float>& gpu, const std::vector<double>& ref) 
 // double sums rounded once to fp32 in every mode.
 void expect_within(const Results<float>& gpu, const Results<double>& ref, double norm, double max,
                    const std::string& what) {
-  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<double>*>> outputs[] = {
-      {"y", {&gpu.y, &ref.y}},   {"dx", {&gpu.dx, &ref.dx}},
-      {"dw", {&gpu.dw, &ref.dw}}, {"dw accumulated (dx = null)", {&gpu.dw_acc, &ref.dw_acc}}};
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<double>*>>
+      outputs[] = {{"y", {&gpu.y, &ref.y}},
+                   {"dx", {&gpu.dx, &ref.dx}},
+                   {"dw", {&gpu.dw, &ref.dw}},
+                   {"dw accumulated (dx = null)", {&gpu.dw_acc, &ref.dw_acc}}};
   for (const auto& [name, pair] : outputs) {
     ASSERT_EQ(pair.first->size(), pair.second->size()) << what << ": " << name;
-    EXPECT_LE(norm_error(*pair.first, *pair.second), norm) << what << ": " << name << " (norm-relative)";
-    EXPECT_LE(max_error(*pair.first, *pair.second), max) << what << ": " << name << " (largest, of the scale)";
+    EXPECT_LE(norm_error(*pair.first, *pair.second), norm)
+        << what << ": " << name << " (norm-relative)";
+    EXPECT_LE(max_error(*pair.first, *pair.second), max)
+        << what << ": " << name << " (largest, of the scale)";
   }
   EXPECT_LE(max_error(gpu.db, ref.db), 1e-6) << what << ": db";
   EXPECT_LE(max_error(gpu.db_acc, ref.db_acc), 1e-6) << what << ": db accumulated (dx = null)";
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 void expect_same_bits(const Results<float>& a, const Results<float>& b, const std::string& what) {
   EXPECT_TRUE(same_bits(a.y, b.y)) << what << ": y";
@@ -220,7 +229,8 @@ TEST(GraphConv, StrictFp32MatchesDoubleWithinFp32Rounding) {
   uint64_t seed = 100;
   for (const Case& c : kCases) {
     const Operands o = operands(c.g, seed += 10, false);
-    expect_within(run_fp32(op, be.context(), o), reference(o), kFp32Norm, kFp32Max, std::string(c.name) + " fp32");
+    expect_within(run_fp32(op, be.context(), o), reference(o), kFp32Norm, kFp32Max,
+                  std::string(c.name) + " fp32");
   }
   EXPECT_EQ(op.choices().size(), 3 * std::size(kCases)) << op.plan_choices();
 }
@@ -233,7 +243,8 @@ TEST(GraphConv, Tf32MatchesDoubleWithinTf32Rounding) {
   uint64_t seed = 200;
   for (const Case& c : kCases) {
     const Operands o = operands(c.g, seed += 10, false);
-    expect_within(run_fp32(op, be.context(), o), reference(o), kTf32Norm, kTf32Max, std::string(c.name) + " tf32");
+    expect_within(run_fp32(op, be.context(), o), reference(o), kTf32Norm, kTf32Max,
+                  std::string(c.name) + " tf32");
   }
   // The keys say which math their plans could use.
   EXPECT_NE(op.plan_choices().find(" forward tf32 -> "), std::string::npos) << op.plan_choices();
@@ -255,7 +266,8 @@ TEST(GraphConv, Bf16ArraysMatchDoubleWithinBf16Rounding) {
   }
 }
 
-// ---- Pointers, cache, recorded choices, capture --------------------------------------------------
+// ---- Pointers, cache, recorded choices, capture
+// --------------------------------------------------
 
 // Weights and dW at a 4-byte offset (where a flat parameter buffer may put them) go through the
 // aligned workspace to the same plan: the same bits as aligned ones, and the float before dW
@@ -266,22 +278,27 @@ TEST(GraphConv, UnalignedWeightsGiveTheSameBits) {
   GpuContext& ctx = be.context();
   CudnnGraphConv op(ctx);
   uint64_t seed = 400;
-  for (const ConvGeom& g : {ConvGeom{3, 14, 14, 64, 128, 3, 2, 1}, ConvGeom{3, 14, 14, 64, 128, 1, 2, 0}}) {
+  for (const ConvGeom& g :
+       {ConvGeom{3, 14, 14, 64, 128, 3, 2, 1}, ConvGeom{3, 14, 14, 64, 128, 1, 2, 0}}) {
     const Operands o = operands(g, seed += 10, false);
     const Results<float> aligned = run_fp32(op, ctx, o);
     std::vector<float> w1(w_size(g) + 1, 0.f), dw0(w_size(g) + 1, 0.f);
     std::copy(o.w.begin(), o.w.end(), w1.begin() + 1);
     std::copy(o.dw0.begin(), o.dw0.end(), dw0.begin() + 1);
-    Dev<float> x(o.x), w(w1), b(o.b), dy(o.dy), y(y_size(g)), dx(x_size(g)), dw(w_size(g) + 1), db(count(g.c_out)),
-        dwa(dw0), dba(o.db0);
+    Dev<float> x(o.x), w(w1), b(o.b), dy(o.dy), y(y_size(g)), dx(x_size(g)), dw(w_size(g) + 1),
+        db(count(g.c_out)), dwa(dw0), dba(o.db0);
     op.forward(g, x.p, w.p + 1, b.p, y.p);
     op.backward(g, x.p, w.p + 1, dy.p, dx.p, dw.p + 1, db.p, false);
     op.backward(g, x.p, w.p + 1, dy.p, nullptr, dwa.p + 1, dba.p, true);
     const std::vector<float> gdw = dw.host(), gdwa = dwa.host();
     EXPECT_EQ(gdw[0], 0.f) << "the float before dW was written";
     EXPECT_EQ(gdwa[0], 0.f) << "the float before the accumulated dW was written";
-    const Results<float> unaligned{y.host(), dx.host(), {gdw.begin() + 1, gdw.end()}, db.host(),
-                                   {gdwa.begin() + 1, gdwa.end()}, dba.host()};
+    const Results<float> unaligned{y.host(),
+                                   dx.host(),
+                                   {gdw.begin() + 1, gdw.end()},
+                                   db.host(),
+                                   {gdwa.begin() + 1, gdwa.end()},
+                                   dba.host()};
     expect_same_bits(unaligned, aligned, "K=" + std::to_string(g.k) + " unaligned weights");
   }
 }
@@ -355,7 +372,8 @@ TEST(GraphConv, UnknownRecordedPlanIsTimedInstead) {
   CudnnGraphConv first(ctx);
   run_fp32(first, ctx, o);
   std::string text;
-  for (const CudnnGraphConv::Choice& c : first.choices()) text += c.key + " -> ohwi:no-such-engine\n";
+  for (const CudnnGraphConv::Choice& c : first.choices())
+    text += c.key + " -> ohwi:no-such-engine\n";
 
   CudnnGraphConv op(ctx);
   op.set_plan_choices(text);
@@ -414,7 +432,8 @@ TEST(GraphConv, CapturedAfterAnEagerBuild) {
   EXPECT_EQ(op.graphs_built(), built);
 }
 
-// ---- Selection through the backend ---------------------------------------------------------------
+// ---- Selection through the backend
+// ---------------------------------------------------------------
 
 // Sets an environment variable for a scope, restoring what was there.
 class ScopedEnv {
@@ -425,8 +444,10 @@ class ScopedEnv {
   }
   ~ScopedEnv() { set(old_ ? old_->c_str() : nullptr); }
   void set(const char* value) {
-    if (value) ::setenv(name_, value, 1);
-    else ::unsetenv(name_);
+    if (value)
+      ::setenv(name_, value, 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -484,7 +505,8 @@ TEST(GraphConv, KeysWithoutAPlanRunOnTheLegacyApi) {
   const ConvGeom g{2, 9, 9, 3, 5, 3, 1, 1};
   const std::string prefix = "N=2 H=9 W=9 Cin=3 Cout=5 K=3 stride=1 pad=1 ";
   std::string text;
-  for (const char* d : {"backward-data", "backward-filter", "forward"}) text += prefix + d + " fp32 -> legacy\n";
+  for (const char* d : {"backward-data", "backward-filter", "forward"})
+    text += prefix + d + " fp32 -> legacy\n";
   CudnnGraphConv op(ctx);
   op.set_plan_choices(text);
   const Operands o = operands(g, 950, false);
@@ -496,7 +518,8 @@ TEST(GraphConv, KeysWithoutAPlanRunOnTheLegacyApi) {
   ScopedEnv env("DPT_CUDNN_API", "graph");
   be.set_conv_plan_choices(text);
   auto layer = be.make_conv();
-  expect_within(run_fp32(*layer, ctx, o), reference(o), kFp32Norm, kFp32Max, "recorded legacy, through the backend");
+  expect_within(run_fp32(*layer, ctx, o), reference(o), kFp32Norm, kFp32Max,
+                "recorded legacy, through the backend");
   EXPECT_EQ(be.conv_plan_choices(), text);
   // bf16 activations at 3 -> 5 channels through a layer's ConvOp (fp32 master weights), whatever
   // cuDNN offers: a graph plan or the fallback; no seed for these keys.
@@ -509,7 +532,8 @@ TEST(GraphConv, KeysWithoutAPlanRunOnTheLegacyApi) {
   layer16->backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
   layer16->backward(g, b16(x.p), w.p, b16(dy.p), nullptr, dwa.p, dba.p, true);
   ctx.synchronize();
-  const Results<float> got{from_bf16(y.host()), from_bf16(dx.host()), dw.host(), db.host(), dwa.host(), dba.host()};
+  const Results<float> got{from_bf16(y.host()), from_bf16(dx.host()), dw.host(),
+                           db.host(),           dwa.host(),           dba.host()};
   expect_within(got, reference(o16), kBf16Norm, kBf16Max, "bf16 activations at 3 -> 5 channels");
   std::printf("  DPT_CUDNN_API=graph, bf16 3->5 channels: %s\n", be.conv_plan_choices().c_str());
 }

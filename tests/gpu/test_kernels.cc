@@ -1,8 +1,8 @@
 // The kernels/ launchers that tests/unit/test_backend_ops.cc (every backend operation against
-// references, on the CUDA backend too) cannot reach or cannot stress: the fp32 <-> bf16 / fp16 casts
-// (compressed gradients, --grad-dtype, and the operands of --precision bf16 GEMMs), bit for bit
-// against the host's compress16 / decompress16 (dpt/half.h) over every special value, and the loss
-// sums at the row counts where their one block's stride wraps. Skipped where no CUDA device is
+// references, on the CUDA backend too) cannot reach or cannot stress: the fp32 <-> bf16 / fp16
+// casts (compressed gradients, --grad-dtype, and the operands of --precision bf16 GEMMs), bit for
+// bit against the host's compress16 / decompress16 (dpt/half.h) over every special value, and the
+// loss sums at the row counts where their one block's stride wraps. Skipped where no CUDA device is
 // visible (CI).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -35,7 +35,8 @@ TEST(Kernels, LossSumsInDoubleOverwriteAndAccumulate) {
     std::vector<int32_t> hits(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) hits[static_cast<size_t>(i)] = static_cast<int32_t>(i % 3 == 0);
     double want = 0, want_hits = 0;
-    for (int64_t i = 0; i < n; ++i) want += loss[static_cast<size_t>(i)], want_hits += hits[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < n; ++i)
+      want += loss[static_cast<size_t>(i)], want_hits += hits[static_cast<size_t>(i)];
     Dev<float> l_(loss);
     Dev<int32_t> h_(hits);
     Dev<double> out(std::vector<double>{7.0, 9.0});
@@ -50,7 +51,8 @@ TEST(Kernels, LossSumsInDoubleOverwriteAndAccumulate) {
   }
 }
 
-// ---- The fp32 <-> 16-bit casts against the host's compress16 / decompress16 ----------------------
+// ---- The fp32 <-> 16-bit casts against the host's compress16 / decompress16
+// ----------------------
 
 float from_bits(uint32_t u) {
   float f;
@@ -70,31 +72,31 @@ bool is_nan16(uint16_t h, DType dt) {
 // sign and payload) and 10^5 values of gradient-like size.
 std::vector<float> wire_cast_inputs() {
   std::vector<float> x;
-  for (uint32_t u : {
-           // signed zeros, infinities, the largest finite float (bf16 overflow to infinity)
-           0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu,
-           // NaNs: quiet, signalling, with payloads, both signs
-           0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu, 0x7f80c000u,
-           // float subnormals: the smallest, the largest, bf16 ties among them (0x8000: down to
-           // even zero; 0x18000: up to even 2) and just past a tie
-           0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00008000u, 0x00018000u, 0x00008001u,
-           // bf16 ties in the normals (low half exactly 0x8000, both parities) and a carry into
-           // the exponent
-           0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3fff8000u, 0x3f80ffffu, 0x3f807fffu}) {
+  for (uint32_t u :
+       {// signed zeros, infinities, the largest finite float (bf16 overflow to infinity)
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu,
+        // NaNs: quiet, signalling, with payloads, both signs
+        0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu, 0x7f80c000u,
+        // float subnormals: the smallest, the largest, bf16 ties among them (0x8000: down to
+        // even zero; 0x18000: up to even 2) and just past a tie
+        0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, 0x00008000u, 0x00018000u, 0x00008001u,
+        // bf16 ties in the normals (low half exactly 0x8000, both parities) and a carry into
+        // the exponent
+        0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3fff8000u, 0x3f80ffffu, 0x3f807fffu}) {
     x.push_back(from_bits(u));
   }
-  for (float f : {
-           // fp16's largest finite value, the last float that rounds down to it, the tie that
-           // overflows to infinity (65520), and past it
-           65504.f, -65504.f, 65519.996f, 65520.f, -65520.f, 65536.f, 1e10f, -1e30f,
-           // fp16 ties: 1 + 2^-11 (down to even 1), 1 + 3 * 2^-11 (up to even), at 2048 (spacing 2)
-           1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), 2049.f, 2051.f, 0x1.002p0f,
-           // fp16 subnormals: the smallest (2^-24), ties between subnormals (2^-25 down to zero,
-           // 3 * 2^-25 up to 2^-23), just past a tie, the largest, and the tie into the normals
-           0x1p-24f, -0x1p-24f, 0x1p-25f, -0x1p-25f, 3 * 0x1p-25f, 0x1.000002p-25f, 0x1p-26f, 0x1.ff8p-15f,
-           0x1p-14f - 0x1p-25f, 0x1p-14f, 5 * 0x1p-25f, 0x1p-20f + 0x1p-25f,
-           // ordinary values
-           1.f, -1.f, 0.1f, -3.14159f, 1e-3f, 1e-8f})
+  for (float f :
+       {// fp16's largest finite value, the last float that rounds down to it, the tie that
+        // overflows to infinity (65520), and past it
+        65504.f, -65504.f, 65519.996f, 65520.f, -65520.f, 65536.f, 1e10f, -1e30f,
+        // fp16 ties: 1 + 2^-11 (down to even 1), 1 + 3 * 2^-11 (up to even), at 2048 (spacing 2)
+        1.f + 0x1p-11f, 1.f + 3 * 0x1p-11f, -(1.f + 0x1p-11f), 2049.f, 2051.f, 0x1.002p0f,
+        // fp16 subnormals: the smallest (2^-24), ties between subnormals (2^-25 down to zero,
+        // 3 * 2^-25 up to 2^-23), just past a tie, the largest, and the tie into the normals
+        0x1p-24f, -0x1p-24f, 0x1p-25f, -0x1p-25f, 3 * 0x1p-25f, 0x1.000002p-25f, 0x1p-26f,
+        0x1.ff8p-15f, 0x1p-14f - 0x1p-25f, 0x1p-14f, 5 * 0x1p-25f, 0x1p-20f + 0x1p-25f,
+        // ordinary values
+        1.f, -1.f, 0.1f, -3.14159f, 1e-3f, 1e-8f})
     x.push_back(f);
   Rng r(41);
   for (int i = 0; i < (1 << 20); ++i) x.push_back(from_bits(static_cast<uint32_t>(r.next())));
@@ -115,17 +117,19 @@ TEST(Kernels, WireCastsToBf16AndFp16MatchCompress16) {
     std::vector<uint16_t> want(n);
     compress16(x.data(), want.data(), static_cast<int64_t>(n), dt);
     Dev<uint16_t> y_(n);
-    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_to_bf16(x_.p, y_.p, static_cast<int64_t>(n), nullptr)
-                                  : cuda::launch_to_f16(x_.p, y_.p, static_cast<int64_t>(n), nullptr));
+    CUDA_CHECK(dt == DType::kBF16
+                   ? cuda::launch_to_bf16(x_.p, y_.p, static_cast<int64_t>(n), nullptr)
+                   : cuda::launch_to_f16(x_.p, y_.p, static_cast<int64_t>(n), nullptr));
     const std::vector<uint16_t> got = y_.host();
     size_t nans = 0;
     for (size_t i = 0; i < n; ++i) {
       if (std::isnan(x[i])) {
         ++nans;
-        ASSERT_TRUE(is_nan16(got[i], dt) && is_nan16(want[i], dt)) << "NaN input " << i << " (bits " << std::hex
-                                                                     << bits_of(x[i]) << ") gave " << got[i];
+        ASSERT_TRUE(is_nan16(got[i], dt) && is_nan16(want[i], dt))
+            << "NaN input " << i << " (bits " << std::hex << bits_of(x[i]) << ") gave " << got[i];
       } else {
-        ASSERT_EQ(got[i], want[i]) << "input " << i << " = " << x[i] << " (bits " << std::hex << bits_of(x[i]) << ")";
+        ASSERT_EQ(got[i], want[i])
+            << "input " << i << " = " << x[i] << " (bits " << std::hex << bits_of(x[i]) << ")";
       }
     }
     EXPECT_GT(nans, 7u);  // the listed NaNs, and the random patterns' own
@@ -151,10 +155,12 @@ TEST(Kernels, WireCastsFromBf16AndFp16MatchDecompress16) {
     std::vector<float> want(n);
     decompress16(all.data(), want.data(), static_cast<int64_t>(n), dt);
     Dev<float> y_(n), acc_(base);
-    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_from_bf16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr)
-                                  : cuda::launch_from_f16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr));
-    CUDA_CHECK(dt == DType::kBF16 ? cuda::launch_from_bf16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr)
-                                  : cuda::launch_from_f16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr));
+    CUDA_CHECK(dt == DType::kBF16
+                   ? cuda::launch_from_bf16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr)
+                   : cuda::launch_from_f16(a_.p, y_.p, static_cast<int64_t>(n), false, nullptr));
+    CUDA_CHECK(dt == DType::kBF16
+                   ? cuda::launch_from_bf16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr)
+                   : cuda::launch_from_f16(a_.p, acc_.p, static_cast<int64_t>(n), true, nullptr));
     const std::vector<float> got = y_.host(), got_acc = acc_.host();
     for (size_t i = 0; i < n; ++i) {
       if (is_nan16(all[i], dt)) {
@@ -163,7 +169,8 @@ TEST(Kernels, WireCastsFromBf16AndFp16MatchDecompress16) {
       } else {
         ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << "pattern " << std::hex << i;
         const float sum = base[i] + want[i];
-        ASSERT_TRUE(bits_of(got_acc[i]) == bits_of(sum) || (std::isnan(sum) && std::isnan(got_acc[i])))
+        ASSERT_TRUE(bits_of(got_acc[i]) == bits_of(sum) ||
+                    (std::isnan(sum) && std::isnan(got_acc[i])))
             << "accumulated, pattern " << std::hex << i;
       }
     }

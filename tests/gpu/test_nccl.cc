@@ -87,7 +87,8 @@ TEST(Nccl, NonBlockingSetUpThenAnExactSum) {
     nccl->allreduce(d, n, ReduceOp::kSum);
     CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d));
-    for (int i = 0; i < n; ++i) ASSERT_EQ(h[static_cast<size_t>(i)], i * (k * (k + 1) / 2)) << "element " << i;
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(h[static_cast<size_t>(i)], i * (k * (k + 1) / 2)) << "element " << i;
   }
 }
 
@@ -103,7 +104,10 @@ class AbsentPeerBootstrap : public Communicator {
   std::unique_ptr<Communicator> duplicate() const override { unused(); }
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
-  std::unique_ptr<Request> iallreduce_raw(void*, int64_t, DType, ReduceOp, const std::string&) override { unused(); }
+  std::unique_ptr<Request> iallreduce_raw(void*, int64_t, DType, ReduceOp,
+                                          const std::string&) override {
+    unused();
+  }
   std::unique_ptr<Request> ibroadcast_raw(void*, int64_t, DType, int, const std::string&) override {
     return std::make_unique<Done>();
   }
@@ -118,7 +122,9 @@ class AbsentPeerBootstrap : public Communicator {
     void wait() override {}
     bool test() override { return true; }
   };
-  [[noreturn]] static void unused() { throw std::logic_error("not used by make_nccl_communicator"); }
+  [[noreturn]] static void unused() {
+    throw std::logic_error("not used by make_nccl_communicator");
+  }
   double timeout_;
   std::string host_ = "testhost";
 };
@@ -135,14 +141,17 @@ TEST(Nccl, APeerThatNeverJoinsEndsTheSetUpAtTimeout) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_EQ(e.exit_code(), 3);
-    EXPECT_NE(m.find("NCCL communicator set-up did not complete within --timeout 2 s on rank 0 (host testhost"),
-              std::string::npos) << m;
+    EXPECT_NE(m.find("NCCL communicator set-up did not complete within --timeout 2 s on rank 0 "
+                     "(host testhost"),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("a peer rank did not join"), std::string::npos) << m;
   }
   EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
 }
 
-// ---- The Reducer's GPU transports with gradients sent as bf16 / fp16, at any world size ----------
+// ---- The Reducer's GPU transports with gradients sent as bf16 / fp16, at any world size
+// ----------
 
 // Rank r's gradients, which every rank can recompute: both signs, magnitudes from 2^-12 to 2^4
 // (sums of a few ranks stay far from fp16's overflow; some inputs are fp16 subnormals).
@@ -160,7 +169,8 @@ std::vector<float> rank_gradients(int r, int64_t n) {
 // Rank r all-reduces rank_gradients(r) through the Reducer over `transport` (two steps: the
 // second reuses the staging buffer and the events) and checks the sums against the host:
 //  - one rank: exactly decompress16(compress16(x)) (the transport still casts);
-//  - k ranks: |sum - exact| <= gamma_{2k-1} * sum_r |x_r| + (2k-1) * t, where gamma_m = m u'/(1 - m u')
+//  - k ranks: |sum - exact| <= gamma_{2k-1} * sum_r |x_r| + (2k-1) * t, where gamma_m = m u'/(1 - m
+//  u')
 //    is (2k-1) u up to second-order terms: k roundings of the inputs and k-1 of partial sums (in
 //    whatever order NCCL or MPI adds), u = 2^-8 (bf16) or 2^-11 (fp16), u' = u + 2^-23 allowing for
 //    a float addition rounded before its 16-bit rounding, and t = half the 16-bit type's smallest
@@ -174,7 +184,8 @@ void check_compressed_reducer(Communicator& mpi, gpu::CudaBackend& be, bool nccl
   const std::vector<Bucket> buckets{{0, 1000}, {1000, 131072}, {131072, n}};
   Tensor grads({n}, &be);
   const int device = be.context().device();
-  Reducer reducer(nccl ? gpu::make_nccl_transport(be, grads.data(), n, make_nccl_communicator(mpi, device), wire)
+  Reducer reducer(nccl ? gpu::make_nccl_transport(be, grads.data(), n,
+                                                  make_nccl_communicator(mpi, device), wire)
                        : gpu::make_host_mpi_transport(be, grads.data(), n, mpi, wire),
                   buckets, /*overlap=*/true);
   std::vector<std::vector<float>> xs;
@@ -191,8 +202,10 @@ void check_compressed_reducer(Communicator& mpi, gpu::CudaBackend& be, bool nccl
   for (int64_t step = 0; step < 2; ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step);
     reducer.begin(step);
-    be.copy_from_host(grads.data(), xs[static_cast<size_t>(me)].data(), static_cast<size_t>(n) * sizeof(float));
-    for (size_t b = buckets.size(); b-- > 0;) reducer.mark_ready(buckets[b].begin, buckets[b].end);  // as backward
+    be.copy_from_host(grads.data(), xs[static_cast<size_t>(me)].data(),
+                      static_cast<size_t>(n) * sizeof(float));
+    for (size_t b = buckets.size(); b-- > 0;)
+      reducer.mark_ready(buckets[b].begin, buckets[b].end);  // as backward
     reducer.wait();
     reducer.transport().quiesce();
     be.copy_to_host(got.data(), grads.data(), got.size() * sizeof(float));
@@ -209,16 +222,19 @@ void check_compressed_reducer(Communicator& mpi, gpu::CudaBackend& be, bool nccl
         f32 += v;
       }
       differ += got[j] != f32;
-      const bool ok = k == 1 ? got[j] == rounded[j] : std::fabs(got[j] - exact) <= gamma * mass + m * tiny;
+      const bool ok =
+          k == 1 ? got[j] == rounded[j] : std::fabs(got[j] - exact) <= gamma * mass + m * tiny;
       if (!ok && bad++ == 0)
-        first_bad = DPT_MSG("element " << i << ": sum " << got[j] << ", exact " << exact << ", through 16 bits "
-                                       << rounded[j] << " (one rank), sum of |x| " << mass << ", bound "
-                                       << gamma * mass + m * tiny);
+        first_bad =
+            DPT_MSG("element " << i << ": sum " << got[j] << ", exact " << exact
+                               << ", through 16 bits " << rounded[j] << " (one rank), sum of |x| "
+                               << mass << ", bound " << gamma * mass + m * tiny);
     }
     EXPECT_EQ(bad, 0) << "first: " << first_bad;
     EXPECT_GT(differ, n / 4) << "the sums look like fp32 ones: was the 16-bit path taken?";
     const auto sums = mpi.allgather(checksum(got.data(), got.size() * sizeof(float)));
-    for (int q = 0; q < k; ++q) EXPECT_EQ(sums[static_cast<size_t>(q)], sums[0]) << "rank " << q << "'s sums differ";
+    for (int q = 0; q < k; ++q)
+      EXPECT_EQ(sums[static_cast<size_t>(q)], sums[0]) << "rank " << q << "'s sums differ";
   }
 }
 
@@ -231,12 +247,14 @@ TEST(GpuReducer, CompressedGradientsWithinTheRoundingBoundAtAnyWorldSize) {
   // NCCL only where every rank has a GPU of its own (it refuses two ranks on one).
   const bool nccl_possible = mpi->size() <= devices;
   if (!nccl_possible && mpi->rank() == 0)
-    std::printf("[ note ] %d ranks on %d GPU(s): only the host-MPI transport is checked\n", mpi->size(), devices);
+    std::printf("[ note ] %d ranks on %d GPU(s): only the host-MPI transport is checked\n",
+                mpi->size(), devices);
   for (bool nccl : {true, false}) {
     if (nccl && !nccl_possible) continue;
     for (DType wire : {DType::kBF16, DType::kF16}) {
-      SCOPED_TRACE(testing::Message() << (nccl ? "NCCL" : "host MPI") << ", " << (wire == DType::kBF16 ? "bf16" : "fp16")
-                                      << ", " << mpi->size() << " rank(s)");
+      SCOPED_TRACE(testing::Message() << (nccl ? "NCCL" : "host MPI") << ", "
+                                      << (wire == DType::kBF16 ? "bf16" : "fp16") << ", "
+                                      << mpi->size() << " rank(s)");
       check_compressed_reducer(*mpi, be, nccl, wire);
     }
   }

@@ -85,10 +85,12 @@ TEST(Checkpoint, RefusesOtherModelsTruncatedAndCorruptedFiles) {
   if (f.comm->rank() == 0) {
     std::ifstream in(good, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::ofstream(truncated, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+    std::ofstream(truncated, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
     std::string bad = bytes;
     bad[3] = '\x7f';  // header length now absurd
-    std::ofstream(corrupted, std::ios::binary).write(bad.data(), static_cast<std::streamsize>(bad.size()));
+    std::ofstream(corrupted, std::ios::binary)
+        .write(bad.data(), static_cast<std::streamsize>(bad.size()));
     auto m = make_model("lenet");
     save_model(model_only, *m, {});
   }

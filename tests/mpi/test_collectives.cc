@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
 #include <numeric>
 
 #include "dpt/comm.h"
@@ -20,9 +19,11 @@ TEST(Collectives, AllreduceSumAvgMaxMinAgainstFormulas) {
   auto c = world();
   const int k = c->size(), r = c->rank();
   std::vector<float> v(1000);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
   c->allreduce(v.data(), static_cast<int64_t>(v.size()));
-  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(k * (k + 1) / 2 * (i % 7)));
+  for (size_t i = 0; i < v.size(); ++i)
+    ASSERT_EQ(v[i], static_cast<float>(k * (k + 1) / 2 * (i % 7)));
   double d[2] = {static_cast<double>(r), 1.0};
   c->allreduce(d, 2, ReduceOp::kAvg);
   EXPECT_DOUBLE_EQ(d[0], (k - 1) / 2.0);
@@ -106,7 +107,8 @@ TEST(Collectives, DuplicateHasItsOwnOrdering) {
 std::vector<std::pair<int64_t, int64_t>> lenet_bounds(int64_t* total) {
   std::vector<std::pair<int64_t, int64_t>> bounds;
   *total = 0;
-  for (int64_t s : {10, 1280, 128, 102400, 50, 25000, 20, 180}) bounds.emplace_back(*total, *total + s), *total += s;
+  for (int64_t s : {10, 1280, 128, 102400, 50, 25000, 20, 180})
+    bounds.emplace_back(*total, *total + s), *total += s;
   return bounds;
 }
 
@@ -119,13 +121,16 @@ TEST(Collectives, ReducerPlansGiveExactSums) {
   const auto bounds = lenet_bounds(&total);
   for (double mb : {1e-7, 0.05, 25.0}) {
     std::vector<float> g(static_cast<size_t>(total));
-    for (int64_t i = 0; i < total; ++i) g[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 97)) / 64.f;
-    Reducer red(make_mpi_transport(*c, g.data()), plan_buckets(bounds, mb * 1048576, mb * 1048576), true);
+    for (int64_t i = 0; i < total; ++i)
+      g[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 97)) / 64.f;
+    Reducer red(make_mpi_transport(*c, g.data()), plan_buckets(bounds, mb * 1048576, mb * 1048576),
+                true);
     red.begin(0);
     for (const auto& [b, e] : bounds) red.mark_ready(b, e);  // in backward order, as layers do
     red.wait();
     for (int64_t i = 0; i < total; ++i)
-      ASSERT_EQ(g[static_cast<size_t>(i)], static_cast<float>(k * (k + 1) / 2 * (i % 97)) / 64.f) << "mb " << mb << " at " << i;
+      ASSERT_EQ(g[static_cast<size_t>(i)], static_cast<float>(k * (k + 1) / 2 * (i % 97)) / 64.f)
+          << "mb " << mb << " at " << i;
   }
 }
 
@@ -140,7 +145,8 @@ TEST(Collectives, CompressedBucketsSumWithinTheirRounding) {
   const auto bounds = lenet_bounds(&total);
   // Rank q's gradient i: not representable in 16 bits, of mixed signs and magnitudes.
   auto x = [](int q, int64_t i) {
-    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + q) * std::pow(10.0, static_cast<double>(i % 5) - 3));
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + q) *
+                              std::pow(10.0, static_cast<double>(i % 5) - 3));
   };
   for (const DType wire : {DType::kBF16, DType::kF16}) {
     const double u = wire == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;  // unit roundoff: 8 and 11 bits
@@ -154,7 +160,8 @@ TEST(Collectives, CompressedBucketsSumWithinTheirRounding) {
     for (double mb : {0.05, 25.0}) {
       std::vector<float> g(static_cast<size_t>(total));
       for (int64_t i = 0; i < total; ++i) g[static_cast<size_t>(i)] = x(r, i);
-      Reducer red(make_mpi_transport(*c, g.data(), wire), plan_buckets(bounds, mb * 1048576, mb * 1048576), true);
+      Reducer red(make_mpi_transport(*c, g.data(), wire),
+                  plan_buckets(bounds, mb * 1048576, mb * 1048576), true);
       red.begin(0);
       for (const auto& [b, e] : bounds) red.mark_ready(b, e);
       red.wait();
@@ -169,9 +176,11 @@ TEST(Collectives, CompressedBucketsSumWithinTheirRounding) {
         }
         if (k == 2) {
           // Both ranks add the same two rounded values (float addition commutes): the same bits.
-          ASSERT_EQ(got, round16(round16(x(0, i)) + round16(x(1, i)))) << "mb " << mb << " at " << i;
+          ASSERT_EQ(got, round16(round16(x(0, i)) + round16(x(1, i))))
+              << "mb " << mb << " at " << i;
         }
-        ASSERT_LE(std::fabs(got - exact), (2 * k - 1) * u * mag + 1e-30) << "mb " << mb << " at " << i;
+        ASSERT_LE(std::fabs(got - exact), (2 * k - 1) * u * mag + 1e-30)
+            << "mb " << mb << " at " << i;
         inexact += static_cast<double>(got) != static_cast<double>(static_cast<float>(exact));
       }
       // The 16-bit path really ran: most sums differ from the float ones.
@@ -184,7 +193,8 @@ TEST(Collectives, CompressedBucketsSumWithinTheirRounding) {
 
 TEST(BucketPlan, CapsSplitAtParameterBoundaries) {
   // Parameters of 100, 300, 50, 1000 and 10 floats, given out of order.
-  std::vector<std::pair<int64_t, int64_t>> bounds{{400, 450}, {0, 100}, {450, 1450}, {100, 400}, {1450, 1460}};
+  std::vector<std::pair<int64_t, int64_t>> bounds{
+      {400, 450}, {0, 100}, {450, 1450}, {100, 400}, {1450, 1460}};
   auto one = plan_buckets(bounds, 1.0, 1.0);  // a byte: every parameter alone
   ASSERT_EQ(one.size(), 5u);
   EXPECT_EQ(one[3].begin, 450);

@@ -60,8 +60,8 @@ void train_steps(DataParallel& ddp, Sgd& opt, int64_t B, int steps, int accum, u
       Batch b = slice(g, (m * c.size() + c.rank()) * local, local);
       const Tensor& logits = ddp.forward(b.x, Mode::kTrain);
       Tensor dl(logits.shape());
-      cpu::softmax_xent(logits.data(), b.y.data(), local, logits.dim(1), 1.f / static_cast<float>(B),
-                        dl.data(), nullptr);
+      cpu::softmax_xent(logits.data(), b.y.data(), local, logits.dim(1),
+                        1.f / static_cast<float>(B), dl.data(), nullptr);
       ddp.backward(dl, s, /*sync=*/m + 1 == accum, /*accumulate=*/m > 0);
     }
     ddp.finish_gradient_sync();
@@ -117,8 +117,9 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       }
       if (mb == 25.0) {  // LeNet's 516 KB: fc layers, then conv1 + conv2 (101 KB <= a quarter)
         ASSERT_EQ(ddp.reducer().buckets().size(), 2u);
-        EXPECT_EQ(ddp.reducer().buckets()[1].begin, std::min(m->store().find("conv2.weight")->offset,
-                                                             m->store().find("conv2.bias")->offset));
+        EXPECT_EQ(ddp.reducer().buckets()[1].begin,
+                  std::min(m->store().find("conv2.weight")->offset,
+                           m->store().find("conv2.bias")->offset));
         EXPECT_EQ(ddp.reducer().buckets()[1].end, m->num_parameters());
       }
       if (mb == 1e4) {
@@ -128,7 +129,8 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       train_steps(ddp, opt, B, 4, 1, 100);
       ddp.verify_replicas(4);
       results.push_back(params_of(*m));
-      EXPECT_LT(max_rel_diff(results.back(), ref), 1e-4) << "bucket_mb " << mb << " overlap " << overlap;
+      EXPECT_LT(max_rel_diff(results.back(), ref), 1e-4)
+          << "bucket_mb " << mb << " overlap " << overlap;
     }
   }
   // The bucket plan changes which floats travel together, not what is summed. With 2 ranks each
@@ -181,7 +183,9 @@ TEST(DataParallel, DivergedReplicasAreDetected) {
     ddp.verify_replicas(5);
     FAIL() << "divergence not detected";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(c->size() - 1)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(c->size() - 1)),
+              std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("step 5"), std::string::npos) << e.what();
   }
 }
@@ -223,8 +227,10 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
     if (sync || c->size() == 1) {
       EXPECT_LT(diff, 1e-4) << "sync " << sync;
       d.sync_buffers();
-      std::vector<float> stats(m->store().buffers(), m->store().buffers() + m->store().num_buffers());
-      // Running means of synchronised BN are the global means: equal on every rank and to the reference.
+      std::vector<float> stats(m->store().buffers(),
+                               m->store().buffers() + m->store().num_buffers());
+      // Running means of synchronised BN are the global means: equal on every rank and to the
+      // reference.
       EXPECT_LT(max_rel_diff(stats, ref_stats), 1e-4);
     } else {
       // Per-replica statistics differ from whole-batch ones: the comparison above can fail.

@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include "dpt/error.h"
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -16,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "dpt/error.h"
+
 namespace dpt::test {
 
 inline void write_raw(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -28,7 +29,8 @@ inline void write_gz(const std::filesystem::path& path, const std::vector<uint8_
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
   if (!bytes.empty()) {
-    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+              static_cast<int>(bytes.size()));
   }
   ASSERT_EQ(gzclose(f), Z_OK);
 }
@@ -49,7 +51,8 @@ inline std::vector<uint8_t> read_all(const std::filesystem::path& path) {
 }
 
 // Runs f, which must throw a kInput dpt::Error whose message contains every needle.
-inline void expect_input_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+inline void expect_input_error(const std::function<void()>& f,
+                               const std::vector<std::string>& needles) {
   try {
     f();
   } catch (const dpt::Error& e) {

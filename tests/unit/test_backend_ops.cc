@@ -129,18 +129,19 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
   struct SyncedBn {
     std::vector<float> y, rm, rv, dx, dg, db;
   };
-  SyncedBn synced_bn(int64_t c, int64_t m, double eps, const std::vector<float>& x, const std::vector<float>& dy,
-                     const std::vector<float>& gamma, const std::vector<float>& beta, const ChannelSumFn& hook) {
+  SyncedBn synced_bn(int64_t c, int64_t m, double eps, const std::vector<float>& x,
+                     const std::vector<float>& dy, const std::vector<float>& gamma,
+                     const std::vector<float>& beta, const ChannelSumFn& hook) {
     const size_t xs = x.size(), cs = static_cast<size_t>(c);
     auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta);
     auto rm_ = put(std::vector<float>(cs, 0.f)), rv_ = put(std::vector<float>(cs, 1.f));
     auto y_ = put(std::vector<float>(xs, 7.f)), dx_ = put(std::vector<float>(xs, 7.f));
     auto dg_ = put(std::vector<float>(cs, 7.f)), db_ = put(std::vector<float>(cs, 7.f));
     const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, eps);
-    bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, hook, nullptr,
-                      false);
-    bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, hook, nullptr,
-                 nullptr);
+    bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(),
+                      nullptr, hook, nullptr, false);
+    bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false,
+                 hook, nullptr, nullptr);
     return {get(y_), get(rm_), get(rv_), get(dx_), get(dg_), get(db_)};
   }
 
@@ -444,12 +445,14 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
   const std::vector<double> sums = ref2.backward_sums(x2, dy);
   const std::vector<double> dbeta(sums.begin(), sums.begin() + c),
       dgamma(sums.begin() + c, sums.end());
-  bn->backward(x2_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {}, nullptr, nullptr);
+  bn->backward(x2_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {},
+               nullptr, nullptr);
   expect_match(get(dx_), ref2.dx(x2, dy, gamma, sums), "training dx", tol(Cmp::kApprox));
   expect_match(get(dg_), dgamma, "dgamma", tol(Cmp::kApprox));
   expect_match(get(db_), dbeta, "dbeta", tol(Cmp::kApprox));
   auto dga_ = put(d0), dba_ = put(d0);
-  bn->backward(x2_.data(), dy_.data(), nullptr, m, g_.data(), dga_.data(), dba_.data(), true, {}, nullptr, nullptr);
+  bn->backward(x2_.data(), dy_.data(), nullptr, m, g_.data(), dga_.data(), dba_.data(), true, {},
+               nullptr, nullptr);
   std::vector<double> dg_acc(cs), db_acc(cs);
   for (size_t ch = 0; ch < cs; ++ch)
     dg_acc[ch] = d0[ch] + dgamma[ch], db_acc[ch] = d0[ch] + dbeta[ch];
@@ -470,12 +473,14 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
     dg_ev[ch] += dy[i] * xhat;
     db_ev[ch] += dy[i];
   }
-  bn->forward_eval(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, false);
+  bn->forward_eval(x1_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
+                   false);
   expect_match(get(y_), y_ev, "eval y", tol(Cmp::kApprox));
   EXPECT_EQ(get(rm_), rm_now) << "eval moved running_mean";
   EXPECT_EQ(get(rv_), rv_now) << "eval moved running_var";
   EXPECT_EQ(get(nbt_), std::vector<float>{2.f}) << "eval moved num_batches_tracked";
-  bn->backward(x1_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {}, nullptr, nullptr);
+  bn->backward(x1_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {},
+               nullptr, nullptr);
   expect_match(get(dx_), dx_ev, "eval dx", tol(Cmp::kApprox));
   expect_match(get(dg_), dg_ev, "eval dgamma", tol(Cmp::kApprox));
   expect_match(get(db_), db_ev, "eval dbeta", tol(Cmp::kApprox));
@@ -527,10 +532,10 @@ TEST_P(BackendOps, BatchNormSyncHookDoublingIsTheInputSeenTwice) {
   expect_match(r.rm, rm, "synced running_mean", tol(Cmp::kApprox));
   expect_match(r.rv, rv, "synced running_var (2m rows)", tol(Cmp::kApprox));
   expect_match(r.dx, ref.dx(x, dy, gamma, both), "synced dx", tol(Cmp::kApprox));
-  expect_match(r.dg, std::vector<double>(local.begin() + c, local.end()),
-               "synced dgamma (local)", tol(Cmp::kApprox));
-  expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c),
-               "synced dbeta (local)", tol(Cmp::kApprox));
+  expect_match(r.dg, std::vector<double>(local.begin() + c, local.end()), "synced dgamma (local)",
+               tol(Cmp::kApprox));
+  expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c), "synced dbeta (local)",
+               tol(Cmp::kApprox));
 }
 
 TEST_P(BackendOps, BatchNormSyncHookAddsAPeersStatistics) {
@@ -569,8 +574,7 @@ TEST_P(BackendOps, BatchNormSyncHookAddsAPeersStatistics) {
   ASSERT_EQ(seen, (std::vector<int64_t>{2 * c + 1, 2 * c}));
   expect_match(r.y, ref.apply(x, gamma, beta), "y over both replicas' statistics",
                tol(Cmp::kApprox));
-  expect_match(r.dx, ref.dx(x, dy, gamma, both), "dx with both replicas' sums",
-               tol(Cmp::kApprox));
+  expect_match(r.dx, ref.dx(x, dy, gamma, both), "dx with both replicas' sums", tol(Cmp::kApprox));
   expect_match(r.dg, std::vector<double>(local.begin() + c, local.end()), "dgamma (local)",
                tol(Cmp::kApprox));
   expect_match(r.db, std::vector<double>(local.begin(), local.begin() + c), "dbeta (local)",
@@ -587,7 +591,8 @@ TEST_P(BackendOps, BatchNormFusedEqualsSeparateOps) {
   const double eps = 1e-5;
   const size_t xs = sz(m * c), cs = sz(c);
   const auto x = bn_input(xs, c, 600), res = uniform(xs, 601), dy = uniform(xs, 602);
-  const auto gamma = uniform(cs, 603, 0.5f, 1.5f), beta = uniform(cs, 604), rv0 = uniform(cs, 605, 0.5f, 2.f);
+  const auto gamma = uniform(cs, 603, 0.5f, 1.5f), beta = uniform(cs, 604),
+             rv0 = uniform(cs, 605, 0.5f, 2.f);
   auto x_ = put(x), res_ = put(res), dy_ = put(dy), g_ = put(gamma), b_ = put(beta);
   std::vector<int64_t> seen;
   const ChannelSumFn twice = host_hook(be(), seen, [](std::vector<double>& h, size_t) {
@@ -595,23 +600,26 @@ TEST_P(BackendOps, BatchNormFusedEqualsSeparateOps) {
   });
   for (Mode mode : {Mode::kTrain, Mode::kEval})
     for (bool with_res : {false, true}) {
-      SCOPED_TRACE(std::string(mode == Mode::kTrain ? "train" : "eval") + (with_res ? " residual" : ""));
+      SCOPED_TRACE(std::string(mode == Mode::kTrain ? "train" : "eval") +
+                   (with_res ? " residual" : ""));
       const float* r = with_res ? res_.data() : nullptr;
       // Two ops with their own running statistics: fused, and separate.
-      auto rm_f = put(std::vector<float>(cs, 0.f)), rv_f = put(rv0), rm_s = put(std::vector<float>(cs, 0.f)),
-           rv_s = put(rv0);
+      auto rm_f = put(std::vector<float>(cs, 0.f)), rv_f = put(rv0),
+           rm_s = put(std::vector<float>(cs, 0.f)), rv_s = put(rv0);
       const std::unique_ptr<BatchNormOp> fused = be().make_batchnorm(c, 0.1, eps),
                                          sep = be().make_batchnorm(c, 0.1, eps);
       auto y_f = put(std::vector<float>(xs, 7.f)), t_s = put(std::vector<float>(xs, 7.f)),
            y_s = put(std::vector<float>(xs, 7.f));
       if (mode == Mode::kTrain) {
-        fused->forward_train(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(), rv_f.data(), nullptr, twice,
-                             r, true);
-        sep->forward_train(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(), nullptr, twice,
-                           nullptr, false);
+        fused->forward_train(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(),
+                             rv_f.data(), nullptr, twice, r, true);
+        sep->forward_train(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(),
+                           nullptr, twice, nullptr, false);
       } else {
-        fused->forward_eval(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(), rv_f.data(), r, true);
-        sep->forward_eval(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(), nullptr, false);
+        fused->forward_eval(x_.data(), y_f.data(), m, g_.data(), b_.data(), rm_f.data(),
+                            rv_f.data(), r, true);
+        sep->forward_eval(x_.data(), t_s.data(), m, g_.data(), b_.data(), rm_s.data(), rv_s.data(),
+                          nullptr, false);
       }
       if (with_res)
         be().add(t_s.data(), res_.data(), y_s.data(), static_cast<int64_t>(xs), true);
@@ -621,20 +629,21 @@ TEST_P(BackendOps, BatchNormFusedEqualsSeparateOps) {
       expect_match(get(y_f), y, "fused forward", tol(Cmp::kExact));
       expect_match(get(rv_f), get(rv_s), "running_var", tol(Cmp::kExact));
       const auto on = std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; });
-      EXPECT_TRUE(on > static_cast<long>(xs) / 5 && on < static_cast<long>(xs) * 4 / 5) << on << " of " << xs;
+      EXPECT_TRUE(on > static_cast<long>(xs) / 5 && on < static_cast<long>(xs) * 4 / 5)
+          << on << " of " << xs;
 
       auto dz_ = put(std::vector<float>(xs, 7.f));
       be().relu_backward(y_s.data(), dy_.data(), dz_.data(), static_cast<int64_t>(xs));
       auto dx_s = put(std::vector<float>(xs, 7.f)), dg_s = put(std::vector<float>(cs, 7.f)),
            db_s = put(std::vector<float>(cs, 7.f));
-      sep->backward(x_.data(), dz_.data(), dx_s.data(), m, g_.data(), dg_s.data(), db_s.data(), false, twice, nullptr,
-                    nullptr);
+      sep->backward(x_.data(), dz_.data(), dx_s.data(), m, g_.data(), dg_s.data(), db_s.data(),
+                    false, twice, nullptr, nullptr);
       for (bool store_dz : {false, true}) {
         SCOPED_TRACE(store_dz ? "dz stored" : "masked on the fly");
         auto dx_f = put(std::vector<float>(xs, 7.f)), dg_f = put(std::vector<float>(cs, 7.f)),
              db_f = put(std::vector<float>(cs, 7.f)), dzo = put(std::vector<float>(xs, 7.f));
-        fused->backward(x_.data(), dy_.data(), dx_f.data(), m, g_.data(), dg_f.data(), db_f.data(), false, twice,
-                        y_f.data(), store_dz ? dzo.data() : nullptr);
+        fused->backward(x_.data(), dy_.data(), dx_f.data(), m, g_.data(), dg_f.data(), db_f.data(),
+                        false, twice, y_f.data(), store_dz ? dzo.data() : nullptr);
         expect_match(get(dx_f), get(dx_s), "fused dx", tol(Cmp::kExact));
         expect_match(get(dg_f), get(dg_s), "fused dgamma", tol(Cmp::kExact));
         expect_match(get(db_f), get(db_s), "fused dbeta", tol(Cmp::kExact));
@@ -886,8 +895,8 @@ TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
   for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>((i * 53 + 5) % 256);
   const std::vector<int64_t> idx = {2, 0, 1, 2};
   // Offsets at both extremes and in between, with and without the flip.
-  const std::vector<uint32_t> draws = {pack_draw(0, 0, false), pack_draw(4, 4, true), pack_draw(2, 2, false),
-                                       pack_draw(1, 3, true)};
+  const std::vector<uint32_t> draws = {pack_draw(0, 0, false), pack_draw(4, 4, true),
+                                       pack_draw(2, 2, false), pack_draw(1, 3, true)};
   const std::vector<float> mean = {0.5f, 0.25f, 0.75f}, stdev = {0.2f, 0.3f, 0.4f};
   const int64_t count = static_cast<int64_t>(idx.size());
   DeviceArray<uint8_t> im_ = DeviceArray<uint8_t>::mirror(be(), images.data(), num * per);
@@ -911,13 +920,15 @@ TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
     for (int64_t y = 0; y < rows; ++y)
       for (int64_t xx = 0; xx < cols; ++xx)
         for (int64_t c = 0; c < ch; ++c)
-          padded[sz(((y + pad) * pw + xx + pad) * ch + c)] = images[sz(idx[sz(i)] * per + (y * cols + xx) * ch + c)];
+          padded[sz(((y + pad) * pw + xx + pad) * ch + c)] =
+              images[sz(idx[sz(i)] * per + (y * cols + xx) * ch + c)];
     for (int64_t y = 0; y < rows; ++y)
       for (int64_t xx = 0; xx < cols; ++xx)
         for (int64_t c = 0; c < ch; ++c) {
           const int64_t wx = flips[i] ? cols - 1 - xx : xx;
           const int v = padded[sz(((y + oys[i]) * pw + wx + oxs[i]) * ch + c)];
-          x[sz(i * per + (y * cols + xx) * ch + c)] = (static_cast<float>(v) / 255.f - mean[sz(c)]) / stdev[sz(c)];
+          x[sz(i * per + (y * cols + xx) * ch + c)] =
+              (static_cast<float>(v) / 255.f - mean[sz(c)]) / stdev[sz(c)];
         }
   }
   expect_match(get(x_), x, "cropped, flipped, normalised pixels", tol(Cmp::kExact));
@@ -1000,7 +1011,8 @@ TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
   std::vector<double> q(p0.begin(), p0.end());
   auto q_ = put(p0), qbuf_ = put(garbage);
   for (bool first : {true, false}) {
-    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first, nullptr, 0.f);
+    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first, nullptr,
+                    0.f);
     for (size_t i = 0; i < sz(n); ++i) q[i] -= lr * (g1[i] + wd * q[i]);
   }
   expect_match(get(q_), q, "no momentum: p after two steps", tol(Cmp::kApprox));
@@ -1028,7 +1040,8 @@ TEST_P(BackendOps, SumSquaresInDouble) {
 TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   const int64_t n = 29;
   const float lr = 0.25f, mom = 0.9f, wd = 0.01f;
-  const auto p0 = uniform(sz(n), 1200), g = uniform(sz(n), 1201, -3.f, 3.f), b0 = uniform(sz(n), 1202);
+  const auto p0 = uniform(sz(n), 1200), g = uniform(sz(n), 1201, -3.f, 3.f),
+             b0 = uniform(sz(n), 1202);
   double sumsq = 0;
   for (float v : g) sumsq += static_cast<double>(v) * v;
   const double norm = std::sqrt(sumsq);
@@ -1038,7 +1051,8 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
     auto p_ = put(p0), buf_ = put(b0);
     auto s_ = to_backend_array(be(), std::vector<double>{bad});
-    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(), 1.f);
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(),
+                    1.f);
     EXPECT_EQ(get(p_), p0) << "a non-finite step changed the parameters (" << bad << ")";
     EXPECT_EQ(get(buf_), b0) << "a non-finite step changed the momentum (" << bad << ")";
   }
@@ -1368,7 +1382,8 @@ TEST_P(BackendOps, LayerBatchNorm2d) {
 }
 
 TEST_P(BackendOps, LayerBatchNorm2dRelu) {
-  LayerCase lc = with_kinks({"batchnorm+relu train", [] { return make_batchnorm2d_relu(); }, {4, 3, 3}, 3});
+  LayerCase lc =
+      with_kinks({"batchnorm+relu train", [] { return make_batchnorm2d_relu(); }, {4, 3, 3}, 3});
   lc.shift = 0.7;
   check_layer(be(), tol(Cmp::kApprox), lc, 2150);
   lc.what = "batchnorm+relu eval";
@@ -1449,7 +1464,8 @@ std::vector<float> bf16_rounded(std::vector<float> v) {
   for (float& f : v) f = float_from_bf16(bf16_from_float(f));
   return v;
 }
-// A bfloat16 tensor of `shape` in be's memory holding v rounded, and a bf16 tensor's values widened.
+// A bfloat16 tensor of `shape` in be's memory holding v rounded, and a bf16 tensor's values
+// widened.
 Tensor to_backend16(Backend& be, const std::vector<float>& v, const Shape& shape) {
   Tensor t(shape, &be, DType::kBF16);
   std::vector<BFloat16> h(v.size());
@@ -1490,16 +1506,19 @@ void check_layer_bf16(Backend& be, Tol out, Tol grads, const LayerCase& lc, uint
   p.layer->backward(x16, y16, dy16, &dx16, ctx);
   p.ref->backward(xr, yr, dyr, &dxr, rctx);
   ASSERT_EQ(dx16.dtype(), DType::kBF16);
-  expect_match(to_host16(be, dx16), as_double(bf16_rounded(to_host(cpu_backend(), dxr))), "dx", out);
+  expect_match(to_host16(be, dx16), as_double(bf16_rounded(to_host(cpu_backend(), dxr))), "dx",
+               out);
   if (p.st.num_params() > 0) {
     p.st.grads_to_host();
     expect_match(std::vector<float>(p.st.grads(), p.st.grads() + p.st.num_params()),
-                 std::vector<double>(p.rst.grads(), p.rst.grads() + p.rst.num_params()), "parameter gradients", grads);
+                 std::vector<double>(p.rst.grads(), p.rst.grads() + p.rst.num_params()),
+                 "parameter gradients", grads);
   }
   if (p.st.num_buffers() > 0) {
     p.st.buffers_to_host();
     expect_match(std::vector<float>(p.st.buffers(), p.st.buffers() + p.st.num_buffers()),
-                 std::vector<double>(p.rst.buffers(), p.rst.buffers() + p.rst.num_buffers()), "running statistics", grads);
+                 std::vector<double>(p.rst.buffers(), p.rst.buffers() + p.rst.num_buffers()),
+                 "running statistics", grads);
   }
 }
 
@@ -1522,7 +1541,9 @@ TEST_P(BackendOps, TensorHoldsFloatOrBf16AndRefusesTheOtherReading) {
     (void)t.data();
     ADD_FAILURE() << "a bfloat16 tensor was read as float";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("[3, 40] holds bfloat16, read as float32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[3, 40] holds bfloat16, read as float32"),
+              std::string::npos)
+        << e.what();
   }
   // Storage is reused across element types while it fits: the float form needs 480 bytes, more
   // than the 256 allocated (240 rounded to 64), so it grows; 240 bf16 values fit in that again.
@@ -1540,10 +1561,18 @@ TEST_P(BackendOps, Bf16ConvertRoundsToNearestEven) {
   // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: to the even 1. 1 + 3 * 2^-8 halfway between
   // 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6. A float subnormal keeps its top bits; the largest
   // float overflows to infinity; -0 stays -0.
-  const std::vector<float> in{1.f + std::ldexp(1.f, -8), 1.f + 3 * std::ldexp(1.f, -8), std::ldexp(1.f, -130),
-                              std::numeric_limits<float>::max(), -0.f, -2.5f};
-  const std::vector<float> want{1.f, 1.f + std::ldexp(1.f, -6), std::ldexp(1.f, -130),
-                                std::numeric_limits<float>::infinity(), -0.f, -2.5f};
+  const std::vector<float> in{1.f + std::ldexp(1.f, -8),
+                              1.f + 3 * std::ldexp(1.f, -8),
+                              std::ldexp(1.f, -130),
+                              std::numeric_limits<float>::max(),
+                              -0.f,
+                              -2.5f};
+  const std::vector<float> want{1.f,
+                                1.f + std::ldexp(1.f, -6),
+                                std::ldexp(1.f, -130),
+                                std::numeric_limits<float>::infinity(),
+                                -0.f,
+                                -2.5f};
   auto x = put(in);
   DeviceArray<BFloat16> y(be(), static_cast<int64_t>(in.size()));
   DeviceArray<float> back(be(), static_cast<int64_t>(in.size()));
@@ -1580,17 +1609,22 @@ Tol conv_grad_tol16(bool graph_api, Tol float_tol) {
 }
 
 TEST_P(BackendOps, Bf16LeafLayersAreTheFloatLayersRoundedOnce) {
-  const Tol ew = tol16(*this, false), prod = tol16(*this, true), g = is_cpu() ? Tol{true, 0, 0} : tol(Cmp::kApprox);
+  const Tol ew = tol16(*this, false), prod = tol16(*this, true),
+            g = is_cpu() ? Tol{true, 0, 0} : tol(Cmp::kApprox);
 #ifdef DPT_HAVE_CUDA
   const bool graph = !is_cpu() && static_cast<gpu::CudaBackend&>(be()).graph_api();
 #else
   const bool graph = false;
 #endif
   const Tol gc = conv_grad_tol16(graph, g);
-  check_layer_bf16(be(), prod, gc, {"conv 3x3 p1", [] { return make_conv2d(4, 3, 1, 1); }, {5, 6, 3}}, 4000);
-  check_layer_bf16(be(), prod, gc, {"conv 3x3 s1 p1, 16 channels", [] { return make_conv2d(16, 3, 1, 1, false); },
-                                    {5, 6, 16}}, 4010);
-  check_layer_bf16(be(), prod, gc, {"conv 5x5 p2", [] { return make_conv2d(3, 5, 1, 2); }, {6, 6, 2}}, 4020);
+  check_layer_bf16(be(), prod, gc,
+                   {"conv 3x3 p1", [] { return make_conv2d(4, 3, 1, 1); }, {5, 6, 3}}, 4000);
+  check_layer_bf16(
+      be(), prod, gc,
+      {"conv 3x3 s1 p1, 16 channels", [] { return make_conv2d(16, 3, 1, 1, false); }, {5, 6, 16}},
+      4010);
+  check_layer_bf16(be(), prod, gc,
+                   {"conv 5x5 p2", [] { return make_conv2d(3, 5, 1, 2); }, {6, 6, 2}}, 4020);
   check_layer_bf16(be(), prod, g, {"linear", [] { return make_linear(7); }, {13}, 4}, 4030);
   LayerCase bn{"batchnorm train", [] { return make_batchnorm2d(); }, {4, 3, 3}, 3};
   bn.shift = 0.7;
@@ -1602,9 +1636,12 @@ TEST_P(BackendOps, Bf16LeafLayersAreTheFloatLayersRoundedOnce) {
   bn.mode = Mode::kEval;
   check_layer_bf16(be(), ew, g, bn, 4060);
   check_layer_bf16(be(), ew, g, {"relu", [] { return make_relu(); }, {3, 4, 5}}, 4070);
-  check_layer_bf16(be(), ew, g, {"avgpool 2/2", [] { return make_avgpool2d(2, 2); }, {5, 7, 3}}, 4080);
-  check_layer_bf16(be(), ew, g, {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}}, 4090);
-  check_layer_bf16(be(), ew, g, {"global avgpool", [] { return make_global_avgpool(); }, {3, 4, 5}}, 4100);
+  check_layer_bf16(be(), ew, g, {"avgpool 2/2", [] { return make_avgpool2d(2, 2); }, {5, 7, 3}},
+                   4080);
+  check_layer_bf16(be(), ew, g,
+                   {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}}, 4090);
+  check_layer_bf16(be(), ew, g, {"global avgpool", [] { return make_global_avgpool(); }, {3, 4, 5}},
+                   4100);
   check_layer_bf16(be(), ew, g, {"flatten", [] { return make_flatten(); }, {2, 3, 4}}, 4110);
 }
 
@@ -1614,8 +1651,11 @@ TEST_P(BackendOps, Bf16ResidualRoundsBetweenItsLeaves) {
   // (invstd ~ 1/std of a conv output, here ~1): 2^-5 of the largest value holds them with room,
   // 2^-4 for dx (one more BatchNorm backward on each branch) and the parameter gradients.
   const Tol y{false, std::ldexp(1.0, -5), 0}, d{false, std::ldexp(1.0, -4), 0};
-  check_layer_bf16(be(), y, d, {"residual identity", [] { return make_residual(3, false, 1); }, {5, 5, 3}}, 4200);
-  check_layer_bf16(be(), y, d, {"residual 1x1 s2", [] { return make_residual(4, true, 2); }, {6, 6, 8}}, 4210);
+  check_layer_bf16(be(), y, d,
+                   {"residual identity", [] { return make_residual(3, false, 1); }, {5, 5, 3}},
+                   4200);
+  check_layer_bf16(be(), y, d,
+                   {"residual 1x1 s2", [] { return make_residual(4, true, 2); }, {6, 6, 8}}, 4210);
 }
 
 // The d2l models with bf16 activations on the backend against the float models on the CPU, same
@@ -1645,19 +1685,22 @@ TEST_P(BackendOps, Bf16ModelsTrackTheirFloatForm) {
   } const cases[] = {{"lenet", {28, 28, 1}, 0.125}, {"resnet18", {16, 16, 3}, 0.5}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    auto m = make_model(c.name, 10, be(), c.input), r = make_model(c.name, 10, cpu_backend(), c.input);
+    auto m = make_model(c.name, 10, be(), c.input),
+         r = make_model(c.name, 10, cpu_backend(), c.input);
     m->init_parameters("kaiming", 7);
     r->init_parameters("kaiming", 7);
     m->set_activation_dtype(DType::kBF16);
     const int64_t n = 8;
     Shape xs{n};
     xs.insert(xs.end(), c.input.begin(), c.input.end());
-    const std::vector<float> x = uniform(sz(shape_numel(xs)), 11, 0.f, 1.f), dl = uniform(sz(n * 10), 12);
+    const std::vector<float> x = uniform(sz(shape_numel(xs)), 11, 0.f, 1.f),
+                             dl = uniform(sz(n * 10), 12);
     const Tensor x_ = to_backend(be(), x, xs), xr = to_backend(cpu_backend(), x, xs);
     const Tensor dl_ = to_backend(be(), dl, {n, 10}), dlr = to_backend(cpu_backend(), dl, {n, 10});
     const Tensor& logits = m->forward(x_, Mode::kTrain);
     ASSERT_EQ(logits.dtype(), DType::kF32);
-    const double el = norm_rel(to_host(be(), logits), to_host(cpu_backend(), r->forward(xr, Mode::kTrain)));
+    const double el =
+        norm_rel(to_host(be(), logits), to_host(cpu_backend(), r->forward(xr, Mode::kTrain)));
     BackwardCtx ctx, rctx;
     m->backward(dl_, ctx);
     r->backward(dlr, rctx);
@@ -1665,9 +1708,10 @@ TEST_P(BackendOps, Bf16ModelsTrackTheirFloatForm) {
     ParamStore &ms = m->store(), &rs = r->store();
     const double eg = norm_rel(std::vector<float>(ms.grads(), ms.grads() + ms.num_params()),
                                std::vector<float>(rs.grads(), rs.grads() + rs.num_params()));
-    std::printf("  %s with bf16 activations on %s: logits %.3g, gradients %.3g norm-relative\n", c.name,
-                be().name().c_str(), el, eg);
-    EXPECT_GT(el, 0.0) << "the bf16 model computed the float model's exact logits: no rounding happened";
+    std::printf("  %s with bf16 activations on %s: logits %.3g, gradients %.3g norm-relative\n",
+                c.name, be().name().c_str(), el, eg);
+    EXPECT_GT(el, 0.0)
+        << "the bf16 model computed the float model's exact logits: no rounding happened";
     EXPECT_LE(el, std::ldexp(1.0, -5));
     EXPECT_LE(eg, c.grad_bound);
   }

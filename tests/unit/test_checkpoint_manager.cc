@@ -31,11 +31,13 @@ namespace fs = std::filesystem;
 struct Rig : test::EngineRig {
   std::unique_ptr<CheckpointManager> manager;
 
-  explicit Rig(const std::string& dir, void (*tweak)(TrainConfig&) = nullptr, const std::string& ck = "")
+  explicit Rig(const std::string& dir, void (*tweak)(TrainConfig&) = nullptr,
+               const std::string& ck = "")
       : EngineRig(config(dir, tweak, ck)) {
     manager = std::make_unique<CheckpointManager>(cfg, *comm, *model, *ddp, *opt, *engine);
   }
-  static TrainConfig config(const std::string& dir, void (*tweak)(TrainConfig&), const std::string& ck) {
+  static TrainConfig config(const std::string& dir, void (*tweak)(TrainConfig&),
+                            const std::string& ck) {
     TrainConfig c = test::small_config("lenet", dir, 3, 64);
     c.checkpoint_path = ck.empty() ? dir + "/ck.st" : ck;
     c.checkpoint_every = 1;
@@ -84,11 +86,15 @@ TEST_F(CheckpointManagerTest, DueByEpochsStepsAndMinutes) {
   EXPECT_TRUE(r.manager->save_if_due({2, 1, 10}, false, true, {}));
   EXPECT_EQ(read_checkpoint_info(r.cfg.checkpoint_path).step, 10);
   EXPECT_FALSE(r.manager->minutes_due());  // no --checkpoint-every Nmin
-  Rig m(dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 1e-9; }, dir_ + "/ckm.st");
+  Rig m(
+      dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 1e-9; },
+      dir_ + "/ckm.st");
   usleep(1000);
   EXPECT_TRUE(m.manager->minutes_due());
   m.save_at(1);
-  Rig slow(dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 60; }, dir_ + "/cks.st");
+  Rig slow(
+      dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 60; },
+      dir_ + "/cks.st");
   EXPECT_FALSE(slow.manager->minutes_due());
 }
 
@@ -104,7 +110,9 @@ TEST_F(CheckpointManagerTest, WritesPositionTrainingAndHistory) {
   EXPECT_EQ(f.metadata.at("step"), "7");
   EXPECT_EQ(f.metadata.at("training_id"), r.manager->training_id());
   EXPECT_EQ(r.manager->training_id().size(), 16u);
-  EXPECT_EQ(EpochMetrics::from_json(nlohmann::json::parse(f.metadata.at("history")).at(0).dump()).train_loss, 1.25);
+  EXPECT_EQ(EpochMetrics::from_json(nlohmann::json::parse(f.metadata.at("history")).at(0).dump())
+                .train_loss,
+            1.25);
   const CheckpointInfo info = read_checkpoint_info(r.cfg.checkpoint_path);
   EXPECT_TRUE(info.readable);
   EXPECT_EQ(info.step, 7);
@@ -130,7 +138,8 @@ TEST_F(CheckpointManagerTest, PrunesOnlyItsOwnTrainingsFiles) {
   // A file that is no checkpoint at a checkpoint's name is not removed either.
   std::ofstream(dir_ + "/ck.step0.st") << "not a checkpoint";
   mine.save_at(5);
-  EXPECT_EQ(names(), (std::vector<std::string>{"ck.step0.st", "ck.step100.st", "ck.step4.st", "ck.step5.st"}));
+  EXPECT_EQ(names(), (std::vector<std::string>{"ck.step0.st", "ck.step100.st", "ck.step4.st",
+                                               "ck.step5.st"}));
 }
 
 TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
@@ -141,7 +150,8 @@ TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
     second.manager->claim(0, 100);
     FAIL() << "another training's file at --checkpoint-path was not refused";
   } catch (const AgreedInputError& e) {
-    EXPECT_NE(std::string(e.what()).find("is a checkpoint of another training (id " + first.manager->training_id()),
+    EXPECT_NE(std::string(e.what()).find("is a checkpoint of another training (id " +
+                                         first.manager->training_id()),
               std::string::npos)
         << e.what();
     EXPECT_EQ(e.exit_code(), 2);
@@ -151,7 +161,8 @@ TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
   Rig resumer(dir_, [](TrainConfig& c) { c.resume = c.checkpoint_path; });
   const ResumePoint p = resumer.manager->load();
   EXPECT_EQ(p.at.global_step, 6);
-  EXPECT_EQ(resumer.manager->training_id(), first.manager->training_id());  // the same training goes on
+  EXPECT_EQ(resumer.manager->training_id(),
+            first.manager->training_id());  // the same training goes on
   EXPECT_NO_THROW(resumer.manager->claim(6, 100));
 }
 
@@ -171,7 +182,8 @@ TEST_F(CheckpointManagerTest, ResumeAutoTakesItsOwnTraining) {
   auto keep = [](TrainConfig& c) { c.keep_checkpoints = 5; };
   Rig a(dir_, keep);
   a.save_at(4);
-  Rig b(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.seed = 7; });  // other settings, newer file
+  Rig b(dir_,
+        [](TrainConfig& c) { c.keep_checkpoints = 5, c.seed = 7; });  // other settings, newer file
   b.save_at(9);
   testing::internal::CaptureStderr();
   Rig resumer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.resume = "auto"; });
@@ -180,7 +192,9 @@ TEST_F(CheckpointManagerTest, ResumeAutoTakesItsOwnTraining) {
   EXPECT_TRUE(p.resumed);
   EXPECT_EQ(p.at.global_step, 4);
   EXPECT_EQ(resumer.manager->training_id(), a.manager->training_id());
-  EXPECT_NE(err.find("passed over the files of other trainings (" + dir_ + "/ck.step9.st)"), std::string::npos) << err;
+  EXPECT_NE(err.find("passed over the files of other trainings (" + dir_ + "/ck.step9.st)"),
+            std::string::npos)
+      << err;
 }
 
 TEST_F(CheckpointManagerTest, RefusesNonFiniteStateAndKeepsTheFile) {
@@ -211,7 +225,8 @@ TEST_F(CheckpointManagerTest, RecordsEachCheckpointForTheLauncher) {
 
 TEST_F(CheckpointManagerTest, RemovesOnlyKilledWritersTemporariesOfItsNames) {
   // pid 4194303 is above any pid_max Linux allows by default: no such process.
-  for (const char* n : {"ck.st.tmp.4194303", "ck.step4.st.tmp.4194303.Ab12", "other.st.tmp.4194303"})
+  for (const char* n :
+       {"ck.st.tmp.4194303", "ck.step4.st.tmp.4194303.Ab12", "other.st.tmp.4194303"})
     std::ofstream(dir_ + "/" + n) << "x";
   std::ofstream(dir_ + "/ck.st.tmp." + std::to_string(getpid())) << "a writer that runs";
   fs::create_symlink(dir_ + "/victim", dir_ + "/ck.st.tmp.4194302");

@@ -59,12 +59,38 @@ TEST(Config, HelpShowsDefaults) {
   TrainConfig c;
   std::string help;
   EXPECT_FALSE(parse_config(2, argv.data(), &c, &help));
-  for (const char* flag : {"--model", "--recipe", "--epochs", "--batch-size", "--lr", "--momentum",
-                           "--weight-decay", "--seed", "--data", "--device", "--threads",
-                           "--max-steps", "--metrics", "--save", "--bucket-mb", "--last-bucket-mb", "--no-overlap",
-                           "--accum-steps", "--sync-bn", "--scale-lr", "--verify-every", "--timeout",
-                           "--eval-every", "--checkpoint-every", "--resume", "--trace", "--report", "--tf32",
-                           "--no-cuda-graphs", "--precision", "--activation-dtype", "--allow-config-change"})
+  for (const char* flag : {"--model",
+                           "--recipe",
+                           "--epochs",
+                           "--batch-size",
+                           "--lr",
+                           "--momentum",
+                           "--weight-decay",
+                           "--seed",
+                           "--data",
+                           "--device",
+                           "--threads",
+                           "--max-steps",
+                           "--metrics",
+                           "--save",
+                           "--bucket-mb",
+                           "--last-bucket-mb",
+                           "--no-overlap",
+                           "--accum-steps",
+                           "--sync-bn",
+                           "--scale-lr",
+                           "--verify-every",
+                           "--timeout",
+                           "--eval-every",
+                           "--checkpoint-every",
+                           "--resume",
+                           "--trace",
+                           "--report",
+                           "--tf32",
+                           "--no-cuda-graphs",
+                           "--precision",
+                           "--activation-dtype",
+                           "--allow-config-change"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
@@ -79,7 +105,8 @@ TEST(Config, Tf32IsOffUnlessAsked) {
   EXPECT_EQ(t.device, "cuda");
   EXPECT_NE(t.to_json().find("\"tf32\":true"), std::string::npos) << t.to_json();
   std::string msg;
-  EXPECT_EQ(input_error_of({"--tf32", "--device", "cpu"}, &msg), 0) << msg;  // accepted; ignored on the CPU
+  EXPECT_EQ(input_error_of({"--tf32", "--device", "cpu"}, &msg), 0)
+      << msg;  // accepted; ignored on the CPU
 }
 
 TEST(Config, CudaGraphsAreOnUnlessTurnedOff) {
@@ -99,17 +126,21 @@ TEST(Config, PrecisionIsFp32UnlessBf16IsAsked) {
   std::string msg;
   EXPECT_EQ(input_error_of({"--precision", "fp16"}, &msg), 2);
   EXPECT_NE(msg.find("--precision: 'fp16' is not fp32|bf16"), std::string::npos) << msg;
-  EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0) << msg;  // the pre-flight checks the CPU
+  EXPECT_EQ(input_error_of({"--precision", "bf16", "--device", "cpu"}, &msg), 0)
+      << msg;  // the pre-flight checks the CPU
 }
 
 TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
   EXPECT_EQ(parse({}).activation_dtype, "auto");
   EXPECT_EQ(activation_dtype(parse({})), DType::kF32);
-  EXPECT_EQ(activation_dtype(parse({}), true), DType::kF32);  // fp32 precision: fp32 activations anywhere
-  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"})), DType::kF32);  // the CPU, the legacy cuDNN API
+  EXPECT_EQ(activation_dtype(parse({}), true),
+            DType::kF32);  // fp32 precision: fp32 activations anywhere
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"})),
+            DType::kF32);  // the CPU, the legacy cuDNN API
   EXPECT_EQ(activation_dtype(parse({"--precision", "bf16"}), true), DType::kBF16);  // the graph API
   EXPECT_EQ(activation_dtype(parse({"--activation-dtype", "fp32"})), DType::kF32);
-  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16", "--activation-dtype", "fp32"}), true), DType::kF32);
+  EXPECT_EQ(activation_dtype(parse({"--precision", "bf16", "--activation-dtype", "fp32"}), true),
+            DType::kF32);
   TrainConfig b = parse({"--activation-dtype", "bf16"});
   EXPECT_EQ(activation_dtype(b), DType::kBF16);
   EXPECT_EQ(activation_dtype(b, true), DType::kBF16);
@@ -119,7 +150,8 @@ TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
   EXPECT_NE(msg.find("--activation-dtype: 'fp16' is not auto|fp32|bf16"), std::string::npos) << msg;
   // Ranks must agree on it, and a resumed run may not change it silently: it changes the results.
   bool listed = false;
-  for (const auto& [flag, value] : agreed_values(b)) listed |= flag == "--activation-dtype" && value == "\"bf16\"";
+  for (const auto& [flag, value] : agreed_values(b))
+    listed |= flag == "--activation-dtype" && value == "\"bf16\"";
   EXPECT_TRUE(listed);
   EXPECT_FALSE(may_change_on_resume("--activation-dtype"));
 }
@@ -128,7 +160,8 @@ TEST(Config, ActivationDtypeAutoIsBf16OnlyUnderBf16PrecisionOnAFastDevice) {
 // become cpu), but a resumed run may move to other hardware.
 TEST(Config, DeviceIsAgreedAsGivenAndFreeOnResume) {
   bool listed = false;
-  for (const auto& [flag, value] : agreed_values(parse({"--device", "cuda"}))) listed |= flag == "--device" && value == "\"cuda\"";
+  for (const auto& [flag, value] : agreed_values(parse({"--device", "cuda"})))
+    listed |= flag == "--device" && value == "\"cuda\"";
   EXPECT_TRUE(listed);
   EXPECT_TRUE(may_change_on_resume("--device"));
 }
@@ -255,7 +288,8 @@ TEST(Sampler, ShardsPartitionEachGlobalBatchAndEpochsDiffer) {
     for (int64_t s = 0; s < whole.steps_per_epoch(); ++s) {
       // Concatenating the ranks' slices gives exactly the single-rank batch.
       std::vector<int64_t> cat;
-      for (auto& rs : ranks) cat.insert(cat.end(), rs.local_indices(s), rs.local_indices(s) + B / world);
+      for (auto& rs : ranks)
+        cat.insert(cat.end(), rs.local_indices(s), rs.local_indices(s) + B / world);
       EXPECT_EQ(cat, std::vector<int64_t>(whole.local_indices(s), whole.local_indices(s) + B));
       seen.insert(cat.begin(), cat.end());
     }

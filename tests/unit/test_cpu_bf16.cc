@@ -73,8 +73,8 @@ struct Ref {
 // Every output within factor * u * S of `ref32` (or of the exact value when ref32 is null, with
 // the factor in units of u still); returns the largest |difference| / (u S) seen, to show the
 // bf16 rounding is really there.
-double expect_within(const std::vector<float>& got, const std::vector<float>* ref32, const Ref& r, double factor,
-                     const std::string& what) {
+double expect_within(const std::vector<float>& got, const std::vector<float>* ref32, const Ref& r,
+                     double factor, const std::string& what) {
   double worst = 0;
   int reported = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -82,8 +82,8 @@ double expect_within(const std::vector<float>& got, const std::vector<float>* re
     const double diff = std::fabs(got[i] - ref), allowed = factor * kU * r.s[i];
     if (r.s[i] > 0) worst = std::max(worst, diff / (kU * r.s[i]));
     if (diff > allowed && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " against " << ref << ", |diff| " << diff
-                    << " > " << factor << " u S = " << allowed;
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " against " << ref << ", |diff| "
+                    << diff << " > " << factor << " u S = " << allowed;
   }
   return worst;
 }
@@ -93,14 +93,16 @@ double expect_within(const std::vector<float>& got, const std::vector<float>* re
 TEST(CpuBf16, ToBf16RoundsToNearestEvenLikeTheScalarConversion) {
   // Ties both ways, values next to ties, signs, magnitudes, infinities, the largest float (rounds
   // to infinity); lengths below, at and above one 16-float vector, two vectors and a tail, all.
-  std::vector<float> v = {1.f, -1.f, 0.f, -0.f, 1.00390625f, 1.01171875f, 1.0039063f, 1.0039062f, 3.0e38f,
-                          -3.4028235e38f, INFINITY, -INFINITY, 1e-30f, 65504.f, 0.1f, -7.3e-5f};
+  std::vector<float> v = {1.f,        -1.f,       0.f,     -0.f,           1.00390625f, 1.01171875f,
+                          1.0039063f, 1.0039062f, 3.0e38f, -3.4028235e38f, INFINITY,    -INFINITY,
+                          1e-30f,     65504.f,    0.1f,    -7.3e-5f};
   const auto more = random_floats(1000, 7, -1e4f, 1e4f);
   v.insert(v.end(), more.begin(), more.end());
   for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, v.size()}) {
     std::vector<uint16_t> got(n, 0xdead);
     cpu::to_bf16(v.data(), got.data(), static_cast<int64_t>(n));
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], bf16_from_float(v[i])) << "n " << n << ", x " << v[i];
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], bf16_from_float(v[i])) << "n " << n << ", x " << v[i];
   }
   float nan = NAN;
   uint16_t h = 0;
@@ -115,8 +117,8 @@ struct ConvRefs {
 };
 ConvRefs conv_refs(const ConvGeom& g, const std::vector<float>& x, const std::vector<float>& w,
                    const std::vector<float>& dy) {
-  ConvRefs r{Ref(static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out)), Ref(x.size()), Ref(w.size()),
-             Ref(static_cast<size_t>(g.c_out))};
+  ConvRefs r{Ref(static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out)), Ref(x.size()),
+             Ref(w.size()), Ref(static_cast<size_t>(g.c_out))};
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t i = 0; i < g.oh(); ++i)
       for (int64_t j = 0; j < g.ow(); ++j)
@@ -142,10 +144,11 @@ ConvRefs conv_refs(const ConvGeom& g, const std::vector<float>& x, const std::ve
 struct ConvOut {
   std::vector<float> y, dx, dw, db;
 };
-ConvOut run_conv(Backend& be, const ConvGeom& g, const std::vector<float>& x, const std::vector<float>& w,
-                 const std::vector<float>& b, const std::vector<float>& dy) {
-  ConvOut o{std::vector<float>(dy.size()), std::vector<float>(x.size()), std::vector<float>(w.size()),
-            std::vector<float>(b.size())};
+ConvOut run_conv(Backend& be, const ConvGeom& g, const std::vector<float>& x,
+                 const std::vector<float>& w, const std::vector<float>& b,
+                 const std::vector<float>& dy) {
+  ConvOut o{std::vector<float>(dy.size()), std::vector<float>(x.size()),
+            std::vector<float>(w.size()), std::vector<float>(b.size())};
   auto op = be.make_conv();  // host memory on both CPU backends: the vectors are used directly
   op->forward(g, x.data(), w.data(), b.data(), o.y.data());
   op->backward(g, x.data(), w.data(), dy.data(), o.dx.data(), o.dw.data(), o.db.data(), false);
@@ -172,7 +175,7 @@ ConvData conv_data(const ConvGeom& g, uint64_t seed, bool exact) {
 
 struct ConvCase {
   const char* name;
-  ConvGeom g;           // n, h, w, c_in, c_out, k, stride, pad
+  ConvGeom g;             // n, h, w, c_in, c_out, k, stride, pad
   bool winograd_in_fp32;  // the fp32 reference runs Winograd
 };
 const ConvCase kConvCases[] = {
@@ -193,7 +196,8 @@ TEST(CpuBf16, ConvolutionWithinBf16RoundingAndExactOnBf16Values) {
   for (const ConvCase& c : kConvCases) {
     SCOPED_TRACE(c.name);
     const ConvGeom& g = c.g;
-    const int64_t k_y = g.c_in * g.k * g.k, k_dx = g.c_out * g.k * g.k, k_dw = g.n * g.oh() * g.ow();
+    const int64_t k_y = g.c_in * g.k * g.k, k_dx = g.c_out * g.k * g.k,
+                  k_dw = g.n * g.oh() * g.ow();
     const ConvData d = conv_data(g, seed += 10, false);
     const ConvRefs r = conv_refs(g, d.x, d.w, d.dy);
     const ConvOut f32 = run_conv(cpu_backend(), g, d.x, d.w, d.b, d.dy);
@@ -206,8 +210,8 @@ TEST(CpuBf16, ConvolutionWithinBf16RoundingAndExactOnBf16Values) {
     expect_within(b16.db, &f32.db, r.db, factor(k_dw, 1, false), "db");
     // fp32 against fp32 stays below 0.001 u S here; bf16 rounding shows as a few percent of u S.
     for (double wst : worst) EXPECT_GT(wst, 0.005) << "no bf16 rounding visible";
-    std::printf("  %-50s largest |bf16 - fp32| / (u S): y %.3f  dx %.3f  dw %.3f\n", c.name, worst[0], worst[1],
-                worst[2]);
+    std::printf("  %-50s largest |bf16 - fp32| / (u S): y %.3f  dx %.3f  dw %.3f\n", c.name,
+                worst[0], worst[1], worst[2]);
 
     const ConvData e = conv_data(g, seed += 10, true);
     const ConvRefs re = conv_refs(g, e.x, e.w, e.dy);
@@ -225,14 +229,16 @@ struct LinearOut {
   std::vector<float> y, dx, dw, db, dw_acc;
 };
 LinearOut run_linear(Backend& be, int64_t n, int64_t in, int64_t out, const std::vector<float>& x,
-                     const std::vector<float>& w, const std::vector<float>& b, const std::vector<float>& dy,
-                     const std::vector<float>& dw0) {
-  LinearOut o{std::vector<float>(dy.size()), std::vector<float>(x.size()), std::vector<float>(w.size()),
-              std::vector<float>(b.size()), dw0};
+                     const std::vector<float>& w, const std::vector<float>& b,
+                     const std::vector<float>& dy, const std::vector<float>& dw0) {
+  LinearOut o{std::vector<float>(dy.size()), std::vector<float>(x.size()),
+              std::vector<float>(w.size()), std::vector<float>(b.size()), dw0};
   be.linear_forward(x.data(), w.data(), b.data(), o.y.data(), n, in, out);
-  be.linear_backward(x.data(), w.data(), dy.data(), o.dx.data(), o.dw.data(), o.db.data(), n, in, out, false);
+  be.linear_backward(x.data(), w.data(), dy.data(), o.dx.data(), o.dw.data(), o.db.data(), n, in,
+                     out, false);
   std::vector<float> db_acc(b.size(), 0.f);
-  be.linear_backward(x.data(), w.data(), dy.data(), nullptr, o.dw_acc.data(), db_acc.data(), n, in, out, true);
+  be.linear_backward(x.data(), w.data(), dy.data(), nullptr, o.dw_acc.data(), db_acc.data(), n, in,
+                     out, true);
   return o;
 }
 
@@ -242,7 +248,9 @@ TEST(CpuBf16, LinearWithinBf16RoundingOfFp32) {
     const char* name;
     int64_t n, in, out;
   };
-  const Case cases[] = {{"LeNet fc1", 64, 800, 128}, {"LeNet fc2", 64, 128, 10}, {"ResNet fc", 16, 512, 10},
+  const Case cases[] = {{"LeNet fc1", 64, 800, 128},
+                        {"LeNet fc2", 64, 128, 10},
+                        {"ResNet fc", 16, 512, 10},
                         {"odd sizes", 7, 33, 5}};
   uint64_t seed = 500;
   for (const Case& c : cases) {
@@ -256,7 +264,8 @@ TEST(CpuBf16, LinearWithinBf16RoundingOfFp32) {
     for (int64_t r = 0; r < c.n; ++r)
       for (int64_t o = 0; o < c.out; ++o)
         for (int64_t i = 0; i < c.in; ++i) {
-          const size_t xi = static_cast<size_t>(r * c.in + i), wi = static_cast<size_t>(o * c.in + i),
+          const size_t xi = static_cast<size_t>(r * c.in + i),
+                       wi = static_cast<size_t>(o * c.in + i),
                        yi = static_cast<size_t>(r * c.out + o);
           y.add(yi, x[xi], w[wi]);
           dx.add(xi, dy[yi], w[wi]);
@@ -271,14 +280,16 @@ TEST(CpuBf16, LinearWithinBf16RoundingOfFp32) {
     EXPECT_EQ(b16.db, f32.db) << "the bias gradient is an fp32 column sum in both";
     // Accumulating adds the same bf16 product to dw0: one more fp32 rounding.
     for (size_t i = 0; i < dw0.size(); ++i)
-      ASSERT_NEAR(b16.dw_acc[i], dw0[i] + b16.dw[i], 2 * std::ldexp(std::fabs(dw0[i]) + std::fabs(b16.dw[i]), -24))
+      ASSERT_NEAR(b16.dw_acc[i], dw0[i] + b16.dw[i],
+                  2 * std::ldexp(std::fabs(dw0[i]) + std::fabs(b16.dw[i]), -24))
           << "dw accumulated [" << i << "]";
-    std::printf("  %-12s largest |bf16 - fp32| / (u S): y %.3f  dx %.3f  dw %.3f\n", c.name, worst[0], worst[1],
-                worst[2]);
+    std::printf("  %-12s largest |bf16 - fp32| / (u S): y %.3f  dx %.3f  dw %.3f\n", c.name,
+                worst[0], worst[1], worst[2]);
   }
 }
 
-// ---- training and the refusal ---------------------------------------------------------------------
+// ---- training and the refusal
+// ---------------------------------------------------------------------
 
 // A short LeNet training (3 epochs of 8 steps over the synthetic bands) in fp32 and in bf16 from
 // the same seed and data. The margins, 20 times what was observed: each epoch's mean loss within
@@ -298,8 +309,8 @@ TEST(CpuBf16, ShortLenetTrainingAgreesWithFp32) {
   ASSERT_EQ(f32.size(), 3u);
   ASSERT_EQ(b16.size(), 3u);
   for (size_t e = 0; e < 3; ++e) {
-    std::printf("  epoch %zu: loss fp32 %.4f bf16 %.4f, test acc fp32 %.4f bf16 %.4f\n", e + 1, f32[e].train_loss,
-                b16[e].train_loss, f32[e].test_acc, b16[e].test_acc);
+    std::printf("  epoch %zu: loss fp32 %.4f bf16 %.4f, test acc fp32 %.4f bf16 %.4f\n", e + 1,
+                f32[e].train_loss, b16[e].train_loss, f32[e].test_acc, b16[e].test_acc);
     EXPECT_NEAR(b16[e].train_loss, f32[e].train_loss, 0.05) << "epoch " << e + 1;
     EXPECT_NEAR(b16[e].test_acc, f32[e].test_acc, 0.05) << "epoch " << e + 1;
   }
@@ -308,7 +319,8 @@ TEST(CpuBf16, ShortLenetTrainingAgreesWithFp32) {
 
 // One training step's parameter gradients of `model` (kaiming init, seed 7; 16 random images),
 // computed on `be`; with round_weights, on the fp32 backend from weights rounded to bf16 values.
-std::vector<std::vector<float>> step_gradients(const std::string& model, Backend& be, bool round_weights,
+std::vector<std::vector<float>> step_gradients(const std::string& model, Backend& be,
+                                               bool round_weights,
                                                std::vector<std::string>* names) {
   constexpr int64_t kBatch = 16;
   auto m = make_model(model, 10, be);
@@ -322,7 +334,8 @@ std::vector<std::vector<float>> step_gradients(const std::string& model, Backend
   std::mt19937_64 g(11);
   test::fill_uniform(x.data(), x.numel(), g, 0.f, 1.f);
   std::vector<int32_t> labels(static_cast<size_t>(kBatch));
-  for (int64_t i = 0; i < kBatch; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>(i % 10);
+  for (int64_t i = 0; i < kBatch; ++i)
+    labels[static_cast<size_t>(i)] = static_cast<int32_t>(i % 10);
   const Tensor& logits = m->forward(x, Mode::kTrain);
   cpu::softmax_xent(logits.data(), labels.data(), kBatch, 10, 1.f / kBatch, dl.data(), nullptr);
   BackwardCtx ctx;
@@ -367,14 +380,16 @@ TEST(CpuBf16, TrainingStepGradientsMoveAsFarAsBf16WeightsDo) {
     ASSERT_EQ(b16.size(), f32.size());
     double worst = 0, largest = 0;
     for (size_t t = 0; t < names.size(); ++t) {
-      const double moved = norm_relative(b16[t], f32[t]), yardstick = norm_relative(rounded[t], f32[t]);
+      const double moved = norm_relative(b16[t], f32[t]),
+                   yardstick = norm_relative(rounded[t], f32[t]);
       EXPECT_GT(yardstick, 0) << names[t];
       EXPECT_LE(moved, 3 * yardstick) << names[t];
       worst = std::max(worst, moved / yardstick);
       largest = std::max(largest, moved);
     }
-    std::printf("  %s: %zu gradients, largest norm-relative move %.2e, at most %.2f times the yardstick\n",
-                model.c_str(), names.size(), largest, worst);
+    std::printf(
+        "  %s: %zu gradients, largest norm-relative move %.2e, at most %.2f times the yardstick\n",
+        model.c_str(), names.size(), largest, worst);
   }
 }
 
@@ -393,8 +408,9 @@ TEST(CpuBf16, RefusedWithExit2WhereTheCpuHasNoBf16) {
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_EQ(e.exit_code(), 2) << what;
-    for (const char* part : {"--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16",
-                             "has neither AVX512-BF16 nor AMX-BF16", "DPT_CPU_BF16=off", "--precision fp32"})
+    for (const char* part :
+         {"--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16",
+          "has neither AVX512-BF16 nor AMX-BF16", "DPT_CPU_BF16=off", "--precision fp32"})
       EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' missing from: " << what;
   }
   ::unsetenv("DPT_CPU_BF16");
@@ -418,8 +434,10 @@ TEST(CpuBf16, TheCpuDeviceRefusesBf16WithoutTheInstructions) {
     ADD_FAILURE() << "a bf16 CPU device opened with DPT_CPU_BF16=off";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("--precision bf16 on the CPU needs AVX512-BF16 or AMX-BF16"),
+        std::string::npos)
+        << e.what();
   }
   req.bf16 = false;
   EXPECT_STREQ(open_device(req)->kind(), "cpu");

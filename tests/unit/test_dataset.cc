@@ -1,7 +1,7 @@
 // Unit tests for load_data (include/dpt/dataset.h): tiny data sets of every format written here
 // byte by byte, loaded and compared pixel for pixel; one test per refusal, each checking the kInput
-// message names the file and the defect; the synthetic writer tests/data/make_data.py round-tripped;
-// and Fashion-MNIST read byte-identically to its files.
+// message names the file and the defect; the synthetic writer tests/data/make_data.py
+// round-tripped; and Fashion-MNIST read byte-identically to its files.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "data_files.h"
 #include "data/readers.h"
+#include "data_files.h"
 #include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/idx.h"
@@ -31,15 +31,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using dpt::test::expect_input_error;
+using dpt::test::read_all;
 using dpt::test::write_gz;
 using dpt::test::write_raw;
-using dpt::test::read_all;
-using dpt::test::expect_input_error;
 
 using dpt::test::idx_bytes;
 
 // ---- writers of each format ---------------------------------------------------------------------
-
 
 // An .npy file with `header` as its dict text (padded as numpy pads it) in format `major`.0.
 Bytes npy_raw(const std::string& header, const Bytes& data, int major = 1) {
@@ -110,12 +109,11 @@ Bytes cifar_records(const std::vector<Bytes>& label_bytes, int64_t first = 0) {
     out.insert(out.end(), label_bytes[r].begin(), label_bytes[r].end());
     for (int64_t c = 0; c < 3; ++c)
       for (int64_t y = 0; y < 32; ++y)
-        for (int64_t x = 0; x < 32; ++x) out.push_back(pixel(first + static_cast<int64_t>(r), y, x, c));
+        for (int64_t x = 0; x < 32; ++x)
+          out.push_back(pixel(first + static_cast<int64_t>(r), y, x, c));
   }
   return out;
 }
-
-
 
 // The decompressed bytes of a gzip file, by zlib's own reader: independent of dptrain's.
 Bytes gunzip(const fs::path& path) {
@@ -128,8 +126,6 @@ Bytes gunzip(const fs::path& path) {
   gzclose(f);
   return out;
 }
-
-
 
 class DatasetTest : public ::testing::Test {
  protected:
@@ -147,13 +143,15 @@ class DatasetTest : public ::testing::Test {
   dpt::DataSets load(const std::string& format = "auto") const {
     return dpt::load_data(dir_.string(), format);
   }
-  void expect_load_error(const std::vector<std::string>& needles, const std::string& format = "auto") {
+  void expect_load_error(const std::vector<std::string>& needles,
+                         const std::string& format = "auto") {
     expect_input_error([&] { load(format); }, needles);
   }
 
   // A good npy data set: n_train / n_test images of h x w (x c when c > 0), labels as given.
   void write_npy_set(int64_t h, int64_t w, int64_t c, const std::vector<int64_t>& train_labels,
-                     const std::vector<int64_t>& test_labels, const std::string& label_descr = "|u1") {
+                     const std::vector<int64_t>& test_labels,
+                     const std::string& label_descr = "|u1") {
     const auto shape = [&](int64_t n) {
       return c > 0 ? std::vector<int64_t>{n, h, w, c} : std::vector<int64_t>{n, h, w};
     };
@@ -161,9 +159,12 @@ class DatasetTest : public ::testing::Test {
     const auto ntr = static_cast<int64_t>(train_labels.size());
     const auto nte = static_cast<int64_t>(test_labels.size());
     write_raw(file("train_images.npy"), npy_bytes("|u1", shape(ntr), hwc_images(ntr, h, w, cc)));
-    write_raw(file("test_images.npy"), npy_bytes("|u1", shape(nte), hwc_images(nte, h, w, cc, 100)));
-    write_raw(file("train_labels.npy"), npy_bytes(label_descr, {ntr}, label_data(label_descr, train_labels)));
-    write_raw(file("test_labels.npy"), npy_bytes(label_descr, {nte}, label_data(label_descr, test_labels)));
+    write_raw(file("test_images.npy"),
+              npy_bytes("|u1", shape(nte), hwc_images(nte, h, w, cc, 100)));
+    write_raw(file("train_labels.npy"),
+              npy_bytes(label_descr, {ntr}, label_data(label_descr, train_labels)));
+    write_raw(file("test_labels.npy"),
+              npy_bytes(label_descr, {nte}, label_data(label_descr, test_labels)));
   }
 
   // A good idx set: 4 training and 3 test images of h x w x c (idx4 when c > 1).
@@ -178,11 +179,16 @@ class DatasetTest : public ::testing::Test {
     };
     const std::string ext = gz ? ".gz" : "";
     auto write = gz ? write_gz : write_raw;
-    const auto ntr = static_cast<int64_t>(train_labels.size()), nte = static_cast<int64_t>(test_labels.size());
-    write(file("train-images-" + kind + "-ubyte" + ext), idx_bytes(0x08, dims(ntr), hwc_images(ntr, h, w, c)));
-    write(file("t10k-images-" + kind + "-ubyte" + ext), idx_bytes(0x08, dims(nte), hwc_images(nte, h, w, c, 100)));
-    write(file("train-labels-idx1-ubyte" + ext), idx_bytes(0x08, {static_cast<uint32_t>(ntr)}, train_labels));
-    write(file("t10k-labels-idx1-ubyte" + ext), idx_bytes(0x08, {static_cast<uint32_t>(nte)}, test_labels));
+    const auto ntr = static_cast<int64_t>(train_labels.size()),
+               nte = static_cast<int64_t>(test_labels.size());
+    write(file("train-images-" + kind + "-ubyte" + ext),
+          idx_bytes(0x08, dims(ntr), hwc_images(ntr, h, w, c)));
+    write(file("t10k-images-" + kind + "-ubyte" + ext),
+          idx_bytes(0x08, dims(nte), hwc_images(nte, h, w, c, 100)));
+    write(file("train-labels-idx1-ubyte" + ext),
+          idx_bytes(0x08, {static_cast<uint32_t>(ntr)}, train_labels));
+    write(file("t10k-labels-idx1-ubyte" + ext),
+          idx_bytes(0x08, {static_cast<uint32_t>(nte)}, test_labels));
   }
 
   fs::path dir_;
@@ -196,18 +202,21 @@ void expect_pixels(const dpt::ImageSet& set, int64_t first = 0) {
     for (int64_t y = 0; y < set.rows; ++y)
       for (int64_t x = 0; x < set.cols; ++x)
         for (int64_t c = 0; c < set.channels; ++c) {
-          const uint8_t got = set.images[static_cast<size_t>(((i * set.rows + y) * set.cols + x) * set.channels + c)];
+          const uint8_t got = set.images[static_cast<size_t>(
+              ((i * set.rows + y) * set.cols + x) * set.channels + c)];
           if (got != pixel(first + i, y, x, c) && ++wrong <= 5)
-            ADD_FAILURE() << "image " << i << " [" << y << "][" << x << "][" << c << "] = " << int{got}
-                          << ", expected " << int{pixel(first + i, y, x, c)};
+            ADD_FAILURE() << "image " << i << " [" << y << "][" << x << "][" << c
+                          << "] = " << int{got} << ", expected " << int{pixel(first + i, y, x, c)};
         }
   EXPECT_EQ(wrong, 0);
 }
 
-// ---- formats, good files --------------------------------------------------------------------------
+// ---- formats, good files
+// --------------------------------------------------------------------------
 
 TEST(DataFormats, ListsEveryFormat) {
-  EXPECT_EQ(dpt::data_formats(), (std::vector<std::string>{"auto", "idx", "cifar10", "cifar100", "npy"}));
+  EXPECT_EQ(dpt::data_formats(),
+            (std::vector<std::string>{"auto", "idx", "cifar10", "cifar100", "npy"}));
 }
 
 TEST_F(DatasetTest, IdxIdx3IsOneChannelAndClassesComeFromTrainingLabels) {
@@ -274,7 +283,8 @@ TEST_F(DatasetTest, Cifar10InterleavesPlanesAndReadsBatchesInOrder) {
   // One pixel spelled out: record 0 of data_batch_1, y = 1, x = 2: R at 1 + 34, G at 1 + 1024 + 34.
   const Bytes raw = read_all(file("data_batch_1.bin"));
   const dpt::DataSets d = load();
-  for (int c = 0; c < 3; ++c) EXPECT_EQ(d.train.images[(1 * 32 + 2) * 3 + c], raw[1 + c * 1024 + 34]) << c;
+  for (int c = 0; c < 3; ++c)
+    EXPECT_EQ(d.train.images[(1 * 32 + 2) * 3 + c], raw[1 + c * 1024 + 34]) << c;
 }
 
 TEST_F(DatasetTest, Cifar100TrainsOnTheFineLabel) {
@@ -339,8 +349,9 @@ TEST_F(DatasetTest, NpyHeaderVersions) {
     EXPECT_EQ(got.data, img) << major;
   }
   // What numpy wrote in other times: double quotes, "L" longs, keys in another order, no padding.
-  write_raw(file("y.npy"),
-            npy_raw("{\"shape\": (2L, 3L, 3L), \"fortran_order\": False, \"descr\": \"<u1\"}", img));
+  write_raw(
+      file("y.npy"),
+      npy_raw("{\"shape\": (2L, 3L, 3L), \"fortran_order\": False, \"descr\": \"<u1\"}", img));
   EXPECT_EQ(dpt::data::read_npy_images(path("y.npy")).data, img);
   // Labels may be in Fortran order: a 1-D array is the same bytes either way.
   write_raw(file("l.npy"), npy_bytes("<i4", {3}, label_data("<i4", {4, 5, 6}), 1, true));
@@ -390,7 +401,8 @@ TEST(ChannelStats, RgbOfALoadedCifarRecordAgreesWithATwoPassSum) {
       sq += d * d;
     }
     EXPECT_NEAR(st.mean[static_cast<size_t>(c)], mean, 1e-12) << c;
-    EXPECT_NEAR(st.std[static_cast<size_t>(c)], std::sqrt(sq / static_cast<double>(count)), 1e-12) << c;
+    EXPECT_NEAR(st.std[static_cast<size_t>(c)], std::sqrt(sq / static_cast<double>(count)), 1e-12)
+        << c;
   }
 }
 
@@ -398,8 +410,9 @@ TEST(ChannelStats, RgbOfALoadedCifarRecordAgreesWithATwoPassSum) {
 
 TEST_F(DatasetTest, NothingDetectedListsWhatWasLookedFor) {
   write_raw(file("readme.txt"), {'h', 'i'});
-  expect_load_error({dir_.string(), "no data set found", "train-images-idx3-ubyte", "train-images-idx4-ubyte",
-                     "data_batch_1.bin", "test_batch.bin", "train.bin and test.bin", "train_images.npy"});
+  expect_load_error({dir_.string(), "no data set found", "train-images-idx3-ubyte",
+                     "train-images-idx4-ubyte", "data_batch_1.bin", "test_batch.bin",
+                     "train.bin and test.bin", "train_images.npy"});
   // train.bin alone is not taken for CIFAR-100.
   write_raw(file("train.bin"), cifar_records({{0, 0}}));
   expect_load_error({"no data set found"});
@@ -424,12 +437,14 @@ TEST_F(DatasetTest, SeveralFormatsPresentAsksForDataFormat) {
 }
 
 TEST_F(DatasetTest, UnknownFormatAndMissingDirectory) {
-  expect_load_error({"--data-format", "cifar", "unknown format", "auto, idx, cifar10, cifar100, npy"}, "cifar");
+  expect_load_error(
+      {"--data-format", "cifar", "unknown format", "auto, idx, cifar10, cifar100, npy"}, "cifar");
   const std::string gone = (dir_ / "absent").string();
   expect_input_error([&] { dpt::load_data(gone, "auto"); }, {gone, "no such directory"});
   expect_input_error([&] { dpt::load_data(gone, "idx"); }, {gone, "no such directory"});
   write_raw(file("plain"), {1});
-  expect_input_error([&] { dpt::load_data(path("plain"), "npy"); }, {path("plain"), "not a directory"});
+  expect_input_error([&] { dpt::load_data(path("plain"), "npy"); },
+                     {path("plain"), "not a directory"});
 }
 
 TEST_F(DatasetTest, MissingFilesOfANamedFormat) {
@@ -463,8 +478,8 @@ TEST_F(DatasetTest, FifoAndDirectoryAreRefusedNotWaitedOn) {
 
 TEST_F(DatasetTest, TestLabelWithoutATrainingClass) {
   write_idx_set(2, 2, 1, {0, 9, 1, 2}, {1, 2, 3, 4, 5, 12});
-  expect_load_error({path("t10k-labels-idx1-ubyte"), "label 12 at index 5",
-                     "the training set has classes 0..9"});
+  expect_load_error(
+      {path("t10k-labels-idx1-ubyte"), "label 12 at index 5", "the training set has classes 0..9"});
   write_npy_set(2, 2, 0, {0, 1}, {1, 0, 2});
   expect_load_error({path("test_labels.npy"), "label 2 at index 2", "classes 0..1"}, "npy");
 }
@@ -474,7 +489,8 @@ TEST_F(DatasetTest, TrainAndTestShapesMustAgree) {
   write_raw(file("train_labels.npy"), npy_bytes("|u1", {2}, {0, 1}));
   write_raw(file("test_images.npy"), npy_bytes("|u1", {1, 4, 4, 3}, hwc_images(1, 4, 4, 3)));
   write_raw(file("test_labels.npy"), npy_bytes("|u1", {1}, {0}));
-  expect_load_error({"differ in shape", path("train_images.npy"), "4x4x1", path("test_images.npy"), "4x4x3"});
+  expect_load_error(
+      {"differ in shape", path("train_images.npy"), "4x4x1", path("test_images.npy"), "4x4x3"});
   write_idx_set(5, 4, 1);
   write_raw(file("t10k-images-idx3-ubyte"), idx_bytes(0x08, {3, 4, 5}, hwc_images(3, 4, 5, 1)));
   expect_load_error({"differ in shape", path("train-images-idx3-ubyte"), "5x4x1",
@@ -485,7 +501,8 @@ TEST_F(DatasetTest, TrainAndTestShapesMustAgree) {
 TEST_F(DatasetTest, IdxIdx3AndIdx4BothPresentIsAmbiguous) {
   write_idx_set(2, 2, 1);
   write_raw(file("train-images-idx4-ubyte"), idx_bytes(0x08, {4, 2, 2, 1}, hwc_images(4, 2, 2, 1)));
-  expect_load_error({dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
+  expect_load_error(
+      {dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
 }
 
 // ---- CIFAR refusals ---------------------------------------------------------------------------
@@ -495,15 +512,18 @@ TEST_F(DatasetTest, CifarPartialRecord) {
   batch.pop_back();
   write_raw(file("data_batch_1.bin"), batch);
   write_raw(file("test_batch.bin"), cifar_records({{0}}));
-  expect_load_error({path("data_batch_1.bin"), "6145 bytes", "not a whole number of 3073-byte CIFAR-10 records"});
+  expect_load_error(
+      {path("data_batch_1.bin"), "6145 bytes", "not a whole number of 3073-byte CIFAR-10 records"});
   // A CIFAR-100 file read as CIFAR-10: the message suggests the other format.
   write_raw(file("data_batch_1.bin"), cifar_records({{1, 2}, {3, 4}, {5, 6}}));
-  expect_load_error({path("data_batch_1.bin"), "9222 bytes", "3073-byte", "--data-format cifar100"});
+  expect_load_error(
+      {path("data_batch_1.bin"), "9222 bytes", "3073-byte", "--data-format cifar100"});
   // And the other way round.
   write_raw(file("train.bin"), cifar_records({{1}, {2}}));
   write_raw(file("test.bin"), cifar_records({{1, 2}}));
-  expect_load_error({path("train.bin"), "6146 bytes", "3074-byte CIFAR-100 records", "--data-format cifar10?"},
-                    "cifar100");
+  expect_load_error(
+      {path("train.bin"), "6146 bytes", "3074-byte CIFAR-100 records", "--data-format cifar10?"},
+      "cifar100");
 }
 
 TEST_F(DatasetTest, CifarEmptyFile) {
@@ -522,7 +542,8 @@ TEST_F(DatasetTest, CifarLabelsOutsideTheFormatsClasses) {
 
   write_raw(file("train.bin"), cifar_records({{1, 5}, {20, 99}}));
   write_raw(file("test.bin"), cifar_records({{1, 5}}));
-  expect_load_error({path("train.bin"), "coarse label 20 at index 1", "coarse classes 0..19"}, "cifar100");
+  expect_load_error({path("train.bin"), "coarse label 20 at index 1", "coarse classes 0..19"},
+                    "cifar100");
   write_raw(file("train.bin"), cifar_records({{1, 5}, {19, 100}}));
   expect_load_error({path("train.bin"), "fine label 100 at index 1", "classes 0..99"}, "cifar100");
 }
@@ -565,15 +586,18 @@ TEST_F(NpyRefusal, UnsupportedVersion) {
 }
 
 TEST_F(NpyRefusal, UnsupportedDtypeIsNamed) {
-  expect_images_error(npy_bytes("<f4", {2, 3, 3}, Bytes(72, 0)), {"unsupported dtype '<f4'", "float32", "uint8"});
+  expect_images_error(npy_bytes("<f4", {2, 3, 3}, Bytes(72, 0)),
+                      {"unsupported dtype '<f4'", "float32", "uint8"});
   expect_images_error(npy_bytes("<i2", {2, 3, 3}, Bytes(36, 0)), {"'<i2'", "int16"});
   expect_images_error(npy_bytes("|b1", {2, 3, 3}, img_), {"'|b1'", "bool"});
-  expect_labels_error(npy_bytes("<f8", {2}, Bytes(16, 0)), {"unsupported dtype '<f8'", "float64", "integers"});
+  expect_labels_error(npy_bytes("<f8", {2}, Bytes(16, 0)),
+                      {"unsupported dtype '<f8'", "float64", "integers"});
   expect_labels_error(npy_bytes("|O", {2}, Bytes(16, 0)), {"'|O'", "Python objects"});
   expect_labels_error(npy_bytes("<u3", {2}, Bytes(6, 0)), {"'<u3'"});
   expect_labels_error(npy_bytes("=i4", {2}, Bytes(8, 0)), {"'=i4'"});
-  expect_images_error(npy_raw("{'descr': [('a', '<u1')], 'fortran_order': False, 'shape': (2, 3, 3), }", img_),
-                      {"structured dtype"});
+  expect_images_error(
+      npy_raw("{'descr': [('a', '<u1')], 'fortran_order': False, 'shape': (2, 3, 3), }", img_),
+      {"structured dtype"});
 }
 
 TEST_F(NpyRefusal, FortranOrderImages) {
@@ -582,25 +606,31 @@ TEST_F(NpyRefusal, FortranOrderImages) {
 
 TEST_F(NpyRefusal, HeaderThatIsNotTheExpectedDict) {
   expect_images_error(npy_raw("[1, 2, 3]", img_), {"bad .npy header", "not a dict"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False}", img_), {"no 'shape' key"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3), 'x': 1}", img_),
-                      {"unexpected key 'x'"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3)}", img_),
-                      {"bad .npy header", "no repeated key"});
+  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False}", img_),
+                      {"no 'shape' key"});
+  expect_images_error(
+      npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3), 'x': 1}", img_),
+      {"unexpected key 'x'"});
+  expect_images_error(
+      npy_raw("{'descr': '|u1', 'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3)}", img_),
+      {"bad .npy header", "no repeated key"});
   expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': 0, 'shape': (2, 3, 3)}", img_),
                       {"'fortran_order' is not True or False"});
   expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': [2, 3, 3]}", img_),
                       {"'shape' is not a tuple"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, -3, 3)}", img_),
-                      {"'shape' holds something other than a size"});
+  expect_images_error(
+      npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, -3, 3)}", img_),
+      {"'shape' holds something other than a size"});
   expect_images_error(npy_raw("{'descr': 1, 'fortran_order': False, 'shape': (2, 3, 3)}", img_),
                       {"'descr' is not a string"});
   expect_images_error(npy_raw("{'descr': '|u1, 'fortran_order': False, 'shape': (2, 3, 3)}", img_),
                       {"bad .npy header", "expected"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3)} junk", img_),
-                      {"bad .npy header", "the end of the header", "'junk"});
-  expect_images_error(npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (99999999999999999999, 3)}", img_),
-                      {"bad .npy header", "below 2^56"});
+  expect_images_error(
+      npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 3)} junk", img_),
+      {"bad .npy header", "the end of the header", "'junk"});
+  expect_images_error(
+      npy_raw("{'descr': '|u1', 'fortran_order': False, 'shape': (99999999999999999999, 3)}", img_),
+      {"bad .npy header", "below 2^56"});
   expect_images_error(npy_raw(std::string(200, '(') + std::string(200, ')'), img_),
                       {"bad .npy header", "less nesting"});
 }
@@ -615,7 +645,8 @@ TEST_F(NpyRefusal, HeaderLengthBeyondTheFileOrAbsurd) {
 
 TEST_F(NpyRefusal, DataSizeDisagreesWithTheShape) {
   Bytes shortd(img_.begin(), img_.end() - 1);
-  expect_images_error(npy_bytes("|u1", {2, 3, 3}, shortd), {"truncated", "2x3x3", "18 bytes", "has 17"});
+  expect_images_error(npy_bytes("|u1", {2, 3, 3}, shortd),
+                      {"truncated", "2x3x3", "18 bytes", "has 17"});
   Bytes longd = img_;
   longd.push_back(0);
   longd.push_back(0);
@@ -627,23 +658,30 @@ TEST_F(NpyRefusal, DataSizeDisagreesWithTheShape) {
 
 TEST_F(NpyRefusal, WrongNdimAndChannelsFirst) {
   expect_images_error(npy_bytes("|u1", {2, 9}, img_), {"wrong ndim", "2-D 2x9", "3-D"});
-  expect_images_error(npy_bytes("|u1", {1, 3, 8, 8}, Bytes(192, 0)), {"1x3x8x8", "channels-first", "transpose"});
-  expect_labels_error(npy_bytes("|u1", {2, 1}, {0, 1}), {"wrong ndim", "1-D", "2x1", "reshape(-1)"});
+  expect_images_error(npy_bytes("|u1", {1, 3, 8, 8}, Bytes(192, 0)),
+                      {"1x3x8x8", "channels-first", "transpose"});
+  expect_labels_error(npy_bytes("|u1", {2, 1}, {0, 1}),
+                      {"wrong ndim", "1-D", "2x1", "reshape(-1)"});
 }
 
 TEST_F(NpyRefusal, LabelsOutside0To255NameIndexAndValue) {
-  expect_labels_error(npy_bytes("<i2", {3}, label_data("<i2", {1, -1, 2})), {"label -1 at index 1", "0..255"});
-  expect_labels_error(npy_bytes(">u2", {3}, label_data(">u2", {1, 2, 256})), {"label 256 at index 2"});
+  expect_labels_error(npy_bytes("<i2", {3}, label_data("<i2", {1, -1, 2})),
+                      {"label -1 at index 1", "0..255"});
+  expect_labels_error(npy_bytes(">u2", {3}, label_data(">u2", {1, 2, 256})),
+                      {"label 256 at index 2"});
   expect_labels_error(npy_bytes("<i8", {2}, label_data("<i8", {INT64_MIN, 0})),
                       {"label -9223372036854775808 at index 0"});
-  expect_labels_error(npy_bytes("<u8", {2}, label_data("<u8", {3, -1})), {"label 18446744073709551615 at index 1"});
-  expect_labels_error(npy_bytes("|i1", {2}, label_data("|i1", {3, -128})), {"label -128 at index 1"});
+  expect_labels_error(npy_bytes("<u8", {2}, label_data("<u8", {3, -1})),
+                      {"label 18446744073709551615 at index 1"});
+  expect_labels_error(npy_bytes("|i1", {2}, label_data("|i1", {3, -128})),
+                      {"label -128 at index 1"});
 }
 
 TEST_F(DatasetTest, NpyImageAndLabelCountsDisagree) {
   write_npy_set(2, 2, 0, {0, 1, 1}, {1});
   write_raw(file("train_labels.npy"), npy_bytes("|u1", {2}, {0, 1}));
-  expect_load_error({"counts disagree", path("train_images.npy"), "3 images", path("train_labels.npy"), "2 labels"});
+  expect_load_error({"counts disagree", path("train_images.npy"), "3 images",
+                     path("train_labels.npy"), "2 labels"});
 }
 
 // ---- the synthetic writer ---------------------------------------------------------------------
@@ -659,7 +697,8 @@ std::string make_data_script() {
   const fs::path self = __FILE__;
   for (const fs::path& root : roots) {
     const fs::path candidate =
-        (self.is_absolute() ? self : root / self).parent_path().parent_path() / "data" / "make_data.py";
+        (self.is_absolute() ? self : root / self).parent_path().parent_path() / "data" /
+        "make_data.py";
     if (fs::exists(candidate, ec)) return candidate.lexically_normal().string();
   }
   return {};
@@ -690,7 +729,8 @@ class MakeData : public DatasetTest {
   void SetUp() override {
     DatasetTest::SetUp();
     if (make_data_script().empty()) GTEST_SKIP() << "tests/data/make_data.py not found";
-    if (std::system("python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not installed";
+    if (std::system("python3 -c pass >/dev/null 2>&1") != 0)
+      GTEST_SKIP() << "python3 not installed";
   }
   fs::path sub(const std::string& name) const { return dir_ / name; }
 };
@@ -710,7 +750,8 @@ TEST_F(MakeData, EveryFormatLoadsWithItsShapeAndClasses) {
       {"cifar100", "--format cifar100 --train 120", "cifar100", 32, 32, 3, 100},
       {"npy3", "--format npy --rows 3 --cols 7 --classes 5 --label-dtype '>i8'", "npy", 3, 7, 1, 5},
       {"npy4d", "--format npy --rows 3 --cols 7 --classes 5 --npy-4d", "npy", 3, 7, 1, 5},
-      {"npyrgb", "--format npy --rows 8 --cols 6 --channels 3 --classes 2 --label-dtype '<u2'", "npy", 8, 6, 3, 2},
+      {"npyrgb", "--format npy --rows 8 --cols 6 --channels 3 --classes 2 --label-dtype '<u2'",
+       "npy", 8, 6, 3, 2},
   };
   for (const Case& c : cases) {
     const std::string d = sub(c.name).string();
@@ -729,36 +770,49 @@ TEST_F(MakeData, EveryFormatLoadsWithItsShapeAndClasses) {
     // data_size, from the headers alone, says what load_data holds: images and labels at the
     // files' element size (CIFAR-100 keeps 2 label bytes a record in its file).
     const uint64_t label_size = c.args.find("i8'") != std::string::npos ? 8
-                                : c.args.find("u2'") != std::string::npos || c.name == "cifar100" ? 2 : 1;
+                                : c.args.find("u2'") != std::string::npos || c.name == "cifar100"
+                                    ? 2
+                                    : 1;
     const dpt::DataSize size = dpt::data_size(d, "auto");
     EXPECT_EQ(size.bytes, ds.train.images.size() + ds.test.images.size() +
-                              label_size * (ds.train.labels.size() + ds.test.labels.size())) << c.name;
+                              label_size * (ds.train.labels.size() + ds.test.labels.size()))
+        << c.name;
     EXPECT_FALSE(size.largest_file.empty()) << c.name;
     EXPECT_GT(size.largest_bytes, 0u) << c.name;
     // Every class of the writer is in the training set.
-    const int written = c.name == "cifar10" ? 10 : c.name == "cifar10few" ? 4 : c.name == "cifar100" ? 100 : c.classes;
+    const int written = c.name == "cifar10"      ? 10
+                        : c.name == "cifar10few" ? 4
+                        : c.name == "cifar100"   ? 100
+                                                 : c.classes;
     std::vector<int> seen(256, 0);
     for (uint8_t l : ds.train.labels) seen[l] = 1;
-    for (int k = 0; k < written; ++k) EXPECT_TRUE(seen[static_cast<size_t>(k)]) << c.name << " class " << k;
+    for (int k = 0; k < written; ++k)
+      EXPECT_TRUE(seen[static_cast<size_t>(k)]) << c.name << " class " << k;
   }
 }
 
 TEST_F(MakeData, DeterministicFromTheSeed) {
-  const std::string args = " --format npy --train 20 --test 5 --rows 4 --cols 4 --classes 3 --learnable";
+  const std::string args =
+      " --format npy --train 20 --test 5 --rows 4 --cols 4 --classes 3 --learnable";
   ASSERT_EQ(run_make_data(sub("a").string(), "--seed 1" + args), 0);
   ASSERT_EQ(run_make_data(sub("b").string(), "--seed 1" + args), 0);
   ASSERT_EQ(run_make_data(sub("c").string(), "--seed 2" + args), 0);
-  for (const char* f : {"train_images.npy", "train_labels.npy", "test_images.npy", "test_labels.npy"})
+  for (const char* f :
+       {"train_images.npy", "train_labels.npy", "test_images.npy", "test_labels.npy"})
     EXPECT_EQ(read_all(sub("a") / f), read_all(sub("b") / f)) << f;
   EXPECT_NE(read_all(sub("a") / "train_images.npy"), read_all(sub("c") / "train_images.npy"));
   // The gzip'd idx files carry no time stamp: byte-identical too.
-  ASSERT_EQ(run_make_data(sub("g1").string(), "--format idx --gzip --train 10 --test 2 --seed 5"), 0);
-  ASSERT_EQ(run_make_data(sub("g2").string(), "--format idx --gzip --train 10 --test 2 --seed 5"), 0);
-  EXPECT_EQ(read_all(sub("g1") / "train-images-idx3-ubyte.gz"), read_all(sub("g2") / "train-images-idx3-ubyte.gz"));
+  ASSERT_EQ(run_make_data(sub("g1").string(), "--format idx --gzip --train 10 --test 2 --seed 5"),
+            0);
+  ASSERT_EQ(run_make_data(sub("g2").string(), "--format idx --gzip --train 10 --test 2 --seed 5"),
+            0);
+  EXPECT_EQ(read_all(sub("g1") / "train-images-idx3-ubyte.gz"),
+            read_all(sub("g2") / "train-images-idx3-ubyte.gz"));
 }
 
 TEST_F(MakeData, RefusesImpossibleRequests) {
-  EXPECT_NE(run_make_data(sub("x").string(), "--format cifar10 --rows 28 --cols 28 --channels 1"), 0);
+  EXPECT_NE(run_make_data(sub("x").string(), "--format cifar10 --rows 28 --cols 28 --channels 1"),
+            0);
   EXPECT_NE(run_make_data(sub("x").string(), "--format cifar10 --classes 11"), 0);
   EXPECT_NE(run_make_data(sub("x").string(), "--format npy --train 3 --classes 5"), 0);
   EXPECT_NE(run_make_data(sub("x").string(), "--format npy --gzip"), 0);
@@ -792,12 +846,14 @@ double nearest_mean_accuracy(const dpt::DataSets& d, uint64_t seed) {
       double sum = 0;
       int64_t cnt = 0;
       for (int64_t y = 4; y < h - 4; ++y)
-        for (int64_t x = 4; x < w - 4; ++x, ++cnt) sum += img[static_cast<size_t>((y * w + x) * c + ch)];
+        for (int64_t x = 4; x < w - 4; ++x, ++cnt)
+          sum += img[static_cast<size_t>((y * w + x) * c + ch)];
       f.push_back(sum / static_cast<double>(cnt) / 255.0);
     }
     for (int64_t y = 4; y < h - 4; ++y) {
       for (int64_t x = 4; x < w - 4; ++x)
-        for (int64_t ch = 0; ch < c; ++ch) rowmean[static_cast<size_t>(y)] += img[static_cast<size_t>((y * w + x) * c + ch)];
+        for (int64_t ch = 0; ch < c; ++ch)
+          rowmean[static_cast<size_t>(y)] += img[static_cast<size_t>((y * w + x) * c + ch)];
     }
     double mean = 0;
     for (int64_t y = 4; y < h - 4; ++y) mean += rowmean[static_cast<size_t>(y)];
@@ -807,7 +863,8 @@ double nearest_mean_accuracy(const dpt::DataSets& d, uint64_t seed) {
     for (int64_t lag = 2; lag <= 7; ++lag) {
       double ac = 0;
       for (int64_t y = 4; y + lag < h - 4; ++y)
-        ac += (rowmean[static_cast<size_t>(y)] - mean) * (rowmean[static_cast<size_t>(y + lag)] - mean);
+        ac += (rowmean[static_cast<size_t>(y)] - mean) *
+              (rowmean[static_cast<size_t>(y + lag)] - mean);
       f.push_back(ac / var);
     }
     return f;
@@ -824,7 +881,8 @@ double nearest_mean_accuracy(const dpt::DataSets& d, uint64_t seed) {
     ++count[d.train.labels[static_cast<size_t>(i)]];
   }
   for (int cl = 0; cl < k; ++cl)
-    for (double& v : centroid[static_cast<size_t>(cl)]) v /= static_cast<double>(count[static_cast<size_t>(cl)]);
+    for (double& v : centroid[static_cast<size_t>(cl)])
+      v /= static_cast<double>(count[static_cast<size_t>(cl)]);
   int64_t hits = 0;
   for (int64_t i = 0; i < d.test.n; ++i) {
     const auto f = features(d.test, i, true, rng);
@@ -833,7 +891,8 @@ double nearest_mean_accuracy(const dpt::DataSets& d, uint64_t seed) {
     for (int cl = 0; cl < k; ++cl) {
       if (centroid[static_cast<size_t>(cl)].empty()) continue;
       double dist = 0;
-      for (size_t j = 0; j < f.size(); ++j) dist += std::pow(f[j] - centroid[static_cast<size_t>(cl)][j], 2);
+      for (size_t j = 0; j < f.size(); ++j)
+        dist += std::pow(f[j] - centroid[static_cast<size_t>(cl)][j], 2);
       if (dist < best_d) best_d = dist, best = cl;
     }
     hits += best == d.test.labels[static_cast<size_t>(i)];
@@ -842,8 +901,9 @@ double nearest_mean_accuracy(const dpt::DataSets& d, uint64_t seed) {
 }
 
 TEST_F(MakeData, LearnableSetsAreSeparableUnderCropAndFlip) {
-  for (const std::string& args : {std::string("--format cifar10"), std::string("--format idx --classes 10"),
-                                  std::string("--format npy --rows 32 --cols 32 --channels 3 --classes 10")}) {
+  for (const std::string& args :
+       {std::string("--format cifar10"), std::string("--format idx --classes 10"),
+        std::string("--format npy --rows 32 --cols 32 --channels 3 --classes 10")}) {
     const std::string d = sub("learn").string();
     fs::remove_all(d);
     ASSERT_EQ(run_make_data(d, "--train 200 --test 200 --seed 9 --learnable " + args), 0) << args;
@@ -866,7 +926,8 @@ TEST(DatasetRealData, FashionMnistIsReadByteForByte) {
   if (!fs::is_directory(dir)) GTEST_SKIP() << dir << " does not exist";
   const dpt::DataSets d = dpt::load_data(dir, "auto");
   EXPECT_EQ(d.format, "idx");
-  const std::map<std::string, const dpt::ImageSet*> splits = {{"train", &d.train}, {"t10k", &d.test}};
+  const std::map<std::string, const dpt::ImageSet*> splits = {{"train", &d.train},
+                                                              {"t10k", &d.test}};
   for (const auto& [split, set] : splits) {
     const int64_t n = split == "train" ? 60000 : 10000;
     EXPECT_EQ(set->n, n);

@@ -70,7 +70,9 @@ TEST(DeviceRegistry, MemoryAvailableOverride) {
       ADD_FAILURE() << bad << " was taken";
     } catch (const Error& err) {
       EXPECT_EQ(err.kind(), ErrorKind::kInput) << bad;
-      EXPECT_NE(std::string(err.what()).find(std::string("DPT_MEMORY_AVAILABLE=") + bad), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find(std::string("DPT_MEMORY_AVAILABLE=") + bad),
+                std::string::npos)
+          << err.what();
     }
   }
   EXPECT_NE(host_memory().source, "DPT_MEMORY_AVAILABLE");
@@ -90,8 +92,9 @@ TEST(DeviceRegistry, DataMemoryCountsEveryRankOnTheHost) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput);
     const std::string what = e.what();
-    for (const char* needle : {"--data d:", "(3000 bytes)", "3 rank(s)", "d/train-images-idx3-ubyte.gz", "(900 bytes)",
-                               "(2999 bytes) is available (MemAvailable)"})
+    for (const char* needle :
+         {"--data d:", "(3000 bytes)", "3 rank(s)", "d/train-images-idx3-ubyte.gz", "(900 bytes)",
+          "(2999 bytes) is available (MemAvailable)"})
       EXPECT_NE(what.find(needle), std::string::npos) << needle << " not in: " << what;
   }
 }

@@ -1,10 +1,10 @@
-// Unit tests for include/dpt/files.h: the atomic writer (whole replacement, modes, symlinks, planted
-// names, refused FIFOs/directories/devices), the non-blocking input open, the output pre-flight and
-// its locks; and error.h's printable()/summarize(), which every message quoting a file's text uses.
-#include <gtest/gtest.h>
-
+// Unit tests for include/dpt/files.h: the atomic writer (whole replacement, modes, symlinks,
+// planted names, refused FIFOs/directories/devices), the non-blocking input open, the output
+// pre-flight and its locks; and error.h's printable()/summarize(), which every message quoting a
+// file's text uses.
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -48,7 +48,8 @@ void put(const std::string& path, const std::string& text) {
 // The names in `dir` (without "." and "..").
 std::set<std::string> list_dir(const std::string& dir) {
   std::set<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.insert(e.path().filename().string());
   return out;
 }
 
@@ -65,7 +66,8 @@ void expect_input_error(const std::function<void()>& fn, const std::vector<std::
     ADD_FAILURE() << "no error thrown (expected an input error naming " << names.front() << ")";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
-    for (const std::string& n : names) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+    for (const std::string& n : names)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
   }
 }
 
@@ -292,14 +294,17 @@ std::pair<int, double> run_in_child(const std::function<int()>& fn) {
 
 // In the child: 0 when fn throws an input error naming `what` and the path, 1 when it returns, 2
 // for another error.
-int input_error_in_child(const std::function<void()>& fn, const std::string& what, const std::string& path) {
+int input_error_in_child(const std::function<void()>& fn, const std::string& what,
+                         const std::string& path) {
   try {
     fn();
     return 1;
   } catch (const Error& e) {
     const std::string m = e.what();
-    return e.kind() == ErrorKind::kInput && m.find(what) != std::string::npos && m.find(path) != std::string::npos
-               ? 0 : 2;
+    return e.kind() == ErrorKind::kInput && m.find(what) != std::string::npos &&
+                   m.find(path) != std::string::npos
+               ? 0
+               : 2;
   }
 }
 
@@ -311,8 +316,10 @@ TEST_F(FilesTest, OpenInputFileOnAFifoWithoutWriterFailsAtOnce) {
     const auto [rc, secs] = run_in_child([&] {
       return input_error_in_child(
           [&] {
-            if (keep_open) ::close(open_input_file(p, "--data"));
-            else check_input_file(p, "--data");
+            if (keep_open)
+              ::close(open_input_file(p, "--data"));
+            else
+              check_input_file(p, "--data");
           },
           "--data", p);
     });
@@ -326,11 +333,14 @@ TEST_F(FilesTest, OpenInputFileRefusesDirectoriesAndDevices) {
   expect_input_error([&] { open_input_file(dir_, "--resume"); }, {"--resume", dir_});
   expect_input_error([&] { check_input_file(dir_, "--resume"); }, {"--resume", dir_});
   // /dev/null would read as an empty file: refused as a device (in a child, in case it blocks).
-  const auto [rc, secs] = run_in_child(
-      [] { return input_error_in_child([] { ::close(open_input_file("/dev/null", "--data")); }, "--data", "/dev/null"); });
+  const auto [rc, secs] = run_in_child([] {
+    return input_error_in_child([] { ::close(open_input_file("/dev/null", "--data")); }, "--data",
+                                "/dev/null");
+  });
   EXPECT_EQ(rc, 0);
   EXPECT_LT(secs, 1.0);
-  expect_input_error([&] { open_input_file(path("absent"), "--data"); }, {"--data", path("absent")});
+  expect_input_error([&] { open_input_file(path("absent"), "--data"); },
+                     {"--data", path("absent")});
   expect_input_error([&] { open_input_file("", "--data"); }, {"--data"});
 }
 
@@ -371,8 +381,8 @@ TEST(ParseAtomicTemp, AcceptsBothForms) {
 }
 
 TEST(ParseAtomicTemp, RejectsOtherNames) {
-  for (const char* name : {"ck.st.tmp.", "ck.st.tmp.x1", "ck.st.tmp.1.a.b", ".tmp.1", "ck.st", "ck.st.tmp",
-                           "ck.st.tmp.1."}) {
+  for (const char* name : {"ck.st.tmp.", "ck.st.tmp.x1", "ck.st.tmp.1.a.b", ".tmp.1", "ck.st",
+                           "ck.st.tmp", "ck.st.tmp.1."}) {
     std::string target = "unchanged";
     pid_t pid = -7;
     EXPECT_FALSE(parse_atomic_temp(name, &target, &pid)) << name;
@@ -389,10 +399,12 @@ TEST_F(FilesTest, CheckOutputPath) {
   EXPECT_EQ(slurp(path("present.json")), "x");  // only checked, not touched
   // A missing directory.
   const std::string missing = path("no/such/dir/out.svg");
-  expect_input_error([&] { check_output_path(missing, "--report"); }, {"--report", missing, "does not exist"});
+  expect_input_error([&] { check_output_path(missing, "--report"); },
+                     {"--report", missing, "does not exist"});
   // A FIFO and a directory.
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
-  expect_input_error([&] { check_output_path(path("fifo"), "--trace"); }, {"--trace", path("fifo")});
+  expect_input_error([&] { check_output_path(path("fifo"), "--trace"); },
+                     {"--trace", path("fifo")});
   EXPECT_TRUE(S_ISFIFO(lmode(path("fifo"))));
   expect_input_error([&] { check_output_path(dir_, "--save"); }, {"--save", dir_});
   expect_input_error([&] { check_output_path("", "--save"); }, {"--save"});
@@ -402,12 +414,14 @@ TEST_F(FilesTest, CheckOutputPath) {
 TEST_F(FilesTest, CheckOutputPathStreamAcceptsACharacterDeviceOnly) {
   // /dev/null is only looked at (stat, access), never opened or written.
   expect_input_error([&] { check_output_path("/dev/null", "--save"); }, {"--save", "/dev/null"});
-  expect_input_error([&] { check_output_path("/dev/null", "--save", false); }, {"--save", "/dev/null"});
+  expect_input_error([&] { check_output_path("/dev/null", "--save", false); },
+                     {"--save", "/dev/null"});
   EXPECT_NO_THROW(check_output_path("/dev/null", "--metrics", true));
   EXPECT_TRUE(S_ISCHR(lmode("/dev/null")));
   // A FIFO or a directory is no stream target either.
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
-  expect_input_error([&] { check_output_path(path("fifo"), "--metrics", true); }, {"--metrics", path("fifo")});
+  expect_input_error([&] { check_output_path(path("fifo"), "--metrics", true); },
+                     {"--metrics", path("fifo")});
   expect_input_error([&] { check_output_path(dir_, "--metrics", true); }, {"--metrics", dir_});
   // Regular and absent files as before.
   EXPECT_NO_THROW(check_output_path(path("m.jsonl"), "--metrics", true));
@@ -422,7 +436,8 @@ TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectory) {
     ::chmod(ro.c_str(), 0700);
     GTEST_SKIP() << "this user (root?) can write a 0500 directory";
   }
-  expect_input_error([&] { check_output_path(ro + "/out.json", "--metrics"); }, {"--metrics", "not writable"});
+  expect_input_error([&] { check_output_path(ro + "/out.json", "--metrics"); },
+                     {"--metrics", "not writable"});
   ::chmod(ro.c_str(), 0700);
 }
 
@@ -435,11 +450,14 @@ TEST_F(FilesTest, OutputLockRefusesASecondRunNamingTheHolder) {
   {
     OutputLock first = check_output_path(out, "--metrics", true);
     EXPECT_EQ(first.file(), out + ".lock");
-    // flock locks are per open file: a second lock in this process conflicts as another run's would.
+    // flock locks are per open file: a second lock in this process conflicts as another run's
+    // would.
     const std::string holder = "pid " + std::to_string(::getpid()) + " on host";
-    expect_input_error([&] { OutputLock second(out, "--report"); }, {"--report", out, "in use by another run", holder, out + ".lock"});
+    expect_input_error([&] { OutputLock second(out, "--report"); },
+                       {"--report", out, "in use by another run", holder, out + ".lock"});
     // Through a symlink it is the same file, so the same lock.
-    expect_input_error([&] { check_output_path(path("link"), "--trace"); }, {"--trace", path("link"), holder});
+    expect_input_error([&] { check_output_path(path("link"), "--trace"); },
+                       {"--trace", path("link"), holder});
   }
   // Released: the lock file is gone with it, and the next run takes the output.
   EXPECT_EQ(list_dir(dir_), (std::set<std::string>{"m.jsonl", "link"}));
@@ -462,7 +480,8 @@ TEST_F(FilesTest, OutputLockDiesWithItsProcess) {
   }
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  expect_input_error([&] { OutputLock second(out, "--report"); }, {"--report", out, "pid " + std::to_string(child) + " on host"});
+  expect_input_error([&] { OutputLock second(out, "--report"); },
+                     {"--report", out, "pid " + std::to_string(child) + " on host"});
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   ::close(ready[0]), ::close(ready[1]);
@@ -472,17 +491,20 @@ TEST_F(FilesTest, OutputLockDiesWithItsProcess) {
 
 TEST_F(FilesTest, OutputLockNeverFollowsAPlantedSymlinkOrFifo) {
   ASSERT_EQ(::symlink(path("victim").c_str(), path("m.jsonl.lock").c_str()), 0);
-  expect_input_error([&] { OutputLock l(path("m.jsonl"), "--metrics"); }, {"--metrics", path("m.jsonl.lock"), "symlink"});
+  expect_input_error([&] { OutputLock l(path("m.jsonl"), "--metrics"); },
+                     {"--metrics", path("m.jsonl.lock"), "symlink"});
   EXPECT_FALSE(std::filesystem::exists(path("victim")));
   ASSERT_EQ(::mkfifo(path("t.json.lock").c_str(), 0600), 0);
-  expect_input_error([&] { OutputLock l(path("t.json"), "--trace"); }, {"--trace", path("t.json.lock"), "a FIFO"});
+  expect_input_error([&] { OutputLock l(path("t.json"), "--trace"); },
+                     {"--trace", path("t.json.lock"), "a FIFO"});
 }
 
 // ---- printable / summarize (error.h) ----
 
 TEST(Printable, EscapesControlBytesAndCutsLongText) {
   EXPECT_EQ(printable("plain id 0123"), "plain id 0123");
-  EXPECT_EQ(printable(std::string("a\nb\x1b[31m\t\r\0\x7f\xc3\xa9\\", 15)), "a\\nb\\x1b[31m\\t\\r\\x00\\x7f\\xc3\\xa9\\\\");
+  EXPECT_EQ(printable(std::string("a\nb\x1b[31m\t\r\0\x7f\xc3\xa9\\", 15)),
+            "a\\nb\\x1b[31m\\t\\r\\x00\\x7f\\xc3\\xa9\\\\");
   const std::string big(100000, 'i');
   EXPECT_EQ(printable(big), std::string(120, 'i') + "... (100000 bytes)");
   EXPECT_EQ(printable(big, 5), "iiiii... (100000 bytes)");

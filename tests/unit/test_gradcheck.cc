@@ -1,5 +1,5 @@
-// Finite-difference checks of every layer's backward (input and parameter gradients), the loss, whole
-// models, the gradient-ready announcements and gradient accumulation.
+// Finite-difference checks of every layer's backward (input and parameter gradients), the loss,
+// whole models, the gradient-ready announcements and gradient accumulation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,30 +35,31 @@ double dot(const Tensor& a, const Tensor& b) {
 using PatternFn = std::function<std::vector<uint8_t>()>;
 
 struct CheckOpts {
-  double eps = 1e-2;        // finite-difference step
-  double rtol = 2e-3;       // per coordinate: |analytic - numeric| <= rtol * max(floor, |numeric|)
-  double floor = 1.0;       // absolute floor of the scale above...
-  double rel_floor = 0;     // ...or this fraction of the largest |numeric| in the sample, if larger
-  int count = 40;           // coordinates checked (all when the tensor is smaller)
+  double eps = 1e-2;     // finite-difference step
+  double rtol = 2e-3;    // per coordinate: |analytic - numeric| <= rtol * max(floor, |numeric|)
+  double floor = 1.0;    // absolute floor of the scale above...
+  double rel_floor = 0;  // ...or this fraction of the largest |numeric| in the sample, if larger
+  int count = 40;        // coordinates checked (all when the tensor is smaller)
   // ReLU kinks inside [-eps, eps] spoil a central difference. With `pattern`, a coordinate where a
   // ReLU flips within the step is measured one-sided on a side where none does, else with a
   // quarter step (twice at most). Without it, `kinks` skips coordinates whose one-sided slopes
   // disagree.
   PatternFn pattern;
   bool kinks = false;
-  double max_skip = 0.25;   // fraction of sampled coordinates that may be skipped at kinks
-  double noise = 0;         // rounding noise of one loss evaluation: adds noise * sum|weights| of
-                            // the difference formula (1/h central, 4/h one-sided) to the tolerance
-  bool zero = false;        // the true gradient is 0 (a conv bias before train-mode BN)
-  double l2 = 1e-2;         // bound on |analytic - numeric|_2 / |numeric|_2 over the sample
+  double max_skip = 0.25;  // fraction of sampled coordinates that may be skipped at kinks
+  double noise = 0;        // rounding noise of one loss evaluation: adds noise * sum|weights| of
+                           // the difference formula (1/h central, 4/h one-sided) to the tolerance
+  bool zero = false;       // the true gradient is 0 (a conv bias before train-mode BN)
+  double l2 = 1e-2;        // bound on |analytic - numeric|_2 / |numeric|_2 over the sample
   uint64_t seed = 1;
   std::vector<int64_t> must;  // coordinates always checked
 };
 
 // Compares analytic[0..n) (the gradient of loss() w.r.t. data[0..n)) with central differences on
 // a random subset of coordinates; data is perturbed in place and restored.
-void check_gradient(const std::string& what, float* data, int64_t n, const std::vector<float>& analytic,
-                    const std::function<double()>& loss, const CheckOpts& o) {
+void check_gradient(const std::string& what, float* data, int64_t n,
+                    const std::vector<float>& analytic, const std::function<double()>& loss,
+                    const CheckOpts& o) {
   SCOPED_TRACE(what);
   ASSERT_EQ(static_cast<int64_t>(analytic.size()), n);
   std::vector<int64_t> idx;
@@ -105,8 +106,8 @@ void check_gradient(const std::string& what, float* data, int64_t n, const std::
     for (int attempt = 0; attempt < (o.pattern ? 3 : 1) && pt.skip; ++attempt, h /= 4) {
       const Eval p = at(i, h), m = at(i, -h);
       if (p.same && m.same) {
-        pt = {i, (p.l - m.l) / (p.h - m.h), (p.l - l0) / p.h, (l0 - m.l) / -m.h, false,
-              o.noise * 2 / (p.h - m.h)};
+        pt = {i,     (p.l - m.l) / (p.h - m.h), (p.l - l0) / p.h, (l0 - m.l) / -m.h,
+              false, o.noise * 2 / (p.h - m.h)};
       } else {
         // A ReLU flips on one side: a three-point one-sided difference (exact for quadratics) on a
         // side where no ReLU flips over [0, 2h].
@@ -143,7 +144,8 @@ void check_gradient(const std::string& what, float* data, int64_t n, const std::
     EXPECT_NEAR(a, p.numeric, tol) << "coordinate " << p.i;
   }
   // Skips must stay rare, and the gradient must not be trivially zero (unless it should be).
-  EXPECT_LE(skipped, o.max_skip * static_cast<double>(pts.size())) << "too many coordinates skipped at kinks";
+  EXPECT_LE(skipped, o.max_skip * static_cast<double>(pts.size()))
+      << "too many coordinates skipped at kinks";
   EXPECT_GT(checked, 0);
   if (o.zero) {
     EXPECT_LT(max_num, 1e-3 * o.floor) << "expected a zero gradient";
@@ -152,8 +154,10 @@ void check_gradient(const std::string& what, float* data, int64_t n, const std::
     EXPECT_LT(std::sqrt(err2), o.l2 * std::sqrt(num2)) << "relative L2 error over the sample";
   }
   if (::testing::Test::HasFailure() || std::getenv("GRADCHECK_VERBOSE"))
-    std::printf("  %-36s n=%-7lld checked=%-3d adapted=%-2d skipped=%-2d max|num|=%-10.4g worst err/tol=%.3f\n",
-                what.c_str(), static_cast<long long>(n), checked, adapted, skipped, max_num, worst);
+    std::printf(
+        "  %-36s n=%-7lld checked=%-3d adapted=%-2d skipped=%-2d max|num|=%-10.4g worst "
+        "err/tol=%.3f\n",
+        what.c_str(), static_cast<long long>(n), checked, adapted, skipped, max_num, worst);
 }
 
 // Test parameter values: BN gammas in [0.5, 1.5], running variances 1, other buffers 0, everything
@@ -213,7 +217,8 @@ struct LayerCheck {
     std::vector<float> gx(dx.data(), dx.data() + dx.numel());
     std::vector<std::pair<Param*, std::vector<float>>> grads;
     for (Param& p : store.entries())
-      if (!p.is_buffer) grads.emplace_back(&p, std::vector<float>(p.grad.data(), p.grad.data() + p.numel()));
+      if (!p.is_buffer)
+        grads.emplace_back(&p, std::vector<float>(p.grad.data(), p.grad.data() + p.numel()));
     auto f = [this] { return loss(); };
     check_gradient(what + " dx", x.data(), x.numel(), gx, f, o);
     for (size_t k = 0; k < grads.size(); ++k) {
@@ -228,7 +233,8 @@ struct LayerCheck {
   }
 };
 
-// ---- Layers ----------------------------------------------------------------------------------------
+// ---- Layers
+// ----------------------------------------------------------------------------------------
 
 TEST(GradCheck, Conv2d3x3) {
   LayerCheck c(make_conv2d(4, 3), {6, 5, 3}, 2, 101, "conv");
@@ -236,7 +242,8 @@ TEST(GradCheck, Conv2d3x3) {
 }
 
 TEST(GradCheck, Conv2d3x3Winograd) {
-  // 16 channels in and out: the stride-1 3x3 shape that runs the Winograd path (src/cpu/winograd.h).
+  // 16 channels in and out: the stride-1 3x3 shape that runs the Winograd path
+  // (src/cpu/winograd.h).
   LayerCheck c(make_conv2d(16, 3, 1, 1), {5, 6, 16}, 2, 106, "conv");
   c.run("conv k3 winograd", {});
 }
@@ -407,7 +414,8 @@ void check_residual(const std::string& what, int64_t channels, bool use_1x1, int
   const std::vector<uint8_t> on = shadow.pattern(c.store, "blk", c.x);
   const int64_t half = static_cast<int64_t>(on.size()) / 2;
   ASSERT_EQ(half, y.numel());
-  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data()[i] > 0.f, on[static_cast<size_t>(half + i)] != 0) << i;
+  for (int64_t i = 0; i < y.numel(); ++i)
+    ASSERT_EQ(y.data()[i] > 0.f, on[static_cast<size_t>(half + i)] != 0) << i;
   for (int part = 0; part < 2; ++part) {
     const auto first = on.begin() + part * half, last = first + half;
     EXPECT_GT(std::count(first, last, 1), half / 5) << part;
@@ -427,14 +435,19 @@ TEST(GradCheck, ResidualWith1x1) {
   check_residual("residual 1x1 s2", 4, true, 2, {6, 6, 8}, 114);
 }
 
-TEST(GradCheck, ResidualWith1x1Stride1) { check_residual("residual 1x1 s1", 6, true, 1, {5, 5, 3}, 117); }
+TEST(GradCheck, ResidualWith1x1Stride1) {
+  check_residual("residual 1x1 s1", 6, true, 1, {5, 5, 3}, 117);
+}
 
-TEST(GradCheck, ResidualIdentity) { check_residual("residual identity", 4, false, 1, {5, 5, 4}, 115); }
+TEST(GradCheck, ResidualIdentity) {
+  check_residual("residual identity", 4, false, 1, {5, 5, 4}, 115);
+}
 
 TEST(GradCheck, ResidualParamGradsDoNotNeedDx) {
   // The first block of a network gets no dx; its parameter gradients must not change.
   for (bool shortcut : {true, false}) {
-    LayerCheck c(make_residual(shortcut ? 8 : 4, shortcut, shortcut ? 2 : 1), {6, 6, shortcut ? 8 : 4}, 2, 116, "blk");
+    LayerCheck c(make_residual(shortcut ? 8 : 4, shortcut, shortcut ? 2 : 1),
+                 {6, 6, shortcut ? 8 : 4}, 2, 116, "blk");
     c.layer->forward(c.x, c.y, Mode::kTrain);
     BackwardCtx ctx;
     Tensor dx;
@@ -443,11 +456,13 @@ TEST(GradCheck, ResidualParamGradsDoNotNeedDx) {
     c.store.zero_grads();
     c.layer->backward(c.x, c.y, c.r, nullptr, ctx);
     for (int64_t i = 0; i < c.store.num_params(); ++i)
-      ASSERT_EQ(c.store.grads()[i], with[static_cast<size_t>(i)]) << "shortcut=" << shortcut << " " << i;
+      ASSERT_EQ(c.store.grads()[i], with[static_cast<size_t>(i)])
+          << "shortcut=" << shortcut << " " << i;
   }
 }
 
-// ---- Loss ------------------------------------------------------------------------------------------
+// ---- Loss
+// ------------------------------------------------------------------------------------------
 
 TEST(GradCheck, SoftmaxXent) {
   std::mt19937_64 g(120);
@@ -456,7 +471,9 @@ TEST(GradCheck, SoftmaxXent) {
   const int32_t labels[n] = {0, 3, 4, 3};
   std::vector<float> d(static_cast<size_t>(n * k));
   cpu::softmax_xent(z.data(), labels, n, k, 1.f / n, d.data(), nullptr);
-  auto mean_loss = [&] { return cpu::softmax_xent(z.data(), labels, n, k, 1.f, nullptr, nullptr) / n; };
+  auto mean_loss = [&] {
+    return cpu::softmax_xent(z.data(), labels, n, k, 1.f, nullptr, nullptr) / n;
+  };
   CheckOpts o;
   o.floor = 0.1;
   check_gradient("softmax_xent mean", z.data(), n * k, d, mean_loss, o);
@@ -470,7 +487,8 @@ struct ModelCheck {
   std::vector<int32_t> labels;
   int64_t n;
 
-  ModelCheck(const std::string& name, int64_t batch, uint64_t seed) : m(make_model(name)), n(batch) {
+  ModelCheck(const std::string& name, int64_t batch, uint64_t seed)
+      : m(make_model(name)), n(batch) {
     m->init_parameters("kaiming", seed);
     std::mt19937_64 g(seed);
     x = random_tensor({n, 28, 28, 1}, g, 0.f, 1.f);
@@ -484,7 +502,8 @@ struct ModelCheck {
   void backward(BackwardCtx& ctx) {
     const Tensor& z = m->forward(x, Mode::kTrain);
     Tensor dz(z.shape());
-    cpu::softmax_xent(z.data(), labels.data(), n, 10, 1.f / static_cast<float>(n), dz.data(), nullptr);
+    cpu::softmax_xent(z.data(), labels.data(), n, 10, 1.f / static_cast<float>(n), dz.data(),
+                      nullptr);
     m->backward(dz, ctx);
   }
 };
@@ -521,7 +540,8 @@ TEST(GradCheck, LeNetModel) {
     o.l2 = 5e-2;
     o.seed = 131 + static_cast<uint64_t>(tensors);
     o.must = {argmax_abs(gp)};
-    check_gradient("lenet " + p.name, p.value.data(), p.numel(), gp, [&] { return mc.loss(); }, o);
+    check_gradient(
+        "lenet " + p.name, p.value.data(), p.numel(), gp, [&] { return mc.loss(); }, o);
     ++tensors;
   }
   EXPECT_EQ(tensors, 8);
@@ -553,12 +573,14 @@ TEST(GradCheck, ResNet18ModelFewCoordinates) {
     o.l2 = 2 * rtol;
     o.seed = 141;
     o.must = {argmax_abs(gp)};
-    check_gradient(std::string("resnet18 ") + name, p->value.data(), p->numel(), gp,
-                   [&] { return mc.loss(); }, o);
+    check_gradient(
+        std::string("resnet18 ") + name, p->value.data(), p->numel(), gp, [&] { return mc.loss(); },
+        o);
   }
 }
 
-// ---- Gradient-ready announcements -----------------------------------------------------------------
+// ---- Gradient-ready announcements
+// -----------------------------------------------------------------
 
 void check_announcements(const std::string& name, int expect_count) {
   SCOPED_TRACE(name);
@@ -593,11 +615,15 @@ void check_announcements(const std::string& name, int expect_count) {
 TEST(BackwardCtx, AnnouncementsCoverLeNetInOrder) { check_announcements("lenet", 4); }
 
 // conv1, bn1, 8 blocks x (2 convs + 2 BNs), 3 downsample convs, fc.
-TEST(BackwardCtx, AnnouncementsCoverResNet18InOrder) { check_announcements("resnet18", 2 + 32 + 3 + 1); }
+TEST(BackwardCtx, AnnouncementsCoverResNet18InOrder) {
+  check_announcements("resnet18", 2 + 32 + 3 + 1);
+}
 
-// ---- Gradient accumulation --------------------------------------------------------------------------
+// ---- Gradient accumulation
+// --------------------------------------------------------------------------
 
-void check_accumulate(const std::string& what, std::unique_ptr<Layer> layer, const Shape& in, uint64_t seed) {
+void check_accumulate(const std::string& what, std::unique_ptr<Layer> layer, const Shape& in,
+                      uint64_t seed) {
   SCOPED_TRACE(what);
   LayerCheck c(std::move(layer), in, 3, seed, what);
   ParamStore& st = c.store;
@@ -615,7 +641,8 @@ void check_accumulate(const std::string& what, std::unique_ptr<Layer> layer, con
   for (int64_t i = 0; i < np; ++i) gmax = std::max(gmax, std::fabs(static_cast<double>(g1[i])));
   ASSERT_GT(gmax, 0.0);
   for (int64_t i = 0; i < np; ++i)
-    ASSERT_NEAR(st.grads()[i], 2.0 * g1[static_cast<size_t>(i)], 1e-6 * std::max(1.0, std::fabs(2.0 * g1[i])))
+    ASSERT_NEAR(st.grads()[i], 2.0 * g1[static_cast<size_t>(i)],
+                1e-6 * std::max(1.0, std::fabs(2.0 * g1[i])))
         << i;
   for (int64_t i = 0; i < dx1.numel(); ++i) ASSERT_EQ(dx1.data()[i], dx2.data()[i]) << "dx " << i;
 

@@ -24,22 +24,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
-using dpt::test::write_gz;
-using dpt::test::write_raw;
+using dpt::test::expect_input_error;
 using dpt::test::idx_bytes;
 using dpt::test::read_all;
-using dpt::test::expect_input_error;
-
+using dpt::test::write_gz;
+using dpt::test::write_raw;
 
 Bytes iota_bytes(size_t n, uint8_t start = 0) {
   Bytes b(n);
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(start + i);
   return b;
 }
-
-
-
-
 
 void expect_read_error(const fs::path& path, const std::vector<std::string>& needles) {
   std::vector<std::string> all = needles;
@@ -66,9 +61,8 @@ class IdxTest : public ::testing::Test {
     Bytes pixels(5 * 6);
     for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(7 * i + 1);
     const Bytes img = idx_bytes(0x08, {5, 2, 3}, pixels);
-    const Bytes lbl =
-        idx_bytes(0x08, {static_cast<uint32_t>(n_labels)},
-                  Bytes(labels.begin(), labels.begin() + n_labels));
+    const Bytes lbl = idx_bytes(0x08, {static_cast<uint32_t>(n_labels)},
+                                Bytes(labels.begin(), labels.begin() + n_labels));
     const std::string ext = gz ? ".gz" : "";
     auto write = gz ? write_gz : write_raw;
     write(file(split + "-images-idx3-ubyte" + ext), img);
@@ -178,8 +172,9 @@ TEST_F(IdxTest, LoadsIdx4ImageSetChannelsLast) {
 TEST_F(IdxTest, LoadRefusesIdx3AndIdx4Together) {
   write_tiny_set("train", false);
   write_raw(file("train-images-idx4-ubyte"), idx_bytes(0x08, {5, 2, 3, 1}, iota_bytes(30)));
-  expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
-                     {dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
+  expect_input_error(
+      [&] { dpt::load_image_set(dir_.string(), "train"); },
+      {dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
 }
 
 TEST_F(IdxTest, LoadPrefersGzipWhenBothExist) {
@@ -357,9 +352,9 @@ TEST_F(IdxTest, LoadMissingFiles) {
 
 TEST_F(IdxTest, LoadCountsDisagree) {
   write_tiny_set("train", false, /*n_labels=*/4);
-  expect_input_error([&] { dpt::load_image_set(dir_.string(), "train"); },
-                     {"disagree", "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                      "5 images", "4 labels"});
+  expect_input_error(
+      [&] { dpt::load_image_set(dir_.string(), "train"); },
+      {"disagree", "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "5 images", "4 labels"});
 }
 
 TEST_F(IdxTest, LoadLabelOutOfRange) {
@@ -388,7 +383,8 @@ TEST(IdxRealData, FashionMnistIsBalanced) {
   // DPT_TEST_DATA may name the dataset directory itself or just switch the test on.
   const std::string dir = fs::is_directory(env) ? env : fallback;
   if (!fs::is_directory(dir)) GTEST_SKIP() << dir << " does not exist";
-  for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 60000}, {"t10k", 10000}}) {
+  for (const auto& [split, n] :
+       {std::pair<std::string, int64_t>{"train", 60000}, {"t10k", 10000}}) {
     const auto start = std::chrono::steady_clock::now();
     const dpt::ImageSet set = dpt::load_image_set(dir, split);
     const double secs =

@@ -98,22 +98,23 @@ Outputs run_loops() {
     // mask (its output: b) with and without storing dz in the backward.
     for (bool res : {false, true})
       for (bool relu : {false, true}) {
-        cpu::bn_apply(x.data(), y.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
-                      res ? b.data() : nullptr, relu);
+        cpu::bn_apply(x.data(), y.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m,
+                      c, res ? b.data() : nullptr, relu);
         keep(out, tag + "bn_apply" + (res ? " residual" : "") + (relu ? " relu" : ""), y);
       }
     for (int mask = 0; mask < 3; ++mask) {  // none, masked, masked with dz stored
       const std::string form = mask == 0 ? "" : mask == 1 ? " masked" : " masked dz";
       const float* relu_out = mask > 0 ? b.data() : nullptr;
-      cpu::bn_backward_sums(x.data(), dy.data(), relu_out, mean.data(), invstd.data(), m, c, s1.data(), s2.data(),
-                            mask == 2 ? y2.data() : nullptr);
+      cpu::bn_backward_sums(x.data(), dy.data(), relu_out, mean.data(), invstd.data(), m, c,
+                            s1.data(), s2.data(), mask == 2 ? y2.data() : nullptr);
       keep(out, tag + "bn_backward_sums dy" + form, s1);
       keep(out, tag + "bn_backward_sums dy_xhat" + form, s2);
       if (mask == 2) keep(out, tag + "bn_backward_sums dz", y2);
       // As CpuBatchNorm does: the stored dz, else dy masked again on the fly.
-      cpu::bn_backward_apply(x.data(), mask == 2 ? y2.data() : dy.data(), mask == 1 ? relu_out : nullptr,
-                             mean.data(), invstd.data(), gamma.data(), s1.data(), s2.data(),
-                             static_cast<double>(2 * m), m, c, y.data());
+      cpu::bn_backward_apply(x.data(), mask == 2 ? y2.data() : dy.data(),
+                             mask == 1 ? relu_out : nullptr, mean.data(), invstd.data(),
+                             gamma.data(), s1.data(), s2.data(), static_cast<double>(2 * m), m, c,
+                             y.data());
       keep(out, tag + "bn_backward_apply" + form, y);
     }
 
@@ -141,7 +142,8 @@ Outputs run_loops() {
   for (float momentum : {0.f, 0.9f})
     for (float coef : {1.f, 0.37f}) {
       auto p = random_floats(np, g), buf = random_floats(np, g);
-      cpu::sgd_update(p.data(), grad.data(), buf.data(), np, 0.05f, momentum, 5e-4f, momentum > 0, coef);
+      cpu::sgd_update(p.data(), grad.data(), buf.data(), np, 0.05f, momentum, 5e-4f, momentum > 0,
+                      coef);
       cpu::sgd_update(p.data(), grad.data(), buf.data(), np, 0.05f, momentum, 5e-4f, false, coef);
       keep(out, "sgd m" + std::to_string(momentum) + " coef" + std::to_string(coef) + " p", p);
       keep(out, "sgd m" + std::to_string(momentum) + " coef" + std::to_string(coef) + " buf", buf);
@@ -153,7 +155,8 @@ Outputs run_loops() {
   for (auto& l : labels) l = static_cast<int32_t>(g() % classes);
   std::vector<float> dlogits(static_cast<size_t>(rows * classes));
   int64_t hits = 0;
-  const double loss = cpu::softmax_xent(logits.data(), labels.data(), rows, classes, 1.f / 256, dlogits.data(), &hits);
+  const double loss = cpu::softmax_xent(logits.data(), labels.data(), rows, classes, 1.f / 256,
+                                        dlogits.data(), &hits);
   keep(out, "softmax_xent loss, hits", std::vector<double>{loss, static_cast<double>(hits)});
   keep(out, "softmax_xent dlogits", dlogits);
   return out;
@@ -176,7 +179,8 @@ TEST(Isa, ActiveLevelIsRunnableAndTheOverrideIsScoped) {
   for (Isa isa : runnable_levels()) {
     cpu::ScopedIsa scoped(isa);
     EXPECT_EQ(cpu::active_isa(), isa);
-    EXPECT_NE(cpu::isa_report().find(std::string(cpu::isa_name(isa)) + " (CPU: " + cpu::isa_name(cpu::cpu_isa())),
+    EXPECT_NE(cpu::isa_report().find(std::string(cpu::isa_name(isa)) +
+                                     " (CPU: " + cpu::isa_name(cpu::cpu_isa())),
               std::string::npos)
         << cpu::isa_report();
   }
@@ -201,7 +205,8 @@ TEST(IsaLoops, EveryLevelGivesTheGenericBits) {
     for (const auto& [name, bytes] : generic)
       EXPECT_TRUE(got.at(name) == bytes) << name << " differs at " << cpu::isa_name(isa);
   }
-  std::printf("levels run: %zu (up to %s)\n", runnable_levels().size(), cpu::isa_name(cpu::cpu_isa()));
+  std::printf("levels run: %zu (up to %s)\n", runnable_levels().size(),
+              cpu::isa_name(cpu::cpu_isa()));
 }
 
 // The Winograd passes at every level on shapes with vector tails (channels 17, 33, 24) and
@@ -211,13 +216,18 @@ TEST(IsaLoops, EveryLevelGivesTheGenericBits) {
 // scale of the exact result (tests/unit/test_ops.cc, Winograd.EveryTileSizeMatchesDirectLoops,
 // which also runs at each level), so two copies differ by at most 4e-5 of it.
 TEST(IsaWinograd, SameBitsOnAvx2AndAvx512AndWithinTheBoundOfGeneric) {
-  struct Case { int64_t n, hw, cin, cout, k, pad; int m, mw; } cases[] = {
-      {2, 9, 17, 33, 3, 1, 4, 4}, {3, 7, 24, 17, 3, 1, 4, 4}, {2, 6, 33, 24, 3, 0, 2, 4},
-      {1, 11, 17, 20, 5, 2, 4, 4}, {2, 9, 20, 17, 5, 0, 2, 2}};
+  struct Case {
+    int64_t n, hw, cin, cout, k, pad;
+    int m, mw;
+  } cases[] = {{2, 9, 17, 33, 3, 1, 4, 4},
+               {3, 7, 24, 17, 3, 1, 4, 4},
+               {2, 6, 33, 24, 3, 0, 2, 4},
+               {1, 11, 17, 20, 5, 2, 4, 4},
+               {2, 9, 20, 17, 5, 0, 2, 2}};
   bool any_rounding_difference = false;
   for (const Case& c : cases) {
-    SCOPED_TRACE("cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " k " + std::to_string(c.k) +
-                 " m " + std::to_string(c.m) + " mw " + std::to_string(c.mw));
+    SCOPED_TRACE("cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " k " +
+                 std::to_string(c.k) + " m " + std::to_string(c.m) + " mw " + std::to_string(c.mw));
     const cpu::ConvGeom geo{c.n, c.hw, c.hw, c.cin, c.cout, c.k, 1, c.pad};
     std::mt19937_64 g(5);
     const auto x = random_floats(geo.n * geo.h * geo.w * geo.c_in, g);
@@ -242,12 +252,14 @@ TEST(IsaWinograd, SameBitsOnAvx2AndAvx512AndWithinTheBoundOfGeneric) {
       if (fma.empty()) fma = got;
       for (size_t part = 0; part < got.size(); ++part) {
         const char* what[] = {"y", "dx", "dw"};
-        EXPECT_TRUE(got[part] == fma[part]) << what[part] << " differs between FMA levels at " << cpu::isa_name(isa);
+        EXPECT_TRUE(got[part] == fma[part])
+            << what[part] << " differs between FMA levels at " << cpu::isa_name(isa);
         double scale = 0, worst = 0;
         for (float v : generic[part]) scale = std::max(scale, std::fabs(static_cast<double>(v)));
         for (size_t i = 0; i < got[part].size(); ++i)
           worst = std::max(worst, std::fabs(static_cast<double>(got[part][i]) - generic[part][i]));
-        EXPECT_LE(worst, 4e-5 * scale) << what[part] << " at " << cpu::isa_name(isa) << " vs generic";
+        EXPECT_LE(worst, 4e-5 * scale)
+            << what[part] << " at " << cpu::isa_name(isa) << " vs generic";
         any_rounding_difference |= worst > 0;
       }
     }

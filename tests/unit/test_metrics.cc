@@ -1,7 +1,7 @@
 // Unit tests for include/dpt/metrics.h: the epoch record's JSON, the per-rank timings and the
-// straggler watch, and MetricsLogger's files (--metrics lines, the resume trim, --report, warnings).
+// straggler watch, and MetricsLogger's files (--metrics lines, the resume trim, --report,
+// warnings).
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -202,7 +202,7 @@ TEST(RankTimings, EvenCountAndTies) {
   EpochMetrics m;
   set_rank_timings(m, {1.0, 0, 4.0, 0, 4.0, 0, 2.0, 0});
   EXPECT_EQ(m.median_compute_seconds, (2.0 + 4.0) / 2);  // the mean of the middle two
-  EXPECT_EQ(m.slowest_rank, 1);                            // the first of the equal slowest
+  EXPECT_EQ(m.slowest_rank, 1);                          // the first of the equal slowest
   EXPECT_EQ(m.slowest_compute_seconds, 4.0);
   EXPECT_DOUBLE_EQ(m.compute_spread, (4.0 - 1.0) / 3.0);
 
@@ -246,8 +246,8 @@ EpochMetrics timings(const std::vector<double>& compute, double median) {
 TEST(StragglerWatchTest, WarnsOnTheThirdConsecutiveSlowEpochOnly) {
   set_log_level(LogLevel::kInfo);
   const std::vector<std::string> hosts = {"h0", "h1", "h2", "h3"};
-  const EpochMetrics slow = timings({1.0, 1.0, 1.0, 1.3}, 1.0);    // rank 3 30 % above the median
-  const EpochMetrics normal = timings({1.0, 1.0, 1.0, 1.19}, 1.0); // 19 %: not slow
+  const EpochMetrics slow = timings({1.0, 1.0, 1.0, 1.3}, 1.0);     // rank 3 30 % above the median
+  const EpochMetrics normal = timings({1.0, 1.0, 1.0, 1.19}, 1.0);  // 19 %: not slow
   StragglerWatch w;
   testing::internal::CaptureStderr();
   EXPECT_TRUE(w.epoch_done(slow, hosts).empty());
@@ -315,7 +315,8 @@ TEST_F(MetricsFileTest, FreshRunTruncatesAndAppendsOneLinePerRecord) {
   const auto lines = lines_of(cfg_.metrics);
   ASSERT_EQ(lines.size(), 5u);
   const std::vector<std::string> types = {"step", "step", "epoch", "step", "epoch"};
-  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(json::parse(lines[i]).at("type"), types[i]) << lines[i];
+  for (size_t i = 0; i < lines.size(); ++i)
+    EXPECT_EQ(json::parse(lines[i]).at("type"), types[i]) << lines[i];
   const json s = json::parse(lines[1]);
   EXPECT_EQ(s.at("epoch"), 1);
   EXPECT_EQ(s.at("step"), 2);
@@ -343,7 +344,8 @@ TEST_F(MetricsFileTest, ResumeKeepsRecordsUpToTheCheckpointAndAppends) {
   for (int e = 1; e <= 3; ++e) {
     for (int64_t s = 10 * (e - 1) + 1; s <= 10 * e; ++s) {
       const StepRecord r = step_rec(e, s);
-      written.push_back(json{{"type", "step"}, {"epoch", r.epoch}, {"step", r.step}, {"loss", r.loss}}.dump());
+      written.push_back(
+          json{{"type", "step"}, {"epoch", r.epoch}, {"step", r.step}, {"loss", r.loss}}.dump());
     }
     written.push_back(epoch_record(e).to_json());
     if (e == 1) written.push_back("# a note the operator added (not JSON)");
@@ -353,7 +355,8 @@ TEST_F(MetricsFileTest, ResumeKeepsRecordsUpToTheCheckpointAndAppends) {
     for (const auto& l : written) f << l << "\n";
   }
   ASSERT_EQ(written.size(), 34u);
-  const std::vector<std::string> kept(written.begin(), written.begin() + 12);  // steps 1..10, epoch 1, note
+  const std::vector<std::string> kept(written.begin(),
+                                      written.begin() + 12);  // steps 1..10, epoch 1, note
 
   cfg_.report = dir_ + "/report.svg";
   MetricsLogger log(cfg_, 0, 1, {epoch_record(1)}, true, 1, 10);
@@ -380,7 +383,9 @@ TEST_F(MetricsFileTest, ResumeKeepsRecordsUpToTheCheckpointAndAppends) {
   // The report draws the history: two points on the train loss curve.
   const std::string svg = slurp(cfg_.report);
   std::smatch mt;
-  ASSERT_TRUE(std::regex_search(svg, mt, std::regex(R"re(data-name="train loss"[^>]*points="([^"]*)")re"))) << svg;
+  ASSERT_TRUE(
+      std::regex_search(svg, mt, std::regex(R"re(data-name="train loss"[^>]*points="([^"]*)")re")))
+      << svg;
   std::istringstream pts(mt[1].str());
   int n = 0;
   for (std::string p; pts >> p;) ++n;
@@ -403,13 +408,16 @@ TEST_F(MetricsFileTest, ResumeWithoutAFileStartsOne) {
 }
 
 TEST_F(MetricsFileTest, ResumeOnACharacterDeviceAppendsWithoutTrimming) {
-  // A private null device (mknod 1,3) in the test's directory, so the real /dev/null is never at risk.
+  // A private null device (mknod 1,3) in the test's directory, so the real /dev/null is never at
+  // risk.
   const std::string dev = dir_ + "/null";
   if (::geteuid() != 0) GTEST_SKIP() << "mknod of a character device needs root";
-  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod refused here";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "mknod refused here";
   cfg_.metrics = dev;
   std::unique_ptr<MetricsLogger> log;
-  EXPECT_NO_THROW(log = std::make_unique<MetricsLogger>(cfg_, 0, 1, std::vector<EpochMetrics>{epoch_record(1)}, true, 1, 10));
+  EXPECT_NO_THROW(log = std::make_unique<MetricsLogger>(
+                      cfg_, 0, 1, std::vector<EpochMetrics>{epoch_record(1)}, true, 1, 10));
   ASSERT_NE(log, nullptr);
   log->step_record(step_rec(2, 11));
   testing::internal::CaptureStderr();
@@ -495,11 +503,16 @@ TEST_F(MetricsFileTest, ReportIsAValidSvg) {
   ASSERT_NE(close, std::string::npos);
   EXPECT_EQ(svg.find_first_not_of(" \n", close + 6), std::string::npos);  // nothing after it
   // No NaN or infinity leaked into a coordinate.
-  EXPECT_FALSE(std::regex_search(svg, std::regex(R"((^|[^a-z])-?(nan|inf)([^a-z]|$))", std::regex::icase))) << svg;
+  EXPECT_FALSE(
+      std::regex_search(svg, std::regex(R"((^|[^a-z])-?(nan|inf)([^a-z]|$))", std::regex::icase)))
+      << svg;
   // Three curves: train loss and train acc with three points, test acc with two.
-  for (const auto& [name, points] : std::vector<std::pair<std::string, int>>{{"train loss", 3}, {"train acc", 3}, {"test acc", 2}}) {
+  for (const auto& [name, points] : std::vector<std::pair<std::string, int>>{
+           {"train loss", 3}, {"train acc", 3}, {"test acc", 2}}) {
     std::smatch mt;
-    ASSERT_TRUE(std::regex_search(svg, mt, std::regex("data-name=\"" + name + "\"[^>]*points=\"([^\"]*)\""))) << name;
+    ASSERT_TRUE(std::regex_search(svg, mt,
+                                  std::regex("data-name=\"" + name + "\"[^>]*points=\"([^\"]*)\"")))
+        << name;
     std::istringstream pts(mt[1].str());
     int n = 0;
     for (std::string p; pts >> p;) ++n;

@@ -60,7 +60,8 @@ struct ConvCase {
 
 // Worst error of a Conv2d output against a direct convolution in double, relative to the sum of the
 // magnitudes of each output's terms (the float rounding bound).
-double conv_error(const ConvCase& c, const Tensor& x, const float* W, const float* B, const Tensor& y) {
+double conv_error(const ConvCase& c, const Tensor& x, const float* W, const float* B,
+                  const Tensor& y) {
   const int64_t oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
   const int64_t ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
   EXPECT_EQ(y.shape(), (Shape{c.n, oh, ow, c.cout}));
@@ -96,7 +97,8 @@ double conv_layer_error(const ConvCase& c, std::mt19937_64& g) {
   Param& w = rig.p("l.weight");
   Param& b = rig.p("l.bias");
   if (rig.out != Shape{oh, ow, c.cout} || w.shape != Shape{c.cout, c.cin, c.k, c.k}) {
-    ADD_FAILURE() << "output " << shape_str(rig.out) << " or weight " << shape_str(w.shape) << " shape is wrong";
+    ADD_FAILURE() << "output " << shape_str(rig.out) << " or weight " << shape_str(w.shape)
+                  << " shape is wrong";
     return std::numeric_limits<double>::infinity();
   }
   fill_uniform(w.value.data(), w.numel(), g);
@@ -109,21 +111,21 @@ double conv_layer_error(const ConvCase& c, std::mt19937_64& g) {
 
 TEST(Conv2d, MatchesNaiveDirectConvolution) {
   const ConvCase cases[] = {
-      {2, 7, 6, 3, 4, 3, 1, 0},   // k=3, no padding
-      {2, 8, 7, 3, 5, 3, 2, 1},   // k=3, pad 1, stride 2 (odd width)
-      {2, 7, 7, 4, 6, 1, 2, 0},   // 1x1, stride 2
-      {2, 8, 8, 8, 4, 1, 2, 0},   // 1x1, stride 2, even size
-      {2, 9, 8, 2, 3, 5, 1, 0},   // k=5
-      {2, 6, 6, 5, 7, 5, 1, 2},   // k=5 with padding
-      {1, 5, 5, 16, 8, 3, 1, 1},  // more input channels
+      {2, 7, 6, 3, 4, 3, 1, 0},     // k=3, no padding
+      {2, 8, 7, 3, 5, 3, 2, 1},     // k=3, pad 1, stride 2 (odd width)
+      {2, 7, 7, 4, 6, 1, 2, 0},     // 1x1, stride 2
+      {2, 8, 8, 8, 4, 1, 2, 0},     // 1x1, stride 2, even size
+      {2, 9, 8, 2, 3, 5, 1, 0},     // k=5
+      {2, 6, 6, 5, 7, 5, 1, 2},     // k=5 with padding
+      {1, 5, 5, 16, 8, 3, 1, 1},    // more input channels
       {2, 28, 28, 1, 64, 3, 1, 1},  // ResNet-18's stem
   };
   std::mt19937_64 g(1234);
   for (const ConvCase& c : cases) {
-    SCOPED_TRACE("conv n=" + std::to_string(c.n) + " h=" + std::to_string(c.h) + " w=" +
-                 std::to_string(c.w) + " cin=" + std::to_string(c.cin) + " cout=" +
-                 std::to_string(c.cout) + " k=" + std::to_string(c.k) + " s=" +
-                 std::to_string(c.stride) + " p=" + std::to_string(c.pad));
+    SCOPED_TRACE("conv n=" + std::to_string(c.n) + " h=" + std::to_string(c.h) +
+                 " w=" + std::to_string(c.w) + " cin=" + std::to_string(c.cin) +
+                 " cout=" + std::to_string(c.cout) + " k=" + std::to_string(c.k) +
+                 " s=" + std::to_string(c.stride) + " p=" + std::to_string(c.pad));
     EXPECT_LT(conv_layer_error(c, g), 1e-5);
   }
 }
@@ -200,7 +202,8 @@ TEST(Conv2d, WeightLayoutIsOIHW) {
     }
 }
 
-// ---- Linear, ReLU, pooling, Flatten ---------------------------------------------------------------
+// ---- Linear, ReLU, pooling, Flatten
+// ---------------------------------------------------------------
 
 TEST(Linear, MatchesNaiveMatmul) {
   std::mt19937_64 g(7);
@@ -320,16 +323,17 @@ TEST(Flatten, PyTorchChwOrder) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t w = 0; w < W; ++w)
         for (int64_t c = 0; c < C; ++c)
-          x.data()[((n * H + h) * W + w) * C + c] = static_cast<float>(1000 * n + 100 * c + 10 * h + w);
+          x.data()[((n * H + h) * W + w) * C + c] =
+              static_cast<float>(1000 * n + 100 * c + 10 * h + w);
   Tensor y;
   rig.layer->forward(x, y, Mode::kTrain);
   ASSERT_EQ(y.shape(), (Shape{N, C * H * W}));
   // A few positions spelled out.
-  EXPECT_EQ(y.data()[0], 0.f);        // c0 h0 w0
-  EXPECT_EQ(y.data()[1], 1.f);        // c0 h0 w1
-  EXPECT_EQ(y.data()[3], 10.f);       // c0 h1 w0
-  EXPECT_EQ(y.data()[6], 100.f);      // c1 h0 w0
-  EXPECT_EQ(y.data()[23], 312.f);     // c3 h1 w2
+  EXPECT_EQ(y.data()[0], 0.f);           // c0 h0 w0
+  EXPECT_EQ(y.data()[1], 1.f);           // c0 h0 w1
+  EXPECT_EQ(y.data()[3], 10.f);          // c0 h1 w0
+  EXPECT_EQ(y.data()[6], 100.f);         // c1 h0 w0
+  EXPECT_EQ(y.data()[23], 312.f);        // c3 h1 w2
   EXPECT_EQ(y.data()[24 + 13], 1201.f);  // n1: 13 = c2 h0 w1
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c)
@@ -339,7 +343,8 @@ TEST(Flatten, PyTorchChwOrder) {
                     static_cast<float>(1000 * n + 100 * c + 10 * h + w));
 }
 
-// ---- BatchNorm2d -----------------------------------------------------------------------------------
+// ---- BatchNorm2d
+// -----------------------------------------------------------------------------------
 
 TEST(BatchNorm2d, TrainModeNormalisesAndUpdatesRunningStats) {
   std::mt19937_64 g(11);
@@ -386,7 +391,8 @@ TEST(BatchNorm2d, TrainModeNormalisesAndUpdatesRunningStats) {
   EXPECT_EQ(nbt.value.data()[0], 1.f);
 
   // A second step moves the running stats on from the first and counts to 2.
-  std::vector<float> rm1(rm.value.data(), rm.value.data() + C), rv1(rv.value.data(), rv.value.data() + C);
+  std::vector<float> rm1(rm.value.data(), rm.value.data() + C),
+      rv1(rv.value.data(), rv.value.data() + C);
   for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = 0.5f * x.data()[i] + 3.f;
   rig.layer->forward(x, y, Mode::kTrain);
   for (int64_t c = 0; c < C; ++c) {
@@ -433,8 +439,10 @@ TEST(BatchNorm2d, EvalModeUsesRunningStats) {
   for (int64_t r = 0; r < M; ++r)
     for (int64_t c = 0; c < C; ++c) {
       const double expect = (x.data()[r * C + c] - static_cast<double>(rm[c])) /
-                                std::sqrt(static_cast<double>(rv[c]) + 1e-5) * gm[c] + bt[c];
-      EXPECT_NEAR(y.data()[r * C + c], expect, 2e-6 * std::max(1.0, std::fabs(expect))) << r << "," << c;
+                                std::sqrt(static_cast<double>(rv[c]) + 1e-5) * gm[c] +
+                            bt[c];
+      EXPECT_NEAR(y.data()[r * C + c], expect, 2e-6 * std::max(1.0, std::fabs(expect)))
+          << r << "," << c;
     }
   // Eval leaves the statistics alone.
   for (int64_t c = 0; c < C; ++c) {
@@ -444,7 +452,8 @@ TEST(BatchNorm2d, EvalModeUsesRunningStats) {
   EXPECT_EQ(rig.p("bn.num_batches_tracked").value.data()[0], 7.f);
 }
 
-// ---- softmax cross-entropy -------------------------------------------------------------------------
+// ---- softmax cross-entropy
+// -------------------------------------------------------------------------
 
 TEST(SoftmaxXent, HandComputedExample) {
   // Row 0: z = [1, 2, 3], label 2: lse = 3 + log(1 + e^-1 + e^-2) = 3.40760596444438.
@@ -455,7 +464,8 @@ TEST(SoftmaxXent, HandComputedExample) {
   float d[6];
   int64_t correct = -1;
   const double loss = cpu::softmax_xent(z, labels, 2, 3, 0.5f, d, &correct);
-  const double lse0 = 3.40760596444438, lse1 = 2.0 + std::log(1.0 + std::exp(-1.5) + std::exp(-3.0));
+  const double lse0 = 3.40760596444438,
+               lse1 = 2.0 + std::log(1.0 + std::exp(-1.5) + std::exp(-3.0));
   EXPECT_NEAR(lse1, 2.2413113, 1e-6);
   EXPECT_NEAR(loss, (lse0 - 3.0) + (lse1 - 0.5), 1e-6);
   EXPECT_NEAR(loss, 0.40760596444438 + 1.7413113, 1e-6);
@@ -504,7 +514,8 @@ TEST(SoftmaxXent, NumericallyStableForLargeLogits) {
 ::testing::AssertionResult same_bits(const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (std::memcmp(a + i, b + i, sizeof(float)) != 0)
-      return ::testing::AssertionFailure() << "index " << i << " of " << n << ": " << a[i] << " vs " << b[i];
+      return ::testing::AssertionFailure()
+             << "index " << i << " of " << n << ": " << a[i] << " vs " << b[i];
   return ::testing::AssertionSuccess();
 }
 ::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
@@ -524,11 +535,13 @@ ChannelSumFn doubling_hook(int& calls) {
 // Builds a Residual under "blk" and the same computation from separate layers under "h" (BatchNorm,
 // ReLU, then add and ReLU: the block as it was before its fusion), copies every parameter and
 // buffer from one to the other by name, and compares forward outputs, running statistics, input
-// and parameter gradients bit for bit; with `sync`, every BatchNorm of both through --sync-bn's hook.
-void check_residual_against_composition(int64_t in_c, int64_t channels, bool use_1x1, int64_t stride,
-                                        Mode mode, bool sync = false) {
+// and parameter gradients bit for bit; with `sync`, every BatchNorm of both through --sync-bn's
+// hook.
+void check_residual_against_composition(int64_t in_c, int64_t channels, bool use_1x1,
+                                        int64_t stride, Mode mode, bool sync = false) {
   SCOPED_TRACE(std::string("residual ") + (use_1x1 ? "1x1 " : "") + "stride " +
-               std::to_string(stride) + (mode == Mode::kTrain ? " train" : " eval") + (sync ? " sync" : ""));
+               std::to_string(stride) + (mode == Mode::kTrain ? " train" : " eval") +
+               (sync ? " sync" : ""));
   std::mt19937_64 g(21 + static_cast<uint64_t>(stride) + (use_1x1 ? 100 : 0));
   const int64_t N = 2, H = 7, W = 6;
   const Shape in{H, W, in_c};
@@ -653,18 +666,28 @@ TEST(Residual, ParameterNames) {
   st.finalize();
   std::vector<std::string> names;
   for (const Param& p : st.entries()) names.push_back(p.name);
-  const std::vector<std::string> expect = {
-      "layer2.0.conv1.weight",       "layer2.0.conv1.bias",        "layer2.0.bn1.weight",
-      "layer2.0.bn1.bias",           "layer2.0.bn1.running_mean",  "layer2.0.bn1.running_var",
-      "layer2.0.bn1.num_batches_tracked", "layer2.0.conv2.weight", "layer2.0.conv2.bias",
-      "layer2.0.bn2.weight",         "layer2.0.bn2.bias",          "layer2.0.bn2.running_mean",
-      "layer2.0.bn2.running_var",    "layer2.0.bn2.num_batches_tracked",
-      "layer2.0.downsample.weight",  "layer2.0.downsample.bias"};
+  const std::vector<std::string> expect = {"layer2.0.conv1.weight",
+                                           "layer2.0.conv1.bias",
+                                           "layer2.0.bn1.weight",
+                                           "layer2.0.bn1.bias",
+                                           "layer2.0.bn1.running_mean",
+                                           "layer2.0.bn1.running_var",
+                                           "layer2.0.bn1.num_batches_tracked",
+                                           "layer2.0.conv2.weight",
+                                           "layer2.0.conv2.bias",
+                                           "layer2.0.bn2.weight",
+                                           "layer2.0.bn2.bias",
+                                           "layer2.0.bn2.running_mean",
+                                           "layer2.0.bn2.running_var",
+                                           "layer2.0.bn2.num_batches_tracked",
+                                           "layer2.0.downsample.weight",
+                                           "layer2.0.downsample.bias"};
   EXPECT_EQ(names, expect);
   EXPECT_EQ(st.find("layer2.0.downsample.weight")->shape, (Shape{8, 4, 1, 1}));
 }
 
-// ---- Models: parameter counts, names, flat layout -------------------------------------------------
+// ---- Models: parameter counts, names, flat layout
+// -------------------------------------------------
 
 int64_t conv_params(int64_t in, int64_t out, int64_t k) { return out * in * k * k + out; }
 int64_t bn_params(int64_t c) { return 2 * c; }
@@ -672,16 +695,19 @@ int64_t bn_params(int64_t c) { return 2 * c; }
 TEST(Models, LeNetParameterCountAndNames) {
   auto m = make_model("lenet");
   EXPECT_EQ(m->num_parameters(), 129068);
-  EXPECT_EQ(m->num_parameters(), 20 * 1 * 9 + 20 + 50 * 20 * 25 + 50 + 128 * 800 + 128 + 10 * 128 + 10);
+  EXPECT_EQ(m->num_parameters(),
+            20 * 1 * 9 + 20 + 50 * 20 * 25 + 50 + 128 * 800 + 128 + 10 * 128 + 10);
   std::vector<std::string> names;
   for (const Param& p : m->store().entries()) names.push_back(p.name);
-  const std::vector<std::string> expect = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                                           "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias"};
+  const std::vector<std::string> expect = {"conv1.weight", "conv1.bias", "conv2.weight",
+                                           "conv2.bias",   "fc1.weight", "fc1.bias",
+                                           "fc2.weight",   "fc2.bias"};
   EXPECT_EQ(names, expect);
   const std::map<std::string, Shape> shapes = {
-      {"conv1.weight", {20, 1, 3, 3}}, {"conv1.bias", {20}},   {"conv2.weight", {50, 20, 5, 5}},
-      {"conv2.bias", {50}},            {"fc1.weight", {128, 800}}, {"fc1.bias", {128}},
-      {"fc2.weight", {10, 128}},       {"fc2.bias", {10}}};
+      {"conv1.weight", {20, 1, 3, 3}},  {"conv1.bias", {20}},
+      {"conv2.weight", {50, 20, 5, 5}}, {"conv2.bias", {50}},
+      {"fc1.weight", {128, 800}},       {"fc1.bias", {128}},
+      {"fc2.weight", {10, 128}},        {"fc2.bias", {10}}};
   for (const auto& [name, shape] : shapes) {
     Param* p = m->store().find(name);
     ASSERT_NE(p, nullptr) << name;
@@ -716,14 +742,13 @@ TEST(Models, ResNet18ParameterCountAndNames) {
   // Buffers: running mean and var per BN channel plus one counter per BN layer (17 layers).
   EXPECT_EQ(m->store().num_buffers(), 2 * bn_channels + 17);
 
-  const std::map<std::string, Shape> shapes = {
-      {"conv1.weight", {64, 1, 3, 3}},
-      {"bn1.running_var", {64}},
-      {"bn1.num_batches_tracked", {}},
-      {"layer1.0.conv1.weight", {64, 64, 3, 3}},
-      {"layer2.0.downsample.weight", {128, 64, 1, 1}},
-      {"layer4.1.bn2.bias", {512}},
-      {"fc.weight", {10, 512}}};
+  const std::map<std::string, Shape> shapes = {{"conv1.weight", {64, 1, 3, 3}},
+                                               {"bn1.running_var", {64}},
+                                               {"bn1.num_batches_tracked", {}},
+                                               {"layer1.0.conv1.weight", {64, 64, 3, 3}},
+                                               {"layer2.0.downsample.weight", {128, 64, 1, 1}},
+                                               {"layer4.1.bn2.bias", {512}},
+                                               {"fc.weight", {10, 512}}};
   for (const auto& [name, shape] : shapes) {
     Param* p = m->store().find(name);
     ASSERT_NE(p, nullptr) << name;
@@ -808,16 +833,22 @@ TEST(Models, InitAndForwardShapes) {
     Tensor x = random_tensor({2, 28, 28, 1}, g, 0.f, 1.f);
     const Tensor& logits = m->forward(x, Mode::kEval);
     ASSERT_EQ(logits.shape(), (Shape{2, 10})) << name;
-    for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.data()[i])) << name;
+    for (int64_t i = 0; i < logits.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(logits.data()[i])) << name;
   }
 }
 
 // The two backward paths of Conv2d (oneDNN's primitives, im2col + sgemm) give the same
 // gradients on every convolution shape the models use, plus padding and stride cases.
 TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
-  struct Case { int64_t out, k, s, p; Shape in; } cases[] = {
-      {20, 3, 1, 0, {28, 28, 1}}, {50, 5, 1, 0, {13, 13, 20}}, {16, 3, 2, 1, {9, 9, 8}},
-      {16, 1, 2, 0, {8, 8, 16}}, {8, 5, 1, 2, {7, 7, 3}}};
+  struct Case {
+    int64_t out, k, s, p;
+    Shape in;
+  } cases[] = {{20, 3, 1, 0, {28, 28, 1}},
+               {50, 5, 1, 0, {13, 13, 20}},
+               {16, 3, 2, 1, {9, 9, 8}},
+               {16, 1, 2, 0, {8, 8, 16}},
+               {8, 5, 1, 2, {7, 7, 3}}};
   for (const auto& c : cases) {
     std::vector<std::vector<float>> grads;
     for (const char* path : {"onednn", "sgemm"}) {
@@ -847,7 +878,8 @@ TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
     double scale = 0;
     for (float v : grads[0]) scale = std::max(scale, std::fabs(static_cast<double>(v)));
     for (size_t i = 0; i < grads[0].size(); ++i)
-      ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * scale) << "k" << c.k << " s" << c.s << " p" << c.p << " at " << i;
+      ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * scale)
+          << "k" << c.k << " s" << c.s << " p" << c.p << " at " << i;
   }
 }
 
@@ -857,19 +889,24 @@ TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
 // accumulation. The bound is relative to the largest reference value (float rounding of the
 // transforms grows with the tile size; F(4,3) stays near 1e-5).
 TEST(Winograd, EveryTileSizeMatchesDirectLoops) {
-  struct Case { int64_t n, h, w, cin, cout, k, pad; int m, mw; } cases[] = {
-      {2, 5, 7, 3, 4, 3, 1, 2, 2}, {2, 5, 7, 3, 4, 3, 1, 4, 4}, {1, 4, 4, 16, 16, 3, 1, 4, 4},
-      {3, 9, 6, 5, 6, 3, 0, 4, 2}, {2, 8, 8, 17, 9, 3, 1, 2, 4}, {2, 9, 8, 4, 5, 5, 0, 2, 2},
-      {2, 13, 13, 6, 7, 5, 0, 4, 4}, {1, 6, 6, 3, 2, 5, 2, 4, 2}};
+  struct Case {
+    int64_t n, h, w, cin, cout, k, pad;
+    int m, mw;
+  } cases[] = {{2, 5, 7, 3, 4, 3, 1, 2, 2},   {2, 5, 7, 3, 4, 3, 1, 4, 4},
+               {1, 4, 4, 16, 16, 3, 1, 4, 4}, {3, 9, 6, 5, 6, 3, 0, 4, 2},
+               {2, 8, 8, 17, 9, 3, 1, 2, 4},  {2, 9, 8, 4, 5, 5, 0, 2, 2},
+               {2, 13, 13, 6, 7, 5, 0, 4, 4}, {1, 6, 6, 3, 2, 5, 2, 4, 2}};
   std::mt19937_64 gen(2024);
   for (const Case& c : cases) {
     SCOPED_TRACE("winograd n=" + std::to_string(c.n) + " " + std::to_string(c.h) + "x" +
-                 std::to_string(c.w) + " cin=" + std::to_string(c.cin) + " cout=" +
-                 std::to_string(c.cout) + " k=" + std::to_string(c.k) + " pad=" +
-                 std::to_string(c.pad) + " m=" + std::to_string(c.m) + " mw=" + std::to_string(c.mw));
+                 std::to_string(c.w) + " cin=" + std::to_string(c.cin) +
+                 " cout=" + std::to_string(c.cout) + " k=" + std::to_string(c.k) +
+                 " pad=" + std::to_string(c.pad) + " m=" + std::to_string(c.m) +
+                 " mw=" + std::to_string(c.mw));
     cpu::ConvGeom g{c.n, c.h, c.w, c.cin, c.cout, c.k, 1, c.pad};
     const int64_t oh = g.oh(), ow = g.ow(), kk = c.k * c.k;
-    Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, gen), w = random_tensor({c.cout, c.cin, c.k, c.k}, gen);
+    Tensor x = random_tensor({c.n, c.h, c.w, c.cin}, gen),
+           w = random_tensor({c.cout, c.cin, c.k, c.k}, gen);
     Tensor b = random_tensor({c.cout}, gen), dy = random_tensor({c.n, oh, ow, c.cout}, gen);
     // References in double: y = conv(x, w) + b, dx = conv^T(dy, w), dw = corr(x, dy).
     std::vector<double> y(static_cast<size_t>(dy.numel())), dx(static_cast<size_t>(x.numel())),
@@ -931,17 +968,21 @@ TEST(Winograd, EveryTileSizeMatchesDirectLoops) {
 // kept for its speed (1.26-1.43x F(3,2)'s on that pass; docs/PERFORMANCE.md has the table), bounded
 // at 10x here. Inputs are ReLU'd like activations, weights N(0, 0.05).
 TEST(Winograd, ChosenTilesWithinTheBoundOfDirectFp32Loops) {
-  struct Shape4 { int64_t h, c; } shapes[] = {{28, 64}, {14, 128}, {7, 256}, {4, 512}};
+  struct Shape4 {
+    int64_t h, c;
+  } shapes[] = {{28, 64}, {14, 128}, {7, 256}, {4, 512}};
   std::mt19937_64 gen(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const auto& sh : shapes) {
     const cpu::ConvGeom g{2, sh.h, sh.h, sh.c, sh.c, 3, 1, 1};
     const cpu::WinogradChoice ch = cpu::winograd_choice(g);
     ASSERT_GT(ch.m, 0) << "ResNet-18's " << sh.h << "x" << sh.h << " shape runs Winograd";
-    SCOPED_TRACE("ResNet 3x3 " + std::to_string(sh.h) + "x" + std::to_string(sh.h) + "x" + std::to_string(sh.c) +
-                 ", F(" + std::to_string(ch.m) + ",3), F(3," + std::to_string(ch.mw) + ")");
+    SCOPED_TRACE("ResNet 3x3 " + std::to_string(sh.h) + "x" + std::to_string(sh.h) + "x" +
+                 std::to_string(sh.c) + ", F(" + std::to_string(ch.m) + ",3), F(3," +
+                 std::to_string(ch.mw) + ")");
     const int64_t hw = sh.h * sh.h, C = sh.c, pix = g.n * hw;
-    std::vector<float> x(static_cast<size_t>(pix * C)), w(static_cast<size_t>(C * C * 9)), dy(x.size());
+    std::vector<float> x(static_cast<size_t>(pix * C)), w(static_cast<size_t>(C * C * 9)),
+        dy(x.size());
     for (float& v : x) v = std::max(nd(gen), 0.f);
     for (float& v : w) v = 0.05f * nd(gen);
     for (float& v : dy) v = nd(gen);
@@ -989,9 +1030,11 @@ TEST(Winograd, ChosenTilesWithinTheBoundOfDirectFp32Loops) {
     wc.backward_weights(g, ch.mw, x.data(), dy.data(), dw.data(), false);
     const double ey = rel(y, y64), edx = rel(dx, dx64), edw = rel(dw, dw64);
     const double by = rel(y32, y64), bdx = rel(dx32, dx64), bdw = rel(dw32, dw64);
-    std::printf("  %2lldx%-2lld C=%-3lld F(%d,3): y %.2e (direct %.2e, %.2fx)  dx %.2e (%.2e, %.2fx)  "
-                "dw %.2e (%.2e, %.2fx)\n", static_cast<long long>(sh.h), static_cast<long long>(sh.h),
-                static_cast<long long>(C), ch.m, ey, by, ey / by, edx, bdx, edx / bdx, edw, bdw, edw / bdw);
+    std::printf(
+        "  %2lldx%-2lld C=%-3lld F(%d,3): y %.2e (direct %.2e, %.2fx)  dx %.2e (%.2e, %.2fx)  "
+        "dw %.2e (%.2e, %.2fx)\n",
+        static_cast<long long>(sh.h), static_cast<long long>(sh.h), static_cast<long long>(C), ch.m,
+        ey, by, ey / by, edx, bdx, edx / bdx, edw, bdw, edw / bdw);
     EXPECT_LE(ey, 2 * by) << "forward";
     EXPECT_LE(edx, 2 * bdx) << "input gradient";
     EXPECT_LE(edw, 10 * bdw) << "weight gradient";
@@ -1014,7 +1057,8 @@ TEST(Winograd, ChosenForResNetShapesOnly) {
 // The fused ReLU+AvgPool2d layer equals ReLU then AvgPool2d, values and input gradients, for
 // non-overlapping (LeNet's 2/2, odd sizes) and overlapping windows.
 TEST(ReluAvgPoolFused, EqualsReluThenAvgPool) {
-  for (auto [h, w, k, s] : {std::tuple{26, 26, 2, 2}, std::tuple{9, 7, 2, 2}, std::tuple{6, 5, 3, 1}}) {
+  for (auto [h, w, k, s] :
+       {std::tuple{26, 26, 2, 2}, std::tuple{9, 7, 2, 2}, std::tuple{6, 5, 3, 1}}) {
     const Shape in{h, w, 5};
     ParamStore st;
     auto fused = make_relu_avgpool2d(k, s);
@@ -1035,7 +1079,8 @@ TEST(ReluAvgPoolFused, EqualsReluThenAvgPool) {
     for (int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = u(g);
     BackwardCtx ctx;
     dx1.resize(x.shape());
-    for (int64_t i = 0; i < dx1.numel(); ++i) dx1.data()[i] = 99.f;  // every element must be written
+    for (int64_t i = 0; i < dx1.numel(); ++i)
+      dx1.data()[i] = 99.f;  // every element must be written
     fused->backward(x, y1, dy, &dx1, ctx);
     pool->backward(r, y2, dy, &dr, ctx);
     relu->backward(x, r, dr, &dx2, ctx);
@@ -1043,7 +1088,8 @@ TEST(ReluAvgPoolFused, EqualsReluThenAvgPool) {
   }
 }
 
-// ---- BatchNorm fused with ReLU (and the residual add) --------------------------------------------
+// ---- BatchNorm fused with ReLU (and the residual add)
+// --------------------------------------------
 
 // The fused loops of ops.h against the separate ones they replace, bit for bit, at the active
 // level (the suite also runs with DPT_ISA=avx2 and generic): the epilogue against bn_apply, add
@@ -1060,27 +1106,31 @@ TEST(BatchNormFusedLoops, EqualTheSeparateLoopsBitForBit) {
     fill_uniform(dy.data(), n, g);
     fill_uniform(relu_out.data(), n, g);
     const float special[] = {std::numeric_limits<float>::quiet_NaN(), 0.f, -0.f,
-                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity()};
     for (int64_t i = 0; i < n; i += 3) {
       res[static_cast<size_t>(i)] = special[(i / 3) % 5];
       relu_out[static_cast<size_t>(i)] = special[(i / 3 + 1) % 5];
     }
-    std::vector<float> mean(static_cast<size_t>(c)), invstd(mean.size()), gamma(mean.size()), beta(mean.size());
+    std::vector<float> mean(static_cast<size_t>(c)), invstd(mean.size()), gamma(mean.size()),
+        beta(mean.size());
     fill_uniform(mean.data(), c, g);
     fill_uniform(invstd.data(), c, g, 0.5f, 2.f);
     fill_uniform(gamma.data(), c, g, 0.5f, 1.5f);
     fill_uniform(beta.data(), c, g);
-    // A residual that cancels the normalised value exactly in a few places (sum +0: the ReLU's kink).
+    // A residual that cancels the normalised value exactly in a few places (sum +0: the ReLU's
+    // kink).
     std::vector<float> plain(x.size());
-    cpu::bn_apply(x.data(), plain.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c, nullptr, false);
+    cpu::bn_apply(x.data(), plain.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m,
+                  c, nullptr, false);
     for (int64_t i = 1; i < n; i += 7) res[static_cast<size_t>(i)] = -plain[static_cast<size_t>(i)];
 
     for (bool with_res : {false, true})
       for (bool relu : {false, true}) {
         SCOPED_TRACE(std::string(with_res ? "residual" : "no residual") + (relu ? " relu" : ""));
         std::vector<float> fused(x.size(), 7.f), sep(plain);
-        cpu::bn_apply(x.data(), fused.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
-                      with_res ? res.data() : nullptr, relu);
+        cpu::bn_apply(x.data(), fused.data(), mean.data(), invstd.data(), gamma.data(), beta.data(),
+                      m, c, with_res ? res.data() : nullptr, relu);
         if (with_res) cpu::add(plain.data(), res.data(), sep.data(), n);
         if (relu) cpu::relu_forward(sep.data(), sep.data(), n);
         EXPECT_TRUE(same_bits(fused.data(), sep.data(), n)) << "forward";
@@ -1089,22 +1139,23 @@ TEST(BatchNormFusedLoops, EqualTheSeparateLoopsBitForBit) {
     std::vector<float> masked(x.size());
     cpu::relu_backward(relu_out.data(), dy.data(), masked.data(), n);
     std::vector<double> s1(static_cast<size_t>(2 * c)), s2(s1.size());
-    cpu::bn_backward_sums(x.data(), masked.data(), nullptr, mean.data(), invstd.data(), m, c, s1.data(),
-                          s1.data() + c, nullptr);
+    cpu::bn_backward_sums(x.data(), masked.data(), nullptr, mean.data(), invstd.data(), m, c,
+                          s1.data(), s1.data() + c, nullptr);
     for (bool store_dz : {false, true}) {
       std::vector<float> dz(x.size(), 7.f);
-      cpu::bn_backward_sums(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(), m, c, s2.data(),
-                            s2.data() + c, store_dz ? dz.data() : nullptr);
-      EXPECT_EQ(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(double)), 0) << "backward sums";
+      cpu::bn_backward_sums(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(), m, c,
+                            s2.data(), s2.data() + c, store_dz ? dz.data() : nullptr);
+      EXPECT_EQ(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(double)), 0)
+          << "backward sums";
       if (store_dz) {
         EXPECT_TRUE(same_bits(dz.data(), masked.data(), n)) << "dz";
       }
     }
     std::vector<float> dx1(x.size()), dx2(x.size(), 7.f);
-    cpu::bn_backward_apply(x.data(), masked.data(), nullptr, mean.data(), invstd.data(), gamma.data(), s1.data(),
-                           s1.data() + c, 3.0 * m, m, c, dx1.data());
-    cpu::bn_backward_apply(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(), gamma.data(),
-                           s1.data(), s1.data() + c, 3.0 * m, m, c, dx2.data());
+    cpu::bn_backward_apply(x.data(), masked.data(), nullptr, mean.data(), invstd.data(),
+                           gamma.data(), s1.data(), s1.data() + c, 3.0 * m, m, c, dx1.data());
+    cpu::bn_backward_apply(x.data(), dy.data(), relu_out.data(), mean.data(), invstd.data(),
+                           gamma.data(), s1.data(), s1.data() + c, 3.0 * m, m, c, dx2.data());
     EXPECT_TRUE(same_bits(dx2.data(), dx1.data(), n)) << "backward apply";
   }
 }

@@ -119,12 +119,14 @@ TEST(Poll, SpinsBeforeTheFirstPauseAndTheFirstLookAtTheClock) {
   // 6 times first, back to back (the MPI requests' short spin: small collectives finish in
   // microseconds).
   int polls = 0, timeouts = 0;
-  EXPECT_FALSE(dpt::poll_with_deadline(1e-12, [&] { return ++polls < 0; }, [&] { ++timeouts; }));
+  EXPECT_FALSE(dpt::poll_with_deadline(
+      1e-12, [&] { return ++polls < 0; }, [&] { ++timeouts; }));
   EXPECT_EQ(polls, 1);
   polls = 0;
   const auto t0 = clock_type::now();
   EXPECT_FALSE(dpt::poll_with_deadline(
-      1e-12, [&] { return ++polls < 0; }, [&] { ++timeouts; }, dpt::PollPause{milliseconds(50), milliseconds(50), 5}));
+      1e-12, [&] { return ++polls < 0; }, [&] { ++timeouts; },
+      dpt::PollPause{milliseconds(50), milliseconds(50), 5}));
   EXPECT_EQ(polls, 6);
   EXPECT_EQ(timeouts, 2);
   const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();

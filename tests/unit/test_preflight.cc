@@ -1,7 +1,6 @@
 // Unit tests for include/dpt/preflight.h on one MPI rank: local ranks, data digests, the output and
 // memory checks, agree_on_input's error mapping, and run_preflight on good and FIFO-poisoned data.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,9 +35,12 @@ class Watchdog {
   Watchdog(std::string what, double seconds)
       : what_(std::move(what)), thread_([this, seconds] {
           std::unique_lock<std::mutex> lock(mu_);
-          if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) {
-            std::fprintf(stderr, "watchdog: %s still running after %g s: it blocked; failing the test binary\n",
-                         what_.c_str(), seconds);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                            [this] { return done_; })) {
+            std::fprintf(
+                stderr,
+                "watchdog: %s still running after %g s: it blocked; failing the test binary\n",
+                what_.c_str(), seconds);
             std::fflush(stderr);
             std::_Exit(1);
           }
@@ -69,10 +71,12 @@ template <typename E = Error>
 void expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& names) {
   try {
     fn();
-    ADD_FAILURE() << "no error thrown (expected one naming " << (names.empty() ? "" : names.front()) << ")";
+    ADD_FAILURE() << "no error thrown (expected one naming " << (names.empty() ? "" : names.front())
+                  << ")";
   } catch (const E& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
-    for (const std::string& n : names) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+    for (const std::string& n : names)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << "an error of another type: " << e.what();
   }
@@ -99,7 +103,8 @@ class PreflightDir : public ::testing::Test {
 TEST(LocalRank, InterleavedHosts) {
   const std::vector<std::string> hosts = {"a", "b", "a", "b", "a", "c"};
   const std::vector<int> expect = {0, 0, 1, 1, 2, 0};
-  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) EXPECT_EQ(local_rank_of(hosts, r), expect[r]) << r;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r)
+    EXPECT_EQ(local_rank_of(hosts, r), expect[r]) << r;
   const std::vector<std::string> blocks = {"x", "x", "y", "y"};
   EXPECT_EQ(local_rank_of(blocks, 1), 1);
   EXPECT_EQ(local_rank_of(blocks, 2), 0);
@@ -148,8 +153,10 @@ TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
 TEST_F(PreflightDir, CheckOutputsRefusesAFifoAtEveryOutput) {
   const std::string f = fifo("out.fifo");
   const std::vector<std::pair<std::string, std::string TrainConfig::*>> outputs = {
-      {"--report", &TrainConfig::report}, {"--trace", &TrainConfig::trace},
-      {"--metrics", &TrainConfig::metrics}, {"--save", &TrainConfig::save}};
+      {"--report", &TrainConfig::report},
+      {"--trace", &TrainConfig::trace},
+      {"--metrics", &TrainConfig::metrics},
+      {"--save", &TrainConfig::save}};
   for (const auto& [flag, field] : outputs) {
     SCOPED_TRACE(flag);
     TrainConfig cfg;
@@ -218,7 +225,9 @@ TEST_F(PreflightDir, CheckOutputsAcceptsADeviceOnlyForMetrics) {
   cfg.metrics = "/dev/null";
   EXPECT_NO_THROW(check_outputs(cfg));
   const std::vector<std::pair<std::string, std::string TrainConfig::*>> replaced = {
-      {"--save", &TrainConfig::save}, {"--report", &TrainConfig::report}, {"--trace", &TrainConfig::trace}};
+      {"--save", &TrainConfig::save},
+      {"--report", &TrainConfig::report},
+      {"--trace", &TrainConfig::trace}};
   for (const auto& [flag, field] : replaced) {
     SCOPED_TRACE(flag);
     TrainConfig alone;
@@ -266,7 +275,8 @@ TEST(CheckMemory, TheEstimateIsPerImageTimesBatchPlusExtraTimesSharing) {
   mem.free_bytes = need;
   EXPECT_NO_THROW(check_memory(cfg, world, 10, test_n, mem));
   mem.free_bytes = need * (1 - 1e-6);
-  expect_input_error([&] { check_memory(cfg, world, 10, test_n, mem); }, {"--batch-size 256", "on host h"});
+  expect_input_error([&] { check_memory(cfg, world, 10, test_n, mem); },
+                     {"--batch-size 256", "on host h"});
 }
 
 TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
@@ -337,8 +347,9 @@ TEST(AgreeOnInput, InternalErrorPropagatesAsIs) {
     EXPECT_EQ(e.kind(), ErrorKind::kInternal);
     EXPECT_NE(std::string(e.what()).find("arithmetic broke"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(agree_on_input(*comm, "elsewhere", [] { throw std::logic_error("not a dpt::Error"); }),
-               std::logic_error);
+  EXPECT_THROW(
+      agree_on_input(*comm, "elsewhere", [] { throw std::logic_error("not a dpt::Error"); }),
+      std::logic_error);
   // The communicator is still in step afterwards (no collective was left half done).
   int32_t one = 1;
   comm->allreduce(&one, 1);
@@ -384,7 +395,8 @@ TEST_F(PreflightDir, RunPreflightRefusesAFifoAsData) {
   std::filesystem::create_directories(good);
   std::filesystem::create_directories(bad);
   test::write_synthetic_dataset(good, 64, 20, 4);
-  for (const char* name : {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+  for (const char* name :
+       {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
     std::filesystem::copy_file(good + "/" + name, bad + "/" + name);
   const std::string poisoned = bad + "/train-images-idx3-ubyte";
   ASSERT_EQ(::mkfifo(poisoned.c_str(), 0600), 0);

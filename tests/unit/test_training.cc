@@ -31,7 +31,7 @@ TEST(Training, LenetLossFallsOnSyntheticData) {
   EXPECT_EQ(hist[0].steps, 2048 / 64);
   EXPECT_EQ(hist[0].train_count, 2048 / 64 * 64);
   EXPECT_LT(hist[1].train_loss, 0.5 * std::log(10.0));  // chance level is ln 10
-  EXPECT_GT(hist[1].test_acc, 0.9);                      // the bands are easy to tell apart
+  EXPECT_GT(hist[1].test_acc, 0.9);                     // the bands are easy to tell apart
 
   // The saved model reads back equal into a fresh model.
   auto m = make_model("lenet");
@@ -132,7 +132,8 @@ TEST(Training, MissingDataDirectoryIsAnInputError) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), 2);
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/dptrain-data"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dptrain-data"), std::string::npos)
+        << e.what();
   }
 }
 
