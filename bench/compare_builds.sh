@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that two dptrain binaries train bit for bit alike on the CPU: the same short runs of LeNet
 # (1, 2 and 4 ranks, 16-bit gradient buckets, a checkpointed run resumed) and ResNet-18 (2 ranks,
-# with and without --sync-bn, with gradient accumulation) with each binary, then compares the saved safetensors and the training checkpoints (every tensor
+# with and without --sync-bn, with gradient accumulation; both also in --precision bf16) with each binary, then compares the saved safetensors and the training checkpoints (every tensor
 # byte for byte, the metadata but the configuration's JSON) and the metrics lines with their timings
 # removed. For refactors that must move code, not arithmetic.
 # Usage: bench/compare_builds.sh OLD_DPTRAIN NEW_DPTRAIN [WORKDIR]   (exit 0 when all are equal)
@@ -17,6 +17,9 @@ runs=(
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --sync-bn"
   "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --accum-steps 2 --sync-bn"
   "2|--model lenet --epochs 1 --max-steps 20 --grad-dtype bf16"
+  # bf16 compute (and whatever --activation-dtype auto resolves to on this build and CPU).
+  "2|--model lenet --epochs 1 --max-steps 20 --precision bf16"
+  "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --precision bf16"
   # A run of 2 epochs, then the same training resumed from its checkpoint for a third ("||": next
   # command, same directory).
   "2|--model lenet --epochs 2 --max-steps 10 --checkpoint-every 1||--model lenet --epochs 3 --max-steps 10 --checkpoint-every 1 --resume ckpt.safetensors --allow-config-change"
