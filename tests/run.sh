@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Passes the tests from a fresh machine: installs what is missing, builds, runs every meson test
 # suite (unit, with the clang-format check; mpi at -np 1/2/4; cli; multihost; slurm; fuzz), then
-# the unit suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and prints "N passed, N failed, N skipped"
-# counted per test case from the logs. Exit code 0 only when nothing failed.
+# the unit suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and prints
+# "N passed, N failed, N skipped" counted per test case from the logs. Exit code 0 only when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format || exit 1  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check
