@@ -1,6 +1,7 @@
-// Which compute devices this process can use, and the registry that opens one for training. A
-// failed cudaGetDeviceCount (no driver, no GPU) means "no GPU", never an error; builds without the
-// GPU backend always report 0 devices.
+// Which compute devices this process can use, and the registry that opens one for training
+// (src/train/device_registry.cc; each backend's device in src/cpu/device.cc and
+// src/cuda/device.cc). A failed cudaGetDeviceCount (no driver, no GPU) means "no GPU", never an
+// error; builds without the GPU backend always report 0 devices.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ int cuda_device_count();
 // "no CUDA device visible ...". run_training makes the ranks agree (auto on a mix gives "cpu").
 std::string resolve_device(const std::string& want, int local_rank);
 
-// ---- The device registry (src/train/device.cc): the driver's one door to a compute device ----
+// ---- The device registry: the driver's one door to a compute device ----
 
 // What a device can still give a run, for the pre-flight's memory estimate: `free_bytes` (< 0:
 // unknown, no check), shared by `sharing` ranks, of which this rank checks for all when `checks`
@@ -58,7 +59,8 @@ struct DeviceRequest {
   bool tf32 = false, bf16 = false;
 };
 // Input errors (exit 2 under the pre-flight's agree_on_input): --precision bf16 on a CPU without
-// AVX512-BF16 or AMX-BF16 (cpu::cpu_bf16_missing); a GPU that cannot be opened.
+// AVX512-BF16 or AMX-BF16 (the CPU device refuses it itself: cpu::cpu_bf16_missing); "cuda" in a
+// build without the GPU backend, or where no GPU is visible.
 std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request);
 
 // The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit; -1

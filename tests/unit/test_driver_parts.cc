@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "dpt/comm.h"
@@ -99,19 +100,29 @@ TEST(DeviceRegistry, DataMemoryCountsEveryRankOnTheHost) {
   }
 }
 
-TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefusedOrOpens) {
+TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefused) {
   DeviceRequest r;
   r.kind = "cuda";
   if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers it";
-  // Without a device: a CPU build falls back to the CPU device (resolve_device refuses first in
-  // the driver); a GPU build's open_gpu says no device is visible.
-  try {
-    auto d = open_device(r);
-    EXPECT_STREQ(d->kind(), "cpu");
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kInput);
-    EXPECT_NE(std::string(e.what()).find("no CUDA device visible"), std::string::npos) << e.what();
+  // Without a device (or without the GPU backend) the registry refuses, as resolve_device does
+  // first in the driver: never a CPU device in place of the GPU asked for.
+  for (const auto& open : {std::function<void()>([&] { open_device(r); }),
+                           std::function<void()>([] { resolve_device("cuda", 0); })}) {
+    try {
+      open();
+      ADD_FAILURE() << "a cuda request opened without a visible device";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_NE(std::string(e.what()).find("--device cuda: no CUDA device visible"),
+                std::string::npos)
+          << e.what();
+    }
   }
+  EXPECT_EQ(resolve_device("auto", 0), "cpu");
+  r.kind = "tpu";
+  EXPECT_THROW(open_device(r), Error);
+  r.kind = "cpu";
+  EXPECT_STREQ(open_device(r)->kind(), "cpu");
 }
 
 TEST(StopSignals, ASignalBecomesTheAgreedStop) {

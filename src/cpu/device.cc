@@ -1,6 +1,6 @@
-// The device registry (include/dpt/device.h): the CPU device, and the GPU device of a CUDA build.
-// The only `#if DPT_HAVE_CUDA` of the driver.
-#include "dpt/device.h"
+// The CPU's ComputeDevice (include/dpt/device.h): oneDNN's operations, gradients through the
+// Reducer's MPI thread, and the host's available memory (MemAvailable or a cgroup's limit).
+#include "cpu/device.h"
 
 #include <cctype>
 #include <cerrno>
@@ -12,10 +12,6 @@
 #include "cpu/cpu_backend.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
-
-#if DPT_HAVE_CUDA
-#include "cuda/gpu_setup.h"
-#endif
 
 namespace dpt {
 
@@ -103,46 +99,9 @@ class CpuDevice final : public ComputeDevice {
   DeviceRequest request_;
 };
 
-#if DPT_HAVE_CUDA
-// A GPU (src/cuda/gpu_setup.h): its context is created here, on GPU local_rank mod visible devices.
-class CudaDevice final : public ComputeDevice {
- public:
-  explicit CudaDevice(const DeviceRequest& r)
-      : request_(r), gpu_(open_gpu(r.local_rank, r.tf32, r.bf16)) {}
-  const char* kind() const override { return "cuda"; }
-  Backend& ops() override { return gpu_->ops(); }
-  // Every rank checks its GPU, after its context exists (so its own memory is already taken): per
-  // image as on the CPU, plus 1 GiB for what a run keeps on the device besides activations
-  // (parameters, gradients and momentum: 0.2 GiB for ResNet-18; the data set, 55 MiB; cuDNN's
-  // workspace, up to 0.25 GiB per algorithm).
-  DeviceMemory memory(int rank) override {
-    const GpuMemory gm = gpu_->memory(request_.ranks_here);
-    DeviceMemory m;
-    m.checks = true;
-    m.free_bytes = gm.free_bytes;
-    m.sharing = gm.ranks_on_gpu;
-    m.extra = double(1 << 30);
-    m.where = "on rank " + std::to_string(rank) + "'s GPU " + gm.device;
-    return m;
-  }
-  std::unique_ptr<ReduceTransport> transport(Communicator& comm, float* grads, int64_t count,
-                                             DType wire) override {
-    return gpu_->transport(comm, grads, count, wire);
-  }
-  bool fast_bf16_activations() override { return gpu_->fast_bf16_activations(); }
-
- private:
-  DeviceRequest request_;
-  std::unique_ptr<GpuDevice> gpu_;
-};
-#endif
-
 }  // namespace
 
-std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request) {
-#if DPT_HAVE_CUDA
-  if (request.kind == "cuda") return std::make_unique<CudaDevice>(request);
-#endif
+std::unique_ptr<ComputeDevice> open_cpu_device(const DeviceRequest& request) {
   return std::make_unique<CpuDevice>(request);
 }
 
