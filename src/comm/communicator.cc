@@ -203,12 +203,12 @@ class MpiCommunicator : public Communicator {
     }
     return r;
   }
-  std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
-                                          const std::string& what) override {
+  void broadcast_raw(void* data, int64_t count, DType dt, int root,
+                     const std::string& what) override {
     ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(data, checked_count(count), mpi_type(dt), root, comm_, &req));
-    return make_request(req, what);
+    make_request(req, what)->wait();
   }
   void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
                   int root) override {

@@ -9,7 +9,7 @@
 
 #include "dpt/backend.h"
 #include "dpt/comm.h"
-#include "dpt/ddp.h"
+#include "dpt/reducer.h"
 
 namespace dpt {
 

@@ -221,12 +221,12 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     queue_allreduce(data, count, dt, op, what, timeout_);
     return fence(stream_, what);
   }
-  std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
-                                          const std::string& what) override {
+  void broadcast_raw(void* data, int64_t count, DType dt, int root,
+                     const std::string& what) override {
     NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, live(),
                              stream_));
     launched(what, timeout_);
-    return fence(stream_, what);
+    fence(stream_, what)->wait();
   }
   void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
                   int root) override {

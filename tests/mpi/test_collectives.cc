@@ -6,8 +6,8 @@
 #include <numeric>
 
 #include "dpt/comm.h"
-#include "dpt/ddp.h"
 #include "dpt/half.h"
+#include "dpt/reducer.h"
 #include "test_util.h"
 
 namespace dpt {
