@@ -40,8 +40,6 @@ class Communicator {
                                                   const std::string& what) = 0;
   virtual void broadcast_raw(void* data, int64_t count, DType dt, int root,
                              const std::string& what) = 0;
-  virtual void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                          int root) = 0;
   virtual void allgather_raw(const void* send, void* recv, int64_t count_per_rank, DType dt) = 0;
   virtual void barrier() = 0;
   // The library's fastest blocking all-reduce, with no timeout of its own: for a thread whose
@@ -65,10 +63,6 @@ class Communicator {
   template <typename T>
   void broadcast(T* data, int64_t count, int root = 0, const std::string& what = "broadcast") {
     broadcast_raw(data, count, dtype_of<T>(), root, what);
-  }
-  template <typename T>
-  void reduce(const T* send, T* recv, int64_t count, ReduceOp op = ReduceOp::kSum, int root = 0) {
-    reduce_raw(send, recv, count, dtype_of<T>(), op, root);
   }
   template <typename T>
   std::vector<T> allgather(const T& value) {

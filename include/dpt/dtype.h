@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace dpt {
 
@@ -11,32 +12,25 @@ namespace dpt {
 // in float and rounding each partial sum (gradients sent compressed, --grad-dtype).
 enum class DType { kF32, kF64, kI32, kI64, kU64, kU8, kBF16, kF16 };
 
-// The DType of T; half.h adds BFloat16's.
+// The DType of T; half.h adds BFloat16's. A type without one does not compile.
 template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::kF32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::kF64;
-}
-template <>
-constexpr DType dtype_of<int32_t>() {
-  return DType::kI32;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-  return DType::kI64;
-}
-template <>
-constexpr DType dtype_of<uint64_t>() {
-  return DType::kU64;
-}
-template <>
-constexpr DType dtype_of<uint8_t>() {
-  return DType::kU8;
+inline constexpr bool kHasNoDType = false;
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::kF32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::kF64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::kI32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::kI64;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return DType::kU64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::kU8;
+  else
+    static_assert(kHasNoDType<T>, "no DType for this type");
 }
 
 }  // namespace dpt

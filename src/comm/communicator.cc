@@ -210,16 +210,6 @@ class MpiCommunicator : public Communicator {
     MPI_CHECK(MPI_Ibcast(data, checked_count(count), mpi_type(dt), root, comm_, &req));
     make_request(req, what)->wait();
   }
-  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                  int root) override {
-    ++seq_;
-    MPI_Request req;
-    const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
-    MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op, dt), root, comm_,
-                          &req));
-    make_request(req, "reduce")->wait();
-    if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
-  }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
     ++seq_;
     MPI_Request req;

@@ -228,13 +228,6 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     launched(what, timeout_);
     fence(stream_, what)->wait();
   }
-  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                  int root) override {
-    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root,
-                          live(), stream_));
-    launched("reduce", timeout_);
-    NcclRequest(comm_, stream_, "reduce", where()).wait();
-  }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
     NCCL_CHECK(
         ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), live(), stream_));

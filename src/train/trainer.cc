@@ -21,6 +21,7 @@
 #include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
+#include "dpt/error.h"
 #include "dpt/log.h"
 #include "dpt/metrics.h"
 #include "dpt/nn.h"

@@ -28,6 +28,7 @@
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/ddp.h"
+#include "dpt/error.h"
 #include "dpt/half.h"
 #include "dpt/idx.h"
 #include "dpt/metrics.h"

@@ -109,7 +109,6 @@ class AbsentPeerBootstrap : public Communicator {
     unused();
   }
   void broadcast_raw(void*, int64_t, DType, int, const std::string&) override {}
-  void reduce_raw(const void*, void*, int64_t, DType, ReduceOp, int) override { unused(); }
   void allgather_raw(const void*, void*, int64_t, DType) override { unused(); }
   void barrier() override { unused(); }
   void allreduce_unbounded_raw(void*, int64_t, DType, ReduceOp) override { unused(); }

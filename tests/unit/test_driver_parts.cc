@@ -16,6 +16,7 @@
 #include "dpt/ddp.h"
 #include "dpt/device.h"
 #include "dpt/engine.h"
+#include "dpt/error.h"
 #include "dpt/preflight.h"
 #include "dpt/run.h"
 #include "engine_rig.h"
