@@ -15,7 +15,7 @@
 
 #include "dpt/bootstrap.h"
 #include "dpt/comm.h"
-#include "dpt/ddp.h"
+#include "dpt/reducer.h"
 
 namespace {
 double now() {

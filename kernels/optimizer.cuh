@@ -10,7 +10,7 @@ namespace dpt::cuda {
 
 // ----------------------------------------------------------------------------
 // SGD with momentum and weight decay over the flat parameter/gradient buffers on the GPU
-// (PyTorch semantics, the same as the CPU's dpt::Sgd::step).
+// (PyTorch semantics, the same as the CPU's cpu::sgd_update: Backend::sgd_update on each).
 
 // p -= lr * buf, buf = first ? d : momentum*buf + d with d = c*g + wd*p (buf unused when momentum
 // == 0). lr is read from device memory (one float, see launch_store_scalar), so a step replayed

@@ -7,9 +7,10 @@
 
 #include "dpt/bootstrap.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/error.h"
 #include "dpt/log.h"
-#include "dpt/train.h"
+#include "dpt/run.h"
 
 int main(int argc, char** argv) {
   // Keep freed blocks in the heap: per-step buffers would otherwise be mmap'd and unmapped every

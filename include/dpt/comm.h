@@ -1,7 +1,7 @@
 // Communicator: typed collectives (counts in elements, never bytes), synchronous and
-// asynchronous, over MPI now and NCCL later behind the same interface. Every blocking wait is
-// bounded by the communicator's timeout, so a dead or stopped peer ends the job instead of hanging
-// it.
+// asynchronous, behind one interface over MPI (src/comm/communicator.cc) and, in GPU builds, NCCL
+// (src/cuda/nccl_communicator.cc). Every blocking wait is bounded by the communicator's timeout,
+// so a dead or stopped peer ends the job instead of hanging it.
 #pragma once
 
 #include <cstdint>
@@ -9,39 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "dpt/dtype.h"
+
 namespace dpt {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
-// kBF16 and kF16 are 16-bit floats stored as uint16_t (see half.h); only kSum reduces them, adding
-// in float and rounding each partial sum (gradients sent compressed, --grad-dtype).
-enum class DType { kF32, kF64, kI32, kI64, kU64, kU8, kBF16, kF16 };
-
-template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::kF32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::kF64;
-}
-template <>
-constexpr DType dtype_of<int32_t>() {
-  return DType::kI32;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-  return DType::kI64;
-}
-template <>
-constexpr DType dtype_of<uint64_t>() {
-  return DType::kU64;
-}
-template <>
-constexpr DType dtype_of<uint8_t>() {
-  return DType::kU8;
-}
 
 // An operation in flight; wait() blocks (bounded by the timeout), test() polls.
 class Request {
@@ -66,10 +38,8 @@ class Communicator {
 
   virtual std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                                   const std::string& what) = 0;
-  virtual std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
-                                                  const std::string& what) = 0;
-  virtual void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                          int root) = 0;
+  virtual void broadcast_raw(void* data, int64_t count, DType dt, int root,
+                             const std::string& what) = 0;
   virtual void allgather_raw(const void* send, void* recv, int64_t count_per_rank, DType dt) = 0;
   virtual void barrier() = 0;
   // The library's fastest blocking all-reduce, with no timeout of its own: for a thread whose
@@ -92,16 +62,7 @@ class Communicator {
   }
   template <typename T>
   void broadcast(T* data, int64_t count, int root = 0, const std::string& what = "broadcast") {
-    ibroadcast_raw(data, count, dtype_of<T>(), root, what)->wait();
-  }
-  template <typename T>
-  std::unique_ptr<Request> ibroadcast(T* data, int64_t count, int root = 0,
-                                      const std::string& what = "broadcast") {
-    return ibroadcast_raw(data, count, dtype_of<T>(), root, what);
-  }
-  template <typename T>
-  void reduce(const T* send, T* recv, int64_t count, ReduceOp op = ReduceOp::kSum, int root = 0) {
-    reduce_raw(send, recv, count, dtype_of<T>(), op, root);
+    broadcast_raw(data, count, dtype_of<T>(), root, what);
   }
   template <typename T>
   std::vector<T> allgather(const T& value) {

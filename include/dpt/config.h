@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "dpt/comm.h"
+#include "dpt/dtype.h"
 
 namespace dpt {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "dpt/backend.h"
-#include "dpt/ddp.h"
+#include "dpt/reducer.h"
 
 namespace dpt {
 

@@ -13,9 +13,14 @@
 
 #include "dpt/augment.h"
 #include "dpt/backend.h"
+#include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/idx.h"
-#include "dpt/train.h"
+#include "dpt/metrics.h"
+#include "dpt/nn.h"
+#include "dpt/optimizer.h"
+#include "dpt/reducer.h"
+#include "dpt/sampler.h"
 
 namespace dpt {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "dpt/comm.h"
+#include "dpt/dtype.h"
 
 namespace dpt {
 

@@ -1,5 +1,6 @@
-// The optimizer and its schedule: PyTorch's SGD over the flat buffers and the learning rate of
-// every step (warm-up, then constant, step or cosine).
+// The optimizer's host state and its schedule: SGD's momentum buffer and step count, and the
+// learning rate of every step (warm-up, then constant, step or cosine). The update itself is the
+// backend's (Backend::sgd_update, run by the StepEngine).
 #pragma once
 
 #include <cstdint>
@@ -14,19 +15,17 @@ namespace dpt {
 // cfg.lr is the peak rate (already scaled when --scale-lr is given).
 double learning_rate(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch);
 
-// PyTorch's SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first step); p -= lr * buf.
+// PyTorch's SGD, as far as the host keeps it: the momentum buffer of n parameters (empty without
+// momentum), which the StepEngine mirrors in backend memory and checkpoints save and restore, and
+// the number of steps taken (the first one starts the buffer at the gradient).
 class Sgd {
  public:
-  Sgd(int64_t n, double momentum, double weight_decay)
-      : n_(n), momentum_(momentum), weight_decay_(weight_decay), buf_(momentum > 0 ? n : 0) {}
-  void step(float* params, const float* grads, double lr);
+  Sgd(int64_t n, double momentum) : buf_(momentum > 0 ? n : 0) {}
   std::vector<float>& momentum_buffer() { return buf_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
  private:
-  int64_t n_;
-  double momentum_, weight_decay_;
   std::vector<float> buf_;
   int64_t steps_ = 0;
 };

@@ -1,11 +1,11 @@
 // Running a training: run_training, and how a run ends other than normally (a stop signal).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "dpt/config.h"
-#include "dpt/error.h"
 #include "dpt/metrics.h"
 
 namespace dpt {

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "dpt/comm.h"
+#include "dpt/dtype.h"
 #include "dpt/half.h"
 
 namespace dpt {

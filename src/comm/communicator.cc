@@ -203,22 +203,12 @@ class MpiCommunicator : public Communicator {
     }
     return r;
   }
-  std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
-                                          const std::string& what) override {
+  void broadcast_raw(void* data, int64_t count, DType dt, int root,
+                     const std::string& what) override {
     ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(data, checked_count(count), mpi_type(dt), root, comm_, &req));
-    return make_request(req, what);
-  }
-  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                  int root) override {
-    ++seq_;
-    MPI_Request req;
-    const void* s = (send == recv && rank_ == root) ? MPI_IN_PLACE : send;
-    MPI_CHECK(MPI_Ireduce(s, recv, checked_count(count), mpi_type(dt), mpi_op(op, dt), root, comm_,
-                          &req));
-    make_request(req, "reduce")->wait();
-    if (op == ReduceOp::kAvg && rank_ == root) divide(recv, count, dt, size_);
+    make_request(req, what)->wait();
   }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
     ++seq_;

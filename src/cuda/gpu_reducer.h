@@ -1,4 +1,4 @@
-// The GPU transports of the Reducer (include/dpt/ddp.h): the gradient buckets as slices of the
+// The GPU transports of the Reducer (include/dpt/reducer.h): the gradient buckets as slices of the
 // device gradient buffer, summed across ranks while backward still runs. With NCCL the host never
 // waits inside a step: stream events order everything (compute -> NCCL -> optimizer). Where ranks
 // share a GPU (NCCL refuses that) buckets go through pinned host memory and MPI. GPU builds only.
@@ -10,7 +10,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/nccl_communicator.h"
 #include "dpt/comm.h"
-#include "dpt/ddp.h"
+#include "dpt/reducer.h"
 
 namespace dpt::gpu {
 

@@ -221,19 +221,12 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     queue_allreduce(data, count, dt, op, what, timeout_);
     return fence(stream_, what);
   }
-  std::unique_ptr<Request> ibroadcast_raw(void* data, int64_t count, DType dt, int root,
-                                          const std::string& what) override {
+  void broadcast_raw(void* data, int64_t count, DType dt, int root,
+                     const std::string& what) override {
     NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, live(),
                              stream_));
     launched(what, timeout_);
-    return fence(stream_, what);
-  }
-  void reduce_raw(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
-                  int root) override {
-    NCCL_CHECK(ncclReduce(send, recv, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), root,
-                          live(), stream_));
-    launched("reduce", timeout_);
-    NcclRequest(comm_, stream_, "reduce", where()).wait();
+    fence(stream_, what)->wait();
   }
   void allgather_raw(const void* send, void* recv, int64_t count, DType dt) override {
     NCCL_CHECK(

@@ -1,5 +1,7 @@
 // Command-line flags (cxxopts), recipes and validation of TrainConfig. A recipe sets the defaults
 // of the optimisation flags; a flag given explicitly always wins.
+#include "dpt/config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,9 +12,8 @@
 
 #include "dpt/augment.h"
 #include "dpt/dataset.h"
-#include "dpt/ddp.h"
 #include "dpt/error.h"
-#include "dpt/train.h"
+#include "dpt/reducer.h"
 
 namespace dpt {
 

@@ -1,20 +1,11 @@
-// The optimizer (include/dpt/optimizer.h): PyTorch's SGD over the flat buffers, and the learning
-// rate of every step.
+// The learning rate of every step (include/dpt/optimizer.h): linear warm-up, then constant, step or
+// cosine.
 #include "dpt/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "cpu/ops.h"
-
 namespace dpt {
-
-void Sgd::step(float* p, const float* g, double lr) {
-  // PyTorch starts the momentum buffer at the first gradient.
-  cpu::sgd_update(p, g, buf_.data(), n_, static_cast<float>(lr), static_cast<float>(momentum_),
-                  static_cast<float>(weight_decay_), steps_ == 0);
-  ++steps_;
-}
 
 double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
   const double t = static_cast<double>(step) / static_cast<double>(spe);

@@ -9,7 +9,7 @@
 
 #include "dpt/error.h"
 #include "dpt/files.h"
-#include "dpt/train.h"
+#include "dpt/metrics.h"
 
 namespace dpt {
 

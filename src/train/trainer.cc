@@ -18,13 +18,18 @@
 #include "dpt/checkpoint.h"
 #include "dpt/clock.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
+#include "dpt/error.h"
 #include "dpt/log.h"
+#include "dpt/metrics.h"
+#include "dpt/nn.h"
+#include "dpt/optimizer.h"
 #include "dpt/preflight.h"
+#include "dpt/run.h"
 #include "dpt/sampler.h"
 #include "dpt/trace.h"
-#include "dpt/train.h"
 #include "train/guard.h"
 #include "train/signals.h"
 
@@ -322,7 +327,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   dopt.sync_bn = cfg.sync_bn;
   dopt.grad_dtype = grad_wire_dtype(cfg.grad_dtype);
   DataParallel ddp(*model, comm, dopt, std::move(transport));
-  Sgd opt(model->num_parameters(), cfg.momentum, cfg.weight_decay);
+  Sgd opt(model->num_parameters(), cfg.momentum);
   ShardedSampler sampler(pf.train.n, cfg.batch_size, rank, world, cfg.seed);
   StepEngine engine(cfg, comm, *model, ddp, opt, pf.train, pf.test, pf.normalize, pf.augment);
   print_banner(cfg, comm, *model, ddp, pf, allgather_text(comm, engine.describe()));

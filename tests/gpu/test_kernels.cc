@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
-#include "dpt/comm.h"
+#include "dpt/dtype.h"
 #include "dpt/half.h"
 #include "dpt/rng.h"
 #include "gpu_test_util.h"

@@ -20,10 +20,10 @@
 #include "cuda/gpu_reducer.h"
 #include "cuda/nccl_communicator.h"
 #include "dpt/comm.h"
-#include "dpt/ddp.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
+#include "dpt/reducer.h"
 #include "dpt/rng.h"
 #include "dpt/tensor.h"
 
@@ -108,20 +108,13 @@ class AbsentPeerBootstrap : public Communicator {
                                           const std::string&) override {
     unused();
   }
-  std::unique_ptr<Request> ibroadcast_raw(void*, int64_t, DType, int, const std::string&) override {
-    return std::make_unique<Done>();
-  }
-  void reduce_raw(const void*, void*, int64_t, DType, ReduceOp, int) override { unused(); }
+  void broadcast_raw(void*, int64_t, DType, int, const std::string&) override {}
   void allgather_raw(const void*, void*, int64_t, DType) override { unused(); }
   void barrier() override { unused(); }
   void allreduce_unbounded_raw(void*, int64_t, DType, ReduceOp) override { unused(); }
   std::string diagnose() override { return "rank 1 never started"; }
 
  private:
-  struct Done : Request {
-    void wait() override {}
-    bool test() override { return true; }
-  };
   [[noreturn]] static void unused() {
     throw std::logic_error("not used by make_nccl_communicator");
   }

@@ -8,9 +8,11 @@
 
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/error.h"
+#include "dpt/nn.h"
+#include "dpt/run.h"
 #include "dpt/safetensors.h"
-#include "dpt/train.h"
 #include "test_util.h"
 
 namespace dpt {

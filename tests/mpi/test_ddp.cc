@@ -1,20 +1,25 @@
-// DataParallel under mpirun (-np 1, 2, 4): k ranks with B/k images each end where one replica
-// with the whole batch B ends; bucket plans and overlap do not change the result; replica and
-// divergence checks name the rank; --sync-bn equals single-replica BatchNorm; evaluation covers
-// the test set once; gradient accumulation equals one big batch.
+// DataParallel under mpirun (-np 1, 2, 4), trained through the StepEngine as run_training trains:
+// k ranks with B/k images each end where one replica with the whole batch B ends; bucket plans and
+// overlap do not change the result; replica and divergence checks name the rank; --sync-bn equals
+// single-replica BatchNorm; evaluation covers the test set once; gradient accumulation equals one
+// big batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
-#include "cpu/ops.h"
-#include "dpt/checkpoint.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
+#include "dpt/dataset.h"
 #include "dpt/ddp.h"
+#include "dpt/engine.h"
 #include "dpt/error.h"
+#include "dpt/nn.h"
+#include "dpt/optimizer.h"
 #include "dpt/rng.h"
-#include "dpt/safetensors.h"
-#include "dpt/train.h"
+#include "dpt/run.h"
+#include "dpt/sampler.h"
 #include "test_util.h"
 
 namespace dpt {
@@ -22,51 +27,38 @@ namespace {
 
 std::unique_ptr<Communicator> world() { return test::world_comm(); }
 
-// A deterministic global batch of B images/labels (the same on every rank).
-struct Batch {
-  Tensor x;
-  std::vector<int32_t> y;
-};
-Batch global_batch(int64_t B, const Shape& per_sample, uint64_t seed) {
-  Batch b;
-  Shape s{B};
-  s.insert(s.end(), per_sample.begin(), per_sample.end());
-  b.x.resize(s);
+// n random single-channel images of rows x cols with labels < 10: the same on every rank.
+ImageSet random_images(int64_t n, int64_t rows, int64_t cols, uint64_t seed) {
+  ImageSet set;
+  set.n = n, set.rows = rows, set.cols = cols;
   Rng rng(seed);
-  for (int64_t i = 0; i < b.x.numel(); ++i) b.x.data()[i] = static_cast<float>(rng.uniform());
-  for (int64_t i = 0; i < B; ++i) b.y.push_back(static_cast<int32_t>(rng.below(10)));
-  return b;
+  set.images.resize(static_cast<size_t>(n * rows * cols));
+  for (uint8_t& v : set.images) v = static_cast<uint8_t>(rng.below(256));
+  set.labels.resize(static_cast<size_t>(n));
+  for (uint8_t& l : set.labels) l = static_cast<uint8_t>(rng.below(10));
+  return set;
 }
 
-// Slice rows [begin, begin+n) of a batch.
-Batch slice(const Batch& g, int64_t begin, int64_t n) {
-  Batch b;
-  Shape s = g.x.shape();
-  const int64_t per = g.x.numel() / s[0];
-  s[0] = n;
-  b.x.resize(s);
-  std::copy(g.x.data() + begin * per, g.x.data() + (begin + n) * per, b.x.data());
-  b.y.assign(g.y.begin() + begin, g.y.begin() + begin + n);
-  return b;
-}
-
-// One optimizer step of DataParallel training on this rank's part of the global batch.
-void train_steps(DataParallel& ddp, Sgd& opt, int64_t B, int steps, int accum, uint64_t seed) {
-  Communicator& c = ddp.comm();
-  const int64_t local = B / c.size() / accum;
-  for (int s = 0; s < steps; ++s) {
-    Batch g = global_batch(B, ddp.module().input_shape(), seed + static_cast<uint64_t>(s));
-    for (int m = 0; m < accum; ++m) {
-      Batch b = slice(g, (m * c.size() + c.rank()) * local, local);
-      const Tensor& logits = ddp.forward(b.x, Mode::kTrain);
-      Tensor dl(logits.shape());
-      cpu::softmax_xent(logits.data(), b.y.data(), local, logits.dim(1),
-                        1.f / static_cast<float>(B), dl.data(), nullptr);
-      ddp.backward(dl, s, /*sync=*/m + 1 == accum, /*accumulate=*/m > 0);
-    }
-    ddp.finish_gradient_sync();
-    opt.step(ddp.module().store().params(), ddp.module().store().grads(), 0.02);
-  }
+// `steps` optimizer steps of data-parallel training as run_training runs them: a StepEngine over
+// `ddp` on epoch 0 of a set of steps x B random images (global batch B per optimizer step, in
+// `accum` micro-batches; each rank takes its B/k slice of every micro-batch), SGD with momentum
+// 0.9 at lr 0.02. The model's host parameters and buffers hold the result.
+void train_steps(Model& m, Communicator& c, DataParallel& ddp, int64_t B, int steps, int accum,
+                 double weight_decay, uint64_t seed) {
+  const Shape& in = m.input_shape();  // {H, W, 1}
+  const ImageSet data = random_images(steps * B, in[0], in[1], seed);
+  TrainConfig cfg;
+  cfg.batch_size = B / accum;
+  cfg.accum_steps = accum;
+  cfg.momentum = 0.9;
+  cfg.weight_decay = weight_decay;
+  cfg.seed = seed;
+  Sgd opt(m.num_parameters(), cfg.momentum);
+  StepEngine engine(cfg, c, m, ddp, opt, data, data);
+  ShardedSampler sampler(data.n, cfg.batch_size, c.rank(), c.size(), cfg.seed);
+  engine.begin_epoch(sampler, sampler.steps_per_epoch());
+  for (int s = 0; s < steps; ++s) engine.step(static_cast<int64_t>(s) * accum, s, 0.02, nullptr);
+  engine.to_host();
 }
 
 std::vector<float> params_of(Model& m) {
@@ -89,10 +81,8 @@ std::vector<float> reference_params(const std::string& model, int64_t B, int ste
   auto self = make_mpi_self_communicator();
   auto m = make_model(model);
   m->init_parameters("kaiming", 11);
-  DdpOptions o;
-  DataParallel ddp(*m, *self, o);
-  Sgd opt(m->num_parameters(), 0.9, 1e-4);
-  train_steps(ddp, opt, B, steps, 1, seed);
+  DataParallel ddp(*m, *self, DdpOptions{});
+  train_steps(*m, *self, ddp, B, steps, 1, 1e-4, seed);
   return params_of(*m);
 }
 
@@ -125,8 +115,7 @@ TEST(DataParallel, LenetMatchesSingleReplicaForEveryBucketPlan) {
       if (mb == 1e4) {
         EXPECT_EQ(ddp.reducer().buckets().size(), 1u);
       }
-      Sgd opt(m->num_parameters(), 0.9, 1e-4);
-      train_steps(ddp, opt, B, 4, 1, 100);
+      train_steps(*m, *c, ddp, B, 4, 1, 1e-4, 100);
       ddp.verify_replicas(4);
       results.push_back(params_of(*m));
       EXPECT_LT(max_rel_diff(results.back(), ref), 1e-4)
@@ -150,10 +139,8 @@ TEST(DataParallel, GradientAccumulationEqualsOneBigBatch) {
   const auto ref = reference_params("lenet", 48, 4, 100);
   auto m = make_model("lenet");
   m->init_parameters("kaiming", 11);
-  DdpOptions o;
-  DataParallel ddp(*m, *c, o);
-  Sgd opt(m->num_parameters(), 0.9, 1e-4);
-  train_steps(ddp, opt, 48, 4, /*accum=*/2, 100);
+  DataParallel ddp(*m, *c, DdpOptions{});
+  train_steps(*m, *c, ddp, 48, 4, /*accum=*/2, 1e-4, 100);
   EXPECT_LT(max_rel_diff(params_of(*m), ref), 1e-4);
 }
 
@@ -211,8 +198,7 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
   std::vector<float> ref_params, ref_stats;
   {
     DataParallel d(*ref, *self, DdpOptions{});
-    Sgd opt(ref->num_parameters(), 0.9, 0);
-    train_steps(d, opt, B, 3, 1, 700);
+    train_steps(*ref, *self, d, B, 3, 1, 0, 700);
     ref_params = params_of(*ref);
     ref_stats.assign(ref->store().buffers(), ref->store().buffers() + ref->store().num_buffers());
   }
@@ -221,8 +207,7 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
     DdpOptions o;
     o.sync_bn = sync;
     DataParallel d(*m, *c, o);
-    Sgd opt(m->num_parameters(), 0.9, 0);
-    train_steps(d, opt, B, 3, 1, 700);
+    train_steps(*m, *c, d, B, 3, 1, 0, 700);
     const double diff = max_rel_diff(params_of(*m), ref_params);
     if (sync || c->size() == 1) {
       EXPECT_LT(diff, 1e-4) << "sync " << sync;

@@ -6,9 +6,12 @@
 #include <memory>
 
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
-#include "dpt/train.h"
+#include "dpt/idx.h"
+#include "dpt/nn.h"
+#include "dpt/optimizer.h"
 #include "test_util.h"
 
 namespace dpt::test {
@@ -28,7 +31,7 @@ struct EngineRig {
     model = make_model(cfg.model, 10, cpu_backend());
     model->init_parameters(cfg.init, cfg.seed);
     ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
-    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum, cfg.weight_decay);
+    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum);
     engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
   }
 };

@@ -13,11 +13,12 @@
 
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
 #include "dpt/error.h"
+#include "dpt/metrics.h"
 #include "dpt/safetensors.h"
-#include "dpt/train.h"
 #include "engine_rig.h"
 #include "test_util.h"
 

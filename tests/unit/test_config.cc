@@ -1,12 +1,16 @@
-// Flags, recipes, validation and the learning-rate schedules of include/dpt/train.h, plus the
-// sampler and evaluation split: every expectation is computed from the definitions.
+// Flags, recipes, validation and the learning-rate schedules (config.h, optimizer.h), the reference
+// SGD (ref_sgd.h), the sampler and evaluation split: every expectation is computed from the
+// definitions.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
 
+#include "dpt/config.h"
 #include "dpt/error.h"
-#include "dpt/train.h"
+#include "dpt/optimizer.h"
+#include "dpt/sampler.h"
+#include "ref_sgd.h"
 
 namespace dpt {
 namespace {
@@ -255,11 +259,11 @@ TEST(Schedule, WarmupThenCosineAndStep) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 37, spe), 0.4);
 }
 
-TEST(Sgd, MatchesPyTorchFormulaOverThreeSteps) {
+TEST(RefSgd, MatchesPyTorchFormulaOverThreeSteps) {
   // PyTorch: d = g + wd*p; buf = d (first) else m*buf + d; p -= lr*buf.
   const double lr = 0.1, m = 0.9, wd = 0.01;
   std::vector<float> p{1.f, -2.f}, g{0.5f, 0.25f};
-  Sgd opt(2, m, wd);
+  test::RefSgd opt(2, m, wd);
   double rp[2] = {1, -2}, buf[2] = {0, 0};
   for (int s = 0; s < 3; ++s) {
     opt.step(p.data(), g.data(), lr);
@@ -271,7 +275,7 @@ TEST(Sgd, MatchesPyTorchFormulaOverThreeSteps) {
   }
   EXPECT_NEAR(p[0], rp[0], 1e-6);
   EXPECT_NEAR(p[1], rp[1], 1e-6);
-  Sgd plain(1, 0, 0);
+  test::RefSgd plain(1, 0, 0);
   float q = 1.f, gq = 2.f;
   plain.step(&q, &gq, 0.25);
   EXPECT_FLOAT_EQ(q, 0.5f);

@@ -28,10 +28,12 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/ops.h"
 #include "dpt/backend.h"
+#include "dpt/config.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
-#include "dpt/train.h"
+#include "dpt/nn.h"
+#include "dpt/run.h"
 #include "test_util.h"
 
 namespace dpt {

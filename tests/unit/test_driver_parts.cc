@@ -13,11 +13,13 @@
 #include <thread>
 
 #include "dpt/comm.h"
+#include "dpt/config.h"
 #include "dpt/ddp.h"
 #include "dpt/device.h"
 #include "dpt/engine.h"
+#include "dpt/error.h"
 #include "dpt/preflight.h"
-#include "dpt/train.h"
+#include "dpt/run.h"
 #include "engine_rig.h"
 #include "test_util.h"
 #include "train/guard.h"
