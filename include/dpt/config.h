@@ -1,5 +1,5 @@
-// The training configuration: TrainConfig (every flag, with recipes' defaults), parsing and
-// validation, and the values every rank must agree on.
+// The training configuration: TrainConfig (a field for every flag of the table in flags.h, with
+// recipes' defaults), parsing and validation, and the values every rank must agree on.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +75,7 @@ struct TrainConfig {
   std::string trace;                        // Chrome-trace JSON of a window of steps
   int64_t trace_begin = 2, trace_end = 12;  // --trace-steps A:B (global steps [A, B))
 
-  std::string to_json() const;  // one line, every field
+  std::string to_json() const;  // one line, every field (its keys: flags.h)
   std::string to_text() const;  // "key: value" lines for the start-up banner
 };
 
@@ -102,8 +102,11 @@ DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
 // --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
 void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);
-// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests).
+// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests): the
+// model's learning rate for the recipe (models.h), the recipe's other settings.
 void apply_recipe(TrainConfig* cfg);
+// --recipe's help: each recipe's settings, with its learning rate for each model.
+std::string recipe_help();
 // Checks ranges and the world size (batch divisible by it); throws input errors naming the flag.
 void validate_config(const TrainConfig& cfg, int world_size);
 

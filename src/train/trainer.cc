@@ -21,6 +21,7 @@
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
 #include "dpt/log.h"
+#include "dpt/models.h"
 #include "dpt/preflight.h"
 #include "dpt/sampler.h"
 #include "dpt/trace.h"

@@ -29,6 +29,7 @@
 #include "dpt/ddp.h"
 #include "dpt/half.h"
 #include "dpt/idx.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/rng.h"
 #include "dpt/safetensors.h"

@@ -9,6 +9,7 @@
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/error.h"
+#include "dpt/models.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"
 #include "test_util.h"

@@ -12,6 +12,7 @@
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
 #include "dpt/error.h"
+#include "dpt/models.h"
 #include "dpt/rng.h"
 #include "dpt/safetensors.h"
 #include "dpt/train.h"

@@ -8,6 +8,7 @@
 #include "dpt/comm.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
+#include "dpt/models.h"
 #include "dpt/train.h"
 #include "test_util.h"
 

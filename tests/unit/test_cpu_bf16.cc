@@ -31,6 +31,7 @@
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
+#include "dpt/models.h"
 #include "dpt/train.h"
 #include "test_util.h"
 
