@@ -79,16 +79,18 @@ struct TrainConfig {
   std::string to_text() const;  // "key: value" lines for the start-up banner
 };
 
-// The values every rank must share, as (flag, value) pairs in a fixed order: everything that shapes
-// the training (model, recipe, optimiser, schedule, batch, accumulation, epochs, steps, seed,
-// numerics, buckets, --device as given) or decides which collectives a rank issues (evaluation,
-// checkpoints, step metrics, replica checks, and whether --resume, --save and --trace are given).
-// Paths, threads, logging and --timeout may differ; the data files are compared by digest instead.
+// The values every rank must share, as (flag, value) pairs in the flag table's order (each flag's
+// Agreement, flags.h): everything that shapes the training (model, recipe, optimiser, schedule,
+// batch, accumulation, epochs, steps, seed, numerics, buckets, --device as given) or decides which
+// collectives a rank issues (evaluation, checkpoints, step metrics, replica checks, and whether
+// --resume, --save and --trace are given). Paths, threads, logging and --timeout may differ; the
+// data files are compared by digest instead.
 std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg);
 // The same values (without the three "given" ones) from a configuration's JSON (a checkpoint's
 // metadata); keys it lacks read "(not recorded)". Throws on malformed JSON.
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
-// Of those, the ones a resumed run may change without changing the trajectory it continues.
+// Of those, the ones a resumed run may change without changing the trajectory it continues
+// (Agreement::kResumable and kGiven).
 bool may_change_on_resume(const std::string& flag);
 // --activation-dtype resolved: DType::kBF16 or kF32. auto is bf16 under --precision bf16 on a
 // device whose convolutions take bf16 natively (`device_bf16_fast`: ComputeDevice::
