@@ -16,7 +16,7 @@ namespace dpt {
 
 // The commands that take a flag, as a bit set. Only training exists; `dptrain evaluate` and
 // `dptrain predict` (issue 32) take subsets of the table.
-enum Command : unsigned { kTrain = 1u };
+enum Command : unsigned { kCommandTrain = 1u };
 
 // What ranks must share, checked before training (agreed_values) and against a resumed
 // checkpoint's configuration (may_change_on_resume).
@@ -73,7 +73,7 @@ struct Flag {
   // Its keys in to_json. flags() fills what an entry leaves out: one key, the name with '_' for
   // '-', holding `field` (or `format` for kCustom); the field; the agreed name.
   std::vector<JsonValue> json = {};
-  unsigned commands = kTrain;
+  unsigned commands = kCommandTrain;
 };
 
 // Every flag, in --help's order within each group.

@@ -525,7 +525,7 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
                         "(launch with mpirun or srun; one rank per GPU or CPU slot)");
   std::vector<const Flag*> taken;  // the training command's flags
   for (const Flag& f : flags())
-    if (f.commands & kTrain) {
+    if (f.commands & kCommandTrain) {
       opts.add_options(f.group)(f.name, f.help, option_value(f));
       taken.push_back(&f);
     }
