@@ -37,6 +37,7 @@
 #include "cuda/cudnn_fused_conv.h"
 #include "cuda/cudnn_graph_conv.h"
 #endif
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/rng.h"
 #include "precision.cuh"

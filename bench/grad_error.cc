@@ -43,6 +43,7 @@
 #include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/idx.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/safetensors.h"
 

@@ -1,5 +1,5 @@
-// The training configuration: TrainConfig (every flag, with recipes' defaults), parsing and
-// validation, and the values every rank must agree on.
+// The training configuration: TrainConfig (a field for every flag of the table in flags.h, with
+// recipes' defaults), parsing and validation, and the values every rank must agree on.
 #pragma once
 
 #include <cstdint>
@@ -75,20 +75,22 @@ struct TrainConfig {
   std::string trace;                        // Chrome-trace JSON of a window of steps
   int64_t trace_begin = 2, trace_end = 12;  // --trace-steps A:B (global steps [A, B))
 
-  std::string to_json() const;  // one line, every field
+  std::string to_json() const;  // one line, every field (its keys: flags.h)
   std::string to_text() const;  // "key: value" lines for the start-up banner
 };
 
-// The values every rank must share, as (flag, value) pairs in a fixed order: everything that shapes
-// the training (model, recipe, optimiser, schedule, batch, accumulation, epochs, steps, seed,
-// numerics, buckets, --device as given) or decides which collectives a rank issues (evaluation,
-// checkpoints, step metrics, replica checks, and whether --resume, --save and --trace are given).
-// Paths, threads, logging and --timeout may differ; the data files are compared by digest instead.
+// The values every rank must share, as (flag, value) pairs in the flag table's order (each flag's
+// Agreement, flags.h): everything that shapes the training (model, recipe, optimiser, schedule,
+// batch, accumulation, epochs, steps, seed, numerics, buckets, --device as given) or decides which
+// collectives a rank issues (evaluation, checkpoints, step metrics, replica checks, and whether
+// --resume, --save and --trace are given). Paths, threads, logging and --timeout may differ; the
+// data files are compared by digest instead.
 std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg);
 // The same values (without the three "given" ones) from a configuration's JSON (a checkpoint's
 // metadata); keys it lacks read "(not recorded)". Throws on malformed JSON.
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json);
-// Of those, the ones a resumed run may change without changing the trajectory it continues.
+// Of those, the ones a resumed run may change without changing the trajectory it continues
+// (Agreement::kResumable and kGiven).
 bool may_change_on_resume(const std::string& flag);
 // --activation-dtype resolved: DType::kBF16 or kF32. auto is bf16 under --precision bf16 on a
 // device whose convolutions take bf16 natively (`device_bf16_fast`: ComputeDevice::
@@ -102,8 +104,11 @@ DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
 // --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
 void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);
-// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests).
+// Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests): the
+// model's learning rate for the recipe (models.h), the recipe's other settings.
 void apply_recipe(TrainConfig* cfg);
+// --recipe's help: each recipe's settings, with its learning rate for each model.
+std::string recipe_help();
 // Checks ranges and the world size (batch divisible by it); throws input errors naming the flag.
 void validate_config(const TrainConfig& cfg, int world_size);
 

@@ -201,14 +201,6 @@ class Model {
   Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
 };
 
-// "lenet" or "resnet18" (the d2l chapter's models) for inputs of shape `input` {H, W, C} (the
-// chapter's 28x28x1 by default): ResNet-18's stem takes C channels and global average pooling any
-// H x W; LeNet's fc1 is sized from H x W. Input error for another name or a shape the model cannot
-// take (model_input_problem).
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
-                                  Backend& backend = cpu_backend(),
-                                  const Shape& input = {28, 28, 1});
-// Why `name` cannot take images of shape {H, W, C}, or "" when it can.
-std::string model_input_problem(const std::string& name, const Shape& input);
+// The models built from these layers, and make_model: include/dpt/models.h.
 
 }  // namespace dpt

@@ -1,8 +1,9 @@
-// The d2l chapter's two models, built from layers: LeNet (§12.5) and the modified ResNet-18
-// (§12.6), for the chapter's 28x28 single-channel images or any shape they can take (the layers
-// size themselves from their input). Names follow PyTorch's state_dict scheme.
+// The model table (include/dpt/models.h) and its builders: the d2l chapter's LeNet (§12.5) and
+// modified ResNet-18 (§12.6), for the chapter's 28x28 single-channel images or any shape they can
+// take (the layers size themselves from their input). Names follow PyTorch's state_dict scheme.
+#include "dpt/models.h"
+
 #include "dpt/error.h"
-#include "dpt/nn.h"
 
 namespace dpt {
 
@@ -38,28 +39,64 @@ std::unique_ptr<Sequential> resnet18(int num_classes) {
   return net;
 }
 
-}  // namespace
-
-std::string model_input_problem(const std::string& name, const Shape& input) {
-  if (input.size() != 3 || input[0] < 1 || input[1] < 1 || input[2] < 1)
-    return "images must have a positive height, width and channel count";
-  // LeNet: conv 3x3, pool 2, conv 5x5, pool 2, each without padding, must leave at least 1x1:
-  // ((H - 2) / 2 - 4) / 2 >= 1, i.e. H >= 14. ResNet-18 pads every 3x3 and takes any size.
-  if (name == "lenet" && (input[0] < 14 || input[1] < 14))
+// LeNet: conv 3x3, pool 2, conv 5x5, pool 2, each without padding, must leave at least 1x1:
+// ((H - 2) / 2 - 4) / 2 >= 1, i.e. H >= 14.
+std::string lenet_input_problem(const Shape& input) {
+  if (input[0] < 14 || input[1] < 14)
     return "lenet needs images of at least 14x14 (its two convolutions and poolings leave nothing "
            "of smaller ones)";
   return "";
 }
 
+// ResNet-18 pads every 3x3 convolution and pools globally: any size.
+std::string any_input(const Shape&) { return ""; }
+
+}  // namespace
+
+const std::vector<ModelSpec>& models() {
+  static const std::vector<ModelSpec> table = {
+      {"lenet",
+       "LeNet of d2l 12.5: two convolutions, two linear layers; images of 14x14 or more",
+       lenet,
+       {.default_recipe = 0.05, .d2l = 0.2},
+       "fc2",
+       lenet_input_problem},
+      {"resnet18",
+       "the modified ResNet-18 of d2l 12.6: 3x3 stem, no max-pooling; any image size",
+       resnet18,
+       {.default_recipe = 0.1, .d2l = 0.1},
+       "fc",
+       any_input},
+  };
+  return table;
+}
+
+std::string model_names() {
+  std::string names;
+  for (const ModelSpec& m : models()) names += (names.empty() ? "" : "|") + m.name;
+  return names;
+}
+
+const ModelSpec& model_spec(const std::string& name) {
+  for (const ModelSpec& m : models())
+    if (m.name == name) return m;
+  throw Error(ErrorKind::kInput,
+              DPT_MSG("--model: unknown model '" << name << "' (" << model_names() << ")"));
+}
+
+std::string model_input_problem(const std::string& name, const Shape& input) {
+  if (input.size() != 3 || input[0] < 1 || input[1] < 1 || input[2] < 1)
+    return "images must have a positive height, width and channel count";
+  return model_spec(name).input_problem(input);
+}
+
 std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend,
                                   const Shape& input) {
-  DPT_INPUT_CHECK(name == "lenet" || name == "resnet18",
-                  "--model: unknown model '" << name << "' (lenet|resnet18)");
+  const ModelSpec& spec = model_spec(name);
   const std::string problem = model_input_problem(name, input);
   DPT_INPUT_CHECK(problem.empty(), "--model " << name << " cannot take images of shape "
                                               << shape_str(input) << " (H, W, C): " << problem);
-  auto net = name == "lenet" ? lenet(num_classes) : resnet18(num_classes);
-  return std::make_unique<Model>(name, std::move(net), input, num_classes, backend);
+  return std::make_unique<Model>(name, spec.build(num_classes), input, num_classes, backend);
 }
 
 }  // namespace dpt

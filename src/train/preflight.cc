@@ -11,6 +11,7 @@
 #include "dpt/clock.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 
 namespace dpt {

@@ -31,7 +31,7 @@
 #include "dpt/half.h"
 #include "dpt/idx.h"
 #include "dpt/metrics.h"
-#include "dpt/nn.h"
+#include "dpt/models.h"
 #include "dpt/reducer.h"
 #include "dpt/rng.h"
 #include "dpt/run.h"

@@ -10,9 +10,9 @@
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
 #include "dpt/idx.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
-#include "test_util.h"
 
 namespace dpt::test {
 

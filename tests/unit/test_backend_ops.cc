@@ -21,6 +21,7 @@
 #include "dpt/backend.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
 #include "test_util.h"

@@ -1,13 +1,16 @@
-// Flags, recipes, validation and the learning-rate schedules (config.h, optimizer.h), the reference
-// SGD (ref_sgd.h), the sampler and evaluation split: every expectation is computed from the
-// definitions.
-#include <gtest/gtest.h>
+// Flags (the table of flags.h), recipes, the model table (models.h), validation and the
+// learning-rate schedules (optimizer.h), the reference SGD (ref_sgd.h), the sampler and
+// evaluation split: every expectation is computed from the definitions.
 
 #include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "dpt/config.h"
 #include "dpt/error.h"
+#include "dpt/flags.h"
+#include "dpt/models.h"
 #include "dpt/optimizer.h"
 #include "dpt/sampler.h"
 #include "ref_sgd.h"
@@ -56,46 +59,20 @@ TEST(Config, ExplicitFlagsOverrideTheRecipe) {
   EXPECT_EQ(c.init, "d2l");
 }
 
-TEST(Config, HelpShowsDefaults) {
+// dptrain --help's text.
+std::string help_text() {
   std::vector<std::string> args{"dptrain", "--help"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   TrainConfig c;
   std::string help;
   EXPECT_FALSE(parse_config(2, argv.data(), &c, &help));
-  for (const char* flag : {"--model",
-                           "--recipe",
-                           "--epochs",
-                           "--batch-size",
-                           "--lr",
-                           "--momentum",
-                           "--weight-decay",
-                           "--seed",
-                           "--data",
-                           "--device",
-                           "--threads",
-                           "--max-steps",
-                           "--metrics",
-                           "--save",
-                           "--bucket-mb",
-                           "--last-bucket-mb",
-                           "--no-overlap",
-                           "--accum-steps",
-                           "--sync-bn",
-                           "--scale-lr",
-                           "--verify-every",
-                           "--timeout",
-                           "--eval-every",
-                           "--checkpoint-every",
-                           "--resume",
-                           "--trace",
-                           "--report",
-                           "--tf32",
-                           "--no-cuda-graphs",
-                           "--precision",
-                           "--activation-dtype",
-                           "--allow-config-change"})
-    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  return help;
+}
+
+// Every flag is listed: Flags.HelpListsEveryFlagInItsGroup.
+TEST(Config, HelpShowsDefaults) {
+  const std::string help = help_text();
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
 }
@@ -234,6 +211,314 @@ TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
   for (const char* ok : {"3.4e38/1", "0/1.2e-38", "0.5,0.5,0.5/0.25,0.25,0.25", "1e-40/1"}) {
     std::string msg;
     EXPECT_EQ(input_error_of({"--normalize", ok}, &msg), 0) << ok << ": " << msg;
+  }
+}
+
+// --- The flag table (flags.h) against today's configuration: every key, every agreed name. ---
+
+// TrainConfig's JSON as checkpoints record it: every key with its value and its type (an integer
+// 0 is "0", a double 0 "0.0"), sorted. Old checkpoints resume against it, so it must not drift.
+TEST(Flags, DefaultJsonKeepsEveryKeyAndType) {
+  EXPECT_EQ(parse({}).to_json(),
+            "{\"accum_steps\":1,\"activation_dtype\":\"auto\",\"allow_config_change\":false,"
+            "\"augment\":\"none\",\"batch_size\":256,\"bucket_mb\":25.0,\"checkpoint_every\":0,"
+            "\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
+            "\"checkpoint_path\":\"checkpoint.safetensors\",\"clip_grad_norm\":0.0,"
+            "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
+            "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eval_batch_size\":1000,"
+            "\"eval_every\":1,\"grad_dtype\":\"fp32\",\"init\":\"kaiming\",\"keep_checkpoints\":0,"
+            "\"last_bucket_mb\":0.0,\"log_level\":\"info\",\"lr\":0.05,\"max_steps\":0,"
+            "\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\",\"momentum\":0.9,"
+            "\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
+            "\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\",\"quiet\":false,"
+            "\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
+            "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"step_epochs\":[],"
+            "\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,\"timeout\":300.0,"
+            "\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,\"warmup_epochs\":1.0,"
+            "\"weight_decay\":0.0005}");
+}
+
+TEST(Flags, EveryJsonKeyHasExactlyOneEntry) {
+  const auto j = nlohmann::json::parse(TrainConfig().to_json());
+  std::map<std::string, int> entries;
+  std::set<std::string> names;
+  for (const Flag& f : flags()) {
+    EXPECT_TRUE(names.insert(f.name).second) << "--" << f.name << " twice";
+    EXPECT_FALSE(f.json.empty()) << f.name;
+    for (const JsonValue& v : f.json) ++entries[v.key];
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) EXPECT_EQ(entries[it.key()], 1) << it.key();
+  EXPECT_EQ(entries.size(), j.size());  // no entry writes a key to_json lacks
+}
+
+// The agreed names of today's resume check and rank agreement, spelled out: the table must give
+// exactly these, each once.
+TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
+  const std::set<std::string> fixed = {"--model",
+                                       "--recipe",
+                                       "--epochs",
+                                       "--batch-size",
+                                       "--lr",
+                                       "--momentum",
+                                       "--weight-decay",
+                                       "--schedule",
+                                       "--warmup-epochs",
+                                       "--step-epochs",
+                                       "--step-gamma",
+                                       "--init",
+                                       "--seed",
+                                       "--tf32",
+                                       "--precision",
+                                       "--activation-dtype",
+                                       "--max-steps",
+                                       "--grad-dtype",
+                                       "--accum-steps",
+                                       "--sync-bn",
+                                       "--scale-lr",
+                                       "--clip-grad-norm",
+                                       "--data-format",
+                                       "--normalize",
+                                       "--augment"};
+  const std::set<std::string> resumable = {"--eval-batch-size",
+                                           "--eval-every",
+                                           "--checkpoint-every",
+                                           "--checkpoint-every-steps",
+                                           "--checkpoint-every-minutes",
+                                           "--verify-every",
+                                           "--metrics-every",
+                                           "--trace-steps",
+                                           "--no-cuda-graphs",
+                                           "--bucket-mb",
+                                           "--last-bucket-mb",
+                                           "--nonfinite",
+                                           "--nonfinite-max-skips",
+                                           "--device"};
+  const std::set<std::string> given = {"--resume", "--save", "--trace"};
+  std::map<std::string, std::string> seen;
+  for (const auto& [flag, value] : agreed_values(parse({}))) {
+    EXPECT_TRUE(seen.emplace(flag, value).second) << flag << " twice";
+    EXPECT_EQ(may_change_on_resume(flag), !fixed.count(flag)) << flag;
+  }
+  EXPECT_EQ(seen.size(), fixed.size() + resumable.size() + given.size());
+  for (const auto* names : {&fixed, &resumable, &given})
+    for (const std::string& flag : *names) EXPECT_TRUE(seen.count(flag)) << flag;
+  for (const std::string& flag : given) EXPECT_EQ(seen[flag], "(not given)") << flag;
+  EXPECT_EQ(seen["--no-cuda-graphs"], "true");  // the JSON key cuda_graphs, under its flag
+  for (const char* free : {"--threads", "--timeout", "--data", "--log-level", "--no-overlap"})
+    EXPECT_FALSE(may_change_on_resume(free) || seen.count(free)) << free;
+
+  // A checkpoint's JSON: the same names but the three "given" ones; a key it lacks is "(not
+  // recorded)", one it has is its JSON text.
+  const auto old = agreed_values(std::string("{\"lr\":0.2,\"cuda_graphs\":false}"));
+  EXPECT_EQ(old.size(), fixed.size() + resumable.size());
+  for (const auto& [flag, value] : old)
+    EXPECT_EQ(value, flag == "--lr"               ? "0.2"
+                     : flag == "--no-cuda-graphs" ? "false"
+                                                  : "(not recorded)")
+        << flag;
+  EXPECT_ANY_THROW(agreed_values(std::string("{not json")));
+}
+
+// A value other than the default for every flag of the table: the argv that gives it and the
+// JSON values it must show. A flag added to the table without a line here fails the test.
+struct Sample {
+  std::vector<std::string> args;
+  std::map<std::string, nlohmann::json> json;
+};
+
+std::map<std::string, Sample> samples() {
+  using J = nlohmann::json;
+  return {
+      {"model", {{"--model", "resnet18"}, {{"model", "resnet18"}}}},
+      {"recipe", {{"--recipe", "d2l"}, {{"recipe", "d2l"}}}},
+      {"epochs", {{"--epochs", "7"}, {{"epochs", 7}}}},
+      {"batch-size", {{"--batch-size", "96"}, {{"batch_size", 96}}}},
+      {"lr", {{"--lr", "0.3"}, {{"lr", 0.3}}}},
+      {"momentum", {{"--momentum", "0.5"}, {{"momentum", 0.5}}}},
+      {"weight-decay", {{"--weight-decay", "0.001"}, {{"weight_decay", 0.001}}}},
+      {"schedule", {{"--schedule", "step"}, {{"schedule", "step"}}}},
+      {"warmup-epochs", {{"--warmup-epochs", "2.5"}, {{"warmup_epochs", 2.5}}}},
+      {"step-epochs", {{"--step-epochs", "3,5"}, {{"step_epochs", J::array({3, 5})}}}},
+      {"step-gamma", {{"--step-gamma", "0.5"}, {{"step_gamma", 0.5}}}},
+      {"init", {{"--init", "d2l"}, {{"init", "d2l"}}}},
+      {"seed", {{"--seed", "7"}, {{"seed", 7}}}},
+      {"scale-lr", {{"--scale-lr"}, {{"scale_lr", true}}}},
+      {"data", {{"--data", "/tmp/x"}, {{"data", "/tmp/x"}}}},
+      {"data-format", {{"--data-format", "npy"}, {{"data_format", "npy"}}}},
+      {"normalize", {{"--normalize", "auto"}, {{"normalize", "auto"}}}},
+      {"augment", {{"--augment", "flip"}, {{"augment", "flip"}}}},
+      {"device", {{"--device", "cpu"}, {{"device", "cpu"}}}},
+      {"tf32", {{"--tf32"}, {{"tf32", true}}}},
+      {"precision", {{"--precision", "bf16"}, {{"precision", "bf16"}}}},
+      {"activation-dtype", {{"--activation-dtype", "bf16"}, {{"activation_dtype", "bf16"}}}},
+      {"no-cuda-graphs", {{"--no-cuda-graphs"}, {{"cuda_graphs", false}}}},
+      {"threads", {{"--threads", "3"}, {{"threads", 3}}}},
+      {"max-steps", {{"--max-steps", "5"}, {{"max_steps", 5}}}},
+      {"eval-batch-size", {{"--eval-batch-size", "100"}, {{"eval_batch_size", 100}}}},
+      {"eval-every", {{"--eval-every", "2"}, {{"eval_every", 2}}}},
+      {"bucket-mb", {{"--bucket-mb", "12.5"}, {{"bucket_mb", 12.5}}}},
+      {"last-bucket-mb", {{"--last-bucket-mb", "1.5"}, {{"last_bucket_mb", 1.5}}}},
+      {"no-overlap", {{"--no-overlap"}, {{"overlap", false}}}},
+      {"grad-dtype", {{"--grad-dtype", "bf16"}, {{"grad_dtype", "bf16"}}}},
+      {"accum-steps", {{"--accum-steps", "2"}, {{"accum_steps", 2}}}},
+      {"sync-bn", {{"--sync-bn"}, {{"sync_bn", true}}}},
+      {"clip-grad-norm", {{"--clip-grad-norm", "1.5"}, {{"clip_grad_norm", 1.5}}}},
+      {"nonfinite", {{"--nonfinite", "skip"}, {{"nonfinite", "skip"}}}},
+      {"nonfinite-max-skips", {{"--nonfinite-max-skips", "3"}, {{"nonfinite_max_skips", 3}}}},
+      {"verify-every", {{"--verify-every", "10"}, {{"verify_every", 10}}}},
+      {"timeout", {{"--timeout", "60.5"}, {{"timeout", 60.5}}}},
+      {"metrics", {{"--metrics", "m.jsonl"}, {{"metrics", "m.jsonl"}}}},
+      {"save", {{"--save", "s.st"}, {{"save", "s.st"}}}},
+      {"checkpoint-every",
+       {{"--checkpoint-every", "5steps"},
+        {{"checkpoint_every", 0}, {"checkpoint_every_steps", 5}, {"checkpoint_every_minutes", 0}}}},
+      {"keep-checkpoints", {{"--keep-checkpoints", "2"}, {{"keep_checkpoints", 2}}}},
+      {"checkpoint-path", {{"--checkpoint-path", "c.st"}, {{"checkpoint_path", "c.st"}}}},
+      {"resume", {{"--resume", "r.st"}, {{"resume", "r.st"}}}},
+      {"allow-config-change", {{"--allow-config-change"}, {{"allow_config_change", true}}}},
+      {"metrics-every", {{"--metrics-every", "4"}, {{"metrics_every", 4}}}},
+      {"report", {{"--report", "r.svg"}, {{"report", "r.svg"}}}},
+      {"trace", {{"--trace", "t.json"}, {{"trace", "t.json"}}}},
+      {"trace-steps", {{"--trace-steps", "3:9"}, {{"trace_steps", "3:9"}}}},
+      {"log-level", {{"--log-level", "debug"}, {{"log_level", "debug"}}}},
+      {"quiet", {{"--quiet"}, {{"quiet", true}}}},
+      {"progress", {{"--progress", "off"}, {{"progress", "off"}}}},
+  };
+}
+
+// Each flag given alone: to_json shows its value, under both recipes (an explicit value wins
+// over the recipe's); agreed_values changes under the flag's own names, and under no other but
+// the recipe's flags (which --model and --recipe move); a free flag changes none.
+TEST(Flags, EveryFlagRoundTripsAndMovesOnlyItsAgreedValues) {
+  const auto all = samples();
+  std::set<std::string> recipe_names;
+  for (const Flag& f : flags())
+    if (f.from == Default::kRecipe) recipe_names.insert("--" + f.name);
+  const auto base = agreed_values(parse({}));
+  for (const Flag& f : flags()) {
+    SCOPED_TRACE("--" + f.name);
+    ASSERT_TRUE(all.count(f.name));
+    const Sample& s = all.at(f.name);
+    for (const bool d2l : {false, true}) {
+      auto args = s.args;
+      if (d2l && f.name != "recipe") args.insert(args.end(), {"--recipe", "d2l"});
+      const auto j = nlohmann::json::parse(parse(args).to_json());
+      for (const auto& [key, value] : s.json) EXPECT_EQ(j.at(key), value) << key;
+    }
+    std::set<std::string> own;
+    for (const JsonValue& v : f.json) own.insert(v.agreed_as);
+    if (f.agreement == Agreement::kGiven) own = {"--" + f.name};
+    const auto now = agreed_values(parse(s.args));
+    ASSERT_EQ(now.size(), base.size());
+    bool moved = false;
+    for (size_t i = 0; i < now.size(); ++i) {
+      ASSERT_EQ(now[i].first, base[i].first);
+      if (now[i].second == base[i].second) continue;
+      moved |= own.count(now[i].first) > 0;
+      EXPECT_TRUE(own.count(now[i].first) || recipe_names.count(now[i].first)) << now[i].first;
+    }
+    EXPECT_EQ(moved, f.agreement != Agreement::kFree);
+  }
+  // --checkpoint-every's other units, each in its own field.
+  const auto epochs = nlohmann::json::parse(parse({"--checkpoint-every", "3"}).to_json());
+  EXPECT_EQ(epochs.at("checkpoint_every"), 3);
+  const auto minutes = nlohmann::json::parse(parse({"--checkpoint-every", "1.5min"}).to_json());
+  EXPECT_EQ(minutes.at("checkpoint_every_minutes"), 1.5);
+  EXPECT_EQ(minutes.at("checkpoint_every"), 0);
+}
+
+TEST(Flags, HelpListsEveryFlagInItsGroup) {
+  const std::string help = help_text();
+  for (const Flag& f : flags()) {
+    // Its line (a flag is also named in other flags' help, never at a line's start).
+    const size_t group = help.find(" " + f.group + " options:"),
+                 at = help.find("\n      --" + f.name + " ");
+    ASSERT_NE(at, std::string::npos) << f.name;
+    ASSERT_NE(group, std::string::npos) << f.group;
+    // Its group's heading is the last one above it.
+    EXPECT_EQ(help.rfind(" options:", at), group + f.group.size() + 1) << f.name;
+  }
+  for (const ModelSpec& m : models())
+    EXPECT_NE(help.find(m.name + " ("), std::string::npos) << m.name;
+}
+
+TEST(Flags, EmptyPathsAreRefused) {
+  for (const Flag& f : flags()) {
+    if (!f.path) continue;
+    std::string msg;
+    EXPECT_EQ(input_error_of({"--" + f.name, ""}, &msg), 2) << f.name;
+    EXPECT_NE(msg.find("--" + f.name + ": empty path"), std::string::npos) << msg;
+  }
+}
+
+// --- The model table (models.h). ---
+
+TEST(Models, EveryEntryBuildsWithItsHeadAndShapes) {
+  std::set<std::string> names;
+  for (const ModelSpec& spec : models()) {
+    SCOPED_TRACE(spec.name);
+    names.insert(spec.name);
+    EXPECT_FALSE(spec.description.empty());
+    EXPECT_EQ(model_input_problem(spec.name, {28, 28, 1}), "");
+    EXPECT_NE(model_input_problem(spec.name, {0, 28, 1}), "");
+    auto m = make_model(spec.name, 7, cpu_backend(), {28, 28, 1});
+    EXPECT_EQ(m->name(), spec.name);
+    // The head maps to the classes: 7 outputs, the last parameters registered.
+    const Param* w = m->store().find(spec.head + ".weight");
+    const Param* b = m->store().find(spec.head + ".bias");
+    ASSERT_TRUE(w && b);
+    EXPECT_EQ(w->shape.front(), 7);
+    EXPECT_EQ(b->shape, Shape{7});
+    const Param* last = nullptr;
+    for (const Param& p : m->store().entries())
+      if (!p.is_buffer) last = &p;
+    EXPECT_EQ(last, b);
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"lenet", "resnet18"}));
+  EXPECT_EQ(model_names(), "lenet|resnet18");
+  // LeNet's two unpadded convolutions and poolings need 14x14; ResNet-18 takes any size.
+  EXPECT_EQ(model_input_problem("lenet", {14, 14, 1}), "");
+  EXPECT_NE(model_input_problem("lenet", {13, 28, 1}), "");
+  EXPECT_EQ(model_input_problem("resnet18", {1, 1, 3}), "");
+  EXPECT_ANY_THROW(make_model("lenet", 10, cpu_backend(), {8, 8, 1}));
+}
+
+TEST(Models, RecipeRatesComeFromTheTable) {
+  for (const ModelSpec& spec : models()) {
+    EXPECT_DOUBLE_EQ(parse({"--model", spec.name}).lr, spec.lr.default_recipe) << spec.name;
+    EXPECT_DOUBLE_EQ(parse({"--model", spec.name, "--recipe", "d2l"}).lr, spec.lr.d2l) << spec.name;
+  }
+  EXPECT_DOUBLE_EQ(model_spec("lenet").lr.default_recipe, 0.05);
+  EXPECT_DOUBLE_EQ(model_spec("lenet").lr.d2l, 0.2);
+  EXPECT_DOUBLE_EQ(model_spec("resnet18").lr.default_recipe, 0.1);
+  EXPECT_DOUBLE_EQ(model_spec("resnet18").lr.d2l, 0.1);
+  EXPECT_EQ(model_spec("lenet").head, "fc2");
+  EXPECT_EQ(model_spec("resnet18").head, "fc");
+  const std::string help = recipe_help();
+  EXPECT_NE(help.find("default (He init"), std::string::npos) << help;
+  EXPECT_NE(help.find("lr 0.05 lenet, 0.1 resnet18)"), std::string::npos) << help;
+  EXPECT_NE(help.find("lr 0.2 lenet, 0.1 resnet18)"), std::string::npos) << help;
+}
+
+TEST(Models, AnUnknownModelIsRefusedNamingTheList) {
+  const std::string want = "--model: unknown model 'vgg' (lenet|resnet18)";
+  std::string msg;
+  EXPECT_EQ(input_error_of({"--model", "vgg"}, &msg), 2);
+  EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  try {
+    make_model("vgg");
+    ADD_FAILURE() << "vgg was built";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  TrainConfig c;
+  c.model = "vgg";
+  try {
+    validate_config(c, 1);
+    ADD_FAILURE() << "vgg was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
 }
 

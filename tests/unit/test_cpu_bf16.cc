@@ -32,9 +32,9 @@
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
-#include "test_util.h"
 
 namespace dpt {
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
 #include "test_util.h"

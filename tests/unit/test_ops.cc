@@ -16,6 +16,7 @@
 
 #include "cpu/ops.h"
 #include "cpu/winograd.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
 #include "test_util.h"

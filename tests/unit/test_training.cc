@@ -11,9 +11,9 @@
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/error.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
-#include "dpt/safetensors.h"
 #include "test_util.h"
 
 namespace dpt {

@@ -1,0 +1,50 @@
+// The models dptrain trains, one table (src/nn/models.cc): for each, its builder, its line in
+// --help, its learning rate under each recipe, its classifier head and the image shapes it takes.
+// Adding a model is one entry there; the flags, recipes and checks read the table.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/nn.h"
+
+namespace dpt {
+
+// A model's peak learning rate under each recipe (config.cc's recipe table says which field is
+// its); every other setting of a recipe is the same for all models.
+struct RecipeRates {
+  double default_recipe;
+  double d2l;
+};
+
+struct ModelSpec {
+  std::string name;         // --model's value, recorded in checkpoints
+  std::string description;  // one line for --help
+  // The layers for `num_classes` classes, named as PyTorch's state_dict names them.
+  std::unique_ptr<Sequential> (*build)(int num_classes);
+  RecipeRates lr;
+  // The classifier head's parameter-name prefix: its parameters are head + ".weight" and ".bias"
+  // (fine-tuning re-initialises them for a new class count).
+  std::string head;
+  // Why the model cannot take {H, W, C} images with positive H, W and C, or "" when it can.
+  std::string (*input_problem)(const Shape& input);
+};
+
+// Every model, in the order --help lists them.
+const std::vector<ModelSpec>& models();
+// "lenet|resnet18": the names, for messages.
+std::string model_names();
+// The entry named `name`; an input error naming the flag and the list for any other name.
+const ModelSpec& model_spec(const std::string& name);
+
+// The model `name` for inputs of shape `input` {H, W, C} (the chapter's 28x28x1 by default): its
+// layers size themselves from the input. Input error for an unknown name or a shape the model
+// cannot take (model_input_problem).
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
+                                  Backend& backend = cpu_backend(),
+                                  const Shape& input = {28, 28, 1});
+// Why `name` cannot take images of shape {H, W, C}, or "" when it can.
+std::string model_input_problem(const std::string& name, const Shape& input);
+
+}  // namespace dpt

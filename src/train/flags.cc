@@ -1,0 +1,599 @@
+// The flag table (include/dpt/flags.h) and what reads it: the cxxopts parser of parse_config, the
+// assignment into TrainConfig, TrainConfig::to_json, agreed_values and may_change_on_resume.
+#include "dpt/flags.h"
+
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <type_traits>
+
+#include "dpt/error.h"
+#include "dpt/models.h"
+
+namespace dpt {
+
+namespace {
+
+// --trace-steps A:B: the window of global steps [A, B) the trace covers.
+void parse_trace_steps(const std::string& window, TrainConfig* c) {
+  long long a = -1, b = -1;
+  char tail = 0;
+  DPT_INPUT_CHECK(std::sscanf(window.c_str(), "%lld:%lld%c", &a, &b, &tail) == 2,
+                  "--trace-steps: '" << window << "' is not A:B");
+  c->trace_begin = a;
+  c->trace_end = b;
+}
+
+std::string format_trace_steps(const TrainConfig& c) {
+  return std::to_string(c.trace_begin) + ":" + std::to_string(c.trace_end);
+}
+
+std::string format_checkpoint_every(const TrainConfig& c) {
+  std::ostringstream os;
+  if (c.checkpoint_every_steps > 0)
+    os << c.checkpoint_every_steps << "steps";
+  else if (c.checkpoint_every_minutes > 0)
+    os << c.checkpoint_every_minutes << "min";
+  else
+    os << c.checkpoint_every;
+  return os.str();
+}
+
+// --model's help: each model of the table with its line.
+std::string model_help() {
+  std::string help;
+  for (const ModelSpec& m : models())
+    help += (help.empty() ? "" : " | ") + m.name + " (" + m.description + ")";
+  return help;
+}
+
+std::vector<Flag> flag_table() {
+  using A = Agreement;
+  using C = TrainConfig;
+  using K = FlagKind;
+  const std::string model = "Model and recipe", data = "Data and device",
+                    parallel = "Data parallelism", output = "Output";
+  return {
+      // Model and recipe: everything here shapes the trajectory.
+      {.name = "model",
+       .group = model,
+       .help = model_help(),
+       .field = &C::model,
+       .agreement = A::kFixed},
+      {.name = "recipe",
+       .group = model,
+       .help = recipe_help(),
+       .field = &C::recipe,
+       .agreement = A::kFixed},
+      {.name = "epochs",
+       .group = model,
+       .help = "Training epochs",
+       .field = &C::epochs,
+       .agreement = A::kFixed},
+      {.name = "batch-size",
+       .group = model,
+       .help = "Global batch size (split evenly over ranks)",
+       .field = &C::batch_size,
+       .agreement = A::kFixed},
+      {.name = "lr",
+       .group = model,
+       .help = "Peak learning rate (default: from the recipe)",
+       .field = &C::lr,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "momentum",
+       .group = model,
+       .help = "SGD momentum (default: from the recipe)",
+       .field = &C::momentum,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "weight-decay",
+       .group = model,
+       .help = "L2 weight decay (default: from the recipe)",
+       .field = &C::weight_decay,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "schedule",
+       .group = model,
+       .help = "constant | step | cosine (default: from the recipe)",
+       .field = &C::schedule,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "warmup-epochs",
+       .group = model,
+       .help = "Linear warm-up epochs (default: from the recipe)",
+       .field = &C::warmup_epochs,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "step-epochs",
+       .group = model,
+       .help = "Epochs at which schedule=step multiplies the rate by --step-gamma, e.g. 5,8",
+       .field = &C::step_epochs,
+       .agreement = A::kFixed,
+       .from = Default::kNone},
+      {.name = "step-gamma",
+       .group = model,
+       .help = "Factor of schedule=step",
+       .field = &C::step_gamma,
+       .agreement = A::kFixed},
+      {.name = "init",
+       .group = model,
+       .help = "kaiming | d2l (default: from the recipe)",
+       .field = &C::init,
+       .agreement = A::kFixed,
+       .from = Default::kRecipe},
+      {.name = "seed",
+       .group = model,
+       .help = "Seed of initialisation and data order",
+       .field = &C::seed,
+       .agreement = A::kFixed},
+      {.name = "scale-lr",
+       .group = model,
+       .help = "Linear scaling rule: lr *= batch/256, with at least 1 warm-up epoch",
+       .field = &C::scale_lr,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
+
+      // Data and device. The data files themselves are compared by digest (preflight.h), so
+      // --data, a path, may differ.
+      {.name = "data",
+       .group = data,
+       .help = "Directory of the data set: IDX files (train-/t10k-images-idx3-ubyte[.gz] or "
+               "-idx4-, ...-labels-idx1-ubyte[.gz]), CIFAR-10/100 binary batches or NumPy .npy "
+               "arrays (USAGE: \"Bring your own data\")",
+       .field = &C::data,
+       .path = true},
+      {.name = "data-format",
+       .group = data,
+       .help = "auto (detected from the file names) | idx | cifar10 | cifar100 | npy",
+       .field = &C::data_format,
+       .agreement = A::kFixed},
+      {.name = "normalize",
+       .group = data,
+       .help = "none | auto (per-channel mean and std of the training set) | M1,..,Mc/S1,..,Sc: "
+               "inputs become (x/255 - mean) / std per channel; recorded in checkpoints and --save",
+       .field = &C::normalize,
+       .agreement = A::kFixed},
+      {.name = "augment",
+       .group = data,
+       .help = "none | a comma list of crop (random crop with zero padding of max(1, size/8) "
+               "pixels: 4 for 32x32), crop=P (padding P), flip (horizontal, p = 1/2); every draw "
+               "a function of (seed, epoch, image), so results do not depend on the rank count",
+       .field = &C::augment,
+       .agreement = A::kFixed},
+      // As given: an explicit cuda beside a cpu rank must not quietly become cpu; a resumed run
+      // may move to other hardware.
+      {.name = "device",
+       .group = data,
+       .help = "auto (cuda when every rank sees a CUDA device, else cpu) | cpu | cuda: one GPU per "
+               "rank, by local rank",
+       .field = &C::device,
+       .agreement = A::kResumable},
+      {.name = "tf32",
+       .group = data,
+       .help = "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with "
+               "10-bit mantissa products (off: results agree with the CPU to fp32 rounding)",
+       .field = &C::tf32,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
+      {.name = "precision",
+       .group = data,
+       .help = "fp32 | bf16: Linear GEMMs on bf16 operands and convolutions on bf16 (CPU, which "
+               "needs AVX512-BF16 or AMX-BF16) or TF32 (GPU) operands, fp32 accumulation; master "
+               "weights, the gradient buffers, the optimizer and the all-reduce stay fp32",
+       .field = &C::precision,
+       .agreement = A::kFixed},
+      {.name = "activation-dtype",
+       .group = data,
+       .help = "auto | fp32 | bf16: the type activations and their gradients are stored in "
+               "between layers (bf16: rounded to bfloat16 after every layer, as PyTorch autocast "
+               "stores them; parameters, gradients, BatchNorm statistics and the loss stay fp32); "
+               "auto is fp32 for now",
+       .field = &C::activation_dtype,
+       .agreement = A::kFixed},
+      // Same results either way, but the ranks' graphs must capture the same collectives.
+      {.name = "no-cuda-graphs",
+       .group = data,
+       .help = "On the GPU, launch every kernel of every step instead of replaying warm steps and "
+               "evaluations as CUDA graphs (same results; for profiling)",
+       .field = &C::cuda_graphs,
+       .agreement = A::kResumable,
+       .kind = K::kNegated,
+       .json = {{.key = "cuda_graphs"}}},
+      {.name = "threads", .group = data, .help = "Compute threads per rank", .field = &C::threads},
+      {.name = "max-steps",
+       .group = data,
+       .help = "At most N training steps per epoch (0 = all)",
+       .field = &C::max_steps,
+       .agreement = A::kFixed},
+      {.name = "eval-batch-size",
+       .group = data,
+       .help = "Batch size of evaluation",
+       .field = &C::eval_batch_size,
+       .agreement = A::kResumable},
+      {.name = "eval-every",
+       .group = data,
+       .help = "Evaluate every N epochs and after the last one (0 = never: speed runs)",
+       .field = &C::eval_every,
+       .agreement = A::kResumable},
+
+      // Data parallelism: the buckets decide the collectives every rank issues.
+      {.name = "bucket-mb",
+       .group = parallel,
+       .help = "Gradient bucket cap in MiB (the first bucket is capped at 1 MiB)",
+       .field = &C::bucket_mb,
+       .agreement = A::kResumable},
+      {.name = "last-bucket-mb",
+       .group = parallel,
+       .help = "Cap in MiB of a separate last bucket for the first layers' gradients, which "
+               "backward produces last (0 = none; at most a quarter of all gradients)",
+       .field = &C::last_bucket_mb,
+       .agreement = A::kResumable},
+      {.name = "no-overlap",
+       .group = parallel,
+       .help = "All-reduce after backward instead of during it",
+       .field = &C::overlap,
+       .kind = K::kNegated,
+       .json = {{.key = "overlap"}}},
+      {.name = "grad-dtype",
+       .group = parallel,
+       .help = "fp32 | bf16 | fp16: the type gradient buckets travel in (half the bytes in 16 "
+               "bits; summed in float, rounded per partial sum; master weights and the optimizer "
+               "stay fp32)",
+       .field = &C::grad_dtype,
+       .agreement = A::kFixed},
+      {.name = "accum-steps",
+       .group = parallel,
+       .help = "Gradient accumulation micro-steps per optimizer step",
+       .field = &C::accum_steps,
+       .agreement = A::kFixed},
+      {.name = "sync-bn",
+       .group = parallel,
+       .help = "Share BatchNorm batch statistics across ranks",
+       .field = &C::sync_bn,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
+      {.name = "clip-grad-norm",
+       .group = parallel,
+       .help = "Scale the all-reduced gradients down to this global L2 norm when above it, as "
+               "torch.nn.utils.clip_grad_norm_ (0 = off)",
+       .field = &C::clip_grad_norm,
+       .agreement = A::kFixed},
+      {.name = "nonfinite",
+       .group = parallel,
+       .help = "A step whose gradients are not finite (NaN/Inf) is never applied; then: stop (name "
+               "the step and the tensor, exit 2) | skip (go on; stop after --nonfinite-max-skips "
+               "such steps)",
+       .field = &C::nonfinite,
+       .agreement = A::kResumable},
+      {.name = "nonfinite-max-skips",
+       .group = parallel,
+       .help = "With --nonfinite skip: stop at the step that would skip more than N in all",
+       .field = &C::nonfinite_max_skips,
+       .agreement = A::kResumable},
+      {.name = "verify-every",
+       .group = parallel,
+       .help = "Compare parameter checksums across ranks every N steps (0 = never)",
+       .field = &C::verify_every,
+       .agreement = A::kResumable},
+      {.name = "timeout",
+       .group = parallel,
+       .help = "Seconds a collective may take before every rank stops (0 = never)",
+       .field = &C::timeout},
+
+      // Output: paths are rank 0's business; whether some are given decides collectives.
+      {.name = "metrics",
+       .group = output,
+       .help = "Write one JSON line per epoch to FILE",
+       .field = &C::metrics,
+       .from = Default::kNone,
+       .path = true},
+      {.name = "save",
+       .group = output,
+       .help = "Write parameters and buffers to FILE (safetensors) at the end",
+       .field = &C::save,
+       .agreement = A::kGiven,
+       .from = Default::kNone,
+       .path = true},
+      // One flag, three fields: every unit has its own, agreed under its own name.
+      {.name = "checkpoint-every",
+       .group = output,
+       .help = "Write a training checkpoint every N epochs (N or Nepochs), N steps (Nsteps) or N "
+               "minutes (Nmin, decided by rank 0's clock); 0 = never",
+       .agreement = A::kResumable,
+       .kind = K::kCustom,
+       .parse = parse_checkpoint_every,
+       .format = format_checkpoint_every,
+       .json = {{.key = "checkpoint_every", .field = &C::checkpoint_every},
+                {.key = "checkpoint_every_steps",
+                 .field = &C::checkpoint_every_steps,
+                 .agreed_as = "--checkpoint-every-steps"},
+                {.key = "checkpoint_every_minutes",
+                 .field = &C::checkpoint_every_minutes,
+                 .agreed_as = "--checkpoint-every-minutes"}}},
+      {.name = "keep-checkpoints",
+       .group = output,
+       .help = "Name checkpoints by their step beside --checkpoint-path (stem.stepN.ext) and keep "
+               "the newest K (0 = one file at --checkpoint-path, replaced each time)",
+       .field = &C::keep_checkpoints},
+      {.name = "checkpoint-path",
+       .group = output,
+       .help = "Where training checkpoints go (replaced atomically each time)",
+       .field = &C::checkpoint_path,
+       .path = true},
+      {.name = "resume",
+       .group = output,
+       .help = "Continue training from a checkpoint FILE (parameters, buffers, optimizer, "
+               "position)",
+       .field = &C::resume,
+       .agreement = A::kGiven,
+       .from = Default::kNone,
+       .path = true},
+      {.name = "allow-config-change",
+       .group = output,
+       .help = "Let --resume continue with training settings other than the checkpoint's "
+               "(refused otherwise); the position in the epoch is recomputed for a new batch or "
+               "accumulation",
+       .field = &C::allow_config_change,
+       .kind = K::kSwitch},
+      {.name = "metrics-every",
+       .group = output,
+       .help = "Also write a per-step record to --metrics every N steps (0 = never)",
+       .field = &C::metrics_every,
+       .agreement = A::kResumable},
+      {.name = "report",
+       .group = output,
+       .help = "Learning-curve SVG, rewritten after every epoch (open it in a browser)",
+       .field = &C::report,
+       .from = Default::kNone,
+       .path = true},
+      {.name = "trace",
+       .group = output,
+       .help = "Chrome-trace/Perfetto timeline JSON of --trace-steps, all ranks",
+       .field = &C::trace,
+       .agreement = A::kGiven,
+       .from = Default::kNone,
+       .path = true},
+      {.name = "trace-steps",
+       .group = output,
+       .help = "Window A:B of global steps the trace covers",
+       .agreement = A::kResumable,
+       .kind = K::kCustom,
+       .parse = parse_trace_steps,
+       .format = format_trace_steps},
+      {.name = "log-level",
+       .group = output,
+       .help = "error | warn | info | debug",
+       .field = &C::log_level},
+      {.name = "quiet",
+       .group = output,
+       .help = "Print only errors and the final line",
+       .field = &C::quiet,
+       .kind = K::kSwitch},
+      {.name = "progress",
+       .group = output,
+       .help = "Progress bar on rank 0: auto (when stderr, or launch/mpirun.sh's, is a terminal) | "
+               "on | off",
+       .field = &C::progress},
+  };
+}
+
+template <typename M>
+constexpr bool is_field = std::is_member_object_pointer_v<M>;
+
+}  // namespace
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> table = [] {
+    std::vector<Flag> t = flag_table();
+    for (Flag& f : t) {
+      // The table is code: a malformed entry is a bug, caught by the first run of any test.
+      const bool is_bool = std::holds_alternative<bool TrainConfig::*>(f.field);
+      DPT_CHECK(f.kind == FlagKind::kCustom ? f.parse && f.format
+                                            : (f.kind == FlagKind::kValue) != is_bool,
+                "flag table: --" << f.name << " has no field of its kind");
+      if (f.json.empty()) {
+        std::string key = f.name;
+        for (char& ch : key)
+          if (ch == '-') ch = '_';
+        f.json.push_back({.key = key});
+      }
+      for (JsonValue& v : f.json) {
+        if (std::holds_alternative<std::monostate>(v.field))
+          v.field = f.kind == FlagKind::kCustom ? ConfigField(f.format) : f.field;
+        if (v.agreed_as.empty()) v.agreed_as = "--" + f.name;
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+namespace {
+
+// Values are converted here, so a value that does not parse is reported with its flag.
+template <typename T>
+T flag(const cxxopts::ParseResult& r, const std::string& name) {
+  try {
+    return r[name].as<T>();
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kInput, "--" + name + ": " + e.what());
+  }
+}
+
+template <typename T>
+std::string text(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// cxxopts' option for an entry: its type, and its default when --help shows one.
+std::shared_ptr<const cxxopts::Value> option_value(const Flag& f) {
+  static const TrainConfig d;  // the built-in defaults shown in --help
+  if (f.kind == FlagKind::kCustom) return cxxopts::value<std::string>()->default_value(f.format(d));
+  if (f.kind != FlagKind::kValue) return cxxopts::value<bool>();
+  return std::visit(
+      [&](auto m) -> std::shared_ptr<const cxxopts::Value> {
+        if constexpr (is_field<decltype(m)>) {
+          using T = std::remove_cvref_t<decltype(d.*m)>;
+          if (f.from != Default::kConfig) return cxxopts::value<T>();
+          if constexpr (std::is_same_v<T, std::vector<int>>) {
+            DPT_CHECK(false, "flag table: --" << f.name << " shows no default");
+          } else {
+            return cxxopts::value<T>()->default_value(text(d.*m));
+          }
+        }
+        DPT_CHECK(false, "flag table: --" << f.name << " sets no field");
+        return nullptr;
+      },
+      f.field);
+}
+
+// Sets the entry's field(s) from the parsed command line.
+void assign(const Flag& f, const cxxopts::ParseResult& r, TrainConfig* cfg) {
+  const bool given = r.count(f.name) > 0;
+  switch (f.kind) {
+    case FlagKind::kSwitch:
+      cfg->*std::get<bool TrainConfig::*>(f.field) = given;
+      return;
+    case FlagKind::kNegated:
+      cfg->*std::get<bool TrainConfig::*>(f.field) = !given;
+      return;
+    case FlagKind::kCustom:
+      f.parse(flag<std::string>(r, f.name), cfg);
+      return;
+    case FlagKind::kValue:
+      if (f.from != Default::kConfig && !given) return;  // the recipe's, or the initial value
+      std::visit(
+          [&](auto m) {
+            if constexpr (is_field<decltype(m)>)
+              cfg->*m = flag<std::remove_cvref_t<decltype(cfg->*m)>>(r, f.name);
+          },
+          f.field);
+      return;
+  }
+}
+
+nlohmann::json json_of(const TrainConfig& cfg, const ConfigField& field) {
+  return std::visit(
+      [&](auto m) -> nlohmann::json {
+        using M = decltype(m);
+        if constexpr (is_field<M>)
+          return cfg.*m;
+        else if constexpr (std::is_same_v<M, std::monostate>)
+          return nullptr;  // flags() gives every key a field
+        else
+          return m(cfg);
+      },
+      field);
+}
+
+bool agreed(const Flag& f) {
+  return f.agreement == Agreement::kFixed || f.agreement == Agreement::kResumable;
+}
+
+// cxxopts converts typed values while parsing and names only the value ("Argument 'nan' failed
+// to parse"): find the flag it was given to, so the message says which one.
+[[noreturn]] void rethrow_naming_the_flag(const std::string& what, int argc, char** argv) {
+  const std::string open = "\u2018", close = "\u2019";
+  const size_t a = what.find(open),
+               b = a == std::string::npos ? a : what.find(close, a + open.size());
+  if (b != std::string::npos) {
+    const std::string value = what.substr(a + open.size(), b - a - open.size());
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const size_t eq = arg.find('=');
+      std::string flag;
+      if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == value)
+        flag = arg.substr(0, eq);
+      if (arg == value && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0) flag = argv[i - 1];
+      if (!flag.empty())
+        throw Error(ErrorKind::kInput,
+                    flag + ": '" + value + "' is not a valid value (see dptrain --help)");
+    }
+  }
+  throw Error(ErrorKind::kInput, what + " (see dptrain --help)");
+}
+
+}  // namespace
+
+bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {
+  cxxopts::Options opts("dptrain",
+                        "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST "
+                        "(launch with mpirun or srun; one rank per GPU or CPU slot)");
+  std::vector<const Flag*> taken;  // the training command's flags
+  for (const Flag& f : flags())
+    if (f.commands & kCommandTrain) {
+      opts.add_options(f.group)(f.name, f.help, option_value(f));
+      taken.push_back(&f);
+    }
+  opts.add_options("Output")("h,help", "Print this help");
+  cxxopts::ParseResult r;
+  try {
+    r = opts.parse(argc, argv);
+  } catch (const std::exception& e) {
+    rethrow_naming_the_flag(e.what(), argc, argv);
+  }
+  if (r.count("help")) {
+    *help_text = opts.help();
+    return false;
+  }
+  DPT_INPUT_CHECK(r.unmatched().empty(),
+                  "unexpected argument '" << r.unmatched()[0] << "' (see dptrain --help)");
+  // `--resume "$CKPT"` with the variable unset would start from scratch and then overwrite the
+  // checkpoint: an empty path is an error, never "not given".
+  for (const Flag* f : taken)
+    DPT_INPUT_CHECK(!f->path || !r.count(f->name) || !r[f->name].as<std::string>().empty(),
+                    "--" << f->name << ": empty path (an unset variable?)");
+  // The recipe's defaults need --model and --recipe; the flags they default follow them, so that
+  // an explicit value wins.
+  for (const Flag* f : taken)
+    if (f->from != Default::kRecipe) assign(*f, r, cfg);
+  apply_recipe(cfg);
+  for (const Flag* f : taken)
+    if (f->from == Default::kRecipe) assign(*f, r, cfg);
+  return true;
+}
+
+std::string TrainConfig::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flags())
+    for (const JsonValue& v : f.json) j[v.key] = json_of(*this, v.field);
+  return j.dump();
+}
+
+std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig& cfg) {
+  auto out = agreed_values(cfg.to_json());
+  // Only whether they are given: each decides collectives (the resume broadcasts, the final
+  // barrier, the trace gather); the paths themselves are rank 0's business.
+  for (const Flag& f : flags())
+    if (f.agreement == Agreement::kGiven)
+      out.emplace_back("--" + f.name, (cfg.*std::get<std::string TrainConfig::*>(f.field)).empty()
+                                          ? "(not given)"
+                                          : "(given)");
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
+  const auto j = nlohmann::json::parse(config_json);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Flag& f : flags())
+    if (agreed(f))
+      for (const JsonValue& v : f.json)
+        out.emplace_back(v.agreed_as, j.contains(v.key) ? j.at(v.key).dump() : "(not recorded)");
+  return out;
+}
+
+bool may_change_on_resume(const std::string& flag) {
+  // Outputs and checks, not the trajectory (the schedule depends on --epochs: kFixed); and
+  // --device: a run may move to other hardware (the ranks of one job still agree on it).
+  for (const Flag& f : flags())
+    for (const JsonValue& v : f.json)
+      if (v.agreed_as == flag)
+        return f.agreement == Agreement::kResumable || f.agreement == Agreement::kGiven;
+  return false;
+}
+
+}  // namespace dpt
