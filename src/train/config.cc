@@ -2,6 +2,7 @@
 // defaults of the optimisation flags; a flag given explicitly always wins.
 #include "dpt/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>

@@ -27,6 +27,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
+#include "dpt/preflight.h"
 #include "dpt/run.h"
 #include "dpt/sampler.h"
 #include "dpt/trace.h"

@@ -32,6 +32,7 @@
 #include "dpt/idx.h"
 #include "dpt/metrics.h"
 #include "dpt/models.h"
+#include "dpt/nn.h"
 #include "dpt/reducer.h"
 #include "dpt/rng.h"
 #include "dpt/run.h"

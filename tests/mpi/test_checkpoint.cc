@@ -13,6 +13,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
+#include "dpt/safetensors.h"
 #include "test_util.h"
 
 namespace dpt {

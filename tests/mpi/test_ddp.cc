@@ -18,6 +18,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
+#include "dpt/rng.h"
 #include "dpt/run.h"
 #include "dpt/sampler.h"
 #include "test_util.h"

@@ -13,6 +13,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
+#include "test_util.h"
 
 namespace dpt::test {
 

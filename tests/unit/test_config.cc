@@ -2,6 +2,8 @@
 // learning-rate schedules (optimizer.h), the reference SGD (ref_sgd.h), the sampler and
 // evaluation split: every expectation is computed from the definitions.
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>

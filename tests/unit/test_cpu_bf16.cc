@@ -35,6 +35,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
+#include "test_util.h"
 
 namespace dpt {
 namespace {
