@@ -13,8 +13,8 @@
 
 #include "dpt/augment.h"
 #include "dpt/backend.h"
+#include "dpt/dataset.h"
 #include "dpt/ddp.h"
-#include "dpt/idx.h"
 #include "dpt/train.h"
 
 namespace dpt {
