@@ -163,7 +163,7 @@ const std::vector<Format>& formats() {
   return table;
 }
 
-// "a, b and c", or with `sep` "a, b, c".
+// "a, b and c" (with last = ", ": "a, b, c").
 std::string listed(const std::vector<std::string>& items, const char* last = " and ") {
   std::ostringstream os;
   for (size_t i = 0; i < items.size(); ++i)
@@ -221,7 +221,8 @@ std::string nothing_found(const std::string& dir) {
   const size_t more = names.size() > kShown ? names.size() - kShown : 0;
   names.resize(names.size() - more);
   if (more > 0) names.push_back(std::to_string(more) + " more");
-  os << "; " << (names.empty() ? "the directory is empty" : "it holds " + listed(names)) << hint;
+  os << "; " << (names.empty() ? "the directory is empty" : "the directory holds " + listed(names))
+     << hint;
   return os.str();
 }
 
@@ -257,8 +258,9 @@ DataSets read_format(const std::string& dir, const Format& format) {
   LoadedSplit &train = splits.train, &test = splits.test;
   if (format.classes_from_labels) derive_classes(train, test);
   DPT_CHECK(train.set.num_classes > 0 && train.set.num_classes == test.set.num_classes,
-            format.name << ": the reader fixed " << train.set.num_classes << " and "
-                        << test.set.num_classes << " classes for the two splits");
+            format.name << ": the reader of a format with fixed classes set "
+                        << train.set.num_classes << " training and " << test.set.num_classes
+                        << " test classes");
   const ImageSet &a = train.set, &b = test.set;
   DPT_INPUT_CHECK(a.shape_text() == b.shape_text(),
                   "training and test images differ in shape: "

@@ -455,10 +455,11 @@ TEST_F(DatasetTest, NothingDetectedListsWhatWasLookedFor) {
   write_raw(file("readme.txt"), {'h', 'i'});
   expect_load_error({dir_.string(), "no data set found", "train-images-idx3-ubyte",
                      "train-images-idx4-ubyte", "data_batch_1.bin", "test_batch.bin",
-                     "train.bin and test.bin", "train_images.npy", "it holds readme.txt"});
+                     "train.bin and test.bin", "train_images.npy",
+                     "the directory holds readme.txt"});
   // train.bin alone is not taken for CIFAR-100.
   write_raw(file("train.bin"), cifar_records({{0, 0}}));
-  expect_load_error({"no data set found", "it holds readme.txt and train.bin"});
+  expect_load_error({"no data set found", "the directory holds readme.txt and train.bin"});
 }
 
 TEST_F(DatasetTest, NothingDetectedInAnEmptyDirectorySaysSo) {
@@ -474,7 +475,7 @@ TEST_F(DatasetTest, NothingDetectedNamesTheFirstFilesFound) {
     write_raw(file(name), {1});
   fs::create_directories(dir_ / "aa");
   expect_load_error({dir_.string(), "no data set found", "train_images.npy",
-                     "; it holds a.png, aa/, b.csv, c.npy, d.json and 3 more"});
+                     "; the directory holds a.png, aa/, b.csv, c.npy, d.json and 3 more"});
 }
 
 TEST_F(DatasetTest, NothingDetectedPointsAtTheUnpackedFolder) {
