@@ -37,12 +37,13 @@
 #include <vector>
 
 #include "cpu/conv.h"
+#include "cpu/gather.h"
 #include "cpu/isa.h"
 #include "cpu/ops.h"
 #include "cpu/winograd.h"
 #include "dpt/backend.h"
+#include "dpt/dataset.h"
 #include "dpt/error.h"
-#include "dpt/idx.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/safetensors.h"
@@ -460,7 +461,10 @@ int main(int argc, char** argv) {
     auto model = dpt::make_model(model_name, 10, be);
     model->init_parameters(init, seed);
 
-    const dpt::ImageSet set = dpt::load_image_set(data, "train");
+    const dpt::ImageSet set = dpt::load_data(data, "auto").train;
+    DPT_INPUT_CHECK(set.num_classes <= model->num_classes(),
+                    data << ": labels of " << set.num_classes << " classes, the model has "
+                         << model->num_classes());
     DPT_INPUT_CHECK(batch <= set.n, "--batch " << batch << " > " << set.n << " training images");
     const dpt::Shape& in_shape = model->input_shape();  // {H, W, C}
     const int64_t pixels = static_cast<int64_t>(set.images.size()) / set.n;
@@ -470,7 +474,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> idx(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) idx[static_cast<size_t>(i)] = i;
     dpt::Tensor x({batch, in_shape[0], in_shape[1], in_shape[2]});
-    dpt::images_to_float(set.images.data(), set.n, pixels, idx.data(), batch, x.data());
+    dpt::cpu::images_to_float(set.images.data(), set.n, pixels, idx.data(), batch, x.data());
     std::vector<int32_t> labels(static_cast<size_t>(batch));
     std::vector<int64_t> labels64(static_cast<size_t>(batch));
     for (int64_t i = 0; i < batch; ++i)

@@ -1,5 +1,5 @@
-// --augment and --normalize: parsing, the per-image random draws of augmentation, and the CPU's
-// gather of a transformed batch (the CUDA kernel applies the same image_transform.h per pixel).
+// --augment and --normalize: parsing, and the per-image random draws of augmentation (pack_draw of
+// image_transform.h, which the CPU's gather, src/cpu/gather.h, and the CUDA kernel apply).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "dpt/dataset.h"
-#include "dpt/image_transform.h"
 
 namespace dpt {
 
@@ -38,11 +37,5 @@ struct Normalization {
   std::string std_text() const;
 };
 Normalization resolve_normalize(const std::string& value, const ImageSet* train);
-
-// x[i] = the transformed image idx[i] (spec: crop, flip, / 255, normalisation) for i < count, from
-// num_images images of spec.pixels() bytes. Host memory. Without draws and normalisation it is the
-// plain ToTensor (images_to_float), bit for bit.
-void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& spec,
-                        const int64_t* idx, int64_t count, float* x);
 
 }  // namespace dpt

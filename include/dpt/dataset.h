@@ -45,13 +45,13 @@ struct DataSets {
 // cifar100 both train.bin and test.bin; npy train_images.npy. num_classes: 10 for cifar10 and 100
 // for cifar100; for idx and npy, one more than the largest training label. Refuses (kInput, naming
 // the file): an unknown format, a missing directory, no format detected (the names looked for are
-// listed, and a subdirectory holding a data set is pointed at) or several (asks for
-// --data-format), a missing file or one that is not a regular file (a FIFO is never waited on), a
-// CIFAR file that is not a whole number of records, an .npy file with a dtype other than uint8
-// images / integer labels, Fortran order, a bad header or a count that disagrees, labels outside
-// 0..255 or outside the format's classes, a test label the training set has no class for, train
-// and test images of different shapes, and any file or header promising more than 2^34 bytes
-// (before allocating).
+// listed with the directory's first few names, and a subdirectory holding a data set is pointed
+// at) or several (asks for --data-format), a missing file or one that is not a regular file (a
+// FIFO is never waited on), a CIFAR file that is not a whole number of records, an .npy file with
+// a dtype other than uint8 images / integer labels, Fortran order, a bad header or a count that
+// disagrees, labels outside 0..255 or outside the format's classes, a test label the training set
+// has no class for, train and test images of different shapes, and any file or header promising
+// more than 2^34 bytes (before allocating).
 DataSets load_data(const std::string& dir, const std::string& format);
 
 // What load_data(dir, format) will hold in memory, known before any data is read: each file's

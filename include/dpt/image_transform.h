@@ -1,7 +1,7 @@
 // What happens to an image between the uint8 data set and the model, in one place for the CPU's
-// loop and the CUDA kernel (kernels/data.cu compiles this header with nvcc, C++17, no library):
-// the random crop with zero padding and the horizontal flip of --augment, read from a per-image
-// draw, then x / 255 and the per-channel normalisation of --normalize.
+// gather (src/cpu/gather.cc) and the CUDA kernel (kernels/data.cu compiles this header with nvcc,
+// C++17, no library): the random crop with zero padding and the horizontal flip of --augment, read
+// from a per-image draw, then x / 255 and the per-channel normalisation of --normalize.
 #pragma once
 
 #include <cstdint>

@@ -18,9 +18,9 @@
 
 #include "cpu/conv.h"
 #include "cpu/dnnl_util.h"
+#include "cpu/gather.h"
 #include "cpu/ops.h"
 #include "cpu/widen.h"
-#include "dpt/augment.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
 #include "dpt/half.h"

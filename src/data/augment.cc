@@ -1,5 +1,6 @@
-// --augment and --normalize (include/dpt/augment.h): their parsing, the counter-based draws that
-// make augmentation independent of the rank count, and the CPU's transformed gather.
+// --augment and --normalize (include/dpt/augment.h): their parsing, and the counter-based draws
+// that make augmentation independent of the rank count (the gathers that apply them:
+// src/cpu/gather.cc and kernels/data.cu).
 #include "dpt/augment.h"
 
 #include <cerrno>
@@ -10,7 +11,7 @@
 #include <sstream>
 
 #include "dpt/error.h"
-#include "dpt/idx.h"
+#include "dpt/image_transform.h"
 
 namespace dpt {
 
@@ -163,29 +164,6 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
                   "--normalize '" << value << "' gives " << n.mean.size()
                                   << " channel(s), the data's images have " << train->channels);
   return n;
-}
-
-void gather_transformed(const uint8_t* images, int64_t num_images, const ImageBatchSpec& s,
-                        const int64_t* idx, int64_t count, float* x) {
-  const int64_t per = s.pixels();
-  if (!s.draws && !s.mean) return images_to_float(images, num_images, per, idx, count, x);
-  for (int64_t i = 0; i < count; ++i) {
-    DPT_CHECK(idx[i] >= 0 && idx[i] < num_images,
-              "gather: image index " << idx[i] << " out of range [0, " << num_images << ")");
-    const uint8_t* src = images + idx[i] * per;
-    float* dst = x + i * per;
-    if (!s.draws) {
-      for (int64_t p = 0; p < per; ++p) dst[p] = input_value(s, src[p], p % s.channels);
-      continue;
-    }
-    const uint32_t draw = s.draws[i];
-    for (int64_t y = 0; y < s.rows; ++y)
-      for (int64_t xx = 0; xx < s.cols; ++xx)
-        for (int64_t c = 0; c < s.channels; ++c) {
-          const int64_t from = source_pixel(s, draw, y, xx, c);
-          *dst++ = input_value(s, from < 0 ? 0u : src[from], c);
-        }
-  }
 }
 
 }  // namespace dpt

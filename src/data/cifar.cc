@@ -1,7 +1,9 @@
 // CIFAR-10 / CIFAR-100 binary batches: fixed-size records of label bytes and three 32 x 32 colour
-// planes, read in bounded chunks and interleaved into the NHWC layout the models take.
+// planes, read in bounded chunks and interleaved into the NHWC layout the models take; the files
+// that make up each format's two splits.
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -56,6 +58,28 @@ void read_cifar_file(InputFile& in, int label_bytes, int64_t records, ImageSet& 
   set.n += records;
 }
 
+std::string in_dir(const std::string& dir, const char* name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+// The CIFAR-10 training batches present in dir, in order (at least one).
+std::vector<std::string> cifar10_batches(const std::string& dir) {
+  std::vector<std::string> batches;
+  for (int i = 1; i <= 5; ++i) {
+    const std::string p = first_existing(dir, {"data_batch_" + std::to_string(i) + ".bin"});
+    if (!p.empty()) batches.push_back(p);
+  }
+  DPT_INPUT_CHECK(!batches.empty(), "--data " << dir << ": no CIFAR-10 training batch: expected "
+                                              << "data_batch_1.bin .. data_batch_5.bin");
+  return batches;
+}
+
+FileBytes file_sizes(const std::vector<std::string>& paths) {
+  FileBytes out;
+  for (const std::string& path : paths) out.emplace_back(path, InputFile(path).size());
+  return out;
+}
+
 }  // namespace
 
 LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_bytes) {
@@ -108,6 +132,26 @@ LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_by
   for (size_t i = 0; i < files.size(); ++i)
     read_cifar_file(*files[i], label_bytes, records[i], set);
   return out;
+}
+
+LoadedSplits load_cifar10(const std::string& dir) {
+  const std::vector<std::string> batches = cifar10_batches(dir);
+  return {load_cifar_files(batches, 1), load_cifar_files({in_dir(dir, "test_batch.bin")}, 1)};
+}
+
+FileBytes cifar10_file_bytes(const std::string& dir) {
+  std::vector<std::string> paths = cifar10_batches(dir);
+  paths.push_back(in_dir(dir, "test_batch.bin"));
+  return file_sizes(paths);
+}
+
+LoadedSplits load_cifar100(const std::string& dir) {
+  return {load_cifar_files({in_dir(dir, "train.bin")}, 2),
+          load_cifar_files({in_dir(dir, "test.bin")}, 2)};
+}
+
+FileBytes cifar100_file_bytes(const std::string& dir) {
+  return file_sizes({in_dir(dir, "train.bin"), in_dir(dir, "test.bin")});
 }
 
 }  // namespace dpt::data

@@ -1,6 +1,7 @@
-// load_data (include/dpt/dataset.h): which format a directory holds, the per-format readers
-// (src/data/idx.cc, cifar.cc, npy.cc), and the checks made across a data set's two splits (classes,
-// shapes); also the bounded input file they all read through, and the --normalize auto statistics.
+// load_data (include/dpt/dataset.h): the table of formats (each one's name, detection signature,
+// loader and file sizes; the readers are src/data/idx.cc, cifar.cc, npy.cc), which format a
+// directory holds, and the checks made across a data set's two splits (classes, shapes); also the
+// bounded input file they all read through, and the --normalize auto statistics.
 #include "dpt/dataset.h"
 
 #include <fcntl.h>
@@ -104,43 +105,91 @@ std::string first_existing(const std::string& dir, const std::vector<std::string
   return {};
 }
 
+FileBytes split_file_bytes(const std::string& dir, const std::vector<std::string>& splits,
+                           SplitFiles (*files)(const std::string& dir, const std::string& split),
+                           uint64_t (*data_bytes)(const std::string& path)) {
+  FileBytes out;
+  for (const std::string& split : splits) {
+    const SplitFiles f = files(dir, split);
+    for (const std::string& path : {f.images, f.labels}) out.emplace_back(path, data_bytes(path));
+  }
+  return out;
+}
+
 namespace {
 
-// The file names that identify each format, in the order data_formats() lists them. A format is
-// present when all the names of one of its alternatives exist.
-struct Signature {
-  const char* format;
+// One on-disk format: everything load_data, data_size and detection know of it. A new format is
+// one more entry here, naming its reader's functions (readers.h).
+struct Format {
+  const char* name;  // as --data-format names it
+  // The file names that identify the format: it is present when all the names of one of the
+  // alternatives exist.
   std::vector<std::vector<std::string>> alternatives;
-  const char* described;  // for the "nothing found" message
+  const char* described;  // the alternatives in words, for the "no data set found" message
+  LoadedSplits (*load)(const std::string& dir);
+  // Whether the training labels define the classes (derive_classes), or the format fixes them and
+  // its reader sets them, having checked every label against them (CIFAR: 10, 100).
+  bool classes_from_labels;
+  FileBytes (*file_bytes)(const std::string& dir);  // what load reads, from headers or sizes
 };
 
-const std::vector<Signature>& signatures() {
-  static const std::vector<Signature> sigs = {
+// In the order data_formats() lists them and detection reports them.
+const std::vector<Format>& formats() {
+  static const std::vector<Format> table = {
       {"idx",
        {{"train-images-idx3-ubyte.gz"},
         {"train-images-idx3-ubyte"},
         {"train-images-idx4-ubyte.gz"},
         {"train-images-idx4-ubyte"}},
-       "idx: train-images-idx3-ubyte[.gz] or train-images-idx4-ubyte[.gz]"},
+       "idx: train-images-idx3-ubyte[.gz] or train-images-idx4-ubyte[.gz]",
+       load_idx,
+       true,
+       idx_file_bytes},
       {"cifar10",
        {{"data_batch_1.bin"}, {"test_batch.bin"}},
-       "cifar10: data_batch_1.bin or test_batch.bin"},
+       "cifar10: data_batch_1.bin or test_batch.bin",
+       load_cifar10,
+       false,
+       cifar10_file_bytes},
       // train.bin alone is too common a name to mean CIFAR-100.
-      {"cifar100", {{"train.bin", "test.bin"}}, "cifar100: train.bin and test.bin"},
-      {"npy", {{"train_images.npy"}}, "npy: train_images.npy"},
+      {"cifar100",
+       {{"train.bin", "test.bin"}},
+       "cifar100: train.bin and test.bin",
+       load_cifar100,
+       false,
+       cifar100_file_bytes},
+      {"npy", {{"train_images.npy"}}, "npy: train_images.npy", load_npy, true, npy_file_bytes},
   };
-  return sigs;
+  return table;
 }
 
-std::vector<std::string> formats_present(const std::string& dir) {
-  std::vector<std::string> found;
-  for (const Signature& sig : signatures()) {
-    for (const auto& names : sig.alternatives) {
+// "a, b and c" (with last = ", ": "a, b, c").
+std::string listed(const std::vector<std::string>& items, const char* last = " and ") {
+  std::ostringstream os;
+  for (size_t i = 0; i < items.size(); ++i)
+    os << (i == 0 ? "" : i + 1 == items.size() ? last : ", ") << items[i];
+  return os.str();
+}
+
+// The entry of a format named by --data-format ("auto" is not one).
+const Format& format_named(const std::string& name) {
+  const std::vector<Format>& table = formats();
+  const auto it =
+      std::find_if(table.begin(), table.end(), [&](const Format& f) { return name == f.name; });
+  DPT_INPUT_CHECK(it != table.end(), "--data-format " << name << ": unknown format (one of "
+                                                      << listed(data_formats(), ", ") << ")");
+  return *it;
+}
+
+std::vector<const Format*> formats_present(const std::string& dir) {
+  std::vector<const Format*> found;
+  for (const Format& f : formats()) {
+    for (const auto& names : f.alternatives) {
       const bool all = std::all_of(names.begin(), names.end(), [&](const std::string& n) {
         return !first_existing(dir, {n}).empty();
       });
       if (all) {
-        found.push_back(sig.format);
+        found.push_back(&f);
         break;
       }
     }
@@ -148,33 +197,45 @@ std::vector<std::string> formats_present(const std::string& dir) {
   return found;
 }
 
-std::string detect_format(const std::string& dir) {
-  std::error_code ec;
-  const std::vector<std::string> found = formats_present(dir);
-  if (found.size() == 1) return found[0];
-  if (found.size() > 1) {
-    std::ostringstream os;
-    for (size_t i = 0; i < found.size(); ++i)
-      os << (i == 0 ? "" : i + 1 == found.size() ? " and " : ", ") << found[i];
-    DPT_INPUT_CHECK(false, "--data " << dir << ": files of several formats are present ("
-                                     << os.str() << "): name the one to read with --data-format");
-  }
-  std::ostringstream looked;
-  for (const Signature& sig : signatures())
-    looked << (looked.tellp() > 0 ? "; " : " ") << sig.described;
-  // The archives unpack into a folder (cifar-10-batches-bin, cifar-100-binary): pointing --data at
-  // its parent is the usual slip, so say where a data set is.
+// The rest of the "no data set found" message: what was looked for, what the directory holds
+// instead (its first few names in order, a directory with a trailing /, or that it is empty) and,
+// where a subdirectory holds a data set, that one.
+std::string nothing_found(const std::string& dir) {
+  std::ostringstream os;
+  os << "looked for";
+  for (const Format& f : formats()) os << (&f == &formats().front() ? " " : "; ") << f.described;
+  constexpr size_t kShown = 5;
+  std::vector<std::string> names;
   std::string hint;
+  std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::error_code ec2;
-    if (entry.is_directory(ec2) && !formats_present(entry.path().string()).empty()) {
+    const bool is_dir = entry.is_directory(ec2);
+    names.push_back(entry.path().filename().string() + (is_dir ? "/" : ""));
+    // The archives unpack into a folder (cifar-10-batches-bin, cifar-100-binary): pointing --data
+    // at its parent is the usual slip, so say where a data set is.
+    if (is_dir && hint.empty() && !formats_present(entry.path().string()).empty())
       hint = " (" + entry.path().string() + " holds a data set: point --data there)";
-      break;
-    }
   }
-  DPT_INPUT_CHECK(false,
-                  "--data " << dir << ": no data set found; looked for" << looked.str() << hint);
-  return {};
+  std::sort(names.begin(), names.end());
+  const size_t more = names.size() > kShown ? names.size() - kShown : 0;
+  names.resize(names.size() - more);
+  if (more > 0) names.push_back(std::to_string(more) + " more");
+  os << "; " << (names.empty() ? "the directory is empty" : "the directory holds " + listed(names))
+     << hint;
+  return os.str();
+}
+
+const Format& detect_format(const std::string& dir) {
+  const std::vector<const Format*> found = formats_present(dir);
+  std::vector<std::string> names;
+  for (const Format* f : found) names.emplace_back(f->name);
+  DPT_INPUT_CHECK(found.size() <= 1, "--data " << dir << ": files of several formats are present ("
+                                               << listed(names)
+                                               << "): name the one to read with --data-format");
+  DPT_INPUT_CHECK(!found.empty(),
+                  "--data " << dir << ": no data set found; " << nothing_found(dir));
+  return *found.front();
 }
 
 // Splits whose classes the format does not fix (idx, npy): the training labels define them, and a
@@ -192,37 +253,14 @@ void derive_classes(LoadedSplit& train, LoadedSplit& test) {
   train.set.num_classes = test.set.num_classes = num_classes;
 }
 
-// The CIFAR-10 training batches present in dir, in order (at least one).
-std::vector<std::string> cifar10_batches(const std::string& dir) {
-  std::vector<std::string> batches;
-  for (int i = 1; i <= 5; ++i) {
-    const std::string p = first_existing(dir, {"data_batch_" + std::to_string(i) + ".bin"});
-    if (!p.empty()) batches.push_back(p);
-  }
-  DPT_INPUT_CHECK(!batches.empty(), "--data " << dir << ": no CIFAR-10 training batch: expected "
-                                              << "data_batch_1.bin .. data_batch_5.bin");
-  return batches;
-}
-
-DataSets read_format(const std::string& dir, const std::string& format) {
-  LoadedSplit train, test;
-  if (format == "idx") {
-    train = load_idx_split(dir, "train");
-    test = load_idx_split(dir, "t10k");
-    derive_classes(train, test);
-  } else if (format == "cifar10") {
-    const std::vector<std::string> batches = cifar10_batches(dir);
-    const std::string test_path = (fs::path(dir) / "test_batch.bin").string();
-    train = load_cifar_files(batches, 1);
-    test = load_cifar_files({test_path}, 1);
-  } else if (format == "cifar100") {
-    train = load_cifar_files({(fs::path(dir) / "train.bin").string()}, 2);
-    test = load_cifar_files({(fs::path(dir) / "test.bin").string()}, 2);
-  } else {
-    train = load_npy_split(dir, "train");
-    test = load_npy_split(dir, "test");
-    derive_classes(train, test);
-  }
+DataSets read_format(const std::string& dir, const Format& format) {
+  LoadedSplits splits = format.load(dir);
+  LoadedSplit &train = splits.train, &test = splits.test;
+  if (format.classes_from_labels) derive_classes(train, test);
+  DPT_CHECK(train.set.num_classes > 0 && train.set.num_classes == test.set.num_classes,
+            format.name << ": the reader of a format with fixed classes set "
+                        << train.set.num_classes << " training and " << test.set.num_classes
+                        << " test classes");
   const ImageSet &a = train.set, &b = test.set;
   DPT_INPUT_CHECK(a.shape_text() == b.shape_text(),
                   "training and test images differ in shape: "
@@ -230,72 +268,49 @@ DataSets read_format(const std::string& dir, const std::string& format) {
                       << " (rows x cols x channels), " << test.images_file << " holds "
                       << b.shape_text());
   DataSets out;
-  out.format = format;
+  out.format = format.name;
   out.train = std::move(train.set);
   out.test = std::move(test.set);
   return out;
 }
 
-// The files read_format reads for `format` and, from each one's header (IDX, .npy) or size
-// (CIFAR's records have none), the bytes of data it holds.
-DataSize sizes_of(const std::string& dir, const std::string& format) {
-  std::vector<std::pair<std::string, uint64_t>> files;
-  if (format == "idx" || format == "npy") {
-    for (const char* split : {"train", format == "idx" ? "t10k" : "test"}) {
-      const SplitFiles f =
-          format == "idx" ? idx_split_files(dir, split) : npy_split_files(dir, split);
-      for (const std::string& path : {f.images, f.labels})
-        files.emplace_back(path, format == "idx" ? idx_data_bytes(path) : npy_data_bytes(path));
-    }
-  } else {
-    std::vector<std::string> paths =
-        format == "cifar10" ? cifar10_batches(dir)
-                            : std::vector<std::string>{(fs::path(dir) / "train.bin").string()};
-    paths.push_back(
-        (fs::path(dir) / (format == "cifar10" ? "test_batch.bin" : "test.bin")).string());
-    for (const std::string& path : paths) files.emplace_back(path, InputFile(path).size());
-  }
+// The files read_format reads and, from each one's header (IDX, .npy) or size (CIFAR's records
+// have none), the bytes of data it holds.
+DataSize sizes_of(const std::string& dir, const Format& format) {
   DataSize out;
-  for (const auto& [path, bytes] : files) {
+  for (const auto& [path, bytes] : format.file_bytes(dir)) {
     out.bytes += bytes;
     if (bytes >= out.largest_bytes) out.largest_file = path, out.largest_bytes = bytes;
   }
   return out;
 }
 
+// The format to read in dir: `format` checked, "auto" detected, the directory checked first.
+const Format& format_in(const std::string& dir, const std::string& format) {
+  const Format* named = format == "auto" ? nullptr : &format_named(format);
+  std::error_code ec;
+  DPT_INPUT_CHECK(
+      fs::is_directory(dir, ec),
+      "--data " << dir << ": " << (fs::exists(dir, ec) ? "not a directory" : "no such directory"));
+  return named ? *named : detect_format(dir);
+}
+
 }  // namespace
 
 }  // namespace data
 
-std::vector<std::string> data_formats() { return {"auto", "idx", "cifar10", "cifar100", "npy"}; }
-
-namespace {
-
-// The format to read in dir: `format` checked, "auto" detected, the directory checked first.
-std::string format_in(const std::string& dir, const std::string& format) {
-  const std::vector<std::string> formats = data_formats();
-  if (std::find(formats.begin(), formats.end(), format) == formats.end()) {
-    std::ostringstream os;
-    for (size_t i = 0; i < formats.size(); ++i) os << (i ? ", " : "") << formats[i];
-    DPT_INPUT_CHECK(false,
-                    "--data-format " << format << ": unknown format (one of " << os.str() << ")");
-  }
-  std::error_code ec;
-  DPT_INPUT_CHECK(
-      std::filesystem::is_directory(dir, ec),
-      "--data " << dir << ": "
-                << (std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory"));
-  return format == "auto" ? data::detect_format(dir) : format;
+std::vector<std::string> data_formats() {
+  std::vector<std::string> names = {"auto"};
+  for (const data::Format& f : data::formats()) names.emplace_back(f.name);
+  return names;
 }
 
-}  // namespace
-
 DataSets load_data(const std::string& dir, const std::string& format) {
-  return data::read_format(dir, format_in(dir, format));
+  return data::read_format(dir, data::format_in(dir, format));
 }
 
 DataSize data_size(const std::string& dir, const std::string& format) {
-  return data::sizes_of(dir, format_in(dir, format));
+  return data::sizes_of(dir, data::format_in(dir, format));
 }
 
 ChannelStats channel_stats(const ImageSet& set) {

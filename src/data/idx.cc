@@ -350,45 +350,14 @@ LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   return make_split(img_path, lbl_path, img.dims, std::move(img.data), std::move(lbl.data));
 }
 
+LoadedSplits load_idx(const std::string& dir) {
+  return {load_idx_split(dir, "train"), load_idx_split(dir, "t10k")};
+}
+
+FileBytes idx_file_bytes(const std::string& dir) {
+  return split_file_bytes(dir, {"train", "t10k"}, idx_split_files, idx_data_bytes);
+}
+
 }  // namespace data
-
-ImageSet load_image_set(const std::string& dir, const std::string& split, int num_classes) {
-  DPT_INPUT_CHECK(num_classes >= 1 && num_classes <= 256,
-                  "num_classes " << num_classes << " is out of range: uint8 labels allow 1..256");
-  data::LoadedSplit loaded = data::load_idx_split(dir, split);
-  const std::vector<uint8_t>& labels = loaded.set.labels;
-  // Report the first offending label: one is enough to find the broken file.
-  const auto bad =
-      std::find_if(labels.begin(), labels.end(), [&](uint8_t v) { return v >= num_classes; });
-  DPT_INPUT_CHECK(bad == labels.end(), loaded.labels_file
-                                           << ": label out of range: label " << int{*bad}
-                                           << " at index " << (bad - labels.begin())
-                                           << ", but num_classes is " << num_classes
-                                           << " (labels must be 0.." << num_classes - 1 << ")");
-  loaded.set.num_classes = num_classes;
-  return std::move(loaded.set);
-}
-void images_to_float(const ImageSet& set, const int64_t* indices, int64_t count, float* out) {
-  images_to_float(set.images.data(), set.n, set.pixels(), indices, count, out);
-}
-
-void images_to_float(const uint8_t* images, int64_t num_images, int64_t per, const int64_t* indices,
-                     int64_t count, float* out) {
-  // A table lookup is exact (the same float as x / 255.f) and cheaper than a divide per pixel.
-  static const std::array<float, 256> kTable = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(i) / 255.f;
-    return t;
-  }();
-  DPT_CHECK(count >= 0, "images_to_float: negative count " << count);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t idx = indices[i];
-    DPT_CHECK(idx >= 0 && idx < num_images,
-              "images_to_float: image index " << idx << " out of range [0, " << num_images << ")");
-    const uint8_t* src = images + idx * per;
-    float* dst = out + i * per;
-    for (int64_t p = 0; p < per; ++p) dst[p] = kTable[src[p]];
-  }
-}
 
 }  // namespace dpt

@@ -416,4 +416,12 @@ LoadedSplit load_npy_split(const std::string& dir, const std::string& split) {
                     read_npy_labels(out.labels_file));
 }
 
+LoadedSplits load_npy(const std::string& dir) {
+  return {load_npy_split(dir, "train"), load_npy_split(dir, "test")};
+}
+
+FileBytes npy_file_bytes(const std::string& dir) {
+  return split_file_bytes(dir, {"train", "test"}, npy_split_files, npy_data_bytes);
+}
+
 }  // namespace dpt::data

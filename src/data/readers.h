@@ -1,10 +1,13 @@
 // The per-format readers behind load_data (include/dpt/dataset.h), shared by src/data/*.cc, the
-// unit tests and the fuzz target; the trainer itself only sees load_data.
+// unit tests and the fuzz target; the trainer itself only sees load_data. Each format's reader
+// gives dataset.cc's table of formats a loader (dir -> both splits) and a file-size function (dir
+// -> the bytes of data each file holds); a new format adds its reader here and its entry there.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dpt/dataset.h"
@@ -60,6 +63,18 @@ struct SplitFiles {
   std::string images, labels;
 };
 
+// A data set's two splits as a format's loader reads them from a directory.
+struct LoadedSplits {
+  LoadedSplit train, test;
+};
+// (path, bytes of data) of each file a format's loader reads, known before reading the data.
+using FileBytes = std::vector<std::pair<std::string, uint64_t>>;
+// For the formats whose every split is an images and a labels file: both files of each of
+// `splits` in turn, found by `files` and measured by `data_bytes`.
+FileBytes split_file_bytes(const std::string& dir, const std::vector<std::string>& splits,
+                           SplitFiles (*files)(const std::string& dir, const std::string& split),
+                           uint64_t (*data_bytes)(const std::string& path));
+
 // ---- idx.cc ----
 // The files load_idx_split reads, and the bytes of data one IDX file's header promises (its
 // header alone is read: a gzip'd file is inflated only that far), with read_idx's header checks.
@@ -70,6 +85,9 @@ uint64_t idx_data_bytes(const std::string& path);
 // channels 1) or 4-D (N x H x W x C), labels 1-D with the images' count. num_classes is left 0:
 // the caller decides it.
 LoadedSplit load_idx_split(const std::string& dir, const std::string& split);
+// The idx format: splits "train" and "t10k" (num_classes left 0), and the bytes of their files.
+LoadedSplits load_idx(const std::string& dir);
+FileBytes idx_file_bytes(const std::string& dir);
 
 // ---- cifar.cc ----
 // CIFAR binary batches: records of `label_bytes` (1: CIFAR-10, the class; 2: CIFAR-100, coarse
@@ -79,6 +97,13 @@ LoadedSplit load_idx_split(const std::string& dir, const std::string& split);
 constexpr int64_t kCifarSide = 32, kCifarChannels = 3;
 constexpr int64_t kCifarPixels = kCifarSide * kCifarSide * kCifarChannels;  // 3072
 LoadedSplit load_cifar_files(const std::vector<std::string>& paths, int label_bytes);
+// The cifar10 format: data_batch_1.bin .. data_batch_5.bin (those present, at least one, in order)
+// and test_batch.bin; cifar100: train.bin and test.bin. The bytes of their files are the files'
+// sizes (CIFAR's records have no header).
+LoadedSplits load_cifar10(const std::string& dir);
+FileBytes cifar10_file_bytes(const std::string& dir);
+LoadedSplits load_cifar100(const std::string& dir);
+FileBytes cifar100_file_bytes(const std::string& dir);
 
 // ---- npy.cc ----
 // An .npy file's images: '|u1' data, 3-D (N x H x W, channels 1) or 4-D (N x H x W x C), C order.
@@ -97,5 +122,8 @@ uint64_t npy_data_bytes(const std::string& path);
 // them, counts agreeing. num_classes left 0.
 SplitFiles npy_split_files(const std::string& dir, const std::string& split);
 LoadedSplit load_npy_split(const std::string& dir, const std::string& split);
+// The npy format: splits "train" and "test" (num_classes left 0), and the bytes of their files.
+LoadedSplits load_npy(const std::string& dir);
+FileBytes npy_file_bytes(const std::string& dir);
 
 }  // namespace dpt::data

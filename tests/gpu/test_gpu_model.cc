@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 
+#include "cpu/gather.h"
 #include "cpu/ops.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
@@ -27,9 +28,9 @@
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
+#include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
-#include "dpt/idx.h"
 #include "dpt/metrics.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
@@ -621,7 +622,7 @@ TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
   // flip on rounding differences).
   auto m = make_model("lenet");
   load_model(c.save, *m);
-  const ImageSet test = load_image_set(c.data, "t10k");
+  const ImageSet test = load_data(c.data, c.data_format).test;
   int64_t hits = 0;
   Tensor x;
   std::vector<int64_t> idx;
@@ -630,7 +631,7 @@ TEST(GpuTraining, EndToEndLenetLearnsInOneEpochAndSaves) {
     idx.resize(static_cast<size_t>(b));
     std::iota(idx.begin(), idx.end(), s);
     x.resize({b, 28, 28, 1});
-    images_to_float(test, idx.data(), b, x.data());
+    cpu::images_to_float(test.images.data(), test.n, test.pixels(), idx.data(), b, x.data());
     std::vector<int32_t> labels(test.labels.begin() + s, test.labels.begin() + s + b);
     int64_t h = 0;
     const Tensor& logits = m->forward(x, Mode::kEval);

@@ -4,12 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
 #include "dpt/comm.h"
 #include "dpt/config.h"
+#include "dpt/dataset.h"
 #include "dpt/ddp.h"
 #include "dpt/engine.h"
-#include "dpt/idx.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
@@ -27,8 +28,9 @@ struct EngineRig {
   std::unique_ptr<StepEngine> engine;
 
   explicit EngineRig(const TrainConfig& c) : cfg(c) {
-    train = load_image_set(cfg.data, "train");
-    test = load_image_set(cfg.data, "t10k");
+    DataSets data = load_data(cfg.data, "idx");
+    train = std::move(data.train);
+    test = std::move(data.test);
     model = make_model(cfg.model, 10, cpu_backend());
     model->init_parameters(cfg.init, cfg.seed);
     ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});

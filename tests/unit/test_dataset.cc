@@ -25,7 +25,6 @@
 #include "data_files.h"
 #include "dpt/dataset.h"
 #include "dpt/error.h"
-#include "dpt/idx.h"
 
 namespace {
 
@@ -219,6 +218,55 @@ TEST(DataFormats, ListsEveryFormat) {
             (std::vector<std::string>{"auto", "idx", "cifar10", "cifar100", "npy"}));
 }
 
+// Every format data_formats() lists (but "auto") against a small data set written here: it loads
+// pixel for pixel, it is detected, and data_size says what load_data holds. A format added without
+// a writer here fails.
+TEST_F(DatasetTest, EveryListedFormatLoadsIsDetectedAndSized) {
+  const std::map<std::string, std::function<void()>> writers = {
+      {"idx", [&] { write_idx_set(2, 3, 1); }},
+      {"cifar10",
+       [&] {
+         write_raw(file("data_batch_1.bin"), cifar_records({{7}, {0}}));
+         write_raw(file("test_batch.bin"), cifar_records({{1}}, 100));
+       }},
+      {"cifar100",
+       [&] {
+         write_raw(file("train.bin"), cifar_records({{19, 99}, {0, 0}, {4, 21}}));
+         write_raw(file("test.bin"), cifar_records({{3, 17}}, 100));
+       }},
+      {"npy",
+       [&] {
+         write_npy_set(2, 3, 3, {0, 2, 1}, {1, 1});
+       }},
+  };
+  const std::vector<std::string> formats = dpt::data_formats();
+  ASSERT_FALSE(formats.empty());
+  EXPECT_EQ(formats.front(), "auto");
+  for (size_t i = 1; i < formats.size(); ++i) {
+    const std::string& name = formats[i];
+    SCOPED_TRACE(name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const auto writer = writers.find(name);
+    ASSERT_NE(writer, writers.end()) << "no data set written here for format " << name;
+    writer->second();
+    const dpt::DataSets d = load(name);
+    EXPECT_EQ(d.format, name);
+    EXPECT_GT(d.train.n, 0);
+    EXPECT_GT(d.test.n, 0);
+    expect_pixels(d.train);
+    expect_pixels(d.test, 100);
+    EXPECT_EQ(load("auto").format, name);
+    // CIFAR-100 records keep the coarse label in the file besides the fine one load_data holds.
+    const uint64_t file_label_bytes = name == "cifar100" ? 2 : 1;
+    const dpt::DataSize size = dpt::data_size(dir_.string(), name);
+    EXPECT_EQ(size.bytes, d.train.images.size() + d.test.images.size() +
+                              file_label_bytes * (d.train.labels.size() + d.test.labels.size()));
+    EXPECT_EQ(dpt::data_size(dir_.string(), "auto").bytes, size.bytes);
+    EXPECT_FALSE(size.largest_file.empty());
+  }
+}
+
 TEST_F(DatasetTest, IdxIdx3IsOneChannelAndClassesComeFromTrainingLabels) {
   for (bool gz : {false, true}) {
     fs::remove_all(dir_);
@@ -252,11 +300,6 @@ TEST_F(DatasetTest, IdxIdx4KeepsChannelsLast) {
   EXPECT_EQ(d.train.num_classes, 2);
   expect_pixels(d.train);
   expect_pixels(d.test, 100);
-  // load_image_set reads idx4 too, with the classes it is given.
-  const dpt::ImageSet s = dpt::load_image_set(dir_.string(), "train", 7);
-  EXPECT_EQ(s.channels, 3);
-  EXPECT_EQ(s.num_classes, 7);
-  EXPECT_EQ(s.images, d.train.images);
 }
 
 TEST_F(DatasetTest, Cifar10InterleavesPlanesAndReadsBatchesInOrder) {
@@ -412,10 +455,27 @@ TEST_F(DatasetTest, NothingDetectedListsWhatWasLookedFor) {
   write_raw(file("readme.txt"), {'h', 'i'});
   expect_load_error({dir_.string(), "no data set found", "train-images-idx3-ubyte",
                      "train-images-idx4-ubyte", "data_batch_1.bin", "test_batch.bin",
-                     "train.bin and test.bin", "train_images.npy"});
+                     "train.bin and test.bin", "train_images.npy",
+                     "the directory holds readme.txt"});
   // train.bin alone is not taken for CIFAR-100.
   write_raw(file("train.bin"), cifar_records({{0, 0}}));
-  expect_load_error({"no data set found"});
+  expect_load_error({"no data set found", "the directory holds readme.txt and train.bin"});
+}
+
+TEST_F(DatasetTest, NothingDetectedInAnEmptyDirectorySaysSo) {
+  expect_load_error({dir_.string(), "no data set found",
+                     "looked for idx: ", "npy: train_images.npy", "the directory is empty"});
+  expect_input_error([&] { dpt::data_size(dir_.string(), "auto"); },
+                     {dir_.string(), "no data set found", "the directory is empty"});
+}
+
+TEST_F(DatasetTest, NothingDetectedNamesTheFirstFilesFound) {
+  // Eight entries: the first five in order (a directory marked with /), then how many more.
+  for (const char* name : {"g.txt", "b.csv", "a.png", "f", "e.bin", "c.npy", "d.json"})
+    write_raw(file(name), {1});
+  fs::create_directories(dir_ / "aa");
+  expect_load_error({dir_.string(), "no data set found", "train_images.npy",
+                     "; the directory holds a.png, aa/, b.csv, c.npy, d.json and 3 more"});
 }
 
 TEST_F(DatasetTest, NothingDetectedPointsAtTheUnpackedFolder) {
@@ -439,6 +499,8 @@ TEST_F(DatasetTest, SeveralFormatsPresentAsksForDataFormat) {
 TEST_F(DatasetTest, UnknownFormatAndMissingDirectory) {
   expect_load_error(
       {"--data-format", "cifar", "unknown format", "auto, idx, cifar10, cifar100, npy"}, "cifar");
+  expect_input_error([&] { dpt::data_size(dir_.string(), "cifar"); },
+                     {"--data-format", "cifar", "unknown format"});
   const std::string gone = (dir_ / "absent").string();
   expect_input_error([&] { dpt::load_data(gone, "auto"); }, {gone, "no such directory"});
   expect_input_error([&] { dpt::load_data(gone, "idx"); }, {gone, "no such directory"});
@@ -942,10 +1004,6 @@ TEST(DatasetRealData, FashionMnistIsReadByteForByte) {
     ASSERT_EQ(labels.size(), static_cast<size_t>(8 + n));
     EXPECT_TRUE(set->images == Bytes(images.begin() + 16, images.end())) << split;
     EXPECT_TRUE(set->labels == Bytes(labels.begin() + 8, labels.end())) << split;
-    // And the loader the trainer used before load_data gives the same set.
-    const dpt::ImageSet old = dpt::load_image_set(dir, split);
-    EXPECT_TRUE(old.images == set->images) << split;
-    EXPECT_TRUE(old.labels == set->labels) << split;
   }
   // The statistics --normalize auto would use: Fashion-MNIST's well-known mean 0.2860, std 0.3530.
   const dpt::ChannelStats st = dpt::channel_stats(d.train);
