@@ -545,7 +545,8 @@ def main():
         os.environ["WORLD_SIZE"] = str(args.nproc)
         try:
             mp.spawn(_spawn_entry, args=(args.nproc, args), nprocs=args.nproc, join=True)
-        except mp.ProcessExitedException as e:   # a rank's error is reported in its output
+        except mp.ProcessExitedException as e:   # a compile error is reported in its output
+            print(f"torch_ref.py: {e}", file=sys.stderr, flush=True)   # or a rank's crash, here
             sys.exit(e.exit_code if e.exit_code and e.exit_code > 0 else 1)
     else:
         for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
