@@ -375,18 +375,23 @@ def measure(run, env, metrics):
     none. A run with a bound runs in a session of its own and is killed with all its processes
     after bound seconds."""
     cmd = run.cmd + (["--metrics", metrics, "--quiet"] if run.dptrain else [])
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=run.bound is not None)
-    timed_out = False
-    try:
-        out, err = p.communicate(timeout=run.bound)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_group(p)
-        out, err = p.communicate()
-    finally:
-        if run.bound is not None:
-            kill_group(p)
+    # Output to files, not pipes: the compiler's processes inherit them and may outlive the run,
+    # and a pipe would then not end until they do.
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        p = subprocess.Popen(cmd, env=env, stdout=fo, stderr=fe, text=True,
+                             start_new_session=run.bound is not None)
+        timed_out = False
+        try:
+            p.wait(timeout=run.bound)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if run.bound is not None:
+                kill_group(p)
+            p.wait()
+        fo.seek(0)
+        fe.seek(0)
+        out, err = fo.read(), fe.read()
     recs = json_records(open(metrics).read() if run.dptrain and os.path.exists(metrics) else out)
     output = f"{out[-2000:]}{err[-2000:]}"
     # torch_ref.py reports a compile failure itself ("did not compile: ...", JSON type "error");
@@ -554,7 +559,7 @@ def run_suite(a, name, env):
         if "comm_seconds" in recs[0]:
             row["allreduce_s"] = statistics.median(r["comm_seconds"] for r in recs)
             row["exposed_s"] = statistics.median(r["exposed_comm_seconds"] for r in recs)
-        if recs[0].get("test_acc") is not None:
+        if recs[0].get("test_acc") is not None and recs[0]["test_acc"] == recs[0]["test_acc"]:  # not NaN
             row["test_acc"] = recs[-1]["test_acc"]
         if "warmup_seconds" in recs[0]:
             # The largest: the first rep compiles with the coldest cache (Inductor caches on disk).
@@ -600,7 +605,7 @@ def print_table(a, name, rows):
           f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8} {'compile_s':>9}  {ratio_head}")
     for r in rows:
         if "error" in r:
-            print(f"  {r['name']:<{width}} {r['error']}")
+            print(f"  {r['name']:<{width}}  {r['error']}")
             continue
         cells = [f"{r[k]:.3f}" if k in r else "-" for k in ("allreduce_s", "exposed_s")]
         cells.append(f"{r['test_acc']:.4f}" if "test_acc" in r else "-")
