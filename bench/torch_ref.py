@@ -178,9 +178,9 @@ CONFIGS = {
     "compile": (True, True, "max-autotune"),                     # Inductor + CUDA graphs
     "compile-nocg": (True, True, "max-autotune-no-cudagraphs"),
     # The CPU's: Inductor's default mode, which fuses the element-wise work into C++/OpenMP loops
-    # and leaves convolutions to oneDNN. (max-autotune on the CPU skips CUDA graphs for CPU tensors
-    # and only adds the autotuning of matrix-multiply templates -- LeNet's and ResNet's
-    # fully-connected layers, a small share of their steps -- at a much longer compilation.)
+    # and leaves convolutions to oneDNN. (max-autotune has nothing more to offer a CPU training
+    # step: CUDA graphs skip CPU tensors, and its one CPU choice, the C++ GEMM template, needs the
+    # weights constant -- inference with freezing -- while here they are inputs of the graph.)
     "compile-cpu": (True, False, "default"),
 }
 
