@@ -25,21 +25,31 @@ baseline. Suites:
   builds       this build against another dptrain binary (--baseline PATH, e.g. a copy of the
                previous commit's build/dptrain), alternated: LeNet 1 epoch and ResNet-18 --max-steps
                steps (default 10), 2 ranks x 1 thread; for refactors that must not cost speed
-PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp) run it twice, Debian's
-python3-torch (1.13) and the newest release on PyPI, installed with pip into a virtual environment
-the bench creates once and reuses (bench/.venv-torch, git-ignored; `--torch debian` or `--torch
-pypi` runs one of them). dptrain's rows are compared with both.
+PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp) run the newest release on
+PyPI, installed with pip into a virtual environment the bench creates once and reuses
+(bench/.venv-torch, git-ignored), in each of bench/torch_ref.py's CPU configurations
+(--torch-configs, default eager,tuned,compile-cpu): its default (NCHW, eager), channels-last, and
+channels-last under torch.compile (Inductor's default mode); in bf16, CPU autocast in each. Debian's
+python3-torch (1.13) runs its default beside them, an extra row (`--torch debian` or `--torch pypi`
+runs one of the two). Each dptrain row's ratio is against the fastest of the PyTorch rows it is
+compared with (named), with the newest PyTorch's default beside it. A compile row compiles in 2
+untimed warm-up steps (torch_ref.py --warmup-steps; the epoch then times the compiled step, its
+weights restored) within --compile-timeout seconds (default 600): a compiler that fails, crashes or
+hangs is a row "did not compile: <first error line>", not a failure of the bench.
 Before its tables the bench says where it ran: the CPU (model, family/model, the vector features
 that pick code paths), the instruction-set level dptrain's own loops dispatched to (the debug line
 of a one-step run: src/cpu/isa.h; DPT_ISA lowers it) and oneDNN's, and for each PyTorch the ISA its
-oneDNN reported and the convolution kernels it ran, fp32 and under CPU bf16 autocast (a small
-probe with ONEDNN_VERBOSE, in the same interpreter the suite runs).
+oneDNN reported and the convolution kernels it ran, fp32 and under CPU bf16 autocast, NCHW and
+channels-last (a small probe with ONEDNN_VERBOSE, in the same interpreter the suite runs).
 Usage: bench/bench.py SUITE [--reps 3] [--build build] [--json] [--max-steps N] [--baseline PATH]
-                            [--torch both|debian|pypi]
+                            [--torch both|debian|pypi] [--torch-configs eager,tuned,compile-cpu]
+                            [--compile-timeout 600]
 """
 import argparse
+import collections
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -125,22 +135,28 @@ def dptrain_isa(binary, env):
     return f"not reported (exit {p.returncode}; a build before the dispatch of src/cpu/isa.h?)"
 
 
-# Runs one ResNet-sized convolution forward and backward in fp32 and under CPU bf16 autocast with
-# oneDNN's verbose log on; prints ATen's own vector level as JSON. What it ran is read from the log.
+# Runs one ResNet-sized convolution forward and backward in fp32 and under CPU bf16 autocast, in
+# NCHW (torch_ref.py's eager) and channels-last (its tuned and compile-cpu), with oneDNN's verbose
+# log on; prints ATen's own vector level as JSON. What it ran is read from the log.
 TORCH_PROBE = """
 import json, torch
 torch.set_num_threads(1)
 conv = torch.nn.Conv2d(64, 64, 3, padding=1)
-x = torch.randn(8, 64, 28, 28, requires_grad=True)
-print("probe: fp32", flush=True)
-conv(x).sum().backward()
-print("probe: bf16", flush=True)
-try:
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = conv(x)
-    y.float().sum().backward()
-except Exception as e:  # a torch without CPU autocast
-    print("probe: bf16 failed:", e, flush=True)
+x = torch.randn(8, 64, 28, 28)
+for layout in ("NCHW", "channels-last"):
+    if layout == "channels-last":
+        conv = conv.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    xg = x.clone().requires_grad_()
+    print("probe: fp32 " + layout, flush=True)
+    conv(xg).sum().backward()
+    print("probe: bf16 " + layout, flush=True)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = conv(xg)
+        y.float().sum().backward()
+    except Exception as e:  # a torch without CPU autocast
+        print("probe: bf16 failed:", e, flush=True)
 cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
 if cap:
     cap = cap()
@@ -156,7 +172,8 @@ def torch_isa(py, env):
     PyTorch, or why the probe could not tell."""
     penv = dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1", OMP_NUM_THREADS="1")
     p = subprocess.run([py, "-c", TORCH_PROBE], env=penv, capture_output=True, text=True)
-    isa, phase, impls, aten = "?", None, {"fp32": [], "bf16": []}, "?"
+    isa, phase, aten = "?", None, "?"
+    impls = {f"{p} {l}": [] for l in ("NCHW", "channels-last") for p in ("fp32", "bf16")}
     for line in p.stdout.splitlines():
         # oneDNN 3.x writes "onednn_verbose,v1,primitive,exec,..." (and "...,v1,info,..."): its
         # version and kind fields dropped, the line reads as 2.x's "onednn_verbose,exec,...".
@@ -212,54 +229,86 @@ def mpirun(np):
     return cmd
 
 
-def suite(name, build, max_steps, baseline=None, torches=()):
-    """(runs, baselines): runs are (name, command, is_dptrain); baselines map a dptrain run to the
-    PyTorch runs it is compared with, newest PyTorch first."""
+# PyTorch's configurations in the comparing suites (bench/torch_ref.py --config; --torch-configs
+# changes the list): its default as a user first writes it (NCHW, eager: the tables' "default"),
+# channels-last, and channels-last under torch.compile in Inductor's default mode ("compile-cpu";
+# why not max-autotune: torch_ref.py's CONFIGS). Each dptrain row is compared with the fastest.
+TORCH_CONFIGS = "eager,tuned,compile-cpu"
+# The compile rows' untimed warm-up (torch_ref.py --warmup-steps): the forward compiles at the
+# first step, the backward at its first backward; a second step would show a recompilation.
+COMPILE_WARMUP_STEPS = 2
+# A compile row's whole run is killed this long after its --compile-timeout (which torch_ref.py
+# enforces itself, on compilation): the timed epoch after compiling takes under a minute in every
+# suite, so only a hang gets here.
+RUN_MARGIN_S = 300
+
+# One command of a suite. bound: seconds after which it is killed and shown as a failed row (the
+# compile rows); None: its failure stops the bench (dptrain's and the eager rows must run).
+Run = collections.namedtuple("Run", "name cmd dptrain bound", defaults=(None,))
+
+
+def torch_runs(a, torches, ref_args, ddp, suffix=""):
+    """The PyTorch rows of one comparison: every --torch-configs configuration of the first of
+    torches (the newest), the default one of the others (Debian's 1.13, an extra row)."""
+    ref = os.path.join(ROOT, "bench", "torch_ref.py")
+    runs = []
+    for i, (label, py) in enumerate(torches):
+        for cfg in (a.torch_configs if i == 0 else ["eager"]):
+            cmd = [py, ref, "--json", "--config", cfg] + ref_args
+            bound = None
+            if cfg.startswith("compile"):
+                cmd += ["--warmup-steps", str(COMPILE_WARMUP_STEPS), "--compile-timeout", f"{a.compile_timeout:g}"]
+                bound = a.compile_timeout + RUN_MARGIN_S
+            runs.append(Run(f"{label}{'-ddp' if ddp else ''} {cfg}{suffix}", cmd, False, bound))
+    return runs
+
+
+def compared(dptrain_runs, pytorch_runs):
+    """The baselines map of a suite: each dptrain run against all of pytorch_runs (the first is
+    the newest PyTorch's default)."""
+    return {r.name: [p.name for p in pytorch_runs] for r in dptrain_runs}
+
+
+def suite(name, a, torches=()):
+    """(runs, baselines): runs are Run tuples; baselines map a dptrain run to the runs it is
+    compared with, the newest PyTorch's default (or the builds suite's baseline) first."""
+    build, max_steps, baseline = a.build, a.max_steps, a.baseline
     dp = os.path.join(build, "dptrain")
     common = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
-    ref = os.path.join(ROOT, "bench", "torch_ref.py")
     if max_steps:
         common += ["--max-steps", str(max_steps)]
     if name == "lenet-1rank":
         runs, base = [], {}
         for t in (1, 2):
-            runs.append((f"dptrain np1 t{t}", mpirun(1) + [dp] + common + ["--threads", str(t)], True))
-            base[f"dptrain np1 t{t}"] = []
-            for label, py in torches:
-                runs.append((f"{label} np1 t{t}", [py, ref, "--json"] + common + ["--threads", str(t)], False))
-                base[f"dptrain np1 t{t}"].append(f"{label} np1 t{t}")
+            mine = [Run(f"dptrain np1 t{t}", mpirun(1) + [dp] + common + ["--threads", str(t)], True)]
+            theirs = torch_runs(a, torches, common + ["--threads", str(t)], False, f" np1 t{t}")
+            runs += mine + theirs
+            base.update(compared(mine, theirs))
         return runs, base
     if name == "lenet-dp":
-        runs = [
-            ("dptrain np1", mpirun(1) + [dp] + common, True),
-            ("dptrain np2 overlap", mpirun(2) + [dp] + common, True),
-            ("dptrain np2 no-overlap", mpirun(2) + [dp] + common + ["--no-overlap"], True),
+        mine = [
+            Run("dptrain np1", mpirun(1) + [dp] + common, True),
+            Run("dptrain np2 overlap", mpirun(2) + [dp] + common, True),
+            Run("dptrain np2 no-overlap", mpirun(2) + [dp] + common + ["--no-overlap"], True),
         ]
-        refs = []
-        for label, py in torches:
-            runs.append((f"{label}-ddp np2", [py, ref, "--json"] + common + ["--ddp", "--nproc", "2", "--threads", "1"],
-                         False))
-            refs.append(f"{label}-ddp np2")
-        return runs, {r: refs for r in ("dptrain np1", "dptrain np2 overlap", "dptrain np2 no-overlap")}
+        theirs = torch_runs(a, torches, common + ["--ddp", "--nproc", "2", "--threads", "1"], True, " np2")
+        return mine + theirs, compared(mine, theirs)
     if name == "resnet-dp":
         steps = max_steps or 10
         r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
              "--max-steps", str(steps)]
-        runs = [("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True)]
-        refs = []
-        for label, py in torches:
-            runs.append((f"{label}-ddp np2", [py, ref, "--json", "--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r,
-                         False))
-            refs.append(f"{label}-ddp np2")
-        base = {"dptrain np2": refs}
+        ref_args = ["--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r
+        mine = [Run("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True)]
+        theirs = torch_runs(a, torches, ref_args, True, " np2")
+        runs, base = mine + theirs, compared(mine, theirs)
         if bf16_cpu():
-            # --precision bf16 against PyTorch's CPU autocast bf16 (issue 22's bf16 row), newest PyTorch only.
-            runs.append(("dptrain np2 bf16", mpirun(2) + [dp] + r + ["--eval-every", "0", "--precision", "bf16"], True))
-            base["dptrain np2 bf16"] = []
-            for label, py in torches[:1]:
-                runs.append((f"{label}-ddp np2 autocast-bf16", [py, ref, "--json", "--no-eval", "--ddp", "--nproc", "2",
-                                                               "--threads", "1", "--bf16"] + r, False))
-                base["dptrain np2 bf16"].append(f"{label}-ddp np2 autocast-bf16")
+            # --precision bf16 against PyTorch's CPU autocast bf16 (issue 22's bf16 row) in each
+            # configuration, newest PyTorch only.
+            mine = [Run("dptrain np2 bf16", mpirun(2) + [dp] + r + ["--eval-every", "0", "--precision", "bf16"],
+                        True)]
+            theirs = torch_runs(a, torches[:1], ref_args + ["--bf16"], True, " np2 bf16")
+            runs += mine + theirs
+            base.update(compared(mine, theirs))
         return runs, base
     if name == "augment":
         steps = max_steps or 10
@@ -268,10 +317,10 @@ def suite(name, build, max_steps, baseline=None, torches=()):
              "--max-steps", str(steps), "--eval-every", "0"]
         l = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1", "--eval-every", "0"]
         runs = [
-            ("lenet np2 augmented", mpirun(2) + [dp] + l + aug, True),
-            ("lenet np2 plain", mpirun(2) + [dp] + l, True),
-            ("resnet18 np2 augmented", mpirun(2) + [dp] + r + aug, True),
-            ("resnet18 np2 plain", mpirun(2) + [dp] + r, True),
+            Run("lenet np2 augmented", mpirun(2) + [dp] + l + aug, True),
+            Run("lenet np2 plain", mpirun(2) + [dp] + l, True),
+            Run("resnet18 np2 augmented", mpirun(2) + [dp] + r + aug, True),
+            Run("resnet18 np2 plain", mpirun(2) + [dp] + r, True),
         ]
         return runs, {"lenet np2 augmented": ["lenet np2 plain"], "resnet18 np2 augmented": ["resnet18 np2 plain"]}
     if name == "builds":
@@ -282,25 +331,82 @@ def suite(name, build, max_steps, baseline=None, torches=()):
              "--max-steps", str(steps), "--eval-every", "0"]
         l = ["--model", "lenet", "--recipe", "d2l", "--epochs", "1"]
         runs = [
-            ("lenet np2 this", mpirun(2) + [dp] + l, True),
-            ("lenet np2 baseline", mpirun(2) + [baseline] + l, True),
-            ("resnet18 np2 this", mpirun(2) + [dp] + r, True),
-            ("resnet18 np2 baseline", mpirun(2) + [baseline] + r, True),
+            Run("lenet np2 this", mpirun(2) + [dp] + l, True),
+            Run("lenet np2 baseline", mpirun(2) + [baseline] + l, True),
+            Run("resnet18 np2 this", mpirun(2) + [dp] + r, True),
+            Run("resnet18 np2 baseline", mpirun(2) + [baseline] + r, True),
         ]
         return runs, {"lenet np2 this": ["lenet np2 baseline"], "resnet18 np2 this": ["resnet18 np2 baseline"]}
     sys.exit(f"bench.py: unknown suite '{name}'")
 
 
-def last_json(text):
-    rec = None
+def json_records(text):
+    """The JSON objects among the lines of text (the rest is logging)."""
+    recs = []
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("{"):
             try:
-                rec = json.loads(line)
+                recs.append(json.loads(line))
             except ValueError:
                 pass
-    return rec
+    return recs
+
+
+def kill_group(p):
+    """Kills what is left of a run started in a session of its own: its ranks and the compiler's
+    worker processes, which outlive a killed parent."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def why_failed(returncode, stderr):
+    """'exit N: <last line of stderr>' (a Python traceback ends with its exception), or the signal."""
+    if returncode is not None and returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+    return f"exit {returncode}" + (f": {lines[-1][:200]}" if lines else "")
+
+
+def measure(run, env, metrics):
+    """(record, error, output) of one run: its last record with epoch_seconds, or why there is
+    none. A run with a bound runs in a session of its own and is killed with all its processes
+    after bound seconds."""
+    cmd = run.cmd + (["--metrics", metrics, "--quiet"] if run.dptrain else [])
+    # Output to files, not pipes: the compiler's processes inherit them and may outlive the run,
+    # and a pipe would then not end until they do.
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        p = subprocess.Popen(cmd, env=env, stdout=fo, stderr=fe, text=True,
+                             start_new_session=run.bound is not None)
+        timed_out = False
+        try:
+            p.wait(timeout=run.bound)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if run.bound is not None:
+                kill_group(p)
+            p.wait()
+        fo.seek(0)
+        fe.seek(0)
+        out, err = fo.read(), fe.read()
+    recs = json_records(open(metrics).read() if run.dptrain and os.path.exists(metrics) else out)
+    output = f"{out[-2000:]}{err[-2000:]}"
+    # torch_ref.py reports a compile failure itself ("did not compile: ...", JSON type "error");
+    # a kill or a crash is named here, before or after its warm-up (record type "warmup") ended.
+    stage = "failed after compiling" if any(r.get("type") == "warmup" for r in recs) else "did not compile"
+    if timed_out:
+        return None, f"{stage}: killed after {run.bound:g} s", output
+    reported = next((r["error"] for r in recs if r.get("type") == "error"), None)
+    if reported:
+        return None, reported, output
+    rec = next((r for r in reversed(recs) if "epoch_seconds" in r), None)
+    if p.returncode != 0 or rec is None:
+        why = why_failed(p.returncode, err) if p.returncode != 0 else "no JSON record with epoch_seconds"
+        return None, (f"{stage}: {why}" if run.bound is not None else why), output
+    return rec, None, output
 
 
 def run_binary(a, env, cmd, what):
@@ -383,7 +489,15 @@ def main():
     ap.add_argument("--baseline", help="another dptrain binary (builds suite)")
     ap.add_argument("--torch", choices=["both", "debian", "pypi"], default="both",
                     help="which PyTorch the comparing suites run (default both)")
+    ap.add_argument("--torch-configs", default=TORCH_CONFIGS,
+                    help=f"the newest PyTorch's bench/torch_ref.py --config list, eager first (default {TORCH_CONFIGS})")
+    ap.add_argument("--compile-timeout", type=float, default=600,
+                    help="seconds a compile row may take to compile before it is a 'did not compile' row "
+                         "(default 600)")
     a = ap.parse_args()
+    a.torch_configs = a.torch_configs.split(",")
+    if a.torch_configs[0] != "eager":
+        sys.exit("bench.py: --torch-configs starts with eager, PyTorch's default (the tables' 'default' column)")
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
@@ -400,6 +514,9 @@ def main():
     run_suite(a, a.suite, env)
 
 
+TORCH_SUITES = ("lenet-1rank", "lenet-dp", "resnet-dp")
+
+
 def run_suite(a, name, env):
     if name == "allreduce":
         return run_allreduce(a, env)
@@ -408,62 +525,104 @@ def run_suite(a, name, env):
     if name == "conv":
         return run_binary(a, env, [os.path.join(a.build, "bench", "conv_bench"), "--reps", str(a.reps)],
                           "conv_bench")
-    torches = torch_pythons(a.torch) if name in ("lenet-1rank", "lenet-dp", "resnet-dp") else ()
-    runs, baseline = suite(name, a.build, a.max_steps, a.baseline, torches)
-    results = {name: [] for name, _, _ in runs}
-    extra = {name: [] for name, _, _ in runs}
+    torches = torch_pythons(a.torch) if name in TORCH_SUITES else ()
+    runs, baseline = suite(name, a, torches)
+    records = {r.name: [] for r in runs}
+    failed = {}   # run name -> its first failure (bounded runs only; they are not run again)
     with tempfile.TemporaryDirectory() as tmp:
+        # Inductor's on-disk cache, the suite's own unless one is set: the first rep compiles from
+        # nothing (as a user's first run does: compile_s), the later reps find it.
+        env = dict(env, TORCHINDUCTOR_CACHE_DIR=env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(tmp, "inductor"))
         for rep in range(a.reps):
             # A B C, then C B A: the slot right after another run was measured 2-3 % slower (an
             # A/A run of one binary in both slots), so every command takes every position alike.
-            for run, cmd, is_dptrain in (runs if rep % 2 == 0 else runs[::-1]):
-                metrics = os.path.join(tmp, "m.jsonl")
-                full = cmd + (["--metrics", metrics, "--quiet"] if is_dptrain else [])
-                print(f"# rep {rep + 1}/{a.reps}: {run}", file=sys.stderr, flush=True)
-                p = subprocess.run(full, env=env, capture_output=True, text=True)
-                if p.returncode != 0:
-                    sys.exit(f"bench.py: '{run}' failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-                rec = last_json(open(metrics).read() if is_dptrain else p.stdout)
-                if not rec:
-                    sys.exit(f"bench.py: '{run}' printed no JSON record")
-                results[run].append(rec["epoch_seconds"])
-                extra[run].append(rec)
+            for i, run in (enumerate(runs) if rep % 2 == 0 else reversed(list(enumerate(runs)))):
+                if run.name in failed:
+                    continue
+                print(f"# rep {rep + 1}/{a.reps}: {run.name}", file=sys.stderr, flush=True)
+                # A metrics file of its own: one a failed run did not write is not another's.
+                rec, error, output = measure(run, env, os.path.join(tmp, f"{rep}-{i}.jsonl"))
+                if error and run.bound is None:
+                    sys.exit(f"bench.py: '{run.name}' failed ({error}):\n{output}")
+                if error:
+                    print(f"# {run.name}: {error}", file=sys.stderr, flush=True)
+                    failed[run.name] = error
+                else:
+                    records[run.name].append(rec)
     rows = []
-    for run, _, _ in runs:
-        xs = results[run]
+    for run in runs:
+        if run.name in failed:
+            rows.append({"name": run.name, "error": failed[run.name]})
+            continue
+        recs = records[run.name]
+        xs = [r["epoch_seconds"] for r in recs]
         med = statistics.median(xs)
-        row = {"name": run, "median_s": med, "min_s": min(xs), "max_s": max(xs), "reps": len(xs),
+        row = {"name": run.name, "median_s": med, "min_s": min(xs), "max_s": max(xs), "reps": len(xs),
                "spread_pct": (max(xs) - min(xs)) / med * 100}
-        recs = extra[run]
         if "comm_seconds" in recs[0]:
             row["allreduce_s"] = statistics.median(r["comm_seconds"] for r in recs)
             row["exposed_s"] = statistics.median(r["exposed_comm_seconds"] for r in recs)
-        if recs[0].get("test_acc") is not None:
+        if recs[0].get("test_acc") is not None and recs[0]["test_acc"] == recs[0]["test_acc"]:  # not NaN
             row["test_acc"] = recs[-1]["test_acc"]
+        if "warmup_seconds" in recs[0]:
+            # The largest: the first rep's, which compiled with an empty cache.
+            row["compile_s"] = max(r["warmup_seconds"] for r in recs)
         row["images_per_second"] = statistics.median(r["images_per_second"] for r in recs)
         rows.append(row)
-    med = {r["name"]: r["median_s"] for r in rows}
+    med = {r["name"]: r["median_s"] for r in rows if "median_s" in r}
     for r in rows:
-        refs = baseline.get(r["name"], [])
-        if refs:  # the first is the newest PyTorch (or the builds suite's baseline)
-            r["speedups"] = {ref: med[ref] / r["median_s"] for ref in refs}
-            r["vs"], r["speedup"] = refs[0], r["speedups"][refs[0]]
+        refs = [ref for ref in baseline.get(r["name"], []) if ref in med]
+        if r["name"] not in med or not refs:
+            continue
+        r["speedups"] = {ref: med[ref] / r["median_s"] for ref in refs}
+        # The anchor: the fastest of the runs compared with (for the PyTorch suites, every
+        # configuration of every PyTorch); the default is the first, the newest PyTorch as a user
+        # first writes it.
+        fastest = min(refs, key=med.get)
+        r["vs"], r["speedup"] = fastest, r["speedups"][fastest]
+        default = baseline[r["name"]][0]
+        if default in med:
+            r["vs_default"], r["speedup_default"] = default, r["speedups"][default]
     if a.json:
         for r in rows:
             print(json.dumps(r))
         return
+    print_table(a, name, rows)
+
+
+def print_table(a, name, rows):
+    """The table of one alternated suite: medians, spread, and each dptrain row's speed against its
+    fastest comparison and (PyTorch suites) the newest PyTorch's default; failed rows say why."""
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    width = max(28, max(len(r["name"]) for r in rows))
     print(f"# suite {name}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.cpu_count()} cores, {cpu}; {a.reps} reps alternated; epoch_seconds = training loop")
-    print(f"# {'run':<28} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
-          f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8}  speedup")
+    if name in TORCH_SUITES:
+        print(f"# speed = PyTorch's median s / dptrain's; 'fastest PyTorch' is the quickest of the PyTorch rows "
+              f"compared, 'PyTorch default' the newest PyTorch's eager NCHW; compile_s = the compile rows' "
+              f"{COMPILE_WARMUP_STEPS} untimed warm-up steps (compilation; the first rep's, from an empty cache)")
+        ratio_head = f"{'÷fastest':>8}  {'÷default':>8}  fastest PyTorch"
+    else:
+        ratio_head = "speedup"
+    print(f"# {'run':<{width}} {'median_s':>9} {'min_s':>8} {'max_s':>8} {'spread':>7} {'allreduce_s':>11} "
+          f"{'exposed_s':>9} {'test_acc':>8} {'img/s':>8} {'compile_s':>9}  {ratio_head}")
     for r in rows:
-        sp = "; ".join(f"{x:.2f}x vs {ref}" for ref, x in r.get("speedups", {}).items())
-        ar = f"{r['allreduce_s']:.3f}" if "allreduce_s" in r else "-"
-        ex = f"{r['exposed_s']:.3f}" if "exposed_s" in r else "-"
-        acc = f"{r['test_acc']:.4f}" if "test_acc" in r else "-"
-        print(f"  {r['name']:<28} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
-              f"{r['spread_pct']:>6.1f}% {ar:>11} {ex:>9} {acc:>8} {r['images_per_second']:>8.1f}  {sp}")
+        if "error" in r:
+            print(f"  {r['name']:<{width}}  {r['error']}")
+            continue
+        cells = [f"{r[k]:.3f}" if k in r else "-" for k in ("allreduce_s", "exposed_s")]
+        cells.append(f"{r['test_acc']:.4f}" if "test_acc" in r else "-")
+        comp = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
+        if "vs" not in r:
+            ratio = ""
+        elif name in TORCH_SUITES:
+            default = f"{r['speedup_default']:.2f}x" if "speedup_default" in r else "-"
+            ratio = f"{r['speedup']:>7.2f}x  {default:>8}  {r['vs']}"
+        else:
+            ratio = f"{r['speedup']:.2f}x vs {r['vs']}"
+        print(f"  {r['name']:<{width}} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['max_s']:>8.3f} "
+              f"{r['spread_pct']:>6.1f}% {cells[0]:>11} {cells[1]:>9} {cells[2]:>8} "
+              f"{r['images_per_second']:>8.1f} {comp:>9}  {ratio}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
 # bf16 autocast. --config picks how PyTorch is run: "eager" (the default: NCHW, cudnn.benchmark
 # off -- the PyTorch a user writes first) or as a user tuning for speed would ("tuned":
 # channels-last and cudnn.benchmark; "compile", "compile-nocg": the same under torch.compile in
-# mode max-autotune, with and without CUDA graphs), so that dptrain is measured against the
-# fastest PyTorch, not only the plainest (tests/gpu/device_check.sh, bench/gpu_table.py).
+# mode max-autotune, with and without CUDA graphs; "compile-cpu": channels-last under Inductor's
+# default mode, the CPU's), so that dptrain is measured against the fastest PyTorch, not only the
+# plainest (tests/gpu/device_check.sh, bench/gpu_table.py; bench/bench.py on the CPU, where
+# --warmup-steps keeps compilation out of the timed epoch and --compile-timeout bounds it).
 #
 # Examples:
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --recipe d2l --epochs 1 --threads 1 --json
@@ -16,15 +18,19 @@
 #   /usr/bin/python3 bench/torch_ref.py --model lenet --ddp --nproc 2 --max-steps 20
 #   python3 bench/torch_ref.py --model resnet18 --device cuda --bf16 --epochs 10 --json
 #   python3 bench/torch_ref.py --model resnet18 --device cuda --tf32 --config compile --epochs 3 --json
+#   bench/.venv-torch/bin/python3 bench/torch_ref.py --model lenet --epochs 1 --json --config compile-cpu \
+#       --warmup-steps 2 --compile-timeout 600
 #   WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 #       /usr/bin/python3 bench/torch_ref.py --ddp ...   (one such process per rank)
 import argparse
 import contextlib
+import copy
 import gzip
 import json
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -171,6 +177,11 @@ CONFIGS = {
     "tuned": (True, True, None),
     "compile": (True, True, "max-autotune"),                     # Inductor + CUDA graphs
     "compile-nocg": (True, True, "max-autotune-no-cudagraphs"),
+    # The CPU's: Inductor's default mode, which fuses the element-wise work into C++/OpenMP loops
+    # and leaves convolutions to oneDNN. (max-autotune has nothing more to offer a CPU training
+    # step: CUDA graphs skip CPU tensors, and its one CPU choice, the C++ GEMM template, needs the
+    # weights constant -- inference with freezing -- while here they are inputs of the graph.)
+    "compile-cpu": (True, False, "default"),
 }
 
 
@@ -240,7 +251,8 @@ def run(rank, world, args):
     model.to(device)
     if channels_last:
         # NHWC activations and weights: cuDNN's tensor-core kernels work in NHWC, so NCHW costs
-        # layout transposes around each convolution.
+        # layout transposes around each convolution; on the CPU oneDNN then runs its NHWC kernels
+        # on PyTorch's tensors as they are (bench/bench.py's probe names the kernels of each).
         model.to(memory_format=torch.channels_last)
         train_x = train_x.contiguous(memory_format=torch.channels_last)
         test_x = test_x.contiguous(memory_format=torch.channels_last)
@@ -278,14 +290,30 @@ def run(rank, world, args):
                 except (AttributeError, TypeError, ValueError):
                     continue
             # Compiles lazily, at the first call (forward) and the first backward: failures show
-            # there. fullgraph: a graph break would leave part of the step eager, unnoticed.
+            # there. fullgraph: a graph break would leave part of the step eager, unnoticed. Under
+            # DDP its forward's own bookkeeping (a logger call, context managers) cannot be traced:
+            # the model is compiled as split by Dynamo's DDPOptimizer (at the gradient buckets, so
+            # all-reduces overlap backward), DDP's Python around it runs eager.
             # The forward, loss and argmax are one graph; the SGD update stays eager (foreach: a
             # few kernels a step).
-            step_forward = torch.compile(forward_loss, mode=compile_mode, fullgraph=True, dynamic=False)
+            step_forward = torch.compile(forward_loss, mode=compile_mode, fullgraph=not ddp, dynamic=False)
             if compile_mode == "max-autotune":
                 # CUDA-graph trees: tell them each step starts a new iteration, so the previous
                 # step's graph outputs (loss, gradients) may be overwritten.
                 mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
+    def train_step(idx):
+        """One step on the images idx (this rank's share): (loss, correct), on the device."""
+        if mark_step is not None:
+            mark_step()
+        xb, yb = train_x[idx], train_y[idx]
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)  # a no-op if the gather kept it
+        loss, correct = step_forward(xb, yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss, correct
 
     n_train = train_x.shape[0]
     steps = n_train // gbatch                      # drop_last=True
@@ -326,7 +354,44 @@ def run(rank, world, args):
         report_error(error)
         return 3
     first_step_seconds = None
+    warmup_seconds = None            # --warmup-steps: their time (compilation, autotuning, set-up)
+    # --compile-timeout: a compiler that hangs (or takes longer than a user would wait) becomes a
+    # reported error, not a stuck run. A timer thread, since the compiler's own calls cannot be
+    # interrupted; os._exit, since a clean exit would wait for them (and for the other DDP ranks).
+    watchdog = None
+    if compile_mode and args.compile_timeout:
+        def expire():
+            report_error(f"did not compile: not done after --compile-timeout {args.compile_timeout:g} s")
+            os._exit(3)
+        watchdog = threading.Timer(args.compile_timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def compiled():
+        if watchdog is not None:
+            watchdog.cancel()
     try:
+        if args.warmup_steps:
+            # Steps before the timed epochs, so that these time the compiled (or primed) step only;
+            # the weights, BatchNorm statistics and optimizer state are then put back, so that the
+            # epochs train exactly as without. load_state_dict copies into the same tensors, which
+            # the compiled graph and DDP's hooks hold.
+            saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+            saved_opt = copy.deepcopy(opt.state_dict())
+            sync()
+            t0 = time.perf_counter()
+            for j in range(args.warmup_steps):
+                base = (j * world + rank) * lbatch % (n_train - lbatch)
+                train_step(torch.arange(base, base + lbatch, device=device))
+            sync()
+            warmup_seconds = time.perf_counter() - t0
+            compiled()
+            model.load_state_dict(saved_model)
+            opt.load_state_dict(saved_opt)
+            opt.zero_grad(set_to_none=True)
+            if rank == 0 and args.json:
+                print(json.dumps({"type": "warmup", **tags, "warmup_steps": args.warmup_steps,
+                                  "warmup_seconds": warmup_seconds}), flush=True)
         for epoch in range(1, args.epochs + 1):
             # Same permutation on every rank (seeded by seed+epoch); like DistributedSampler each
             # rank takes the strided shard perm[rank::world], so local batch j of all ranks together
@@ -340,26 +405,18 @@ def run(rank, world, args):
             sync()
             t0 = time.perf_counter()
             for j in range(steps):
-                if mark_step is not None:
-                    mark_step()
-                idx = shard[j * lbatch:(j + 1) * lbatch]
-                xb, yb = train_x[idx], train_y[idx]
-                if channels_last:
-                    xb = xb.contiguous(memory_format=torch.channels_last)  # a no-op if the gather kept it
-                loss, correct = step_forward(xb, yb)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                loss, correct = train_step(shard[j * lbatch:(j + 1) * lbatch])
                 with torch.no_grad():
-                    stats[0] += loss.detach().double() * yb.shape[0]
+                    stats[0] += loss.detach().double() * lbatch
                     stats[1] += correct
-                    stats[2] += yb.shape[0]
+                    stats[2] += lbatch
                 if first_step_seconds is None:
-                    # The first step holds torch.compile's compilation and autotuning (forward at
-                    # the call, backward at the first backward) or cuDNN's first search: reported
-                    # apart. One host sync, in epoch 1 only.
+                    # Without a warm-up the first step holds torch.compile's compilation and
+                    # autotuning (forward at the call, backward at the first backward) or cuDNN's
+                    # first search: reported apart. One host sync, in epoch 1 only.
                     sync()
                     first_step_seconds = time.perf_counter() - t0
+                    compiled()
             sync()
             epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
             if ddp:
@@ -375,7 +432,9 @@ def run(rank, world, args):
                 human = (f"epoch {epoch} loss {train_loss:.3f} train acc {train_acc:.3f} "
                          f"test acc {test_acc:.3f}, {epoch_seconds:.1f} s/epoch, {ips:.0f} img/s")
                 if detail and epoch == 1:
-                    human += f" (first step {first_step_seconds:.2f} s)"
+                    human += f" (first step {first_step_seconds:.2f} s" + (
+                        f"; {args.warmup_steps} warm-up steps before, {warmup_seconds:.2f} s)"
+                        if warmup_seconds is not None else ")")
                 if args.json:
                     print(human, file=sys.stderr, flush=True)
                     rec = {"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
@@ -386,6 +445,8 @@ def run(rank, world, args):
                         rec.update(type="epoch", **tags)
                         if epoch == 1:
                             rec["first_step_seconds"] = first_step_seconds
+                            if warmup_seconds is not None:
+                                rec["warmup_seconds"] = warmup_seconds
                     print(json.dumps(rec), flush=True)
                 else:
                     print(human, flush=True)
@@ -396,10 +457,11 @@ def run(rank, world, args):
             raise
         import traceback
         traceback.print_exc()
-        # Before the first step ends the failure is the compiler's (or its autotuning's);
-        # later it is the compiled step's (a CUDA-graph recording, say).
-        report_error(("did not compile: " if first_step_seconds is None else "failed after compiling: ")
-                     + first_error_line(e))
+        # Before the warm-up or the first step ends the failure is the compiler's (or its
+        # autotuning's); later it is the compiled step's (a CUDA-graph recording, say).
+        done = first_step_seconds is not None or warmup_seconds is not None
+        compiled()
+        report_error(("failed after compiling: " if done else "did not compile: ") + first_error_line(e))
         return 3
     if ddp:
         dist.destroy_process_group()
@@ -408,7 +470,9 @@ def run(rank, world, args):
 
 def _spawn_entry(rank, world, args):
     os.environ["RANK"] = str(rank)
-    run(rank, world, args)
+    code = run(rank, world, args)
+    if code:
+        sys.exit(code)   # torch.multiprocessing then stops the other ranks and raises in main
 
 
 def free_port():
@@ -457,10 +521,16 @@ def main():
                         "'max-autotune-no-cudagraphs'. Epoch 1 holds compilation and autotuning "
                         "(its first step is reported apart, as first_step_seconds); a compile "
                         "failure is reported ('did not compile: ...', JSON type 'error') and the "
-                        "exit status is 3. compile* need PyTorch 2 and no --ddp")
+                        "exit status is 3. compile* need PyTorch 2. compile-cpu: channels-last under "
+                        "torch.compile's default mode (Inductor's C++ loops; the CPU's)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="untimed steps before epoch 1, after which weights, BatchNorm statistics and "
+                        "optimizer state are restored: the epochs then time the compiled step only "
+                        "(JSON: warmup_seconds)")
+    p.add_argument("--compile-timeout", type=float, default=0,
+                   help="with a compile config: report 'did not compile' and exit 3 if compilation "
+                        "(the warm-up, or else the first step) is not done after this many seconds")
     args = p.parse_args()
-    if args.ddp and CONFIGS[args.config][2]:
-        p.error(f"--config {args.config} runs one process: not with --ddp")
 
     if args.print_params:
         print_params(args)
@@ -473,12 +543,16 @@ def main():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ["WORLD_SIZE"] = str(args.nproc)
-        mp.spawn(_spawn_entry, args=(args.nproc, args), nprocs=args.nproc, join=True)
+        try:
+            mp.spawn(_spawn_entry, args=(args.nproc, args), nprocs=args.nproc, join=True)
+        except mp.ProcessExitedException as e:   # a compile error is reported in its output
+            print(f"torch_ref.py: {e}", file=sys.stderr, flush=True)   # or a rank's crash, here
+            sys.exit(e.exit_code if e.exit_code and e.exit_code > 0 else 1)
     else:
         for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
             if k not in os.environ:
                 raise SystemExit(f"--ddp without --nproc needs env {k}")
-        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        sys.exit(run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args))
 
 
 if __name__ == "__main__":
