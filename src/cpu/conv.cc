@@ -1,8 +1,10 @@
 // oneDNN 2.x convolution (the `convolution_forward::desc` API of Debian's libdnnl-dev 2.6).
 // Activations are fixed NHWC (measured faster than format_tag::any on these shapes, see
 // ../../docs/PERFORMANCE.md); weights use whatever layout each primitive prefers, reordered from
-// the plain OIHW parameter view once per call, since the weights change every step. In bf16 the
-// same primitives take bf16 x, w and dy (rounded here, or by the weight reorder) and write fp32.
+// the plain OIHW parameter view by the forward pass (the weights change every step) and reused by
+// backward-data where the layouts agree. In bf16 the same primitives take bf16 x, w and dy
+// (rounded here, or by the weight reorder) and write fp32; with bf16 activations as well they read
+// and write the activations in bf16 directly (y and dx rounded by oneDNN's own conversion).
 #include "cpu/conv.h"
 
 #include <oneapi/dnnl/dnnl.h>
@@ -39,6 +41,7 @@ struct ConvPrimitives::Entry {
   memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
   std::vector<uint16_t> x16, dy16;  // bf16: the rounded input and output gradient
   bool has_bias = false;
+  bool act16 = false;  // bf16 activations in and out (y and dx bf16: the bf16 backend only)
   // Backward by im2col + sgemm (see backward_gemm): buffers, and which path this shape uses
   // (-1 = not yet decided, 0 = oneDNN, 1 = sgemm), decided once per shape (see backward()).
   std::vector<float> col, dcol, w_ohwi, dw_ohwi;
@@ -48,18 +51,21 @@ struct ConvPrimitives::Entry {
 ConvPrimitives::ConvPrimitives(bool bf16) : wino_(std::make_unique<WinogradConv>()), bf16_(bf16) {}
 ConvPrimitives::~ConvPrimitives() = default;
 
-ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
-  auto it = cache_.find(g.n);
+ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias, bool act16) {
+  const int64_t key = g.n * 2 + (act16 ? 1 : 0);
+  auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto& eng = dnnl_engine();
   auto e = std::make_unique<Entry>();
   e->has_bias = has_bias;
+  e->act16 = act16;
   const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-  // The operands (x, w, dy) in bf16 or fp32; what the primitives write (y, dx, dw, db) in fp32.
-  const dt in = bf16_ ? dt::bf16 : dt::f32;
+  // The operands (x, w, dy) in bf16 or fp32; what the primitives write (y, dx, dw, db) in fp32,
+  // or y and dx in bf16 with bf16 activations.
+  const dt in = bf16_ ? dt::bf16 : dt::f32, act_out = act16 ? dt::bf16 : dt::f32;
   memory::desc src_md({g.n, g.c_in, g.h, g.w}, in, tag::nhwc);
-  memory::desc dsrc_md({g.n, g.c_in, g.h, g.w}, dt::f32, tag::nhwc);
-  memory::desc dst_md({g.n, g.c_out, g.oh(), g.ow()}, dt::f32, tag::nhwc);
+  memory::desc dsrc_md({g.n, g.c_in, g.h, g.w}, act_out, tag::nhwc);
+  memory::desc dst_md({g.n, g.c_out, g.oh(), g.ow()}, act_out, tag::nhwc);
   memory::desc ddst_md({g.n, g.c_out, g.oh(), g.ow()}, in, tag::nhwc);
   memory::desc w_any({g.c_out, g.c_in, g.k, g.k}, in, tag::any);
   memory::desc dw_any({g.c_out, g.c_in, g.k, g.k}, dt::f32, tag::any);
@@ -103,7 +109,7 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias) {
   log_dnnl_choice("conv fwd", e->fwd_pd.impl_info_str());
   log_dnnl_choice("conv bwd-data", e->bwd_data_pd.impl_info_str());
   log_dnnl_choice("conv bwd-weights", e->bwd_w_pd.impl_info_str());
-  return *cache_.emplace(g.n, std::move(e)).first->second;
+  return *cache_.emplace(key, std::move(e)).first->second;
 }
 
 namespace {
@@ -115,6 +121,10 @@ memory operand(const memory::desc& md, const float* p, std::vector<uint16_t>& bu
   to_bf16(p, buf.data(), static_cast<int64_t>(buf.size()));
   return memory(md, dnnl_engine(), buf.data());
 }
+// The caller's bfloat16 activations as an operand, as they are.
+memory operand(const memory::desc& md, const BFloat16* p, std::vector<uint16_t>&) {
+  return memory(md, dnnl_engine(), const_cast<BFloat16*>(p));
+}
 }  // namespace
 
 void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
@@ -122,7 +132,11 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
   // bf16 never runs Winograd: its transforms would work on the rounded operands in fp32, which
   // is neither the bf16 product nor faster than oneDNN's bf16 kernels.
   if (const int m = bf16_ ? 0 : winograd_choice(g).m) return wino_->forward(g, m, x, w, b, y);
-  Entry& e = entry(g, b != nullptr);
+  forward_dnnl(entry(g, b != nullptr, false), x, w, b, y);
+}
+
+template <typename T>
+void ConvPrimitives::forward_dnnl(Entry& e, const T* x, const float* w, const float* b, T* y) {
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
   memory w_plain(e.plain_w_md, eng, const_cast<float*>(w));
@@ -140,9 +154,9 @@ void ConvPrimitives::forward(const ConvGeom& g, const float* x, const float* w, 
   strm.wait();
 }
 
-void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const float* x, const float* w,
-                                   const float* dy, float* dx, float* dw, float* db,
-                                   bool accumulate) {
+template <typename T>
+void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const T* x, const float* w,
+                                   const T* dy, T* dx, float* dw, float* db, bool accumulate) {
   auto& eng = dnnl_engine();
   auto& strm = dnnl_stream();
   const memory dy_mem = operand(e.bwd_data_pd.diff_dst_desc(), dy, e.dy16);
@@ -241,7 +255,7 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     if (db) column_sums(dy, g.n * g.oh() * g.ow(), g.c_out, db, accumulate);
     return;
   }
-  Entry& e = entry(g, db != nullptr);
+  Entry& e = entry(g, db != nullptr, false);
   if (e.bwd_path < 0) {
     // The path must not depend on timing by default: two runs (or a run and its resume) must
     // compute the same bits. Rule, from measurements (docs/PERFORMANCE.md): sgemm for kernels
@@ -296,8 +310,14 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     backward_dnnl(e, g, x, w, dy, dx, dw, db, accumulate);
 }
 
+// 16-bit activations. The bf16 backend's primitives read and write them directly: x and dy are
+// bf16 operands already, and y and dx are rounded once, by oneDNN, from its fp32 accumulators (the
+// reference rounds the same fp32 result, give or take the order of the accumulation, which may
+// differ between oneDNN's kernels for fp32 and bf16 outputs; and oneDNN's conversion flushes
+// subnormal results, below 2^-126, to zero). The fp32 backend's are the reference (widen.h).
 void ConvPrimitives::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
                              BFloat16* y) {
+  if (bf16_) return forward_dnnl(entry(g, b != nullptr, true), x, w, b, y);
   Widened f;
   forward(g, f.in(x, g.n * g.h * g.w * g.c_in), w, b, f.out(y, g.n * g.oh() * g.ow() * g.c_out));
 }
@@ -305,6 +325,8 @@ void ConvPrimitives::forward(const ConvGeom& g, const BFloat16* x, const float* 
 void ConvPrimitives::backward(const ConvGeom& g, const BFloat16* x, const float* w,
                               const BFloat16* dy, BFloat16* dx, float* dw, float* db,
                               bool accumulate) {
+  if (bf16_)
+    return backward_dnnl(entry(g, db != nullptr, true), g, x, w, dy, dx, dw, db, accumulate);
   Widened f;
   const int64_t in = g.n * g.h * g.w * g.c_in;
   backward(g, f.in(x, in), w, f.in(dy, g.n * g.oh() * g.ow() * g.c_out), f.out(dx, in), dw, db,

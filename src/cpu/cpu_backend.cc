@@ -43,6 +43,43 @@ class CpuBatchNorm : public BatchNormOp {
   void forward_train(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
                      float* running_mean, float* running_var, float* num_batches_tracked,
                      const ChannelSumFn& sync, const float* residual, bool relu) override {
+    train(x, y, m, gamma, beta, running_mean, running_var, num_batches_tracked, sync, residual,
+          relu);
+  }
+  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
+                    const float* running_mean, const float* running_var, const float* residual,
+                    bool relu) override {
+    eval(x, y, m, gamma, beta, running_mean, running_var, residual, relu);
+  }
+  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                const float* relu_out, float* dz_out) override {
+    grad(x, dy, dx, m, gamma, dgamma, dbeta, accumulate, sync, relu_out, dz_out);
+  }
+  // 16-bit activations: the same code on ops.h's bfloat16 loops (the reference's bits).
+  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                     const float* beta, float* running_mean, float* running_var,
+                     float* num_batches_tracked, const ChannelSumFn& sync, const BFloat16* residual,
+                     bool relu) override {
+    train(x, y, m, gamma, beta, running_mean, running_var, num_batches_tracked, sync, residual,
+          relu);
+  }
+  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
+                    const float* beta, const float* running_mean, const float* running_var,
+                    const BFloat16* residual, bool relu) override {
+    eval(x, y, m, gamma, beta, running_mean, running_var, residual, relu);
+  }
+  void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
+                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
+                const BFloat16* relu_out, BFloat16* dz_out) override {
+    grad(x, dy, dx, m, gamma, dgamma, dbeta, accumulate, sync, relu_out, dz_out);
+  }
+
+ private:
+  template <typename T>
+  void train(const T* x, T* y, int64_t m, const float* gamma, const float* beta,
+             float* running_mean, float* running_var, float* num_batches_tracked,
+             const ChannelSumFn& sync, const T* residual, bool relu) {
     const int64_t c = c_;
     std::vector<double> stats(static_cast<size_t>(2 * c + 1));
     bn_sums(x, m, c, stats.data(), stats.data() + c);
@@ -65,9 +102,9 @@ class CpuBatchNorm : public BatchNormOp {
     bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c, residual, relu);
   }
 
-  void forward_eval(const float* x, float* y, int64_t m, const float* gamma, const float* beta,
-                    const float* running_mean, const float* running_var, const float* residual,
-                    bool relu) override {
+  template <typename T>
+  void eval(const T* x, T* y, int64_t m, const float* gamma, const float* beta,
+            const float* running_mean, const float* running_var, const T* residual, bool relu) {
     for (int64_t ch = 0; ch < c_; ++ch) {
       mean_[ch] = running_mean[ch];
       invstd_[ch] =
@@ -77,21 +114,21 @@ class CpuBatchNorm : public BatchNormOp {
     bn_apply(x, y, mean_.data(), invstd_.data(), gamma, beta, m, c_, residual, relu);
   }
 
-  void backward(const float* x, const float* dy, float* dx, int64_t m, const float* gamma,
-                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
-                const float* relu_out, float* dz_out) override {
+  template <typename T>
+  void grad(const T* x, const T* dy, T* dx, int64_t m, const float* gamma, float* dgamma,
+            float* dbeta, bool accumulate, const ChannelSumFn& sync, const T* relu_out, T* dz_out) {
     const int64_t c = c_;
     // With a fused ReLU the gradient BatchNorm takes is dz = dy masked by relu_out > 0: computed
     // in the sums pass (and stored when the caller wants it, or when the evaluation form below
     // needs it as an array), else masked again on the fly in the apply pass.
-    std::vector<float> masked;
+    std::vector<T> masked;
     if (relu_out && !dz_out && dx && !train_mode_) masked.resize(static_cast<size_t>(m * c));
-    float* dz = dz_out ? dz_out : masked.empty() ? nullptr : masked.data();
+    T* dz = dz_out ? dz_out : masked.empty() ? nullptr : masked.data();
     std::vector<double> sums(static_cast<size_t>(2 * c));
     bn_backward_sums(x, dy, relu_out, mean_.data(), invstd_.data(), m, c, sums.data(),
                      sums.data() + c, dz);
-    const float* g = dz ? dz : dy;                // the gradient, masked or not
-    const float* mask = dz ? nullptr : relu_out;  // the mask still to apply
+    const T* g = dz ? dz : dy;                // the gradient, masked or not
+    const T* mask = dz ? nullptr : relu_out;  // the mask still to apply
     // Parameter gradients are this replica's own sums (the reducer adds the replicas up).
     for (int64_t ch = 0; ch < c; ++ch) {
       dgamma[ch] = static_cast<float>((accumulate ? dgamma[ch] : 0.0) + sums[c + ch]);
@@ -100,7 +137,8 @@ class CpuBatchNorm : public BatchNormOp {
     if (dx && !train_mode_) {
       // Eval mode: the statistics are constants, so dx = dy * gamma * invstd.
       std::vector<float> zero(static_cast<size_t>(c), 0.f);
-      bn_apply(g, dx, zero.data(), invstd_.data(), gamma, zero.data(), m, c, nullptr, false);
+      bn_apply(g, dx, zero.data(), invstd_.data(), gamma, zero.data(), m, c,
+               static_cast<const T*>(nullptr), false);
     } else if (dx) {
       // The input gradient needs the sums over every row the statistics were taken over.
       if (sync) sync(sums.data(), 2 * c);
@@ -109,32 +147,6 @@ class CpuBatchNorm : public BatchNormOp {
     }
   }
 
-  // 16-bit activations: the float forms on widened copies (widen.h).
-  void forward_train(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
-                     const float* beta, float* running_mean, float* running_var,
-                     float* num_batches_tracked, const ChannelSumFn& sync, const BFloat16* residual,
-                     bool relu) override {
-    Widened f;
-    forward_train(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
-                  num_batches_tracked, sync, f.in(residual, m * c_), relu);
-  }
-  void forward_eval(const BFloat16* x, BFloat16* y, int64_t m, const float* gamma,
-                    const float* beta, const float* running_mean, const float* running_var,
-                    const BFloat16* residual, bool relu) override {
-    Widened f;
-    forward_eval(f.in(x, m * c_), f.out(y, m * c_), m, gamma, beta, running_mean, running_var,
-                 f.in(residual, m * c_), relu);
-  }
-  void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m, const float* gamma,
-                float* dgamma, float* dbeta, bool accumulate, const ChannelSumFn& sync,
-                const BFloat16* relu_out, BFloat16* dz_out) override {
-    Widened f;
-    const int64_t n = m * c_;
-    backward(f.in(x, n), f.in(dy, n), f.out(dx, n), m, gamma, dgamma, dbeta, accumulate, sync,
-             f.in(relu_out, n), f.out(dz_out, n));
-  }
-
- private:
   int64_t c_;
   double momentum_, eps_;
   std::vector<float> mean_, invstd_;
@@ -171,24 +183,21 @@ class CpuBackend : public Backend {
                                               double eps) override {
     return std::make_unique<CpuBatchNorm>(channels, momentum, eps);
   }
+  // The activation operations, float and bfloat16 alike (ops.h's loops for both types).
   void relu_forward(const float* x, float* y, int64_t n) override { cpu::relu_forward(x, y, n); }
   void relu_backward(const float* y, const float* dy, float* dx, int64_t n) override {
     cpu::relu_backward(y, dy, dx, n);
   }
   void add(const float* a, const float* b, float* y, int64_t n, bool relu) override {
-    cpu::add(a, b, y, n);
-    if (relu) cpu::relu_forward(y, y, n);
+    add_t(a, b, y, n, relu);
   }
   void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
                        int s, bool relu) override {
-    (relu ? cpu::relu_avgpool_forward : cpu::avgpool_forward)(x, y, n, h, w, c, k, s);
+    avgpool_forward_t(x, y, n, h, w, c, k, s, relu);
   }
   void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h,
                         int64_t w, int64_t c, int k, int s) override {
-    if (relu_input)
-      cpu::relu_avgpool_backward(relu_input, dy, dx, n, h, w, c, k, s);
-    else
-      cpu::avgpool_backward(dy, dx, n, h, w, c, k, s);
+    avgpool_backward_t(dy, relu_input, dx, n, h, w, c, k, s);
   }
   void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override {
     cpu::global_avgpool_forward(x, y, n, hw, c);
@@ -199,7 +208,7 @@ class CpuBackend : public Backend {
   }
   void flatten(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
                bool to_chw) override {
-    (to_chw ? cpu::nhwc_to_chw : cpu::chw_to_nhwc)(x, y, n, h, w, c);
+    flatten_t(x, y, n, h, w, c, to_chw);
   }
   void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t n,
                       int64_t in, int64_t out) override {
@@ -210,7 +219,7 @@ class CpuBackend : public Backend {
     cpu::linear_backward(x, w, dy, dx, dw, db, n, in, out, accumulate, gemm());
   }
 
-  // ---- 16-bit activations: the float forms above on widened copies (widen.h) --------------------
+  // ---- 16-bit activations -----------------------------------------------------------------------
   // The scalar rounding, not VCVTNEPS2BF16 (which flushes subnormal inputs to zero): the GPU's
   // __float2bfloat16_rn keeps them, and the two backends must agree bit for bit.
   void convert(const float* x, BFloat16* y, int64_t n) override {
@@ -220,44 +229,36 @@ class CpuBackend : public Backend {
     for (int64_t i = 0; i < n; ++i) y[i] = float_from_bf16(x[i].bits);
   }
   void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) override {
-    Widened f;
-    relu_forward(f.in(x, n), f.out(y, n), n);
+    cpu::relu_forward(x, y, n);
   }
   void relu_backward(const BFloat16* y, const BFloat16* dy, BFloat16* dx, int64_t n) override {
-    Widened f;
-    relu_backward(f.in(y, n), f.in(dy, n), f.out(dx, n), n);
+    cpu::relu_backward(y, dy, dx, n);
   }
   void add(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n, bool relu) override {
-    Widened f;
-    add(f.in(a, n), f.in(b, n), f.out(y, n), n, relu);
+    add_t(a, b, y, n, relu);
   }
   void avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
                        int k, int s, bool relu) override {
-    Widened f;
-    avgpool_forward(f.in(x, n * h * w * c), f.out(y, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c),
-                    n, h, w, c, k, s, relu);
+    avgpool_forward_t(x, y, n, h, w, c, k, s, relu);
   }
   void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
                         int64_t h, int64_t w, int64_t c, int k, int s) override {
-    Widened f;
-    avgpool_backward(f.in(dy, n * ((h - k) / s + 1) * ((w - k) / s + 1) * c),
-                     f.in(relu_input, n * h * w * c), f.out(dx, n * h * w * c), n, h, w, c, k, s);
+    avgpool_backward_t(dy, relu_input, dx, n, h, w, c, k, s);
   }
   void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
                               int64_t c) override {
-    Widened f;
-    global_avgpool_forward(f.in(x, n * hw * c), f.out(y, n * c), n, hw, c);
+    cpu::global_avgpool_forward(x, y, n, hw, c);
   }
   void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,
                                int64_t c) override {
-    Widened f;
-    global_avgpool_backward(f.in(dy, n * c), f.out(dx, n * hw * c), n, hw, c);
+    cpu::global_avgpool_backward(dy, dx, n, hw, c);
   }
   void flatten(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
                bool to_chw) override {
-    Widened f;
-    flatten(f.in(x, n * h * w * c), f.out(y, n * h * w * c), n, h, w, c, to_chw);
+    flatten_t(x, y, n, h, w, c, to_chw);
   }
+  // Linear on widened copies (widen.h): its activations are small (LeNet's 800 and ResNet-18's
+  // 512 features per image), and the GEMM's own rounding of its operands is the backend's.
   void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
                       int64_t in, int64_t out) override {
     Widened f;
@@ -301,6 +302,35 @@ class CpuBackend : public Backend {
   }
 
  private:
+  // The operations above that choose between two loops, for either element type.
+  template <typename T>
+  static void add_t(const T* a, const T* b, T* y, int64_t n, bool relu) {
+    cpu::add(a, b, y, n);
+    if (relu) cpu::relu_forward(y, y, n);  // rounding commutes with the ReLU: the same bits
+  }
+  template <typename T>
+  static void avgpool_forward_t(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                                int s, bool relu) {
+    if (relu)
+      cpu::relu_avgpool_forward(x, y, n, h, w, c, k, s);
+    else
+      cpu::avgpool_forward(x, y, n, h, w, c, k, s);
+  }
+  template <typename T>
+  static void avgpool_backward_t(const T* dy, const T* relu_input, T* dx, int64_t n, int64_t h,
+                                 int64_t w, int64_t c, int k, int s) {
+    if (relu_input)
+      cpu::relu_avgpool_backward(relu_input, dy, dx, n, h, w, c, k, s);
+    else
+      cpu::avgpool_backward(dy, dx, n, h, w, c, k, s);
+  }
+  template <typename T>
+  static void flatten_t(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, bool to_chw) {
+    if (to_chw)
+      cpu::nhwc_to_chw(x, y, n, h, w, c);
+    else
+      cpu::chw_to_nhwc(x, y, n, h, w, c);
+  }
   GemmFn gemm() const { return bf16_ ? gemm_bf16 : sgemm; }
   bool bf16_;  // --precision bf16: convolutions and Linear GEMMs on bf16 operands
 };

@@ -1,53 +1,79 @@
 // CPU backend: the element-wise, pooling, normalisation, matrix and loss kernels of every layer
 // (convolution lives in conv.h). 4-D tensors are NHWC; all pointers are dense, non-aliasing.
 // These loops are also the reference the GPU backend is tested against.
+//
+// The loops over activations are templates for T = float and T = BFloat16 (16-bit activations,
+// backend.h's rule): a bfloat16 loop reads its inputs widened, computes in float exactly what the
+// float loop computes, and rounds each output to nearest even (subnormals kept), in one pass. So
+// it gives the bits of the reference form (widen.h: float copies, the float loop, rounding).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "dpt/half.h"
 
 namespace dpt::cpu {
 
-void relu_forward(const float* x, float* y, int64_t n);
+// The optional (nullable) array parameters: T is deduced from the others, so a caller may pass a
+// plain nullptr.
+template <typename T>
+using Opt = std::type_identity_t<const T>*;
+template <typename T>
+using OptOut = std::type_identity_t<T>*;
+
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t n);
 // dx = dy where y > 0 (y is the forward output), else 0.
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n);
-void add(const float* a, const float* b, float* y, int64_t n);
+template <typename T>
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n);
+template <typename T>
+void add(const T* a, const T* b, T* y, int64_t n);
 void add_inplace(float* y, const float* b, int64_t n);
 
 // k x k window, stride s, no padding, floor mode: [N,H,W,C] -> [N,(H-k)/s+1,(W-k)/s+1,C].
-void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                     int s);
+template <typename T>
+void avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s);
 // dx is overwritten (positions no window covers get 0).
-void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                      int s);
+template <typename T>
+void avgpool_backward(const T* dy, T* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s);
 // y = avgpool(relu(x)) in one pass: the ReLU output is never written (LeNet's conv-ReLU-pool).
-void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
-                          int k, int s);
+template <typename T>
+void relu_avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                          int s);
 // dx = (x > 0) * avgpool_backward(dy), one pass per image; uncovered positions get 0.
-void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
-                           int64_t w, int64_t c, int k, int s);
+template <typename T>
+void relu_avgpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h, int64_t w,
+                           int64_t c, int k, int s);
 // [N,H,W,C] -> [N,C] mean over H*W.
-void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c);
-void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c);
+template <typename T>
+void global_avgpool_forward(const T* x, T* y, int64_t n, int64_t hw, int64_t c);
+template <typename T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t n, int64_t hw, int64_t c);
 
 // BatchNorm over rows of a [M, C] view (M = N*H*W for NHWC). Split into local sums and an apply
 // step so synchronised BatchNorm can all-reduce the sums in between.
-void bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq);
+template <typename T>
+void bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq);
 // y = x * scale + shift (scale = gamma*invstd, shift = beta - mean*scale), then the fused epilogue:
 // + residual[r, c] when residual is not null, then max(., 0) when relu. Each step rounds as the
 // separate add() and relu_forward() would, so the fused result is theirs bit for bit.
-void bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-              const float* beta, int64_t m, int64_t c, const float* residual, bool relu);
+template <typename T>
+void bn_apply(const T* x, T* y, const float* mean, const float* invstd, const float* gamma,
+              const float* beta, int64_t m, int64_t c, Opt<T> residual, bool relu);
 // sum_dy[c] = sum g, sum_dy_xhat[c] = sum g * (x - mean) * invstd (local rows only), where g is dy,
 // or with relu_out (the fused ReLU's output) relu_backward's (relu_out > 0 ? dy : 0); dz (nullable)
 // receives g (the masked gradient a residual join's other path needs too).
-void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+template <typename T>
+void bn_backward_sums(const T* x, const T* dy, Opt<T> relu_out, const float* mean,
                       const float* invstd, int64_t m, int64_t c, double* sum_dy,
-                      double* sum_dy_xhat, float* dz);
+                      double* sum_dy_xhat, OptOut<T> dz);
 // dx = gamma * invstd * (g - sum_dy/count - xhat * sum_dy_xhat/count), count = rows over all
 // replicas, g = dy masked by relu_out > 0 when relu_out is not null (as bn_backward_sums).
-void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+template <typename T>
+void bn_backward_apply(const T* x, const T* dy, Opt<T> relu_out, const float* mean,
                        const float* invstd, const float* gamma, const double* sum_dy,
-                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, float* dx);
+                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, T* dx);
 
 // Row-major C = op(A) op(B) + beta C through oneDNN's sgemm (OpenMP threads), checked.
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
@@ -80,8 +106,10 @@ void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, 
                  int64_t stride, int64_t pad, float* dx);
 
 // NHWC [N,H,W,C] <-> [N, C*H*W] in (c, h, w) order, PyTorch's flatten order.
-void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
-void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c);
+template <typename T>
+void nhwc_to_chw(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c);
+template <typename T>
+void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c);
 
 // PyTorch's SGD step over n floats (buf unused when momentum is 0), gradients scaled by `coef`
 // (clipping; 1: none); see Backend::sgd_update.

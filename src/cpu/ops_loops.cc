@@ -1,7 +1,8 @@
 // Entry points of ops.h's hand-written loops (ReLU, residual add, pooling, BatchNorm, flatten,
 // column sums, im2col/col2im, SGD, sum of squares, softmax cross-entropy): the loops themselves are
-// in ops_loops.inc, compiled for each level of isa.h, and each call runs the copy of the level
-// isa.cc chose (one table lookup per call, not per element).
+// in ops_loops.inc, compiled for each level of isa.h (those over activations for float and for
+// bfloat16), and each call runs the copy of the level isa.cc chose (one table lookup per call, not
+// per element).
 #include "cpu/ops.h"
 
 #include <algorithm>
@@ -12,32 +13,41 @@
 #include <vector>
 
 #include "cpu/isa.h"
+#include "dpt/half.h"
 
 namespace dpt::cpu {
 
 namespace {
 
-// One level's copies of the loops; the types are ops.h's own declarations.
+// One level's copies of the loops over activations, for one element type T (float or BFloat16);
+// the types are ops.h's own declarations.
+template <typename T>
+struct ActivationLoops {
+  decltype(&cpu::relu_forward<T>) relu_forward;
+  decltype(&cpu::relu_backward<T>) relu_backward;
+  decltype(&cpu::add<T>) add;
+  decltype(&cpu::avgpool_forward<T>) avgpool_forward;
+  decltype(&cpu::avgpool_backward<T>) avgpool_backward;
+  decltype(&cpu::relu_avgpool_forward<T>) relu_avgpool_forward;
+  decltype(&cpu::relu_avgpool_backward<T>) relu_avgpool_backward;
+  decltype(&cpu::global_avgpool_forward<T>) global_avgpool_forward;
+  decltype(&cpu::global_avgpool_backward<T>) global_avgpool_backward;
+  decltype(&cpu::bn_sums<T>) bn_sums;
+  decltype(&cpu::bn_apply<T>) bn_apply;
+  decltype(&cpu::bn_backward_sums<T>) bn_backward_sums;
+  decltype(&cpu::bn_backward_apply<T>) bn_backward_apply;
+  decltype(&cpu::nhwc_to_chw<T>) nhwc_to_chw;
+  decltype(&cpu::chw_to_nhwc<T>) chw_to_nhwc;
+};
+
+// One level's copies of every loop.
 struct Loops {
-  decltype(&cpu::relu_forward) relu_forward;
-  decltype(&cpu::relu_backward) relu_backward;
-  decltype(&cpu::add) add;
+  ActivationLoops<float> f32;
+  ActivationLoops<BFloat16> bf16;
   decltype(&cpu::add_inplace) add_inplace;
-  decltype(&cpu::avgpool_forward) avgpool_forward;
-  decltype(&cpu::avgpool_backward) avgpool_backward;
-  decltype(&cpu::relu_avgpool_forward) relu_avgpool_forward;
-  decltype(&cpu::relu_avgpool_backward) relu_avgpool_backward;
-  decltype(&cpu::global_avgpool_forward) global_avgpool_forward;
-  decltype(&cpu::global_avgpool_backward) global_avgpool_backward;
-  decltype(&cpu::bn_sums) bn_sums;
-  decltype(&cpu::bn_apply) bn_apply;
-  decltype(&cpu::bn_backward_sums) bn_backward_sums;
-  decltype(&cpu::bn_backward_apply) bn_backward_apply;
   decltype(&cpu::column_sums) column_sums;
   decltype(&cpu::im2col_nhwc) im2col_nhwc;
   decltype(&cpu::col2im_nhwc) col2im_nhwc;
-  decltype(&cpu::nhwc_to_chw) nhwc_to_chw;
-  decltype(&cpu::chw_to_nhwc) chw_to_nhwc;
   decltype(&cpu::sgd_update) sgd_update;
   decltype(&cpu::sum_squares) sum_squares;
   decltype(&cpu::softmax_xent) softmax_xent;
@@ -50,56 +60,115 @@ struct Loops {
 const Loops kByIsa[] = {isa_generic::kLoops, isa_avx2::kLoops, isa_avx512::kLoops};
 const Loops& loops() { return for_active_isa(kByIsa); }
 
+// The active level's loops over activations of type T.
+template <typename T>
+const ActivationLoops<T>& act() {
+  if constexpr (std::is_same_v<T, float>)
+    return loops().f32;
+  else
+    return loops().bf16;
+}
+
 }  // namespace
 
-void relu_forward(const float* x, float* y, int64_t n) { loops().relu_forward(x, y, n); }
-void relu_backward(const float* y, const float* dy, float* dx, int64_t n) {
-  loops().relu_backward(y, dy, dx, n);
+template <typename T>
+void relu_forward(const T* x, T* y, int64_t n) {
+  act<T>().relu_forward(x, y, n);
 }
-void add(const float* a, const float* b, float* y, int64_t n) { loops().add(a, b, y, n); }
+template <typename T>
+void relu_backward(const T* y, const T* dy, T* dx, int64_t n) {
+  act<T>().relu_backward(y, dy, dx, n);
+}
+template <typename T>
+void add(const T* a, const T* b, T* y, int64_t n) {
+  act<T>().add(a, b, y, n);
+}
 void add_inplace(float* y, const float* b, int64_t n) { loops().add_inplace(y, b, n); }
 
-void avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
-                     int s) {
-  loops().avgpool_forward(x, y, n, h, w, c, k, s);
+template <typename T>
+void avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
+  act<T>().avgpool_forward(x, y, n, h, w, c, k, s);
 }
-void avgpool_backward(const float* dy, float* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+template <typename T>
+void avgpool_backward(const T* dy, T* dx, int64_t n, int64_t h, int64_t w, int64_t c, int k,
                       int s) {
-  loops().avgpool_backward(dy, dx, n, h, w, c, k, s);
+  act<T>().avgpool_backward(dy, dx, n, h, w, c, k, s);
 }
-void relu_avgpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
-                          int k, int s) {
-  loops().relu_avgpool_forward(x, y, n, h, w, c, k, s);
+template <typename T>
+void relu_avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                          int s) {
+  act<T>().relu_avgpool_forward(x, y, n, h, w, c, k, s);
 }
-void relu_avgpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
-                           int64_t w, int64_t c, int k, int s) {
-  loops().relu_avgpool_backward(x, dy, dx, n, h, w, c, k, s);
+template <typename T>
+void relu_avgpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h, int64_t w,
+                           int64_t c, int k, int s) {
+  act<T>().relu_avgpool_backward(x, dy, dx, n, h, w, c, k, s);
 }
-void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) {
-  loops().global_avgpool_forward(x, y, n, hw, c);
+template <typename T>
+void global_avgpool_forward(const T* x, T* y, int64_t n, int64_t hw, int64_t c) {
+  act<T>().global_avgpool_forward(x, y, n, hw, c);
 }
-void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw, int64_t c) {
-  loops().global_avgpool_backward(dy, dx, n, hw, c);
+template <typename T>
+void global_avgpool_backward(const T* dy, T* dx, int64_t n, int64_t hw, int64_t c) {
+  act<T>().global_avgpool_backward(dy, dx, n, hw, c);
 }
 
-void bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq) {
-  loops().bn_sums(x, m, c, sum, sumsq);
+template <typename T>
+void bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq) {
+  act<T>().bn_sums(x, m, c, sum, sumsq);
 }
-void bn_apply(const float* x, float* y, const float* mean, const float* invstd, const float* gamma,
-              const float* beta, int64_t m, int64_t c, const float* residual, bool relu) {
-  loops().bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu);
+template <typename T>
+void bn_apply(const T* x, T* y, const float* mean, const float* invstd, const float* gamma,
+              const float* beta, int64_t m, int64_t c, Opt<T> residual, bool relu) {
+  act<T>().bn_apply(x, y, mean, invstd, gamma, beta, m, c, residual, relu);
 }
-void bn_backward_sums(const float* x, const float* dy, const float* relu_out, const float* mean,
+template <typename T>
+void bn_backward_sums(const T* x, const T* dy, Opt<T> relu_out, const float* mean,
                       const float* invstd, int64_t m, int64_t c, double* sum_dy,
-                      double* sum_dy_xhat, float* dz) {
-  loops().bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dz);
+                      double* sum_dy_xhat, OptOut<T> dz) {
+  act<T>().bn_backward_sums(x, dy, relu_out, mean, invstd, m, c, sum_dy, sum_dy_xhat, dz);
 }
-void bn_backward_apply(const float* x, const float* dy, const float* relu_out, const float* mean,
+template <typename T>
+void bn_backward_apply(const T* x, const T* dy, Opt<T> relu_out, const float* mean,
                        const float* invstd, const float* gamma, const double* sum_dy,
-                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, float* dx) {
-  loops().bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c,
-                            dx);
+                       const double* sum_dy_xhat, double count, int64_t m, int64_t c, T* dx) {
+  act<T>().bn_backward_apply(x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c,
+                             dx);
 }
+template <typename T>
+void nhwc_to_chw(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c) {
+  act<T>().nhwc_to_chw(x, y, n, h, w, c);
+}
+template <typename T>
+void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c) {
+  act<T>().chw_to_nhwc(x, y, n, h, w, c);
+}
+
+// The two element types of ops.h's activation templates.
+#define DPT_ACTIVATION_LOOPS(T)                                                                   \
+  template void relu_forward(const T*, T*, int64_t);                                              \
+  template void relu_backward(const T*, const T*, T*, int64_t);                                   \
+  template void add(const T*, const T*, T*, int64_t);                                             \
+  template void avgpool_forward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int);      \
+  template void avgpool_backward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int);     \
+  template void relu_avgpool_forward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int); \
+  template void relu_avgpool_backward(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, \
+                                      int, int);                                                  \
+  template void global_avgpool_forward(const T*, T*, int64_t, int64_t, int64_t);                  \
+  template void global_avgpool_backward(const T*, T*, int64_t, int64_t, int64_t);                 \
+  template void bn_sums(const T*, int64_t, int64_t, double*, double*);                            \
+  template void bn_apply(const T*, T*, const float*, const float*, const float*, const float*,    \
+                         int64_t, int64_t, const T*, bool);                                       \
+  template void bn_backward_sums(const T*, const T*, const T*, const float*, const float*,        \
+                                 int64_t, int64_t, double*, double*, T*);                         \
+  template void bn_backward_apply(const T*, const T*, const T*, const float*, const float*,       \
+                                  const float*, const double*, const double*, double, int64_t,    \
+                                  int64_t, T*);                                                   \
+  template void nhwc_to_chw(const T*, T*, int64_t, int64_t, int64_t, int64_t);                    \
+  template void chw_to_nhwc(const T*, T*, int64_t, int64_t, int64_t, int64_t);
+DPT_ACTIVATION_LOOPS(float)
+DPT_ACTIVATION_LOOPS(BFloat16)
+#undef DPT_ACTIVATION_LOOPS
 
 void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
   loops().column_sums(a, rows, cols, out, accumulate);
@@ -111,12 +180,6 @@ void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int
 void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
                  int64_t stride, int64_t pad, float* dx) {
   loops().col2im_nhwc(dcol, n, h, w, c, k, stride, pad, dx);
-}
-void nhwc_to_chw(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c) {
-  loops().nhwc_to_chw(x, y, n, h, w, c);
-}
-void chw_to_nhwc(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c) {
-  loops().chw_to_nhwc(x, y, n, h, w, c);
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,

@@ -2,8 +2,9 @@
 // against the fp32 CPU backend on the same inputs, within bounds derived from bf16 rounding; with
 // operands that are already bf16 values, against a double reference to fp32 accumulation; one
 // training step's gradients of LeNet and ResNet-18 and a short LeNet training against fp32; and
-// the refusal (exit 2) where the CPU lacks bf16, forced with DPT_CPU_BF16=off. Cases needing bf16
-// instructions skip on CPUs without them.
+// convolutions on bf16 activations (y and dx written in bf16 by oneDNN) against the same on float
+// activations; the refusal (exit 2) where the CPU lacks bf16, forced with DPT_CPU_BF16=off. Cases
+// needing bf16 instructions skip on CPUs without them.
 //
 // The bound. Rounding an operand to bf16 (8 significant bits, nearest even) gives a(1+α) with
 // |α| <= u = 2^-8, so a product of two rounded operands is ab(1 + α + β + αβ); such a product is
@@ -223,6 +224,58 @@ TEST(CpuBf16, ConvolutionWithinBf16RoundingAndExactOnBf16Values) {
     expect_within(exact.dx, nullptr, re.dx, gamma(k_dx) / kU, "dx of bf16 values");
     expect_within(exact.dw, nullptr, re.dw, gamma(k_dw) / kU, "dw of bf16 values");
     expect_within(exact.db, nullptr, re.db, gamma(k_dw) / kU, "db of bf16 values");
+  }
+}
+
+// bf16 activations on the bf16 backend (--precision bf16 --activation-dtype bf16): oneDNN reads x
+// and dy as bf16 and writes y and dx in bf16 itself. Against the same backend on float activations
+// holding the same values (which writes fp32): both accumulate the same exact products in fp32,
+// perhaps in another order (γ_K S each), and the bf16 output is that sum rounded once (u = 2^-8 of
+// it) or, below 2^-126, flushed to zero by oneDNN's conversion. The weight and bias
+// gradients stay fp32: only the accumulation order may differ.
+TEST(CpuBf16, ConvolutionOnBf16ActivationsRoundsTheFp32ResultOnce) {
+  if (const std::string why = cpu::cpu_bf16_missing(); !why.empty()) GTEST_SKIP() << why;
+  uint64_t seed = 900;
+  for (const ConvCase& c : kConvCases) {
+    SCOPED_TRACE(c.name);
+    const ConvGeom& g = c.g;
+    ConvData d = conv_data(g, seed += 10, true);
+    d.b = random_floats(d.b.size(), seed + 5);
+    const ConvRefs r = conv_refs(g, d.x, d.w, d.dy);
+    const ConvOut ref = run_conv(cpu::cpu_backend_bf16(), g, d.x, d.w, d.b, d.dy);
+    // The same values as bf16 activations.
+    auto to16 = [](const std::vector<float>& v) {
+      std::vector<BFloat16> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i].bits = bf16_from_float(v[i]);
+      return h;
+    };
+    const std::vector<BFloat16> x16 = to16(d.x), dy16 = to16(d.dy);
+    std::vector<BFloat16> y16(d.dy.size()), dx16(d.x.size());
+    ConvOut got{{}, {}, std::vector<float>(d.w.size()), std::vector<float>(d.b.size())};
+    auto op = cpu::cpu_backend_bf16().make_conv();
+    op->forward(g, x16.data(), d.w.data(), d.b.data(), y16.data());
+    op->backward(g, x16.data(), d.w.data(), dy16.data(), dx16.data(), got.dw.data(), got.db.data(),
+                 false);
+    const int64_t k_y = g.c_in * g.k * g.k + 1, k_dx = g.c_out * g.k * g.k,
+                  k_dw = g.n * g.oh() * g.ow();
+    auto check = [](const std::vector<BFloat16>& out, const std::vector<float>& ref32,
+                    const Ref& rr, int64_t k, const std::string& what) {
+      int bad = 0, rounded = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double v = float_from_bf16(out[i].bits), ref = ref32[i];
+        const double acc = 2 * gamma(k) * (rr.s[i] + 1.0);  // + 1: the bias term's |b| <= 1
+        const double allowed = kU * (std::fabs(ref) + acc) + acc + std::ldexp(1.0, -126);
+        rounded += v != ref;
+        if (std::fabs(v - ref) > allowed && bad++ < 5)
+          ADD_FAILURE() << what << "[" << i << "]: " << v << " against " << ref << ", |diff| "
+                        << std::fabs(v - ref) << " > " << allowed;
+      }
+      EXPECT_GT(rounded, 0) << what << ": no bf16 rounding visible";
+    };
+    check(y16, ref.y, r.y, k_y, "y");
+    check(dx16, ref.dx, r.dx, k_dx, "dx");
+    expect_within(got.dw, &ref.dw, r.dw, 2 * gamma(k_dw) / kU, "dw");
+    expect_within(got.db, &ref.db, r.db, 2 * gamma(k_dw) / kU, "db");
   }
 }
 
