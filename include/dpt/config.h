@@ -35,9 +35,7 @@ struct TrainConfig {
   std::string precision =
       "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
   // auto | fp32 | bf16: the element type of activations and their gradients
-  // (Model::set_activation_dtype); auto is fp32 until the GPU's one-pass bf16 kernels are validated
-  // on a GPU (then bf16 under
-  // --precision bf16 on CUDA, as PyTorch autocast stores them).
+  // (Model::set_activation_dtype); auto: see activation_dtype() below.
   std::string activation_dtype = "auto";
   int threads = 1;
   int64_t max_steps = 0;  // 0 = whole epoch
@@ -94,9 +92,9 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const std::string
 bool may_change_on_resume(const std::string& flag);
 // --activation-dtype resolved: DType::kBF16 or kF32. auto is bf16 under --precision bf16 on a
 // device whose convolutions take bf16 natively (`device_bf16_fast`: ComputeDevice::
-// fast_bf16_activations, the GPU on cuDNN's graph API), else fp32: the CPU's bf16 activations are
-// the reference, slower than fp32, and so are the legacy API's (H200, 2026-11-26: ResNet-18 2.40
-// against 2.18 s/epoch; on the graph API 1.49).
+// fast_bf16_activations: the CPU's bf16 backend, the GPU on cuDNN's graph API), else fp32 (the
+// legacy cuDNN API gains nothing from them: H200, 2026-11-26, ResNet-18 2.40 against 2.18
+// s/epoch; on the graph API 1.49). A resume refines auto to the checkpoint's type (preflight.cc).
 DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
 
 // Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are

@@ -94,6 +94,12 @@ class CpuDevice final : public ComputeDevice {
   std::unique_ptr<ReduceTransport> transport(Communicator&, float*, int64_t, DType) override {
     return nullptr;
   }
+  // With --precision bf16 the convolutions read and write bf16 activations directly and every
+  // other activation loop runs in one pass on bf16 (src/cpu/ops.h): ResNet-18 steps 8 % faster
+  // than on fp32 activations, in 2/3 of the memory (AMD EPYC Zen 4, docs/PERFORMANCE.md). Every
+  // rank of a bf16 run has the instructions (the constructor refuses it otherwise), so the rule is
+  // the same on every rank.
+  bool fast_bf16_activations() override { return request_.bf16; }
 
  private:
   DeviceRequest request_;

@@ -126,6 +126,27 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
+std::string resumed_activation_dtype(const TrainConfig& cfg) {
+  CheckpointInfo info;
+  if (cfg.resume == "auto") {
+    for (const CheckpointInfo& f : checkpoint_files(cfg))
+      if (f.readable && f.step >= 0) {
+        info = f;
+        break;
+      }
+  } else if (!cfg.resume.empty()) {
+    info = read_checkpoint_info(cfg.resume);
+  }
+  if (info.config.empty()) return "";
+  try {
+    const auto j = nlohmann::json::parse(info.config);
+    const std::string t = j.value("activation_dtype", std::string("auto"));
+    return t == "bf16" ? "bf16" : "fp32";  // "auto" (before types were recorded) was fp32
+  } catch (const std::exception&) {
+    return "";  // a damaged configuration: the resume itself reports it
+  }
+}
+
 std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
   if (cfg.keep_checkpoints == 0) return cfg.checkpoint_path;
   const std::filesystem::path p(cfg.checkpoint_path);

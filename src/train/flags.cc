@@ -189,7 +189,8 @@ std::vector<Flag> flag_table() {
        .help = "auto | fp32 | bf16: the type activations and their gradients are stored in "
                "between layers (bf16: rounded to bfloat16 after every layer, as PyTorch autocast "
                "stores them; parameters, gradients, BatchNorm statistics and the loss stay fp32); "
-               "auto is fp32 for now",
+               "auto is bf16 under --precision bf16 where the convolutions take bf16 natively (the "
+               "CPU; the GPU on cuDNN's graph API), else fp32; a resume keeps the checkpoint's",
        .field = &C::activation_dtype,
        .agreement = A::kFixed},
       // Same results either way, but the ranks' graphs must capture the same collectives.

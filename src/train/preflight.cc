@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "dpt/checkpoint.h"
 #include "dpt/clock.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
@@ -314,6 +315,24 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.device = open_device(req);
     pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
   });
+  if (cfg.activation_dtype == "auto" && !cfg.resume.empty()) {
+    // A resume continues in the activation type it was trained in, wherever auto resolves now
+    // (a checkpoint from before the CPU's bf16 activations became auto's choice resumes in fp32).
+    int32_t recorded = -1;  // rank 0: -1 nothing recorded, 0 fp32, 1 bf16
+    if (rank == 0) {
+      const std::string t = resumed_activation_dtype(cfg);
+      recorded = t.empty() ? -1 : t == "bf16" ? 1 : 0;
+    }
+    comm.broadcast(&recorded, 1, 0, "broadcast of the resumed run's activation type");
+    const DType then = recorded == 1 ? DType::kBF16 : DType::kF32;
+    if (recorded >= 0 && then != pf.activations) {
+      if (rank == 0)
+        log_info(DPT_MSG("--activation-dtype auto: the checkpoint was trained with "
+                         << (recorded == 1 ? "bf16" : "fp32")
+                         << " activations, and the resumed run keeps them"));
+      pf.activations = then;
+    }
+  }
   agree_on_input(comm,
                  kind == "cpu" ? "another host has not enough memory for this batch"
                                : "another rank's GPU has not enough memory for this batch",

@@ -68,6 +68,26 @@ expect 0 "resumed from auto16/old.st" -- "$bin" --epochs 2 --max-steps 3 --eval-
   --resume auto16/old.st
 expect 2 "--activation-dtype \"fp32\" -> \"bf16\"" -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 \
   --activation-dtype bf16 --resume auto16/old.st
+# Under --precision bf16 on a CPU with bf16 instructions auto is bf16 (recorded so), and a resume
+# with auto keeps the type the checkpoint was trained in: a run trained on fp32 activations (as
+# auto gave before) resumes on them and ends bit for bit where it would have.
+if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  p16=(--precision bf16 --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64)
+  mkdir p16
+  run l.log "$bin" "${p16[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path p16/ck.st \
+    || fail "the bf16 auto run failed: $(tail -2 l.log)"
+  [[ $(meta_of config p16/ck.step4.st) == *'"activation_dtype":"bf16"'* ]] ||
+    fail "--precision bf16 --activation-dtype auto is not recorded as bf16: $(meta_of config p16/ck.step4.st)"
+  run m.log "$bin" "${p16[@]}" --activation-dtype fp32 --checkpoint-every 2steps --keep-checkpoints 3 \
+    --checkpoint-path p16/f.st --save p16full.st || fail "the bf16 fp32-activation run failed: $(tail -2 m.log)"
+  run n.log "$bin" "${p16[@]}" --resume p16/f.step4.st --save p16resumed.st \
+    || fail "resuming an fp32-activation checkpoint with auto failed: $(tail -2 n.log)"
+  grep -q "the checkpoint was trained with fp32 activations, and the resumed run keeps them" n.log \
+    || fail "the resume did not say it keeps fp32 activations: $(grep -i activ n.log)"
+  same_tensors p16full.st p16resumed.st || fail "the auto resume did not continue on fp32 activations"
+else
+  echo "(no AVX512-BF16 or AMX-BF16 here: the --precision bf16 resume checks skipped)"
+fi
 
 echo "== a corrupt newest checkpoint falls back to the one before"
 mkdir bad && cp run/ck.step12.st bad/ck.step12.st

@@ -12,6 +12,7 @@
 #include <functional>
 #include <thread>
 
+#include "cpu/cpu_backend.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/ddp.h"
@@ -125,6 +126,11 @@ TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefused) {
   EXPECT_THROW(open_device(r), Error);
   r.kind = "cpu";
   EXPECT_STREQ(open_device(r)->kind(), "cpu");
+  // --activation-dtype auto's rule on the CPU: bf16 activations with the bf16 backend, whose
+  // convolutions read and write them directly; fp32 with the fp32 one.
+  EXPECT_FALSE(open_device(r)->fast_bf16_activations());
+  r.bf16 = true;
+  if (cpu::cpu_bf16_missing().empty()) EXPECT_TRUE(open_device(r)->fast_bf16_activations());
 }
 
 TEST(StopSignals, ASignalBecomesTheAgreedStop) {
