@@ -8,6 +8,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/models.h"
 
@@ -45,6 +46,14 @@ std::string model_help() {
   std::string help;
   for (const ModelSpec& m : models())
     help += (help.empty() ? "" : " | ") + m.name + " (" + m.description + ")";
+  return help;
+}
+
+// --data-format's choices from the format table (dataset.h), so a new format needs no edit here.
+std::string data_format_help() {
+  std::string help;
+  for (const std::string& f : data_formats())
+    help += help.empty() ? f + " (detected from the file names)" : " | " + f;
   return help;
 }
 
@@ -146,7 +155,7 @@ std::vector<Flag> flag_table() {
        .path = true},
       {.name = "data-format",
        .group = data,
-       .help = "auto (detected from the file names) | idx | cifar10 | cifar100 | npy",
+       .help = data_format_help(),
        .field = &C::data_format,
        .agreement = A::kFixed},
       {.name = "normalize",
