@@ -3,7 +3,8 @@
 # kept, named by step; --resume auto takes the newest valid one by the step it records (not by its
 # name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
 # a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
-# where an uninterrupted one ends, with float and with 16-bit activations; a checkpoint's text is
+# where an uninterrupted one ends, with float and with 16-bit activations (and under --precision
+# bf16, where auto gives bf16 and a resume keeps the type it was trained in); a checkpoint's text is
 # quoted escaped and cut, long lists of files summarised, and an id-less checkpoint is replaced by a
 # fresh run only with a warning. Usage: test_checkpoints.sh path/to/dptrain
 set -uo pipefail
@@ -75,9 +76,12 @@ if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   p16=(--precision bf16 --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64)
   mkdir p16
   run l.log "$bin" "${p16[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path p16/ck.st \
-    || fail "the bf16 auto run failed: $(tail -2 l.log)"
+    --save p16auto.st || fail "the bf16 auto run failed: $(tail -2 l.log)"
   [[ $(meta_of config p16/ck.step4.st) == *'"activation_dtype":"bf16"'* ]] ||
     fail "--precision bf16 --activation-dtype auto is not recorded as bf16: $(meta_of config p16/ck.step4.st)"
+  run o.log "$bin" "${p16[@]}" --resume p16/ck.step4.st --save p16autoresumed.st \
+    || fail "the bf16 auto resume failed: $(tail -2 o.log)"
+  same_tensors p16auto.st p16autoresumed.st || fail "the resumed --precision bf16 run does not end where the uninterrupted one ends"
   run m.log "$bin" "${p16[@]}" --activation-dtype fp32 --checkpoint-every 2steps --keep-checkpoints 3 \
     --checkpoint-path p16/f.st --save p16full.st || fail "the bf16 fp32-activation run failed: $(tail -2 m.log)"
   run n.log "$bin" "${p16[@]}" --resume p16/f.step4.st --save p16resumed.st \
