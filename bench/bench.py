@@ -7,7 +7,8 @@ Each suite is a list of named commands that print JSON lines with `epoch_seconds
 baseline. Suites:
   lenet-1rank  LeNet, d2l recipe, 1 epoch, 1 rank, 1 and 2 threads: dptrain vs PyTorch
   lenet-dp     LeNet, d2l recipe, 1 epoch, 1 thread per rank: dptrain np1, np2 with overlap on
-               and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part
+               and off, PyTorch DDP (gloo) np2; also dptrain's all-reduce time and exposed part; on
+               a CPU with AVX512-BF16 or AMX also --precision bf16 against CPU autocast bf16
   resnet-dp    ResNet-18, d2l recipe, global batch 128, 2 ranks x 1 thread, --max-steps steps
                (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s; on a
                CPU with AVX512-BF16 or AMX also --precision bf16 against the newest PyTorch's CPU
@@ -269,6 +270,16 @@ def compared(dptrain_runs, pytorch_runs):
     return {r.name: [p.name for p in pytorch_runs] for r in dptrain_runs}
 
 
+def bf16_rows(a, torches, dptrain_cmd, ref_args, suffix):
+    """(runs, baselines) of --precision bf16 against PyTorch's CPU autocast bf16 in each
+    configuration (newest PyTorch only), on a CPU with the bf16 instructions; none elsewhere."""
+    if not bf16_cpu():
+        return [], {}
+    mine = [Run(f"dptrain{suffix} bf16", dptrain_cmd + ["--precision", "bf16"], True)]
+    theirs = torch_runs(a, torches[:1], ref_args + ["--bf16"], True, f"{suffix} bf16")
+    return mine + theirs, compared(mine, theirs)
+
+
 def suite(name, a, torches=()):
     """(runs, baselines): runs are Run tuples; baselines map a dptrain run to the runs it is
     compared with, the newest PyTorch's default (or the builds suite's baseline) first."""
@@ -291,8 +302,12 @@ def suite(name, a, torches=()):
             Run("dptrain np2 overlap", mpirun(2) + [dp] + common, True),
             Run("dptrain np2 no-overlap", mpirun(2) + [dp] + common + ["--no-overlap"], True),
         ]
-        theirs = torch_runs(a, torches, common + ["--ddp", "--nproc", "2", "--threads", "1"], True, " np2")
-        return mine + theirs, compared(mine, theirs)
+        ref_args = common + ["--ddp", "--nproc", "2", "--threads", "1"]
+        theirs = torch_runs(a, torches, ref_args, True, " np2")
+        runs, base = mine + theirs, compared(mine, theirs)
+        more, more_base = bf16_rows(a, torches, mpirun(2) + [dp] + common, ref_args, " np2")
+        base.update(more_base)
+        return runs + more, base
     if name == "resnet-dp":
         steps = max_steps or 10
         r = ["--model", "resnet18", "--recipe", "d2l", "--epochs", "1", "--batch-size", "128",
@@ -301,15 +316,9 @@ def suite(name, a, torches=()):
         mine = [Run("dptrain np2", mpirun(2) + [dp] + r + ["--eval-every", "0"], True)]
         theirs = torch_runs(a, torches, ref_args, True, " np2")
         runs, base = mine + theirs, compared(mine, theirs)
-        if bf16_cpu():
-            # --precision bf16 against PyTorch's CPU autocast bf16 (issue 22's bf16 row) in each
-            # configuration, newest PyTorch only.
-            mine = [Run("dptrain np2 bf16", mpirun(2) + [dp] + r + ["--eval-every", "0", "--precision", "bf16"],
-                        True)]
-            theirs = torch_runs(a, torches[:1], ref_args + ["--bf16"], True, " np2 bf16")
-            runs += mine + theirs
-            base.update(compared(mine, theirs))
-        return runs, base
+        more, more_base = bf16_rows(a, torches, mpirun(2) + [dp] + r + ["--eval-every", "0"], ref_args, " np2")
+        base.update(more_base)
+        return runs + more, base
     if name == "augment":
         steps = max_steps or 10
         aug = ["--augment", "crop,flip", "--normalize", "auto"]
