@@ -41,7 +41,6 @@ struct ConvPrimitives::Entry {
   memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
   std::vector<uint16_t> x16, dy16;  // bf16: the rounded input and output gradient
   bool has_bias = false;
-  bool act16 = false;  // bf16 activations in and out (y and dx bf16: the bf16 backend only)
   // Backward by im2col + sgemm (see backward_gemm): buffers, and which path this shape uses
   // (-1 = not yet decided, 0 = oneDNN, 1 = sgemm), decided once per shape (see backward()).
   std::vector<float> col, dcol, w_ohwi, dw_ohwi;
@@ -58,7 +57,6 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias, b
   auto& eng = dnnl_engine();
   auto e = std::make_unique<Entry>();
   e->has_bias = has_bias;
-  e->act16 = act16;
   const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
   // The operands (x, w, dy) in bf16 or fp32; what the primitives write (y, dx, dw, db) in fp32,
   // or y and dx in bf16 with bf16 activations.

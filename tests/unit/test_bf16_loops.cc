@@ -9,10 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -58,12 +58,12 @@ void expect_same_bits(const Bf& fast, const Bf& ref, const std::string& what) {
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << fast.size() << " values differ";
 }
 
-// Runs `op` twice: on the bf16 arrays (the one-pass loops), and through cpu::Widened on the float
-// loops (the reference); `ins` are read, `outs` written. Outputs start as different garbage on the
-// two sides, so a value the op does not write shows up.
+// Runs the op twice: `fast` on the bf16 arrays (the one-pass loops), and `ref` through
+// cpu::Widened on the float loops (the reference); `ins` are read, `outs` written. Outputs start as
+// different garbage on the two sides, so a value the op does not write shows up.
+template <typename Fast, typename Ref>
 void check(const std::string& what, std::vector<const Bf*> ins, std::vector<int64_t> out_sizes,
-           const std::function<void(std::vector<const BFloat16*>, std::vector<BFloat16*>)>& fast,
-           const std::function<void(std::vector<const float*>, std::vector<float*>)>& ref) {
+           Fast fast, Ref ref) {
   SCOPED_TRACE(what);
   std::vector<Bf> out_fast, out_ref;
   std::vector<const BFloat16*> in_ptrs;
@@ -89,20 +89,21 @@ void check(const std::string& what, std::vector<const Bf*> ins, std::vector<int6
     expect_same_bits(out_fast[i], out_ref[i], what + " output " + std::to_string(i));
 }
 
+// The same, with one op generic over the pointer types for both sides.
+template <typename Op>
+void check(const std::string& what, std::vector<const Bf*> ins, std::vector<int64_t> out_sizes,
+           Op op) {
+  check(what, std::move(ins), std::move(out_sizes), op, op);
+}
+
 TEST(Bf16Loops, ElementwiseGiveTheReferenceBits) {
   for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {  // tails of every vector width, and threads
     const Bf a = random_bf16(n, 1), b = random_bf16(n, 2);
-    check(
-        "relu_forward n=" + std::to_string(n), {&a}, {n},
-        [&](auto in, auto out) { cpu::relu_forward(in[0], out[0], n); },
-        [&](auto in, auto out) { cpu::relu_forward(in[0], out[0], n); });
-    check(
-        "relu_backward", {&a, &b}, {n},
-        [&](auto in, auto out) { cpu::relu_backward(in[0], in[1], out[0], n); },
-        [&](auto in, auto out) { cpu::relu_backward(in[0], in[1], out[0], n); });
-    check(
-        "add", {&a, &b}, {n}, [&](auto in, auto out) { cpu::add(in[0], in[1], out[0], n); },
-        [&](auto in, auto out) { cpu::add(in[0], in[1], out[0], n); });
+    check("relu_forward n=" + std::to_string(n), {&a}, {n},
+          [&](auto in, auto out) { cpu::relu_forward(in[0], out[0], n); });
+    check("relu_backward", {&a, &b}, {n},
+          [&](auto in, auto out) { cpu::relu_backward(in[0], in[1], out[0], n); });
+    check("add", {&a, &b}, {n}, [&](auto in, auto out) { cpu::add(in[0], in[1], out[0], n); });
   }
 }
 
@@ -130,48 +131,26 @@ TEST(Bf16Loops, PoolingGivesTheReferenceBits) {
                             std::to_string(p.c) + " k" + std::to_string(p.k) + " s" +
                             std::to_string(p.s);
     const Bf x = random_bf16(in, 3), dy = random_bf16(out, 4);
-    check(
-        "avgpool_forward " + tag, {&x}, {out},
-        [&](auto i, auto o) { cpu::avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); },
-        [&](auto i, auto o) { cpu::avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); });
-    check(
-        "relu_avgpool_forward " + tag, {&x}, {out},
-        [&](auto i, auto o) {
-          cpu::relu_avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
-        },
-        [&](auto i, auto o) {
-          cpu::relu_avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
-        });
-    check(
-        "avgpool_backward " + tag, {&dy}, {in},
-        [&](auto i, auto o) { cpu::avgpool_backward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); },
-        [&](auto i, auto o) { cpu::avgpool_backward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); });
-    check(
-        "relu_avgpool_backward " + tag, {&x, &dy}, {in},
-        [&](auto i, auto o) {
-          cpu::relu_avgpool_backward(i[0], i[1], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
-        },
-        [&](auto i, auto o) {
-          cpu::relu_avgpool_backward(i[0], i[1], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
-        });
+    check("avgpool_forward " + tag, {&x}, {out},
+          [&](auto i, auto o) { cpu::avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); });
+    check("relu_avgpool_forward " + tag, {&x}, {out}, [&](auto i, auto o) {
+      cpu::relu_avgpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
+    });
+    check("avgpool_backward " + tag, {&dy}, {in},
+          [&](auto i, auto o) { cpu::avgpool_backward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s); });
+    check("relu_avgpool_backward " + tag, {&x, &dy}, {in}, [&](auto i, auto o) {
+      cpu::relu_avgpool_backward(i[0], i[1], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
+    });
     const int64_t hw = p.h * p.w;
     const Bf gdy = random_bf16(p.n * p.c, 5);
-    check(
-        "global_avgpool_forward " + tag, {&x}, {p.n * p.c},
-        [&](auto i, auto o) { cpu::global_avgpool_forward(i[0], o[0], p.n, hw, p.c); },
-        [&](auto i, auto o) { cpu::global_avgpool_forward(i[0], o[0], p.n, hw, p.c); });
-    check(
-        "global_avgpool_backward " + tag, {&gdy}, {in},
-        [&](auto i, auto o) { cpu::global_avgpool_backward(i[0], o[0], p.n, hw, p.c); },
-        [&](auto i, auto o) { cpu::global_avgpool_backward(i[0], o[0], p.n, hw, p.c); });
-    check(
-        "nhwc_to_chw " + tag, {&x}, {in},
-        [&](auto i, auto o) { cpu::nhwc_to_chw(i[0], o[0], p.n, p.h, p.w, p.c); },
-        [&](auto i, auto o) { cpu::nhwc_to_chw(i[0], o[0], p.n, p.h, p.w, p.c); });
-    check(
-        "chw_to_nhwc " + tag, {&x}, {in},
-        [&](auto i, auto o) { cpu::chw_to_nhwc(i[0], o[0], p.n, p.h, p.w, p.c); },
-        [&](auto i, auto o) { cpu::chw_to_nhwc(i[0], o[0], p.n, p.h, p.w, p.c); });
+    check("global_avgpool_forward " + tag, {&x}, {p.n * p.c},
+          [&](auto i, auto o) { cpu::global_avgpool_forward(i[0], o[0], p.n, hw, p.c); });
+    check("global_avgpool_backward " + tag, {&gdy}, {in},
+          [&](auto i, auto o) { cpu::global_avgpool_backward(i[0], o[0], p.n, hw, p.c); });
+    check("nhwc_to_chw " + tag, {&x}, {in},
+          [&](auto i, auto o) { cpu::nhwc_to_chw(i[0], o[0], p.n, p.h, p.w, p.c); });
+    check("chw_to_nhwc " + tag, {&x}, {in},
+          [&](auto i, auto o) { cpu::chw_to_nhwc(i[0], o[0], p.n, p.h, p.w, p.c); });
   }
 }
 
@@ -200,17 +179,11 @@ TEST(Bf16Loops, BatchNormGivesTheReferenceBits) {
     }
     for (bool residual : {false, true})
       for (bool relu : {false, true})
-        check(
-            "bn_apply " + tag + (residual ? " residual" : "") + (relu ? " relu" : ""), {&x, &res},
-            {m * c},
-            [&](auto i, auto o) {
-              cpu::bn_apply(i[0], o[0], mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
-                            residual ? i[1] : nullptr, relu);
-            },
-            [&](auto i, auto o) {
-              cpu::bn_apply(i[0], o[0], mean.data(), invstd.data(), gamma.data(), beta.data(), m, c,
-                            residual ? i[1] : nullptr, relu);
-            });
+        check("bn_apply " + tag + (residual ? " residual" : "") + (relu ? " relu" : ""), {&x, &res},
+              {m * c}, [&](auto i, auto o) {
+                cpu::bn_apply(i[0], o[0], mean.data(), invstd.data(), gamma.data(), beta.data(), m,
+                              c, residual ? i[1] : nullptr, relu);
+              });
     for (bool mask : {false, true}) {
       const std::string mtag = tag + (mask ? " masked" : "");
       std::vector<double> a1(c), b1(c), a2(c), b2(c);
@@ -228,16 +201,10 @@ TEST(Bf16Loops, BatchNormGivesTheReferenceBits) {
         EXPECT_EQ(std::memcmp(&a1[ch], &a2[ch], 8), 0) << mtag << " sum_dy " << ch;
         EXPECT_EQ(std::memcmp(&b1[ch], &b2[ch], 8), 0) << mtag << " sum_dy_xhat " << ch;
       }
-      check(
-          "bn_backward_apply " + mtag, {&x, &dy, &relu_out}, {m * c},
-          [&](auto i, auto o) {
-            cpu::bn_backward_apply(i[0], i[1], mask ? i[2] : nullptr, mean.data(), invstd.data(),
-                                   gamma.data(), sdy.data(), sdx.data(), double(m), m, c, o[0]);
-          },
-          [&](auto i, auto o) {
-            cpu::bn_backward_apply(i[0], i[1], mask ? i[2] : nullptr, mean.data(), invstd.data(),
-                                   gamma.data(), sdy.data(), sdx.data(), double(m), m, c, o[0]);
-          });
+      check("bn_backward_apply " + mtag, {&x, &dy, &relu_out}, {m * c}, [&](auto i, auto o) {
+        cpu::bn_backward_apply(i[0], i[1], mask ? i[2] : nullptr, mean.data(), invstd.data(),
+                               gamma.data(), sdy.data(), sdx.data(), double(m), m, c, o[0]);
+      });
     }
   }
 }
