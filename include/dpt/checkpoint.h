@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,11 @@ struct CheckpointInfo {
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
 // The activation type recorded by the checkpoint a run resumes: --resume FILE's, or for --resume
-// auto the newest readable file beside --checkpoint-path (headers only; rank 0). "fp32" or "bf16";
-// a checkpoint from before types were recorded says "auto", which was fp32 then; "" when there is
-// no such file or it records no configuration. --activation-dtype auto on a resume follows it, so
-// a run continues in the type it was trained in even where auto now resolves to the other.
-std::string resumed_activation_dtype(const TrainConfig& cfg);
+// auto the newest readable file beside --checkpoint-path (headers only; rank 0): kF32 or kBF16;
+// a checkpoint from before types were recorded says "auto", which was fp32 then; none when there
+// is no such file or it records no configuration. --activation-dtype auto on a resume follows it,
+// so a run continues in the type it was trained in even where auto now resolves to the other.
+std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg);
 
 // The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
 // "<stem>.step<N><ext>" beside it.

@@ -126,7 +126,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
-std::string resumed_activation_dtype(const TrainConfig& cfg) {
+std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg) {
   CheckpointInfo info;
   if (cfg.resume == "auto") {
     for (const CheckpointInfo& f : checkpoint_files(cfg))
@@ -137,13 +137,13 @@ std::string resumed_activation_dtype(const TrainConfig& cfg) {
   } else if (!cfg.resume.empty()) {
     info = read_checkpoint_info(cfg.resume);
   }
-  if (info.config.empty()) return "";
+  if (info.config.empty()) return std::nullopt;
   try {
     const auto j = nlohmann::json::parse(info.config);
-    const std::string t = j.value("activation_dtype", std::string("auto"));
-    return t == "bf16" ? "bf16" : "fp32";  // "auto" (before types were recorded) was fp32
+    // "auto" (before types were recorded) was fp32.
+    return j.value("activation_dtype", std::string("auto")) == "bf16" ? DType::kBF16 : DType::kF32;
   } catch (const std::exception&) {
-    return "";  // a damaged configuration: the resume itself reports it
+    return std::nullopt;  // a damaged configuration: the resume itself reports it
   }
 }
 

@@ -318,17 +318,15 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   if (cfg.activation_dtype == "auto" && !cfg.resume.empty()) {
     // A resume continues in the activation type it was trained in, wherever auto resolves now
     // (a checkpoint from before the CPU's bf16 activations became auto's choice resumes in fp32).
-    int32_t recorded = -1;  // rank 0: -1 nothing recorded, 0 fp32, 1 bf16
-    if (rank == 0) {
-      const std::string t = resumed_activation_dtype(cfg);
-      recorded = t.empty() ? -1 : t == "bf16" ? 1 : 0;
-    }
+    int32_t recorded = -1;  // rank 0: the DType recorded, or -1 for none
+    if (rank == 0)
+      if (const auto t = resumed_activation_dtype(cfg)) recorded = static_cast<int32_t>(*t);
     comm.broadcast(&recorded, 1, 0, "broadcast of the resumed run's activation type");
-    const DType then = recorded == 1 ? DType::kBF16 : DType::kF32;
+    const auto then = static_cast<DType>(recorded);
     if (recorded >= 0 && then != pf.activations) {
       if (rank == 0)
         log_info(DPT_MSG("--activation-dtype auto: the checkpoint was trained with "
-                         << (recorded == 1 ? "bf16" : "fp32")
+                         << (then == DType::kBF16 ? "bf16" : "fp32")
                          << " activations, and the resumed run keeps them"));
       pf.activations = then;
     }
