@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -211,11 +212,14 @@ std::string nothing_found(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::error_code ec2;
     const bool is_dir = entry.is_directory(ec2);
-    names.push_back(entry.path().filename().string() + (is_dir ? "/" : ""));
+    // Names come from a directory anyone may write: escaped (printable), never raw bytes that a
+    // terminal would act on.
+    names.push_back(printable(entry.path().filename().string()) + (is_dir ? "/" : ""));
     // The archives unpack into a folder (cifar-10-batches-bin, cifar-100-binary): pointing --data
     // at its parent is the usual slip, so say where a data set is.
     if (is_dir && hint.empty() && !formats_present(entry.path().string()).empty())
-      hint = " (" + entry.path().string() + " holds a data set: point --data there)";
+      hint = " (" + printable(entry.path().string(), PATH_MAX) +
+             " holds a data set: point --data there)";
   }
   std::sort(names.begin(), names.end());
   const size_t more = names.size() > kShown ? names.size() - kShown : 0;

@@ -478,6 +478,20 @@ TEST_F(DatasetTest, NothingDetectedNamesTheFirstFilesFound) {
                      "; the directory holds a.png, aa/, b.csv, c.npy, d.json and 3 more"});
 }
 
+TEST_F(DatasetTest, NothingDetectedEscapesTheNamesItLists) {
+  // A file name planted in a shared directory reaches the message escaped, never as the terminal
+  // control sequence it spells.
+  write_raw(file("\x1b[2Jx\nname"), {1});
+  try {
+    dpt::load_data(dir_.string(), "auto");
+    ADD_FAILURE() << "a directory without a data set loaded";
+  } catch (const dpt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\x1b'), std::string::npos) << what;
+    EXPECT_NE(what.find("the directory holds \\x1b[2Jx\\nname"), std::string::npos) << what;
+  }
+}
+
 TEST_F(DatasetTest, NothingDetectedPointsAtTheUnpackedFolder) {
   const fs::path sub = dir_ / "cifar-10-batches-bin";
   fs::create_directories(sub);
