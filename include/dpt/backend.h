@@ -121,6 +121,20 @@ class BatchNormOp {
                         const ChannelSumFn& sync, const BFloat16* relu_out, BFloat16* dz_out) = 0;
 };
 
+class Backend;
+
+// Backend::weights_fixed for one scope (closed also when the scope ends by an exception).
+class WeightsFixed {
+ public:
+  explicit WeightsFixed(Backend& be);
+  ~WeightsFixed();
+  WeightsFixed(const WeightsFixed&) = delete;
+  WeightsFixed& operator=(const WeightsFixed&) = delete;
+
+ private:
+  Backend& be_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -144,6 +158,12 @@ class Backend {
   // Opens (on) or closes an external profiler's window: CUDA's cudaProfilerStart/Stop, so that
   // `ncu --profile-from-start off` measures the steps of DPT_PROFILE_STEPS alone (StepEngine).
   virtual void profiler_window(bool /*on*/) {}
+  // Opens (true) or closes a span in which the caller promises the parameters do not change (the
+  // StepEngine: a step's forward and backward passes, an evaluation; see WeightsFixed). Within
+  // one a backend may keep the weights it converted or reordered for its kernels (bf16 copies,
+  // oneDNN's blocked layouts) instead of redoing it every call: once per step, not once per
+  // micro-batch. Outside spans every call converts afresh.
+  virtual void weights_fixed(bool /*fixed*/) {}
 
   // ---- memory --------------------------------------------------------------------------------
   // Zero-filled storage of `bytes` (at least 64-byte aligned); release waits for queued work that
@@ -298,5 +318,8 @@ class DeviceArray {
 
 // The process's CPU backend (src/cpu), shared: it holds no state of its own.
 Backend& cpu_backend();
+
+inline WeightsFixed::WeightsFixed(Backend& be) : be_(be) { be_.weights_fixed(true); }
+inline WeightsFixed::~WeightsFixed() { be_.weights_fixed(false); }
 
 }  // namespace dpt

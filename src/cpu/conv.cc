@@ -38,6 +38,10 @@ struct ConvPrimitives::Entry {
   dnnl::convolution_backward_weights bwd_w;
   memory::desc plain_w_md, bias_md;
   memory w_fwd, w_bwd, dw_prim, db_tmp;  // layouts the primitives want (empty when plain)
+  // Which weights w_fwd and w_bwd hold: their source and the WeightSpan they were made in.
+  const float* w_fwd_of = nullptr;
+  const float* w_bwd_of = nullptr;
+  uint64_t w_fwd_span = 0, w_bwd_span = 0;
   memory scratch;  // one user-managed scratchpad for the three primitives: no allocation per call
   std::vector<uint16_t> x16, dy16;  // bf16: the rounded input and output gradient
   bool has_bias = false;
@@ -47,7 +51,8 @@ struct ConvPrimitives::Entry {
   int bwd_path = -1;
 };
 
-ConvPrimitives::ConvPrimitives(bool bf16) : wino_(std::make_unique<WinogradConv>()), bf16_(bf16) {}
+ConvPrimitives::ConvPrimitives(bool bf16, const WeightSpan* span)
+    : wino_(std::make_unique<WinogradConv>()), bf16_(bf16), span_(span) {}
 ConvPrimitives::~ConvPrimitives() = default;
 
 ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias, bool act16) {
@@ -111,6 +116,16 @@ ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias, b
 }
 
 namespace {
+// The plain weights w reordered into `to` (the layout a primitive wants), unless `to` already
+// holds them from earlier in the same WeightSpan.
+void reorder_weights(memory& w_plain, const float* w, memory& to, const float*& to_of,
+                     uint64_t& to_span, const WeightSpan* span) {
+  if (span && span->holds(to_span, to_of, w)) return;
+  dnnl::reorder(w_plain, to).execute(dnnl_stream(), w_plain, to);
+  to_of = w;
+  to_span = span ? span->current() : 0;
+}
+
 // `p` as a primitive's operand of descriptor md: the caller's floats, or in bf16 their rounding
 // into buf (the weights instead go through the reorder into the primitive's layout).
 memory operand(const memory::desc& md, const float* p, std::vector<uint16_t>& buf) {
@@ -140,7 +155,7 @@ void ConvPrimitives::forward_dnnl(Entry& e, const T* x, const float* w, const fl
   memory w_plain(e.plain_w_md, eng, const_cast<float*>(w));
   memory w_used = w_plain;
   if (e.w_fwd) {
-    dnnl::reorder(w_plain, e.w_fwd).execute(strm, w_plain, e.w_fwd);
+    reorder_weights(w_plain, w, e.w_fwd, e.w_fwd_of, e.w_fwd_span, span_);
     w_used = e.w_fwd;
   }
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, operand(e.fwd_pd.src_desc(), x, e.x16)},
@@ -167,7 +182,7 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const T* x, cons
       if (want == e.fwd_pd.weights_desc()) {
         w_used = e.w_fwd;
       } else {
-        dnnl::reorder(w_plain, e.w_bwd).execute(strm, w_plain, e.w_bwd);
+        reorder_weights(w_plain, w, e.w_bwd, e.w_bwd_of, e.w_bwd_span, span_);
         w_used = e.w_bwd;
       }
     }

@@ -1,6 +1,7 @@
 // CPU convolution: NHWC activations, PyTorch-layout (OIHW) weights. Stride-1 3x3 convolutions with
 // enough channels run the Winograd algorithm (winograd.h); the rest run oneDNN, whose primitive
-// descriptors, primitives and reordered weight buffers are created once per batch size and reused.
+// descriptors, primitives and reordered weight buffers are created once per batch size and reused
+// (the weights themselves are reordered once per WeightSpan: once per step).
 // With bf16 (--precision bf16) every convolution runs oneDNN on bf16 copies of x, w and dy with
 // fp32 outputs and gradients (oneDNN accumulates in fp32); with bf16 activations too, on the
 // activations themselves, writing y and dx in bf16.
@@ -17,10 +18,26 @@ namespace dpt::cpu {
 class WinogradConv;
 using dpt::ConvGeom;
 
+// The spans in which the parameters do not change (Backend::weights_fixed: a step's forward and
+// backward passes, an evaluation): while one is open, an operation may reuse the weights it
+// converted or reordered earlier in the same span, so that happens once per step (or evaluation),
+// not once per call. Spans are numbered from 1; a conversion made outside any span has number 0
+// and is never reused.
+struct WeightSpan {
+  bool open = false;
+  uint64_t id = 0;
+  uint64_t current() const { return open ? id : 0; }
+  // Whether a conversion of `src` made in span `made` of `made_src` still holds.
+  bool holds(uint64_t made, const void* made_src, const void* src) const {
+    return open && made == id && made_src == src;
+  }
+};
+
 // The CPU backend's ConvOp (backend.h).
 class ConvPrimitives : public ConvOp {
  public:
-  explicit ConvPrimitives(bool bf16 = false);
+  // span: the backend's (weights reused within one of its open spans); null: never reused.
+  explicit ConvPrimitives(bool bf16 = false, const WeightSpan* span = nullptr);
   ~ConvPrimitives() override;
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b may be null).
   void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
@@ -49,6 +66,7 @@ class ConvPrimitives : public ConvOp {
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size * 2 + act16
   std::unique_ptr<WinogradConv> wino_;               // stride-1 3x3 shapes (winograd.h)
   bool bf16_;                                        // bf16 operands, always oneDNN
+  const WeightSpan* span_;
 };
 
 }  // namespace dpt::cpu

@@ -14,6 +14,8 @@
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu/conv.h"
@@ -178,7 +180,18 @@ class CpuBackend : public Backend {
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
-  std::unique_ptr<ConvOp> make_conv() override { return std::make_unique<ConvPrimitives>(bf16_); }
+  std::unique_ptr<ConvOp> make_conv() override {
+    return std::make_unique<ConvPrimitives>(bf16_, &span_);
+  }
+  void weights_fixed(bool fixed) override {
+    if (fixed) {
+      ++span_.id;
+      // The bf16 weight copies not used in the span before are dropped (their models may be
+      // gone): what is kept is one span's working set.
+      std::erase_if(w16_, [&](const auto& kv) { return kv.second.span + 1 != span_.id; });
+    }
+    span_.open = fixed;
+  }
   std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
                                               double eps) override {
     return std::make_unique<CpuBatchNorm>(channels, momentum, eps);
@@ -222,12 +235,8 @@ class CpuBackend : public Backend {
   // ---- 16-bit activations -----------------------------------------------------------------------
   // The scalar rounding, not VCVTNEPS2BF16 (which flushes subnormal inputs to zero): the GPU's
   // __float2bfloat16_rn keeps them, and the two backends must agree bit for bit.
-  void convert(const float* x, BFloat16* y, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i].bits = bf16_from_float(x[i]);
-  }
-  void convert(const BFloat16* x, float* y, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = float_from_bf16(x[i].bits);
-  }
+  void convert(const float* x, BFloat16* y, int64_t n) override { round_to_bf16(x, y, n); }
+  void convert(const BFloat16* x, float* y, int64_t n) override { widen_bf16(x, y, n); }
   void relu_forward(const BFloat16* x, BFloat16* y, int64_t n) override {
     cpu::relu_forward(x, y, n);
   }
@@ -257,16 +266,26 @@ class CpuBackend : public Backend {
                bool to_chw) override {
     flatten_t(x, y, n, h, w, c, to_chw);
   }
-  // Linear on widened copies (widen.h): its activations are small (LeNet's 800 and ResNet-18's
-  // 512 features per image), and the GEMM's own rounding of its operands is the backend's.
+  // Linear on 16-bit activations. bf16 backend: oneDNN's matmul reads x, dy and the weights'
+  // bf16 copy (made once per WeightSpan) and writes y (the bias added in fp32 first) and dx in
+  // bf16, rounded once from its fp32 accumulators, as the convolutions do; dW accumulates in fp32.
+  // fp32 backend: the float forms on widened copies (widen.h), the reference.
   void linear_forward(const BFloat16* x, const float* w, const float* b, BFloat16* y, int64_t n,
                       int64_t in, int64_t out) override {
+    if (bf16_)
+      return matmul_bf16('N', 'T', n, out, in, x, in, weights16(w, out * in), in, 0.f, y, out, b);
     Widened f;
     linear_forward(f.in(x, n * in), w, b, f.out(y, n * out), n, in, out);
   }
   void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
                        float* dw, float* db, int64_t n, int64_t in, int64_t out,
                        bool accumulate) override {
+    if (bf16_) {
+      if (dx) matmul_bf16('N', 'N', n, in, out, dy, out, weights16(w, out * in), in, 0.f, dx, in);
+      matmul_bf16('T', 'N', out, in, n, dy, out, x, in, accumulate ? 1.f : 0.f, dw, in);
+      if (db) column_sums(dy, n, out, db, accumulate);
+      return;
+    }
     Widened f;
     linear_backward(f.in(x, n * in), w, f.in(dy, n * out), f.out(dx, n * in), dw, db, n, in, out,
                     accumulate);
@@ -332,7 +351,26 @@ class CpuBackend : public Backend {
       cpu::chw_to_nhwc(x, y, n, h, w, c);
   }
   GemmFn gemm() const { return bf16_ ? gemm_bf16 : sgemm; }
+  // The bf16 copy of the n weights at w: made once per WeightSpan (VCVTNEPS2BF16, as gemm_bf16
+  // rounds its operands), afresh on every call outside one.
+  const BFloat16* weights16(const float* w, int64_t n) {
+    Weights16& c = w16_[w];
+    if (!span_.holds(c.span, c.of, w) || c.v.size() != static_cast<size_t>(n)) {
+      c.v.resize(static_cast<size_t>(n));
+      to_bf16(w, reinterpret_cast<uint16_t*>(c.v.data()), n);
+      c.of = w;
+      c.span = span_.current();
+    }
+    return c.v.data();
+  }
+  struct Weights16 {
+    std::vector<BFloat16> v;
+    const float* of = nullptr;
+    uint64_t span = 0;
+  };
   bool bf16_;  // --precision bf16: convolutions and Linear GEMMs on bf16 operands
+  WeightSpan span_;
+  std::map<const float*, Weights16> w16_;
 };
 
 // 16 floats per VCVTNEPS2BF16, the tail under a mask, so every element is rounded the same way.
@@ -390,47 +428,65 @@ void to_bf16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_from_float(x[i]);
 }
 
-void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  DPT_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16: beta " << beta << " is neither 0 nor 1");
+template <typename C>
+void matmul_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
+                 const BFloat16* b, int64_t ldb, float beta, C* c, int64_t ldc, const float* bias) {
+  DPT_CHECK(beta == 0.f || beta == 1.f, "matmul_bf16: beta " << beta << " is neither 0 nor 1");
   using dnnl::memory;
   using dt = memory::data_type;
   // op(A) [m, k] and op(B) [k, n] as strided views of the row-major operands (a transposed one is
-  // the same bytes read across), and the extent each occupies: its rows up to the last one's end.
+  // the same bytes read across).
   auto view = [](char t, int64_t rows, int64_t cols, int64_t ld) {
     return t == 'N' ? memory::desc({rows, cols}, dt::bf16, memory::dims{ld, 1})
                     : memory::desc({rows, cols}, dt::bf16, memory::dims{1, ld});
   };
-  auto extent = [](char t, int64_t rows, int64_t cols, int64_t ld) {
-    return t == 'N' ? (rows - 1) * ld + cols : (cols - 1) * ld + rows;
-  };
-  using Key = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  constexpr bool c16 = std::is_same_v<C, BFloat16>;
+  using Key = std::tuple<char, char, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                         bool, bool>;
   thread_local std::map<Key, dnnl::matmul> cache;
-  thread_local std::vector<uint16_t> a16, b16;
   const memory::desc a_md = view(ta, m, k, lda), b_md = view(tb, k, n, ldb);
-  const memory::desc c_md({m, n}, dt::f32, memory::dims{ldc, 1});
-  const Key key{ta, tb, m, n, k, lda, ldb, ldc, beta != 0.f};
+  const memory::desc c_md({m, n}, c16 ? dt::bf16 : dt::f32, memory::dims{ldc, 1});
+  const memory::desc bias_md({1, n}, dt::f32, memory::dims{n, 1});
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, beta != 0.f, c16, bias != nullptr};
   auto it = cache.find(key);
   if (it == cache.end()) {
     dnnl::primitive_attr attr;
     if (beta != 0.f) {
       dnnl::post_ops po;
-      po.append_sum(1.f);  // C += the product: the accumulation of a gradient, in fp32
+      po.append_sum(1.f);  // C += the product: the accumulation of a gradient
       attr.set_post_ops(po);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, dnnl_engine());
+    dnnl::matmul::primitive_desc pd(
+        dnnl::matmul::desc(a_md, b_md, bias ? bias_md : memory::desc(), c_md), attr, dnnl_engine());
     log_dnnl_choice("matmul bf16", pd.impl_info_str());
     it = cache.emplace(key, dnnl::matmul(pd)).first;
   }
+  auto& eng = dnnl_engine();
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(a_md, eng, const_cast<BFloat16*>(a))},
+      {DNNL_ARG_WEIGHTS, memory(b_md, eng, const_cast<BFloat16*>(b))},
+      {DNNL_ARG_DST, memory(c_md, eng, c)}};
+  if (bias) args[DNNL_ARG_BIAS] = memory(bias_md, eng, const_cast<float*>(bias));
+  it->second.execute(dnnl_stream(), args);
+  dnnl_stream().wait();
+}
+template void matmul_bf16(char, char, int64_t, int64_t, int64_t, const BFloat16*, int64_t,
+                          const BFloat16*, int64_t, float, float*, int64_t, const float*);
+template void matmul_bf16(char, char, int64_t, int64_t, int64_t, const BFloat16*, int64_t,
+                          const BFloat16*, int64_t, float, BFloat16*, int64_t, const float*);
+
+void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // The extent each operand occupies: its rows up to the last one's end.
+  auto extent = [](char t, int64_t rows, int64_t cols, int64_t ld) {
+    return t == 'N' ? (rows - 1) * ld + cols : (cols - 1) * ld + rows;
+  };
+  thread_local std::vector<BFloat16> a16, b16;
   a16.resize(static_cast<size_t>(extent(ta, m, k, lda)));
   b16.resize(static_cast<size_t>(extent(tb, k, n, ldb)));
-  to_bf16(a, a16.data(), static_cast<int64_t>(a16.size()));
-  to_bf16(b, b16.data(), static_cast<int64_t>(b16.size()));
-  auto& eng = dnnl_engine();
-  it->second.execute(dnnl_stream(), {{DNNL_ARG_SRC, memory(a_md, eng, a16.data())},
-                                     {DNNL_ARG_WEIGHTS, memory(b_md, eng, b16.data())},
-                                     {DNNL_ARG_DST, memory(c_md, eng, c)}});
-  dnnl_stream().wait();
+  to_bf16(a, reinterpret_cast<uint16_t*>(a16.data()), static_cast<int64_t>(a16.size()));
+  to_bf16(b, reinterpret_cast<uint16_t*>(b16.data()), static_cast<int64_t>(b16.size()));
+  matmul_bf16(ta, tb, m, n, k, a16.data(), lda, b16.data(), ldb, beta, c, ldc);
 }
 
 }  // namespace dpt::cpu

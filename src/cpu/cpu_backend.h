@@ -31,4 +31,11 @@ void to_bf16(const float* x, uint16_t* y, int64_t n);
 void gemm_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// The same on operands that are bf16 already, C float or bf16 (rounded once from the fp32
+// accumulators by oneDNN), with an optional fp32 bias[n] added to every row before that.
+template <typename C>
+void matmul_bf16(char ta, char tb, int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
+                 const BFloat16* b, int64_t ldb, float beta, C* c, int64_t ldc,
+                 const float* bias = nullptr);
+
 }  // namespace dpt::cpu

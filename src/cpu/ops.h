@@ -80,8 +80,14 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // out[c] (+)= sum over rows of a[r, c], in one row-major pass with double accumulators (bias
-// gradients of Linear and of the sgemm convolution path).
-void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate);
+// gradients of Linear and of the sgemm convolution path; a[] float or 16-bit activations).
+template <typename T>
+void column_sums(const T* a, int64_t rows, int64_t cols, float* out, bool accumulate);
+
+// Float to bfloat16 by bf16_from_float's rule (nearest even, subnormals kept, NaN quietened), and
+// back (exact): the 16-bit activations' conversions (Backend::convert), vectorised per level.
+void round_to_bf16(const float* x, BFloat16* y, int64_t n);
+void widen_bf16(const BFloat16* x, float* y, int64_t n);
 
 // A GEMM with sgemm's contract: Linear's products go through one, so --precision bf16 can hand
 // in its bf16 GEMM (cpu_backend.h) while the bias and its gradient stay fp32 loops here.

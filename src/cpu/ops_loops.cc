@@ -38,6 +38,7 @@ struct ActivationLoops {
   decltype(&cpu::bn_backward_apply<T>) bn_backward_apply;
   decltype(&cpu::nhwc_to_chw<T>) nhwc_to_chw;
   decltype(&cpu::chw_to_nhwc<T>) chw_to_nhwc;
+  decltype(&cpu::column_sums<T>) column_sums;
 };
 
 // One level's copies of every loop.
@@ -45,7 +46,8 @@ struct Loops {
   ActivationLoops<float> f32;
   ActivationLoops<BFloat16> bf16;
   decltype(&cpu::add_inplace) add_inplace;
-  decltype(&cpu::column_sums) column_sums;
+  decltype(&cpu::round_to_bf16) round_to_bf16;
+  decltype(&cpu::widen_bf16) widen_bf16;
   decltype(&cpu::im2col_nhwc) im2col_nhwc;
   decltype(&cpu::col2im_nhwc) col2im_nhwc;
   decltype(&cpu::sgd_update) sgd_update;
@@ -84,6 +86,8 @@ void add(const T* a, const T* b, T* y, int64_t n) {
   act<T>().add(a, b, y, n);
 }
 void add_inplace(float* y, const float* b, int64_t n) { loops().add_inplace(y, b, n); }
+void round_to_bf16(const float* x, BFloat16* y, int64_t n) { loops().round_to_bf16(x, y, n); }
+void widen_bf16(const BFloat16* x, float* y, int64_t n) { loops().widen_bf16(x, y, n); }
 
 template <typename T>
 void avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
@@ -144,6 +148,11 @@ void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c) {
   act<T>().chw_to_nhwc(x, y, n, h, w, c);
 }
 
+template <typename T>
+void column_sums(const T* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
+  act<T>().column_sums(a, rows, cols, out, accumulate);
+}
+
 // The two element types of ops.h's activation templates.
 #define DPT_ACTIVATION_LOOPS(T)                                                                   \
   template void relu_forward(const T*, T*, int64_t);                                              \
@@ -165,14 +174,12 @@ void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c) {
                                   const float*, const double*, const double*, double, int64_t,    \
                                   int64_t, T*);                                                   \
   template void nhwc_to_chw(const T*, T*, int64_t, int64_t, int64_t, int64_t);                    \
-  template void chw_to_nhwc(const T*, T*, int64_t, int64_t, int64_t, int64_t);
+  template void chw_to_nhwc(const T*, T*, int64_t, int64_t, int64_t, int64_t);                    \
+  template void column_sums(const T*, int64_t, int64_t, float*, bool);
 DPT_ACTIVATION_LOOPS(float)
 DPT_ACTIVATION_LOOPS(BFloat16)
 #undef DPT_ACTIVATION_LOOPS
 
-void column_sums(const float* a, int64_t rows, int64_t cols, float* out, bool accumulate) {
-  loops().column_sums(a, rows, cols, out, accumulate);
-}
 void im2col_nhwc(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t k,
                  int64_t stride, int64_t pad, float* col) {
   loops().im2col_nhwc(x, n, h, w, c, k, stride, pad, col);

@@ -185,12 +185,17 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   if (step_graphs_) {
     recorded_step(first_batch, step, first);
   } else {
-    for (int micro = 0; micro < cfg_.accum_steps; ++micro) {
-      const bool sync = micro + 1 == cfg_.accum_steps;
-      stage_in(first_batch + micro);
-      if (sync) reducer.begin(step);
-      forward_backward(sync, micro > 0, tr);
-      stage_out(first_batch + micro);
+    {
+      // The parameters change only in update(), below: the backend converts the weights for its
+      // kernels once for all the micro-batches.
+      WeightsFixed fixed(be_);
+      for (int micro = 0; micro < cfg_.accum_steps; ++micro) {
+        const bool sync = micro + 1 == cfg_.accum_steps;
+        stage_in(first_batch + micro);
+        if (sync) reducer.begin(step);
+        forward_backward(sync, micro > 0, tr);
+        stage_out(first_batch + micro);
+      }
     }
     {
       TraceScope span(tr, "wait for all-reduce", "wait");
@@ -349,6 +354,7 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
   Totals t;
   if (end <= begin) return t;
   quiesce();
+  WeightsFixed fixed(be_);  // no parameter changes during an evaluation
   auto body = [&] {
     for (int64_t s = begin; s < end; s += eval_batch_) {
       const int64_t b = std::min(eval_batch_, end - s);

@@ -6,6 +6,7 @@
 // also runs with DPT_ISA=avx2 and generic, so every compiled level meets the reference.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -116,6 +117,34 @@ TEST(Bf16Loops, RoundingTiesGoToEvenAndSubnormalsStay) {
   EXPECT_EQ(y[0].bits, 0x3f80);  // 1 + 2^-8 -> 1 (even)
   EXPECT_EQ(y[1].bits, 0x0002);  // the subnormal sum is kept
   EXPECT_EQ(y[2].bits, 0x3f82);  // (1 + 2^-7) + 2^-8: the tie goes up to the even 1 + 2^-6
+}
+
+// The conversions Backend::convert runs (the input images, the logits): the scalar rule's bits,
+// on float bit patterns from the whole range (NaNs, infinities, float subnormals, exact bf16
+// values and ties among them), and the exact widening back.
+TEST(Bf16Loops, ConversionsGiveTheScalarRulesBits) {
+  std::mt19937_64 g(17);
+  for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u = static_cast<uint32_t>(g());
+      if (i % 5 == 1) u = (u & 0xffff0000u) | 0x8000u;  // a tie
+      if (i % 5 == 2) u &= 0x807fffffu;                 // a float subnormal
+      if (i % 11 == 3) u = (u & 0x80000000u) | 0x7f800000u | (i % 3 ? 0u : (u & 0x7fffffu));
+      x[static_cast<size_t>(i)] = std::bit_cast<float>(u);
+    }
+    Bf y(static_cast<size_t>(n), BFloat16{0x1234});
+    cpu::round_to_bf16(x.data(), y.data(), n);
+    Bf ref(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ref[i].bits = bf16_from_float(x[static_cast<size_t>(i)]);
+    expect_same_bits(y, ref, "round_to_bf16 n=" + std::to_string(n));
+    std::vector<float> back(static_cast<size_t>(n), -7.f);
+    cpu::widen_bf16(y.data(), back.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(back[static_cast<size_t>(i)]),
+                static_cast<uint32_t>(y[i].bits) << 16)
+          << "widen_bf16 [" << i << "]";
+  }
 }
 
 TEST(Bf16Loops, PoolingGivesTheReferenceBits) {

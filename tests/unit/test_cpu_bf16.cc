@@ -344,6 +344,114 @@ TEST(CpuBf16, LinearWithinBf16RoundingOfFp32) {
   }
 }
 
+// Linear on bf16 activations (the bf16 backend's one-pass form): y and dx, written in bf16 by
+// oneDNN, are the bf16 backend's fp32 results on the widened values rounded once (give or take the
+// order of accumulation: 2 gamma_K S, and oneDNN's flush of results below 2^-126); dw within the
+// same accumulation bound; db exactly the fp32 column sums (the same double sums).
+TEST(CpuBf16, LinearOnBf16ActivationsRoundsTheFp32ResultOnce) {
+  if (const std::string why = cpu::cpu_bf16_missing(); !why.empty()) GTEST_SKIP() << why;
+  const int64_t n = 12, in = 800, out = 37;
+  const auto x = bf16_values(random_floats(static_cast<size_t>(n * in), 71));
+  const auto w = random_floats(static_cast<size_t>(out * in), 72, -0.5f, 0.5f);
+  const auto b = random_floats(static_cast<size_t>(out), 73);
+  const auto dy = bf16_values(random_floats(static_cast<size_t>(n * out), 74));
+  const auto w16 = bf16_values(w);  // the weights as the GEMM reads them
+  Ref ry(dy.size()), rdx(x.size()), rdw(w.size());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        const size_t xi = static_cast<size_t>(r * in + i), wi = static_cast<size_t>(o * in + i),
+                     yi = static_cast<size_t>(r * out + o);
+        ry.add(yi, x[xi], w16[wi]);
+        rdx.add(xi, dy[yi], w16[wi]);
+        rdw.add(wi, dy[yi], x[xi]);
+      }
+  Backend& be = cpu::cpu_backend_bf16();
+  const std::vector<float> dw0(w.size(), 0.f);
+  const LinearOut ref = run_linear(be, n, in, out, x, w, b, dy, dw0);
+  auto to16 = [](const std::vector<float>& v) {
+    std::vector<BFloat16> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i].bits = bf16_from_float(v[i]);
+    return h;
+  };
+  const std::vector<BFloat16> x16 = to16(x), dy16 = to16(dy);
+  std::vector<BFloat16> y16(dy.size()), dx16(x.size());
+  std::vector<float> dw(w.size()), db(b.size());
+  be.linear_forward(x16.data(), w.data(), b.data(), y16.data(), n, in, out);
+  be.linear_backward(x16.data(), w.data(), dy16.data(), dx16.data(), dw.data(), db.data(), n, in,
+                     out, false);
+  auto check16 = [](const std::vector<BFloat16>& got, const std::vector<float>& ref32,
+                    const Ref& rr, int64_t k, double extra, const std::string& what) {
+    int bad = 0, rounded = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double v = float_from_bf16(got[i].bits), r = ref32[i];
+      const double acc = 2 * gamma(k) * (rr.s[i] + extra);
+      const double allowed = kU * (std::fabs(r) + acc) + acc + std::ldexp(1.0, -126);
+      rounded += v != r;
+      if (std::fabs(v - r) > allowed && bad++ < 5)
+        ADD_FAILURE() << what << "[" << i << "]: " << v << " against " << r << ", |diff| "
+                      << std::fabs(v - r) << " > " << allowed;
+    }
+    EXPECT_GT(rounded, 0) << what << ": no bf16 rounding visible";
+  };
+  check16(y16, ref.y, ry, in + 1, 1.0, "y");  // + 1 term: the bias, |b| <= 1
+  check16(dx16, ref.dx, rdx, out, 0.0, "dx");
+  expect_within(dw, &ref.dw, rdw, 2 * gamma(n) / kU, "dw");
+  EXPECT_EQ(db, ref.db) << "db: the same double column sums of the same values";
+}
+
+// Backend::weights_fixed: inside one span the bf16 backend converts (and oneDNN reorders) each
+// weight tensor once, so a change to the weights in the middle of a span is not seen, which is
+// how the reuse shows; a new span, or a call outside spans, sees the weights as they are.
+TEST(CpuBf16, WeightsAreConvertedOncePerSpan) {
+  if (const std::string why = cpu::cpu_bf16_missing(); !why.empty()) GTEST_SKIP() << why;
+  Backend& be = cpu::cpu_backend_bf16();
+  const ConvGeom g{2, 9, 9, 8, 16, 3, 1, 1};
+  const ConvData d = conv_data(g, 31, true);
+  std::vector<float> w = d.w;
+  const std::vector<float> w2 = bf16_values(random_floats(w.size(), 1032, -0.5f, 0.5f));
+  auto op = be.make_conv();
+  auto conv = [&] {
+    std::vector<float> y(d.dy.size());
+    op->forward(g, d.x.data(), w.data(), nullptr, y.data());
+    return y;
+  };
+  const int64_t n = 3, in = 40, out = 6;
+  const auto lx = bf16_values(random_floats(static_cast<size_t>(n * in), 33));
+  std::vector<float> lw = bf16_values(random_floats(static_cast<size_t>(out * in), 34));
+  const std::vector<float> lw2 = bf16_values(random_floats(lw.size(), 35));
+  std::vector<BFloat16> lx16(lx.size());
+  for (size_t i = 0; i < lx.size(); ++i) lx16[i].bits = bf16_from_float(lx[i]);
+  auto linear = [&] {
+    std::vector<BFloat16> y(static_cast<size_t>(n * out));
+    be.linear_forward(lx16.data(), lw.data(), nullptr, y.data(), n, in, out);
+    std::vector<float> f(y.size());
+    for (size_t i = 0; i < y.size(); ++i) f[i] = float_from_bf16(y[i].bits);
+    return f;
+  };
+  const std::vector<float> conv1 = conv(), lin1 = linear();
+  w = w2, lw = lw2;  // outside a span: seen at once
+  const std::vector<float> conv2 = conv(), lin2 = linear();
+  ASSERT_NE(conv1, conv2);
+  ASSERT_NE(lin1, lin2);
+  w = d.w, lw = bf16_values(random_floats(lw.size(), 34));
+  {
+    WeightsFixed fixed(be);
+    EXPECT_EQ(conv(), conv1);
+    EXPECT_EQ(linear(), lin1);
+    w = w2, lw = lw2;  // a change inside the span (which the span's contract rules out)
+    EXPECT_EQ(conv(), conv1) << "the convolution reordered its weights again inside one span";
+    EXPECT_EQ(linear(), lin1) << "Linear converted its weights again inside one span";
+  }
+  {
+    WeightsFixed fixed(be);
+    EXPECT_EQ(conv(), conv2) << "a new span must convert the weights afresh";
+    EXPECT_EQ(linear(), lin2);
+  }
+  EXPECT_EQ(conv(), conv2);
+  EXPECT_EQ(linear(), lin2);
+}
+
 // ---- training and the refusal
 // ---------------------------------------------------------------------
 
