@@ -33,6 +33,13 @@ namespace dpt {
 
 namespace {
 
+// A recorded --activation-dtype as the type the run had: checkpoints written before the type was
+// recorded resolved (trainer.cc) say "auto", which was fp32 everywhere then, so they resume as
+// they were trained. The one place that rule is written.
+std::string resolved_activation_dtype(const std::string& recorded) {
+  return recorded == "auto" ? "fp32" : recorded;
+}
+
 std::filesystem::path dir_of(const std::filesystem::path& p) {
   return p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
 }
@@ -81,12 +88,14 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
     throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'config' is not valid JSON"));
   }
   auto now_values = agreed_values(cfg);
-  // Checkpoints written before the type was recorded resolved (trainer.cc) say "auto", which was
-  // fp32 everywhere then: they resume as they were trained. (A configuration not yet resolved, as
-  // a test may hand in, reads the same way.)
+  // Compared as resolved types (a configuration not yet resolved, as a test may hand in, reads
+  // the same way).
   for (auto* values : {&then, &now_values})
     for (auto& [flag, value] : *values)
-      if (flag == "--activation-dtype" && value == "\"auto\"") value = "\"fp32\"";
+      if (flag == "--activation-dtype" && value.starts_with('"'))  // a JSON string (agreed_values)
+        value = nlohmann::json(
+                    resolved_activation_dtype(nlohmann::json::parse(value).get<std::string>()))
+                    .dump();
   std::vector<std::string> changed;
   for (size_t i = 0; i < then.size(); ++i)  // both in agreed_values' order
     if (!may_change_on_resume(then[i].first) && then[i].second != "(not recorded)" &&
@@ -140,8 +149,9 @@ std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg) {
   if (info.config.empty()) return std::nullopt;
   try {
     const auto j = nlohmann::json::parse(info.config);
-    // "auto" (before types were recorded) was fp32.
-    return j.value("activation_dtype", std::string("auto")) == "bf16" ? DType::kBF16 : DType::kF32;
+    return resolved_activation_dtype(j.value("activation_dtype", std::string("auto"))) == "bf16"
+               ? DType::kBF16
+               : DType::kF32;
   } catch (const std::exception&) {
     return std::nullopt;  // a damaged configuration: the resume itself reports it
   }
