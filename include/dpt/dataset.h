@@ -52,7 +52,14 @@ struct DataSets {
 // disagrees, labels outside 0..255 or outside the format's classes, a test label the training set
 // has no class for, train and test images of different shapes, and any file or header promising
 // more than 2^34 bytes (before allocating).
-DataSets load_data(const std::string& dir, const std::string& format);
+//
+// `dir` may instead be "synthetic:HxWxC:N:K" (is_synthetic): random images of H x W x C and labels
+// in 0..K-1 (K <= 256), N for training and N/10 (rounded up) for the test split, drawn from
+// `seed` (the same on every rank), with format "synthetic"; `format` must be "auto" then.
+DataSets load_data(const std::string& dir, const std::string& format, uint64_t seed = 0);
+bool is_synthetic(const std::string& data);
+DataSets synthetic_data(const std::string& spec, uint64_t seed);
+uint64_t synthetic_bytes(const std::string& spec);  // what synthetic_data will allocate
 
 // What load_data(dir, format) will hold in memory, known before any data is read: each file's
 // bytes of data from its header (IDX: dims x 1 byte, a gzip'd file's decompressed size, inflating

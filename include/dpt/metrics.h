@@ -18,6 +18,9 @@ struct EpochMetrics {
   double train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0;
   int64_t test_count = 0, train_count = 0, steps = 0;
   double epoch_seconds = 0, images_per_second = 0, lr = 0;
+  // Achieved training TFLOP/s over every rank: images_per_second x 3 x the model's forward FLOPs
+  // per image (Model::forward_flops); 0 where the model counts none.
+  double train_tflops = 0;
   double comm_seconds = 0, exposed_comm_seconds = 0;
   double grad_norm = 0, grad_norm_max = 0;  // of the epoch's applied steps: mean and largest
   int64_t nonfinite_steps = 0;              // steps not applied (non-finite gradients)

@@ -114,6 +114,10 @@ class Layer {
                         BackwardCtx& ctx) = 0;
   // Visits every layer (composites first, then children) for configuration passes.
   virtual void visit(const std::function<void(Layer&)>& fn) { fn(*this); }
+  // Floating-point operations of one sample's forward pass in this layer alone, counted as
+  // benchmarks count them: 2 per multiply-add of a convolution or Linear, 0 for the other layers
+  // (whose passes are memory-bound). Known after build().
+  virtual int64_t flops() const { return 0; }
 };
 
 std::unique_ptr<Layer> make_conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1,
@@ -188,6 +192,10 @@ class Model {
   Sequential& net() { return *net_; }
   // Names, shapes and kinds of all parameters and buffers, one line each (for replica checks).
   std::string signature() const;
+  // Forward FLOPs per image, summed over the layers (Layer::flops). A training step's are taken as
+  // three times as many (backward computes two products per forward one), the usual estimate
+  // behind a benchmark's "achieved TFLOP/s".
+  int64_t forward_flops() const;
 
  private:
   std::string name_;

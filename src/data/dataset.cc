@@ -309,11 +309,28 @@ std::vector<std::string> data_formats() {
   return names;
 }
 
-DataSets load_data(const std::string& dir, const std::string& format) {
+namespace {
+void check_synthetic_format(const std::string& dir, const std::string& format) {
+  DPT_INPUT_CHECK(format == "auto", "--data-format " << format << " does not apply to --data "
+                                                     << printable(dir)
+                                                     << " (drawn, not read: leave it auto)");
+}
+}  // namespace
+
+DataSets load_data(const std::string& dir, const std::string& format, uint64_t seed) {
+  if (is_synthetic(dir)) {
+    check_synthetic_format(dir, format);
+    return synthetic_data(dir, seed);
+  }
   return data::read_format(dir, data::format_in(dir, format));
 }
 
 DataSize data_size(const std::string& dir, const std::string& format) {
+  if (is_synthetic(dir)) {
+    check_synthetic_format(dir, format);
+    const uint64_t bytes = synthetic_bytes(dir);
+    return {bytes, "(drawn in memory)", bytes};
+  }
   return data::sizes_of(dir, data::format_in(dir, format));
 }
 

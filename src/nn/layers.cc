@@ -80,6 +80,9 @@ class Conv2d : public Leaf {
     op_ = be_->make_conv();
     return {geom_.oh(), geom_.ow(), out_};
   }
+  int64_t flops() const override {
+    return 2 * geom_.oh() * geom_.ow() * out_ * geom_.c_in * k_ * k_;
+  }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     geom_.n = x.dim(0);
@@ -299,6 +302,7 @@ class Linear : public Leaf {
     if (bias_) b_ = store.add_param(join(prefix, "bias"), {out_}, Init::kBias, in[0], 0);
     return {out_};
   }
+  int64_t flops() const override { return 2 * in_[0] * out_; }
   void forward(const Tensor& x, Tensor& y, Mode) override {
     check_input(x);
     output(y, {x.dim(0), out_}, x);

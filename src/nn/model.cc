@@ -212,4 +212,10 @@ std::string Model::signature() const {
   return os.str();
 }
 
+int64_t Model::forward_flops() const {
+  int64_t total = 0;
+  net_->visit([&](Layer& l) { total += l.flops(); });  // visit changes nothing here
+  return total;
+}
+
 }  // namespace dpt

@@ -150,7 +150,8 @@ std::vector<Flag> flag_table() {
        .group = data,
        .help = "Directory of the data set: IDX files (train-/t10k-images-idx3-ubyte[.gz] or "
                "-idx4-, ...-labels-idx1-ubyte[.gz]), CIFAR-10/100 binary batches or NumPy .npy "
-               "arrays (USAGE: \"Bring your own data\")",
+               "arrays (USAGE: \"Bring your own data\"); or synthetic:HxWxC:N:K, random images "
+               "drawn from --seed (USAGE: \"Synthetic data\")",
        .field = &C::data,
        .path = true},
       {.name = "data-format",

@@ -29,8 +29,8 @@ EpochMetrics EpochMetrics::from_json(const std::string& json) {
   num("epoch", m.epoch), num("train_loss", m.train_loss), num("train_acc", m.train_acc);
   num("test_loss", m.test_loss), num("test_acc", m.test_acc), num("test_count", m.test_count);
   num("train_count", m.train_count), num("steps", m.steps), num("epoch_seconds", m.epoch_seconds);
-  num("images_per_second", m.images_per_second), num("lr", m.lr),
-      num("comm_seconds", m.comm_seconds);
+  num("images_per_second", m.images_per_second), num("train_tflops", m.train_tflops),
+      num("lr", m.lr), num("comm_seconds", m.comm_seconds);
   num("exposed_comm_seconds", m.exposed_comm_seconds), num("grad_norm", m.grad_norm);
   num("grad_norm_max", m.grad_norm_max), num("nonfinite_steps", m.nonfinite_steps),
       num("world_size", m.world_size);
@@ -57,6 +57,7 @@ std::string EpochMetrics::to_json() const {
                       {"lr", lr},
                       {"epoch_seconds", epoch_seconds},
                       {"images_per_second", images_per_second},
+                      {"train_tflops", train_tflops},
                       {"comm_seconds", comm_seconds},
                       {"exposed_comm_seconds", exposed_comm_seconds},
                       {"grad_norm", grad_norm},
@@ -185,6 +186,10 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
                 "epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.2f s/epoch  %.0f img/s",
                 m.epoch, cfg_.epochs, m.train_loss, m.train_acc, m.test_acc, m.epoch_seconds,
                 m.images_per_second);
+  if (m.train_tflops > 0) {
+    const size_t len = std::strlen(line);
+    std::snprintf(line + len, sizeof line - len, "  %.3g TFLOP/s", m.train_tflops);
+  }
   if (m.world_size > 1 && m.median_compute_seconds > 0) {
     // The slowest rank's compute per step against the median (the metrics have every rank's).
     const size_t len = std::strlen(line);

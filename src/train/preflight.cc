@@ -282,7 +282,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // why).
   const double t_load = now_seconds();
   agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
-    DataSets data = load_data(cfg.data, cfg.data_format);
+    DataSets data = load_data(cfg.data, cfg.data_format, cfg.seed);
     pf.data_format = data.format;
     pf.train = std::move(data.train);
     pf.test = std::move(data.test);

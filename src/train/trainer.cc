@@ -221,6 +221,7 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   m.lr = t.lr;
   m.epoch_seconds = train_seconds;
   m.images_per_second = tsum[2] / train_seconds;
+  m.train_tflops = m.images_per_second * 3.0 * static_cast<double>(r.model.forward_flops()) / 1e12;
   m.comm_seconds = t.comm_s;
   m.exposed_comm_seconds = t.exposed_s;
   m.grad_norm = applied ? norm_sum / static_cast<double>(applied) : 0;

@@ -1,0 +1,123 @@
+// --data synthetic:HxWxC:N:K (dataset.h): random images and labels drawn from the seed, for
+// throughput at any image size without a data set on disk (the synthetic benchmarks of Horovod
+// and TensorFlow). Every rank draws the same sets from the same seed.
+#include <charconv>
+#include <string>
+#include <vector>
+
+#include "data/readers.h"
+#include "dpt/dataset.h"
+#include "dpt/error.h"
+
+namespace dpt {
+
+namespace {
+
+constexpr const char* kPrefix = "synthetic:";
+
+struct SyntheticSpec {
+  int64_t rows = 0, cols = 0, channels = 0, n = 0, classes = 0;
+  int64_t test_n() const { return (n + 9) / 10; }  // a tenth, rounded up: at least one image
+  uint64_t bytes() const {  // images and labels of both splits
+    return static_cast<uint64_t>(n + test_n()) * static_cast<uint64_t>(rows * cols * channels + 1);
+  }
+};
+
+// One decimal field in [lo, hi], or an input error naming the spec, the field and the range.
+int64_t field(const std::string& spec, const std::string& text, const char* what, int64_t lo,
+              int64_t hi) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  DPT_INPUT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() &&
+                      v >= lo && v <= hi,
+                  "--data " << printable(spec) << ": " << what << " '" << printable(text)
+                            << "' is not a whole number in " << lo << ".." << hi
+                            << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:1000)");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts(1);
+  for (char c : s) {
+    if (c == sep)
+      parts.emplace_back();
+    else
+      parts.back().push_back(c);
+  }
+  return parts;
+}
+
+SyntheticSpec parse(const std::string& spec) {
+  const std::vector<std::string> parts = split(spec.substr(std::string(kPrefix).size()), ':');
+  DPT_INPUT_CHECK(parts.size() == 3, "--data " << printable(spec)
+                                               << ": expected synthetic:HxWxC:N:K (image shape, "
+                                                  "number of training images, classes), e.g. "
+                                                  "synthetic:224x224x3:1024:1000");
+  const std::vector<std::string> dims = split(parts[0], 'x');
+  DPT_INPUT_CHECK(dims.size() == 3, "--data " << printable(spec) << ": the image shape '"
+                                              << printable(parts[0])
+                                              << "' is not HxWxC (e.g. 224x224x3)");
+  SyntheticSpec s;
+  s.rows = field(spec, dims[0], "the height", 1, 1 << 16);
+  s.cols = field(spec, dims[1], "the width", 1, 1 << 16);
+  s.channels = field(spec, dims[2], "the channel count", 1, 1 << 12);
+  s.n = field(spec, parts[1], "the number of training images", 1, int64_t{1} << 34);
+  // Labels are bytes, as in every on-disk format (dataset.h).
+  s.classes = field(spec, parts[2], "the number of classes", 1, 256);
+  DPT_INPUT_CHECK(s.bytes() <= data::kMaxDataBytes,
+                  "--data " << printable(spec) << ": " << s.bytes()
+                            << " bytes of images and labels, more than the limit of "
+                            << data::kMaxDataBytes << " (16 GiB)");
+  return s;
+}
+
+// SplitMix64: a fast generator whose every state gives a well-mixed output, so seed and split can
+// simply be mixed into the starting state.
+struct SplitMix {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
+ImageSet draw(const SyntheticSpec& s, int64_t n, uint64_t seed, uint64_t split) {
+  ImageSet set;
+  set.n = n;
+  set.rows = s.rows;
+  set.cols = s.cols;
+  set.channels = s.channels;
+  set.num_classes = static_cast<int>(s.classes);
+  set.images.resize(static_cast<size_t>(n * set.pixels()));
+  set.labels.resize(static_cast<size_t>(n));
+  SplitMix g{SplitMix{seed * 4 + split}.next()};
+  size_t i = 0;
+  for (; i + 8 <= set.images.size(); i += 8) {
+    const uint64_t v = g.next();
+    for (int b = 0; b < 8; ++b) set.images[i + b] = static_cast<uint8_t>(v >> (8 * b));
+  }
+  for (; i < set.images.size(); ++i) set.images[i] = static_cast<uint8_t>(g.next());
+  // Uniform over the classes: the high 32 bits scaled (Lemire's multiply, bias below 2^-24).
+  for (uint8_t& l : set.labels)
+    l = static_cast<uint8_t>(((g.next() >> 32) * static_cast<uint64_t>(s.classes)) >> 32);
+  return set;
+}
+
+}  // namespace
+
+bool is_synthetic(const std::string& data) { return data.rfind(kPrefix, 0) == 0; }
+
+DataSets synthetic_data(const std::string& spec, uint64_t seed) {
+  const SyntheticSpec s = parse(spec);
+  DataSets out;
+  out.format = "synthetic";
+  out.train = draw(s, s.n, seed, 1);
+  out.test = draw(s, s.test_n(), seed, 2);
+  return out;
+}
+
+uint64_t synthetic_bytes(const std::string& spec) { return parse(spec).bytes(); }
+
+}  // namespace dpt

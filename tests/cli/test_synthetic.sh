@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# --data synthetic:HxWxC:N:K (issue 32 item 4): random images and labels drawn from the seed train
+# at 1 and 2 ranks with N training and ceil(N/10) test images; the same seed draws the same sets
+# (the same losses), another seed others; the epoch's train_tflops is images/s x 3 x the forward
+# FLOPs per image counted here from the layer shapes (LeNet and ResNet-18); malformed specs, a
+# --data-format beside one, and a set larger than the limit or the memory are refused with exit 2.
+# Usage: test_synthetic.sh path/to/dptrain
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$tmp" || exit 1
+lenet=(--model lenet --epochs 1 --max-steps 3 --batch-size 32 --threads 1 --progress off)
+
+# check_epoch FILE FLOPS TRAIN TEST: the epoch record's counts and its TFLOP/s against images/s.
+check_epoch() {
+  python3 - "$@" <<'PY' || fail "epoch record of $1"
+import json, sys
+path, flops, train, test = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ep = [r for r in map(json.loads, open(path)) if r.get("type") == "epoch"][-1]
+want = ep["images_per_second"] * 3 * flops / 1e12
+if abs(ep["train_tflops"] - want) > 1e-9 * want:
+    sys.exit(f"train_tflops {ep['train_tflops']} against {want}")
+if (ep["train_count"], ep["test_count"]) != (train, test):
+    sys.exit(f"counts {ep['train_count']}, {ep['test_count']} against {train}, {test}")
+print(f"ok: {path}: {ep['train_tflops']:.3g} TFLOP/s = {ep['images_per_second']:.0f} img/s x 3 x {flops} FLOP")
+PY
+}
+# Forward FLOPs per image, 2 per multiply-add of each convolution and Linear layer.
+conv() { echo $((2 * $1 * $1 * $2 * $3 * $4 * $4)); }  # out_size out_channels in_channels kernel
+lenet_flops=$(( $(conv 26 20 1 3) + $(conv 9 50 20 5) + 2 * 800 * 128 + 2 * 128 * 10 ))
+# d2l's ResNet-18 on 32x32x3: 3x3 stem, four stages of two blocks (3x3 convolutions, 1x1 shortcuts).
+r18=$(conv 32 64 3 3)
+r18=$((r18 + 4 * $(conv 32 64 64 3)))
+for s in "16 128 64" "8 256 128" "4 512 256"; do
+  read -r o c i <<< "$s"
+  r18=$((r18 + $(conv "$o" "$c" "$i" 3) + 3 * $(conv "$o" "$c" "$c" 3) + $(conv "$o" "$c" "$i" 1)))
+done
+r18=$((r18 + 2 * 512 * 7))  # 7 classes
+
+expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:256:10 --metrics one.jsonl
+check_epoch one.jsonl "$lenet_flops" 96 26
+expect 0 "TFLOP/s" -- "${mpi[@]}" -np 2 "$bin" "${lenet[@]}" --data synthetic:28x28x1:256:10 \
+  --metrics two.jsonl
+check_epoch two.jsonl "$lenet_flops" 96 26
+expect 0 "TFLOP/s" -- "$bin" --model resnet18 --epochs 1 --max-steps 1 --batch-size 8 --threads 1 \
+  --progress off --data synthetic:32x32x3:40:7 --metrics r18.jsonl
+check_epoch r18.jsonl "$r18" 8 4
+
+# The seed draws the sets: the same seed, the same losses; another, other losses.
+losses() { python3 -c 'import json,sys; print([r["train_loss"] for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "epoch"])' "$1"; }
+expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:256:10 --metrics again.jsonl
+expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:256:10 --seed 7 --metrics other.jsonl
+[[ $(losses one.jsonl) == "$(losses again.jsonl)" ]] || fail "the same seed drew other data: $(losses one.jsonl) $(losses again.jsonl)"
+[[ $(losses one.jsonl) != "$(losses other.jsonl)" ]] || fail "seeds 42 and 7 drew the same data"
+
+# Refusals.
+expect 2 "the image shape '32x32' is not HxWxC" -- "$bin" --data synthetic:32x32:10:10
+expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data synthetic:32x32x3:10
+expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data "synthetic:32x32x3:10:10:"
+expect 2 "the number of training images '0' is not a whole number" -- "$bin" --data synthetic:8x8x1:0:10
+expect 2 "the number of classes '257' is not a whole number in 1..256" -- "$bin" --data synthetic:8x8x1:10:257
+expect 2 "the height '-3' is not a whole number" -- "$bin" --data synthetic:-3x8x1:10:2
+expect 2 "the width '8 ' is not a whole number" -- "$bin" --data "synthetic:8x8 x1:10:2"
+expect 2 "more than the limit of 17179869184" -- "$bin" --data synthetic:60000x60000x3:10:10
+expect 2 "--data-format cifar10 does not apply to --data synthetic:8x8x1:10:2" -- \
+  "$bin" --data synthetic:8x8x1:10:2 --data-format cifar10
+expect 2 "which --model lenet cannot take" -- "$bin" --model lenet --data synthetic:8x8x1:10:2
+DPT_MEMORY_AVAILABLE=100M expect 2 "synthetic:224x224x3:4000:1000" -- \
+  "$bin" --model resnet18 --data synthetic:224x224x3:4000:1000
+
+echo "$fails failure(s)"
+[[ $fails -eq 0 ]]
