@@ -13,6 +13,9 @@ baseline. Suites:
                (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s; on a
                CPU with AVX512-BF16 or AMX also --precision bf16 against the newest PyTorch's CPU
                autocast bf16
+  resnet50-syn ResNet-50 (torchvision's layout, ImageNet stem) on --data synthetic:224x224x3:320:1000,
+               global batch 32, 2 ranks x 1 thread, --max-steps steps (default 10), no evaluation:
+               dptrain vs PyTorch DDP (gloo) in each configuration; bf16 rows as resnet-dp's
   allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)
   conv         ResNet-18's stride-1 3x3 convolutions: oneDNN direct vs Winograd, per pass, batch 64
                (build/bench/conv_bench)
@@ -26,7 +29,7 @@ baseline. Suites:
   builds       this build against another dptrain binary (--baseline PATH, e.g. a copy of the
                previous commit's build/dptrain), alternated: LeNet 1 epoch and ResNet-18 --max-steps
                steps (default 10), 2 ranks x 1 thread; for refactors that must not cost speed
-PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp) run the newest release on
+PyTorch: the suites that run it (lenet-1rank, lenet-dp, resnet-dp, resnet50-syn) run the newest release on
 PyPI, installed with pip into a virtual environment the bench creates once and reuses
 (bench/.venv-torch, git-ignored), in each of bench/torch_ref.py's CPU configurations
 (--torch-configs, default eager,tuned,compile-cpu): its default (NCHW, eager), channels-last, and
@@ -204,7 +207,7 @@ def print_where(a, env, suites):
     where = {"cpu": cpu_line(), "dptrain": dptrain_isa(os.path.join(a.build, "dptrain"), env)}
     if "builds" in suites and a.baseline:
         where["baseline"] = dptrain_isa(a.baseline, env)
-    if any(s in ("lenet-1rank", "lenet-dp", "resnet-dp") for s in suites):
+    if any(s in TORCH_SUITES for s in suites):
         for label, py in torch_pythons(a.torch):
             where[label] = torch_isa(py, env)
     if a.json:
@@ -317,6 +320,18 @@ def suite(name, a, torches=()):
         theirs = torch_runs(a, torches, ref_args, True, " np2")
         runs, base = mine + theirs, compared(mine, theirs)
         more, more_base = bf16_rows(a, torches, mpirun(2) + [dp] + r + ["--eval-every", "0"], ref_args, " np2")
+        base.update(more_base)
+        return runs + more, base
+    if name == "resnet50-syn":
+        steps = max_steps or 10
+        r = ["--model", "resnet50", "--recipe", "d2l", "--epochs", "1", "--batch-size", "32",
+             "--max-steps", str(steps), "--data", f"synthetic:224x224x3:{32 * steps}:1000"]
+        ref_args = ["--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r
+        mine_cmd = mpirun(2) + [dp] + r + ["--stem", "imagenet", "--eval-every", "0"]
+        mine = [Run("dptrain np2", mine_cmd, True)]
+        theirs = torch_runs(a, torches, ref_args, True, " np2")
+        runs, base = mine + theirs, compared(mine, theirs)
+        more, more_base = bf16_rows(a, torches, mine_cmd, ref_args, " np2")
         base.update(more_base)
         return runs + more, base
     if name == "augment":
@@ -510,7 +525,8 @@ def main():
     if not os.access(os.path.join(a.build, "dptrain"), os.X_OK):
         sys.exit(f"bench.py: {a.build}/dptrain not found (build first)")
     env = dict(os.environ, OMPI_MCA_pml="ob1", OMP_NUM_THREADS="1")
-    every = ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp", "augment"]
+    every = ["allreduce", "conv", "step", "lenet-1rank", "lenet-dp", "resnet-dp", "resnet50-syn",
+             "augment"]
     if a.suite not in every + ["all", "builds"]:
         sys.exit(f"bench.py: unknown suite '{a.suite}' ({' | '.join(every + ['builds', 'all'])})")
     suites = every if a.suite == "all" else [a.suite]
@@ -523,7 +539,7 @@ def main():
     run_suite(a, a.suite, env)
 
 
-TORCH_SUITES = ("lenet-1rank", "lenet-dp", "resnet-dp")
+TORCH_SUITES = ("lenet-1rank", "lenet-dp", "resnet-dp", "resnet50-syn")
 
 
 def run_suite(a, name, env):

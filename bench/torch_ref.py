@@ -143,14 +143,77 @@ class ResNet18(nn.Module):
         return self.fc(x)
 
 
-def build_model(name):
+class Bottleneck(nn.Module):
+    """torchvision's ResNet-50 block (v1.5): 1x1, 3x3 (the stride), 1x1 (x4) convolutions without
+    biases, each followed by BN; downsample = 1x1 conv (stride) + BN where the shape changes."""
+
+    def __init__(self, in_ch, width, stride=1):
+        super().__init__()
+        out_ch = width * 4
+        self.conv1 = nn.Conv2d(in_ch, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_ch)
+        self.downsample = (nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False),
+                                         nn.BatchNorm2d(out_ch))
+                           if stride != 1 or in_ch != out_ch else None)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet50(nn.Module):
+    """torchvision.models.resnet50's layout and names (written out: the bench's venv has PyTorch
+    alone): 7x7 stride-2 stem, BN, ReLU, 3x3 stride-2 max-pool, bottleneck stages 3-4-6-3."""
+
+    def __init__(self, num_classes=1000, in_channels=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers, in_ch = [], 64
+        for i, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            stage = []
+            for b in range(blocks):
+                stage.append(Bottleneck(in_ch, width, stride=2 if b == 0 and i > 0 else 1))
+                in_ch = width * 4
+            layers.append(nn.Sequential(*stage))
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.fc = nn.Linear(2048, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def synthetic_data(spec, seed):
+    """--data synthetic:HxWxC:N:K, as dptrain draws it in shape (N training, ceil(N/10) test images,
+    labels in 0..K-1); the values are torch's own random draw (only their speed matters)."""
+    shape, n, k = spec[len("synthetic:"):].split(":")
+    h, w, c = (int(v) for v in shape.split("x"))
+    n, k = int(n), int(k)
+    g = torch.Generator().manual_seed(seed)
+    def split(count):
+        x = torch.randint(0, 256, (count, c, h, w), generator=g, dtype=torch.uint8).float() / 255
+        return x, torch.randint(0, k, (count,), generator=g)
+    return (*split(n), *split((n + 9) // 10)), k, c
+
+
+def build_model(name, num_classes=10, in_channels=1):
+    if name == "resnet50":
+        return ResNet50(num_classes, in_channels)
     if name == "lenet":
         m = LeNet()
         n = sum(p.numel() for p in m.parameters())
         assert n == LENET_PARAMS, f"lenet has {n} params, expected {LENET_PARAMS}"
         return m
     if name == "resnet18":
-        return ResNet18()
+        return ResNet18(num_classes, in_channels)
     raise ValueError(name)
 
 
@@ -165,7 +228,7 @@ def init_d2l(model):
 
 RECIPES = {
     # model -> (lr, global batch); plain SGD, no momentum, no weight decay
-    "d2l": {"lenet": (0.2, 256), "resnet18": (0.1, 256)},
+    "d2l": {"lenet": (0.2, 256), "resnet18": (0.1, 256), "resnet50": (0.1, 256)},
 }
 
 # --config name -> (channels-last model and inputs, cudnn.benchmark, torch.compile mode or None).
@@ -245,8 +308,12 @@ def run(rank, world, args):
         if not args.bf16:
             return contextlib.nullcontext()
         return torch.autocast(args.device, dtype=torch.bfloat16)
-    train_x, train_y, test_x, test_y = (t.to(device) for t in load_fashion_mnist(args.data))
-    model = build_model(args.model)
+    if args.data.startswith("synthetic:"):
+        sets, classes, channels = synthetic_data(args.data, args.seed)
+    else:
+        sets, classes, channels = load_fashion_mnist(args.data), 10, 1
+    train_x, train_y, test_x, test_y = (t.to(device) for t in sets)
+    model = build_model(args.model, classes, channels)
     init_d2l(model)
     model.to(device)
     if channels_last:
@@ -491,7 +558,7 @@ def print_params(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__ or "PyTorch reference for dptrain")
-    p.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    p.add_argument("--model", choices=["lenet", "resnet18", "resnet50"], default="lenet")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="d2l")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default: recipe)")
@@ -506,7 +573,8 @@ def main():
     p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation (speed runs)")
     p.add_argument("--print-params", action="store_true",
                    help="print state_dict keys/shapes and parameter count, then exit")
-    p.add_argument("--data", default=DATA_DIR_DEFAULT, help="Fashion-MNIST IDX .gz directory")
+    p.add_argument("--data", default=DATA_DIR_DEFAULT,
+                   help="Fashion-MNIST IDX .gz directory, or synthetic:HxWxC:N:K (random images)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: one GPU per process (rank mod visible GPUs); DDP then uses NCCL")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU, or CPU autocast with oneDNN's bf16 kernels)")
