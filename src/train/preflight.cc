@@ -125,7 +125,8 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
   std::vector<std::pair<const char*, std::string>> outputs = {{"--metrics", cfg.metrics},
                                                               {"--save", cfg.save},
                                                               {"--report", cfg.report},
-                                                              {"--trace", cfg.trace}};
+                                                              {"--trace", cfg.trace},
+                                                              {"--output", cfg.output}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   std::vector<OutputLock> locks;
   std::vector<const char*> owners;  // the flag of each lock
@@ -141,6 +142,8 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
     owners.push_back(flag);
   }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
+  if (!cfg.init_from.empty()) check_input_file(cfg.init_from, "--init-from");
+  if (!cfg.load.empty()) check_input_file(cfg.load, "--load");
   return locks;
 }
 
