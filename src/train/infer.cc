@@ -60,9 +60,9 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
   DPT_INPUT_CHECK(std::sscanf(shape.c_str(), "%lld,%lld,%lld%c", &h, &w, &c, &tail) == 3 && h > 0 &&
                       w > 0 && c > 0,
                   "--load " << path << ": input_shape '" << printable(shape) << "' is not H,W,C");
-  DPT_INPUT_CHECK(std::sscanf(classes.c_str(), "%lld%c", &k, &tail) == 1 && k >= 1 && k <= 1 << 20,
-                  "--load " << path << ": num_classes '" << printable(classes)
-                            << "' is not a class count");
+  DPT_INPUT_CHECK(
+      std::sscanf(classes.c_str(), "%lld%c", &k, &tail) == 1 && k >= 1 && k <= 1 << 20,
+      "--load " << path << ": num_classes '" << printable(classes) << "' is not a class count");
   s.input = {h, w, c};
   s.classes = static_cast<int>(k);
   const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
@@ -74,8 +74,8 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
       s.normalize = resolve_normalize(mean->second + "/" + stdev->second, nullptr);
     } catch (const Error& e) {
       throw Error(ErrorKind::kInput,
-                  DPT_MSG("--load " << path << ": metadata normalize_mean and normalize_std: "
-                                    << e.what()));
+                  DPT_MSG("--load "
+                          << path << ": metadata normalize_mean and normalize_std: " << e.what()));
     }
   }
   return s;
@@ -84,18 +84,17 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
 // The saved model against the data: its class count, image shape and normalisation's channels.
 void check_fit(const SavedModel& s, const Preflight& pf, const TrainConfig& cfg) {
   const std::string model = "--load " + cfg.load, data = "--data " + cfg.data;
-  DPT_INPUT_CHECK(s.input == pf.input_shape(),
-                  model << " takes images of " << s.input[0] << "x" << s.input[1] << "x"
-                        << s.input[2] << " (HxWxC); " << data << " has images of "
-                        << pf.test.shape_text());
+  DPT_INPUT_CHECK(s.input == pf.input_shape(), model << " takes images of " << s.input[0] << "x"
+                                                     << s.input[1] << "x" << s.input[2]
+                                                     << " (HxWxC); " << data << " has images of "
+                                                     << pf.test.shape_text());
   DPT_INPUT_CHECK(s.classes == pf.train.num_classes,
                   model << " has " << s.classes << " classes; " << data << " has "
                         << pf.train.num_classes << " (its labels)");
-  DPT_INPUT_CHECK(!s.normalize.any() ||
-                      static_cast<int64_t>(s.normalize.mean.size()) == pf.test.channels,
-                  model << " normalises " << s.normalize.mean.size() << " channels ("
-                        << s.normalize.text() << "); " << data << " has images of "
-                        << pf.test.channels << " channel(s)");
+  DPT_INPUT_CHECK(
+      !s.normalize.any() || static_cast<int64_t>(s.normalize.mean.size()) == pf.test.channels,
+      model << " normalises " << s.normalize.mean.size() << " channels (" << s.normalize.text()
+            << "); " << data << " has images of " << pf.test.channels << " channel(s)");
 }
 
 // A saved model on this rank's device, the same on every rank, and the data it runs on.
@@ -125,8 +124,8 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
     meta = nlohmann::json(m).dump();
   });
   meta = allgather_text(comm, meta)[0];
-  l.saved = saved_model(nlohmann::json::parse(meta).get<std::map<std::string, std::string>>(),
-                        cfg.load);
+  l.saved =
+      saved_model(nlohmann::json::parse(meta).get<std::map<std::string, std::string>>(), cfg.load);
   // The pre-flight checks the data against the file's model; the normalisation is the file's.
   cfg.model = l.saved.model;
   cfg.normalize = "none";
@@ -147,8 +146,7 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
                               << " (" << l.saved.classes << " classes, images of "
                               << l.pf.test.shape_text() << ", normalize "
                               << l.saved.normalize.text() << "), " << l.pf.test.n
-                              << " test images of " << cfg.data << ", world size "
-                              << comm.size()));
+                              << " test images of " << cfg.data << ", world size " << comm.size()));
   return l;
 }
 
@@ -279,8 +277,9 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
     correct += hit;
     confusion.push_back(row);
     class_count.push_back(total);
-    per_class.push_back(total ? nlohmann::json(static_cast<double>(hit) / static_cast<double>(total))
-                              : nlohmann::json(nullptr));
+    per_class.push_back(total
+                            ? nlohmann::json(static_cast<double>(hit) / static_cast<double>(total))
+                            : nlohmann::json(nullptr));
     table << "  class " << t << ": ";
     if (total)
       table << static_cast<double>(hit) / static_cast<double>(total) << " (" << hit << "/" << total
@@ -336,7 +335,7 @@ void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
       rows += std::to_string(first + i) + "," +
               std::to_string(l.pf.test.labels[static_cast<size_t>(first + i)]);
       for (int c : s.order) {
-        std::snprintf(cell, sizeof cell, ",%d,%.6f", c, std::exp(zi[c] - s.lse));
+        std::snprintf(cell, sizeof cell, ",%d,%.6g", c, std::exp(zi[c] - s.lse));
         rows += cell;
       }
       rows += "\n";
@@ -350,8 +349,8 @@ void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
   csv += "\n";
   for (const std::string& r : all) csv += r;
   write_output(comm, l.cfg.output, csv, "--output");
-  log_result(DPT_MSG("predict: top-" << top << " classes of " << l.pf.test.n << " test images written to "
-                                     << l.cfg.output));
+  log_result(DPT_MSG("predict: top-" << top << " classes of " << l.pf.test.n
+                                     << " test images written to " << l.cfg.output));
 }
 
 }  // namespace dpt
