@@ -136,7 +136,10 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
       DPT_INPUT_CHECK(locks[i].file() != OutputLock::file_for(path, flag),
                       flag << " " << path << " is the file " << owners[i]
                            << " names: give each output its own file");
-    OutputLock lock = check_output_path(path, flag, std::string(flag) == "--metrics");
+    // Training appends to --metrics as it goes (a character device will do); evaluate's results
+    // are one file written whole.
+    OutputLock lock =
+        check_output_path(path, flag, std::string(flag) == "--metrics" && cfg.command == "train");
     if (lock.file().empty()) continue;
     locks.push_back(std::move(lock));
     owners.push_back(flag);

@@ -145,6 +145,7 @@ done
 expect 2 "trunc.st" -- timeout 20 "$bin" evaluate --load trunc.st --data task
 expect 2 "--output adir" -- timeout 20 "$bin" predict --load m.st --data task --output adir
 expect 2 "--output fifo" -- timeout 20 "$bin" predict --load m.st --data task --output fifo
+expect 2 "--metrics /dev/null is a character device" -- "$bin" evaluate --load m.st --data task --metrics /dev/null
 make_data seven --format idx --train 100 --test 20 --rows 16 --cols 16 --classes 7 --seed 3
 make_data big --format idx --train 100 --test 20 --rows 20 --cols 20 --classes 10 --seed 3
 expect 2 "--load m.st has 10 classes; --data seven has 7" -- "$bin" evaluate --load m.st --data seven
