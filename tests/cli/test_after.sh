@@ -88,6 +88,24 @@ PY
 ); then echo "ok: evaluate's JSON is consistent and matches the training run's test accuracy"
 else fail "evaluate's JSON: $err"; fi
 
+# The file's normalisation is applied: a model trained on RGB images with --normalize auto scores
+# what its training run's last evaluation scored (loss to 1e-5; without the normalisation the
+# inputs would be others).
+make_data rgb --format idx --train 600 --test 100 --rows 16 --cols 16 --channels 3 --classes 4 --seed 5 --learnable
+run rgb.log "${train[@]}" --data rgb --epochs 1 --normalize auto --save rgb.st --metrics rgb.jsonl ||
+  fail "training on RGB with --normalize auto: exit $?"
+run rgb.eval.log "${mpi[@]}" -np 2 "$bin" evaluate "${base[@]}" --load rgb.st --data rgb --metrics rgb.json ||
+  fail "evaluate of a normalised model: exit $?"
+grep -qF "normalize 0." rgb.eval.log || fail "evaluate does not name the file's normalisation: $(head -2 rgb.eval.log)"
+if err=$(python3 - rgb.json rgb.jsonl <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+t = [r for r in map(json.loads, open(sys.argv[2])) if r.get("type", "epoch") == "epoch"][-1]
+assert e["top1_correct"] == round(t["test_acc"] * t["test_count"]), (e["top1"], t["test_acc"])
+assert abs(e["loss"] - t["test_loss"]) < 1e-5 * max(1, t["test_loss"]), (e["loss"], t["test_loss"])
+PY
+); then echo "ok: evaluate applies the file's normalisation"; else fail "normalised model: $err"; fi
+
 # ---- predict at 1, 2 and 4 ranks ------------------------------------------------------------------
 for np in 1 2 4; do
   run "pred.$np.log" "${mpi[@]}" -np "$np" "$bin" predict "${base[@]}" --load m.st --data task \
