@@ -206,6 +206,11 @@ expect 2 "head3.st: tensor 'fc2.weight' has shape [10, 64], lenet needs [10, 128
   "${train[@]}" --data task "${still[@]}" --init-from head3.st
 expect 2 "m.st: was trained on images of 16,16,1 (H,W,C), this run's data has 20,20,1" -- \
   "${mpi[@]}" -np 2 "${train[@]}" --data big "${still[@]}" --init-from m.st
+# Ranks must agree on starting from a file (rank 0 reads it; the others take its broadcast).
+expect 2 "ranks were started with different --init-from: rank 0 has (given); rank 1 has (not given)" -- \
+  "${mpi[@]}" -np 1 "${train[@]}" --data task "${still[@]}" --init-from m.st : -np 1 "${train[@]}" --data task "${still[@]}"
+expect 2 "ranks were started with different --top-k" -- \
+  "${mpi[@]}" -np 1 "$bin" predict --load m.st --data task --output x.csv --top-k 3 : -np 1 "$bin" predict --load m.st --data task --output x.csv
 expect 2 "--init-from and --resume exclude each other" -- "${train[@]}" --data task --init-from m.st --resume m.st
 for bad in missing.st adir fifo; do
   expect 2 "--init-from $bad" -- timeout 20 "${train[@]}" --data task "${still[@]}" --init-from "$bad"
