@@ -218,8 +218,10 @@ ImageScores image_scores(const float* z, int64_t classes, int64_t keep) {
   s.lse = m + std::log(sum);
   s.order.resize(static_cast<size_t>(classes));
   std::iota(s.order.begin(), s.order.end(), 0);
+  // A NaN logit (a file's NaN weights) ranks last: the order stays a strict weak one.
+  auto key = [&](int j) { return std::isnan(z[j]) ? -HUGE_VALF : z[j]; };
   std::partial_sort(s.order.begin(), s.order.begin() + keep, s.order.end(),
-                    [&](int a, int b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+                    [&](int a, int b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
   s.order.resize(static_cast<size_t>(keep));
   return s;
 }
