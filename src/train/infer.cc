@@ -226,6 +226,9 @@ ImageScores image_scores(const float* z, int64_t classes, int64_t keep) {
   return s;
 }
 
+// Classes up to which evaluate prints the confusion matrix (a wider one is only in --metrics).
+constexpr int64_t kPrintedMatrix = 32;
+
 // Writes `text` to `path` on rank 0, every rank agreeing on a failure (exit 2 on all of them).
 void write_output(Communicator& comm, const std::string& path, const std::string& text,
                   const std::string& flag) {
@@ -288,8 +291,10 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
             << ")";
     else
       table << "no test images";
-    table << "  |";
-    for (const auto& c : row) table << " " << c.get<int64_t>();
+    if (k <= kPrintedMatrix) {
+      table << "  |";
+      for (const auto& c : row) table << " " << c.get<int64_t>();
+    }
     table << "\n";
   }
   const int64_t top5 = counts[static_cast<size_t>(k * k)];
@@ -312,7 +317,10 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
                       {"confusion", confusion}};
   std::ostringstream os;
   os.precision(6);
-  os << "per-class accuracy and confusion matrix (rows: true class; columns: predicted class):\n"
+  os << (k <= kPrintedMatrix
+             ? "per-class accuracy and confusion matrix (rows: true class; columns: predicted "
+               "class):\n"
+             : "per-class accuracy (the confusion matrix is in --metrics):\n")
      << table.str();
   log_info(os.str());
   std::ostringstream res;
