@@ -1,4 +1,5 @@
-// dptrain: parses flags, starts MPI, runs training. Any error is printed once and ends every rank
+// dptrain: parses flags, starts MPI, runs the command (training, or evaluate / predict of a saved
+// model). Any error is printed once and ends every rank
 // with a nonzero code (2 for bad input, 3 for failures) instead of leaving peers waiting.
 #include <malloc.h>
 #include <signal.h>
@@ -53,7 +54,12 @@ int main(int argc, char** argv) {
       if (rank == first[1]) std::printf("%s", help.c_str());
       return 0;
     }
-    dpt::run_training(cfg, *comm);
+    if (cfg.command == "evaluate")
+      dpt::run_evaluate(cfg, *comm);
+    else if (cfg.command == "predict")
+      dpt::run_predict(cfg, *comm);
+    else
+      dpt::run_training(cfg, *comm);
   } catch (const dpt::AgreedInputError& e) {
     if (!e.quiet) dpt::log_error(e.what());
     return e.exit_code();

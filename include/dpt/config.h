@@ -12,6 +12,9 @@
 namespace dpt {
 
 struct TrainConfig {
+  // train | evaluate | predict: the first word of the command line (train when none is given); not
+  // a flag, so neither recorded nor agreed (every rank runs the command the flags were parsed for).
+  std::string command = "train";
   std::string model = "lenet";
   std::string recipe = "default";
   int epochs = 10;
@@ -51,6 +54,10 @@ struct TrainConfig {
     return checkpoint_every > 0 || checkpoint_every_steps > 0 || checkpoint_every_minutes > 0;
   }
   std::string checkpoint_path = "checkpoint.safetensors";
+  std::string init_from;  // train: start from a saved model's parameters and buffers (fine-tuning)
+  std::string load;       // evaluate, predict: the saved model (a --save file or a checkpoint)
+  std::string output;     // predict: the CSV of each test image's top-k classes
+  int top_k = 5;          // predict: classes per image (capped at the class count)
   std::string resume;  // training checkpoint to continue from; "auto": the newest valid one, if any
   bool allow_config_change = false;  // --resume may continue with other training settings
   double bucket_mb = 25;
@@ -97,8 +104,10 @@ bool may_change_on_resume(const std::string& flag);
 // s/epoch; on the graph API 1.49). A resume refines auto to the checkpoint's type (preflight.cc).
 DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
 
-// Parses argv (cxxopts): the recipe sets defaults, explicit flags override them; bad values are
-// input errors naming the flag. Returns false when --help was printed (exit 0).
+// Parses argv (cxxopts): an optional command word first (train, evaluate, predict: cfg->command),
+// then the flags the command takes (the flag table's `commands`; a flag of another command is an
+// input error naming it and the command); the recipe sets defaults, explicit flags override them;
+// bad values are input errors naming the flag. Returns false when --help was printed (exit 0).
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
 // --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
 void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);

@@ -14,9 +14,17 @@
 
 namespace dpt {
 
-// The commands that take a flag, as a bit set. Only training exists; `dptrain evaluate` and
-// `dptrain predict` (issue 32) take subsets of the table.
-enum Command : unsigned { kCommandTrain = 1u };
+// The commands that take a flag, as a bit set: `dptrain [train]`, `dptrain evaluate` and
+// `dptrain predict` (src/train/infer.cc) each take their subset of the table.
+enum Command : unsigned {
+  kCommandTrain = 1u,
+  kCommandEvaluate = 2u,
+  kCommandPredict = 4u,
+  kCommandAny = kCommandTrain | kCommandEvaluate | kCommandPredict,
+  kCommandScore = kCommandEvaluate | kCommandPredict,  // the commands that run a saved model
+};
+// The command word's bit ("train", "evaluate", "predict"); 0 for any other word.
+unsigned command_bit(const std::string& command);
 
 // What ranks must share, checked before training (agreed_values) and against a resumed
 // checkpoint's configuration (may_change_on_resume).

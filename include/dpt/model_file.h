@@ -29,4 +29,12 @@ void save_model(const std::string& path, const Model& model,
 std::map<std::string, std::string> load_model(const std::string& path, Model& model,
                                               std::vector<float>* momentum = nullptr);
 
+// --init-from: the parameters and buffers of `model` from `path` (a --save, a checkpoint, whose
+// optimizer state is ignored, or any safetensors file with the model's names, shapes and dtypes),
+// refusing what load_model refuses, except that a tensor under `head` (the model table's classifier
+// prefix) whose class count (first dimension) differs keeps its initial values: the result names
+// each such tensor with both shapes ("fc2.weight [10, 128] -> [5, 128]").
+std::vector<std::string> init_from_file(const std::string& path, Model& model,
+                                        const std::string& head);
+
 }  // namespace dpt

@@ -91,9 +91,10 @@ std::string data_digest(const ImageSet& set);
 // difference ends them all with exit 2 naming the flag and the ranks (rank 0 prints it).
 void agree_on_config(const TrainConfig& cfg, Communicator& comm);
 void agree_on_data(const Preflight& pf, Communicator& comm);
-// Rank 0's outputs (--metrics, --save, --report, --trace, --checkpoint-path) absent or regular
-// files it can write, in directories it can write, each its own file and held by no other run;
-// --resume (not auto) a regular file. Returns the outputs' locks (OutputLock), for the whole run.
+// Rank 0's outputs (--metrics, --save, --report, --trace, --output, --checkpoint-path) absent or
+// regular files it can write, in directories it can write, each its own file and held by no other
+// run; --resume (not auto), --init-from and --load regular files. Returns the outputs' locks
+// (OutputLock), for the whole run.
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
 // Input error (naming --data, the largest file and both sizes) when `ranks_here` copies of the data
 // set, as data_size sizes it, need more than `mem` (nothing when mem.bytes < 0: unknown).

@@ -28,4 +28,12 @@ void block_stop_signals();
 // Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);
 
+// After training (src/train/infer.cc), on the test split of --data, split across the ranks with
+// the same results at any world size: `dptrain evaluate` prints (rank 0) the loss, top-1 and top-5
+// accuracy, per-class accuracy and the confusion matrix of the --load model and writes them as one
+// JSON line to --metrics; `dptrain predict` writes every image's top-k classes and probabilities
+// to --output (CSV, rank 0, atomically). A model that does not fit the data is an input error.
+void run_evaluate(const TrainConfig& cfg, Communicator& comm);
+void run_predict(const TrainConfig& cfg, Communicator& comm);
+
 }  // namespace dpt

@@ -18,7 +18,7 @@ constexpr const char* kPrefix = "synthetic:";
 struct SyntheticSpec {
   int64_t rows = 0, cols = 0, channels = 0, n = 0, classes = 0;
   int64_t test_n() const { return (n + 9) / 10; }  // a tenth, rounded up: at least one image
-  uint64_t bytes() const {  // images and labels of both splits
+  uint64_t bytes() const {                         // images and labels of both splits
     return static_cast<uint64_t>(n + test_n()) * static_cast<uint64_t>(rows * cols * channels + 1);
   }
 };
@@ -28,11 +28,11 @@ int64_t field(const std::string& spec, const std::string& text, const char* what
               int64_t hi) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  DPT_INPUT_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() &&
-                      v >= lo && v <= hi,
-                  "--data " << printable(spec) << ": " << what << " '" << printable(text)
-                            << "' is not a whole number in " << lo << ".." << hi
-                            << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:1000)");
+  DPT_INPUT_CHECK(
+      !text.empty() && ec == std::errc() && end == text.data() + text.size() && v >= lo && v <= hi,
+      "--data " << printable(spec) << ": " << what << " '" << printable(text)
+                << "' is not a whole number in " << lo << ".." << hi
+                << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:1000)");
   return v;
 }
 

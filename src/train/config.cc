@@ -110,6 +110,18 @@ bool same_file(const std::string& a, const std::string& b) {
 }  // namespace
 
 void validate_config(const TrainConfig& c, int world) {
+  if (c.command != "train") {
+    // evaluate and predict: a saved model on the data's test split (src/train/infer.cc).
+    DPT_INPUT_CHECK(!c.load.empty(), "dptrain " << c.command << " needs --load FILE (a --save)");
+    DPT_INPUT_CHECK(c.command != "predict" || !c.output.empty(),
+                    "dptrain predict needs --output FILE (the CSV it writes)");
+    DPT_INPUT_CHECK(c.top_k >= 1, "--top-k must be >= 1, got " << c.top_k);
+    DPT_INPUT_CHECK(c.output.empty() || c.metrics.empty() || !same_file(c.output, c.metrics),
+                    "--output " << c.output << " is the --metrics file: choose another file");
+  }
+  DPT_INPUT_CHECK(c.init_from.empty() || c.resume.empty(),
+                  "--init-from and --resume exclude each other: --resume continues a training "
+                  "(its optimizer and position), --init-from starts a new one from saved weights");
   // A --save file (parameters only) written over a training checkpoint would end every later
   // resume.
   DPT_INPUT_CHECK(
@@ -179,7 +191,8 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.metrics_every >= 0, "--metrics-every must be >= 0, got " << c.metrics_every);
   DPT_INPUT_CHECK(c.trace_begin >= 0 && c.trace_end > c.trace_begin,
                   "--trace-steps: need 0 <= A < B, got " << c.trace_begin << ":" << c.trace_end);
-  DPT_INPUT_CHECK(c.batch_size % world == 0,
+  // Only training steps split a batch: evaluation splits the test set at any world size.
+  DPT_INPUT_CHECK(c.command != "train" || c.batch_size % world == 0,
                   "--batch-size " << c.batch_size << " is not divisible by the world size " << world
                                   << " (each rank takes batch/world images a step)");
 }

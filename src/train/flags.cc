@@ -150,15 +150,18 @@ std::vector<Flag> flag_table() {
        .group = data,
        .help = "Directory of the data set: IDX files (train-/t10k-images-idx3-ubyte[.gz] or "
                "-idx4-, ...-labels-idx1-ubyte[.gz]), CIFAR-10/100 binary batches or NumPy .npy "
-               "arrays (USAGE: \"Bring your own data\"); or synthetic:HxWxC:N:K, random images "
-               "drawn from --seed (USAGE: \"Synthetic data\")",
+               "arrays (USAGE: \"Bring your own data\"), or synthetic:HxWxC:N:K, random images "
+               "drawn from --seed (USAGE: \"Synthetic data\"); evaluate and predict read its "
+               "test split",
        .field = &C::data,
-       .path = true},
+       .path = true,
+       .commands = kCommandAny},
       {.name = "data-format",
        .group = data,
        .help = data_format_help(),
        .field = &C::data_format,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .commands = kCommandAny},
       {.name = "normalize",
        .group = data,
        .help = "none | auto (per-channel mean and std of the training set) | M1,..,Mc/S1,..,Sc: "
@@ -179,21 +182,24 @@ std::vector<Flag> flag_table() {
        .help = "auto (cuda when every rank sees a CUDA device, else cpu) | cpu | cuda: one GPU per "
                "rank, by local rank",
        .field = &C::device,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .commands = kCommandAny},
       {.name = "tf32",
        .group = data,
        .help = "Let cuBLAS/cuDNN use TF32 tensor cores for fp32 products on the GPU: faster, with "
                "10-bit mantissa products (off: results agree with the CPU to fp32 rounding)",
        .field = &C::tf32,
        .agreement = A::kFixed,
-       .kind = K::kSwitch},
+       .kind = K::kSwitch,
+       .commands = kCommandAny},
       {.name = "precision",
        .group = data,
        .help = "fp32 | bf16: Linear GEMMs on bf16 operands and convolutions on bf16 (CPU, which "
                "needs AVX512-BF16 or AMX-BF16) or TF32 (GPU) operands, fp32 accumulation; master "
                "weights, the gradient buffers, the optimizer and the all-reduce stay fp32",
        .field = &C::precision,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .commands = kCommandAny},
       {.name = "activation-dtype",
        .group = data,
        .help = "auto | fp32 | bf16: the type activations and their gradients are stored in "
@@ -202,7 +208,8 @@ std::vector<Flag> flag_table() {
                "auto is bf16 under --precision bf16 where the convolutions take bf16 natively (the "
                "CPU; the GPU on cuDNN's graph API), else fp32; a resume keeps the checkpoint's",
        .field = &C::activation_dtype,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .commands = kCommandAny},
       // Same results either way, but the ranks' graphs must capture the same collectives.
       {.name = "no-cuda-graphs",
        .group = data,
@@ -212,7 +219,11 @@ std::vector<Flag> flag_table() {
        .agreement = A::kResumable,
        .kind = K::kNegated,
        .json = {{.key = "cuda_graphs"}}},
-      {.name = "threads", .group = data, .help = "Compute threads per rank", .field = &C::threads},
+      {.name = "threads",
+       .group = data,
+       .help = "Compute threads per rank",
+       .field = &C::threads,
+       .commands = kCommandAny},
       {.name = "max-steps",
        .group = data,
        .help = "At most N training steps per epoch (0 = all)",
@@ -222,7 +233,8 @@ std::vector<Flag> flag_table() {
        .group = data,
        .help = "Batch size of evaluation",
        .field = &C::eval_batch_size,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .commands = kCommandAny},
       {.name = "eval-every",
        .group = data,
        .help = "Evaluate every N epochs and after the last one (0 = never: speed runs)",
@@ -291,15 +303,17 @@ std::vector<Flag> flag_table() {
       {.name = "timeout",
        .group = parallel,
        .help = "Seconds a collective may take before every rank stops (0 = never)",
-       .field = &C::timeout},
+       .field = &C::timeout,
+       .commands = kCommandAny},
 
       // Output: paths are rank 0's business; whether some are given decides collectives.
       {.name = "metrics",
        .group = output,
-       .help = "Write one JSON line per epoch to FILE",
+       .help = "Write one JSON line per epoch to FILE (evaluate: one line of its results)",
        .field = &C::metrics,
        .from = Default::kNone,
-       .path = true},
+       .path = true,
+       .commands = kCommandTrain | kCommandEvaluate},
       {.name = "save",
        .group = output,
        .help = "Write parameters and buffers to FILE (safetensors) at the end",
@@ -341,6 +355,38 @@ std::vector<Flag> flag_table() {
        .agreement = A::kGiven,
        .from = Default::kNone,
        .path = true},
+      {.name = "init-from",
+       .group = output,
+       .help = "Start training from a saved model's parameters and BatchNorm buffers (a --save, a "
+               "checkpoint or any safetensors file with the model's names and shapes), with a "
+               "fresh optimizer and position; a classifier head of another class count is "
+               "re-initialised (fine-tuning)",
+       .field = &C::init_from,
+       .agreement = A::kGiven,
+       .from = Default::kNone,
+       .path = true},
+      {.name = "load",
+       .group = output,
+       .help = "The saved model to run (a --save file or a training checkpoint): its model, "
+               "classes, input shape and normalisation are the file's",
+       .field = &C::load,
+       .from = Default::kNone,
+       .path = true,
+       .commands = kCommandScore},
+      {.name = "output",
+       .group = output,
+       .help = "CSV of every test image, in the data set's order: index, label and the top-k "
+               "classes with their probabilities",
+       .field = &C::output,
+       .from = Default::kNone,
+       .path = true,
+       .commands = kCommandPredict},
+      {.name = "top-k",
+       .group = output,
+       .help = "Classes per image in --output (capped at the class count)",
+       .field = &C::top_k,
+       .agreement = A::kResumable,
+       .commands = kCommandPredict},
       {.name = "allow-config-change",
        .group = output,
        .help = "Let --resume continue with training settings other than the checkpoint's "
@@ -376,12 +422,14 @@ std::vector<Flag> flag_table() {
       {.name = "log-level",
        .group = output,
        .help = "error | warn | info | debug",
-       .field = &C::log_level},
+       .field = &C::log_level,
+       .commands = kCommandAny},
       {.name = "quiet",
        .group = output,
        .help = "Print only errors and the final line",
        .field = &C::quiet,
-       .kind = K::kSwitch},
+       .kind = K::kSwitch,
+       .commands = kCommandAny},
       {.name = "progress",
        .group = output,
        .help = "Progress bar on rank 0: auto (when stderr, or launch/mpirun.sh's, is a terminal) | "
@@ -530,13 +578,66 @@ bool agreed(const Flag& f) {
 
 }  // namespace
 
+unsigned command_bit(const std::string& command) {
+  return command == "train"      ? kCommandTrain
+         : command == "evaluate" ? kCommandEvaluate
+         : command == "predict"  ? kCommandPredict
+                                 : 0u;
+}
+
+namespace {
+
+// "--name" or "--name=value": the name, or "" for anything else (a value, a short option).
+std::string flag_name(const std::string& arg) {
+  if (arg.size() < 3 || arg.rfind("--", 0) != 0) return "";
+  return arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+}
+
+const char* command_synopsis(unsigned bit) {
+  switch (bit) {
+    case kCommandEvaluate:
+      return "dptrain evaluate --load FILE [--data DIR]: loss, top-1 and top-5 accuracy, "
+             "per-class accuracy and the confusion matrix of a saved model on DIR's test split "
+             "(launch with mpirun or srun: the test set is split across the ranks)";
+    case kCommandPredict:
+      return "dptrain predict --load FILE --data DIR --output preds.csv: the top-k classes and "
+             "their probabilities for every image of DIR's test split, in its order";
+    default:
+      return "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST or your own images "
+             "(launch with mpirun or srun; one rank per GPU or CPU slot); dptrain evaluate and "
+             "dptrain predict run a saved model (dptrain evaluate --help)";
+  }
+}
+
+}  // namespace
+
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {
-  cxxopts::Options opts("dptrain",
-                        "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST "
-                        "(launch with mpirun or srun; one rank per GPU or CPU slot)");
-  std::vector<const Flag*> taken;  // the training command's flags
+  // The command word comes first; without one, the command is training (as before commands).
+  const std::string first = argc > 1 ? argv[1] : "";
+  unsigned command = kCommandTrain;
+  if (!first.empty() && first[0] != '-') {
+    command = command_bit(first);
+    DPT_INPUT_CHECK(command != 0, "unknown command '" << printable(first)
+                                                      << "' (train, evaluate or predict; see "
+                                                         "dptrain --help)");
+    cfg->command = first;
+    // cxxopts reads argv[0] as the program: the command word takes its place.
+    --argc;
+    ++argv;
+  }
+  const std::string program = command == kCommandTrain ? "dptrain" : "dptrain " + cfg->command;
+  // A flag of another command is named as such, not as unknown.
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = flag_name(argv[i]);
+    for (const Flag& f : flags())
+      DPT_INPUT_CHECK(
+          name != f.name || (f.commands & command),
+          "--" << f.name << " is not a flag of " << program << " (see " << program << " --help)");
+  }
+  cxxopts::Options opts(program, command_synopsis(command));
+  std::vector<const Flag*> taken;  // the command's flags
   for (const Flag& f : flags())
-    if (f.commands & kCommandTrain) {
+    if (f.commands & command) {
       opts.add_options(f.group)(f.name, f.help, option_value(f));
       taken.push_back(&f);
     }

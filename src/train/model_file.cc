@@ -2,6 +2,7 @@
 // training checkpoints, checked tensor by tensor when loaded.
 #include "dpt/model_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -49,9 +50,10 @@ void save_model(const std::string& path, const Model& model,
   write_safetensors(path, tensors, meta, what);
 }
 
-std::map<std::string, std::string> load_model(const std::string& path, Model& model,
-                                              std::vector<float>* momentum) {
-  StFile f = read_safetensors(path);
+namespace {
+
+// The recorded model and input shape against `model` (absent keys: a foreign file, not refused).
+void check_recorded(const StFile& f, const std::string& path, const Model& model) {
   auto it = f.metadata.find("model");
   DPT_INPUT_CHECK(
       it == f.metadata.end() || it->second == model.name(),
@@ -62,29 +64,57 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
                   path << ": was trained on images of " << printable(shape->second)
                        << " (H,W,C), this run's data has " << shape_text(model.input_shape()));
+}
+
+// Every parameter and buffer of `model` from `f`, after checking them all (names, shapes, dtypes,
+// no tensor the model lacks but the optimizer state). A tensor under `head` + "." whose first
+// dimension (the class count) alone differs is left as it is (re-initialised) and named in the
+// result; with an empty `head` every difference is refused.
+std::vector<std::string> load_tensors(const StFile& f, const std::string& path, Model& model,
+                                      const std::string& head) {
   std::set<std::string> expected{kMomentum};
+  std::vector<std::pair<Param*, const StTensor*>> load;
+  std::vector<std::string> kept;
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);
     const StTensor* t = f.find(p.name);
     DPT_INPUT_CHECK(t != nullptr,
                     path << ": tensor '" << p.name << "' of " << model.name() << " is missing");
+    const bool in_head = !head.empty() && p.name.rfind(head + ".", 0) == 0;
+    if (in_head && t->shape != p.shape && t->shape.size() == p.shape.size() && !p.shape.empty() &&
+        std::equal(t->shape.begin() + 1, t->shape.end(), p.shape.begin() + 1)) {
+      kept.push_back(p.name + " " + shape_str(t->shape) + " -> " + shape_str(p.shape));
+      continue;
+    }
     DPT_INPUT_CHECK(t->shape == p.shape, path << ": tensor '" << p.name << "' has shape "
                                               << shape_str(t->shape) << ", " << model.name()
                                               << " needs " << shape_str(p.shape));
-    if (p.is_counter) {
-      DPT_INPUT_CHECK(t->dtype == "I64", path << ": tensor '" << p.name << "' is "
-                                              << printable(t->dtype) << ", expected I64");
-      p.value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
-    } else {
-      DPT_INPUT_CHECK(t->dtype == "F32", path << ": tensor '" << p.name << "' is "
-                                              << printable(t->dtype) << ", expected F32");
-      auto v = as_f32(*t, path);
-      std::copy(v.begin(), v.end(), p.value.data());
-    }
+    const char* dtype = p.is_counter ? "I64" : "F32";
+    DPT_INPUT_CHECK(t->dtype == dtype, path << ": tensor '" << p.name << "' is "
+                                            << printable(t->dtype) << ", expected " << dtype);
+    load.emplace_back(&p, t);
   }
   for (const auto& t : f.tensors)
     DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << printable(t.name)
                                                  << "' for " << model.name());
+  for (auto [p, t] : load) {
+    if (p->is_counter) {
+      p->value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
+    } else {
+      auto v = as_f32(*t, path);
+      std::copy(v.begin(), v.end(), p->value.data());
+    }
+  }
+  return kept;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> load_model(const std::string& path, Model& model,
+                                              std::vector<float>* momentum) {
+  StFile f = read_safetensors(path);
+  check_recorded(f, path, model);
+  load_tensors(f, path, model, "");
   if (momentum && !momentum->empty()) {
     const StTensor* t = f.find(kMomentum);
     DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
@@ -95,6 +125,13 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
     *momentum = as_f32(*t, path);
   }
   return f.metadata;
+}
+
+std::vector<std::string> init_from_file(const std::string& path, Model& model,
+                                        const std::string& head) {
+  StFile f = read_safetensors(path);
+  check_recorded(f, path, model);
+  return load_tensors(f, path, model, head);
 }
 
 }  // namespace dpt

@@ -125,7 +125,8 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
   std::vector<std::pair<const char*, std::string>> outputs = {{"--metrics", cfg.metrics},
                                                               {"--save", cfg.save},
                                                               {"--report", cfg.report},
-                                                              {"--trace", cfg.trace}};
+                                                              {"--trace", cfg.trace},
+                                                              {"--output", cfg.output}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
   std::vector<OutputLock> locks;
   std::vector<const char*> owners;  // the flag of each lock
@@ -135,12 +136,17 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
       DPT_INPUT_CHECK(locks[i].file() != OutputLock::file_for(path, flag),
                       flag << " " << path << " is the file " << owners[i]
                            << " names: give each output its own file");
-    OutputLock lock = check_output_path(path, flag, std::string(flag) == "--metrics");
+    // Training appends to --metrics as it goes (a character device will do); evaluate's results
+    // are one file written whole.
+    OutputLock lock =
+        check_output_path(path, flag, std::string(flag) == "--metrics" && cfg.command == "train");
     if (lock.file().empty()) continue;
     locks.push_back(std::move(lock));
     owners.push_back(flag);
   }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
+  if (!cfg.init_from.empty()) check_input_file(cfg.init_from, "--init-from");
+  if (!cfg.load.empty()) check_input_file(cfg.load, "--load");
   return locks;
 }
 

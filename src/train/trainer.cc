@@ -24,11 +24,13 @@
 #include "dpt/error.h"
 #include "dpt/log.h"
 #include "dpt/metrics.h"
+#include "dpt/model_file.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/optimizer.h"
 #include "dpt/preflight.h"
 #include "dpt/run.h"
+#include "dpt/safetensors.h"
 #include "dpt/sampler.h"
 #include "dpt/trace.h"
 #include "train/guard.h"
@@ -94,6 +96,34 @@ Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n) {
   double sums[3] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count)};
   comm.allreduce(sums, 3, ReduceOp::kSum, "all-reduce of evaluation counts");
   return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
+}
+
+// --init-from: rank 0 reads the file into its freshly initialised model (a classifier head of
+// another class count keeps its initial values), and DataParallel's start-up broadcast of rank 0's
+// parameters and buffers makes every replica that model, so no other rank needs the file.
+void init_from(const TrainConfig& cfg, Communicator& comm, Model& model, const Preflight& pf) {
+  std::vector<std::string> head;
+  agree_on_input(comm, "rank 0 could not start from --init-from " + cfg.init_from, [&] {
+    if (comm.rank() != 0) return;
+    const std::string what = "--init-from " + cfg.init_from;
+    const auto meta = read_metadata(cfg.init_from);
+    // What read_metadata alone can tell, before the tensors are read.
+    const auto norm = meta.find("normalize");
+    if (norm != meta.end() && norm->second != pf.normalize.text())
+      log_warn(DPT_MSG(what << ": the model was trained with --normalize "
+                            << printable(norm->second) << ", this run uses "
+                            << pf.normalize.text()));
+    head = init_from_file(cfg.init_from, model, model_spec(cfg.model).head);
+  });
+  if (comm.rank() != 0) return;
+  std::string kept;
+  for (const std::string& h : head) kept += (kept.empty() ? "" : ", ") + h;
+  if (kept.empty())
+    log_info("starting from --init-from " + cfg.init_from);
+  else
+    log_info(DPT_MSG("starting from --init-from " << cfg.init_from << "; the classifier head is "
+                                                  << "re-initialised for " << model.num_classes()
+                                                  << " classes: " << kept));
 }
 
 // The start-up banner of rank 0: model, ranks with their hosts and devices, buckets, configuration.
@@ -322,6 +352,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   auto transport = device.transport(comm, model->store().device_grads(), model->num_parameters(),
                                     grad_wire_dtype(cfg.grad_dtype));
   model->init_parameters(cfg.init, cfg.seed);
+  if (!cfg.init_from.empty()) init_from(cfg, comm, *model, pf);
   DdpOptions dopt;
   dopt.bucket_mb = cfg.bucket_mb;
   dopt.last_bucket_mb = cfg.last_bucket_mb;

@@ -27,9 +27,10 @@ expect() {
   fi
 }
 
-# same_tensors A B: the two safetensors files hold the same tensors, bit for bit (metadata aside).
+# same_tensors A B [--except PREFIX]: the two safetensors files hold the same tensors, bit for bit
+# (metadata aside; names starting with PREFIX left out).
 lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-same_tensors() { python3 "$lib_dir/same_tensors.py" "$1" "$2"; }
+same_tensors() { python3 "$lib_dir/same_tensors.py" "$@"; }
 
 # run LOG args...: a run bounded by $RUN_TIMEOUT seconds (default 180), its output in LOG.
 run() {

@@ -11,13 +11,17 @@ above chance within a few hundred SGD steps.
 
   python3 tests/data/make_data.py DIR --format idx|cifar10|cifar100|npy [--gzip] --train N
       --test M --rows H --cols W --channels C --classes K --seed S [--learnable] [--npy-4d]
-      [--label-dtype '<i8']
+      [--label-dtype '<i8'] [--levels-seed S2] [--relabel K2]
 
 idx: train-/t10k-images-idx3-ubyte (C == 1) or -idx4-ubyte (C > 1), -labels-idx1-ubyte; --gzip
 writes them .gz. cifar10: data_batch_1.bin (all training records) and test_batch.bin; cifar100:
 train.bin and test.bin (coarse label = fine // 5); both need 32x32x3. npy: train_/test_images.npy
 (N x H x W when C == 1 unless --npy-4d, else N x H x W x C, '|u1') and train_/test_labels.npy
 (--label-dtype, default '|u1').
+
+Related tasks (fine-tuning tests): --levels-seed fixes the classes' colour levels apart from the
+images drawn (--seed), so two sets share what tells their classes apart; --relabel K2 writes each
+image's class k as k mod K2: K2 classes, each the union of classes the first set separates.
 """
 import argparse
 import gzip
@@ -132,6 +136,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--learnable", action="store_true")
     p.add_argument("--npy-4d", action="store_true", help="npy: write N x H x W x 1 when C == 1")
+    p.add_argument("--levels-seed", type=int, default=None,
+                   help="seed of the classes' colour levels (default: --seed)")
+    p.add_argument("--relabel", type=int, default=None,
+                   help="write class k as k mod K2 (images drawn for the --classes classes)")
     p.add_argument("--label-dtype", default="|u1",
                    help="npy: the labels' dtype, e.g. '<i8' (default '|u1')")
     a = p.parse_args()
@@ -153,10 +161,14 @@ def main():
     if a.label_dtype[0] not in "<>|" or a.label_dtype[1] not in "iu" or a.label_dtype[2:] not in ("1", "2", "4", "8"):
         sys.exit(f"make_data.py: --label-dtype {a.label_dtype}: expected e.g. '|u1', '<i8', '>u2'")
 
+    if a.relabel is not None and not 1 <= a.relabel <= classes:
+        sys.exit(f"make_data.py: --relabel {a.relabel} is outside 1..{classes} (--classes)")
     rng = random.Random(a.seed)
-    levels = make_levels(channels, classes, a.seed)
+    levels = make_levels(channels, classes, a.seed if a.levels_seed is None else a.levels_seed)
     train = make_split(rng, a.train, classes, True, rows, cols, channels, a.learnable, levels)
     test = make_split(rng, a.test, classes, False, rows, cols, channels, a.learnable, levels)
+    if a.relabel is not None:
+        train, test = [(images, [k % a.relabel for k in labels]) for images, labels in (train, test)]
     os.makedirs(a.dir, exist_ok=True)
     d = a.dir
 

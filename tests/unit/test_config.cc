@@ -62,14 +62,23 @@ TEST(Config, ExplicitFlagsOverrideTheRecipe) {
 }
 
 // dptrain --help's text.
-std::string help_text() {
+// --help of a command ("": training).
+std::string help_text(const std::string& command = "") {
   std::vector<std::string> args{"dptrain", "--help"};
+  if (!command.empty()) args.insert(args.begin() + 1, command);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   TrainConfig c;
   std::string help;
-  EXPECT_FALSE(parse_config(2, argv.data(), &c, &help));
+  EXPECT_FALSE(parse_config(static_cast<int>(argv.size()), argv.data(), &c, &help));
   return help;
+}
+
+// The command word a flag's samples are given to ("": training, which every flag but the ones
+// of evaluate and predict alone belongs to).
+std::string command_of(const Flag& f) {
+  if (f.commands & kCommandTrain) return "";
+  return f.commands & kCommandEvaluate ? "evaluate" : "predict";
 }
 
 // Every flag is listed: Flags.HelpListsEveryFlagInItsGroup.
@@ -221,23 +230,27 @@ TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
 // TrainConfig's JSON as checkpoints record it: every key with its value and its type (an integer
 // 0 is "0", a double 0 "0.0"), sorted. Old checkpoints resume against it, so it must not drift.
 TEST(Flags, DefaultJsonKeepsEveryKeyAndType) {
-  EXPECT_EQ(parse({}).to_json(),
-            "{\"accum_steps\":1,\"activation_dtype\":\"auto\",\"allow_config_change\":false,"
-            "\"augment\":\"none\",\"batch_size\":256,\"bucket_mb\":25.0,\"checkpoint_every\":0,"
-            "\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
-            "\"checkpoint_path\":\"checkpoint.safetensors\",\"clip_grad_norm\":0.0,"
-            "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
-            "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eval_batch_size\":1000,"
-            "\"eval_every\":1,\"grad_dtype\":\"fp32\",\"init\":\"kaiming\",\"keep_checkpoints\":0,"
-            "\"last_bucket_mb\":0.0,\"log_level\":\"info\",\"lr\":0.05,\"max_steps\":0,"
-            "\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\",\"momentum\":0.9,"
-            "\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
-            "\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\",\"quiet\":false,"
-            "\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
-            "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"step_epochs\":[],"
-            "\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,\"timeout\":300.0,"
-            "\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,\"warmup_epochs\":1.0,"
-            "\"weight_decay\":0.0005}");
+  EXPECT_EQ(
+      parse({}).to_json(),
+      "{\"accum_steps\":1,\"activation_dtype\":\"auto\",\"allow_config_change\":false,"
+      "\"augment\":\"none\",\"batch_size\":256,\"bucket_mb\":25.0,\"checkpoint_every\":0,"
+      "\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
+      "\"checkpoint_path\":\"checkpoint.safetensors\",\"clip_grad_norm\":0.0,"
+      "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
+      "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eval_batch_size\":1000,"
+      "\"eval_every\":1,\"grad_dtype\":\"fp32\",\"init\":\"kaiming\",\"init_from\":\"\","
+      "\"keep_checkpoints\":0,"
+      "\"last_bucket_mb\":0.0,\"load\":\"\",\"log_level\":\"info\",\"lr\":0.05,\"max_steps\":0,"
+      "\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\",\"momentum\":0.9,"
+      "\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
+      "\"output\":\"\",\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\",\"quiet\":"
+      "false,"
+      "\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
+      "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"step_epochs\":[],"
+      "\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,\"timeout\":300.0,"
+      "\"top_k\":5,\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,\"warmup_epochs\":1."
+      "0,"
+      "\"weight_decay\":0.0005}");
 }
 
 TEST(Flags, EveryJsonKeyHasExactlyOneEntry) {
@@ -294,8 +307,9 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
                                            "--last-bucket-mb",
                                            "--nonfinite",
                                            "--nonfinite-max-skips",
-                                           "--device"};
-  const std::set<std::string> given = {"--resume", "--save", "--trace"};
+                                           "--device",
+                                           "--top-k"};
+  const std::set<std::string> given = {"--init-from", "--resume", "--save", "--trace"};
   std::map<std::string, std::string> seen;
   for (const auto& [flag, value] : agreed_values(parse({}))) {
     EXPECT_TRUE(seen.emplace(flag, value).second) << flag << " twice";
@@ -309,7 +323,7 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
   for (const char* free : {"--threads", "--timeout", "--data", "--log-level", "--no-overlap"})
     EXPECT_FALSE(may_change_on_resume(free) || seen.count(free)) << free;
 
-  // A checkpoint's JSON: the same names but the three "given" ones; a key it lacks is "(not
+  // A checkpoint's JSON: the same names but the "given" ones; a key it lacks is "(not
   // recorded)", one it has is its JSON text.
   const auto old = agreed_values(std::string("{\"lr\":0.2,\"cuda_graphs\":false}"));
   EXPECT_EQ(old.size(), fixed.size() + resumable.size());
@@ -377,6 +391,10 @@ std::map<std::string, Sample> samples() {
       {"keep-checkpoints", {{"--keep-checkpoints", "2"}, {{"keep_checkpoints", 2}}}},
       {"checkpoint-path", {{"--checkpoint-path", "c.st"}, {{"checkpoint_path", "c.st"}}}},
       {"resume", {{"--resume", "r.st"}, {{"resume", "r.st"}}}},
+      {"init-from", {{"--init-from", "i.st"}, {{"init_from", "i.st"}}}},
+      {"load", {{"evaluate", "--load", "l.st"}, {{"load", "l.st"}}}},
+      {"output", {{"predict", "--output", "p.csv"}, {{"output", "p.csv"}}}},
+      {"top-k", {{"predict", "--top-k", "3"}, {{"top_k", 3}}}},
       {"allow-config-change", {{"--allow-config-change"}, {{"allow_config_change", true}}}},
       {"metrics-every", {{"--metrics-every", "4"}, {{"metrics_every", 4}}}},
       {"report", {{"--report", "r.svg"}, {{"report", "r.svg"}}}},
@@ -402,6 +420,7 @@ TEST(Flags, EveryFlagRoundTripsAndMovesOnlyItsAgreedValues) {
     ASSERT_TRUE(all.count(f.name));
     const Sample& s = all.at(f.name);
     for (const bool d2l : {false, true}) {
+      if (d2l && !(f.commands & kCommandTrain)) continue;  // --recipe is training's
       auto args = s.args;
       if (d2l && f.name != "recipe") args.insert(args.end(), {"--recipe", "d2l"});
       const auto j = nlohmann::json::parse(parse(args).to_json());
@@ -430,8 +449,8 @@ TEST(Flags, EveryFlagRoundTripsAndMovesOnlyItsAgreedValues) {
 }
 
 TEST(Flags, HelpListsEveryFlagInItsGroup) {
-  const std::string help = help_text();
   for (const Flag& f : flags()) {
+    const std::string help = help_text(command_of(f));
     // Its line (a flag is also named in other flags' help, never at a line's start).
     const size_t group = help.find(" " + f.group + " options:"),
                  at = help.find("\n      --" + f.name + " ");
@@ -441,14 +460,53 @@ TEST(Flags, HelpListsEveryFlagInItsGroup) {
     EXPECT_EQ(help.rfind(" options:", at), group + f.group.size() + 1) << f.name;
   }
   for (const ModelSpec& m : models())
-    EXPECT_NE(help.find(m.name + " ("), std::string::npos) << m.name;
+    EXPECT_NE(help_text().find(m.name + " ("), std::string::npos) << m.name;
+}
+
+// Each command's --help lists exactly the flags the table gives it; a flag of another command is
+// refused naming it and the command.
+TEST(Flags, EachCommandTakesItsOwnFlags) {
+  for (const std::string command : {"", "train", "evaluate", "predict"}) {
+    SCOPED_TRACE(command);
+    const std::string help = help_text(command);
+    const unsigned bit = command.empty() ? kCommandTrain : command_bit(command);
+    for (const Flag& f : flags()) {
+      const bool listed = help.find("\n      --" + f.name + " ") != std::string::npos;
+      EXPECT_EQ(listed, (f.commands & bit) != 0) << f.name;
+      if (f.commands & bit) continue;
+      std::vector<std::string> args{"--" + f.name};
+      if (!command.empty()) args.insert(args.begin(), command);
+      std::string msg;
+      EXPECT_EQ(input_error_of(args, &msg), 2) << f.name;
+      EXPECT_NE(msg.find("--" + f.name + " is not a flag of dptrain"), std::string::npos) << msg;
+    }
+  }
+  std::string msg;
+  EXPECT_EQ(input_error_of({"score", "--load", "m.st"}, &msg), 2);
+  EXPECT_NE(msg.find("unknown command 'score'"), std::string::npos) << msg;
+  EXPECT_EQ(parse({"evaluate", "--load", "m.st"}).command, "evaluate");
+  EXPECT_EQ(parse({"train"}).command, "train");
+  EXPECT_EQ(parse({}).command, "train");
+  EXPECT_EQ(input_error_of({"evaluate"}, &msg), 2);
+  EXPECT_NE(msg.find("needs --load"), std::string::npos) << msg;
+  EXPECT_EQ(input_error_of({"predict", "--load", "m.st"}, &msg), 2);
+  EXPECT_NE(msg.find("needs --output"), std::string::npos) << msg;
+  EXPECT_EQ(input_error_of({"predict", "--load", "m.st", "--output", "p", "--top-k", "0"}, &msg),
+            2);
+  EXPECT_NE(msg.find("--top-k must be >= 1"), std::string::npos) << msg;
+  // Evaluation takes no training batch: any world size.
+  EXPECT_EQ(input_error_of({"evaluate", "--load", "m.st"}, &msg, 3), 0) << msg;
+  EXPECT_EQ(input_error_of({"--init-from", "a.st", "--resume", "b.st"}, &msg), 2);
+  EXPECT_NE(msg.find("--init-from and --resume exclude each other"), std::string::npos) << msg;
 }
 
 TEST(Flags, EmptyPathsAreRefused) {
   for (const Flag& f : flags()) {
     if (!f.path) continue;
     std::string msg;
-    EXPECT_EQ(input_error_of({"--" + f.name, ""}, &msg), 2) << f.name;
+    std::vector<std::string> args{"--" + f.name, ""};
+    if (!command_of(f).empty()) args.insert(args.begin(), command_of(f));
+    EXPECT_EQ(input_error_of(args, &msg), 2) << f.name;
     EXPECT_NE(msg.find("--" + f.name + ": empty path"), std::string::npos) << msg;
   }
 }

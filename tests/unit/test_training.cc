@@ -11,6 +11,7 @@
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/error.h"
+#include "dpt/model_file.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
@@ -48,6 +49,77 @@ TEST(Training, LenetLossFallsOnSyntheticData) {
     ASSERT_NE(p, nullptr) << t.name;
     auto v = as_f32(t);
     for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], p->value.data()[i]) << t.name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// --init-from's loading (model_file.h): every tensor of the file but a head of another class count,
+// which keeps its initial values and is named; any other difference refused naming the tensor.
+TEST(ModelFile, InitFromKeepsOnlyAHeadOfAnotherClassCount) {
+  const std::string dir = test::make_temp_dir("initfrom");
+  auto src = make_model("lenet", 10);
+  src->init_parameters("kaiming", 1);
+  save_model(dir + "/m.st", *src, {}, nullptr, "--save");
+  auto dst = make_model("lenet", 5);
+  dst->init_parameters("kaiming", 2);
+  const std::vector<float> head(dst->store().find("fc2.weight")->value.data(),
+                                dst->store().find("fc2.weight")->value.data() + 5 * 128);
+  const auto kept = init_from_file(dir + "/m.st", *dst, "fc2");
+  EXPECT_EQ(kept,
+            (std::vector<std::string>{"fc2.weight [10, 128] -> [5, 128]", "fc2.bias [10] -> [5]"}));
+  for (const Param& p : dst->store().entries()) {
+    const float* v = p.value.data();
+    if (p.name == "fc2.weight") {
+      EXPECT_TRUE(std::equal(head.begin(), head.end(), v));  // as initialised
+    } else if (p.name != "fc2.bias") {
+      const float* w = src->store().find(p.name)->value.data();
+      EXPECT_TRUE(std::equal(v, v + p.numel(), w)) << p.name;
+    }
+  }
+  // Without a head (load_model, evaluate's loader), the class count is a mismatch like any other.
+  try {
+    load_model(dir + "/m.st", *dst);
+    ADD_FAILURE() << "a 10-class file loaded into a 5-class model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'fc2.weight' has shape [10, 128], lenet needs "
+                                         "[5, 128]"),
+              std::string::npos)
+        << e.what();
+  }
+  // Outside the head, or a head whose input width differs: refused naming the tensor.
+  auto other = make_model("lenet", 10, cpu_backend(), {20, 20, 1});
+  try {
+    init_from_file(dir + "/m.st", *other, "fc2");
+    ADD_FAILURE() << "a model for 28x28 images loaded for 20x20";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(std::string(e.what()).find("was trained on images of 28,28,1"), std::string::npos)
+        << e.what();
+  }
+  std::vector<StTensor> tensors;
+  for (const Param& p : src->store().entries())
+    tensors.push_back(p.name == "fc2.weight" ? st_f32(p.name, {10, 64}, p.value.data())
+                                             : st_f32(p.name, p.shape, p.value.data()));
+  write_safetensors(dir + "/narrow.st", tensors);  // no metadata: any safetensors file
+  try {
+    init_from_file(dir + "/narrow.st", *dst, "fc2");
+    ADD_FAILURE() << "a head of another input width re-initialised";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'fc2.weight' has shape [10, 64], lenet needs "
+                                         "[5, 128]"),
+              std::string::npos)
+        << e.what();
+  }
+  // A tensor the model lacks (a checkpoint's optimizer state aside) is refused too.
+  tensors[6] = st_f32("fc2.weight", {10, 128}, src->store().find("fc2.weight")->value.data());
+  tensors.push_back(st_f32("extra", {1}, src->store().params()));
+  write_safetensors(dir + "/extra.st", tensors);
+  try {
+    init_from_file(dir + "/extra.st", *dst, "fc2");
+    ADD_FAILURE() << "a file with a tensor lenet lacks loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unexpected tensor 'extra'"), std::string::npos)
+        << e.what();
   }
   std::filesystem::remove_all(dir);
 }

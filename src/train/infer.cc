@@ -1,0 +1,366 @@
+// After training: `dptrain evaluate` and `dptrain predict` run a saved model (--load, a --save file
+// or a checkpoint) over the test split of --data, split across the ranks. The test set is cut into
+// batches of --eval-batch-size at fixed global boundaries and whole batches go to ranks, so every
+// image is scored in the same batch with the same neighbours at any world size: its logits are the
+// same bits, and everything computed from them (in double, on the host) is too. Counts are
+// integers, per-batch loss sums are each made by one rank and reduced into slots of their own, then
+// added in batch order: 1, 2 and 4 ranks print and write the same numbers.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "dpt/comm.h"
+#include "dpt/config.h"
+#include "dpt/error.h"
+#include "dpt/files.h"
+#include "dpt/log.h"
+#include "dpt/model_file.h"
+#include "dpt/models.h"
+#include "dpt/preflight.h"
+#include "dpt/run.h"
+#include "dpt/safetensors.h"
+#include "dpt/sampler.h"
+
+namespace dpt {
+
+namespace {
+
+// What a saved model's metadata says it is (save_model and input_metadata write it).
+struct SavedModel {
+  std::string model;
+  Shape input;
+  int classes = 0;
+  Normalization normalize;
+};
+
+SavedModel saved_model(const std::map<std::string, std::string>& meta, const std::string& path) {
+  auto get = [&](const char* key) {
+    const auto it = meta.find(key);
+    DPT_INPUT_CHECK(it != meta.end(), "--load " << path << ": its metadata has no '" << key
+                                                << "' (not a file dptrain's --save wrote)");
+    return it->second;
+  };
+  SavedModel s;
+  s.model = get("model");
+  try {
+    (void)model_spec(s.model);
+  } catch (const Error&) {
+    throw Error(ErrorKind::kInput, DPT_MSG("--load " << path << ": holds a '" << printable(s.model)
+                                                     << "' model, which this dptrain does not "
+                                                     << "know (" << model_names() << ")"));
+  }
+  const std::string shape = get("input_shape"), classes = get("num_classes");
+  long long h = 0, w = 0, c = 0, k = 0;
+  char tail = 0;
+  DPT_INPUT_CHECK(std::sscanf(shape.c_str(), "%lld,%lld,%lld%c", &h, &w, &c, &tail) == 3 && h > 0 &&
+                      w > 0 && c > 0,
+                  "--load " << path << ": input_shape '" << printable(shape) << "' is not H,W,C");
+  DPT_INPUT_CHECK(
+      std::sscanf(classes.c_str(), "%lld%c", &k, &tail) == 1 && k >= 1 && k <= 1 << 20,
+      "--load " << path << ": num_classes '" << printable(classes) << "' is not a class count");
+  s.input = {h, w, c};
+  s.classes = static_cast<int>(k);
+  const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
+  if (mean != meta.end() || stdev != meta.end()) {
+    DPT_INPUT_CHECK(mean != meta.end() && stdev != meta.end(),
+                    "--load " << path << ": its metadata has only one of normalize_mean and "
+                              << "normalize_std");
+    try {
+      s.normalize = resolve_normalize(mean->second + "/" + stdev->second, nullptr);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kInput,
+                  DPT_MSG("--load "
+                          << path << ": metadata normalize_mean and normalize_std: " << e.what()));
+    }
+  }
+  return s;
+}
+
+// The saved model against the data: its class count, image shape and normalisation's channels.
+void check_fit(const SavedModel& s, const Preflight& pf, const TrainConfig& cfg) {
+  const std::string model = "--load " + cfg.load, data = "--data " + cfg.data;
+  DPT_INPUT_CHECK(s.input == pf.input_shape(), model << " takes images of " << s.input[0] << "x"
+                                                     << s.input[1] << "x" << s.input[2]
+                                                     << " (HxWxC); " << data << " has images of "
+                                                     << pf.test.shape_text());
+  DPT_INPUT_CHECK(s.classes == pf.train.num_classes,
+                  model << " has " << s.classes << " classes; " << data << " has "
+                        << pf.train.num_classes << " (its labels)");
+  DPT_INPUT_CHECK(
+      !s.normalize.any() || static_cast<int64_t>(s.normalize.mean.size()) == pf.test.channels,
+      model << " normalises " << s.normalize.mean.size() << " channels (" << s.normalize.text()
+            << "); " << data << " has images of " << pf.test.channels << " channel(s)");
+}
+
+// A saved model on this rank's device, the same on every rank, and the data it runs on.
+struct Loaded {
+  TrainConfig cfg;
+  Preflight pf;
+  SavedModel saved;
+  std::unique_ptr<Model> model;
+};
+
+// The metadata is read by rank 0 and sent to the others (only rank 0 needs the file, as for
+// --resume), the pre-flight runs as for training (settings, data, outputs, device), the fit is
+// checked, and rank 0's tensors are broadcast.
+Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
+  Loaded l{cfg_in, {}, {}, nullptr};
+  TrainConfig& cfg = l.cfg;
+  validate_config(cfg, comm.size());
+  set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
+  omp_set_num_threads(cfg.threads);
+  comm.set_timeout(cfg.timeout);
+  std::string meta;
+  agree_on_input(comm, "rank 0 could not read --load " + cfg.load, [&] {
+    if (comm.rank() != 0) return;
+    check_input_file(cfg.load, "--load");
+    const auto m = read_metadata(cfg.load);
+    (void)saved_model(m, cfg.load);
+    meta = nlohmann::json(m).dump();
+  });
+  meta = allgather_text(comm, meta)[0];
+  l.saved =
+      saved_model(nlohmann::json::parse(meta).get<std::map<std::string, std::string>>(), cfg.load);
+  // The pre-flight checks the data against the file's model; the normalisation is the file's.
+  cfg.model = l.saved.model;
+  cfg.normalize = "none";
+  l.pf = run_preflight(cfg, comm);
+  agree_on_input(comm, "--load " + cfg.load + " does not fit --data " + cfg.data,
+                 [&] { check_fit(l.saved, l.pf, cfg); });
+  l.model = make_model(l.saved.model, l.saved.classes, l.pf.device->ops(), l.saved.input);
+  l.model->set_activation_dtype(l.pf.activations);
+  agree_on_input(comm, "rank 0 could not load --load " + cfg.load, [&] {
+    if (comm.rank() == 0) load_model(cfg.load, *l.model);
+  });
+  ParamStore& store = l.model->store();
+  comm.broadcast(store.params(), store.num_params(), 0, "broadcast of the loaded parameters");
+  if (store.num_buffers() > 0)
+    comm.broadcast(store.buffers(), store.num_buffers(), 0, "broadcast of the loaded buffers");
+  store.from_host();
+  log_info(DPT_MSG("dptrain " << cfg.command << ": " << l.saved.model << " from " << cfg.load
+                              << " (" << l.saved.classes << " classes, images of "
+                              << l.pf.test.shape_text() << ", normalize "
+                              << l.saved.normalize.text() << "), " << l.pf.test.n
+                              << " test images of " << cfg.data << ", world size " << comm.size()));
+  return l;
+}
+
+// The test set's batches: [i B, (i + 1) B), B = --eval-batch-size (at most the set).
+struct Batches {
+  int64_t per = 1, count = 0;
+};
+Batches batches_of(const Loaded& l) {
+  const int64_t n = l.pf.test.n, per = std::max<int64_t>(1, std::min(l.cfg.eval_batch_size, n));
+  return {per, (n + per - 1) / per};
+}
+
+// Every batch of this rank: `fn(batch, first image, count, logits)`, the logits float [count,
+// classes] on the host. Rank r takes batches eval_range(batches, r, world).
+template <typename F>
+void score(Loaded& l, Communicator& comm, F&& fn) {
+  Model& model = *l.model;
+  Backend& be = model.store().backend();
+  const ImageSet& test = l.pf.test;
+  const int64_t n = test.n, classes = model.num_classes();
+  const auto [per, batches] = batches_of(l);
+  auto images = DeviceArray<uint8_t>::mirror(be, test.images.data(),
+                                             static_cast<int64_t>(test.images.size()));
+  auto labels = DeviceArray<uint8_t>::mirror(be, test.labels.data(),
+                                             static_cast<int64_t>(test.labels.size()));
+  ImageBatchSpec spec;
+  spec.rows = test.rows, spec.cols = test.cols, spec.channels = test.channels;
+  DeviceArray<float> mean, stdev;
+  if (l.saved.normalize.any()) {
+    mean = DeviceArray<float>(be, test.channels);
+    stdev = DeviceArray<float>(be, test.channels);
+    mean.copy_from_host(l.saved.normalize.mean.data(), test.channels);
+    stdev.copy_from_host(l.saved.normalize.std.data(), test.channels);
+    spec.mean = mean.data(), spec.std = stdev.data();
+  }
+  DeviceArray<int64_t> index(be, per);
+  DeviceArray<int32_t> gathered(be, per);
+  std::vector<int64_t> index_host(static_cast<size_t>(per));
+  std::vector<float> logits_host;
+  Tensor x;
+  const auto [b0, b1] = eval_range(batches, comm.rank(), comm.size());
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t first = b * per, count = std::min(per, n - first);
+    std::iota(index_host.begin(), index_host.begin() + count, first);
+    index.copy_from_host(index_host.data(), count);
+    x.resize({count, test.rows, test.cols, test.channels}, &be);
+    be.gather_images(images.data(), labels.data(), labels.size(), spec, index.data(), count,
+                     x.data(), gathered.data());
+    const Tensor& logits = model.forward(x, Mode::kEval);
+    logits_host.resize(static_cast<size_t>(count * classes));
+    be.copy_to_host(logits_host.data(), logits.data(), logits_host.size() * sizeof(float));
+    fn(b, first, count, logits_host.data());
+  }
+}
+
+// One image's scores from its float logits, in double: the log-sum-exp, and the classes by
+// decreasing logit (ties: the lower class first, as the training loss's argmax counts a hit).
+struct ImageScores {
+  double lse = 0;
+  std::vector<int> order;
+};
+
+ImageScores image_scores(const float* z, int64_t classes, int64_t keep) {
+  ImageScores s;
+  double m = z[0];
+  for (int64_t j = 1; j < classes; ++j) m = std::max(m, static_cast<double>(z[j]));
+  double sum = 0;
+  for (int64_t j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j]) - m);
+  s.lse = m + std::log(sum);
+  s.order.resize(static_cast<size_t>(classes));
+  std::iota(s.order.begin(), s.order.end(), 0);
+  // A NaN logit (a file's NaN weights) ranks last: the order stays a strict weak one.
+  auto key = [&](int j) { return std::isnan(z[j]) ? -HUGE_VALF : z[j]; };
+  std::partial_sort(s.order.begin(), s.order.begin() + keep, s.order.end(),
+                    [&](int a, int b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+  s.order.resize(static_cast<size_t>(keep));
+  return s;
+}
+
+// Classes up to which evaluate prints the confusion matrix (a wider one is only in --metrics).
+constexpr int64_t kPrintedMatrix = 32;
+
+// Writes `text` to `path` on rank 0, every rank agreeing on a failure (exit 2 on all of them).
+void write_output(Communicator& comm, const std::string& path, const std::string& text,
+                  const std::string& flag) {
+  agree_on_input(comm, "rank 0 could not write " + flag + " " + path, [&] {
+    if (comm.rank() == 0) write_file_atomic(path, text, flag);
+  });
+}
+
+}  // namespace
+
+void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
+  Loaded l = load_saved(cfg_in, comm);
+  const int64_t k = l.saved.classes, top = std::min<int64_t>(5, k), n = l.pf.test.n;
+  const int64_t batches = batches_of(l).count;
+  std::vector<double> batch_loss(static_cast<size_t>(batches), 0.0);
+  std::vector<int64_t> counts(static_cast<size_t>(k * k + 1), 0);  // confusion, then top-5 hits
+  score(l, comm, [&](int64_t b, int64_t first, int64_t count, const float* z) {
+    double loss = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const float* zi = z + i * k;
+      const int label = l.pf.test.labels[static_cast<size_t>(first + i)];
+      const ImageScores s = image_scores(zi, k, top);
+      loss += s.lse - static_cast<double>(zi[label]);
+      ++counts[static_cast<size_t>(label * k + s.order[0])];
+      if (std::find(s.order.begin(), s.order.end(), label) != s.order.end())
+        ++counts[static_cast<size_t>(k * k)];
+    }
+    batch_loss[static_cast<size_t>(b)] = loss;
+  });
+  // Each slot holds one rank's sum and zeros elsewhere: the all-reduce adds only zeros to it.
+  comm.allreduce(batch_loss.data(), batches, ReduceOp::kSum, "all-reduce of evaluation losses");
+  comm.allreduce(counts.data(), static_cast<int64_t>(counts.size()), ReduceOp::kSum,
+                 "all-reduce of evaluation counts");
+  // Every rank has the sums: rank 0 alone prints (log_info, log_result), and every rank takes part
+  // in the agreement on its --metrics write.
+  double loss = 0;
+  for (double v : batch_loss) loss += v;  // in batch order, whatever the world size
+  int64_t correct = 0;
+  nlohmann::json per_class = nlohmann::json::array(), class_count = nlohmann::json::array(),
+                 confusion = nlohmann::json::array();
+  std::ostringstream table;
+  for (int64_t t = 0; t < k; ++t) {
+    nlohmann::json row = nlohmann::json::array();
+    int64_t total = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      const int64_t c = counts[static_cast<size_t>(t * k + p)];
+      row.push_back(c);
+      total += c;
+    }
+    const int64_t hit = counts[static_cast<size_t>(t * k + t)];
+    correct += hit;
+    confusion.push_back(row);
+    class_count.push_back(total);
+    per_class.push_back(total
+                            ? nlohmann::json(static_cast<double>(hit) / static_cast<double>(total))
+                            : nlohmann::json(nullptr));
+    table << "  class " << t << ": ";
+    if (total)
+      table << static_cast<double>(hit) / static_cast<double>(total) << " (" << hit << "/" << total
+            << ")";
+    else
+      table << "no test images";
+    if (k <= kPrintedMatrix) {
+      table << "  |";
+      for (const auto& c : row) table << " " << c.get<int64_t>();
+    }
+    table << "\n";
+  }
+  const int64_t top5 = counts[static_cast<size_t>(k * k)];
+  const double dn = static_cast<double>(n);
+  nlohmann::json j = {{"type", "evaluate"},
+                      {"load", l.cfg.load},
+                      {"model", l.saved.model},
+                      {"data", l.cfg.data},
+                      {"split", "test"},
+                      {"count", n},
+                      {"classes", k},
+                      {"loss", n ? loss / dn : 0.0},
+                      {"top1", n ? static_cast<double>(correct) / dn : 0.0},
+                      {"top1_correct", correct},
+                      {"top5", n ? static_cast<double>(top5) / dn : 0.0},
+                      {"top5_correct", top5},
+                      {"top5_k", top},
+                      {"per_class_accuracy", per_class},
+                      {"per_class_count", class_count},
+                      {"confusion", confusion}};
+  std::ostringstream os;
+  os.precision(6);
+  os << (k <= kPrintedMatrix
+             ? "per-class accuracy and confusion matrix (rows: true class; columns: predicted "
+               "class):\n"
+             : "per-class accuracy (the confusion matrix is in --metrics):\n")
+     << table.str();
+  log_info(os.str());
+  std::ostringstream res;
+  res.precision(6);
+  res << "evaluate: " << n << " test images: loss " << (n ? loss / dn : 0.0) << ", top-1 "
+      << (n ? static_cast<double>(correct) / dn : 0.0) << " (" << correct << "/" << n << "), top-"
+      << top << " " << (n ? static_cast<double>(top5) / dn : 0.0) << " (" << top5 << "/" << n
+      << ")";
+  log_result(res.str());
+  if (!l.cfg.metrics.empty()) write_output(comm, l.cfg.metrics, j.dump() + "\n", "--metrics");
+}
+
+void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
+  Loaded l = load_saved(cfg_in, comm);
+  const int64_t k = l.saved.classes, top = std::min<int64_t>(l.cfg.top_k, k);
+  std::string rows;
+  char cell[64];
+  score(l, comm, [&](int64_t, int64_t first, int64_t count, const float* z) {
+    for (int64_t i = 0; i < count; ++i) {
+      const float* zi = z + i * k;
+      const ImageScores s = image_scores(zi, k, top);
+      rows += std::to_string(first + i) + "," +
+              std::to_string(l.pf.test.labels[static_cast<size_t>(first + i)]);
+      for (int c : s.order) {
+        std::snprintf(cell, sizeof cell, ",%d,%.6g", c, std::exp(zi[c] - s.lse));
+        rows += cell;
+      }
+      rows += "\n";
+    }
+  });
+  // Ranks hold consecutive batches in rank order: their rows, concatenated, are the set's order.
+  const std::vector<std::string> all = allgather_text(comm, rows);
+  std::string csv = "index,label";
+  for (int64_t c = 1; c <= top; ++c)
+    csv += ",class" + std::to_string(c) + ",prob" + std::to_string(c);
+  csv += "\n";
+  for (const std::string& r : all) csv += r;
+  write_output(comm, l.cfg.output, csv, "--output");
+  log_result(DPT_MSG("predict: top-" << top << " classes of " << l.pf.test.n
+                                     << " test images written to " << l.cfg.output));
+}
+
+}  // namespace dpt
