@@ -130,7 +130,9 @@ TEST(DeviceRegistry, CudaRequestWithoutTheGpuBuildOrDeviceIsRefused) {
   // convolutions read and write them directly; fp32 with the fp32 one.
   EXPECT_FALSE(open_device(r)->fast_bf16_activations());
   r.bf16 = true;
-  if (cpu::cpu_bf16_missing().empty()) EXPECT_TRUE(open_device(r)->fast_bf16_activations());
+  if (cpu::cpu_bf16_missing().empty()) {
+    EXPECT_TRUE(open_device(r)->fast_bf16_activations());
+  }
 }
 
 TEST(StopSignals, ASignalBecomesTheAgreedStop) {
