@@ -39,6 +39,7 @@ void save_model(const std::string& path, const Model& model,
   meta["model"] = model.name();
   meta["input_shape"] = shape_text(model.input_shape());
   meta["num_classes"] = std::to_string(model.num_classes());
+  if (!model.stem().empty()) meta["stem"] = model.stem();
   if (momentum) {
     tensors.push_back(
         st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
@@ -62,6 +63,12 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
                   path << ": was trained on images of " << printable(shape->second)
                        << " (H,W,C), this run's data has " << shape_text(model.input_shape()));
+  // The two stems share their names (conv1 only changes shape): say which is which.
+  const auto stem = f.metadata.find("stem");
+  DPT_INPUT_CHECK(stem == f.metadata.end() || stem->second == model.stem(),
+                  path << ": holds a model with the " << printable(stem->second)
+                       << " stem, this run builds the " << (model.stem().empty() ? "fixed" : model.stem())
+                       << " one (--stem)");
   std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);

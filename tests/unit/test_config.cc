@@ -280,7 +280,9 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
                                        "--clip-grad-norm",
                                        "--data-format",
                                        "--normalize",
-                                       "--augment"};
+                                       "--augment",
+                                       "--stem",
+                                       "--zero-init-residual"};
   const std::set<std::string> resumable = {"--eval-batch-size",
                                            "--eval-every",
                                            "--checkpoint-every",
@@ -332,6 +334,8 @@ std::map<std::string, Sample> samples() {
   using J = nlohmann::json;
   return {
       {"model", {{"--model", "resnet18"}, {{"model", "resnet18"}}}},
+      {"stem", {{"--stem", "cifar"}, {{"stem", "cifar"}}}},
+      {"zero-init-residual", {{"--zero-init-residual"}, {{"zero_init_residual", true}}}},
       {"recipe", {{"--recipe", "d2l"}, {{"recipe", "d2l"}}}},
       {"epochs", {{"--epochs", "7"}, {{"epochs", 7}}}},
       {"batch-size", {{"--batch-size", "96"}, {{"batch_size", 96}}}},
