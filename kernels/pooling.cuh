@@ -1,7 +1,8 @@
 // Pooling layers on the GPU (NHWC): AvgPool2d forward/backward, optionally fused with the ReLU
-// before the pool, MaxPool2d forward/backward, and global average pooling forward/backward. Each on fp32 or on bf16 activations
-// (uint16_t bit patterns, as in precision.cuh): every bf16 value widened, the fp32 computation,
-// each result rounded to nearest even (the CPU's bf16 overloads' bits).
+// before the pool, MaxPool2d forward/backward, and global average pooling forward/backward. Each on
+// fp32 or on bf16 activations (uint16_t bit patterns, as in precision.cuh): every bf16 value
+// widened, the fp32 computation, each result rounded to nearest even (the CPU's bf16 overloads'
+// bits).
 #pragma once
 
 #include <cuda_runtime.h>

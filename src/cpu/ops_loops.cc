@@ -169,7 +169,7 @@ void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c) {
                                       int, int);                                                  \
   template void maxpool_forward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int, int); \
   template void maxpool_backward(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, int, \
-                                 int, int);                                                      \
+                                 int, int);                                                       \
   template void global_avgpool_forward(const T*, T*, int64_t, int64_t, int64_t);                  \
   template void global_avgpool_backward(const T*, T*, int64_t, int64_t, int64_t);                 \
   template void bn_sums(const T*, int64_t, int64_t, double*, double*);                            \

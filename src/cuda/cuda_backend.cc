@@ -309,8 +309,7 @@ void CudaBackend::avgpool_backward(const BFloat16* dy, const BFloat16* relu_inpu
 
 void CudaBackend::maxpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
                                   int64_t c, int k, int s, int pad) {
-  CUDA_CHECK(
-      cuda::launch_maxpool_forward(bits(x), bits(y), n, h, w, c, k, s, pad, ctx_->stream()));
+  CUDA_CHECK(cuda::launch_maxpool_forward(bits(x), bits(y), n, h, w, c, k, s, pad, ctx_->stream()));
 }
 
 void CudaBackend::maxpool_backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t n,

@@ -252,8 +252,7 @@ class MaxPool2d : public Leaf {
                            << ") needs kernel, stride >= 1 and 0 <= padding <= kernel/2");
     DPT_CHECK(in.size() == 3 && in[0] + 2 * pad_ >= k_ && in[1] + 2 * pad_ >= k_,
               kind() << "(" << k_ << ", pad " << pad_
-                     << ") needs an {H, W, C} input of at least the window, got "
-                     << shape_str(in));
+                     << ") needs an {H, W, C} input of at least the window, got " << shape_str(in));
     bind(in, store);
     return {oh(), ow(), in[2]};
   }

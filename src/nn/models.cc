@@ -34,8 +34,8 @@ std::unique_ptr<Sequential> resnet18(int num_classes, const ModelOptions& option
   for (int stage = 0; stage < 4; ++stage) {
     auto blocks = std::make_unique<Sequential>();
     const bool first = stage == 0;  // the first stage keeps the resolution and has no 1x1 conv
-    blocks->add("0", make_residual(channels[stage], !first, first ? 1 : 2,
-                                   options.zero_init_residual));
+    blocks->add("0",
+                make_residual(channels[stage], !first, first ? 1 : 2, options.zero_init_residual));
     blocks->add("1", make_residual(channels[stage], false, 1, options.zero_init_residual));
     net->add("layer" + std::to_string(stage + 1), std::move(blocks));
   }
@@ -66,9 +66,9 @@ std::unique_ptr<Sequential> torchvision_resnet(int num_classes, const ModelOptio
       // torchvision's rule: a projection where the stride or the width changes.
       const bool downsample = b == 0 && (stride != 1 || inplanes != planes * expansion);
       layer->add(std::to_string(b),
-                 bottleneck ? make_bottleneck(planes, stride, downsample, options.zero_init_residual)
-                            : make_basic_block(planes, stride, downsample,
-                                               options.zero_init_residual));
+                 bottleneck
+                     ? make_bottleneck(planes, stride, downsample, options.zero_init_residual)
+                     : make_basic_block(planes, stride, downsample, options.zero_init_residual));
       inplanes = planes * expansion;
     }
     net->add("layer" + std::to_string(stage + 1), std::move(layer));

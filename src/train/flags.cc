@@ -72,9 +72,10 @@ std::vector<Flag> flag_table() {
        .agreement = A::kFixed},
       {.name = "stem",
        .group = model,
-       .help = "auto | imagenet | cifar: the stem of resnet18-tv, resnet34 and resnet50 "
-               "(imagenet: torchvision's 7x7 stride-2 convolution and 3x3 stride-2 max-pool; cifar: "
-               "a 3x3 stride-1 convolution, no max-pool; auto: cifar below 64 pixels)",
+       .help =
+           "auto | imagenet | cifar: the stem of resnet18-tv, resnet34 and resnet50 "
+           "(imagenet: torchvision's 7x7 stride-2 convolution and 3x3 stride-2 max-pool; cifar: "
+           "a 3x3 stride-1 convolution, no max-pool; auto: cifar below 64 pixels)",
        .field = &C::stem,
        .agreement = A::kFixed},
       {.name = "zero-init-residual",

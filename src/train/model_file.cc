@@ -67,8 +67,8 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
   const auto stem = f.metadata.find("stem");
   DPT_INPUT_CHECK(stem == f.metadata.end() || stem->second == model.stem(),
                   path << ": holds a model with the " << printable(stem->second)
-                       << " stem, this run builds the " << (model.stem().empty() ? "fixed" : model.stem())
-                       << " one (--stem)");
+                       << " stem, this run builds the "
+                       << (model.stem().empty() ? "fixed" : model.stem()) << " one (--stem)");
   std::set<std::string> expected{kMomentum};
   for (auto& p : model.store().entries()) {
     expected.insert(p.name);

@@ -153,7 +153,8 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
                                           DType activations, const ModelOptions& options) {
   // The stem of the run's images, not of the smaller probe's (auto would choose cifar there).
   ModelOptions probe_options = options;
-  if (std::string stem = resolve_stem(name, options, shape); !stem.empty()) probe_options.stem = stem;
+  if (std::string stem = resolve_stem(name, options, shape); !stem.empty())
+    probe_options.stem = stem;
   const Shape input{std::min<int64_t>(shape[0], 32), std::min<int64_t>(shape[1], 32), shape[2]};
   const double area =
       static_cast<double>(shape[0] * shape[1]) / static_cast<double>(input[0] * input[1]);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torchvision_check.py SAVE DATA METRICS: loads a dptrain --save of resnet18-tv, resnet34 or
+"""torchvision_check.py SAVE DATA METRICS [SAVE DATA METRICS ...]: for each triple, loads a dptrain --save of resnet18-tv, resnet34 or
 resnet50 into torchvision's own model (torchvision.models.resnet18/34/50(num_classes=K), the CIFAR
 stem swapped in where the file records it) with load_state_dict(strict=True), evaluates it in eval
 mode on DATA's test set (test_images.npy N x H x W x 3 uint8, test_labels.npy; inputs x / 255, as a
@@ -35,8 +35,7 @@ def read_safetensors(path):
     return meta, state
 
 
-def main():
-    save, data, metrics = sys.argv[1:4]
+def check(save, data, metrics):
     meta, state = read_safetensors(save)
     name, stem, classes = meta["model"], meta["stem"], int(meta["num_classes"])
     model = getattr(torchvision.models, TORCHVISION[name])(num_classes=classes)
@@ -59,10 +58,14 @@ def main():
     print(f"{name} ({stem} stem, {classes} classes, {len(labels)} images): torchvision loss {loss:.9g} "
           f"accuracy {acc:.6g}; dptrain loss {ours_loss:.9g} accuracy {ours_acc:.6g}")
     if abs(loss - ours_loss) > 1e-4 * max(abs(loss), 1.0) or abs(acc - ours_acc) > 1e-12:
-        print("FAIL: torchvision's evaluation of the saved model differs from dptrain's")
-        return 1
-    return 0
+        print(f"FAIL: {save}: torchvision's evaluation of the saved model differs from dptrain's")
+        return False
+    return True
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        sys.exit(__doc__)
+    results = [check(*args[i:i + 3]) for i in range(0, len(args), 3)]  # every file, then the verdict
+    sys.exit(0 if all(results) else 1)
