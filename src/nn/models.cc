@@ -121,7 +121,7 @@ const std::vector<ModelSpec>& models() {
        /*stems=*/false,
        /*residual=*/true},
       {"resnet18-tv",
-       "torchvision's ResNet-18 (BasicBlock 2-2-2-2, torchvision's names; --stem); any image size",
+       "torchvision's ResNet-18: BasicBlock 2-2-2-2, torchvision's names, --stem; any image size",
        resnet18_tv,
        {.default_recipe = 0.1, .d2l = 0.1},
        "fc",
@@ -129,7 +129,7 @@ const std::vector<ModelSpec>& models() {
        /*stems=*/true,
        /*residual=*/true},
       {"resnet34",
-       "torchvision's ResNet-34 (BasicBlock 3-4-6-3, torchvision's names; --stem); any image size",
+       "torchvision's ResNet-34: BasicBlock 3-4-6-3, torchvision's names, --stem; any image size",
        resnet34,
        {.default_recipe = 0.1, .d2l = 0.1},
        "fc",
@@ -137,7 +137,7 @@ const std::vector<ModelSpec>& models() {
        /*stems=*/true,
        /*residual=*/true},
       {"resnet50",
-       "torchvision's ResNet-50 (Bottleneck 3-4-6-3, v1.5, torchvision's names; --stem); any "
+       "torchvision's ResNet-50: Bottleneck 3-4-6-3 (v1.5), torchvision's names, --stem; any "
        "image size",
        resnet50,
        {.default_recipe = 0.1, .d2l = 0.1},
