@@ -324,7 +324,15 @@ GE_FORWARD_AS(avgpool_backward, avgpool_backward, F_avgpool_forward16,
               Op<const float*, const float*, float*, I, I, I, I, int, int>)
 GE_FORWARD_AS(avgpool_backward, avgpool_backward16, F_avgpool_backward,
               Op<const BF*, const BF*, BF*, I, I, I, I, int, int>)
-GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward, F_avgpool_backward16,
+GE_FORWARD_AS(maxpool_forward, maxpool_forward, F_avgpool_backward16,
+              Op<const float*, float*, I, I, I, I, int, int, int>)
+GE_FORWARD_AS(maxpool_forward, maxpool_forward16, F_maxpool_forward,
+              Op<const BF*, BF*, I, I, I, I, int, int, int>)
+GE_FORWARD_AS(maxpool_backward, maxpool_backward, F_maxpool_forward16,
+              Op<const float*, const float*, float*, I, I, I, I, int, int, int>)
+GE_FORWARD_AS(maxpool_backward, maxpool_backward16, F_maxpool_backward,
+              Op<const BF*, const BF*, BF*, I, I, I, I, int, int, int>)
+GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward, F_maxpool_backward16,
               Op<const float*, float*, I, I, I>)
 GE_FORWARD_AS(global_avgpool_forward, global_avgpool_forward16, F_global_avgpool_forward,
               Op<const BF*, BF*, I, I, I>)

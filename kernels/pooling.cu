@@ -1,6 +1,6 @@
-// Pooling kernels and their launchers (see pooling.cuh): AvgPool2d and global average pooling on
-// NHWC tensors, element-wise grid-stride passes without atomics, each templated on the element type
-// (storage.cuh).
+// Pooling kernels and their launchers (see pooling.cuh): AvgPool2d, MaxPool2d and global average
+// pooling on NHWC tensors, element-wise grid-stride passes without atomics, each templated on the
+// element type (storage.cuh).
 #include "launch_util.cuh"
 #include "pooling.cuh"
 #include "relu.cuh"
@@ -86,6 +86,102 @@ cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, 
                                     cudaStream_t stream) {
   return launch_over(n * h * w * c, stream, avgpool_backward_kernel<__nv_bfloat16>, as_bf16(dy),
                      as_bf16(relu_x), as_bf16(dx), n, h, w, c, k, s);
+}
+
+// ----------------------------------------------------------------------------
+// MaxPool2d (NHWC). The winner of output (b, r, q, ch)'s window, as an input element index, by the
+// CPU's rule (cpu::max_window): the first maximum in row-major order, a NaN over any number.
+
+template <typename T>
+static __device__ int64_t max_winner(const T* __restrict__ x, int64_t b, int64_t h, int64_t w,
+                                     int64_t c, int k, int s, int pad, int64_t r, int64_t q,
+                                     int64_t ch, float* best) {
+  const int64_t h0 = r * s - pad, w0 = q * s - pad;
+  const int64_t hs = h0 > 0 ? h0 : 0, he = h0 + k < h ? h0 + k : h;
+  const int64_t ws = w0 > 0 ? w0 : 0, we = w0 + k < w ? w0 + k : w;
+  float m = -INFINITY;
+  int64_t at = ((b * h + hs) * w + ws) * c + ch;
+  for (int64_t y = hs; y < he; ++y)
+    for (int64_t xx = ws; xx < we; ++xx) {
+      const int64_t idx = ((b * h + y) * w + xx) * c + ch;
+      const float v = widen(x[idx]);
+      if (v > m || v != v) {
+        m = v;
+        at = idx;
+      }
+    }
+  *best = m;
+  return at;
+}
+
+// Forward: one thread per output element, channel fastest for coalescing.
+template <typename T>
+static __global__ void maxpool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                              int64_t h, int64_t w, int64_t c, int k, int s,
+                                              int pad) {
+  const int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+  DPT_GRID_STRIDE(i, n * oh * ow * c) {
+    const int64_t ch = i % c, q = (i / c) % ow, r = (i / (c * ow)) % oh, b = i / (c * ow * oh);
+    float m;
+    max_winner(x, b, h, w, c, k, s, pad, r, q, ch, &m);
+    store(m, y[i]);
+  }
+}
+
+template <typename T>
+static cudaError_t maxpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                                   int k, int s, int pad, cudaStream_t stream) {
+  const int64_t total = n * ((h + 2 * pad - k) / s + 1) * ((w + 2 * pad - k) / s + 1) * c;
+  return launch_over(total, stream, maxpool_forward_kernel<T>, x, y, n, h, w, c, k, s, pad);
+}
+
+cudaError_t launch_maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, int pad, cudaStream_t stream) {
+  return maxpool_forward(x, y, n, h, w, c, k, s, pad, stream);
+}
+
+cudaError_t launch_maxpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, int pad, cudaStream_t stream) {
+  return maxpool_forward(as_bf16(x), as_bf16(y), n, h, w, c, k, s, pad, stream);
+}
+
+// Backward: one thread per input element gathers the gradients of the windows covering it that it
+// wins (their winners recomputed), in row-major output order as the CPU's scatter adds them, so
+// the sums are the CPU's bit for bit and no atomics are needed.
+template <typename T>
+static __global__ void maxpool_backward_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                               T* __restrict__ dx, int64_t n, int64_t h, int64_t w,
+                                               int64_t c, int k, int s, int pad) {
+  const int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+  DPT_GRID_STRIDE(i, n * h * w * c) {
+    const int64_t ch = i % c, px = (i / c) % w, py = (i / (c * w)) % h, b = i / (c * w * h);
+    // Output rows r with r*s - pad <= py < r*s - pad + k, and likewise for columns.
+    const int64_t yp = py + pad, xp = px + pad;
+    const int64_t r0 = yp >= k ? (yp - k) / s + 1 : 0, r1 = yp / s < oh - 1 ? yp / s : oh - 1;
+    const int64_t c0 = xp >= k ? (xp - k) / s + 1 : 0, c1 = xp / s < ow - 1 ? xp / s : ow - 1;
+    float acc = 0.f;
+    for (int64_t r = r0; r <= r1; ++r)
+      for (int64_t q = c0; q <= c1; ++q) {
+        float m;
+        if (max_winner(x, b, h, w, c, k, s, pad, r, q, ch, &m) == i)
+          acc += widen(dy[((b * oh + r) * ow + q) * c + ch]);
+      }
+    store(acc, dx[i]);
+  }
+}
+
+cudaError_t launch_maxpool_backward(const float* x, const float* dy, float* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s, int pad,
+                                    cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, maxpool_backward_kernel<float>, x, dy, dx, n, h, w, c,
+                     k, s, pad);
+}
+
+cudaError_t launch_maxpool_backward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s, int pad,
+                                    cudaStream_t stream) {
+  return launch_over(n * h * w * c, stream, maxpool_backward_kernel<__nv_bfloat16>, as_bf16(x),
+                     as_bf16(dy), as_bf16(dx), n, h, w, c, k, s, pad);
 }
 
 // ----------------------------------------------------------------------------

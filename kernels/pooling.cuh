@@ -1,7 +1,8 @@
 // Pooling layers on the GPU (NHWC): AvgPool2d forward/backward, optionally fused with the ReLU
-// before the pool, and global average pooling forward/backward. Each on fp32 or on bf16 activations
-// (uint16_t bit patterns, as in precision.cuh): every bf16 value widened, the fp32 computation,
-// each result rounded to nearest even (the CPU's bf16 overloads' bits).
+// before the pool, MaxPool2d forward/backward, and global average pooling forward/backward. Each on
+// fp32 or on bf16 activations (uint16_t bit patterns, as in precision.cuh): every bf16 value
+// widened, the fp32 computation, each result rounded to nearest even (the CPU's bf16 overloads'
+// bits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +33,22 @@ cudaError_t launch_avgpool_backward(const float* dy, const float* relu_x, float*
                                     cudaStream_t stream);
 cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, uint16_t* dx,
                                     int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                                    cudaStream_t stream);
+
+// ----------------------------------------------------------------------------
+// MaxPool2d forward and backward on NHWC tensors (same semantics as cpu::maxpool_forward and
+// cpu::maxpool_backward: padding never wins, the first maximum in row-major order or a NaN wins).
+
+cudaError_t launch_maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, int pad, cudaStream_t stream);
+cudaError_t launch_maxpool_forward(const uint16_t* x, uint16_t* y, int64_t n, int64_t h, int64_t w,
+                                   int64_t c, int k, int s, int pad, cudaStream_t stream);
+// dx is overwritten: each output's gradient at its window's winner, recomputed from x.
+cudaError_t launch_maxpool_backward(const float* x, const float* dy, float* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s, int pad,
+                                    cudaStream_t stream);
+cudaError_t launch_maxpool_backward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n,
+                                    int64_t h, int64_t w, int64_t c, int k, int s, int pad,
                                     cudaStream_t stream);
 
 // ----------------------------------------------------------------------------

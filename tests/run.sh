@@ -5,7 +5,7 @@
 # "N passed, N failed, N skipped" counted per test case from the logs. Exit code 0 only when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format || exit 1  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check
+bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format python3-torchvision || exit 1  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check; python3-torchvision: cli_torchvision
 bash launch/build.sh || exit 1
 build=${BUILD:-build}
 asan=${BUILD_ASAN:-build-asan}

@@ -193,6 +193,14 @@ class Backend {
   // dx overwritten; relu_input: the fused ReLU's input (masks dx), or null.
   virtual void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n,
                                 int64_t h, int64_t w, int64_t c, int k, int s) = 0;
+  // k x k window, stride s, `pad` on each side (pad < k; padding never wins), floor mode; each
+  // window's first maximum in row-major order wins, a NaN over any number (PyTorch's rule).
+  virtual void maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                               int k, int s, int pad) = 0;
+  // dx overwritten: each output's gradient added at its window's winner (recomputed from x, the
+  // forward input), in row-major output order; 0 where nothing wins.
+  virtual void maxpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
+                                int64_t w, int64_t c, int k, int s, int pad) = 0;
   virtual void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
                                       int64_t c) = 0;
   virtual void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
@@ -219,6 +227,10 @@ class Backend {
                                int64_t c, int k, int s, bool relu) = 0;
   virtual void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx,
                                 int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) = 0;
+  virtual void maxpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
+                               int64_t c, int k, int s, int pad) = 0;
+  virtual void maxpool_backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t n,
+                                int64_t h, int64_t w, int64_t c, int k, int s, int pad) = 0;
   virtual void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
                                       int64_t c) = 0;
   virtual void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,

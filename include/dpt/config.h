@@ -16,6 +16,8 @@ struct TrainConfig {
   // a flag, so neither recorded nor agreed (every rank runs the command the flags were parsed for).
   std::string command = "train";
   std::string model = "lenet";
+  std::string stem = "auto";        // auto | imagenet | cifar (models.h: torchvision's ResNets)
+  bool zero_init_residual = false;  // each residual block's last BatchNorm weight starts at 0
   std::string recipe = "default";
   int epochs = 10;
   int64_t batch_size = 256;  // global, over all ranks

@@ -135,12 +135,30 @@ std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_avgpool2d(int kernel, int stride);
 // ReLU then AvgPool2d fused into one layer (same values and gradients, fewer memory passes).
 std::unique_ptr<Layer> make_relu_avgpool2d(int kernel, int stride);
+// PyTorch's MaxPool2d (floor mode): k x k windows at stride s over the input padded by `pad` on
+// each side (pad <= k/2, as PyTorch requires; the padding never wins). backend.h says which
+// position wins a window and gets its gradient.
+std::unique_ptr<Layer> make_maxpool2d(int kernel, int stride, int pad);
 std::unique_ptr<Layer> make_global_avgpool();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_linear(int64_t out_features, bool bias = true);
 // d2l's Residual: conv3x3(stride)-BN-ReLU-conv3x3-BN, plus x or a 1x1 conv(stride) of x, then ReLU;
 // run as conv1, BatchNorm2d+ReLU, conv2 and one fused bn2 + add + ReLU (same results).
-std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride);
+// zero_init_residual: bn2's weight starts at 0 (torchvision's option, below).
+std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride,
+                                     bool zero_init_residual = false);
+// torchvision's residual blocks (torchvision.models.resnet), under its state_dict names and without
+// convolution biases. `downsample`: the shortcut is a 1x1 convolution at `stride` then BatchNorm
+// (downsample.0, downsample.1), as torchvision adds where the stride or the width changes; else
+// the block's input. zero_init_residual: the block's last BatchNorm weight starts at 0
+// (torchvision's option of that name), so the block starts as its shortcut.
+// BasicBlock (expansion 1): conv1 3x3(stride)-bn1-ReLU-conv2 3x3-bn2, + shortcut, ReLU.
+std::unique_ptr<Layer> make_basic_block(int64_t planes, int64_t stride, bool downsample,
+                                        bool zero_init_residual);
+// Bottleneck (expansion 4, "ResNet v1.5": the stride on the 3x3): conv1 1x1-bn1-ReLU, conv2
+// 3x3(stride)-bn2-ReLU, conv3 1x1 to 4*planes-bn3, + shortcut, ReLU.
+std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool downsample,
+                                       bool zero_init_residual);
 // Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer (fused or not);
 // no-op otherwise.
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
@@ -174,6 +192,10 @@ class Model {
   const ParamStore& store() const { return store_; }
   const Shape& input_shape() const { return input_shape_; }
   int num_classes() const { return num_classes_; }
+  // The stem it was built with (models.h's resolve_stem: imagenet or cifar), "" for a model
+  // without a choice; --save and checkpoints record it.
+  const std::string& stem() const { return stem_; }
+  void set_stem(std::string stem) { stem_ = std::move(stem); }
   int64_t num_parameters() const { return store_.num_params(); }
   // "kaiming" (He-normal weights, zero biases) or "d2l" (N(0, 0.01) weights, zero biases);
   // BatchNorm weight 1, bias 0, running mean 0, running var 1 in both. Host and backend alike.
@@ -202,6 +224,7 @@ class Model {
   std::unique_ptr<Sequential> net_;
   Shape input_shape_;
   int num_classes_;
+  std::string stem_;
   ParamStore store_;
   DType act_dtype_ = DType::kF32;
   const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)

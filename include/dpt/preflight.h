@@ -18,6 +18,7 @@
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/files.h"
+#include "dpt/models.h"
 #include "dpt/nn.h"
 
 namespace dpt {
@@ -101,10 +102,11 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
                        const HostMemory& mem);
 // Bytes one image costs in a training step and in evaluation, measured on a probe model whose
-// activations are of type `activations`.
+// activations are of type `activations`, built with `options` (its stem resolved for `input`).
 std::pair<double, double> bytes_per_image(const std::string& model, int classes,
                                           const Shape& input = {28, 28, 1},
-                                          DType activations = DType::kF32);
+                                          DType activations = DType::kF32,
+                                          const ModelOptions& options = {});
 // Input error when the batch needs more than `mem` can give (see DeviceMemory), with activations
 // of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,

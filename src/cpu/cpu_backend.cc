@@ -212,6 +212,14 @@ class CpuBackend : public Backend {
                         int64_t w, int64_t c, int k, int s) override {
     avgpool_backward_t(dy, relu_input, dx, n, h, w, c, k, s);
   }
+  void maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                       int s, int pad) override {
+    cpu::maxpool_forward(x, y, n, h, w, c, k, s, pad);
+  }
+  void maxpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s, int pad) override {
+    cpu::maxpool_backward(x, dy, dx, n, h, w, c, k, s, pad);
+  }
   void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override {
     cpu::global_avgpool_forward(x, y, n, hw, c);
   }
@@ -253,6 +261,14 @@ class CpuBackend : public Backend {
   void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
                         int64_t h, int64_t w, int64_t c, int k, int s) override {
     avgpool_backward_t(dy, relu_input, dx, n, h, w, c, k, s);
+  }
+  void maxpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       int k, int s, int pad) override {
+    cpu::maxpool_forward(x, y, n, h, w, c, k, s, pad);
+  }
+  void maxpool_backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t n, int64_t h,
+                        int64_t w, int64_t c, int k, int s, int pad) override {
+    cpu::maxpool_backward(x, dy, dx, n, h, w, c, k, s, pad);
   }
   void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
                               int64_t c) override {

@@ -45,6 +45,18 @@ void relu_avgpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int
 template <typename T>
 void relu_avgpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h, int64_t w,
                            int64_t c, int k, int s);
+// Max pooling, PyTorch's max_pool2d: k x k windows at stride s over the input padded by `pad` on
+// each side (pad < k; padded positions never win), floor mode: [N,H,W,C] ->
+// [N,(H+2pad-k)/s+1,(W+2pad-k)/s+1,C]. The winner of a window, per channel, is its first maximum in
+// row-major order, a NaN winning over any number (PyTorch's `v > max || isnan(v)`).
+template <typename T>
+void maxpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                     int pad);
+// dx (overwritten) = the sum, over the windows a position wins (the winners recomputed from x, by
+// the forward's rule), of their output gradients, added in row-major output order; 0 elsewhere.
+template <typename T>
+void maxpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h, int64_t w, int64_t c,
+                      int k, int s, int pad);
 // [N,H,W,C] -> [N,C] mean over H*W.
 template <typename T>
 void global_avgpool_forward(const T* x, T* y, int64_t n, int64_t hw, int64_t c);

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct ActivationLoops {
   decltype(&cpu::avgpool_backward<T>) avgpool_backward;
   decltype(&cpu::relu_avgpool_forward<T>) relu_avgpool_forward;
   decltype(&cpu::relu_avgpool_backward<T>) relu_avgpool_backward;
+  decltype(&cpu::maxpool_forward<T>) maxpool_forward;
+  decltype(&cpu::maxpool_backward<T>) maxpool_backward;
   decltype(&cpu::global_avgpool_forward<T>) global_avgpool_forward;
   decltype(&cpu::global_avgpool_backward<T>) global_avgpool_backward;
   decltype(&cpu::bn_sums<T>) bn_sums;
@@ -109,6 +112,16 @@ void relu_avgpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h,
   act<T>().relu_avgpool_backward(x, dy, dx, n, h, w, c, k, s);
 }
 template <typename T>
+void maxpool_forward(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c, int k, int s,
+                     int pad) {
+  act<T>().maxpool_forward(x, y, n, h, w, c, k, s, pad);
+}
+template <typename T>
+void maxpool_backward(const T* x, const T* dy, T* dx, int64_t n, int64_t h, int64_t w, int64_t c,
+                      int k, int s, int pad) {
+  act<T>().maxpool_backward(x, dy, dx, n, h, w, c, k, s, pad);
+}
+template <typename T>
 void global_avgpool_forward(const T* x, T* y, int64_t n, int64_t hw, int64_t c) {
   act<T>().global_avgpool_forward(x, y, n, hw, c);
 }
@@ -163,6 +176,9 @@ void column_sums(const T* a, int64_t rows, int64_t cols, float* out, bool accumu
   template void relu_avgpool_forward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int); \
   template void relu_avgpool_backward(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, \
                                       int, int);                                                  \
+  template void maxpool_forward(const T*, T*, int64_t, int64_t, int64_t, int64_t, int, int, int); \
+  template void maxpool_backward(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, int, \
+                                 int, int);                                                       \
   template void global_avgpool_forward(const T*, T*, int64_t, int64_t, int64_t);                  \
   template void global_avgpool_backward(const T*, T*, int64_t, int64_t, int64_t);                 \
   template void bn_sums(const T*, int64_t, int64_t, double*, double*);                            \

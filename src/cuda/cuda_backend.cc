@@ -233,6 +233,16 @@ void CudaBackend::avgpool_backward(const float* dy, const float* relu_input, flo
   CUDA_CHECK(cuda::launch_avgpool_backward(dy, relu_input, dx, n, h, w, c, k, s, ctx_->stream()));
 }
 
+void CudaBackend::maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w,
+                                  int64_t c, int k, int s, int pad) {
+  CUDA_CHECK(cuda::launch_maxpool_forward(x, y, n, h, w, c, k, s, pad, ctx_->stream()));
+}
+
+void CudaBackend::maxpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h,
+                                   int64_t w, int64_t c, int k, int s, int pad) {
+  CUDA_CHECK(cuda::launch_maxpool_backward(x, dy, dx, n, h, w, c, k, s, pad, ctx_->stream()));
+}
+
 void CudaBackend::global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw,
                                          int64_t c) {
   CUDA_CHECK(cuda::launch_global_avgpool_forward(x, y, n, hw, c, ctx_->stream()));
@@ -294,6 +304,17 @@ void CudaBackend::avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int
 void CudaBackend::avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx,
                                    int64_t n, int64_t h, int64_t w, int64_t c, int k, int s) {
   CUDA_CHECK(cuda::launch_avgpool_backward(bits(dy), bits(relu_input), bits(dx), n, h, w, c, k, s,
+                                           ctx_->stream()));
+}
+
+void CudaBackend::maxpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w,
+                                  int64_t c, int k, int s, int pad) {
+  CUDA_CHECK(cuda::launch_maxpool_forward(bits(x), bits(y), n, h, w, c, k, s, pad, ctx_->stream()));
+}
+
+void CudaBackend::maxpool_backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t n,
+                                   int64_t h, int64_t w, int64_t c, int k, int s, int pad) {
+  CUDA_CHECK(cuda::launch_maxpool_backward(bits(x), bits(dy), bits(dx), n, h, w, c, k, s, pad,
                                            ctx_->stream()));
 }
 

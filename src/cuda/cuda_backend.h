@@ -62,6 +62,10 @@ class CudaBackend : public Backend {
                        int s, bool relu) override;
   void avgpool_backward(const float* dy, const float* relu_input, float* dx, int64_t n, int64_t h,
                         int64_t w, int64_t c, int k, int s) override;
+  void maxpool_forward(const float* x, float* y, int64_t n, int64_t h, int64_t w, int64_t c, int k,
+                       int s, int pad) override;
+  void maxpool_backward(const float* x, const float* dy, float* dx, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int k, int s, int pad) override;
   void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t hw, int64_t c) override;
   void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t hw,
                                int64_t c) override;
@@ -82,6 +86,10 @@ class CudaBackend : public Backend {
                        int k, int s, bool relu) override;
   void avgpool_backward(const BFloat16* dy, const BFloat16* relu_input, BFloat16* dx, int64_t n,
                         int64_t h, int64_t w, int64_t c, int k, int s) override;
+  void maxpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t h, int64_t w, int64_t c,
+                       int k, int s, int pad) override;
+  void maxpool_backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t n, int64_t h,
+                        int64_t w, int64_t c, int k, int s, int pad) override;
   void global_avgpool_forward(const BFloat16* x, BFloat16* y, int64_t n, int64_t hw,
                               int64_t c) override;
   void global_avgpool_backward(const BFloat16* dy, BFloat16* dx, int64_t n, int64_t hw,

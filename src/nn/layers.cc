@@ -118,14 +118,16 @@ class Conv2d : public Leaf {
 // results as BatchNorm2d then (add then) ReLU.
 class BatchNorm2d : public Leaf {
  public:
-  BatchNorm2d(double momentum, double eps, bool relu)
-      : momentum_(momentum), eps_(eps), relu_(relu) {}
+  // gamma_init: the weight's initial value, kOnes (PyTorch's) or kZeros (a residual block's last
+  // BatchNorm under --zero-init-residual).
+  BatchNorm2d(double momentum, double eps, bool relu, Init gamma_init = Init::kOnes)
+      : momentum_(momentum), eps_(eps), relu_(relu), gamma_init_(gamma_init) {}
   std::string kind() const override { return relu_ ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     DPT_CHECK(in.size() == 3, kind() << " needs an {H, W, C} input, got " << shape_str(in));
     bind(in, store);
     const int64_t c = in[2];
-    gamma_ = store.add_param(join(prefix, "weight"), {c}, Init::kOnes, 0, 0);
+    gamma_ = store.add_param(join(prefix, "weight"), {c}, gamma_init_, 0, 0);
     beta_ = store.add_param(join(prefix, "bias"), {c}, Init::kZeros, 0, 0);
     running_mean_ = store.add_buffer(join(prefix, "running_mean"), {c}, Init::kZeros);
     running_var_ = store.add_buffer(join(prefix, "running_var"), {c}, Init::kOnes);
@@ -180,6 +182,7 @@ class BatchNorm2d : public Leaf {
  private:
   double momentum_, eps_;
   bool relu_;
+  Init gamma_init_;
   Param *gamma_ = nullptr, *beta_ = nullptr, *running_mean_ = nullptr, *running_var_ = nullptr,
         *num_batches_ = nullptr;
   std::unique_ptr<BatchNormOp> op_;
@@ -240,6 +243,42 @@ class AvgPool2d : public Leaf {
  private:
   int k_, s_;
   bool relu_;
+};
+
+class MaxPool2d : public Leaf {
+ public:
+  MaxPool2d(int k, int s, int pad) : k_(k), s_(s), pad_(pad) {}
+  std::string kind() const override { return "MaxPool2d"; }
+  Shape build(const Shape& in, ParamStore& store, const std::string&) override {
+    DPT_CHECK(k_ >= 1 && s_ >= 1 && pad_ >= 0 && 2 * pad_ <= k_,
+              "MaxPool2d(" << k_ << ", " << s_ << ", " << pad_
+                           << ") needs kernel, stride >= 1 and 0 <= padding <= kernel/2");
+    DPT_CHECK(in.size() == 3 && in[0] + 2 * pad_ >= k_ && in[1] + 2 * pad_ >= k_,
+              kind() << "(" << k_ << ", pad " << pad_
+                     << ") needs an {H, W, C} input of at least the window, got " << shape_str(in));
+    bind(in, store);
+    return {oh(), ow(), in[2]};
+  }
+  void forward(const Tensor& x, Tensor& y, Mode) override {
+    check_input(x);
+    output(y, {x.dim(0), oh(), ow(), in_[2]}, x);
+    on_type(x.dtype(), [&]<typename T>(T*) {
+      be_->maxpool_forward(x.ptr<T>(), y.ptr<T>(), x.dim(0), in_[0], in_[1], in_[2], k_, s_, pad_);
+    });
+  }
+  void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                BackwardCtx&) override {
+    on_type(x.dtype(), [&]<typename T>(T*) {
+      if (T* d = prepare_dx<T>(dx, x))
+        be_->maxpool_backward(x.ptr<T>(), dy.ptr<T>(), d, x.dim(0), in_[0], in_[1], in_[2], k_, s_,
+                              pad_);
+    });
+  }
+
+ private:
+  int64_t oh() const { return (in_[0] + 2 * pad_ - k_) / s_ + 1; }
+  int64_t ow() const { return (in_[1] + 2 * pad_ - k_) / s_ + 1; }
+  int k_, s_, pad_;
 };
 
 class GlobalAvgPool : public Leaf {
@@ -327,26 +366,30 @@ class Linear : public Leaf {
   Param* b_ = nullptr;
 };
 
-// d2l's Residual: relu(bn2(conv2(relu(bn1(conv1(x))))) + (shortcut ? shortcut(x) : x)). bn1
-// carries its ReLU; bn2 carries the join: its apply pass adds the skip and applies the final ReLU
-// (where BatchNorm's apply, the add and the ReLU took a pass each), its backward's sums pass
-// writes dz (dy through that ReLU), which the skip path takes too.
+// A residual block: relu(join(main(x)) + (shortcut ? shortcut(x) : x)), where main ends with a
+// convolution and `join` is the block's last BatchNorm (d2l's bn2; torchvision's bn2 or bn3).
+// Every ReLU inside main is fused into the BatchNorm before it; `join` carries the join: its apply
+// pass adds the skip and applies the final ReLU (where BatchNorm's apply, the add and the ReLU
+// took a pass each), its backward's sums pass writes dz (dy through that ReLU), which the skip
+// path takes too. d2l's Residual: main = conv1, bn1 + ReLU, conv2; shortcut a 1x1 convolution.
+// torchvision's: no biases, and the shortcut a 1x1 convolution then BatchNorm.
 class Residual : public Leaf {
  public:
-  Residual(int64_t channels, bool use_1x1conv, int64_t stride)
-      : bn2_(std::make_unique<BatchNorm2d>(kBatchNormMomentum, kBatchNormEps, /*relu=*/true)) {
-    main_.add("conv1", make_conv2d(channels, 3, stride, 1))
-        .add("bn1", make_batchnorm2d_relu())
-        .add("conv2", make_conv2d(channels, 3, 1, 1));
-    if (use_1x1conv) shortcut_ = make_conv2d(channels, 1, stride, 0);
-  }
+  Residual(std::unique_ptr<Sequential> main, std::string join_name, Init join_gamma,
+           std::unique_ptr<Layer> shortcut)
+      : main_(std::move(main)),
+        bn2_(std::make_unique<BatchNorm2d>(kBatchNormMomentum, kBatchNormEps, /*relu=*/true,
+                                           join_gamma)),
+        bn2_name_(std::move(join_name)),
+        shortcut_(std::move(shortcut)) {}
   std::string kind() const override { return "Residual"; }
   Shape build(const Shape& in, ParamStore& store, const std::string& prefix) override {
     bind(in, store);
-    // Registration order conv1, bn1, conv2, bn2, then the shortcut (PyTorch's state_dict order)
-    // puts the shortcut's gradients first in the flat buffer, so backward announces them first.
-    Shape out = bn2_->build(main_.build(in, store, prefix), store, join(prefix, "bn2"));
-    bn2_span_ = "backward " + join(prefix, "bn2");
+    // Registration order main (conv1, bn1, conv2, ...), the join's BatchNorm, then the shortcut
+    // (PyTorch's state_dict order) puts the shortcut's gradients first in the flat buffer, so
+    // backward announces them first.
+    Shape out = bn2_->build(main_->build(in, store, prefix), store, join(prefix, bn2_name_));
+    bn2_span_ = "backward " + join(prefix, bn2_name_);
     if (shortcut_) {
       Shape s = shortcut_->build(in, store, join(prefix, "downsample"));
       DPT_CHECK(s == out, "Residual shortcut shape " << shape_str(s) << " != " << shape_str(out));
@@ -358,7 +401,7 @@ class Residual : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
     check_input(x);
-    main_.forward(x, main_out_, mode);
+    main_->forward(x, main_out_, mode);
     const Tensor* skip = &x;
     if (shortcut_) {
       shortcut_->forward(x, short_out_, mode);
@@ -378,7 +421,7 @@ class Residual : public Leaf {
     bn2_->announce(ctx);
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
-    main_.backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
+    main_->backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
         be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(),
@@ -387,17 +430,18 @@ class Residual : public Leaf {
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
-    main_.visit(fn);
+    main_->visit(fn);
     bn2_->visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
 
  private:
-  Sequential main_;  // conv1, bn1 + ReLU, conv2
-  std::unique_ptr<BatchNorm2d> bn2_;
+  std::unique_ptr<Sequential> main_;  // d2l's: conv1, bn1 + ReLU, conv2
+  std::unique_ptr<BatchNorm2d> bn2_;  // the join (named bn2_name_)
+  std::string bn2_name_;
   std::unique_ptr<Layer> shortcut_;
-  std::string
-      bn2_span_;  // "backward <prefix>.bn2": bn2 is outside main_, whose children get theirs
+  // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
+  std::string bn2_span_;
   Tensor main_out_, short_out_, dz_, dmid_, dskip_, dmain_;
 };
 
@@ -424,8 +468,53 @@ std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
 std::unique_ptr<Layer> make_linear(int64_t out, bool bias) {
   return std::make_unique<Linear>(out, bias);
 }
-std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride) {
-  return std::make_unique<Residual>(channels, use_1x1conv, stride);
+std::unique_ptr<Layer> make_maxpool2d(int kernel, int stride, int pad) {
+  return std::make_unique<MaxPool2d>(kernel, stride, pad);
+}
+std::unique_ptr<Layer> make_residual(int64_t channels, bool use_1x1conv, int64_t stride,
+                                     bool zero_init_residual) {
+  auto main = std::make_unique<Sequential>();
+  main->add("conv1", make_conv2d(channels, 3, stride, 1))
+      .add("bn1", make_batchnorm2d_relu())
+      .add("conv2", make_conv2d(channels, 3, 1, 1));
+  return std::make_unique<Residual>(std::move(main), "bn2",
+                                    zero_init_residual ? Init::kZeros : Init::kOnes,
+                                    use_1x1conv ? make_conv2d(channels, 1, stride, 0) : nullptr);
+}
+
+namespace {
+// torchvision's shortcut where the shape changes: downsample.0 (1x1 convolution at `stride`, no
+// bias) and downsample.1 (BatchNorm), or none.
+std::unique_ptr<Layer> tv_downsample(bool downsample, int64_t out, int64_t stride) {
+  if (!downsample) return nullptr;
+  auto s = std::make_unique<Sequential>();
+  s->add("0", make_conv2d(out, 1, stride, 0, /*bias=*/false)).add("1", make_batchnorm2d());
+  return s;
+}
+}  // namespace
+
+std::unique_ptr<Layer> make_basic_block(int64_t planes, int64_t stride, bool downsample,
+                                        bool zero_init_residual) {
+  auto main = std::make_unique<Sequential>();
+  main->add("conv1", make_conv2d(planes, 3, stride, 1, /*bias=*/false))
+      .add("bn1", make_batchnorm2d_relu())
+      .add("conv2", make_conv2d(planes, 3, 1, 1, /*bias=*/false));
+  return std::make_unique<Residual>(std::move(main), "bn2",
+                                    zero_init_residual ? Init::kZeros : Init::kOnes,
+                                    tv_downsample(downsample, planes, stride));
+}
+
+std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool downsample,
+                                       bool zero_init_residual) {
+  auto main = std::make_unique<Sequential>();
+  main->add("conv1", make_conv2d(planes, 1, 1, 0, /*bias=*/false))
+      .add("bn1", make_batchnorm2d_relu())
+      .add("conv2", make_conv2d(planes, 3, stride, 1, /*bias=*/false))
+      .add("bn2", make_batchnorm2d_relu())
+      .add("conv3", make_conv2d(4 * planes, 1, 1, 0, /*bias=*/false));
+  return std::make_unique<Residual>(std::move(main), "bn3",
+                                    zero_init_residual ? Init::kZeros : Init::kOnes,
+                                    tv_downsample(downsample, 4 * planes, stride));
 }
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn) {
   if (auto* bn = dynamic_cast<BatchNorm2d*>(&layer)) bn->set_sync(fn);

@@ -132,6 +132,7 @@ void validate_config(const TrainConfig& c, int world) {
       c.save.empty() || c.resume.empty() || !same_file(c.save, c.resume),
       "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
   (void)model_spec(c.model);  // names the flag and the models when it is none of them
+  check_model_options(c.model, {c.stem, c.zero_init_residual});
   DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);
   DPT_INPUT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got " << c.batch_size);
   DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr must be > 0, got " << c.lr);

@@ -70,6 +70,20 @@ std::vector<Flag> flag_table() {
        .help = model_help(),
        .field = &C::model,
        .agreement = A::kFixed},
+      {.name = "stem",
+       .group = model,
+       .help =
+           "auto | imagenet | cifar: the stem of resnet18-tv, resnet34 and resnet50 "
+           "(imagenet: torchvision's 7x7 stride-2 convolution and 3x3 stride-2 max-pool; cifar: "
+           "a 3x3 stride-1 convolution, no max-pool; auto: cifar below 64 pixels)",
+       .field = &C::stem,
+       .agreement = A::kFixed},
+      {.name = "zero-init-residual",
+       .group = model,
+       .help = "Each residual block's last BatchNorm weight starts at 0 (torchvision's option)",
+       .field = &C::zero_init_residual,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
       {.name = "recipe",
        .group = model,
        .help = recipe_help(),

@@ -33,6 +33,7 @@ namespace {
 // What a saved model's metadata says it is (save_model and input_metadata write it).
 struct SavedModel {
   std::string model;
+  std::string stem = "auto";  // the recorded stem of a torchvision-layout model (--save's "stem")
   Shape input;
   int classes = 0;
   Normalization normalize;
@@ -65,6 +66,12 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
       "--load " << path << ": num_classes '" << printable(classes) << "' is not a class count");
   s.input = {h, w, c};
   s.classes = static_cast<int>(k);
+  if (const auto stem = meta.find("stem"); stem != meta.end()) {
+    DPT_INPUT_CHECK(stem->second == "imagenet" || stem->second == "cifar",
+                    "--load " << path << ": stem '" << printable(stem->second)
+                              << "' is neither imagenet nor cifar");
+    s.stem = stem->second;
+  }
   const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
   if (mean != meta.end() || stdev != meta.end()) {
     DPT_INPUT_CHECK(mean != meta.end() && stdev != meta.end(),
@@ -128,11 +135,13 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
       saved_model(nlohmann::json::parse(meta).get<std::map<std::string, std::string>>(), cfg.load);
   // The pre-flight checks the data against the file's model; the normalisation is the file's.
   cfg.model = l.saved.model;
+  cfg.stem = l.saved.stem;
   cfg.normalize = "none";
   l.pf = run_preflight(cfg, comm);
   agree_on_input(comm, "--load " + cfg.load + " does not fit --data " + cfg.data,
                  [&] { check_fit(l.saved, l.pf, cfg); });
-  l.model = make_model(l.saved.model, l.saved.classes, l.pf.device->ops(), l.saved.input);
+  l.model = make_model(l.saved.model, l.saved.classes, l.pf.device->ops(), l.saved.input,
+                       {l.saved.stem, false});
   l.model->set_activation_dtype(l.pf.activations);
   agree_on_input(comm, "rank 0 could not load --load " + cfg.load, [&] {
     if (comm.rank() == 0) load_model(cfg.load, *l.model);

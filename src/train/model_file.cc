@@ -40,6 +40,7 @@ void save_model(const std::string& path, const Model& model,
   meta["model"] = model.name();
   meta["input_shape"] = shape_text(model.input_shape());
   meta["num_classes"] = std::to_string(model.num_classes());
+  if (!model.stem().empty()) meta["stem"] = model.stem();
   if (momentum) {
     tensors.push_back(
         st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
@@ -64,6 +65,12 @@ void check_recorded(const StFile& f, const std::string& path, const Model& model
   DPT_INPUT_CHECK(shape == f.metadata.end() || shape->second == shape_text(model.input_shape()),
                   path << ": was trained on images of " << printable(shape->second)
                        << " (H,W,C), this run's data has " << shape_text(model.input_shape()));
+  // The two stems share their names (conv1 only changes shape): say which is which.
+  const auto stem = f.metadata.find("stem");
+  DPT_INPUT_CHECK(stem == f.metadata.end() || stem->second == model.stem(),
+                  path << ": holds a model with the " << printable(stem->second)
+                       << " stem, this run builds the "
+                       << (model.stem().empty() ? "fixed" : model.stem()) << " one (--stem)");
 }
 
 // Every parameter and buffer of `model` from `f`, after checking them all (names, shapes, dtypes,

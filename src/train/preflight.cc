@@ -156,13 +156,17 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
 // four 512x512 images would take minutes) and the result scaled by the area: every activation of
 // these convolutional models grows with H x W.
 std::pair<double, double> bytes_per_image(const std::string& name, int classes, const Shape& shape,
-                                          DType activations) {
+                                          DType activations, const ModelOptions& options) {
+  // The stem of the run's images, not of the smaller probe's (auto would choose cifar there).
+  ModelOptions probe_options = options;
+  if (std::string stem = resolve_stem(name, options, shape); !stem.empty())
+    probe_options.stem = stem;
   const Shape input{std::min<int64_t>(shape[0], 32), std::min<int64_t>(shape[1], 32), shape[2]};
   const double area =
       static_cast<double>(shape[0] * shape[1]) / static_cast<double>(input[0] * input[1]);
   double per[2] = {0, 0};
   for (int train = 0; train < 2; ++train) {
-    auto probe = make_model(name, classes, cpu_backend(), input);
+    auto probe = make_model(name, classes, cpu_backend(), input, probe_options);
     probe->set_activation_dtype(activations);
     int64_t live[2] = {0, 0};
     Tensor x, dl;
@@ -208,7 +212,8 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
   const std::string& where = mem.where;
   if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
   const auto [train, eval] =
-      bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)));
+      bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)),
+                      {cfg.stem, cfg.zero_init_residual});
   const double local = static_cast<double>(cfg.batch_size / world);
   const double eval_batch =
       static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));

@@ -347,7 +347,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
   // The model on the device's operations, its gradients' transport, the optimizer, the engine.
   ComputeDevice& device = *pf.device;
-  auto model = make_model(cfg.model, pf.train.num_classes, device.ops(), pf.input_shape());
+  auto model = make_model(cfg.model, pf.train.num_classes, device.ops(), pf.input_shape(),
+                          {cfg.stem, cfg.zero_init_residual});
   model->set_activation_dtype(pf.activations);
   auto transport = device.transport(comm, model->store().device_grads(), model->num_parameters(),
                                     grad_wire_dtype(cfg.grad_dtype));

@@ -768,6 +768,85 @@ TEST_P(BackendOps, AvgPoolForwardBackwardPlainAndFusedRelu) {
     }
 }
 
+// MaxPool2d by its definition (backend.h): per output and channel, the window's in-image positions
+// in row-major order, the first strictly greater value (or a NaN) taking over; backward adds each
+// output's gradient at its winner, outputs in row-major order.
+void maxpool_ref(const std::vector<float>& x, const std::vector<float>& dy, int64_t n, int64_t h,
+                 int64_t w, int64_t c, int k, int s, int pad, std::vector<float>* y,
+                 std::vector<float>* dx) {
+  const int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+  y->assign(sz(n * oh * ow * c), 0.f);
+  dx->assign(sz(n * h * w * c), 0.f);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          float best = -INFINITY;
+          int64_t at = -1;
+          for (int64_t r = i * s - pad; r < i * s - pad + k; ++r)
+            for (int64_t q = j * s - pad; q < j * s - pad + k; ++q) {
+              if (r < 0 || r >= h || q < 0 || q >= w) continue;
+              const int64_t idx = ((b * h + r) * w + q) * c + ch;
+              const float v = x[sz(idx)];
+              if (at < 0 || v > best || std::isnan(v)) {
+                at = idx;
+                best = v;
+              }
+            }
+          const int64_t o = ((b * oh + i) * ow + j) * c + ch;
+          (*y)[sz(o)] = best;
+          (*dx)[sz(at)] += dy[sz(o)];
+        }
+}
+
+TEST_P(BackendOps, MaxPoolForwardBackwardFirstMaximumWins) {
+  struct Case {
+    int64_t n, h, w, c;
+    int k, s, pad;
+  };
+  // torchvision's 3/2/1 (odd and even sizes), no padding with a floor-mode remainder, overlapping
+  // windows at stride 1, and 33 channels (every vector width's tail).
+  const Case cases[] = {{2, 7, 6, 3, 3, 2, 1},
+                        {2, 8, 8, 4, 3, 2, 1},
+                        {1, 5, 7, 2, 2, 2, 0},
+                        {2, 4, 5, 3, 3, 1, 1},
+                        {1, 9, 8, 33, 3, 2, 1}};
+  uint64_t seed = 600;
+  for (const Case& k : cases)
+    for (const bool ties : {false, true}) {
+      SCOPED_TRACE("k=" + std::to_string(k.k) + " s=" + std::to_string(k.s) +
+                   " pad=" + std::to_string(k.pad) + (ties ? " with ties" : ""));
+      const int64_t oh = (k.h + 2 * k.pad - k.k) / k.s + 1, ow = (k.w + 2 * k.pad - k.k) / k.s + 1;
+      const size_t xs = sz(k.n * k.h * k.w * k.c), ys = sz(k.n * oh * ow * k.c);
+      std::vector<float> x = uniform(xs, ++seed), dy = uniform(ys, ++seed);
+      // Ties: five levels, so most windows hold their maximum more than once (the first wins).
+      if (ties)
+        for (float& v : x) v = std::round(v * 2.f) / 2.f;
+      std::vector<float> y, dx;
+      maxpool_ref(x, dy, k.n, k.h, k.w, k.c, k.k, k.s, k.pad, &y, &dx);
+      auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(ys, 7.f)),
+           dx_ = put(std::vector<float>(xs, 7.f));
+      be().maxpool_forward(x_.data(), y_.data(), k.n, k.h, k.w, k.c, k.k, k.s, k.pad);
+      be().maxpool_backward(x_.data(), dy_.data(), dx_.data(), k.n, k.h, k.w, k.c, k.k, k.s, k.pad);
+      expect_match(get(y_), as_double(y), "maxpool y", tol(Cmp::kExact));
+      expect_match(get(dx_), as_double(dx), "maxpool dx (0 where nothing wins)", tol(Cmp::kExact));
+    }
+  // A NaN wins its windows (PyTorch's rule), and only the NaN gets their gradient.
+  std::vector<float> x = uniform(sz(1 * 4 * 4 * 2), 700), dy = uniform(sz(1 * 2 * 2 * 2), 701);
+  x[sz((1 * 4 + 1) * 2 + 1)] = NAN;  // row 1, column 1, channel 1: inside output (0,0) and others
+  std::vector<float> y, dx;
+  maxpool_ref(x, dy, 1, 4, 4, 2, 3, 2, 1, &y, &dx);
+  auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(8, 7.f)),
+       dx_ = put(std::vector<float>(32, 7.f));
+  be().maxpool_forward(x_.data(), y_.data(), 1, 4, 4, 2, 3, 2, 1);
+  be().maxpool_backward(x_.data(), dy_.data(), dx_.data(), 1, 4, 4, 2, 3, 2, 1);
+  const std::vector<float> got_y = get(y_), got_dx = get(dx_);
+  for (size_t i = 0; i < y.size(); ++i)
+    EXPECT_TRUE(std::isnan(y[i]) ? std::isnan(got_y[i]) : got_y[i] == y[i]) << "y " << i;
+  EXPECT_TRUE(std::isnan(y[1])) << "the reference: output (0,0) channel 1 is the NaN";
+  EXPECT_EQ(got_dx, dx);
+}
+
 TEST_P(BackendOps, GlobalAvgPoolForwardBackward) {
   const int64_t n = 3, hw = 4 * 5, c = 6;
   const auto x = uniform(sz(n * hw * c), 600), dy = uniform(sz(n * c), 601);
@@ -1146,6 +1225,9 @@ struct LayerCase {
   bool kinks = false;
   float eps = 1e-2f;  // finite-difference step
   double noise = 0;   // rounding noise of one loss evaluation
+  // Inputs a shuffled ramp, 0.05 apart (for max-pooling: no window's winner changes within the
+  // finite-difference step, where uniform draws would put near-ties inside it).
+  bool distinct = false;
 };
 LayerCase with_kinks(LayerCase lc) {
   lc.kinks = true;
@@ -1287,6 +1369,10 @@ void build_pair(LayerPair& p, const LayerCase& lc, uint64_t seed) {
   p.ys.insert(p.ys.end(), out.begin(), out.end());
   p.x = uniform(sz(shape_numel(p.xs)), seed + 1);
   p.r = uniform(sz(shape_numel(p.ys)), seed + 2);
+  if (lc.distinct) {
+    for (size_t i = 0; i < p.x.size(); ++i) p.x[i] = 0.05f * static_cast<float>(i) - 3.f;
+    std::shuffle(p.x.begin(), p.x.end(), std::mt19937_64(seed));
+  }
   const int64_t ch = lc.in.back();
   for (size_t i = 0; i < p.x.size(); ++i) {
     if (lc.gap > 0) p.x[i] = (p.x[i] < 0 ? -lc.gap : lc.gap) + (1 - lc.gap) * p.x[i];
@@ -1412,6 +1498,32 @@ TEST_P(BackendOps, LayerReluAvgPool2d) {
   lc = {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}};
   lc.gap = 0.1f;
   check_layer(be(), tol(Cmp::kApprox), lc, 2410);
+}
+
+TEST_P(BackendOps, LayerMaxPool2d) {
+  LayerCase lc{"maxpool 3/2/1", [] { return make_maxpool2d(3, 2, 1); }, {7, 6, 3}};
+  lc.distinct = true;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2600);
+  lc = {"maxpool 2/2/0", [] { return make_maxpool2d(2, 2, 0); }, {5, 7, 2}};
+  lc.distinct = true;
+  check_layer(be(), tol(Cmp::kApprox), lc, 2610);
+}
+
+TEST_P(BackendOps, LayerTorchvisionBlocks) {
+  check_layer(
+      be(), tol(Cmp::kApprox),
+      with_kinks({"basic block", [] { return make_basic_block(3, 1, false, false); }, {5, 5, 3}}),
+      2700);
+  check_layer(be(), tol(Cmp::kApprox),
+              with_kinks({"basic block downsample s2",
+                          [] { return make_basic_block(4, 2, true, false); },
+                          {6, 6, 3}}),
+              2710);
+  check_layer(be(), tol(Cmp::kApprox),
+              with_kinks({"bottleneck downsample s2",
+                          [] { return make_bottleneck(2, 2, true, false); },
+                          {6, 6, 4}}),
+              2720);
 }
 
 TEST_P(BackendOps, LayerGlobalAvgPool) {
@@ -1641,6 +1753,8 @@ TEST_P(BackendOps, Bf16LeafLayersAreTheFloatLayersRoundedOnce) {
                    4080);
   check_layer_bf16(be(), ew, g,
                    {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}}, 4090);
+  check_layer_bf16(be(), ew, g,
+                   {"maxpool 3/2/1", [] { return make_maxpool2d(3, 2, 1); }, {7, 6, 3}}, 4095);
   check_layer_bf16(be(), ew, g, {"global avgpool", [] { return make_global_avgpool(); }, {3, 4, 5}},
                    4100);
   check_layer_bf16(be(), ew, g, {"flatten", [] { return make_flatten(); }, {2, 3, 4}}, 4110);

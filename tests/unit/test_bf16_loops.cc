@@ -170,6 +170,19 @@ TEST(Bf16Loops, PoolingGivesTheReferenceBits) {
     check("relu_avgpool_backward " + tag, {&x, &dy}, {in}, [&](auto i, auto o) {
       cpu::relu_avgpool_backward(i[0], i[1], o[0], p.n, p.h, p.w, p.c, p.k, p.s);
     });
+    // Max pooling at padding 0 and at torchvision's k/2 (the window sizes above).
+    for (const int pad : {0, p.k / 2}) {
+      const int64_t moh = (p.h + 2 * pad - p.k) / p.s + 1, mow = (p.w + 2 * pad - p.k) / p.s + 1;
+      const int64_t mout = p.n * moh * mow * p.c;
+      const Bf mdy = random_bf16(mout, 6);
+      const std::string mtag = tag + " pad" + std::to_string(pad);
+      check("maxpool_forward " + mtag, {&x}, {mout}, [&](auto i, auto o) {
+        cpu::maxpool_forward(i[0], o[0], p.n, p.h, p.w, p.c, p.k, p.s, pad);
+      });
+      check("maxpool_backward " + mtag, {&x, &mdy}, {in}, [&](auto i, auto o) {
+        cpu::maxpool_backward(i[0], i[1], o[0], p.n, p.h, p.w, p.c, p.k, p.s, pad);
+      });
+    }
     const int64_t hw = p.h * p.w;
     const Bf gdy = random_bf16(p.n * p.c, 5);
     check("global_avgpool_forward " + tag, {&x}, {p.n * p.c},

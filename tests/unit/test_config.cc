@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -239,18 +240,15 @@ TEST(Flags, DefaultJsonKeepsEveryKeyAndType) {
       "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
       "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eval_batch_size\":1000,"
       "\"eval_every\":1,\"grad_dtype\":\"fp32\",\"init\":\"kaiming\",\"init_from\":\"\","
-      "\"keep_checkpoints\":0,"
-      "\"last_bucket_mb\":0.0,\"load\":\"\",\"log_level\":\"info\",\"lr\":0.05,\"max_steps\":0,"
-      "\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\",\"momentum\":0.9,"
-      "\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
-      "\"output\":\"\",\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\",\"quiet\":"
-      "false,"
-      "\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
-      "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"step_epochs\":[],"
+      "\"keep_checkpoints\":0,\"last_bucket_mb\":0.0,\"load\":\"\",\"log_level\":\"info\","
+      "\"lr\":0.05,\"max_steps\":0,\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\","
+      "\"momentum\":0.9,\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
+      "\"output\":\"\",\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\","
+      "\"quiet\":false,\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
+      "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"stem\":\"auto\",\"step_epochs\":[],"
       "\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,\"timeout\":300.0,"
-      "\"top_k\":5,\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,\"warmup_epochs\":1."
-      "0,"
-      "\"weight_decay\":0.0005}");
+      "\"top_k\":5,\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,"
+      "\"warmup_epochs\":1.0,\"weight_decay\":0.0005,\"zero_init_residual\":false}");
 }
 
 TEST(Flags, EveryJsonKeyHasExactlyOneEntry) {
@@ -293,7 +291,9 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
                                        "--clip-grad-norm",
                                        "--data-format",
                                        "--normalize",
-                                       "--augment"};
+                                       "--augment",
+                                       "--stem",
+                                       "--zero-init-residual"};
   const std::set<std::string> resumable = {"--eval-batch-size",
                                            "--eval-every",
                                            "--checkpoint-every",
@@ -346,6 +346,8 @@ std::map<std::string, Sample> samples() {
   using J = nlohmann::json;
   return {
       {"model", {{"--model", "resnet18"}, {{"model", "resnet18"}}}},
+      {"stem", {{"--stem", "cifar"}, {{"stem", "cifar"}}}},
+      {"zero-init-residual", {{"--zero-init-residual"}, {{"zero_init_residual", true}}}},
       {"recipe", {{"--recipe", "d2l"}, {{"recipe", "d2l"}}}},
       {"epochs", {{"--epochs", "7"}, {{"epochs", 7}}}},
       {"batch-size", {{"--batch-size", "96"}, {{"batch_size", 96}}}},
@@ -459,8 +461,14 @@ TEST(Flags, HelpListsEveryFlagInItsGroup) {
     // Its group's heading is the last one above it.
     EXPECT_EQ(help.rfind(" options:", at), group + f.group.size() + 1) << f.name;
   }
+  // Each model with its description, wherever the help's line wrapping put the space.
+  const std::string help = help_text();
+  std::string flat;
+  for (const char ch : help)
+    if (!(std::isspace(static_cast<unsigned char>(ch)) && !flat.empty() && flat.back() == ' '))
+      flat += std::isspace(static_cast<unsigned char>(ch)) ? ' ' : ch;
   for (const ModelSpec& m : models())
-    EXPECT_NE(help_text().find(m.name + " ("), std::string::npos) << m.name;
+    EXPECT_NE(flat.find(m.name + " ("), std::string::npos) << m.name;
 }
 
 // Each command's --help lists exactly the flags the table gives it; a flag of another command is
@@ -534,8 +542,9 @@ TEST(Models, EveryEntryBuildsWithItsHeadAndShapes) {
       if (!p.is_buffer) last = &p;
     EXPECT_EQ(last, b);
   }
-  EXPECT_EQ(names, (std::set<std::string>{"lenet", "resnet18"}));
-  EXPECT_EQ(model_names(), "lenet|resnet18");
+  EXPECT_EQ(names,
+            (std::set<std::string>{"lenet", "resnet18", "resnet18-tv", "resnet34", "resnet50"}));
+  EXPECT_EQ(model_names(), "lenet|resnet18|resnet18-tv|resnet34|resnet50");
   // LeNet's two unpadded convolutions and poolings need 14x14; ResNet-18 takes any size.
   EXPECT_EQ(model_input_problem("lenet", {14, 14, 1}), "");
   EXPECT_NE(model_input_problem("lenet", {13, 28, 1}), "");
@@ -556,12 +565,17 @@ TEST(Models, RecipeRatesComeFromTheTable) {
   EXPECT_EQ(model_spec("resnet18").head, "fc");
   const std::string help = recipe_help();
   EXPECT_NE(help.find("default (He init"), std::string::npos) << help;
-  EXPECT_NE(help.find("lr 0.05 lenet, 0.1 resnet18)"), std::string::npos) << help;
-  EXPECT_NE(help.find("lr 0.2 lenet, 0.1 resnet18)"), std::string::npos) << help;
+  EXPECT_NE(help.find("lr 0.05 lenet, 0.1 resnet18, 0.1 resnet18-tv, 0.1 resnet34, 0.1 resnet50)"),
+            std::string::npos)
+      << help;
+  EXPECT_NE(help.find("lr 0.2 lenet, 0.1 resnet18, 0.1 resnet18-tv, 0.1 resnet34, 0.1 resnet50)"),
+            std::string::npos)
+      << help;
 }
 
 TEST(Models, AnUnknownModelIsRefusedNamingTheList) {
-  const std::string want = "--model: unknown model 'vgg' (lenet|resnet18)";
+  const std::string want =
+      "--model: unknown model 'vgg' (lenet|resnet18|resnet18-tv|resnet34|resnet50)";
   std::string msg;
   EXPECT_EQ(input_error_of({"--model", "vgg"}, &msg), 2);
   EXPECT_NE(msg.find(want), std::string::npos) << msg;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -342,6 +343,21 @@ TEST(GradCheck, AvgPool2d) {
   d.run("avgpool 3/1", o);
 }
 
+TEST(GradCheck, MaxPool2d) {
+  // Distinct inputs 0.05 apart (a shuffled ramp), so no window's winner changes within the step
+  // of 1e-2 and the central differences see a linear function: dL/dx is r at each winner (summed
+  // over the windows it wins), 0 elsewhere.
+  for (const auto& [k, s, pad] : {std::tuple{3, 2, 1}, std::tuple{2, 2, 0}, std::tuple{3, 1, 1}}) {
+    LayerCheck c(make_maxpool2d(k, s, pad), {7, 6, 3}, 2, 120 + k + s, "");
+    std::vector<float> ramp(static_cast<size_t>(c.x.numel()));
+    for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = -3.f + 0.05f * static_cast<float>(i);
+    std::shuffle(ramp.begin(), ramp.end(), std::mt19937_64(k * 10 + s));
+    std::copy(ramp.begin(), ramp.end(), c.x.data());
+    CheckOpts o;
+    o.count = 1000;  // every coordinate: the winners and the positions that win nothing
+    c.run("maxpool " + std::to_string(k) + "/" + std::to_string(s) + "/" + std::to_string(pad), o);
+  }
+}
 TEST(GradCheck, GlobalAvgPool) {
   LayerCheck c(make_global_avgpool(), {3, 4, 5}, 2, 110, "");
   c.run("global avgpool", {});
@@ -618,6 +634,14 @@ TEST(BackwardCtx, AnnouncementsCoverLeNetInOrder) { check_announcements("lenet",
 // conv1, bn1, 8 blocks x (2 convs + 2 BNs), 3 downsample convs, fc.
 TEST(BackwardCtx, AnnouncementsCoverResNet18InOrder) {
   check_announcements("resnet18", 2 + 32 + 3 + 1);
+}
+
+// torchvision's layout: conv1, bn1, per BasicBlock 2 convs + 2 BNs (ResNet-18: 8 blocks), per
+// Bottleneck 3 + 3 (ResNet-50: 16), each downsample a conv and a BN (3 in ResNet-18, 4 in
+// ResNet-50, whose first block widens 64 to 256), fc.
+TEST(BackwardCtx, AnnouncementsCoverTorchvisionResNetsInOrder) {
+  check_announcements("resnet18-tv", 2 + 8 * 4 + 3 * 2 + 1);
+  check_announcements("resnet50", 2 + 16 * 6 + 4 * 2 + 1);
 }
 
 // ---- Gradient accumulation

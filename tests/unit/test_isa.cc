@@ -81,6 +81,14 @@ Outputs run_loops() {
       cpu::relu_avgpool_backward(x.data(), dy.data(), y.data(), n, h, w, c, k, s);
       keep(out, pool + "relu_avgpool_backward", y);
     }
+    {  // torchvision's max-pool, 3/2/1
+      const int64_t pooled = n * ((h + 2 - 3) / 2 + 1) * ((w + 2 - 3) / 2 + 1) * c;
+      std::vector<float> p(static_cast<size_t>(pooled));
+      cpu::maxpool_forward(x.data(), p.data(), n, h, w, c, 3, 2, 1);
+      keep(out, tag + "maxpool_forward", p);
+      cpu::maxpool_backward(x.data(), dy.data(), y.data(), n, h, w, c, 3, 2, 1);
+      keep(out, tag + "maxpool_backward", y);
+    }
     std::vector<float> gp(static_cast<size_t>(n * c));
     cpu::global_avgpool_forward(x.data(), gp.data(), n, h * w, c);
     keep(out, tag + "global_avgpool_forward", gp);

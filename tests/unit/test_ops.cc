@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "cpu/ops.h"
 #include "cpu/winograd.h"
+#include "dpt/error.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
@@ -762,6 +764,142 @@ TEST(Models, ResNet18ParameterCountAndNames) {
   EXPECT_EQ(m->store().find("layer2.1.downsample.weight"), nullptr);
   EXPECT_EQ(m->store().entries().front().name, "conv1.weight");
   EXPECT_EQ(m->store().entries().back().name, "fc.bias");
+}
+
+void check_flat_layout(Model& m, const std::string& last_param);  // below
+
+// torchvision's ResNets: parameter counts as torchvision.models.resnet18/34/50() report them (sum
+// of p.numel() over parameters(), 1000 classes, 3-channel input: 11689512, 21797672, 25557032),
+// torchvision's state_dict names and shapes, no convolution biases.
+TEST(Models, TorchvisionResNetsCountsAndNames) {
+  const std::pair<const char*, int64_t> counts[] = {
+      {"resnet18-tv", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};
+  for (const auto& [name, count] : counts) {
+    SCOPED_TRACE(name);
+    auto m = make_model(name, 1000, cpu_backend(), {224, 224, 3});
+    EXPECT_EQ(m->stem(), "imagenet");
+    EXPECT_EQ(m->num_parameters(), count);
+    // The CIFAR stem: conv1 3x3 instead of 7x7, 64 x 3 x (49 - 9) fewer weights.
+    auto c = make_model(name, 1000, cpu_backend(), {224, 224, 3}, {.stem = "cifar"});
+    EXPECT_EQ(c->stem(), "cifar");
+    EXPECT_EQ(c->num_parameters(), count - 64 * 3 * 40);
+    EXPECT_EQ(c->store().find("conv1.weight")->shape, (Shape{64, 3, 3, 3}));
+    EXPECT_EQ(m->store().find("conv1.weight")->shape, (Shape{64, 3, 7, 7}));
+    for (const Param& p : m->store().entries())
+      EXPECT_FALSE(p.name.find("conv") != std::string::npos && p.name.ends_with(".bias") ||
+                   p.name.ends_with("downsample.0.bias"))
+          << p.name << ": torchvision's convolutions have no bias";
+    EXPECT_EQ(m->store().entries().front().name, "conv1.weight");
+    EXPECT_EQ(m->store().entries().back().name, "fc.bias");
+    EXPECT_EQ(m->store().find("fc.weight")->shape,
+              (Shape{1000, std::string(name) == "resnet50" ? 2048 : 512}));
+    check_flat_layout(*m, "fc.bias");
+  }
+  auto r50 = make_model("resnet50", 10, cpu_backend(), {32, 32, 3});
+  const std::map<std::string, Shape> shapes = {
+      {"layer1.0.conv1.weight", {64, 64, 1, 1}},
+      {"layer1.0.conv2.weight", {64, 64, 3, 3}},
+      {"layer1.0.conv3.weight", {256, 64, 1, 1}},
+      {"layer1.0.bn3.num_batches_tracked", {}},
+      {"layer1.0.downsample.0.weight", {256, 64, 1, 1}},
+      {"layer1.0.downsample.1.running_var", {256}},
+      {"layer2.0.conv2.weight", {128, 128, 3, 3}},  // v1.5: the stride is on this 3x3
+      {"layer2.0.downsample.0.weight", {512, 256, 1, 1}},
+      {"layer4.2.bn3.weight", {2048}},
+      {"fc.weight", {10, 2048}}};
+  for (const auto& [name, shape] : shapes) {
+    Param* p = r50->store().find(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->shape, shape) << name;
+  }
+  EXPECT_EQ(r50->store().find("layer1.1.downsample.0.weight"), nullptr);
+  auto r34 = make_model("resnet34", 10, cpu_backend(), {32, 32, 3});
+  EXPECT_EQ(r34->store().find("layer1.0.downsample.0.weight"), nullptr);  // 64 -> 64, stride 1
+  ASSERT_NE(r34->store().find("layer3.5.bn2.weight"), nullptr);
+  EXPECT_EQ(r34->store().find("layer3.6.bn2.weight"), nullptr);
+  EXPECT_EQ(r34->store().find("layer2.0.downsample.0.weight")->shape, (Shape{128, 64, 1, 1}));
+}
+
+// --stem auto: cifar below 64 pixels (the smaller side), imagenet from there; the stems go to the
+// torchvision-layout models only, and --zero-init-residual to models with residual blocks.
+TEST(Models, StemChoiceAndRefusals) {
+  EXPECT_EQ(resolve_stem("resnet50", {}, {63, 200, 3}), "cifar");
+  EXPECT_EQ(resolve_stem("resnet50", {}, {64, 64, 3}), "imagenet");
+  EXPECT_EQ(resolve_stem("resnet34", {.stem = "cifar"}, {224, 224, 3}), "cifar");
+  EXPECT_EQ(resolve_stem("resnet18", {}, {224, 224, 3}), "");
+  EXPECT_EQ(make_model("resnet18")->stem(), "");
+  auto input_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one with '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  input_error(
+      [] {
+        make_model("lenet", 10, cpu_backend(), {28, 28, 1}, {.stem = "cifar"});
+      },
+      "--stem cifar: --model lenet has a fixed stem");
+  input_error(
+      [] {
+        make_model("resnet18", 10, cpu_backend(), {28, 28, 1}, {.stem = "imagenet"});
+      },
+      "--model resnet18 has a fixed stem");
+  input_error(
+      [] {
+        make_model("resnet50", 10, cpu_backend(), {28, 28, 3}, {.stem = "vgg"});
+      },
+      "--stem: 'vgg' is not auto|imagenet|cifar");
+  input_error(
+      [] {
+        make_model("lenet", 10, cpu_backend(), {28, 28, 1},
+                   {.stem = "auto", .zero_init_residual = true});
+      },
+      "--zero-init-residual: --model lenet has no residual blocks");
+}
+
+// --zero-init-residual: each block's last BatchNorm weight (bn2 in a BasicBlock and in d2l's
+// Residual, bn3 in a Bottleneck) starts at 0, every other BatchNorm weight at 1; without it all 1.
+TEST(Models, ZeroInitResidualZeroesEachBlocksLastBatchNorm) {
+  for (const char* name : {"resnet18-tv", "resnet50", "resnet18"}) {
+    for (const bool zero : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (zero ? " zero-init" : ""));
+      auto m = make_model(name, 10, cpu_backend(), {32, 32, 3},
+                          {.stem = "auto", .zero_init_residual = zero});
+      m->init_parameters("kaiming", 3);
+      const std::string last = std::string(name) == "resnet50" ? ".bn3.weight" : ".bn2.weight";
+      int zeroed = 0;
+      for (const Param& p : m->store().entries()) {
+        if (!p.name.ends_with(".weight") || p.shape.size() != 1) continue;  // BatchNorm weights
+        const bool block_last = p.name.starts_with("layer") && p.name.ends_with(last);
+        const float want = zero && block_last ? 0.f : 1.f;
+        zeroed += want == 0.f;
+        for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(p.value.data()[i], want) << p.name;
+      }
+      EXPECT_EQ(zeroed, zero ? (std::string(name) == "resnet50" ? 16 : 8) : 0);
+    }
+  }
+}
+
+// Every padded stride halves a side rounding up, so any image size leaves at least 1x1: the
+// imagenet stem on 1x1, 5x3 and 33x40 images, the cifar stem on 1x1.
+TEST(Models, TorchvisionResNetsTakeAnySize) {
+  for (const auto& [input, stem] : {std::pair<Shape, std::string>{{1, 1, 3}, "imagenet"},
+                                    {{5, 3, 3}, "imagenet"},
+                                    {{33, 40, 3}, "imagenet"},
+                                    {{1, 1, 3}, "cifar"}}) {
+    SCOPED_TRACE(shape_str(input) + " " + stem);
+    EXPECT_EQ(model_input_problem("resnet18-tv", input), "");
+    auto m = make_model("resnet18-tv", 4, cpu_backend(), input, {.stem = stem});
+    m->init_parameters("kaiming", 1);
+    std::mt19937_64 g(2);
+    Tensor x = random_tensor({2, input[0], input[1], input[2]}, g, 0.f, 1.f);
+    const Tensor& logits = m->forward(x, Mode::kEval);
+    ASSERT_EQ(logits.shape(), (Shape{2, 4}));
+    for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.data()[i]));
+  }
 }
 
 TEST(Models, UnknownModelThrows) { EXPECT_ANY_THROW(make_model("vgg")); }
