@@ -41,6 +41,22 @@ try r50_imagenet resnet50 d32 imagenet --stem imagenet --zero-init-residual
 if ((${#checks[@]})); then
   "$py" "$lib_dir/torchvision_check.py" "${checks[@]}" || fail "torchvision's evaluation differs (above)"
 fi
+# dptrain evaluate builds a saved model with its recorded stem (imagenet at 32 pixels, where auto
+# would say cifar): it scores the test set as the training run's own last evaluation did.
+if [[ -f r50_imagenet.st ]]; then
+  if run eval.log "$bin" evaluate --load r50_imagenet.st --data d32 --threads 2 --metrics eval.json; then
+    python3 - r50_imagenet.jsonl eval.json <<'PY' || fail "evaluate of r50_imagenet.st differs from its training run"
+import json, sys
+ep = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "epoch"][-1]
+ev = json.load(open(sys.argv[2]))
+if abs(ev["top1"] - ep["test_acc"]) > 1e-12 or abs(ev["loss"] - ep["test_loss"]) > 1e-6 * abs(ep["test_loss"]):
+    sys.exit(f"evaluate top1 {ev['top1']} loss {ev['loss']}, training test_acc {ep['test_acc']} test_loss {ep['test_loss']}")
+print(f"ok: evaluate --load r50_imagenet.st: top1 {ev['top1']}, loss {ev['loss']:.6f} as in training")
+PY
+  else
+    fail "evaluate --load r50_imagenet.st: exit $?"; tail -5 eval.log
+  fi
+fi
 # A file of one stem does not load where the other is built: the refusal names both.
 expect 2 "r34_auto16.st: holds a model with the cifar stem, this run builds the imagenet one (--stem)" -- \
   "$bin" --model resnet34 --data d16 "${common[@]}" --stem imagenet --resume r34_auto16.st
