@@ -772,13 +772,17 @@ void check_flat_layout(Model& m, const std::string& last_param);  // below
 // of p.numel() over parameters(), 1000 classes, 3-channel input: 11689512, 21797672, 25557032),
 // torchvision's state_dict names and shapes, no convolution biases.
 TEST(Models, TorchvisionResNetsCountsAndNames) {
-  const std::pair<const char*, int64_t> counts[] = {
-      {"resnet18-tv", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};
-  for (const auto& [name, count] : counts) {
+  // Parameters, and forward multiply-adds at 224x224x3 (convolutions and fc: torchvision's
+  // published 1.81, 3.66 and 4.09 GMACs; Model::forward_flops counts 2 FLOPs per multiply-add).
+  const std::tuple<const char*, int64_t, int64_t> counts[] = {{"resnet18-tv", 11689512, 1814073344},
+                                                              {"resnet34", 21797672, 3663761408},
+                                                              {"resnet50", 25557032, 4089184256}};
+  for (const auto& [name, count, macs] : counts) {
     SCOPED_TRACE(name);
     auto m = make_model(name, 1000, cpu_backend(), {224, 224, 3});
     EXPECT_EQ(m->stem(), "imagenet");
     EXPECT_EQ(m->num_parameters(), count);
+    EXPECT_EQ(m->forward_flops(), 2 * macs);
     // The CIFAR stem: conv1 3x3 instead of 7x7, 64 x 3 x (49 - 9) fewer weights.
     auto c = make_model(name, 1000, cpu_backend(), {224, 224, 3}, {.stem = "cifar"});
     EXPECT_EQ(c->stem(), "cifar");
