@@ -1111,7 +1111,7 @@ TEST_P(BackendOps, SoftmaxXentLabelSmoothingMatchesTorch) {
     be().softmax_xent(z_.data(), l_.data(), n, k, scale, e, d_.data(), s_.data(), false);
     expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
     const std::vector<double> s = to_host(s_);
-    EXPECT_NEAR(s[0], loss, 1e-5 * loss) << "summed smoothed loss";
+    EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed smoothed loss";
     EXPECT_EQ(s[1], hits) << "argmax hits (smoothing does not change them)";
     // Each row's gradient still sums to zero (q sums to 1, as the softmax does).
     const std::vector<float> got = get(d_);
