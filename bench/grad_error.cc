@@ -357,7 +357,8 @@ GE_FORWARD(gather_images, F_convert16)
 GE_FORWARD(softmax_xent, F_gather_images)
 GE_FORWARD(store_scalar, F_softmax_xent)
 GE_FORWARD(sgd_update, F_store_scalar)
-GE_FORWARD(sum_squares, F_sgd_update)
+GE_FORWARD(adamw_update, F_sgd_update)
+GE_FORWARD(sum_squares, F_adamw_update)
 GE_FORWARD(synchronize, F_sum_squares)
 #undef GE_FORWARD
 #undef GE_FORWARD_AS
@@ -503,7 +504,7 @@ int main(int argc, char** argv) {
     const int64_t k = model->num_classes();
     dpt::Tensor dlogits({batch, k});
     double sums[2] = {0, 0};
-    be.softmax_xent(logits.data(), labels.data(), batch, k, 1.f / static_cast<float>(batch),
+    be.softmax_xent(logits.data(), labels.data(), batch, k, 1.f / static_cast<float>(batch), 0.f,
                     dlogits.data(), sums, false);
     const double loss = sums[0] / static_cast<double>(batch);
     model->store().zero_grads();

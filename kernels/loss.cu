@@ -10,8 +10,8 @@ namespace dpt::cuda {
 
 static __global__ void softmax_xent_kernel(const float* __restrict__ logits,
                                            const int32_t* __restrict__ labels, int64_t n, int64_t k,
-                                           float grad_scale, float* __restrict__ loss,
-                                           int32_t* __restrict__ correct,
+                                           float grad_scale, float smoothing,
+                                           float* __restrict__ loss, int32_t* __restrict__ correct,
                                            float* __restrict__ dlogits) {
   const int64_t row = blockIdx.x;
   if (row >= n) return;
@@ -34,22 +34,31 @@ static __global__ void softmax_xent_kernel(const float* __restrict__ logits,
   se = __shfl_sync(0xffffffffu, se, 0);
   const float lse = logf(se) + mx;
   const int32_t y = labels[row];
+  // Label smoothing (the CPU's formula): q = (1-e) onehot + e/k, exactly 1 and 0 when e = 0.
+  float sz = 0.f;
+  if (smoothing > 0.f) {
+    for (int64_t j = lane; j < k; j += 32) sz += z[j];
+    for (int off = 16; off > 0; off >>= 1) sz += __shfl_down_sync(0xffffffffu, sz, off);
+  }
   if (lane == 0) {
-    loss[row] = lse - z[y];
+    loss[row] = smoothing > 0.f ? (1.f - smoothing) * (lse - z[y]) +
+                                      smoothing * (lse - sz / static_cast<float>(k))
+                                : lse - z[y];
     correct[row] = arg == y;
   }
+  const float off = smoothing / static_cast<float>(k), on = (1.f - smoothing) + off;
   if (dlogits)
     for (int64_t j = lane; j < k; j += 32)
-      dlogits[row * k + j] = (__expf(z[j] - lse) - (j == y ? 1.f : 0.f)) * grad_scale;
+      dlogits[row * k + j] = (__expf(z[j] - lse) - (j == y ? on : off)) * grad_scale;
 }
 
 cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                                float grad_scale, float* loss, int32_t* correct, float* dlogits,
-                                cudaStream_t stream) {
+                                float grad_scale, float label_smoothing, float* loss,
+                                int32_t* correct, float* dlogits, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (k <= 0 || k > 1024 || n > 2147483647LL) return cudaErrorInvalidValue;
-  softmax_xent_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(logits, labels, n, k, grad_scale,
-                                                                   loss, correct, dlogits);
+  softmax_xent_kernel<<<static_cast<unsigned>(n), 32, 0, stream>>>(
+      logits, labels, n, k, grad_scale, label_smoothing, loss, correct, dlogits);
   return cudaGetLastError();
 }
 

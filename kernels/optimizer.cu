@@ -1,5 +1,5 @@
-// Optimizer kernels and their launchers (see optimizer.cuh): the SGD update and the one-thread
-// scalar store that feeds it the learning rate.
+// Optimizer kernels and their launchers (see optimizer.cuh): the SGD and AdamW updates and the
+// one-thread scalar store that feeds them the learning rate.
 #include <algorithm>
 
 #include "launch_util.cuh"
@@ -21,8 +21,8 @@ static __device__ float clip_coef(const double* grad_sumsq, float clip_norm) {
 static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __restrict__ g,
                                          float* __restrict__ buf, int64_t n,
                                          const float* __restrict__ lr_at, float momentum, float wd,
-                                         bool first, const double* __restrict__ grad_sumsq,
-                                         float clip_norm) {
+                                         bool nesterov, bool first,
+                                         const double* __restrict__ grad_sumsq, float clip_norm) {
   if (grad_sumsq && !isfinite(*grad_sumsq))
     return;  // the non-finite guard: this step changes nothing
   const float lr = *lr_at;
@@ -32,7 +32,7 @@ static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __r
     if (momentum > 0.f) {
       const float b = first ? d : momentum * buf[i] + d;
       buf[i] = b;
-      p[i] -= lr * b;
+      p[i] -= lr * (nesterov ? d + momentum * b : b);
     } else {
       p[i] -= lr * d;
     }
@@ -40,11 +40,62 @@ static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __r
 }
 
 cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
-                              float momentum, float weight_decay, bool first,
+                              float momentum, float weight_decay, bool nesterov, bool first,
                               const double* grad_sumsq, float clip_norm, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   sgd_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq, clip_norm);
+      p, g, buf, n, lr, momentum, weight_decay, nesterov, first, grad_sumsq, clip_norm);
+  return cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
+// The AdamW update: the step's scalars formed in double by every thread from the learning rate and
+// the step count in device memory (so a replayed graph follows both), then one grid-stride pass;
+// the count moves on in a one-thread kernel after it.
+
+static __global__ void adamw_update_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                           float* __restrict__ m, float* __restrict__ v, int64_t n,
+                                           const float* __restrict__ lr_at,
+                                           const double* __restrict__ step, double beta1,
+                                           double beta2, double eps, double wd,
+                                           const double* __restrict__ grad_sumsq, float clip_norm) {
+  if (grad_sumsq && !isfinite(*grad_sumsq))
+    return;  // the non-finite guard: this step changes nothing
+  const double lr = *lr_at, t = *step + 1;
+  const float c = clip_coef(grad_sumsq, clip_norm);
+  // As the CPU's cpu::adamw_scalars: each scalar in double, rounded to float.
+  const float decay = static_cast<float>(1.0 - lr * wd), b1 = static_cast<float>(beta1),
+              b1c = static_cast<float>(1.0 - beta1), b2 = static_cast<float>(beta2),
+              b2c = static_cast<float>(1.0 - beta2),
+              step_size = static_cast<float>(lr / (1.0 - pow(beta1, t))),
+              bias2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, t))),
+              e = static_cast<float>(eps);
+  DPT_GRID_STRIDE(i, n) {
+    const float d = c == 1.f ? g[i] : c * g[i];
+    const float pi = __fmul_rn(p[i], decay);
+    const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(b1c, d));
+    const float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(b2c, d), d));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = __fsub_rn(
+        pi,
+        __fmul_rn(step_size, __fdiv_rn(mi, __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bias2_sqrt), e))));
+  }
+}
+
+static __global__ void count_step_kernel(double* step, const double* grad_sumsq) {
+  if (!grad_sumsq || isfinite(*grad_sumsq)) *step += 1;
+}
+
+cudaError_t launch_adamw_update(float* p, const float* g, float* exp_avg, float* exp_avg_sq,
+                                int64_t n, const float* lr, double* step, bool count_step,
+                                double beta1, double beta2, double eps, double weight_decay,
+                                const double* grad_sumsq, float clip_norm, cudaStream_t stream) {
+  if (n > 0)
+    adamw_update_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+        p, g, exp_avg, exp_avg_sq, n, lr, step, beta1, beta2, eps, weight_decay, grad_sumsq,
+        clip_norm);
+  if (count_step) count_step_kernel<<<1, 1, 0, stream>>>(step, grad_sumsq);
   return cudaGetLastError();
 }
 

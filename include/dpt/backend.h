@@ -251,22 +251,37 @@ class Backend {
   virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
                              const ImageBatchSpec& spec, const int64_t* idx, int64_t count,
                              float* x, int32_t* labels_out) = 0;
-  // Softmax cross-entropy on logits [n, k]: sums[0] (+)= the summed loss and sums[1] (+)= the count
-  // of argmax hits (doubles; added to when accumulate); dlogits (nullable) = (softmax - onehot) *
-  // grad_scale.
+  // Softmax cross-entropy on logits [n, k], with PyTorch's label smoothing e (0: none): sums[0]
+  // (+)= the summed loss, each row's (1-e) (lse - z_y) + e (lse - mean_j z_j) (CrossEntropyLoss(
+  // label_smoothing=e) before its mean), and sums[1] (+)= the count of argmax hits (doubles; added
+  // to when accumulate); dlogits (nullable) = (softmax - q) * grad_scale with q = (1-e) onehot +
+  // e/k.
   virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                            float grad_scale, float* dlogits, double* sums, bool accumulate) = 0;
+                            float grad_scale, float label_smoothing, float* dlogits, double* sums,
+                            bool accumulate) = 0;
   // *dst = v, in the order of the queued work (a learning rate a recorded step reads).
   virtual void store_scalar(float* dst, float v) = 0;
-  // PyTorch's SGD over n floats: d = c g + wd p; buf = first ? d : momentum buf + d; p -= lr buf
-  // (buf unused and p -= lr d when momentum is 0). lr: one float of backend memory. grad_sumsq
-  // (nullable, one double of backend memory, sum_squares of g): when it is not finite nothing is
-  // updated (the non-finite guard, decided where the data is: no host round trip); with
-  // clip_norm > 0, c = clip_norm / (norm + 1e-6) where the norm exceeds clip_norm (PyTorch's
-  // clip_grad_norm_), else c = 1.
+  // PyTorch's SGD (dampening 0) over n floats: d = c g + wd p; buf = first ? d : momentum buf + d;
+  // p -= lr (nesterov ? d + momentum buf : buf) (buf unused and p -= lr d when momentum is 0). lr:
+  // one float of backend memory. grad_sumsq (nullable, one double of backend memory, sum_squares
+  // of g): when it is not finite nothing is updated (the non-finite guard, decided where the data
+  // is: no host round trip); with clip_norm > 0, c = clip_norm / (norm + 1e-6) where the norm
+  // exceeds clip_norm (PyTorch's clip_grad_norm_), else c = 1.
   virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
-                          float momentum, float weight_decay, bool first, const double* grad_sumsq,
-                          float clip_norm) = 0;
+                          float momentum, float weight_decay, bool nesterov, bool first,
+                          const double* grad_sumsq, float clip_norm) = 0;
+  // torch.optim.AdamW (amsgrad off) over n floats, with t = *step + 1 (step: one double of backend
+  // memory, the updates applied before this one) and d = c g (c, grad_sumsq and the guard as
+  // sgd_update):
+  //   p *= 1 - lr wd;  m = b1 m + (1-b1) d;  v = b2 v + (1-b2) d^2;
+  //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+  // the scalars formed in double and rounded to float, as PyTorch's Python scalars are. With
+  // count_step, *step = t afterwards (only when the update was applied): a step cut into several
+  // calls (ranges of other weight decay) counts once, in its last call.
+  virtual void adamw_update(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,
+                            const float* lr, double* step, bool count_step, double beta1,
+                            double beta2, double eps, double weight_decay, const double* grad_sumsq,
+                            float clip_norm) = 0;
   // out[0] = sum of x[i]^2 over n floats, in double, in a fixed order (out: backend memory).
   virtual void sum_squares(const float* x, int64_t n, double* out) = 0;
 };

@@ -70,9 +70,11 @@ class CheckpointManager {
   // Rank 0 removes the temporaries of killed writers (of its own file names only).
   // `input`: what the data made of the run (data_input_metadata), written into every file.
   CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
-                    Sgd& opt, StepEngine& engine, std::map<std::string, std::string> input = {});
+                    Optimizer& opt, StepEngine& engine,
+                    std::map<std::string, std::string> input = {});
 
-  // --resume: rank 0 reads the file (no shared file system needed) into the host model and Sgd;
+  // --resume: rank 0 reads the file (no shared file system needed) into the host model and
+  // Optimizer (a checkpoint of another optimizer is refused, --allow-config-change or not);
   // the other ranks take its state and position by broadcast; the engine takes the host state
   // and, under --normalize auto, the statistics the file records. A bad file, or one written with
   // other settings or data (its digests against `input`'s) without --allow-config-change, ends
@@ -109,7 +111,7 @@ class CheckpointManager {
   Communicator& comm_;
   Model& model_;
   DataParallel& ddp_;
-  Sgd& opt_;
+  Optimizer& opt_;
   Meta input_;  // a resumed --normalize auto run's statistics replace the data's
   StepEngine& engine_;
   std::string training_, started_;  // this training's id and start (rank 0)

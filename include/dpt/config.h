@@ -22,8 +22,14 @@ struct TrainConfig {
   int epochs = 10;
   int64_t batch_size = 256;  // global, over all ranks
   double lr = 0.05;
-  double momentum = 0.9;
-  double weight_decay = 5e-4;
+  std::string optimizer = "sgd";  // sgd | adamw (optimizer.h)
+  double momentum = 0.9;          // SGD's
+  double weight_decay = 5e-4;     // SGD: L2, added to the gradient; AdamW: decoupled
+  bool nesterov = false;          // SGD: Nesterov momentum (torch.optim.SGD nesterov=True)
+  std::vector<double> betas = {0.9, 0.999};  // AdamW's moment coefficients
+  double eps = 1e-8;                         // AdamW's denominator term
+  bool no_decay_bn_bias = false;    // no weight decay on 1-D parameters (BatchNorm, biases)
+  double label_smoothing = 0;       // CrossEntropyLoss(label_smoothing=E) of the training loss
   std::string schedule = "cosine";  // constant | step | cosine
   double warmup_epochs = 1;
   std::vector<int> step_epochs;  // for schedule=step: multiply by step_gamma at these epochs
@@ -105,6 +111,10 @@ bool may_change_on_resume(const std::string& flag);
 // legacy cuDNN API gains nothing from them: H200, 2026-11-26, ResNet-18 2.40 against 2.18
 // s/epoch; on the graph API 1.49). A resume refines auto to the checkpoint's type (preflight.cc).
 DType activation_dtype(const TrainConfig& cfg, bool device_bf16_fast = false);
+
+// --optimizer adamw's defaults under every recipe (torch.optim.AdamW's): the recipes' rates and
+// weight decays are SGD's. An explicit --lr or --weight-decay wins.
+inline constexpr double kAdamWDefaultLr = 1e-3, kAdamWDefaultWeightDecay = 0.01;
 
 // Parses argv (cxxopts): an optional command word first (train, evaluate, predict: cfg->command),
 // then the flags the command takes (the flag table's `commands`; a flag of another command is an

@@ -1,7 +1,8 @@
 // The per-rank training engine, written once for every backend: one optimizer step (micro-batches
 // in, totals out), evaluation and state synchronisation over a Model on a Backend, the
-// DataParallel wrapper's Reducer and the backend's SGD. Where the backend records work (CUDA
-// graphs), a warm step and a warm evaluation pass are replayed whole. run_training drives it.
+// DataParallel wrapper's Reducer and the backend's optimizer (SGD or AdamW). Where the backend
+// records work (CUDA graphs), a warm step and a warm evaluation pass are replayed whole.
+// run_training drives it.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +31,12 @@ class Tracer;
 class StepEngine {
  public:
   // The model must be built on its backend and wrapped by ddp; the data sets are mirrored in the
-  // backend's memory, the parameters and momentum taken from the host (from_host). Everything
-  // passed must outlive the engine. Training images go through `normalize` and `augment` (drawn per
-  // epoch and image from --seed), test images through `normalize` only.
-  StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp, Sgd& opt,
-             const ImageSet& train, const ImageSet& test, const Normalization& normalize = {},
-             const AugmentSpec& augment = {});
+  // backend's memory, the parameters and optimizer state taken from the host (from_host).
+  // Everything passed must outlive the engine. Training images go through `normalize` and `augment`
+  // (drawn per epoch and image from --seed), test images through `normalize` only.
+  StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
+             Optimizer& opt, const ImageSet& train, const ImageSet& test,
+             const Normalization& normalize = {}, const AugmentSpec& augment = {});
   // Unwinding from an error, the backend is abandoned (queued work may wait for a dead peer);
   // otherwise everything in flight is drained first, bounded by --timeout.
   ~StepEngine();
@@ -46,13 +47,14 @@ class StepEngine {
   // The sampler is at the new epoch; micro-batches [0, batches) of it may be asked for.
   void begin_epoch(const ShardedSampler& sampler, int64_t batches);
   // One optimizer step on micro-batches [first, first + --accum-steps) of the epoch: forward,
-  // softmax cross-entropy scaled by 1/(global batch x accumulation), backward (the last micro-batch
-  // all-reduces the summed gradients bucket by bucket), SGD at `lr`. `step` names it in errors.
+  // softmax cross-entropy (with --label-smoothing) scaled by 1/(global batch x accumulation),
+  // backward (the last micro-batch all-reduces the summed gradients bucket by bucket), the
+  // optimizer at `lr` (weight decay by decay_ranges). `step` names it in errors.
   void step(int64_t first_batch, int64_t step, double lr, Tracer* tracer);
   const ReducerStats& reducer_stats() const { return stats_; }
   // The all-reduced gradients' sum of squares of every step of the epoch so far, in order (the host
   // waits for them), and of the last step alone. A step whose value is not finite changed nothing:
-  // the backend's sgd_update skipped it (the non-finite guard; run_training decides what follows).
+  // the backend's update skipped it (the non-finite guard; run_training decides what follows).
   std::vector<double> epoch_grad_sumsq();
   double last_grad_sumsq();
   // The name of the first parameter, in gradient-buffer (backward) order, whose gradient holds a
@@ -61,12 +63,13 @@ class StepEngine {
   // This rank's totals of the last step, and of the epoch so far (the host waits for them).
   Totals step_totals() { return totals(step_first_); }
   Totals epoch_totals() { return totals(epoch_first_); }
-  // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals.
+  // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals (plain
+  // cross-entropy: no label smoothing).
   Totals evaluate(int64_t begin, int64_t end);
   // BatchNorm running statistics averaged across ranks (DataParallel::sync_buffers).
   void sync_buffers();
-  // Parameters, buffers and momentum to the host model and Sgd (checkpoints, --save, replica
-  // checks), and back after the host state changed (broadcast, resume).
+  // Parameters, buffers and the optimizer's state to the host model and Optimizer (checkpoints,
+  // --save, replica checks), and back after the host state changed (broadcast, resume).
   void to_host();
   void from_host();
   // The channels of the images, and the input transform's per-channel mean and std replaced before
@@ -93,7 +96,8 @@ class StepEngine {
   Model& model_;
   Backend& be_;
   DataParallel& ddp_;
-  Sgd& opt_;
+  Optimizer& opt_;
+  const std::vector<DecayRange> decay_ranges_;
   const int64_t classes_, pixels_, batch_, eval_batch_;
   const float grad_scale_;
   const int uncaught_;
@@ -113,7 +117,9 @@ class StepEngine {
   DeviceArray<double> grad_sumsq_,
       step_sumsq_;  // per step of the epoch; the fixed slot a step writes
   DeviceArray<int32_t> labels_, eval_labels_;
-  DeviceArray<float> lr_, momentum_;
+  // The learning rate; the optimizer's state: SGD's momentum, AdamW's moments and step count.
+  DeviceArray<float> lr_, momentum_, exp_avg_, exp_avg_sq_;
+  DeviceArray<double> adamw_step_;
   Tensor x_, dlogits_, eval_x_;
   std::unique_ptr<Recorder> step_graph_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recorder>> eval_graphs_;  // by test range

@@ -55,7 +55,7 @@ using ConfigField =
     std::variant<std::monostate, std::string TrainConfig::*, bool TrainConfig::*,
                  int TrainConfig::*, int64_t TrainConfig::*, uint64_t TrainConfig::*,
                  double TrainConfig::*, std::vector<int> TrainConfig::*,
-                 std::string (*)(const TrainConfig&)>;
+                 std::vector<double> TrainConfig::*, std::string (*)(const TrainConfig&)>;
 
 // One key of TrainConfig::to_json (and so of checkpoints' metadata).
 struct JsonValue {

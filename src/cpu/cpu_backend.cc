@@ -314,29 +314,49 @@ class CpuBackend : public Backend {
     for (int64_t i = 0; i < count; ++i) labels_out[i] = labels[idx[i]];
   }
   void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                    float grad_scale, float* dlogits, double* sums, bool accumulate) override {
+                    float grad_scale, float label_smoothing, float* dlogits, double* sums,
+                    bool accumulate) override {
     int64_t hits = 0;
-    const double loss = cpu::softmax_xent(logits, labels, n, k, grad_scale, dlogits, &hits);
+    const double loss =
+        cpu::softmax_xent(logits, labels, n, k, grad_scale, dlogits, &hits, label_smoothing);
     sums[0] = (accumulate ? sums[0] : 0.0) + loss;
     sums[1] = (accumulate ? sums[1] : 0.0) + static_cast<double>(hits);
   }
   void store_scalar(float* dst, float v) override { *dst = v; }
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first, const double* grad_sumsq,
+                  float weight_decay, bool nesterov, bool first, const double* grad_sumsq,
                   float clip_norm) override {
     float coef = 1.f;
-    if (grad_sumsq) {
-      if (!std::isfinite(*grad_sumsq)) return;  // the non-finite guard: this step changes nothing
-      const double norm = std::sqrt(*grad_sumsq);
-      if (clip_norm > 0.f && norm > clip_norm) coef = static_cast<float>(clip_norm / (norm + 1e-6));
-    }
-    cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first, coef);
+    if (!guard_and_clip(grad_sumsq, clip_norm, &coef)) return;
+    cpu::sgd_update(p, g, buf, n, *lr, momentum, weight_decay, first, coef, nesterov);
+  }
+  void adamw_update(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    const float* lr, double* step, bool count_step, double beta1, double beta2,
+                    double eps, double weight_decay, const double* grad_sumsq,
+                    float clip_norm) override {
+    float coef = 1.f;
+    if (!guard_and_clip(grad_sumsq, clip_norm, &coef)) return;
+    const double t = *step + 1;
+    cpu::adamw_update(p, g, exp_avg, exp_avg_sq, n,
+                      cpu::adamw_scalars(*lr, t, beta1, beta2, eps, weight_decay, coef));
+    if (count_step) *step = t;
   }
   void sum_squares(const float* x, int64_t n, double* out) override {
     *out = cpu::sum_squares(x, n);
   }
 
  private:
+  // The optimizers' non-finite guard (false: skip the step) and clip coefficient (Backend::
+  // sgd_update).
+  static bool guard_and_clip(const double* grad_sumsq, float clip_norm, float* coef) {
+    *coef = 1.f;
+    if (!grad_sumsq) return true;
+    if (!std::isfinite(*grad_sumsq))
+      return false;  // the non-finite guard: this step changes nothing
+    const double norm = std::sqrt(*grad_sumsq);
+    if (clip_norm > 0.f && norm > clip_norm) *coef = static_cast<float>(clip_norm / (norm + 1e-6));
+    return true;
+  }
   // The operations above that choose between two loops, for either element type.
   template <typename T>
   static void add_t(const T* a, const T* b, T* y, int64_t n, bool relu) {

@@ -130,15 +130,34 @@ template <typename T>
 void chw_to_nhwc(const T* x, T* y, int64_t n, int64_t h, int64_t w, int64_t c);
 
 // PyTorch's SGD step over n floats (buf unused when momentum is 0), gradients scaled by `coef`
-// (clipping; 1: none); see Backend::sgd_update.
+// (clipping; 1: none), Nesterov momentum when asked; see Backend::sgd_update.
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                float weight_decay, bool first, float coef = 1.f);
+                float weight_decay, bool first, float coef = 1.f, bool nesterov = false);
+// The scalars of one torch.optim.AdamW step, each formed in double and rounded to float as
+// PyTorch's Python scalars are (adamw_scalars).
+struct AdamWScalars {
+  float decay;          // 1 - lr wd
+  float beta1, beta1c;  // b1, 1 - b1
+  float beta2, beta2c;  // b2, 1 - b2
+  float step_size;      // lr / (1 - b1^t)
+  float bias2_sqrt;     // sqrt(1 - b2^t)
+  float eps;
+  float coef;  // the gradients' scale (clipping; 1: none)
+};
+AdamWScalars adamw_scalars(double lr, double t, double beta1, double beta2, double eps,
+                           double weight_decay, float coef);
+// AdamW's element-wise step over n floats: d = coef g; p *= decay; m = b1 m + (1-b1) d;
+// v = b2 v + (1-b2) d d; p -= step_size m / (sqrt(v) / bias2_sqrt + eps). See
+// Backend::adamw_update.
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
 // Sum of x[i]^2 in double, in a fixed order.
 double sum_squares(const float* x, int64_t n);
 
-// Softmax cross-entropy on logits [N,K]: returns the summed loss; *correct counts argmax hits;
-// dlogits (optional) = (softmax - onehot) * grad_scale.
+// Softmax cross-entropy on logits [N,K] with label smoothing e (0: none; Backend::softmax_xent):
+// returns the summed loss; *correct counts argmax hits; dlogits (optional) = (softmax - q) *
+// grad_scale, q = (1-e) onehot + e/K.
 double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                    float grad_scale, float* dlogits, int64_t* correct);
+                    float grad_scale, float* dlogits, int64_t* correct,
+                    float label_smoothing = 0.f);
 
 }  // namespace dpt::cpu

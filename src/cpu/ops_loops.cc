@@ -54,6 +54,7 @@ struct Loops {
   decltype(&cpu::im2col_nhwc) im2col_nhwc;
   decltype(&cpu::col2im_nhwc) col2im_nhwc;
   decltype(&cpu::sgd_update) sgd_update;
+  decltype(&cpu::adamw_update) adamw_update;
   decltype(&cpu::sum_squares) sum_squares;
   decltype(&cpu::softmax_xent) softmax_xent;
 };
@@ -206,13 +207,29 @@ void col2im_nhwc(const float* dcol, int64_t n, int64_t h, int64_t w, int64_t c, 
 }
 
 void sgd_update(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                float weight_decay, bool first, float coef) {
-  loops().sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, coef);
+                float weight_decay, bool first, float coef, bool nesterov) {
+  loops().sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, coef, nesterov);
+}
+AdamWScalars adamw_scalars(double lr, double t, double beta1, double beta2, double eps,
+                           double weight_decay, float coef) {
+  const double bias1 = 1.0 - std::pow(beta1, t), bias2 = 1.0 - std::pow(beta2, t);
+  return {.decay = static_cast<float>(1.0 - lr * weight_decay),
+          .beta1 = static_cast<float>(beta1),
+          .beta1c = static_cast<float>(1.0 - beta1),
+          .beta2 = static_cast<float>(beta2),
+          .beta2c = static_cast<float>(1.0 - beta2),
+          .step_size = static_cast<float>(lr / bias1),
+          .bias2_sqrt = static_cast<float>(std::sqrt(bias2)),
+          .eps = static_cast<float>(eps),
+          .coef = coef};
+}
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  loops().adamw_update(p, g, m, v, n, s);
 }
 double sum_squares(const float* x, int64_t n) { return loops().sum_squares(x, n); }
 double softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                    float grad_scale, float* dlogits, int64_t* correct) {
-  return loops().softmax_xent(logits, labels, n, k, grad_scale, dlogits, correct);
+                    float grad_scale, float* dlogits, int64_t* correct, float label_smoothing) {
+  return loops().softmax_xent(logits, labels, n, k, grad_scale, dlogits, correct, label_smoothing);
 }
 
 }  // namespace dpt::cpu

@@ -355,7 +355,8 @@ void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, in
 }
 
 void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                               float grad_scale, float* dlogits, double* sums, bool accumulate) {
+                               float grad_scale, float label_smoothing, float* dlogits,
+                               double* sums, bool accumulate) {
   // Per-row losses and hits in the shared workspace, summed in a fixed order (bit-reproducible).
   WorkspaceLayout lay;
   const size_t loss_at = lay.add(static_cast<size_t>(n) * sizeof(float));
@@ -363,8 +364,8 @@ void CudaBackend::softmax_xent(const float* logits, const int32_t* labels, int64
   auto* ws = static_cast<char*>(ctx_->workspace(lay.total()));
   auto* loss = reinterpret_cast<float*>(ws + loss_at);
   auto* hits = reinterpret_cast<int32_t*>(ws + hits_at);
-  CUDA_CHECK(cuda::launch_softmax_xent(logits, labels, n, k, grad_scale, loss, hits, dlogits,
-                                       ctx_->stream()));
+  CUDA_CHECK(cuda::launch_softmax_xent(logits, labels, n, k, grad_scale, label_smoothing, loss,
+                                       hits, dlogits, ctx_->stream()));
   CUDA_CHECK(cuda::launch_loss_sums(loss, hits, n, sums, accumulate, ctx_->stream()));
 }
 
@@ -373,10 +374,19 @@ void CudaBackend::store_scalar(float* dst, float v) {
 }
 
 void CudaBackend::sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
-                             float momentum, float weight_decay, bool first,
+                             float momentum, float weight_decay, bool nesterov, bool first,
                              const double* grad_sumsq, float clip_norm) {
-  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, first, grad_sumsq,
-                                     clip_norm, ctx_->stream()));
+  CUDA_CHECK(cuda::launch_sgd_update(p, g, buf, n, lr, momentum, weight_decay, nesterov, first,
+                                     grad_sumsq, clip_norm, ctx_->stream()));
+}
+
+void CudaBackend::adamw_update(float* p, const float* g, float* exp_avg, float* exp_avg_sq,
+                               int64_t n, const float* lr, double* step, bool count_step,
+                               double beta1, double beta2, double eps, double weight_decay,
+                               const double* grad_sumsq, float clip_norm) {
+  CUDA_CHECK(cuda::launch_adamw_update(p, g, exp_avg, exp_avg_sq, n, lr, step, count_step, beta1,
+                                       beta2, eps, weight_decay, grad_sumsq, clip_norm,
+                                       ctx_->stream()));
 }
 
 void CudaBackend::sum_squares(const float* x, int64_t n, double* out) {

@@ -105,11 +105,16 @@ class CudaBackend : public Backend {
                      const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
                      int32_t* labels_out) override;
   void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                    float grad_scale, float* dlogits, double* sums, bool accumulate) override;
+                    float grad_scale, float label_smoothing, float* dlogits, double* sums,
+                    bool accumulate) override;
   void store_scalar(float* dst, float v) override;
   void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr, float momentum,
-                  float weight_decay, bool first, const double* grad_sumsq,
+                  float weight_decay, bool nesterov, bool first, const double* grad_sumsq,
                   float clip_norm) override;
+  void adamw_update(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    const float* lr, double* step, bool count_step, double beta1, double beta2,
+                    double eps, double weight_decay, const double* grad_sumsq,
+                    float clip_norm) override;
   void sum_squares(const float* x, int64_t n, double* out) override;
 
  private:

@@ -186,7 +186,8 @@ std::string plans_key(int r) { return "conv_plans.rank" + std::to_string(r); }
 }  // namespace
 
 CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model,
-                                     DataParallel& ddp, Sgd& opt, StepEngine& engine, Meta input)
+                                     DataParallel& ddp, Optimizer& opt, StepEngine& engine,
+                                     Meta input)
     : cfg_(cfg),
       comm_(comm),
       model_(model),
@@ -268,7 +269,8 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   for (const CheckpointInfo& f : files) {
     if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
     try {
-      *meta = load_model(f.path, model_, &opt_.momentum_buffer());
+      OptimizerState state = opt_.state();
+      *meta = load_model(f.path, model_, &state);
       warn_rest();
       return f.path;
     } catch (const Error& e) {
@@ -308,7 +310,8 @@ ResumePoint CheckpointManager::load() {
       }
     } else {
       path = cfg_.resume;
-      meta = load_model(path, model_, &opt_.momentum_buffer());
+      OptimizerState state = opt_.state();
+      meta = load_model(path, model_, &state);
     }
     auto num = [&](const char* key) -> int64_t {
       auto it = meta.find(key);
@@ -427,10 +430,13 @@ ResumePoint CheckpointManager::load() {
     if (!info.training.empty()) training_ = info.training, started_ = info.started;
   }
   ddp_.broadcast_state();
-  if (!opt_.momentum_buffer().empty())
-    comm_.broadcast(opt_.momentum_buffer().data(),
-                    static_cast<int64_t>(opt_.momentum_buffer().size()), 0,
-                    "broadcast of the optimizer state");
+  const OptimizerState state = opt_.state();
+  for (const auto& [name, values] : state.buffers)
+    if (!values->empty())
+      comm_.broadcast(values->data(), static_cast<int64_t>(values->size()), 0,
+                      "broadcast of the optimizer state");
+  for (const auto& [name, count] : state.counters)
+    comm_.broadcast(count, 1, 0, "broadcast of the optimizer state");
   opt_.set_steps(pos[3]);
   engine_.from_host();
   // Rank 0 hands each rank its plans: lengths, then the texts end to end.
@@ -536,7 +542,8 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
                     "not writing checkpoint "
                         << file << ": it now holds a checkpoint of another training (id "
                         << printable(there.training) << "); two trainings share --checkpoint-path");
-    save_model(file, model_, meta, &opt_.momentum_buffer());
+    const OptimizerState state = opt_.state();
+    save_model(file, model_, meta, &state);
     prune();
     record(at.global_step, file);
   }
@@ -600,7 +607,8 @@ CheckpointManager::Meta CheckpointManager::metadata(int64_t epoch, int64_t globa
 
 // Nothing non-finite is ever written over a good file (a BatchNorm buffer can still take a NaN
 // from a forward pass whose step was then skipped). The host state is the same on every rank
-// (parameters by construction, buffers averaged, momentum), so every rank refuses alike.
+// (parameters by construction, buffers averaged, the optimizer's state), so every rank refuses
+// alike.
 void CheckpointManager::refuse_nonfinite(const std::string& path) const {
   auto finite = [](const float* v, int64_t n) {
     return std::all_of(v, v + n, [](float x) { return std::isfinite(x); });
@@ -608,9 +616,8 @@ void CheckpointManager::refuse_nonfinite(const std::string& path) const {
   std::string bad;
   for (const Param& p : model_.store().entries())
     if (bad.empty() && !finite(p.value.data(), p.numel())) bad = p.name;
-  const auto& mom = opt_.momentum_buffer();
-  if (bad.empty() && !finite(mom.data(), static_cast<int64_t>(mom.size())))
-    bad = "optimizer.momentum_buffer";
+  for (const auto& [name, values] : opt_.state().buffers)
+    if (bad.empty() && !finite(values->data(), static_cast<int64_t>(values->size()))) bad = name;
   if (!bad.empty())
     throw AgreedInputError(
         DPT_MSG("not writing " << path << ": '" << bad << "' holds non-finite values (the file "

@@ -92,6 +92,13 @@ void apply_recipe(TrainConfig* c) {
     c->lr = model.lr.*r.lr;
     c->momentum = r.momentum;
     c->weight_decay = r.weight_decay;
+    if (c->optimizer == "adamw") {
+      // The recipes' rates are SGD's: AdamW takes torch.optim.AdamW's defaults, and has no
+      // momentum of SGD's kind (its moments are --betas).
+      c->lr = kAdamWDefaultLr;
+      c->weight_decay = kAdamWDefaultWeightDecay;
+      c->momentum = 0;
+    }
     c->schedule = r.schedule;
     c->warmup_epochs = r.warmup_epochs;
     return;
@@ -138,7 +145,30 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr must be > 0, got " << c.lr);
   DPT_INPUT_CHECK(c.momentum >= 0 && c.momentum < 1,
                   "--momentum must be in [0, 1), got " << c.momentum);
-  DPT_INPUT_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0, got " << c.weight_decay);
+  DPT_INPUT_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
+                  "--weight-decay must be >= 0, got " << c.weight_decay);
+  DPT_INPUT_CHECK(c.optimizer == "sgd" || c.optimizer == "adamw",
+                  "--optimizer: '" << c.optimizer << "' is not sgd|adamw");
+  if (c.optimizer == "adamw") {
+    DPT_INPUT_CHECK(c.momentum == 0, "--momentum " << c.momentum
+                                                   << " is SGD's: --optimizer adamw has none "
+                                                      "(its moment averages are --betas)");
+    DPT_INPUT_CHECK(!c.nesterov, "--nesterov is SGD's: --optimizer adamw has no Nesterov momentum");
+  }
+  // torch.optim.SGD refuses nesterov=True without a momentum or with dampening (dptrain's SGD has
+  // no dampening: always 0).
+  DPT_INPUT_CHECK(!c.nesterov || c.momentum > 0,
+                  "--nesterov needs --momentum > 0 (and no dampening, as torch.optim.SGD), got "
+                  "--momentum "
+                      << c.momentum);
+  DPT_INPUT_CHECK(c.betas.size() == 2, "--betas needs two values B1,B2");
+  for (double b : c.betas)
+    DPT_INPUT_CHECK(std::isfinite(b) && b >= 0 && b < 1,
+                    "--betas: each must be in [0, 1), got " << c.betas[0] << "," << c.betas[1]);
+  DPT_INPUT_CHECK(std::isfinite(c.eps) && c.eps >= 0, "--eps must be >= 0, got " << c.eps);
+  DPT_INPUT_CHECK(
+      std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 && c.label_smoothing < 1,
+      "--label-smoothing must be in [0, 1), got " << c.label_smoothing);
   DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
                   "--schedule: '" << c.schedule << "' is not constant|step|cosine");
   DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);

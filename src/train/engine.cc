@@ -2,8 +2,9 @@
 // written once over the Backend operations. A step gathers its micro-batch by index from the data
 // set in backend memory, runs the Model, scores it with the backend's softmax_xent into per-batch
 // totals in backend memory, hangs the Reducer on backward's gradient announcements, and updates the
-// flat buffers with the backend's sgd_update. The host reads nothing back inside a step. Where the
-// backend records work (CUDA graphs), a warm step and a warm evaluation pass are replayed whole.
+// flat buffers with the backend's sgd_update or adamw_update. The host reads nothing back inside a
+// step. Where the backend records work (CUDA graphs), a warm step and a warm evaluation pass are
+// replayed whole.
 #include "dpt/engine.h"
 
 #include <algorithm>
@@ -22,7 +23,7 @@
 namespace dpt {
 
 StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
-                       Sgd& opt, const ImageSet& train, const ImageSet& test,
+                       Optimizer& opt, const ImageSet& train, const ImageSet& test,
                        const Normalization& normalize, const AugmentSpec& augment)
     : cfg_(cfg),
       comm_(comm),
@@ -30,6 +31,7 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
       be_(model.store().backend()),
       ddp_(ddp),
       opt_(opt),
+      decay_ranges_(decay_ranges(model.store(), cfg.no_decay_bn_bias)),
       classes_(model.num_classes()),
       pixels_(train.pixels()),
       batch_(cfg.batch_size / comm.size()),
@@ -86,9 +88,19 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   lr_ = DeviceArray<float>(be_, 1);
   step_sumsq_ = DeviceArray<double>(be_, 1);
   const int64_t n = model.store().num_params();
-  if (cfg.momentum > 0) {
+  DPT_CHECK(opt.adamw() == (cfg.optimizer == "adamw"),
+            "optimizer " << opt.name() << " for --optimizer " << cfg.optimizer);
+  if (!opt.momentum_buffer().empty()) {
     DPT_CHECK(static_cast<int64_t>(opt.momentum_buffer().size()) == n, "momentum buffer size");
     momentum_ = DeviceArray<float>(be_, n);
+  }
+  if (opt.adamw()) {
+    DPT_CHECK(static_cast<int64_t>(opt.exp_avg().size()) == n &&
+                  static_cast<int64_t>(opt.exp_avg_sq().size()) == n,
+              "AdamW moment sizes");
+    exp_avg_ = DeviceArray<float>(be_, n);
+    exp_avg_sq_ = DeviceArray<float>(be_, n);
+    adamw_step_ = DeviceArray<double>(be_, 1);
   }
   x_.resize({batch_, train.rows, train.cols, train.channels}, &be_);
   dlogits_.resize({batch_, classes_}, &be_);
@@ -238,8 +250,9 @@ void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
     TraceScope span(tr, "forward", "forward");
     logits = &model_.forward(x_, Mode::kTrain);
   }
-  be_.softmax_xent(logits->data(), labels_.data(), batch_, classes_, grad_scale_, dlogits_.data(),
-                   step_stats_.data(), false);
+  be_.softmax_xent(logits->data(), labels_.data(), batch_, classes_, grad_scale_,
+                   static_cast<float>(cfg_.label_smoothing), dlogits_.data(), step_stats_.data(),
+                   false);
   TraceScope span(tr, "backward", "backward");
   BackwardCtx ctx = ddp_.backward_ctx(sync, accumulate, tr);
   model_.backward(dlogits_, ctx);
@@ -247,14 +260,27 @@ void StepEngine::forward_backward(bool sync, bool accumulate, Tracer* tr) {
 
 // The optimizer over the flat buffers, at the learning rate stored in lr_: the all-reduced
 // gradients' sum of squares first (the same on every rank), which the update reads to skip a
-// non-finite step and to clip (--clip-grad-norm).
+// non-finite step and to clip (--clip-grad-norm). One call per run of the buffer with its own
+// weight decay (--no-decay-bn-bias); without it one call over everything.
 void StepEngine::update(bool first) {
   ParamStore& m = model_.store();
   be_.sum_squares(m.device_grads(), m.num_params(), step_sumsq_.data());
-  be_.sgd_update(m.device_params(), m.device_grads(),
-                 cfg_.momentum > 0 ? momentum_.data() : nullptr, m.num_params(), lr_.data(),
-                 static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay), first,
-                 step_sumsq_.data(), static_cast<float>(cfg_.clip_grad_norm));
+  const auto clip = static_cast<float>(cfg_.clip_grad_norm);
+  for (size_t r = 0; r < decay_ranges_.size(); ++r) {
+    const int64_t at = decay_ranges_[r].begin, count = decay_ranges_[r].end - at;
+    const double wd = decay_ranges_[r].decay ? cfg_.weight_decay : 0.0;
+    if (opt_.adamw()) {
+      be_.adamw_update(m.device_params() + at, m.device_grads() + at, exp_avg_.data() + at,
+                       exp_avg_sq_.data() + at, count, lr_.data(), adamw_step_.data(),
+                       r + 1 == decay_ranges_.size(), cfg_.betas[0], cfg_.betas[1], cfg_.eps, wd,
+                       step_sumsq_.data(), clip);
+    } else {
+      be_.sgd_update(m.device_params() + at, m.device_grads() + at,
+                     momentum_.size() > 0 ? momentum_.data() + at : nullptr, count, lr_.data(),
+                     static_cast<float>(cfg_.momentum), static_cast<float>(wd), cfg_.nesterov,
+                     first, step_sumsq_.data(), clip);
+    }
+  }
 }
 
 std::vector<double> StepEngine::epoch_grad_sumsq() {
@@ -362,7 +388,7 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
       be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), eval_spec_,
                         test_index_.data() + s, b, eval_x_.data(), eval_labels_.data());
       const Tensor& logits = model_.forward(eval_x_, Mode::kEval);
-      be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, nullptr,
+      be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, 0.f, nullptr,
                        eval_sums_.data(), s != begin);
     }
   };
@@ -405,13 +431,26 @@ void StepEngine::sync_buffers() {
 void StepEngine::to_host() {
   quiesce();
   model_.store().to_host();
-  if (cfg_.momentum > 0) momentum_.copy_to_host(opt_.momentum_buffer().data(), momentum_.size());
+  momentum_.copy_to_host(opt_.momentum_buffer().data(), momentum_.size());
+  exp_avg_.copy_to_host(opt_.exp_avg().data(), exp_avg_.size());
+  exp_avg_sq_.copy_to_host(opt_.exp_avg_sq().data(), exp_avg_sq_.size());
+  if (opt_.adamw()) {
+    double t = 0;
+    adamw_step_.copy_to_host(&t, 1);
+    opt_.set_adamw_step(static_cast<int64_t>(t));
+  }
 }
 
 void StepEngine::from_host() {
   quiesce();
   model_.store().from_host();
-  if (cfg_.momentum > 0) momentum_.copy_from_host(opt_.momentum_buffer().data(), momentum_.size());
+  momentum_.copy_from_host(opt_.momentum_buffer().data(), momentum_.size());
+  exp_avg_.copy_from_host(opt_.exp_avg().data(), exp_avg_.size());
+  exp_avg_sq_.copy_from_host(opt_.exp_avg_sq().data(), exp_avg_sq_.size());
+  if (opt_.adamw()) {
+    const auto t = static_cast<double>(opt_.adamw_step());
+    adamw_step_.copy_from_host(&t, 1);
+  }
 }
 
 // Micro-batches [first, last_] of the epoch, summed within each optimizer step first, then the

@@ -2,6 +2,7 @@
 // assignment into TrainConfig, TrainConfig::to_json, agreed_values and may_change_on_resume.
 #include "dpt/flags.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,40 @@ void parse_trace_steps(const std::string& window, TrainConfig* c) {
 
 std::string format_trace_steps(const TrainConfig& c) {
   return std::to_string(c.trace_begin) + ":" + std::to_string(c.trace_end);
+}
+
+// --betas B1,B2: AdamW's two coefficients (their range: validate_config).
+void parse_betas(const std::string& v, TrainConfig* c) {
+  std::vector<double> betas;
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = v.find(',', at);
+    const std::string part = v.substr(at, comma == std::string::npos ? comma : comma - at);
+    size_t end = 0;
+    double b = 0;
+    try {
+      b = std::stod(part, &end);
+    } catch (const std::exception&) {
+      end = 0;
+    }
+    DPT_INPUT_CHECK(end > 0 && end == part.size() && std::isfinite(b),
+                    "--betas: '" << v << "' is not B1,B2 (two numbers)");
+    betas.push_back(b);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  DPT_INPUT_CHECK(betas.size() == 2, "--betas: '" << v << "' is not B1,B2 (two numbers)");
+  c->betas = betas;
+}
+
+// Each value as the shortest text that reads back as it (JSON's number form).
+std::string format_betas(const TrainConfig& c) {
+  std::string out;
+  for (double b : c.betas) {
+    if (!out.empty()) out += ',';  // not ("," + ...): GCC 12 warns (-Wrestrict) on that operator+
+    out += nlohmann::json(b).dump();
+  }
+  return out;
 }
 
 std::string format_checkpoint_every(const TrainConfig& c) {
@@ -99,6 +134,13 @@ std::vector<Flag> flag_table() {
        .help = "Global batch size (split evenly over ranks)",
        .field = &C::batch_size,
        .agreement = A::kFixed},
+      // Before --lr: it gives --lr's default, so a difference in it is named first.
+      {.name = "optimizer",
+       .group = model,
+       .help = "sgd | adamw (torch.optim.AdamW: decoupled weight decay, bias-corrected moments; "
+               "--lr then defaults to 1e-3 and --weight-decay to 0.01)",
+       .field = &C::optimizer,
+       .agreement = A::kFixed},
       {.name = "lr",
        .group = model,
        .help = "Peak learning rate (default: from the recipe)",
@@ -111,12 +153,46 @@ std::vector<Flag> flag_table() {
        .field = &C::momentum,
        .agreement = A::kFixed,
        .from = Default::kRecipe},
+      {.name = "nesterov",
+       .group = model,
+       .help = "SGD with Nesterov momentum, as torch.optim.SGD(nesterov=True) (needs --momentum "
+               "> 0)",
+       .field = &C::nesterov,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
       {.name = "weight-decay",
        .group = model,
-       .help = "L2 weight decay (default: from the recipe)",
+       .help = "Weight decay: SGD's L2 term added to the gradient, AdamW's decoupled p -= lr*wd*p "
+               "(default: from the recipe; 0.01 for adamw)",
        .field = &C::weight_decay,
        .agreement = A::kFixed,
        .from = Default::kRecipe},
+      {.name = "no-decay-bn-bias",
+       .group = model,
+       .help = "No weight decay on BatchNorm weights and biases and on every bias (each 1-D "
+               "parameter)",
+       .field = &C::no_decay_bn_bias,
+       .agreement = A::kFixed,
+       .kind = K::kSwitch},
+      {.name = "betas",
+       .group = model,
+       .help = "AdamW's B1,B2: the decay rates of the moment averages, each in [0, 1)",
+       .agreement = A::kFixed,
+       .kind = K::kCustom,
+       .parse = parse_betas,
+       .format = format_betas,
+       .json = {{.key = "betas", .field = &C::betas}}},
+      {.name = "eps",
+       .group = model,
+       .help = "AdamW's epsilon, added to the denominator",
+       .field = &C::eps,
+       .agreement = A::kFixed},
+      {.name = "label-smoothing",
+       .group = model,
+       .help = "E in [0, 1): the training loss is torch.nn.CrossEntropyLoss(label_smoothing=E), "
+               "(1-E) CE + E x the mean over classes of -log p (the test loss stays plain CE)",
+       .field = &C::label_smoothing,
+       .agreement = A::kFixed},
       {.name = "schedule",
        .group = model,
        .help = "constant | step | cosine (default: from the recipe)",
@@ -512,7 +588,8 @@ std::shared_ptr<const cxxopts::Value> option_value(const Flag& f) {
         if constexpr (is_field<decltype(m)>) {
           using T = std::remove_cvref_t<decltype(d.*m)>;
           if (f.from != Default::kConfig) return cxxopts::value<T>();
-          if constexpr (std::is_same_v<T, std::vector<int>>) {
+          if constexpr (std::is_same_v<T, std::vector<int>> ||
+                        std::is_same_v<T, std::vector<double>>) {
             DPT_CHECK(false, "flag table: --" << f.name << " shows no default");
           } else {
             return cxxopts::value<T>()->default_value(text(d.*m));

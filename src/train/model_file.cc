@@ -12,8 +12,9 @@
 namespace dpt {
 
 namespace {
-constexpr const char* kMomentum = "optimizer.momentum_buffer";
-}
+// Every optimizer's tensors are named so: a model loaded without its optimizer passes them over.
+constexpr const char* kOptimizerPrefix = "optimizer.";
+}  // namespace
 
 std::string shape_text(const Shape& s) {
   std::string out;
@@ -25,8 +26,8 @@ std::string shape_text(const Shape& s) {
 }
 
 void save_model(const std::string& path, const Model& model,
-                const std::map<std::string, std::string>& metadata,
-                const std::vector<float>* momentum, const std::string& what) {
+                const std::map<std::string, std::string>& metadata, const OptimizerState* optimizer,
+                const std::string& what) {
   std::vector<StTensor> tensors;
   for (const auto& p : model.store().entries()) {
     if (p.is_counter) {
@@ -41,9 +42,12 @@ void save_model(const std::string& path, const Model& model,
   meta["input_shape"] = shape_text(model.input_shape());
   meta["num_classes"] = std::to_string(model.num_classes());
   if (!model.stem().empty()) meta["stem"] = model.stem();
-  if (momentum) {
-    tensors.push_back(
-        st_f32(kMomentum, {static_cast<int64_t>(momentum->size())}, momentum->data()));
+  if (optimizer) {
+    for (const auto& [name, values] : optimizer->buffers)
+      tensors.push_back(st_f32(name, {static_cast<int64_t>(values->size())}, values->data()));
+    for (const auto& [name, count] : optimizer->counters)
+      tensors.push_back(st_i64(name, {1}, count));
+    meta["optimizer"] = optimizer->name;
     meta["format"] = "dptrain-checkpoint-v1";
   } else {
     meta["format"] = "dptrain-model-v1";
@@ -74,12 +78,12 @@ void check_recorded(const StFile& f, const std::string& path, const Model& model
 }
 
 // Every parameter and buffer of `model` from `f`, after checking them all (names, shapes, dtypes,
-// no tensor the model lacks but the optimizer state). A tensor under `head` + "." whose first
-// dimension (the class count) alone differs is left as it is (re-initialised) and named in the
-// result; with an empty `head` every difference is refused.
+// no tensor the model lacks but an optimizer's state, which load_optimizer checks). A tensor under
+// `head` + "." whose first dimension (the class count) alone differs is left as it is
+// (re-initialised) and named in the result; with an empty `head` every difference is refused.
 std::vector<std::string> load_tensors(const StFile& f, const std::string& path, Model& model,
                                       const std::string& head) {
-  std::set<std::string> expected{kMomentum};
+  std::set<std::string> expected;
   std::vector<std::pair<Param*, const StTensor*>> load;
   std::vector<std::string> kept;
   for (auto& p : model.store().entries()) {
@@ -102,8 +106,9 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
     load.emplace_back(&p, t);
   }
   for (const auto& t : f.tensors)
-    DPT_INPUT_CHECK(expected.count(t.name), path << ": unexpected tensor '" << printable(t.name)
-                                                 << "' for " << model.name());
+    DPT_INPUT_CHECK(
+        expected.count(t.name) || t.name.starts_with(kOptimizerPrefix),
+        path << ": unexpected tensor '" << printable(t.name) << "' for " << model.name());
   for (auto [p, t] : load) {
     if (p->is_counter) {
       p->value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
@@ -115,22 +120,52 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
   return kept;
 }
 
+// The state of `optimizer` from `f` (a training checkpoint's), after checking that it is the same
+// optimizer's and every tensor's dtype and shape.
+void load_optimizer(const StFile& f, const std::string& path, OptimizerState& optimizer) {
+  // Its state belongs to the optimizer that wrote it (a file from before the name was recorded
+  // is SGD's): another optimizer would start from state it cannot read. (A file without any is
+  // a --save file, refused below by the tensor it lacks.)
+  const bool has_state = std::any_of(f.tensors.begin(), f.tensors.end(), [](const StTensor& t) {
+    return t.name.starts_with(kOptimizerPrefix);
+  });
+  const auto was = f.metadata.find("optimizer");
+  const std::string then = was == f.metadata.end() ? "sgd" : was->second;
+  DPT_INPUT_CHECK(!has_state || then == optimizer.name,
+                  path << ": holds the state of --optimizer " << printable(then)
+                       << ", this run's is " << optimizer.name
+                       << ": the optimizer cannot change on resume");
+  for (const auto& [name, values] : optimizer.buffers) {
+    if (values->empty()) continue;  // SGD without momentum keeps none
+    const StTensor* t = f.find(name);
+    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << name
+                                       << "'): a --save file, not a training checkpoint");
+    DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(values->size())},
+                    path << ": '" << name << "' is " << printable(t->dtype) << " "
+                         << shape_str(t->shape) << ", expected F32 [" << values->size() << "]");
+    *values = as_f32(*t, path);
+  }
+  for (const auto& [name, count] : optimizer.counters) {
+    const StTensor* t = f.find(name);
+    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << name
+                                       << "'): a --save file, not a training checkpoint");
+    DPT_INPUT_CHECK(t->dtype == "I64" && t->shape == Shape{1},
+                    path << ": '" << name << "' is " << printable(t->dtype) << " "
+                         << shape_str(t->shape) << ", expected I64 [1]");
+    const int64_t v = as_i64(*t, path)[0];
+    DPT_INPUT_CHECK(v >= 0, path << ": '" << name << "' is " << v << ", a count (>= 0)");
+    *count = v;
+  }
+}
+
 }  // namespace
 
 std::map<std::string, std::string> load_model(const std::string& path, Model& model,
-                                              std::vector<float>* momentum) {
+                                              OptimizerState* optimizer) {
   StFile f = read_safetensors(path);
   check_recorded(f, path, model);
   load_tensors(f, path, model, "");
-  if (momentum && !momentum->empty()) {
-    const StTensor* t = f.find(kMomentum);
-    DPT_INPUT_CHECK(t != nullptr, path << ": no optimizer state ('" << kMomentum
-                                       << "'): a --save file, not a training checkpoint");
-    DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(momentum->size())},
-                    path << ": '" << kMomentum << "' is " << printable(t->dtype) << " "
-                         << shape_str(t->shape) << ", expected F32 [" << momentum->size() << "]");
-    *momentum = as_f32(*t, path);
-  }
+  if (optimizer) load_optimizer(f, path, *optimizer);
   return f.metadata;
 }
 

@@ -1,11 +1,58 @@
-// The learning rate of every step (include/dpt/optimizer.h): linear warm-up, then constant, step or
-// cosine.
+// The optimizer's host state, which parameters decay, and the learning rate of every step
+// (include/dpt/optimizer.h): linear warm-up, then constant, step or cosine.
 #include "dpt/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "dpt/error.h"
+#include "dpt/nn.h"
+
 namespace dpt {
+
+Optimizer::Optimizer(int64_t n, const TrainConfig& cfg) : name_(cfg.optimizer) {
+  DPT_CHECK(name_ == "sgd" || name_ == "adamw", "unknown optimizer '" << name_ << "'");
+  if (adamw()) {
+    exp_avg_.assign(static_cast<size_t>(n), 0.f);
+    exp_avg_sq_.assign(static_cast<size_t>(n), 0.f);
+  } else if (cfg.momentum > 0) {
+    buf_.assign(static_cast<size_t>(n), 0.f);
+  }
+}
+
+OptimizerState Optimizer::state() {
+  OptimizerState s;
+  s.name = name_;
+  if (adamw()) {
+    s.buffers = {{"optimizer.exp_avg", &exp_avg_}, {"optimizer.exp_avg_sq", &exp_avg_sq_}};
+    s.counters = {{"optimizer.step", &adamw_step_}};
+  } else {
+    s.buffers = {{"optimizer.momentum_buffer", &buf_}};
+  }
+  return s;
+}
+
+std::vector<DecayRange> decay_ranges(const ParamStore& store, bool no_decay_bn_bias) {
+  const int64_t n = store.num_params();
+  if (!no_decay_bn_bias) return {{0, n, true}};
+  std::vector<DecayRange> params;
+  for (const Param& p : store.entries())
+    if (!p.is_buffer && p.numel() > 0)
+      params.push_back({p.offset, p.offset + p.numel(), p.shape.size() != 1});
+  std::sort(params.begin(), params.end(),
+            [](const DecayRange& a, const DecayRange& b) { return a.begin < b.begin; });
+  std::vector<DecayRange> runs;
+  for (const DecayRange& r : params) {
+    DPT_CHECK(r.begin == (runs.empty() ? 0 : runs.back().end),
+              "the parameters do not tile the flat buffer at offset " << r.begin);
+    if (!runs.empty() && runs.back().decay == r.decay)
+      runs.back().end = r.end;
+    else
+      runs.push_back(r);
+  }
+  DPT_CHECK((runs.empty() ? 0 : runs.back().end) == n, "the parameters do not fill the buffer");
+  return runs;
+}
 
 double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
   const double t = static_cast<double>(step) / static_cast<double>(spe);

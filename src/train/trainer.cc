@@ -361,7 +361,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   dopt.sync_bn = cfg.sync_bn;
   dopt.grad_dtype = grad_wire_dtype(cfg.grad_dtype);
   DataParallel ddp(*model, comm, dopt, std::move(transport));
-  Sgd opt(model->num_parameters(), cfg.momentum);
+  Optimizer opt(model->num_parameters(), cfg);
   ShardedSampler sampler(pf.train.n, cfg.batch_size, rank, world, cfg.seed);
   StepEngine engine(cfg, comm, *model, ddp, opt, pf.train, pf.test, pf.normalize, pf.augment);
   print_banner(cfg, comm, *model, ddp, pf, allgather_text(comm, engine.describe()));

@@ -31,6 +31,21 @@ two --model resnet18 --batch-size 4 --sync-bn : --model resnet18 --batch-size 4
 expect 2 "different --sync-bn" -- "${CMD[@]}"
 two --eval-every 1 : --eval-every 0
 expect 2 "different --eval-every" -- "${CMD[@]}"
+# The recipe options (issue 32): each shapes the trajectory, so each is agreed.
+two : --optimizer adamw
+expect 2 'different --optimizer: rank 0 has "sgd"; rank 1 has "adamw"' -- "${CMD[@]}"
+two --optimizer adamw : --optimizer adamw --betas 0.9,0.99
+expect 2 "different --betas: rank 0 has [0.9,0.999]; rank 1 has [0.9,0.99]" -- "${CMD[@]}"
+two --optimizer adamw : --optimizer adamw --eps 1e-6
+expect 2 "different --eps" -- "${CMD[@]}"
+two : --nesterov
+expect 2 "different --nesterov: rank 0 has false; rank 1 has true" -- "${CMD[@]}"
+two --no-decay-bn-bias :
+expect 2 "different --no-decay-bn-bias: rank 0 has true; rank 1 has false" -- "${CMD[@]}"
+two : --label-smoothing 0.1
+expect 2 "different --label-smoothing: rank 0 has 0.0; rank 1 has 0.1" -- "${CMD[@]}"
+# torch.optim.SGD refuses Nesterov without momentum: so does every rank, the flag named.
+expect 2 "--nesterov needs --momentum > 0" -- "${mpi[@]}" -np 2 "$bin" "${short[@]}" --recipe d2l --nesterov
 # Only rank 0 would write --save, but every rank takes part in its barrier: presence must agree.
 two --save "$tmp/s.st" :
 expect 2 "different --save: rank 0 has (given); rank 1 has (not given)" -- "${CMD[@]}"
@@ -80,6 +95,12 @@ echo "== resuming with other settings than the checkpoint's"
 expect 2 "--lr 0.05 -> 0.2" -- "$bin" --epochs 2 --max-steps 4 --eval-every 0 --lr 0.2 --resume "$tmp/c.st"
 expect 2 "--epochs 1 -> 3" -- "$bin" --epochs 3 --max-steps 4 --eval-every 0 --resume "$tmp/e1.st"
 expect 2 "--max-steps 4 -> 2" -- "$bin" --epochs 1 --max-steps 2 --eval-every 0 --resume "$tmp/e1.st"
+expect 2 "--label-smoothing 0.0 -> 0.1" -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --label-smoothing 0.1 \
+  --resume "$tmp/e1.st"
+expect 2 "--nesterov false -> true" -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --nesterov --resume "$tmp/e1.st"
+# Another optimizer: refused, and not accepted by --allow-config-change (its state is not there).
+expect 2 "holds the state of --optimizer sgd, this run's is adamw: the optimizer cannot change on resume" \
+  -- "$bin" --epochs 1 --max-steps 4 --eval-every 0 --optimizer adamw --allow-config-change --resume "$tmp/e1.st"
 # Outputs and checks may change; the trajectory may not.
 expect 0 "resumed from" -- "$bin" --epochs 1 --max-steps 4 --eval-every 1 --metrics-every 1 --resume "$tmp/e1.st"
 # An explicit change: accepted, named, and the position recomputed in the new units (epoch 2 of 3,

@@ -4,7 +4,8 @@
 # name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
 # a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
 # where an uninterrupted one ends, with float and with 16-bit activations (and under --precision
-# bf16, where auto gives bf16 and a resume keeps the type it was trained in); a checkpoint's text is
+# bf16, where auto gives bf16 and a resume keeps the type it was trained in), with AdamW or Nesterov
+# SGD (the optimizer itself cannot change on resume); a checkpoint's text is
 # quoted escaped and cut, long lists of files summarised, and an id-less checkpoint is replaced by a
 # fresh run only with a warning. Usage: test_checkpoints.sh path/to/dptrain
 set -uo pipefail
@@ -92,6 +93,39 @@ if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
 else
   echo "(no AVX512-BF16 or AMX-BF16 here: the --precision bf16 resume checks skipped)"
 fi
+
+echo "== the recipe options (issue 32): AdamW's moments and step count, Nesterov SGD; resumed bit for bit"
+# Mid-epoch (step 4 of 3-step epochs: epoch 2, step 1), 2 ranks: the optimizer's whole state must
+# be in the file, and a resumed run end where the uninterrupted one ends.
+recipes=("--optimizer adamw --betas 0.8,0.99 --eps 1e-6 --label-smoothing 0.1 --no-decay-bn-bias"
+         "--nesterov --label-smoothing 0.2 --no-decay-bn-bias --weight-decay 0.01")
+for i in 0 1; do
+  read -r -a extra <<< "${recipes[$i]}"
+  rc=(--epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 "${extra[@]}")
+  mkdir "rc$i"
+  run "r$i.log" "${mpi[@]}" "$bin" "${rc[@]}" --checkpoint-every 2steps --keep-checkpoints 3 \
+    --checkpoint-path "rc$i/ck.st" --save "rc$i/full.st" || fail "${recipes[$i]}: the run failed: $(tail -2 "r$i.log")"
+  run "s$i.log" "${mpi[@]}" "$bin" "${rc[@]}" --resume "rc$i/ck.step4.st" --save "rc$i/resumed.st" \
+    || fail "${recipes[$i]}: the resume failed: $(tail -2 "s$i.log")"
+  same_tensors "rc$i/full.st" "rc$i/resumed.st" || fail "${recipes[$i]}: the resumed run does not end where the uninterrupted one ends"
+done
+[[ $(meta_of optimizer rc0/ck.step4.st) == adamw && $(meta_of optimizer rc1/ck.step4.st) == sgd ]] ||
+  fail "the checkpoints do not name their optimizer: '$(meta_of optimizer rc0/ck.step4.st)', '$(meta_of optimizer rc1/ck.step4.st)'"
+python3 - rc0/ck.step4.st <<'PY' || fail "the AdamW checkpoint lacks its state"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; head = json.loads(f.read(n))
+want = {"optimizer.exp_avg": "F32", "optimizer.exp_avg_sq": "F32", "optimizer.step": "I64"}
+got = {k: v["dtype"] for k, v in head.items() if k.startswith("optimizer.")}
+assert got == want, got
+step = head["optimizer.step"]["data_offsets"]
+f.seek(8 + n + step[0]); assert struct.unpack("<q", f.read(8))[0] == 4, "step count"
+PY
+# Another optimizer cannot take the state: refused even with --allow-config-change.
+expect 2 "rc0/ck.step4.st: holds the state of --optimizer adamw, this run's is sgd: the optimizer cannot change on resume" \
+  -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 --resume rc0/ck.step4.st --allow-config-change
+expect 2 "holds the state of --optimizer sgd, this run's is adamw" \
+  -- "$bin" --epochs 2 --max-steps 3 --eval-every 0 --batch-size 64 --optimizer adamw --resume rc1/ck.step4.st \
+  --allow-config-change
 
 echo "== a corrupt newest checkpoint falls back to the one before"
 mkdir bad && cp run/ck.step12.st bad/ck.step12.st

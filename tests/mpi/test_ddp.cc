@@ -54,7 +54,7 @@ void train_steps(Model& m, Communicator& c, DataParallel& ddp, int64_t B, int st
   cfg.momentum = 0.9;
   cfg.weight_decay = weight_decay;
   cfg.seed = seed;
-  Sgd opt(m.num_parameters(), cfg.momentum);
+  Optimizer opt(m.num_parameters(), cfg);
   StepEngine engine(cfg, c, m, ddp, opt, data, data);
   ShardedSampler sampler(data.n, cfg.batch_size, c.rank(), c.size(), cfg.seed);
   engine.begin_epoch(sampler, sampler.steps_per_epoch());

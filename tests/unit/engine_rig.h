@@ -1,6 +1,6 @@
 // What the driver's components work on, built the way run_training builds it, for tests that
-// exercise one component without a training run: a CPU LeNet wrapped by DataParallel, its Sgd and
-// a StepEngine over the data in cfg.data. One rank (an MPI singleton).
+// exercise one component without a training run: a CPU LeNet wrapped by DataParallel, its Optimizer
+// and a StepEngine over the data in cfg.data. One rank (an MPI singleton).
 #pragma once
 
 #include <memory>
@@ -24,7 +24,7 @@ struct EngineRig {
   ImageSet train, test;
   std::unique_ptr<Model> model;
   std::unique_ptr<DataParallel> ddp;
-  std::unique_ptr<Sgd> opt;
+  std::unique_ptr<Optimizer> opt;
   std::unique_ptr<StepEngine> engine;
 
   explicit EngineRig(const TrainConfig& c) : cfg(c) {
@@ -34,7 +34,7 @@ struct EngineRig {
     model = make_model(cfg.model, 10, cpu_backend());
     model->init_parameters(cfg.init, cfg.seed);
     ddp = std::make_unique<DataParallel>(*model, *comm, DdpOptions{});
-    opt = std::make_unique<Sgd>(model->num_parameters(), cfg.momentum);
+    opt = std::make_unique<Optimizer>(model->num_parameters(), cfg);
     engine = std::make_unique<StepEngine>(cfg, *comm, *model, *ddp, *opt, train, test);
   }
 };

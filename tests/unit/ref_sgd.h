@@ -1,6 +1,7 @@
 // A reference SGD on host buffers for tests: PyTorch's update (cpu::sgd_update, the CPU backend's
 // kernel) with the momentum buffer and the step count that say whether a step is the first.
-// Training itself updates through Backend::sgd_update in the StepEngine; Sgd keeps only its state.
+// Training itself updates through Backend::sgd_update in the StepEngine; Optimizer keeps only its
+// state.
 #pragma once
 
 #include <cstdint>

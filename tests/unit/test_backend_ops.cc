@@ -1040,13 +1040,13 @@ TEST_P(BackendOps, SoftmaxCrossEntropy) {
   auto z_ = put(z), d_ = put(std::vector<float>(d.size(), 7.f));
   DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
   DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
-  be().softmax_xent(z_.data(), l_.data(), n, k, scale, d_.data(), s_.data(), false);
+  be().softmax_xent(z_.data(), l_.data(), n, k, scale, 0.f, d_.data(), s_.data(), false);
   expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
   std::vector<double> s = to_host(s_);
   EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed loss (overwritten)";
   EXPECT_EQ(s[1], hits) << "argmax hits (overwritten)";
   // Accumulating without dlogits: the totals double, dlogits untouched.
-  be().softmax_xent(z_.data(), l_.data(), n, k, scale, nullptr, s_.data(), true);
+  be().softmax_xent(z_.data(), l_.data(), n, k, scale, 0.f, nullptr, s_.data(), true);
   s = to_host(s_);
   EXPECT_NEAR(s[0], 2 * loss, 2e-4 * loss) << "summed loss (accumulated)";
   EXPECT_EQ(s[1], 2 * hits) << "argmax hits (accumulated)";
@@ -1072,14 +1072,16 @@ TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
   // Momentum: the first step sets buf = d (whatever buf held), later ones buf = mom buf + d.
   std::vector<double> p(p0.begin(), p0.end()), buf(sz(n));
   auto p_ = put(p0), g1_ = put(g1), g2_ = put(g2), buf_ = put(garbage);
-  be().sgd_update(p_.data(), g1_.data(), buf_.data(), n, lr_.data(), mom, wd, true, nullptr, 0.f);
+  be().sgd_update(p_.data(), g1_.data(), buf_.data(), n, lr_.data(), mom, wd, false, true, nullptr,
+                  0.f);
   for (size_t i = 0; i < sz(n); ++i) {
     buf[i] = g1[i] + wd * p[i];
     p[i] -= lr * buf[i];
   }
   expect_match(get(p_), p, "momentum, first step: p", tol(Cmp::kApprox));
   expect_match(get(buf_), buf, "momentum, first step: buf", tol(Cmp::kApprox));
-  be().sgd_update(p_.data(), g2_.data(), buf_.data(), n, lr_.data(), mom, wd, false, nullptr, 0.f);
+  be().sgd_update(p_.data(), g2_.data(), buf_.data(), n, lr_.data(), mom, wd, false, false, nullptr,
+                  0.f);
   for (size_t i = 0; i < sz(n); ++i) {
     buf[i] = mom * buf[i] + g2[i] + wd * p[i];
     p[i] -= lr * buf[i];
@@ -1091,8 +1093,8 @@ TEST_P(BackendOps, SgdUpdateMomentumOnOffAndFirstStep) {
   std::vector<double> q(p0.begin(), p0.end());
   auto q_ = put(p0), qbuf_ = put(garbage);
   for (bool first : {true, false}) {
-    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, first, nullptr,
-                    0.f);
+    be().sgd_update(q_.data(), g1_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, false, first,
+                    nullptr, 0.f);
     for (size_t i = 0; i < sz(n); ++i) q[i] -= lr * (g1[i] + wd * q[i]);
   }
   expect_match(get(q_), q, "no momentum: p after two steps", tol(Cmp::kApprox));
@@ -1131,8 +1133,8 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
     auto p_ = put(p0), buf_ = put(b0);
     auto s_ = to_backend_array(be(), std::vector<double>{bad});
-    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(),
-                    1.f);
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, false,
+                    s_.data(), 1.f);
     EXPECT_EQ(get(p_), p0) << "a non-finite step changed the parameters (" << bad << ")";
     EXPECT_EQ(get(buf_), b0) << "a non-finite step changed the momentum (" << bad << ")";
   }
@@ -1145,10 +1147,211 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
       p[i] -= lr * buf[i];
     }
     auto p_ = put(p0), buf_ = put(b0);
-    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, s_.data(),
-                    static_cast<float>(max_norm));
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, false, false,
+                    s_.data(), static_cast<float>(max_norm));
     expect_match(get(p_), p, "clip " + std::to_string(max_norm) + ": p", tol(Cmp::kApprox));
     expect_match(get(buf_), buf, "clip " + std::to_string(max_norm) + ": buf", tol(Cmp::kApprox));
+  }
+}
+
+// torch.nn.CrossEntropyLoss(label_smoothing=e) as its documentation defines it, in double: with
+// log p = log_softmax(z), each row's loss is (1-e) (-log p_y) + e/k sum_j (-log p_j), and the
+// gradient of the summed loss (times the scale) is p - ((1-e) onehot + e/k).
+TEST_P(BackendOps, SoftmaxXentLabelSmoothingMatchesTorch) {
+  const int64_t n = 7, k = 10;
+  const float scale = 0.125f;
+  const auto z = uniform(sz(n * k), 910, -4.f, 4.f);
+  std::vector<int32_t> labels(sz(n));
+  for (int64_t r = 0; r < n; ++r) labels[sz(r)] = static_cast<int32_t>((3 * r + 1) % k);
+  DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
+  auto z_ = put(z);
+  for (const float e : {0.1f, 0.35f}) {
+    SCOPED_TRACE("label_smoothing " + std::to_string(e));
+    double loss = 0, hits = 0;
+    std::vector<double> d(sz(n * k));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* zr = z.data() + r * k;
+      double se = 0;
+      for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(zr[j]));
+      std::vector<double> logp(sz(k));
+      for (int64_t j = 0; j < k; ++j) logp[sz(j)] = zr[j] - std::log(se);
+      const int32_t y = labels[sz(r)];
+      double smooth = 0;
+      for (int64_t j = 0; j < k; ++j) smooth += -logp[sz(j)];
+      loss += (1.0 - e) * -logp[sz(y)] + e / static_cast<double>(k) * smooth;
+      hits += (std::max_element(zr, zr + k) - zr) == y;
+      for (int64_t j = 0; j < k; ++j) {
+        const double q = (j == y ? 1.0 - e : 0.0) + e / static_cast<double>(k);
+        d[sz(r * k + j)] = (std::exp(logp[sz(j)]) - q) * scale;
+      }
+    }
+    auto d_ = put(std::vector<float>(d.size(), 7.f));
+    DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
+    be().softmax_xent(z_.data(), l_.data(), n, k, scale, e, d_.data(), s_.data(), false);
+    expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
+    const std::vector<double> s = to_host(s_);
+    EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed smoothed loss";
+    EXPECT_EQ(s[1], hits) << "argmax hits (smoothing does not change them)";
+    // Each row's gradient still sums to zero (q sums to 1, as the softmax does).
+    const std::vector<float> got = get(d_);
+    for (int64_t r = 0; r < n; ++r) {
+      double row = 0;
+      for (int64_t j = 0; j < k; ++j) row += got[sz(r * k + j)];
+      EXPECT_NEAR(row, 0.0, 1e-6) << "row " << r;
+    }
+  }
+}
+
+// torch.optim.AdamW (amsgrad off), its documented algorithm in double, over four steps with the
+// step count in backend memory: p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). The steps are compared as changes
+// (p - p_before), which hold every term, and the moments as they are.
+struct RefAdamW {
+  double b1, b2, eps;
+  std::vector<double> p, m, v;
+  int64_t t = 0;
+  // One step at `lr` with per-element weight decay wd(i) and gradient scale c: the changes of p.
+  std::vector<double> step(const std::vector<float>& g, double lr,
+                           const std::function<double(size_t)>& wd, double c = 1.0) {
+    ++t;
+    std::vector<double> dp(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double before = p[i], gi = c * g[i];
+      p[i] *= 1.0 - lr * wd(i);
+      m[i] = b1 * m[i] + (1.0 - b1) * gi;
+      v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+      const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t)),
+                   bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
+      p[i] -= lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + eps);
+      dp[i] = p[i] - before;
+    }
+    return dp;
+  }
+};
+
+std::vector<float> changes(const std::vector<float>& now, const std::vector<float>& before) {
+  std::vector<float> d(now.size());
+  for (size_t i = 0; i < d.size(); ++i)
+    d[i] = static_cast<float>(double{now[i]} - double{before[i]});
+  return d;
+}
+
+// torch.optim.SGD(momentum=mu, nesterov=True, weight_decay=wd), its documented algorithm in double:
+// d = g + wd p; b = d on the first step, else mu b + d; p -= lr (d + mu b). The steps are compared
+// as changes too: plain momentum would move by lr b alone.
+TEST_P(BackendOps, SgdUpdateNesterovMatchesTorch) {
+  const int64_t n = 41;
+  const float lr = 0.3f, mom = 0.9f, wd = 0.05f;
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), lr);
+  const auto p0 = uniform(sz(n), 1300), garbage = uniform(sz(n), 1301);
+  std::vector<double> p(p0.begin(), p0.end()), b(sz(n));
+  auto p_ = put(p0), buf_ = put(garbage);
+  for (int step = 0; step < 3; ++step) {
+    const auto g = uniform(sz(n), 1310 + static_cast<uint64_t>(step), -2.f, 2.f);
+    auto g_ = put(g);
+    const std::vector<float> before = get(p_);
+    be().sgd_update(p_.data(), g_.data(), buf_.data(), n, lr_.data(), mom, wd, true, step == 0,
+                    nullptr, 0.f);
+    std::vector<double> dp(sz(n));
+    for (size_t i = 0; i < sz(n); ++i) {
+      const double d = g[i] + double{wd} * p[i];
+      b[i] = step == 0 ? d : double{mom} * b[i] + d;
+      dp[i] = -double{lr} * (d + double{mom} * b[i]);
+      p[i] += dp[i];
+    }
+    const std::string at = "nesterov step " + std::to_string(step) + ": ";
+    expect_match(changes(get(p_), before), dp, at + "p - p_before", tol(Cmp::kApprox));
+    expect_match(get(p_), p, at + "p", tol(Cmp::kApprox));
+    expect_match(get(buf_), b, at + "buf", tol(Cmp::kApprox));
+  }
+  // Nesterov without momentum is plain SGD (the flag refuses it; the kernel ignores it).
+  std::vector<double> q(p0.begin(), p0.end());
+  auto q_ = put(p0), qbuf_ = put(garbage);
+  const auto g = uniform(sz(n), 1320);
+  auto g_ = put(g);
+  be().sgd_update(q_.data(), g_.data(), qbuf_.data(), n, lr_.data(), 0.f, wd, true, true, nullptr,
+                  0.f);
+  for (size_t i = 0; i < sz(n); ++i) q[i] -= lr * (g[i] + wd * q[i]);
+  expect_match(get(q_), q, "no momentum: p", tol(Cmp::kApprox));
+  EXPECT_EQ(get(qbuf_), garbage) << "no momentum: buf touched";
+}
+
+TEST_P(BackendOps, AdamwUpdateMatchesTorch) {
+  const int64_t n = 53;
+  const double b1 = 0.8, b2 = 0.99, eps = 1e-6, wd = 0.1;
+  const auto p0 = uniform(sz(n), 1400);
+  RefAdamW ref{
+      b1, b2, eps, {p0.begin(), p0.end()}, std::vector<double>(sz(n)), std::vector<double>(sz(n))};
+  auto p_ = put(p0), m_ = put(std::vector<float>(sz(n))), v_ = put(std::vector<float>(sz(n)));
+  auto t_ = to_backend_array(be(), std::vector<double>{0.0});
+  auto lr_ = put({0.f});
+  for (int step = 0; step < 4; ++step) {
+    const float lr = 0.05f * static_cast<float>(step + 1);  // a schedule: the rate read each step
+    be().store_scalar(lr_.data(), lr);
+    auto g = uniform(sz(n), 1410 + static_cast<uint64_t>(step), -2.f, 2.f);
+    if (step == 1) g[3] = 0.f;  // a zero gradient still moves a parameter by its moments
+    auto g_ = put(g);
+    const std::vector<float> before = get(p_);
+    be().adamw_update(p_.data(), g_.data(), m_.data(), v_.data(), n, lr_.data(), t_.data(), true,
+                      b1, b2, eps, wd, nullptr, 0.f);
+    const auto dp = ref.step(g, lr, [&](size_t) { return wd; });
+    const std::string at = "AdamW step " + std::to_string(step + 1) + ": ";
+    expect_match(changes(get(p_), before), dp, at + "p - p_before", tol(Cmp::kApprox));
+    expect_match(get(m_), ref.m, at + "exp_avg", tol(Cmp::kApprox));
+    expect_match(get(v_), ref.v, at + "exp_avg_sq", tol(Cmp::kApprox));
+    EXPECT_EQ(to_host(t_)[0], step + 1) << at << "the step count";
+  }
+}
+
+// One step cut into ranges of their own weight decay (--no-decay-bn-bias) counts once, in the call
+// that says so; the non-finite guard leaves everything, the count too; clipping scales the
+// gradients by clip_grad_norm_'s coefficient before the moments see them.
+TEST_P(BackendOps, AdamwUpdateRangesGuardAndClip) {
+  const int64_t n = 30, cut = 11;
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.2;
+  const float lr = 0.1f;
+  const auto p0 = uniform(sz(n), 1500), g = uniform(sz(n), 1501, -3.f, 3.f);
+  double sumsq = 0;
+  for (float x : g) sumsq += double{x} * x;
+  const double norm = std::sqrt(sumsq);
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), lr);
+  auto g_ = put(g);
+  // Resumed at step 5 (t = 6 for this update): the moments and count come from a checkpoint.
+  const auto m0 = uniform(sz(n), 1502, -0.5f, 0.5f), v0 = uniform(sz(n), 1503, 0.f, 0.5f);
+  for (const double max_norm : {0.0, norm / 3}) {
+    SCOPED_TRACE("clip " + std::to_string(max_norm));
+    const double c = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
+    RefAdamW ref{
+        b1, b2, eps, {p0.begin(), p0.end()}, {m0.begin(), m0.end()}, {v0.begin(), v0.end()}, 5};
+    auto p_ = put(p0), m_ = put(m0), v_ = put(v0);
+    auto t_ = to_backend_array(be(), std::vector<double>{5.0});
+    auto s_ = to_backend_array(be(), std::vector<double>{sumsq});
+    const auto mf = static_cast<float>(max_norm);
+    // [0, cut) without decay, [cut, n) with it; the count moves in the second call only.
+    be().adamw_update(p_.data(), g_.data(), m_.data(), v_.data(), cut, lr_.data(), t_.data(), false,
+                      b1, b2, eps, 0.0, s_.data(), mf);
+    EXPECT_EQ(to_host(t_)[0], 5.0) << "the first range counted the step";
+    be().adamw_update(p_.data() + cut, g_.data() + cut, m_.data() + cut, v_.data() + cut, n - cut,
+                      lr_.data(), t_.data(), true, b1, b2, eps, wd, s_.data(), mf);
+    EXPECT_EQ(to_host(t_)[0], 6.0) << "the step was not counted once";
+    const auto dp = ref.step(
+        g, lr, [&](size_t i) { return i < sz(cut) ? 0.0 : wd; }, c);
+    expect_match(changes(get(p_), p0), dp, "p - p_before", tol(Cmp::kApprox));
+    expect_match(get(m_), ref.m, "exp_avg", tol(Cmp::kApprox));
+    expect_match(get(v_), ref.v, "exp_avg_sq", tol(Cmp::kApprox));
+  }
+  for (double bad : {std::nan(""), HUGE_VAL}) {
+    auto p_ = put(p0), m_ = put(m0), v_ = put(v0);
+    auto t_ = to_backend_array(be(), std::vector<double>{5.0});
+    auto s_ = to_backend_array(be(), std::vector<double>{bad});
+    be().adamw_update(p_.data(), g_.data(), m_.data(), v_.data(), n, lr_.data(), t_.data(), true,
+                      b1, b2, eps, wd, s_.data(), 1.f);
+    EXPECT_EQ(get(p_), p0) << "a non-finite step changed the parameters (" << bad << ")";
+    EXPECT_EQ(get(m_), m0) << "a non-finite step changed exp_avg (" << bad << ")";
+    EXPECT_EQ(get(v_), v0) << "a non-finite step changed exp_avg_sq (" << bad << ")";
+    EXPECT_EQ(to_host(t_)[0], 5.0) << "a non-finite step was counted (" << bad << ")";
   }
 }
 

@@ -83,6 +83,45 @@ std::string command_of(const Flag& f) {
 }
 
 // Every flag is listed: Flags.HelpListsEveryFlagInItsGroup.
+// --optimizer adamw takes torch.optim.AdamW's defaults (lr 1e-3, weight decay 0.01) under every
+// recipe, and no SGD momentum; the recipe's schedule and warm-up stay; explicit values win. SGD's
+// recipes are unchanged by the new flags' defaults.
+TEST(Config, AdamwDefaultsAndRecipes) {
+  for (const char* recipe : {"default", "d2l"}) {
+    SCOPED_TRACE(recipe);
+    const TrainConfig sgd = parse({"--recipe", recipe});
+    const TrainConfig a = parse({"--recipe", recipe, "--optimizer", "adamw"});
+    EXPECT_EQ(a.optimizer, "adamw");
+    EXPECT_DOUBLE_EQ(a.lr, 1e-3);
+    EXPECT_DOUBLE_EQ(a.weight_decay, 0.01);
+    EXPECT_DOUBLE_EQ(a.momentum, 0);
+    EXPECT_EQ(a.schedule, sgd.schedule);
+    EXPECT_DOUBLE_EQ(a.warmup_epochs, sgd.warmup_epochs);
+    EXPECT_EQ(a.init, sgd.init);
+    EXPECT_EQ(a.betas, (std::vector<double>{0.9, 0.999}));
+    EXPECT_DOUBLE_EQ(a.eps, 1e-8);
+    std::string msg;
+    EXPECT_EQ(input_error_of({"--recipe", recipe, "--optimizer", "adamw"}, &msg), 0) << msg;
+    EXPECT_EQ(sgd.optimizer, "sgd");
+    EXPECT_FALSE(sgd.nesterov || sgd.no_decay_bn_bias);
+    EXPECT_DOUBLE_EQ(sgd.label_smoothing, 0);
+  }
+  const TrainConfig e = parse({"--optimizer", "adamw", "--lr", "0.004", "--weight-decay", "0.05",
+                               "--betas", "0.85,0.98", "--eps", "1e-6"});
+  EXPECT_DOUBLE_EQ(e.lr, 0.004);
+  EXPECT_DOUBLE_EQ(e.weight_decay, 0.05);
+  EXPECT_EQ(e.betas, (std::vector<double>{0.85, 0.98}));
+  EXPECT_DOUBLE_EQ(e.eps, 1e-6);
+  // The betas are agreed and recorded as the doubles they read as (no rounding in the text).
+  const TrainConfig b = parse({"--betas", "0.9,0.99999999999"});
+  EXPECT_EQ(b.betas[1], 0.99999999999);
+  EXPECT_EQ(nlohmann::json::parse(b.to_json()).at("betas"),
+            nlohmann::json::array({0.9, 0.99999999999}));
+  std::string msg;
+  EXPECT_EQ(input_error_of({"--nesterov"}, &msg), 0) << msg;  // the default recipe's momentum 0.9
+  EXPECT_EQ(input_error_of({"--label-smoothing", "0.999"}, &msg), 0) << msg;
+}
+
 TEST(Config, HelpShowsDefaults) {
   const std::string help = help_text();
   EXPECT_NE(help.find("(default: 256)"), std::string::npos);
@@ -177,6 +216,20 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--device", "tpu"}, "--device"},
       {{"--threads", "0"}, "--threads"},
       {{"--momentum", "1.5"}, "--momentum"},
+      {{"--optimizer", "adam"}, "--optimizer: 'adam' is not sgd|adamw"},
+      {{"--recipe", "d2l", "--nesterov"}, "--nesterov needs --momentum > 0"},
+      {{"--momentum", "0", "--nesterov"}, "--nesterov needs --momentum > 0"},
+      {{"--optimizer", "adamw", "--nesterov"}, "--nesterov is SGD's"},
+      {{"--optimizer", "adamw", "--momentum", "0.9"}, "--momentum 0.9 is SGD's"},
+      {{"--betas", "0.9"}, "--betas: '0.9' is not B1,B2"},
+      {{"--betas", "0.9,0.99,0.9"}, "--betas: '0.9,0.99,0.9' is not B1,B2"},
+      {{"--betas", "0.9,x"}, "--betas: '0.9,x' is not B1,B2"},
+      {{"--betas", "0.9,1"}, "--betas: each must be in [0, 1)"},
+      {{"--betas", "-0.1,0.9"}, "--betas: each must be in [0, 1)"},
+      {{"--eps", "-1e-8"}, "--eps must be >= 0"},
+      {{"--label-smoothing", "1"}, "--label-smoothing must be in [0, 1)"},
+      {{"--label-smoothing", "-0.1"}, "--label-smoothing must be in [0, 1)"},
+      {{"--weight-decay", "nan"}, "--weight-decay"},
       {{"--accum-steps", "0"}, "--accum-steps"},
       {{"--schedule", "exp"}, "--schedule"},
       {{"--eval-every", "-1"}, "--eval-every"},
@@ -234,20 +287,22 @@ TEST(Flags, DefaultJsonKeepsEveryKeyAndType) {
   EXPECT_EQ(
       parse({}).to_json(),
       "{\"accum_steps\":1,\"activation_dtype\":\"auto\",\"allow_config_change\":false,"
-      "\"augment\":\"none\",\"batch_size\":256,\"bucket_mb\":25.0,\"checkpoint_every\":0,"
-      "\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
+      "\"augment\":\"none\",\"batch_size\":256,\"betas\":[0.9,0.999],\"bucket_mb\":25.0,"
+      "\"checkpoint_every\":0,\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
       "\"checkpoint_path\":\"checkpoint.safetensors\",\"clip_grad_norm\":0.0,"
       "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
-      "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eval_batch_size\":1000,"
-      "\"eval_every\":1,\"grad_dtype\":\"fp32\",\"init\":\"kaiming\",\"init_from\":\"\","
-      "\"keep_checkpoints\":0,\"last_bucket_mb\":0.0,\"load\":\"\",\"log_level\":\"info\","
-      "\"lr\":0.05,\"max_steps\":0,\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\","
-      "\"momentum\":0.9,\"nonfinite\":\"stop\",\"nonfinite_max_skips\":10,\"normalize\":\"none\","
+      "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eps\":1e-08,"
+      "\"eval_batch_size\":1000,\"eval_every\":1,\"grad_dtype\":\"fp32\","
+      "\"init\":\"kaiming\",\"init_from\":\"\",\"keep_checkpoints\":0,\"label_smoothing\":0.0,"
+      "\"last_bucket_mb\":0.0,\"load\":\"\",\"log_level\":\"info\",\"lr\":0.05,\"max_steps\":0,"
+      "\"metrics\":\"\",\"metrics_every\":0,\"model\":\"lenet\",\"momentum\":0.9,"
+      "\"nesterov\":false,\"no_decay_bn_bias\":false,\"nonfinite\":\"stop\","
+      "\"nonfinite_max_skips\":10,\"normalize\":\"none\",\"optimizer\":\"sgd\","
       "\"output\":\"\",\"overlap\":true,\"precision\":\"fp32\",\"progress\":\"auto\","
       "\"quiet\":false,\"recipe\":\"default\",\"report\":\"\",\"resume\":\"\",\"save\":\"\","
-      "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"stem\":\"auto\",\"step_epochs\":[],"
-      "\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,\"timeout\":300.0,"
-      "\"top_k\":5,\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,"
+      "\"scale_lr\":false,\"schedule\":\"cosine\",\"seed\":42,\"stem\":\"auto\","
+      "\"step_epochs\":[],\"step_gamma\":0.1,\"sync_bn\":false,\"tf32\":false,\"threads\":1,"
+      "\"timeout\":300.0,\"top_k\":5,\"trace\":\"\",\"trace_steps\":\"2:12\",\"verify_every\":0,"
       "\"warmup_epochs\":1.0,\"weight_decay\":0.0005,\"zero_init_residual\":false}");
 }
 
@@ -271,9 +326,15 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
                                        "--recipe",
                                        "--epochs",
                                        "--batch-size",
+                                       "--optimizer",
                                        "--lr",
                                        "--momentum",
+                                       "--nesterov",
                                        "--weight-decay",
+                                       "--no-decay-bn-bias",
+                                       "--betas",
+                                       "--eps",
+                                       "--label-smoothing",
                                        "--schedule",
                                        "--warmup-epochs",
                                        "--step-epochs",
@@ -351,9 +412,15 @@ std::map<std::string, Sample> samples() {
       {"recipe", {{"--recipe", "d2l"}, {{"recipe", "d2l"}}}},
       {"epochs", {{"--epochs", "7"}, {{"epochs", 7}}}},
       {"batch-size", {{"--batch-size", "96"}, {{"batch_size", 96}}}},
+      {"optimizer", {{"--optimizer", "adamw"}, {{"optimizer", "adamw"}}}},
       {"lr", {{"--lr", "0.3"}, {{"lr", 0.3}}}},
       {"momentum", {{"--momentum", "0.5"}, {{"momentum", 0.5}}}},
+      {"nesterov", {{"--nesterov"}, {{"nesterov", true}}}},
       {"weight-decay", {{"--weight-decay", "0.001"}, {{"weight_decay", 0.001}}}},
+      {"no-decay-bn-bias", {{"--no-decay-bn-bias"}, {{"no_decay_bn_bias", true}}}},
+      {"betas", {{"--betas", "0.8,0.95"}, {{"betas", J::array({0.8, 0.95})}}}},
+      {"eps", {{"--eps", "1e-6"}, {{"eps", 1e-6}}}},
+      {"label-smoothing", {{"--label-smoothing", "0.1"}, {{"label_smoothing", 0.1}}}},
       {"schedule", {{"--schedule", "step"}, {{"schedule", "step"}}}},
       {"warmup-epochs", {{"--warmup-epochs", "2.5"}, {{"warmup_epochs", 2.5}}}},
       {"step-epochs", {{"--step-epochs", "3,5"}, {{"step_epochs", J::array({3, 5})}}}},

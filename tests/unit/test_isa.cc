@@ -156,6 +156,23 @@ Outputs run_loops() {
       keep(out, "sgd m" + std::to_string(momentum) + " coef" + std::to_string(coef) + " p", p);
       keep(out, "sgd m" + std::to_string(momentum) + " coef" + std::to_string(coef) + " buf", buf);
     }
+  // The recipe options' loops (Nesterov SGD, AdamW), which must give every rank the same bits too.
+  for (float coef : {1.f, 0.37f}) {
+    const std::string c = " coef" + std::to_string(coef);
+    auto p = random_floats(np, g), buf = random_floats(np, g);
+    for (bool first : {true, false})
+      cpu::sgd_update(p.data(), grad.data(), buf.data(), np, 0.05f, 0.9f, 5e-4f, first, coef, true);
+    keep(out, "nesterov" + c + " p", p);
+    keep(out, "nesterov" + c + " buf", buf);
+    auto q = random_floats(np, g);
+    std::vector<float> m(static_cast<size_t>(np)), v(static_cast<size_t>(np));
+    for (int t = 1; t <= 2; ++t)
+      cpu::adamw_update(q.data(), grad.data(), m.data(), v.data(), np,
+                        cpu::adamw_scalars(0.01, t, 0.9, 0.999, 1e-8, 0.01, coef));
+    keep(out, "adamw" + c + " p", q);
+    keep(out, "adamw" + c + " exp_avg", m);
+    keep(out, "adamw" + c + " exp_avg_sq", v);
+  }
   keep(out, "sum_squares", std::vector<double>{cpu::sum_squares(grad.data(), np)});
   const int64_t rows = 37, classes = 10;
   const auto logits = random_floats(rows * classes, g);
@@ -167,6 +184,10 @@ Outputs run_loops() {
                                         dlogits.data(), &hits);
   keep(out, "softmax_xent loss, hits", std::vector<double>{loss, static_cast<double>(hits)});
   keep(out, "softmax_xent dlogits", dlogits);
+  const double smoothed = cpu::softmax_xent(logits.data(), labels.data(), rows, classes, 1.f / 256,
+                                            dlogits.data(), &hits, 0.1f);
+  keep(out, "softmax_xent smoothed loss", std::vector<double>{smoothed});
+  keep(out, "softmax_xent smoothed dlogits", dlogits);
   return out;
 }
 
