@@ -16,9 +16,10 @@ echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long)
   || { echo "skip: clang's libFuzzer runtime is missing (libclang-rt-14-dev)"; exit 77; }
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src")
-# The data readers share one input layer (src/data/dataset.cc): both data targets link them all.
+# The data readers share one input layer (src/data/dataset.cc, which also dispatches the synthetic
+# source): both data targets link them all.
 data_src=("$root/src/data/idx.cc" "$root/src/data/cifar.cc" "$root/src/data/npy.cc" "$root/src/data/dataset.cc"
-          "$root/src/core/files.cc" "$root/src/core/error.cc")
+          "$root/src/data/synthetic.cc" "$root/src/core/files.cc" "$root/src/core/error.cc")
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_idx.cc" "${data_src[@]}" -lz -o "$work/fuzz_idx"
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_data.cc" "${data_src[@]}" -lz -o "$work/fuzz_data"
 "$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cc" "$root/src/train/safetensors.cc" \
