@@ -13,7 +13,8 @@ baseline. Suites:
                (default 10), no evaluation: dptrain vs PyTorch DDP (gloo); compare images/s; on a
                CPU with AVX512-BF16 or AMX also --precision bf16 against the newest PyTorch's CPU
                autocast bf16
-  resnet50-syn ResNet-50 (torchvision's layout, ImageNet stem) on --data synthetic:224x224x3:320:1000,
+  resnet50-syn ResNet-50 (torchvision's layout, ImageNet stem) on --data synthetic:224x224x3:320:256
+               (256 classes, the most a byte label holds, on both sides),
                global batch 32, 2 ranks x 1 thread, --max-steps steps (default 10), no evaluation:
                dptrain vs PyTorch DDP (gloo) in each configuration; bf16 rows as resnet-dp's
   allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)
@@ -325,7 +326,7 @@ def suite(name, a, torches=()):
     if name == "resnet50-syn":
         steps = max_steps or 10
         r = ["--model", "resnet50", "--recipe", "d2l", "--epochs", "1", "--batch-size", "32",
-             "--max-steps", str(steps), "--data", f"synthetic:224x224x3:{32 * steps}:1000"]
+             "--max-steps", str(steps), "--data", f"synthetic:224x224x3:{32 * steps}:256"]
         ref_args = ["--no-eval", "--ddp", "--nproc", "2", "--threads", "1"] + r
         mine_cmd = mpirun(2) + [dp] + r + ["--stem", "imagenet", "--eval-every", "0"]
         mine = [Run("dptrain np2", mine_cmd, True)]

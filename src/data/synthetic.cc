@@ -32,7 +32,7 @@ int64_t field(const std::string& spec, const std::string& text, const char* what
       !text.empty() && ec == std::errc() && end == text.data() + text.size() && v >= lo && v <= hi,
       "--data " << printable(spec) << ": " << what << " '" << printable(text)
                 << "' is not a whole number in " << lo << ".." << hi
-                << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:1000)");
+                << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:100)");
   return v;
 }
 
@@ -52,7 +52,7 @@ SyntheticSpec parse(const std::string& spec) {
   DPT_INPUT_CHECK(parts.size() == 3, "--data " << printable(spec)
                                                << ": expected synthetic:HxWxC:N:K (image shape, "
                                                   "number of training images, classes), e.g. "
-                                                  "synthetic:224x224x3:1024:1000");
+                                                  "synthetic:224x224x3:1024:100");
   const std::vector<std::string> dims = split(parts[0], 'x');
   DPT_INPUT_CHECK(dims.size() == 3, "--data " << printable(spec) << ": the image shape '"
                                               << printable(parts[0])
