@@ -4,8 +4,8 @@
 // dptrain's and PyTorch's GFLOP/s against. Skips (exit 77) on a CPU without AVX512-BF16.
 #include <immintrin.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 namespace {
