@@ -790,7 +790,7 @@ TEST(Models, TorchvisionResNetsCountsAndNames) {
     EXPECT_EQ(c->store().find("conv1.weight")->shape, (Shape{64, 3, 3, 3}));
     EXPECT_EQ(m->store().find("conv1.weight")->shape, (Shape{64, 3, 7, 7}));
     for (const Param& p : m->store().entries())
-      EXPECT_FALSE(p.name.find("conv") != std::string::npos && p.name.ends_with(".bias") ||
+      EXPECT_FALSE((p.name.find("conv") != std::string::npos && p.name.ends_with(".bias")) ||
                    p.name.ends_with("downsample.0.bias"))
           << p.name << ": torchvision's convolutions have no bias";
     EXPECT_EQ(m->store().entries().front().name, "conv1.weight");
