@@ -76,7 +76,8 @@ for run in "${runs[@]}"; do
     python3 - "$d/metrics.jsonl" >"$d/metrics.cmp" <<'PY'
 import json, sys
 NEW = {"grad_norm", "grad_norm_max", "nonfinite_steps"}  # not written by builds before 2026-11-22
-TIMED = {"slowest_rank", "compute_spread"}  # per-rank timings whose names lack "second"
+# Timings whose names lack "second": per-rank ones, and the achieved TFLOP/s (from images/s).
+TIMED = {"slowest_rank", "compute_spread", "train_tflops"}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     for k in [k for k in r if "second" in k or k in NEW or k in TIMED]:
