@@ -8,8 +8,9 @@
 #   bash tests/gpu/device_check.sh [check|perf|compile]
 #     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
 #                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, a per-kernel profile
-#                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), training parity, the
-#                      command-line suite and the fused convolution.
+#                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), ResNet-50 at 224x224 beside
+#                      PyTorch tuned, training parity, the command-line suite and the fused
+#                      convolution.
 #     perf:    issue 29's target table: every model and precision, dptrain (graph API; legacy
 #              beside it for ResNet-18 in TF32 and fp32) against PyTorch tuned and eager, the
 #              10-epoch bf16 accuracy against TF32.
@@ -229,10 +230,19 @@ case $list in
     # nodes one by one): $OUT/profile.md, for the missed 0.8 s/epoch target.
     step profile 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
       [[ -n $ncu ]] || { echo "no ncu on this machine"; exit 77; }
-      DPT_PROFILE_STEPS=20:22 "$ncu" --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum \
+      DPT_PROFILE_STEPS=20:22 "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
+        --metrics gpu__time_duration.sum \
         --csv --print-units base dptrain --device cuda --model resnet18 --epochs 1 --max-steps 22 \
         --eval-every 0 --precision bf16 --progress off --data "$1" > "$0" &&
       python3 bench/kernel_table.py "$0" 2 40 | tee "$2"' "$logs/profile.csv" "$data" "$out/profile.md"
+    # ResNet-50 (torchvision's layout, issue 32) at 224x224x3 on synthetic data, bf16 on the graph
+    # API beside PyTorch tuned: the model's first run on a GPU and its speed row.
+    syn=synthetic:224x224x3:2048:256
+    step bench_resnet50_graph_act16_bf16 80 dptrain --device cuda --model resnet50 --recipe d2l --data "$syn" \
+      --epochs 3 --progress off "${act16[@]}" --metrics "$logs/bench_resnet50_graph_act16_bf16.jsonl"
+    step bench_resnet50_torch_bf16_tuned 80 "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
+      --data "$syn" --model resnet50 --epochs 3 --config tuned --bf16 --json
+    table
     step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
     step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
     step fusedconv 120 test_fused_conv
