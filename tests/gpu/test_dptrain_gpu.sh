@@ -159,6 +159,7 @@ if DPT_CUDNN_API=graph "$bin" --device cuda --epochs 1 --max-steps 1 \
     --eval-every 0 --data "$data" > "$tmp/graphprobe.out" 2>&1; then
   g=(env DPT_CUDNN_API=graph "${mpi[@]}" "$bin" --device cuda --model resnet18 --batch-size 64 --max-steps 3
      --epochs 2 --eval-every 0 --data "$data")
+  mkdir -p "$tmp/g"  # --checkpoint-path's directory must exist (dptrain refuses a missing one)
   run graphfull 300 "${g[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path "$tmp/g/ck.st" \
     --save "$tmp/gfull.safetensors"
   check $rc "graph API: 2 ranks, ResNet-18, 2 epochs (exit $rc)" "$tmp/graphfull.out"
