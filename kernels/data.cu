@@ -9,7 +9,7 @@ namespace dpt::cuda {
 // flip, scaling and normalisation (the CPU's gather_transformed runs the same functions).
 
 static __global__ void gather_images_kernel(const uint8_t* __restrict__ images,
-                                            const uint8_t* __restrict__ labels,
+                                            const Label* __restrict__ labels,
                                             const int64_t* __restrict__ idx, int64_t count,
                                             ImageBatchSpec spec, float* __restrict__ out,
                                             int32_t* __restrict__ out_labels) {
@@ -30,7 +30,7 @@ static __global__ void gather_images_kernel(const uint8_t* __restrict__ images,
   }
 }
 
-cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, const int64_t* idx,
+cudaError_t launch_gather_images(const uint8_t* images, const Label* labels, const int64_t* idx,
                                  int64_t count, const ImageBatchSpec& spec, float* out,
                                  int32_t* out_labels, cudaStream_t stream) {
   if ((labels == nullptr) != (out_labels == nullptr)) return cudaErrorInvalidValue;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "dpt/dataset.h"
 #include "dpt/image_transform.h"
 
 namespace dpt::cuda {
@@ -17,7 +18,7 @@ namespace dpt::cuda {
 // normalisation; plain x / 255 without draws and means) for i < count: a batch gathered by index on
 // the device from the data set uploaded once (uint8), no host round trip. With labels and
 // out_labels (both or neither): out_labels[i] = labels[idx[i]].
-cudaError_t launch_gather_images(const uint8_t* images, const uint8_t* labels, const int64_t* idx,
+cudaError_t launch_gather_images(const uint8_t* images, const Label* labels, const int64_t* idx,
                                  int64_t count, const ImageBatchSpec& spec, float* out,
                                  int32_t* out_labels, cudaStream_t stream);
 

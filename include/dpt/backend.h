@@ -23,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "dpt/dataset.h"
 #include "dpt/half.h"
 #include "dpt/image_transform.h"
 
@@ -248,7 +249,7 @@ class Backend {
   // x[i] = image idx[i] transformed as `spec` says (image_transform.h: crop, flip, / 255,
   // normalisation; plain x / 255 without draws and means) and labels_out[i] = labels[idx[i]] for
   // i < count, from a data set of num_images images of spec.pixels() uint8 each.
-  virtual void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+  virtual void gather_images(const uint8_t* images, const Label* labels, int64_t num_images,
                              const ImageBatchSpec& spec, const int64_t* idx, int64_t count,
                              float* x, int32_t* labels_out) = 0;
   // Softmax cross-entropy on logits [n, k], with PyTorch's label smoothing e (0: none): sums[0]

@@ -9,12 +9,18 @@
 
 namespace dpt {
 
+// A class number. 16 bits: ImageNet-1k's 1,000 classes (and ImageNet-21k's 21,841) do not fit the
+// byte that IDX and CIFAR files store, and 65,536 classes is more than any classifier head here
+// would hold in memory usefully.
+using Label = uint16_t;
+constexpr int kMaxClasses = 65536;
+
 // A labelled image set: images uint8 [n, rows, cols, channels] row-major (NHWC, the models'
-// layout: a CIFAR record's planes are interleaved on load), labels uint8 [n].
+// layout: a CIFAR record's planes are interleaved on load), labels [n].
 struct ImageSet {
   int64_t n = 0, rows = 0, cols = 0, channels = 1;
   std::vector<uint8_t> images;
-  std::vector<uint8_t> labels;
+  std::vector<Label> labels;
   int num_classes = 10;  // every label is < num_classes; the same in a data set's train and test
   int64_t pixels() const { return rows * cols * channels; }  // bytes per image
   // "28x28x1": rows x cols x channels, as messages, the banner and the data digest write it.

@@ -104,7 +104,8 @@ class StepEngine {
   // Backend memory. Data sets (views on a host backend), the epoch's indices and per-micro-batch
   // [loss, correct] totals; fixed addresses a recorded step reads and writes: its micro-batch's
   // indices, labels and totals, and the learning rate.
-  DeviceArray<uint8_t> train_images_, train_labels_, test_images_, test_labels_;
+  DeviceArray<uint8_t> train_images_, test_images_;
+  DeviceArray<Label> train_labels_, test_labels_;
   // The input transform: per-channel mean and std (empty without --normalize), the epoch's
   // augmentation draws (one per index of epoch_index_) and the staged micro-batch's.
   const AugmentSpec augment_;

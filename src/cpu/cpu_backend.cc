@@ -307,7 +307,7 @@ class CpuBackend : public Backend {
                     accumulate);
   }
 
-  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+  void gather_images(const uint8_t* images, const Label* labels, int64_t num_images,
                      const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
                      int32_t* labels_out) override {
     gather_transformed(images, num_images, spec, idx, count, x);

@@ -347,7 +347,7 @@ void CudaBackend::linear_backward(const BFloat16* x, const float* w, const BFloa
 // ---- training-step operations
 // --------------------------------------------------------------------
 
-void CudaBackend::gather_images(const uint8_t* images, const uint8_t* labels, int64_t,
+void CudaBackend::gather_images(const uint8_t* images, const Label* labels, int64_t,
                                 const ImageBatchSpec& spec, const int64_t* idx, int64_t count,
                                 float* x, int32_t* labels_out) {
   CUDA_CHECK(

@@ -101,7 +101,7 @@ class CudaBackend : public Backend {
   void linear_backward(const BFloat16* x, const float* w, const BFloat16* dy, BFloat16* dx,
                        float* dw, float* db, int64_t n, int64_t in, int64_t out,
                        bool accumulate) override;
-  void gather_images(const uint8_t* images, const uint8_t* labels, int64_t num_images,
+  void gather_images(const uint8_t* images, const Label* labels, int64_t num_images,
                      const ImageBatchSpec& spec, const int64_t* idx, int64_t count, float* x,
                      int32_t* labels_out) override;
   void softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,

@@ -71,7 +71,7 @@ void InputFile::rewind() {
 
 LoadedSplit make_split(const std::string& images_file, const std::string& labels_file,
                        const std::vector<int64_t>& dims, std::vector<uint8_t> images,
-                       std::vector<uint8_t> labels) {
+                       std::vector<Label> labels) {
   DPT_INPUT_CHECK(static_cast<int64_t>(labels.size()) == dims[0],
                   "image and label counts disagree: " << images_file << " has " << dims[0]
                                                       << " images, " << labels_file << " has "
@@ -245,11 +245,11 @@ const Format& detect_format(const std::string& dir) {
 // Splits whose classes the format does not fix (idx, npy): the training labels define them, and a
 // test label outside them is an error of the data set, not something to train around.
 void derive_classes(LoadedSplit& train, LoadedSplit& test) {
-  const std::vector<uint8_t>& tl = train.set.labels;
+  const std::vector<Label>& tl = train.set.labels;
   DPT_INPUT_CHECK(!tl.empty(), train.labels_file << ": the training set has no labels");
   const int num_classes = *std::max_element(tl.begin(), tl.end()) + 1;
-  const std::vector<uint8_t>& vl = test.set.labels;
-  const auto bad = std::find_if(vl.begin(), vl.end(), [&](uint8_t v) { return v >= num_classes; });
+  const std::vector<Label>& vl = test.set.labels;
+  const auto bad = std::find_if(vl.begin(), vl.end(), [&](Label v) { return v >= num_classes; });
   DPT_INPUT_CHECK(bad == vl.end(),
                   test.labels_file << ": label " << int{*bad} << " at index " << (bad - vl.begin())
                                    << ", but the training set has classes 0.." << num_classes - 1

@@ -347,7 +347,8 @@ LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   DPT_INPUT_CHECK(lbl.dims.size() == 1, lbl_path << ": wrong ndim: expected 1-D labels, found "
                                                  << lbl.dims.size() << "-D "
                                                  << shape_string(lbl.dims));
-  return make_split(img_path, lbl_path, img.dims, std::move(img.data), std::move(lbl.data));
+  return make_split(img_path, lbl_path, img.dims, std::move(img.data),
+                    std::vector<Label>(lbl.data.begin(), lbl.data.end()));
 }
 
 LoadedSplits load_idx(const std::string& dir) {

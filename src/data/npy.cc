@@ -352,7 +352,7 @@ NpyImages read_npy_images(const std::string& path) {
   return out;
 }
 
-std::vector<uint8_t> read_npy_labels(const std::string& path) {
+std::vector<Label> read_npy_labels(const std::string& path) {
   InputFile in(path);
   const NpyHeader h = read_header(in);
   // '|' on a multi-byte integer means "not applicable"; numpy reads it in the machine's order.
@@ -372,7 +372,7 @@ std::vector<uint8_t> read_npy_labels(const std::string& path) {
   const std::vector<uint8_t> raw = read_data(in, h, itemsize);
   const bool big = d[0] == '>' || (d[0] == '|' && std::endian::native == std::endian::big);
   const size_t n = raw.size() / itemsize;
-  std::vector<uint8_t> labels(n);
+  std::vector<Label> labels(n);
   for (size_t i = 0; i < n; ++i) {
     const uint8_t* b = raw.data() + i * itemsize;
     uint64_t u = 0;
@@ -380,12 +380,12 @@ std::vector<uint8_t> read_npy_labels(const std::string& path) {
     // Sign-extend a signed value whose top bit is set, so -1 is named as -1.
     const bool negative = kind == 'i' && (u >> (8 * itemsize - 1)) & 1;
     if (negative && itemsize < 8) u |= ~uint64_t{0} << (8 * itemsize);
-    DPT_INPUT_CHECK(!negative && u <= 255,
+    DPT_INPUT_CHECK(!negative && u < static_cast<uint64_t>(kMaxClasses),
                     path << ": label "
                          << (negative ? std::to_string(static_cast<int64_t>(u)) : std::to_string(u))
-                         << " at index " << i
-                         << " is outside 0..255 (labels are class numbers 0..255)");
-    labels[i] = static_cast<uint8_t>(u);
+                         << " at index " << i << " is outside 0.." << kMaxClasses - 1
+                         << " (labels are class numbers 0.." << kMaxClasses - 1 << ")");
+    labels[i] = static_cast<Label>(u);
   }
   return labels;
 }

@@ -51,7 +51,7 @@ struct LoadedSplit {
 // files; refuses counts that disagree, naming both files. num_classes is left 0 for the caller.
 LoadedSplit make_split(const std::string& images_file, const std::string& labels_file,
                        const std::vector<int64_t>& dims, std::vector<uint8_t> images,
-                       std::vector<uint8_t> labels);
+                       std::vector<Label> labels);
 // "a x b x c" of a shape, for messages.
 std::string shape_string(const std::vector<int64_t>& dims);
 // The first existing file among dir/name for name in names, else "" (a name that exists but is
@@ -114,7 +114,7 @@ struct NpyImages {
 NpyImages read_npy_images(const std::string& path);
 // An .npy file's labels: 1-D, any integer dtype of 1, 2, 4 or 8 bytes in either byte order, each
 // value in 0..255.
-std::vector<uint8_t> read_npy_labels(const std::string& path);
+std::vector<Label> read_npy_labels(const std::string& path);
 // The bytes of data an .npy file's header promises (shape x element size), with the header's
 // checks; nothing past the header is read.
 uint64_t npy_data_bytes(const std::string& path);

@@ -19,7 +19,8 @@ struct SyntheticSpec {
   int64_t rows = 0, cols = 0, channels = 0, n = 0, classes = 0;
   int64_t test_n() const { return (n + 9) / 10; }  // a tenth, rounded up: at least one image
   uint64_t bytes() const {                         // images and labels of both splits
-    return static_cast<uint64_t>(n + test_n()) * static_cast<uint64_t>(rows * cols * channels + 1);
+    return static_cast<uint64_t>(n + test_n()) *
+           static_cast<uint64_t>(rows * cols * channels + static_cast<int64_t>(sizeof(Label)));
   }
 };
 
@@ -62,8 +63,7 @@ SyntheticSpec parse(const std::string& spec) {
   s.cols = field(spec, dims[1], "the width", 1, 1 << 16);
   s.channels = field(spec, dims[2], "the channel count", 1, 1 << 12);
   s.n = field(spec, parts[1], "the number of training images", 1, int64_t{1} << 34);
-  // Labels are bytes, as in every on-disk format (dataset.h).
-  s.classes = field(spec, parts[2], "the number of classes", 1, 256);
+  s.classes = field(spec, parts[2], "the number of classes", 1, kMaxClasses);
   DPT_INPUT_CHECK(s.bytes() <= data::kMaxDataBytes,
                   "--data " << printable(spec) << ": " << s.bytes()
                             << " bytes of images and labels, more than the limit of "
@@ -100,8 +100,8 @@ ImageSet draw(const SyntheticSpec& s, int64_t n, uint64_t seed, uint64_t split) 
   }
   for (; i < set.images.size(); ++i) set.images[i] = static_cast<uint8_t>(g.next());
   // Uniform over the classes: the high 32 bits scaled (Lemire's multiply, bias below 2^-24).
-  for (uint8_t& l : set.labels)
-    l = static_cast<uint8_t>(((g.next() >> 32) * static_cast<uint64_t>(s.classes)) >> 32);
+  for (Label& l : set.labels)
+    l = static_cast<Label>(((g.next() >> 32) * static_cast<uint64_t>(s.classes)) >> 32);
   return set;
 }
 

@@ -70,12 +70,12 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   }
   train_images_ = DeviceArray<uint8_t>::mirror(be_, train.images.data(),
                                                static_cast<int64_t>(train.images.size()));
-  train_labels_ = DeviceArray<uint8_t>::mirror(be_, train.labels.data(),
-                                               static_cast<int64_t>(train.labels.size()));
+  train_labels_ = DeviceArray<Label>::mirror(be_, train.labels.data(),
+                                             static_cast<int64_t>(train.labels.size()));
   test_images_ = DeviceArray<uint8_t>::mirror(be_, test.images.data(),
                                               static_cast<int64_t>(test.images.size()));
-  test_labels_ = DeviceArray<uint8_t>::mirror(be_, test.labels.data(),
-                                              static_cast<int64_t>(test.labels.size()));
+  test_labels_ =
+      DeviceArray<Label>::mirror(be_, test.labels.data(), static_cast<int64_t>(test.labels.size()));
   std::vector<int64_t> iota(static_cast<size_t>(test.n));
   std::iota(iota.begin(), iota.end(), int64_t{0});
   test_index_ = DeviceArray<int64_t>(be_, test.n);

@@ -52,12 +52,44 @@ expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:256:10 --see
 [[ $(losses one.jsonl) == "$(losses again.jsonl)" ]] || fail "the same seed drew other data: $(losses one.jsonl) $(losses again.jsonl)"
 [[ $(losses one.jsonl) != "$(losses other.jsonl)" ]] || fail "seeds 42 and 7 drew the same data"
 
+# Past a byte of classes (ImageNet's 1,000): labels are 16-bit, so classes 256..999 are drawn and
+# counted. evaluate's per-class counts at 2 ranks add up to the test split (ceil(2000/10)), and
+# with 1,000 uniform classes over 200 images about 3/4 of them fall at 256 or above (a byte's
+# wrap-around would leave none there).
+expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:2000:1000 --save k1000.safetensors
+expect 0 "evaluate: 200 test images" -- "${mpi[@]}" -np 2 "$bin" evaluate --load k1000.safetensors \
+  --data synthetic:28x28x1:2000:1000 --metrics k1000.jsonl
+python3 - k1000.jsonl <<'PY' || fail "1000 classes: evaluate's counts"
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "evaluate"][-1]
+counts = r["per_class_count"]
+assert r["classes"] == 1000 and len(counts) == 1000, (r["classes"], len(counts))
+assert sum(counts) == 200, sum(counts)
+high = sum(counts[256:])
+assert 100 <= high <= 200, f"{high} of 200 test images in classes 256..999"
+assert sum(map(sum, r["confusion"])) == 200 and len(r["confusion"]) == 1000
+print(f"ok: 1000 classes: {high} of 200 test images in classes 256..999")
+PY
+# Past 1,024 classes evaluate keeps each class's count and hits, not the k x k matrix.
+expect 0 "TFLOP/s" -- "$bin" "${lenet[@]}" --data synthetic:28x28x1:2000:2000 --save k2000.safetensors
+expect 0 "no confusion matrix above 1024 classes" -- "$bin" evaluate --load k2000.safetensors \
+  --data synthetic:28x28x1:2000:2000 --metrics k2000.jsonl
+python3 - k2000.jsonl <<'PY' || fail "2000 classes: evaluate's counts"
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "evaluate"][-1]
+counts, acc = r["per_class_count"], r["per_class_accuracy"]
+assert len(counts) == 2000 and sum(counts) == 200 and r["confusion"] is None, r["confusion"]
+hits = sum(round(a * c) for a, c in zip(acc, counts) if c)
+assert hits == r["top1_correct"], (hits, r["top1_correct"])
+print(f"ok: 2000 classes: no matrix, per-class hits add up to top-1's {hits}")
+PY
+
 # Refusals.
 expect 2 "the image shape '32x32' is not HxWxC" -- "$bin" --data synthetic:32x32:10:10
 expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data synthetic:32x32x3:10
 expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data "synthetic:32x32x3:10:10:"
 expect 2 "the number of training images '0' is not a whole number" -- "$bin" --data synthetic:8x8x1:0:10
-expect 2 "the number of classes '257' is not a whole number in 1..256" -- "$bin" --data synthetic:8x8x1:10:257
+expect 2 "the number of classes '65537' is not a whole number in 1..65536" -- "$bin" --data synthetic:8x8x1:10:65537
 expect 2 "the height '-3' is not a whole number" -- "$bin" --data synthetic:-3x8x1:10:2
 expect 2 "the width '8 ' is not a whole number" -- "$bin" --data "synthetic:8x8 x1:10:2"
 expect 2 "more than the limit of 17179869184" -- "$bin" --data synthetic:60000x60000x3:10:10

@@ -36,7 +36,7 @@ ImageSet random_images(int64_t n, int64_t rows, int64_t cols, uint64_t seed) {
   set.images.resize(static_cast<size_t>(n * rows * cols));
   for (uint8_t& v : set.images) v = static_cast<uint8_t>(rng.below(256));
   set.labels.resize(static_cast<size_t>(n));
-  for (uint8_t& l : set.labels) l = static_cast<uint8_t>(rng.below(10));
+  for (Label& l : set.labels) l = static_cast<Label>(rng.below(10));
   return set;
 }
 

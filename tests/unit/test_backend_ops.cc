@@ -940,14 +940,17 @@ TEST_P(BackendOps, LinearForwardBackward) {
 
 TEST_P(BackendOps, GatherImages) {
   const int64_t num = 6, pixels = 10;
-  std::vector<uint8_t> images(sz(num * pixels)), labels(sz(num));
+  std::vector<uint8_t> images(sz(num * pixels));
+  std::vector<dpt::Label> labels(sz(num));
   for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
   images[3] = 0, images[4] = 255;
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>((i * 3 + 1) % 10);
+  // Both bytes of a 16-bit class number in use (ImageNet's 1,000 classes need the second).
+  for (size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<dpt::Label>((i * 13107 + 999) % 65536);
   const std::vector<int64_t> idx = {5, 0, 3, 3, 1};  // repeats, first and last image
   const int64_t count = static_cast<int64_t>(idx.size());
   DeviceArray<uint8_t> im_ = DeviceArray<uint8_t>::mirror(be(), images.data(), num * pixels);
-  DeviceArray<uint8_t> lab_ = DeviceArray<uint8_t>::mirror(be(), labels.data(), num);
+  DeviceArray<dpt::Label> lab_ = DeviceArray<dpt::Label>::mirror(be(), labels.data(), num);
   DeviceArray<int64_t> idx_ = to_backend_array(be(), idx);
   // One row more than gathered: it must keep its values.
   auto x_ = put(std::vector<float>(sz((count + 1) * pixels), 7.f));
@@ -971,7 +974,8 @@ TEST_P(BackendOps, GatherImages) {
 TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
   const int64_t num = 3, rows = 5, cols = 4, ch = 3, per = rows * cols * ch;
   const int pad = 2;
-  std::vector<uint8_t> images(sz(num * per)), labels = {4, 7, 1};
+  std::vector<uint8_t> images(sz(num * per));
+  std::vector<dpt::Label> labels = {4, 7, 1000};
   for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>((i * 53 + 5) % 256);
   const std::vector<int64_t> idx = {2, 0, 1, 2};
   // Offsets at both extremes and in between, with and without the flip.
@@ -980,7 +984,7 @@ TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
   const std::vector<float> mean = {0.5f, 0.25f, 0.75f}, stdev = {0.2f, 0.3f, 0.4f};
   const int64_t count = static_cast<int64_t>(idx.size());
   DeviceArray<uint8_t> im_ = DeviceArray<uint8_t>::mirror(be(), images.data(), num * per);
-  DeviceArray<uint8_t> lab_ = DeviceArray<uint8_t>::mirror(be(), labels.data(), num);
+  DeviceArray<dpt::Label> lab_ = DeviceArray<dpt::Label>::mirror(be(), labels.data(), num);
   DeviceArray<int64_t> idx_ = to_backend_array(be(), idx);
   DeviceArray<uint32_t> dr_ = to_backend_array(be(), draws);
   DeviceArray<float> mean_ = to_backend_array(be(), mean), std_ = to_backend_array(be(), stdev);
@@ -1012,7 +1016,7 @@ TEST_P(BackendOps, GatherImagesCropFlipNormalize) {
         }
   }
   expect_match(get(x_), x, "cropped, flipped, normalised pixels", tol(Cmp::kExact));
-  EXPECT_EQ(to_host(lo_), (std::vector<int32_t>{1, 4, 7, 1}));
+  EXPECT_EQ(to_host(lo_), (std::vector<int32_t>{1000, 4, 7, 1000}));
 }
 
 TEST_P(BackendOps, SoftmaxCrossEntropy) {

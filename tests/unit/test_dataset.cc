@@ -30,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using Labels = std::vector<dpt::Label>;
 using dpt::test::expect_input_error;
 using dpt::test::read_all;
 using dpt::test::write_gz;
@@ -286,8 +287,8 @@ TEST_F(DatasetTest, IdxIdx3IsOneChannelAndClassesComeFromTrainingLabels) {
       EXPECT_EQ(d.test.n, 3);
       expect_pixels(d.train);
       expect_pixels(d.test, 100);
-      EXPECT_EQ(d.train.labels, (Bytes{3, 0, 4, 1}));
-      EXPECT_EQ(d.test.labels, (Bytes{2, 4, 0}));
+      EXPECT_EQ(d.train.labels, (Labels{3, 0, 4, 1}));
+      EXPECT_EQ(d.test.labels, (Labels{2, 4, 0}));
     }
   }
 }
@@ -318,8 +319,8 @@ TEST_F(DatasetTest, Cifar10InterleavesPlanesAndReadsBatchesInOrder) {
       EXPECT_EQ(s->channels, 3);
       EXPECT_EQ(s->num_classes, 10);
     }
-    EXPECT_EQ(d.train.labels, (Bytes{7, 0, 9, 3, 5}));
-    EXPECT_EQ(d.test.labels, (Bytes{1, 2}));
+    EXPECT_EQ(d.train.labels, (Labels{7, 0, 9, 3, 5}));
+    EXPECT_EQ(d.test.labels, (Labels{1, 2}));
     expect_pixels(d.train);  // the R/G/B planes land at [y][x][0/1/2]
     expect_pixels(d.test, 100);
   }
@@ -337,8 +338,8 @@ TEST_F(DatasetTest, Cifar100TrainsOnTheFineLabel) {
   EXPECT_EQ(d.format, "cifar100");
   EXPECT_EQ(d.train.num_classes, 100);
   EXPECT_EQ(d.test.num_classes, 100);
-  EXPECT_EQ(d.train.labels, (Bytes{99, 0, 21}));
-  EXPECT_EQ(d.test.labels, (Bytes{17}));
+  EXPECT_EQ(d.train.labels, (Labels{99, 0, 21}));
+  EXPECT_EQ(d.test.labels, (Labels{17}));
   expect_pixels(d.train);
   expect_pixels(d.test, 100);
 }
@@ -349,8 +350,8 @@ TEST_F(DatasetTest, Npy3DAnd4DImages) {
   EXPECT_EQ(d.format, "npy");
   EXPECT_EQ(d.train.shape_text(), "2x5x1");
   EXPECT_EQ(d.train.num_classes, 3);
-  EXPECT_EQ(d.train.labels, (Bytes{0, 2, 1}));
-  EXPECT_EQ(d.test.labels, (Bytes{1, 1}));
+  EXPECT_EQ(d.train.labels, (Labels{0, 2, 1}));
+  EXPECT_EQ(d.test.labels, (Labels{1, 1}));
   expect_pixels(d.train);
   expect_pixels(d.test, 100);
 
@@ -375,8 +376,8 @@ TEST_F(DatasetTest, NpyLabelsOfEveryIntegerDtypeAndByteOrder) {
         const std::vector<int64_t> te = i1 ? std::vector<int64_t>{3, 126} : test;
         write_npy_set(2, 2, 0, tr, te, descr);
         const dpt::DataSets d = load();
-        EXPECT_EQ(d.train.labels, Bytes(tr.begin(), tr.end())) << descr;
-        EXPECT_EQ(d.test.labels, Bytes(te.begin(), te.end())) << descr;
+        EXPECT_EQ(d.train.labels, Labels(tr.begin(), tr.end())) << descr;
+        EXPECT_EQ(d.test.labels, Labels(te.begin(), te.end())) << descr;
         EXPECT_EQ(d.train.num_classes, i1 ? 128 : 256) << descr;
       }
     }
@@ -398,7 +399,7 @@ TEST_F(DatasetTest, NpyHeaderVersions) {
   EXPECT_EQ(dpt::data::read_npy_images(path("y.npy")).data, img);
   // Labels may be in Fortran order: a 1-D array is the same bytes either way.
   write_raw(file("l.npy"), npy_bytes("<i4", {3}, label_data("<i4", {4, 5, 6}), 1, true));
-  EXPECT_EQ(dpt::data::read_npy_labels(path("l.npy")), (Bytes{4, 5, 6}));
+  EXPECT_EQ(dpt::data::read_npy_labels(path("l.npy")), (Labels{4, 5, 6}));
 }
 
 // ---- channel_stats ----------------------------------------------------------------------------
@@ -740,17 +741,29 @@ TEST_F(NpyRefusal, WrongNdimAndChannelsFirst) {
                       {"wrong ndim", "1-D", "2x1", "reshape(-1)"});
 }
 
-TEST_F(NpyRefusal, LabelsOutside0To255NameIndexAndValue) {
+TEST_F(NpyRefusal, LabelsOutside0To65535NameIndexAndValue) {
   expect_labels_error(npy_bytes("<i2", {3}, label_data("<i2", {1, -1, 2})),
-                      {"label -1 at index 1", "0..255"});
-  expect_labels_error(npy_bytes(">u2", {3}, label_data(">u2", {1, 2, 256})),
-                      {"label 256 at index 2"});
+                      {"label -1 at index 1", "0..65535"});
+  expect_labels_error(npy_bytes(">u4", {3}, label_data(">u4", {1, 2, 65536})),
+                      {"label 65536 at index 2"});
   expect_labels_error(npy_bytes("<i8", {2}, label_data("<i8", {INT64_MIN, 0})),
                       {"label -9223372036854775808 at index 0"});
   expect_labels_error(npy_bytes("<u8", {2}, label_data("<u8", {3, -1})),
                       {"label 18446744073709551615 at index 1"});
   expect_labels_error(npy_bytes("|i1", {2}, label_data("|i1", {3, -128})),
                       {"label -128 at index 1"});
+}
+
+// Class numbers past a byte (ImageNet's 1,000 classes, up to 65,535) load as they are, in both
+// byte orders, and the classes are the largest training label + 1.
+TEST_F(DatasetTest, NpyLabelsPastAByteKeepTheirValue) {
+  for (const std::string descr : {"<u2", ">i4", "<i8"}) {
+    write_npy_set(2, 2, 0, {300, 0, 999, 65535}, {256, 1000}, descr);
+    const dpt::DataSets d = load();
+    EXPECT_EQ(d.train.labels, (Labels{300, 0, 999, 65535})) << descr;
+    EXPECT_EQ(d.test.labels, (Labels{256, 1000})) << descr;
+    EXPECT_EQ(d.train.num_classes, 65536) << descr;
+  }
 }
 
 TEST_F(DatasetTest, NpyImageAndLabelCountsDisagree) {
@@ -1017,7 +1030,7 @@ TEST(DatasetRealData, FashionMnistIsReadByteForByte) {
     ASSERT_EQ(images.size(), static_cast<size_t>(16 + n * 784));
     ASSERT_EQ(labels.size(), static_cast<size_t>(8 + n));
     EXPECT_TRUE(set->images == Bytes(images.begin() + 16, images.end())) << split;
-    EXPECT_TRUE(set->labels == Bytes(labels.begin() + 8, labels.end())) << split;
+    EXPECT_TRUE(set->labels == Labels(labels.begin() + 8, labels.end())) << split;
   }
   // The statistics --normalize auto would use: Fashion-MNIST's well-known mean 0.2860, std 0.3530.
   const dpt::ChannelStats st = dpt::channel_stats(d.train);

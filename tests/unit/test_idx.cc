@@ -28,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using Labels = std::vector<dpt::Label>;
 using dpt::test::expect_input_error;
 using dpt::test::idx_bytes;
 using dpt::test::read_all;
@@ -162,7 +163,7 @@ TEST_F(IdxTest, LoadsTinyImageSet) {
     EXPECT_EQ(set.pixels(), 6);
     ASSERT_EQ(set.images.size(), 30u);
     for (size_t i = 0; i < 30; ++i) EXPECT_EQ(set.images[i], static_cast<uint8_t>(7 * i + 1));
-    EXPECT_EQ(set.labels, (Bytes{3, 0, 4, 1, 2}));
+    EXPECT_EQ(set.labels, (Labels{3, 0, 4, 1, 2}));
   }
 }
 
@@ -178,7 +179,7 @@ TEST_F(IdxTest, LoadsIdx4ImageSetChannelsLast) {
   EXPECT_EQ(set.channels, 4);
   EXPECT_EQ(set.pixels(), 24);
   EXPECT_EQ(set.images, pixels);
-  EXPECT_EQ(set.labels, (Bytes{1, 0}));
+  EXPECT_EQ(set.labels, (Labels{1, 0}));
   // images_to_float gathers whole H x W x C images.
   const int64_t index = 1;
   std::vector<float> out(24);
@@ -201,7 +202,7 @@ TEST_F(IdxTest, LoadPrefersGzipWhenBothExist) {
   write_raw(file("t10k-labels-idx1-ubyte"), idx_bytes(0x08, {1}, {9}));
   const dpt::ImageSet set = load_split(dir_.string(), "t10k");
   EXPECT_EQ(set.n, 5);
-  EXPECT_EQ(set.labels, (Bytes{3, 0, 4, 1, 2}));
+  EXPECT_EQ(set.labels, (Labels{3, 0, 4, 1, 2}));
 }
 
 TEST_F(IdxTest, ImagesToFloatGathersByIndex) {

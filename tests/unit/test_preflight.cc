@@ -14,10 +14,12 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/device.h"
 #include "dpt/error.h"
@@ -135,7 +137,7 @@ TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
   }
   for (size_t i = 0; i < a.labels.size(); ++i) {
     ImageSet c = small_set();
-    c.labels[i] = static_cast<uint8_t>(c.labels[i] + 1);
+    c.labels[i] = static_cast<dpt::Label>(c.labels[i] + 1);
     EXPECT_NE(data_digest(c), data_digest(a)) << "label " << i;
   }
   // Swapping a label between images changes the set too.
@@ -146,6 +148,25 @@ TEST(DataDigest, EqualSetsEqualDigestsAndOneChangeDiffers) {
   ImageSet e = small_set();
   e.rows = 14, e.cols = 14, e.channels = 4;
   EXPECT_NE(data_digest(e), data_digest(a));
+}
+
+// Labels became 16-bit: a set of at most 256 classes must keep the digest it had when labels were
+// bytes (checkpoints record it, and a resume compares), i.e. the checksum of the images, then of
+// the labels one byte each; past 256 classes both bytes count, so 1 and 257 are different sets.
+TEST(DataDigest, ByteClassesKeepTheOldDigestWiderOnesUseBothBytes) {
+  ImageSet a = small_set();
+  a.num_classes = 10;
+  const std::vector<uint8_t> bytes = {1, 4, 9};
+  std::ostringstream want;
+  want << "images 3 of 28x28x1, checksum 0x" << std::hex
+       << dpt::checksum(bytes.data(), bytes.size(),
+                        dpt::checksum(a.images.data(), a.images.size()));
+  EXPECT_EQ(data_digest(a), want.str());
+  ImageSet wide = small_set(), wider = small_set();
+  wide.num_classes = wider.num_classes = 1000;
+  wider.labels[0] = static_cast<dpt::Label>(wide.labels[0] + 256);
+  EXPECT_NE(data_digest(wide), data_digest(wider));
+  EXPECT_NE(data_digest(wide), data_digest(a));
 }
 
 // ---- check_outputs ----
@@ -389,7 +410,8 @@ TEST_F(PreflightDir, RunPreflightOnSyntheticData) {
   EXPECT_EQ(pf.test.labels.size(), 40u);
   // The training set as it is on disk, read by the IDX reader alone.
   EXPECT_EQ(pf.train.images, read_idx(dir_ + "/train-images-idx3-ubyte").data);
-  EXPECT_EQ(pf.train.labels, read_idx(dir_ + "/train-labels-idx1-ubyte").data);
+  const std::vector<uint8_t> on_disk = read_idx(dir_ + "/train-labels-idx1-ubyte").data;
+  EXPECT_EQ(pf.train.labels, std::vector<dpt::Label>(on_disk.begin(), on_disk.end()));
 }
 
 TEST_F(PreflightDir, RunPreflightRefusesAFifoAsData) {
