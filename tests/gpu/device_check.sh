@@ -9,7 +9,7 @@
 #     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
 #                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, a per-kernel profile
 #                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), ResNet-50 at 224x224 beside
-#                      PyTorch tuned, training parity, the command-line suite and the fused
+#                      PyTorch tuned and its profile ($OUT/profile_resnet50.md), training parity, the command-line suite and the fused
 #                      convolution.
 #     perf:    issue 29's target table: every model and precision, dptrain (graph API; legacy
 #              beside it for ResNet-18 in TF32 and fp32) against PyTorch tuned and eager, the
@@ -199,6 +199,22 @@ table() {
     note "bench/gpu_table.py failed: $(tail -n 1 "$logs/gpu_table.err")"
 }
 act16=(--precision bf16 --activation-dtype bf16)
+# profile NAME CAP A:B dptrain-flags...: ncu on training steps A..B-1 (after the warm-up; CUDA
+# graphs' nodes one by one, each kernel alone with cold caches, so shares count, not the sum), the
+# per-kernel table (bench/kernel_table.py) in $OUT/NAME.md.
+profile() {
+  local name=$1 cap=$2 steps=$3
+  shift 3
+  step "$name" "$cap" bash -c 'set -o pipefail; csv=$1 md=$2 steps=$3
+    shift 3
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+    [[ -n $ncu ]] || { echo "no ncu on this machine"; exit 77; }
+    DPT_PROFILE_STEPS=$steps "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
+      --metrics gpu__time_duration.sum --csv --print-units base \
+      dptrain --device cuda --eval-every 0 --progress off "$@" > "$csv" &&
+      python3 bench/kernel_table.py "$csv" $((${steps#*:} - ${steps%:*})) 40 | tee "$md"' \
+    _ "$logs/$name.csv" "$out/$name.md" "$steps" "$@"
+}
 
 case $list in
   check)
@@ -226,15 +242,9 @@ case $list in
     group D 470  # only with time left
     step nccl 60 test_gpu_nccl
     step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*'
-    # Where ResNet-18's bf16 step goes, kernel by kernel (two steps after warm-up, CUDA graphs'
-    # nodes one by one): $OUT/profile.md, for the missed 0.8 s/epoch target.
-    step profile 150 bash -c 'ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
-      [[ -n $ncu ]] || { echo "no ncu on this machine"; exit 77; }
-      DPT_PROFILE_STEPS=20:22 "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
-        --metrics gpu__time_duration.sum \
-        --csv --print-units base dptrain --device cuda --model resnet18 --epochs 1 --max-steps 22 \
-        --eval-every 0 --precision bf16 --progress off --data "$1" > "$0" &&
-      python3 bench/kernel_table.py "$0" 2 40 | tee "$2"' "$logs/profile.csv" "$data" "$out/profile.md"
+    # Where ResNet-18's bf16 step goes, kernel by kernel: $OUT/profile.md, for the missed 0.8
+    # s/epoch target.
+    profile profile 150 20:22 --model resnet18 --epochs 1 --max-steps 22 --precision bf16 --data "$data"
     # ResNet-50 (torchvision's layout, issue 32) at 224x224x3 on synthetic data, bf16 on the graph
     # API beside PyTorch tuned: the model's first run on a GPU and its speed row.
     syn=synthetic:224x224x3:2048:256
@@ -243,6 +253,9 @@ case $list in
     step bench_resnet50_torch_bf16_tuned 80 "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
       --data "$syn" --model resnet50 --epochs 3 --config tuned --bf16 --json
     table
+    # And ResNet-50's (0.76x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
+    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
+      --data "$syn"
     step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
     step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
     # Without the ResNet-18 geometry sweep (a plan search per site, over 60 s on an H100):
