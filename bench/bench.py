@@ -274,13 +274,13 @@ def compared(dptrain_runs, pytorch_runs):
     return {r.name: [p.name for p in pytorch_runs] for r in dptrain_runs}
 
 
-def bf16_rows(a, torches, dptrain_cmd, ref_args, suffix):
+def bf16_rows(a, torches, dptrain_cmd, ref_args, suffix, ddp=True):
     """(runs, baselines) of --precision bf16 against PyTorch's CPU autocast bf16 in each
     configuration (newest PyTorch only), on a CPU with the bf16 instructions; none elsewhere."""
     if not bf16_cpu():
         return [], {}
     mine = [Run(f"dptrain{suffix} bf16", dptrain_cmd + ["--precision", "bf16"], True)]
-    theirs = torch_runs(a, torches[:1], ref_args + ["--bf16"], True, f"{suffix} bf16")
+    theirs = torch_runs(a, torches[:1], ref_args + ["--bf16"], ddp, f"{suffix} bf16")
     return mine + theirs, compared(mine, theirs)
 
 
@@ -295,10 +295,14 @@ def suite(name, a, torches=()):
     if name == "lenet-1rank":
         runs, base = [], {}
         for t in (1, 2):
-            mine = [Run(f"dptrain np1 t{t}", mpirun(1) + [dp] + common + ["--threads", str(t)], True)]
+            cmd = mpirun(1) + [dp] + common + ["--threads", str(t)]
+            mine = [Run(f"dptrain np1 t{t}", cmd, True)]
             theirs = torch_runs(a, torches, common + ["--threads", str(t)], False, f" np1 t{t}")
-            runs += mine + theirs
+            more, more_base = bf16_rows(a, torches, cmd, common + ["--threads", str(t)], f" np1 t{t}",
+                                        ddp=False)
+            runs += mine + theirs + more
             base.update(compared(mine, theirs))
+            base.update(more_base)
         return runs, base
     if name == "lenet-dp":
         mine = [
