@@ -16,8 +16,10 @@
 #              10-epoch bf16 accuracy against TF32.
 #     compile: torch.compile max-autotune, LeNet then ResNet-18 (minutes per precision), for a
 #              spare call.
-# One session's device time (15 minutes) held check (330 s) and perf (360 s) as two calls on the
-# one warm machine (H200, 2026-11-26): run check, then perf at once with DPT_DEADLINE=370.
+# One session's device time (15 minutes) held check and perf as two calls on one warm machine:
+# H200 (05:49, 2026-11-26) check 330 s, perf at DPT_DEADLINE=370 360 s; H100 (15:31) check at
+# DPT_DEADLINE=540 477 s (timeout_s 580), then perf at DPT_DEADLINE=290 284 s (timeout_s 325),
+# 799 s of the 900 with the machine's start.
 # Time: a deadline of DPT_DEADLINE seconds (default 470) from the script's start. Groups end at
 # fixed fractions of it (check: A by 150/470, B by 290/470, so that C keeps at least 160 of 470
 # s); each step runs under `timeout -k 5` with the smaller of its cap and what is left of its
