@@ -31,8 +31,8 @@ void check_set(const dpt::ImageSet& s) {
   if (s.n <= 0 || s.rows <= 0 || s.cols <= 0 || s.channels <= 0) std::abort();
   if (s.images.size() != static_cast<size_t>(s.n * s.pixels())) std::abort();
   if (s.labels.size() != static_cast<size_t>(s.n)) std::abort();
-  if (s.num_classes < 1 || s.num_classes > 256) std::abort();
-  for (uint8_t l : s.labels)
+  if (s.num_classes < 1 || s.num_classes > dpt::kMaxClasses) std::abort();
+  for (dpt::Label l : s.labels)
     if (l >= s.num_classes) std::abort();
 }
 
