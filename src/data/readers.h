@@ -113,7 +113,7 @@ struct NpyImages {
 };
 NpyImages read_npy_images(const std::string& path);
 // An .npy file's labels: 1-D, any integer dtype of 1, 2, 4 or 8 bytes in either byte order, each
-// value in 0..255.
+// value in 0..kMaxClasses - 1 (65535).
 std::vector<Label> read_npy_labels(const std::string& path);
 // The bytes of data an .npy file's header promises (shape x element size), with the header's
 // checks; nothing past the header is read.

@@ -874,7 +874,7 @@ TEST_F(MakeData, EveryFormatLoadsWithItsShapeAndClasses) {
                         : c.name == "cifar100"   ? 100
                                                  : c.classes;
     std::vector<int> seen(256, 0);
-    for (uint8_t l : ds.train.labels) seen[l] = 1;
+    for (dpt::Label l : ds.train.labels) seen[l] = 1;
     for (int k = 0; k < written; ++k)
       EXPECT_TRUE(seen[static_cast<size_t>(k)]) << c.name << " class " << k;
   }

@@ -401,7 +401,7 @@ TEST(IdxRealData, FashionMnistIsBalanced) {
     ASSERT_EQ(set.images.size(), static_cast<size_t>(n * 28 * 28));
     ASSERT_EQ(set.labels.size(), static_cast<size_t>(n));
     std::array<int64_t, 10> counts{};
-    for (uint8_t l : set.labels) ++counts[l];
+    for (dpt::Label l : set.labels) ++counts[l];
     for (int c = 0; c < 10; ++c) EXPECT_EQ(counts[c], n / 10) << split << " class " << c;
     // Images are not blank: some pixel of the first image is set, and the floats stay in [0, 1].
     std::vector<float> out(28 * 28);
