@@ -14,7 +14,7 @@ baseline. Suites:
                CPU with AVX512-BF16 or AMX also --precision bf16 against the newest PyTorch's CPU
                autocast bf16
   resnet50-syn ResNet-50 (torchvision's layout, ImageNet stem) on --data synthetic:224x224x3:320:256
-               (256 classes, the most a byte label holds, on both sides),
+               (256 classes on both sides, as in the figures recorded while labels were bytes),
                global batch 32, 2 ranks x 1 thread, --max-steps steps (default 10), no evaluation:
                dptrain vs PyTorch DDP (gloo) in each configuration; bf16 rows as resnet-dp's
   allreduce    raw MPI_Allreduce vs dptrain's Reducer, 4 KiB..64 MiB, 2 ranks (build/bench/allreduce_bench)

@@ -28,16 +28,11 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
 std::string data_digest(const ImageSet& set) {
   // The labels as bytes while every class fits one (what the digest hashed when labels were
   // bytes, so checkpoints of those data sets still resume), else as 16-bit little-endian values.
-  const bool bytes = set.num_classes <= 256;
-  std::vector<uint8_t> labels(set.labels.size() * (bytes ? 1 : 2));
-  for (size_t i = 0; i < set.labels.size(); ++i) {
-    if (bytes) {
-      labels[i] = static_cast<uint8_t>(set.labels[i]);
-    } else {
-      labels[2 * i] = static_cast<uint8_t>(set.labels[i] & 0xff);
-      labels[2 * i + 1] = static_cast<uint8_t>(set.labels[i] >> 8);
-    }
-  }
+  const int width = set.num_classes <= 256 ? 1 : 2;
+  std::vector<uint8_t> labels;
+  labels.reserve(set.labels.size() * width);
+  for (Label l : set.labels)
+    for (int b = 0; b < width; ++b) labels.push_back(static_cast<uint8_t>(l >> (8 * b)));
   std::ostringstream os;
   os << "images " << set.n << " of " << set.shape_text() << ", checksum 0x" << std::hex
      << checksum(labels.data(), labels.size(), checksum(set.images.data(), set.images.size()));

@@ -9,8 +9,8 @@
 #     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
 #                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, a per-kernel profile
 #                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), ResNet-50 at 224x224 beside
-#                      PyTorch tuned and its profile ($OUT/profile_resnet50.md), training parity, the command-line suite and the fused
-#                      convolution.
+#                      PyTorch tuned and its profile ($OUT/profile_resnet50.md), training parity,
+#                      the command-line suite and the fused convolution.
 #     perf:    issue 29's target table: every model and precision, dptrain (graph API; legacy
 #              beside it for ResNet-18 in TF32 and fp32) against PyTorch tuned and eager, the
 #              10-epoch bf16 accuracy against TF32.
