@@ -13,6 +13,7 @@
 # Usage: bench/.venv-torch/bin/python3 bench/bn_recalibrate.py [--batches 40] [--batch 256]
 #            [--data DIR] MODEL.safetensors [MODEL.safetensors ...]
 import argparse
+import contextlib
 import os
 import sys
 
@@ -22,17 +23,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_ref  # noqa: E402
 from grad_error import read_safetensors  # noqa: E402
-
-
-def accuracy(model, x, y, batch=1000):
-    model.eval()
-    hits, loss = 0, 0.0
-    with torch.no_grad():
-        for i in range(0, len(x), batch):
-            z = model(x[i:i + batch])
-            loss += torch.nn.functional.cross_entropy(z, y[i:i + batch], reduction="sum").item()
-            hits += (z.argmax(1) == y[i:i + batch]).sum().item()
-    return hits / len(x), loss / len(x)
 
 
 def recalibrate(model, x, batches, batch):
@@ -60,9 +50,9 @@ def main():
         meta, state = read_safetensors(path)
         model = torch_ref.build_model(meta.get("model", "resnet18"))
         model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
-        before = accuracy(model, test_x, test_y)
+        before = torch_ref.evaluate(model, test_x, test_y, contextlib.nullcontext)
         recalibrate(model, train_x, a.batches, a.batch)
-        after = accuracy(model, test_x, test_y)
+        after = torch_ref.evaluate(model, test_x, test_y, contextlib.nullcontext)
         print(f"| {os.path.basename(path)} | {before[0]:.4f} | {before[1]:.4f} | {after[0]:.4f} | {after[1]:.4f} |",
               flush=True)
     return 0

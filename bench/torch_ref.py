@@ -250,13 +250,18 @@ CONFIGS = {
 
 # ----------------------------------------------------------------------------- train / eval
 def evaluate(model, x, y, autocast, batch=1000):
+    """(top-1 accuracy, mean cross-entropy) of model on (x, y) in eval mode; both summed on the
+    device and read once at the end (no synchronisation per batch)."""
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    loss = torch.zeros((), dtype=torch.float64, device=x.device)
     with torch.no_grad():
         for i in range(0, x.shape[0], batch):
             with autocast():
-                correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum()
-    return correct.item() / x.shape[0]
+                z = model(x[i:i + batch])
+            correct += (z.argmax(1) == y[i:i + batch]).sum()
+            loss += torch.nn.functional.cross_entropy(z.float(), y[i:i + batch], reduction="sum").double()
+    return correct.item() / x.shape[0], loss.item() / x.shape[0]
 
 
 def first_error_line(exc):
@@ -492,7 +497,7 @@ def run(rank, world, args):
             # (model, not the DDP wrapper or the compiled step, so no collectives and no compile
             # of an eval graph). Other ranks wait at the barrier.
             if rank == 0:
-                test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y, autocast=autocast)
+                test_acc = float("nan") if args.no_eval else evaluate(model, test_x, test_y, autocast=autocast)[0]
                 train_loss = stats[0].item() / stats[2].item()
                 train_acc = stats[1].item() / stats[2].item()
                 ips = steps * gbatch / epoch_seconds
