@@ -27,6 +27,7 @@ import contextlib
 import copy
 import gzip
 import json
+import math
 import os
 import socket
 import sys
@@ -226,10 +227,40 @@ def init_d2l(model):
                 nn.init.zeros_(m.bias)
 
 
+def init_kaiming(model):
+    """dptrain's default recipe: conv/linear weights ~ N(0, 2 / fan_in) (He, fan-in, ReLU gain),
+    biases zero; BN keeps gamma=1, beta=0 (src/nn/model.cc, Model::init_parameters)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fan_in = m.weight[0].numel()
+            nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(2.0 / fan_in))
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
 RECIPES = {
-    # model -> (lr, global batch); plain SGD, no momentum, no weight decay
+    # model -> (lr, global batch)
     "d2l": {"lenet": (0.2, 256), "resnet18": (0.1, 256), "resnet50": (0.1, 256)},
+    "default": {"lenet": (0.05, 256), "resnet18": (0.1, 256), "resnet50": (0.1, 256)},
 }
+# recipe -> its initialisation and optimizer, as dptrain's (src/train/config.cc): d2l is plain SGD
+# at a constant rate; default is SGD with momentum 0.9 and weight decay 5e-4 on every parameter,
+# one epoch of linear warm-up, then cosine decay to 0 at the last epoch's end.
+RECIPE_SGD = {
+    "d2l": {"init": init_d2l, "momentum": 0.0, "weight_decay": 0.0, "warmup": 0.0, "cosine": False},
+    "default": {"init": init_kaiming, "momentum": 0.9, "weight_decay": 5e-4, "warmup": 1.0, "cosine": True},
+}
+
+
+def learning_rate(lr, step, spe, epochs, warmup, cosine):
+    """dptrain's schedule (src/train/optimizer.cc, learning_rate) at global step `step` (from 0)."""
+    t = step / spe
+    if warmup > 0 and t < warmup:
+        return lr * (step + 1) / (warmup * spe)
+    if not cosine:
+        return lr
+    u = min(1.0, max(0.0, (t - warmup) / max(1e-9, epochs - warmup)))
+    return lr * 0.5 * (1.0 + math.cos(math.pi * u))
 
 # --config name -> (channels-last model and inputs, cudnn.benchmark, torch.compile mode or None).
 # "eager" is what this script always ran (and still runs by default, so bench/bench.py's CPU
@@ -319,7 +350,9 @@ def run(rank, world, args):
         sets, classes, channels = load_fashion_mnist(args.data), 10, 1
     train_x, train_y, test_x, test_y = (t.to(device) for t in sets)
     model = build_model(args.model, classes, channels)
-    init_d2l(model)
+    sgd = RECIPE_SGD[args.recipe]
+    warmup = sgd["warmup"] if args.lr_warmup_epochs is None else args.lr_warmup_epochs
+    sgd["init"](model)
     model.to(device)
     if channels_last:
         # NHWC activations and weights: cuDNN's tensor-core kernels work in NHWC, so NCHW costs
@@ -333,7 +366,7 @@ def run(rank, world, args):
         from torch.nn.parallel import DistributedDataParallel as DDP
         # broadcasts rank 0's parameters/buffers at construction
         net = DDP(model, device_ids=[device.index]) if args.device == "cuda" else DDP(model)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=sgd["momentum"], weight_decay=sgd["weight_decay"])
     loss_fn = nn.CrossEntropyLoss(reduction="mean")
 
     def forward_loss(x, y):
@@ -476,12 +509,19 @@ def run(rank, world, args):
             stats = torch.zeros(3, dtype=torch.float64, device=device)
             sync()
             t0 = time.perf_counter()
+            tail = torch.zeros((), dtype=torch.float64, device=device)   # --loss-tail's sum
             for j in range(steps):
+                if warmup > 0 or sgd["cosine"]:
+                    for group in opt.param_groups:
+                        group["lr"] = learning_rate(lr, (epoch - 1) * steps + j, steps, args.epochs,
+                                                    warmup, sgd["cosine"])
                 loss, correct = train_step(shard[j * lbatch:(j + 1) * lbatch])
                 with torch.no_grad():
                     stats[0] += loss.detach().double() * lbatch
                     stats[1] += correct
                     stats[2] += lbatch
+                    if j >= steps - args.loss_tail:
+                        tail += loss.detach().double()
                 if first_step_seconds is None:
                     # Without a warm-up the first step holds torch.compile's compilation and
                     # autotuning (forward at the call, backward at the first backward) or cuDNN's
@@ -493,6 +533,8 @@ def run(rank, world, args):
             epoch_seconds = time.perf_counter() - t0   # training loop only, like d2l's timer
             if ddp:
                 dist.all_reduce(stats)
+                dist.all_reduce(tail)
+            tail_loss = tail.item() / (world * min(args.loss_tail, steps)) if args.loss_tail else None
             # Evaluation: rank 0 only, on the full 10000-image test set, using its own replica
             # (model, not the DDP wrapper or the compiled step, so no collectives and no compile
             # of an eval graph). Other ranks wait at the barrier.
@@ -513,6 +555,8 @@ def run(rank, world, args):
                            "test_acc": test_acc, "epoch_seconds": epoch_seconds,
                            "images_per_second": ips, "world_size": world,
                            "framework": "pytorch", "device": name, "bf16": args.bf16}
+                    if tail_loss is not None:
+                        rec["tail_loss"] = tail_loss   # mean loss of the epoch's last --loss-tail steps
                     if detail:
                         rec.update(type="epoch", **tags)
                         if epoch == 1:
@@ -596,6 +640,11 @@ def main():
                         "failure is reported ('did not compile: ...', JSON type 'error') and the "
                         "exit status is 3. compile* need PyTorch 2. compile-cpu: channels-last under "
                         "torch.compile's default mode (Inductor's C++ loops; the CPU's)")
+    p.add_argument("--lr-warmup-epochs", type=float, default=None,
+                   help="the learning rate's linear warm-up, in epochs (default: the recipe's; "
+                        "dptrain's --warmup-epochs)")
+    p.add_argument("--loss-tail", type=int, default=0,
+                   help="also report (JSON tail_loss) the mean training loss of each epoch's last N steps")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="untimed steps before epoch 1, after which weights, BatchNorm statistics and "
                         "optimizer state are restored: the epochs then time the compiled step only "
