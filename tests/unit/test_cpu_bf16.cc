@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
+#include "dpt/log.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/run.h"
@@ -545,6 +547,50 @@ TEST(CpuBf16, TrainingStepGradientsMoveAsFarAsBf16WeightsDo) {
         "  %s: %zu gradients, largest norm-relative move %.2e, at most %.2f times the yardstick\n",
         model.c_str(), names.size(), largest, worst);
   }
+}
+
+// The kernels oneDNN picks for bf16 (--log-level debug names each at its creation): native bf16
+// ones, never its reference C++ loops. Under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (the meson test
+// `cpu_bf16_avx512bf16` runs this suite so) each must be an AVX512-BF16 kernel and none AMX: on an
+// AMX CPU (Sapphire Rapids and later) that cap is how the kernels AMD Zen 4 runs are tested there.
+// Shapes no other test here uses, so each primitive is created (and logged) in this test.
+TEST(CpuBf16, OneDnnRunsNativeBf16KernelsWithinTheIsaCap) {
+  if (const std::string why = cpu::cpu_bf16_missing(); !why.empty()) GTEST_SKIP() << why;
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const bool capped = cap && std::string(cap) == "AVX512_CORE_BF16";
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kDebug);
+  testing::internal::CaptureStderr();
+  testing::internal::CaptureStdout();
+  const ConvGeom g{2, 9, 9, 24, 40, 3, 1, 1};
+  const ConvData d = conv_data(g, 900, false);
+  (void)run_conv(cpu::cpu_backend_bf16(), g, d.x, d.w, d.b, d.dy);
+  const auto x = random_floats(5 * 72, 901), w = random_floats(72 * 24, 902);
+  const auto b = random_floats(24, 903), dy = random_floats(5 * 24, 904);
+  (void)run_linear(cpu::cpu_backend_bf16(), 5, 72, 24, x, w, b, dy, w);
+  const std::string log =
+      testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  int seen = 0;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find("oneDNN ");
+    if (at == std::string::npos || line.find("bf16") == std::string::npos) continue;
+    ++seen;
+    const std::string impl = line.substr(line.rfind(": ") + 2);
+    EXPECT_EQ(impl.find("ref"), std::string::npos) << line;
+    if (capped)
+      EXPECT_TRUE(impl.find("avx512_core_bf16") != std::string::npos &&
+                  impl.find("amx") == std::string::npos)
+          << "under ONEDNN_MAX_CPU_ISA=" << cap << ": " << line;
+    else
+      EXPECT_TRUE(impl.find("avx512_core_bf16") != std::string::npos ||
+                  impl.find("amx") != std::string::npos)
+          << line;
+    std::printf("  %s\n", line.substr(at).c_str());
+  }
+  // conv fwd, bwd-data, bwd-weights and at least one matmul.
+  EXPECT_GE(seen, 4) << "oneDNN's picks were not logged:\n" << log;
 }
 
 TEST(CpuBf16, RefusedWithExit2WhereTheCpuHasNoBf16) {
