@@ -218,24 +218,24 @@ def build_model(name, num_classes=10, in_channels=1):
     raise ValueError(name)
 
 
-def init_d2l(model):
-    """d2l recipe: conv/linear weights ~ N(0, 0.01), biases zero; BN keeps gamma=1, beta=0."""
+def init_normal(model, std_of_fan_in):
+    """Conv/linear weights ~ N(0, std_of_fan_in(fan_in)^2), biases zero; BN keeps gamma=1, beta=0."""
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.01)
+            nn.init.normal_(m.weight, mean=0.0, std=std_of_fan_in(m.weight[0].numel()))
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+
+def init_d2l(model):
+    """d2l recipe: N(0, 0.01) weights."""
+    init_normal(model, lambda fan_in: 0.01)
 
 
 def init_kaiming(model):
-    """dptrain's default recipe: conv/linear weights ~ N(0, 2 / fan_in) (He, fan-in, ReLU gain),
-    biases zero; BN keeps gamma=1, beta=0 (src/nn/model.cc, Model::init_parameters)."""
-    for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            fan_in = m.weight[0].numel()
-            nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(2.0 / fan_in))
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
+    """dptrain's default recipe: He (fan-in, ReLU gain) N(0, 2 / fan_in) weights
+    (src/nn/model.cc, Model::init_parameters)."""
+    init_normal(model, lambda fan_in: math.sqrt(2.0 / fan_in))
 
 
 RECIPES = {
@@ -511,10 +511,9 @@ def run(rank, world, args):
             t0 = time.perf_counter()
             tail = torch.zeros((), dtype=torch.float64, device=device)   # --loss-tail's sum
             for j in range(steps):
-                if warmup > 0 or sgd["cosine"]:
-                    for group in opt.param_groups:
-                        group["lr"] = learning_rate(lr, (epoch - 1) * steps + j, steps, args.epochs,
-                                                    warmup, sgd["cosine"])
+                for group in opt.param_groups:
+                    group["lr"] = learning_rate(lr, (epoch - 1) * steps + j, steps, args.epochs,
+                                                warmup, sgd["cosine"])
                 loss, correct = train_step(shard[j * lbatch:(j + 1) * lbatch])
                 with torch.no_grad():
                     stats[0] += loss.detach().double() * lbatch
