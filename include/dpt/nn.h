@@ -94,6 +94,9 @@ struct BackwardCtx {
   GradReadyFn on_ready;      // may be empty
   bool accumulate = false;   // add into gradients (accumulation micro-steps) instead of overwrite
   Tracer* tracer = nullptr;  // when active: one span per layer's backward
+  // Where the composites borrow the activation gradients between their children (the model's
+  // pool, which keeps them from step to step); null: each composite call uses a pool of its own.
+  TensorPool* pool = nullptr;
   void ready(const std::vector<Param*>& params) const;
 };
 
@@ -179,7 +182,6 @@ class Sequential : public Layer {
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
   std::vector<Tensor> acts_;             // output of child i (the last child writes into y)
-  std::vector<Tensor> grads_;            // dL/d(output of child i)
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -230,6 +232,7 @@ class Model {
   const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)
   Tensor logits_;
   Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
+  TensorPool grad_pool_;  // backward's activation gradients, lent to the layers (BackwardCtx)
 };
 
 // The models built from these layers, and make_model: include/dpt/models.h.

@@ -79,6 +79,7 @@ class Tensor {
   static int64_t live_bytes();
 
  private:
+  friend class TensorPool;
   void release() noexcept;
   [[noreturn]] void wrong_dtype(DType asked) const;
   void* owned_ = nullptr;  // storage this tensor allocated (null for views)
@@ -88,6 +89,24 @@ class Tensor {
   void* data_ = nullptr;
   DType dtype_ = DType::kF32;
   Shape shape_;
+};
+
+// Storage lent for the span of one pass and handed back (backward's activation gradients, which
+// each live only until the layer below has used them): the pool holds at most as many buffers as
+// were ever out at once, each as large as its largest use, where one buffer per gradient would
+// hold them all for the whole run. take() lends the smallest free buffer of at least `bytes`,
+// else the largest free one (which the caller's resize grows), else an empty tensor; give()
+// takes it back. The free list is ordered by capacity, then address, so a step that takes and
+// gives in the same order as the last one gets the same buffers (a CUDA graph keeps its
+// pointers) and allocates nothing once every buffer has reached its size.
+class TensorPool {
+ public:
+  Tensor take(size_t bytes);
+  void give(Tensor&& t);  // an empty tensor (or a view) is dropped
+  size_t free_buffers() const { return free_.size(); }
+
+ private:
+  std::vector<Tensor> free_;
 };
 
 }  // namespace dpt

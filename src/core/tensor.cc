@@ -2,9 +2,11 @@
 // host, move and release, and the element-type checks.
 #include "dpt/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "dpt/backend.h"
@@ -129,6 +131,28 @@ void Tensor::zero() {
     backend_->zero(data_, bytes());
   else
     std::memset(data_, 0, bytes());
+}
+
+Tensor TensorPool::take(size_t bytes) {
+  if (free_.empty()) return {};
+  // free_ is ascending by capacity: the first that fits is the best fit, else the last is the
+  // largest.
+  auto it = std::find_if(free_.begin(), free_.end(), [&](const Tensor& t) {
+    return t.capacity_ >= static_cast<int64_t>(bytes);
+  });
+  if (it == free_.end()) --it;
+  Tensor t = std::move(*it);
+  free_.erase(it);
+  return t;
+}
+
+void TensorPool::give(Tensor&& t) {
+  if (!t.owned_) return;
+  auto before = [](const Tensor& a, const Tensor& b) {
+    return a.capacity_ != b.capacity_ ? a.capacity_ < b.capacity_
+                                      : std::less<const void*>()(a.data_, b.data_);
+  };
+  free_.insert(std::upper_bound(free_.begin(), free_.end(), t, before), std::move(t));
 }
 
 }  // namespace dpt

@@ -28,7 +28,8 @@ struct WinogradChoice {
 };
 WinogradChoice winograd_choice(const ConvGeom& g);
 
-// Scratch buffers grow to the largest shape seen and are reused: no allocation in the step.
+// Scratch buffers grow to the largest shape seen and are reused: no allocation in the step. They
+// are one set per thread, shared by every layer (winograd.cc says why).
 class WinogradConv {
  public:
   // y[N,OH,OW,Cout] = conv(x[N,H,W,Cin], w[Cout,Cin,K,K]) + b (b nullable); g.stride must be 1.
@@ -45,7 +46,6 @@ class WinogradConv {
   std::pair<const wino::Tables*, float*> filters(const ConvGeom& g, int m, const float* w,
                                                  bool rotate);
   float* transform_filters(const wino::Tables& t, int64_t ins, int64_t outs, const float* wr);
-  std::vector<float> wr_, u_, v_, mt_, acc_, tmp_;
 };
 
 }  // namespace dpt::cpu

@@ -411,22 +411,37 @@ class Residual : public Leaf {
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
+    TensorPool own;
+    TensorPool& pool = ctx.pool ? *ctx.pool : own;
     // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
-    // announcements still grow a prefix of the flat gradient buffer (nn.h).
+    // announcements still grow a prefix of the flat gradient buffer (nn.h). Each gradient goes
+    // back to the pool as soon as its last reader is done.
+    Tensor dmid = pool.take(main_out_.bytes()), dz = pool.take(y.bytes());
     {
       TraceScope span(ctx.tracer, bn2_span_.c_str(), "backward");
-      bn2_->backward_join(main_out_, y, dy, &dmid_, &dz_, ctx.accumulate);
+      bn2_->backward_join(main_out_, y, dy, &dmid, &dz, ctx.accumulate);
     }
-    if (shortcut_) shortcut_->backward(x, short_out_, dz_, dx ? &dskip_ : nullptr, ctx);
+    Tensor dskip;
+    if (shortcut_) {
+      if (dx) dskip = pool.take(x.bytes());
+      shortcut_->backward(x, short_out_, dz, dx ? &dskip : nullptr, ctx);
+      pool.give(std::move(dz));
+    }
     bn2_->announce(ctx);
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
-    main_->backward(x, main_out_, dmid_, dx ? &dmain_ : nullptr, ctx);
+    Tensor dmain;
+    if (dx) dmain = pool.take(x.bytes());
+    main_->backward(x, main_out_, dmid, dx ? &dmain : nullptr, ctx);
+    pool.give(std::move(dmid));
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
-        be_->add(dmain_.ptr<T>(), shortcut_ ? dskip_.ptr<T>() : dz_.ptr<T>(), d, dx->numel(),
+        be_->add(dmain.ptr<T>(), shortcut_ ? dskip.ptr<T>() : dz.ptr<T>(), d, dx->numel(),
                  /*relu=*/false);
     });
+    pool.give(std::move(dmain));
+    pool.give(std::move(dskip));
+    pool.give(std::move(dz));
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
@@ -442,7 +457,7 @@ class Residual : public Leaf {
   std::unique_ptr<Layer> shortcut_;
   // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
   std::string bn2_span_;
-  Tensor main_out_, short_out_, dz_, dmid_, dskip_, dmain_;
+  Tensor main_out_, short_out_;  // kept from forward for backward
 };
 
 }  // namespace
@@ -537,7 +552,6 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
                           (name.empty() ? join(prefix, layer->kind()) : join(prefix, name)));
   }
   acts_.resize(children_.size() - 1);
-  grads_.resize(children_.size() - 1);
   return s;
 }
 
@@ -552,14 +566,22 @@ void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
 
 void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                           BackwardCtx& ctx) {
+  TensorPool own;
+  TensorPool& pool = ctx.pool ? *ctx.pool : own;
   const size_t n = children_.size();
+  // dL/d(output of child i), borrowed from the pool while child i's backward reads it; the last
+  // child's is dy.
+  Tensor g;
   for (size_t i = n; i-- > 0;) {
     const Tensor& in = i == 0 ? x : acts_[i - 1];
     const Tensor& out = i + 1 == n ? y : acts_[i];
-    const Tensor& g = i + 1 == n ? dy : grads_[i];
-    Tensor* gin = i == 0 ? dx : &grads_[i - 1];
-    TraceScope span(ctx.tracer, span_names_[i].c_str(), "backward");
-    children_[i].second->backward(in, out, g, gin, ctx);
+    Tensor gin = i == 0 ? Tensor() : pool.take(in.bytes());
+    {
+      TraceScope span(ctx.tracer, span_names_[i].c_str(), "backward");
+      children_[i].second->backward(in, out, i + 1 == n ? dy : g, i == 0 ? dx : &gin, ctx);
+    }
+    pool.give(std::move(g));
+    g = std::move(gin);
   }
 }
 

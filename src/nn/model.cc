@@ -194,14 +194,16 @@ void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
   DPT_CHECK(dlogits.shape() == logits_.shape(), "dlogits " << shape_str(dlogits.shape())
                                                            << " != logits "
                                                            << shape_str(logits_.shape()));
+  BackwardCtx with_pool = ctx;
+  if (!with_pool.pool) with_pool.pool = &grad_pool_;
   if (act_dtype_ == DType::kF32) {
-    net_->backward(*input_, logits_, dlogits, nullptr, ctx);
+    net_->backward(*input_, logits_, dlogits, nullptr, with_pool);
     return;
   }
   Backend& be = store_.backend();
   dlogits16_.resize(dlogits.shape(), &be, DType::kBF16);
   be.convert(dlogits.data(), dlogits16_.ptr<BFloat16>(), dlogits.numel());
-  net_->backward(*input_, logits16_, dlogits16_, nullptr, ctx);
+  net_->backward(*input_, logits16_, dlogits16_, nullptr, with_pool);
 }
 
 std::string Model::signature() const {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -475,6 +476,110 @@ TEST(GradCheck, ResidualParamGradsDoNotNeedDx) {
     for (int64_t i = 0; i < c.store.num_params(); ++i)
       ASSERT_EQ(c.store.grads()[i], with[static_cast<size_t>(i)])
           << "shortcut=" << shortcut << " " << i;
+  }
+}
+
+// ---- The gradient pool
+// ------------------------------------------------------------------------------
+
+TEST(TensorPool, LendsTheBestFitElseTheLargestInAFixedOrder) {
+  TensorPool pool;
+  EXPECT_TRUE(pool.take(100).empty());  // nothing to lend: the caller's resize allocates
+  // Capacities 256, 512 and 1024 bytes (64, 128 and 256 floats), given out of order.
+  Tensor a({256}), b({64}), c({128});
+  const void *pa = a.data(), *pb = b.data(), *pc = c.data();
+  pool.give(std::move(a));
+  pool.give(std::move(b));
+  pool.give(std::move(c));
+  float host[4] = {};
+  pool.give(Tensor::view(host, {4}));  // a view is not the pool's to lend
+  pool.give(Tensor());                 // nor is an empty tensor
+  EXPECT_EQ(pool.free_buffers(), 3u);
+  Tensor t1 = pool.take(300);  // the smallest that fits: 512
+  EXPECT_EQ(static_cast<const void*>(t1.data()), pc);
+  Tensor t2 = pool.take(2000);  // none fits: the largest, for the caller to grow
+  EXPECT_EQ(static_cast<const void*>(t2.data()), pa);
+  Tensor t3 = pool.take(0);
+  EXPECT_EQ(static_cast<const void*>(t3.data()), pb);
+  EXPECT_EQ(pool.free_buffers(), 0u);
+  // Given back in any order, they are lent again in the same one.
+  pool.give(std::move(t2));
+  pool.give(std::move(t3));
+  pool.give(std::move(t1));
+  EXPECT_EQ(static_cast<const void*>(pool.take(1).data()), pb);
+  EXPECT_EQ(static_cast<const void*>(pool.take(1).data()), pc);
+  EXPECT_EQ(static_cast<const void*>(pool.take(1).data()), pa);
+}
+
+TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing) {
+  // Five ReLUs: backward passes four inner gradients down the chain, and no more than two (the
+  // one a child reads, the one it writes) are ever out at once.
+  Sequential seq;
+  for (int i = 0; i < 5; ++i) seq.add("", make_relu());
+  ParamStore store;
+  seq.build({4, 4, 3}, store, "");
+  store.finalize();
+  std::mt19937_64 g(5);
+  Tensor x = random_tensor({2, 4, 4, 3}, g), y, dy = random_tensor({2, 4, 4, 3}, g), dx;
+  TensorPool pool;
+  BackwardCtx ctx;
+  ctx.pool = &pool;
+  seq.forward(x, y, Mode::kTrain);
+  seq.backward(x, y, dy, &dx, ctx);
+  EXPECT_EQ(pool.free_buffers(), 2u);
+  // dL/dx of five ReLUs: dy where x > 0, else 0.
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(dx.data()[i], x.data()[i] > 0 ? dy.data()[i] : 0.f) << i;
+  const int64_t live = Tensor::live_bytes();
+  seq.forward(x, y, Mode::kTrain);
+  seq.backward(x, y, dy, &dx, ctx);
+  EXPECT_EQ(Tensor::live_bytes(), live);
+  EXPECT_EQ(pool.free_buffers(), 2u);
+}
+
+TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
+  // A pool whose buffers are full of NaN (what a lent buffer held before is anything) must give
+  // the same bits as fresh zeroed ones: no backward may read the gradient it is about to write.
+  struct Block {
+    const char* what;
+    std::function<std::unique_ptr<Layer>()> make;
+    Shape in;
+  };
+  const std::vector<Block> blocks{
+      {"d2l residual 1x1", [] { return make_residual(8, true, 2); }, {6, 6, 8}},
+      {"d2l residual identity", [] { return make_residual(4, false, 1); }, {5, 5, 4}},
+      {"basic block", [] { return make_basic_block(4, 2, true, false); }, {6, 6, 8}},
+      {"bottleneck", [] { return make_bottleneck(2, 2, true, false); }, {6, 6, 8}}};
+  for (const Block& b : blocks) {
+    std::vector<float> want_dx, want_grads;
+    for (bool dirty : {false, true}) {
+      LayerCheck c(b.make(), b.in, 2, 131, "blk");
+      c.layer->forward(c.x, c.y, Mode::kTrain);
+      TensorPool pool;
+      if (dirty)
+        for (int64_t n : {40, 200, 600, 1200, 2400, 4800}) {
+          Tensor t({n});
+          std::fill(t.data(), t.data() + n, std::nanf(""));
+          pool.give(std::move(t));
+        }
+      BackwardCtx ctx;
+      ctx.pool = &pool;
+      Tensor dx;
+      c.layer->backward(c.x, c.y, c.r, &dx, ctx);
+      std::vector<float> got_dx(dx.data(), dx.data() + dx.numel());
+      std::vector<float> got_grads(c.store.grads(), c.store.grads() + c.store.num_params());
+      if (!dirty) {
+        want_dx = got_dx;
+        want_grads = got_grads;
+        continue;
+      }
+      for (size_t i = 0; i < want_dx.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got_dx[i]), std::bit_cast<uint32_t>(want_dx[i]))
+            << b.what << " dx " << i;
+      for (size_t i = 0; i < want_grads.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got_grads[i]), std::bit_cast<uint32_t>(want_grads[i]))
+            << b.what << " parameter gradient " << i;
+    }
   }
 }
 
