@@ -18,7 +18,12 @@
 
 namespace dpt {
 
-enum class Mode { kTrain, kEval };
+// kTrain: batch statistics, everything backward needs kept. kEval: running statistics, and still
+// kept (a backward may follow: the gradient of the evaluation-mode function). kInfer: kEval's
+// arithmetic with nothing kept (PyTorch's eval() under no_grad): the composites borrow their
+// intermediates from the model's pool and hand each back once the next layer has read it, and a
+// backward after it is refused. Evaluation and predict run kInfer.
+enum class Mode { kTrain, kEval, kInfer };
 enum class Init { kWeight, kBias, kOnes, kZeros };
 
 // One named tensor: a trainable parameter (in the flat parameter/gradient buffers) or a buffer
@@ -165,6 +170,9 @@ std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool down
 // Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer (fused or not);
 // no-op otherwise.
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
+// Where a composite layer (Sequential, a residual block) borrows its intermediates under
+// Mode::kInfer (null: a pool of its own for each call); no-op for other layers. Model sets its own.
+void set_infer_pool(Layer& layer, TensorPool* pool);
 
 class Sequential : public Layer {
  public:
@@ -177,11 +185,15 @@ class Sequential : public Layer {
                 BackwardCtx& ctx) override;
   void visit(const std::function<void(Layer&)>& fn) override;
   size_t size() const { return children_.size(); }
+  void set_infer_pool(TensorPool* pool) { infer_pool_ = pool; }
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
-  std::vector<Tensor> acts_;             // output of child i (the last child writes into y)
+  std::vector<Shape> out_shapes_;        // per-sample output shape of child i
+  std::vector<Tensor> acts_;  // output of child i (the last child writes into y); not under kInfer
+  bool kept_ = false;         // the last forward kept acts_ for a backward (not kInfer)
+  TensorPool* infer_pool_ = nullptr;
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -189,6 +201,9 @@ class Model {
  public:
   Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shape, int num_classes,
         Backend& backend = cpu_backend());
+  // The layers hold pointers into the model (its pool, its parameters): never copied or moved.
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
   const std::string& name() const { return name_; }
   ParamStore& store() { return store_; }
   const ParamStore& store() const { return store_; }
@@ -232,7 +247,9 @@ class Model {
   const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)
   Tensor logits_;
   Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
-  TensorPool grad_pool_;  // backward's activation gradients, lent to the layers (BackwardCtx)
+  // Backward's activation gradients (lent through BackwardCtx) and kInfer's intermediates (lent
+  // through set_infer_pool): the two never overlap in time, so one pool serves both.
+  TensorPool pool_;
 };
 
 // The models built from these layers, and make_model: include/dpt/models.h.

@@ -73,6 +73,7 @@ class Tensor {
   int64_t numel() const { return shape_numel(shape_); }
   bool empty() const { return data_ == nullptr; }
   size_t bytes() const;                          // numel() elements of dtype()
+  size_t element_bytes() const;                  // one element of dtype(): 4 or 2
   Backend* backend() const { return backend_; }  // null: host memory
   // Bytes of storage all tensors of this process own right now (the memory estimate measures a
   // probe step with it).

@@ -57,7 +57,7 @@ void Tensor::release() noexcept {
 }
 
 namespace {
-size_t element_bytes(DType dt) { return dt == DType::kBF16 ? 2 : 4; }
+size_t type_bytes(DType dt) { return dt == DType::kBF16 ? 2 : 4; }
 const char* dtype_name(DType dt) {
   switch (dt) {
     case DType::kF32:
@@ -70,7 +70,8 @@ const char* dtype_name(DType dt) {
 }
 }  // namespace
 
-size_t Tensor::bytes() const { return static_cast<size_t>(numel()) * element_bytes(dtype_); }
+size_t Tensor::bytes() const { return static_cast<size_t>(numel()) * type_bytes(dtype_); }
+size_t Tensor::element_bytes() const { return type_bytes(dtype_); }
 
 void Tensor::wrong_dtype(DType asked) const {
   DPT_CHECK(false, "tensor " << shape_str(shape_) << " holds " << dtype_name(dtype_) << ", read as "
@@ -100,7 +101,7 @@ void Tensor::resize(const Shape& shape, Backend* backend) {
 void Tensor::resize(const Shape& shape) {
   int64_t n = shape_numel(shape);
   DPT_CHECK(n >= 0, "negative tensor size " << shape_str(shape));
-  const int64_t need = n * static_cast<int64_t>(element_bytes(dtype_));
+  const int64_t need = n * static_cast<int64_t>(type_bytes(dtype_));
   if (data_ == nullptr || need > capacity_) {
     DPT_CHECK(owned_ || data_ == nullptr, "cannot grow a view to " << shape_str(shape));
     size_t bytes = (static_cast<size_t>(need) + 63) / 64 * 64;

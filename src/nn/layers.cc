@@ -388,7 +388,7 @@ class Residual : public Leaf {
     // Registration order main (conv1, bn1, conv2, ...), the join's BatchNorm, then the shortcut
     // (PyTorch's state_dict order) puts the shortcut's gradients first in the flat buffer, so
     // backward announces them first.
-    Shape out = bn2_->build(main_->build(in, store, prefix), store, join(prefix, bn2_name_));
+    Shape out = out_ = bn2_->build(main_->build(in, store, prefix), store, join(prefix, bn2_name_));
     bn2_span_ = "backward " + join(prefix, bn2_name_);
     if (shortcut_) {
       Shape s = shortcut_->build(in, store, join(prefix, "downsample"));
@@ -401,16 +401,31 @@ class Residual : public Leaf {
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
     check_input(x);
-    main_->forward(x, main_out_, mode);
+    // Under kInfer the branch outputs are borrowed (y's size each) and handed back at the end.
+    const bool keep = mode != Mode::kInfer;
+    TensorPool own;
+    TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
+    const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
+    Tensor main_tmp = keep ? Tensor() : pool.take(out_bytes);
+    Tensor short_tmp = keep || !shortcut_ ? Tensor() : pool.take(out_bytes);
+    Tensor& main_out = keep ? main_out_ : main_tmp;
+    Tensor& short_out = keep ? short_out_ : short_tmp;
+    main_->forward(x, main_out, mode);
     const Tensor* skip = &x;
     if (shortcut_) {
-      shortcut_->forward(x, short_out_, mode);
-      skip = &short_out_;
+      shortcut_->forward(x, short_out, mode);
+      skip = &short_out;
     }
-    bn2_->forward_join(main_out_, skip, y, mode);
+    bn2_->forward_join(main_out, skip, y, mode);
+    pool.give(std::move(main_tmp));
+    pool.give(std::move(short_tmp));
+    kept_ = keep;
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
+    DPT_CHECK(kept_,
+              "Residual: backward without a forward that kept its activations (a "
+              "Mode::kInfer forward keeps none)");
     TensorPool own;
     TensorPool& pool = ctx.pool ? *ctx.pool : own;
     // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
@@ -449,6 +464,7 @@ class Residual : public Leaf {
     bn2_->visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
+  void set_infer_pool(TensorPool* pool) { infer_pool_ = pool; }
 
  private:
   std::unique_ptr<Sequential> main_;  // d2l's: conv1, bn1 + ReLU, conv2
@@ -457,7 +473,10 @@ class Residual : public Leaf {
   std::unique_ptr<Layer> shortcut_;
   // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
   std::string bn2_span_;
+  Shape out_;                    // per-sample output shape
   Tensor main_out_, short_out_;  // kept from forward for backward
+  bool kept_ = false;            // the last forward kept them (not kInfer)
+  TensorPool* infer_pool_ = nullptr;
 };
 
 }  // namespace
@@ -534,6 +553,10 @@ std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool down
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn) {
   if (auto* bn = dynamic_cast<BatchNorm2d*>(&layer)) bn->set_sync(fn);
 }
+void set_infer_pool(Layer& layer, TensorPool* pool) {
+  if (auto* s = dynamic_cast<Sequential*>(&layer)) s->set_infer_pool(pool);
+  if (auto* r = dynamic_cast<Residual*>(&layer)) r->set_infer_pool(pool);
+}
 
 // ---- Sequential ----------------------------------------------------------------------------
 
@@ -546,8 +569,10 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
   DPT_CHECK(!children_.empty(), "empty Sequential " << prefix);
   Shape s = in;
   span_names_.clear();
+  out_shapes_.clear();
   for (auto& [name, layer] : children_) {
     s = layer->build(s, store, join(prefix, name));
+    out_shapes_.push_back(s);
     span_names_.push_back("backward " +
                           (name.empty() ? join(prefix, layer->kind()) : join(prefix, name)));
   }
@@ -556,16 +581,32 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
 }
 
 void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
+  // Under kInfer child i's output is borrowed, and handed back once child i + 1 has read it.
+  const bool keep = mode != Mode::kInfer;
+  TensorPool own;
+  TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
   const size_t n = children_.size();
+  const int64_t batch = x.rank() > 0 ? x.dim(0) : 0;  // the first child checks x's shape
+  Tensor prev;
   for (size_t i = 0; i < n; ++i) {
-    const Tensor& in = i == 0 ? x : acts_[i - 1];
-    Tensor& out = i + 1 == n ? y : acts_[i];
+    Tensor next = keep || i + 1 == n
+                      ? Tensor()
+                      : pool.take(static_cast<size_t>(batch * shape_numel(out_shapes_[i])) *
+                                  x.element_bytes());
+    const Tensor& in = i == 0 ? x : keep ? acts_[i - 1] : prev;
+    Tensor& out = i + 1 == n ? y : keep ? acts_[i] : next;
     children_[i].second->forward(in, out, mode);
+    pool.give(std::move(prev));
+    prev = std::move(next);
   }
+  kept_ = keep;
 }
 
 void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                           BackwardCtx& ctx) {
+  DPT_CHECK(kept_,
+            "Sequential: backward without a forward that kept its activations (a "
+            "Mode::kInfer forward keeps none)");
   TensorPool own;
   TensorPool& pool = ctx.pool ? *ctx.pool : own;
   const size_t n = children_.size();

@@ -129,6 +129,7 @@ Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shap
   DPT_CHECK(out == Shape{num_classes_},
             name_ << " produces " << shape_str(out) << ", expected [" << num_classes_ << "]");
   store_.finalize();
+  net_->visit([&](Layer& l) { set_infer_pool(l, &pool_); });
 }
 
 void Model::init_parameters(const std::string& scheme, uint64_t seed) {
@@ -195,7 +196,7 @@ void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
                                                            << " != logits "
                                                            << shape_str(logits_.shape()));
   BackwardCtx with_pool = ctx;
-  if (!with_pool.pool) with_pool.pool = &grad_pool_;
+  if (!with_pool.pool) with_pool.pool = &pool_;
   if (act_dtype_ == DType::kF32) {
     net_->backward(*input_, logits_, dlogits, nullptr, with_pool);
     return;

@@ -387,7 +387,7 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
       eval_x_.resize({b, x_.dim(1), x_.dim(2), x_.dim(3)}, &be_);
       be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), eval_spec_,
                         test_index_.data() + s, b, eval_x_.data(), eval_labels_.data());
-      const Tensor& logits = model_.forward(eval_x_, Mode::kEval);
+      const Tensor& logits = model_.forward(eval_x_, Mode::kInfer);
       be_.softmax_xent(logits.data(), eval_labels_.data(), b, classes_, 0.f, 0.f, nullptr,
                        eval_sums_.data(), s != begin);
     }

@@ -204,7 +204,7 @@ void score(Loaded& l, Communicator& comm, F&& fn) {
     x.resize({count, test.rows, test.cols, test.channels}, &be);
     be.gather_images(images.data(), labels.data(), labels.size(), spec, index.data(), count,
                      x.data(), gathered.data());
-    const Tensor& logits = model.forward(x, Mode::kEval);
+    const Tensor& logits = model.forward(x, Mode::kInfer);
     logits_host.resize(static_cast<size_t>(count * classes));
     be.copy_to_host(logits_host.data(), logits.data(), logits_host.size() * sizeof(float));
     fn(b, first, count, logits_host.data());

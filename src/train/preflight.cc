@@ -180,7 +180,7 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
     for (int k = 0; k < 2; ++k) {
       const int64_t b = 2 + 2 * k;
       x.resize({b, input[0], input[1], input[2]});
-      probe->forward(x, train ? Mode::kTrain : Mode::kEval);
+      probe->forward(x, train ? Mode::kTrain : Mode::kInfer);
       if (train) {
         dl.resize({b, classes});
         BackwardCtx ctx;
@@ -224,7 +224,9 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
   const double local = static_cast<double>(cfg.batch_size / world);
   const double eval_batch =
       static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
-  const double per_rank = std::max(train * local, eval * eval_batch) + extra;
+  // Evaluation borrows its intermediates from the model's pool (Mode::kInfer) while the
+  // activations kept for the next backward stay where they are: the two add up.
+  const double per_rank = train * local + eval * eval_batch + extra;
   const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
@@ -233,8 +235,8 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
       "--batch-size "
           << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
           << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
-          << " MiB per image of a training step x " << cfg.batch_size / world << ", or "
-          << mib(eval) << " MiB per image of evaluation x " << eval_batch
+          << " MiB per image of a training step x " << cfg.batch_size / world << ", + " << mib(eval)
+          << " MiB per image of evaluation x " << eval_batch
           << (extra > 0
                   ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
                   : std::string())

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "dpt/error.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/tensor.h"
@@ -535,6 +536,52 @@ TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing
   seq.backward(x, y, dy, &dx, ctx);
   EXPECT_EQ(Tensor::live_bytes(), live);
   EXPECT_EQ(pool.free_buffers(), 2u);
+}
+
+TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
+  Sequential seq;
+  for (int i = 0; i < 5; ++i) seq.add("", make_relu());
+  ParamStore store;
+  seq.build({4, 4, 3}, store, "");
+  store.finalize();
+  TensorPool pool;
+  seq.set_infer_pool(&pool);
+  std::mt19937_64 g(6);
+  Tensor x = random_tensor({2, 4, 4, 3}, g), y;
+  const int64_t act = 2 * 4 * 4 * 3 * 4;  // one activation's bytes (384: already 64-aligned)
+  const int64_t before = Tensor::live_bytes();
+  seq.forward(x, y, Mode::kInfer);
+  // y, and the two intermediates out at once (what child i reads, what it writes), borrowed.
+  EXPECT_EQ(Tensor::live_bytes() - before, 3 * act);
+  EXPECT_EQ(pool.free_buffers(), 2u);
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(y.data()[i], std::max(x.data()[i], 0.f)) << i;
+  BackwardCtx ctx;
+  Tensor dx;
+  EXPECT_THROW(seq.backward(x, y, y, &dx, ctx), Error);
+  // kEval keeps all four intermediates for a backward, as kTrain does.
+  seq.forward(x, y, Mode::kEval);
+  EXPECT_EQ(Tensor::live_bytes() - before, 3 * act + 4 * act);
+  EXPECT_NO_THROW(seq.backward(x, y, y, &dx, ctx));
+}
+
+TEST(TensorPool, InferenceGivesEvalsLogitsBitForBitAndRefusesABackward) {
+  for (const char* name : {"resnet18", "resnet50"}) {
+    SCOPED_TRACE(name);
+    auto m = make_model(name, 10, cpu_backend(), {16, 16, 3});
+    m->init_parameters("kaiming", 3);
+    std::mt19937_64 g(7);
+    Tensor x = random_tensor({3, 16, 16, 3}, g), dl = random_tensor({3, 10}, g);
+    BackwardCtx ctx;
+    m->forward(x, Mode::kTrain);  // running statistics move off their initial values
+    m->backward(dl, ctx);
+    const Tensor& e = m->forward(x, Mode::kEval);
+    const std::vector<float> want(e.data(), e.data() + e.numel());
+    const Tensor& got = m->forward(x, Mode::kInfer);
+    ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(got.data()[i]), std::bit_cast<uint32_t>(want[i])) << i;
+    EXPECT_THROW(m->backward(dl, ctx), Error);
+  }
 }
 
 TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {

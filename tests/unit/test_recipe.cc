@@ -199,7 +199,9 @@ TEST(Recipe, DecayRangesFollowTheParameterList) {
   for (size_t r = 0; r < runs.size(); ++r) {
     EXPECT_EQ(runs[r].begin, at) << "run " << r;
     EXPECT_LT(runs[r].begin, runs[r].end) << "run " << r;
-    if (r > 0) EXPECT_NE(runs[r].decay, runs[r - 1].decay) << "runs " << r - 1 << " and " << r;
+    if (r > 0) {
+      EXPECT_NE(runs[r].decay, runs[r - 1].decay) << "runs " << r - 1 << " and " << r;
+    }
     std::fill(decays.begin() + runs[r].begin, decays.begin() + runs[r].end, runs[r].decay);
     at = runs[r].end;
   }
