@@ -222,8 +222,11 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
       bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)),
                       {cfg.stem, cfg.zero_init_residual});
   const double local = static_cast<double>(cfg.batch_size / world);
+  // No evaluation at all under --eval-every 0.
   const double eval_batch =
-      static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
+      cfg.eval_every == 0
+          ? 0.0
+          : static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   // Evaluation borrows its intermediates from the model's pool (Mode::kInfer) while the
   // activations kept for the next backward stay where they are: the two add up.
   const double per_rank = train * local + eval * eval_batch + extra;
@@ -235,8 +238,10 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
       "--batch-size "
           << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
           << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
-          << " MiB per image of a training step x " << cfg.batch_size / world << ", + " << mib(eval)
-          << " MiB per image of evaluation x " << eval_batch
+          << " MiB per image of a training step x " << cfg.batch_size / world
+          << (eval_batch > 0
+                  ? DPT_MSG(", + " << mib(eval) << " MiB per image of evaluation x " << eval_batch)
+                  : std::string())
           << (extra > 0
                   ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
                   : std::string())

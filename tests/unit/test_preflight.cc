@@ -298,6 +298,14 @@ TEST(CheckMemory, TheEstimateIsPerImageTimesBatchPlusExtraTimesSharing) {
   mem.free_bytes = need * (1 - 1e-6);
   expect_input_error([&] { check_memory(cfg, world, 10, test_n, mem); },
                      {"--batch-size 256", "on host h"});
+  // Without evaluation (--eval-every 0) only the training step counts.
+  cfg.eval_every = 0;
+  const double train_only = (train * (256 / world) + mem.extra) * mem.sharing;
+  mem.free_bytes = train_only;
+  EXPECT_NO_THROW(check_memory(cfg, world, 10, test_n, mem));
+  mem.free_bytes = train_only * (1 - 1e-6);
+  expect_input_error([&] { check_memory(cfg, world, 10, test_n, mem); },
+                     {"--batch-size 256", "on host h"});
 }
 
 TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
