@@ -403,6 +403,7 @@ class Residual : public Leaf {
     check_input(x);
     // Under kInfer the branch outputs are borrowed (y's size each) and handed back at the end.
     const bool keep = mode != Mode::kInfer;
+    kept_ = false;  // until this forward has completed (one that throws leaves nothing usable)
     TensorPool own;
     TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
     const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
@@ -583,6 +584,7 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
 void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
   // Under kInfer child i's output is borrowed, and handed back once child i + 1 has read it.
   const bool keep = mode != Mode::kInfer;
+  kept_ = false;  // until this forward has completed (one that throws leaves nothing usable)
   TensorPool own;
   TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
   const size_t n = children_.size();

@@ -567,10 +567,10 @@ TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
 TEST(TensorPool, InferenceGivesEvalsLogitsBitForBitAndRefusesABackward) {
   for (const char* name : {"resnet18", "resnet50"}) {
     SCOPED_TRACE(name);
-    auto m = make_model(name, 10, cpu_backend(), {16, 16, 3});
+    auto m = make_model(name, 10, cpu_backend(), {8, 8, 3});
     m->init_parameters("kaiming", 3);
     std::mt19937_64 g(7);
-    Tensor x = random_tensor({3, 16, 16, 3}, g), dl = random_tensor({3, 10}, g);
+    Tensor x = random_tensor({3, 8, 8, 3}, g), dl = random_tensor({3, 10}, g);
     BackwardCtx ctx;
     m->forward(x, Mode::kTrain);  // running statistics move off their initial values
     m->backward(dl, ctx);
@@ -581,6 +581,29 @@ TEST(TensorPool, InferenceGivesEvalsLogitsBitForBitAndRefusesABackward) {
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_EQ(std::bit_cast<uint32_t>(got.data()[i]), std::bit_cast<uint32_t>(want[i])) << i;
     EXPECT_THROW(m->backward(dl, ctx), Error);
+  }
+}
+
+TEST(TensorPool, TrainingAndLargerEvaluationsSettleAndThenAllocateNothing) {
+  // Evaluation at 16 images borrows from the pool that training's backward at 4 uses: after a
+  // round of each, further rounds allocate nothing (a GPU step's CUDA graph stays valid).
+  auto m = make_model("resnet18", 10, cpu_backend(), {8, 8, 3});
+  m->init_parameters("kaiming", 4);
+  std::mt19937_64 g(8);
+  Tensor xt = random_tensor({4, 8, 8, 3}, g), dl = random_tensor({4, 10}, g);
+  Tensor xe = random_tensor({16, 8, 8, 3}, g);
+  BackwardCtx ctx;
+  auto round = [&] {
+    m->forward(xt, Mode::kTrain);
+    m->backward(dl, ctx);
+    m->forward(xe, Mode::kInfer);
+  };
+  round();
+  round();
+  const int64_t live = Tensor::live_bytes();
+  for (int i = 0; i < 3; ++i) {
+    round();
+    EXPECT_EQ(Tensor::live_bytes(), live) << "round " << i + 3;
   }
 }
 
@@ -605,7 +628,7 @@ TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
       TensorPool pool;
       if (dirty)
         for (int64_t n : {40, 200, 600, 1200, 2400, 4800}) {
-          Tensor t({n});
+          Tensor t({n}, &cpu_backend());  // the layers' backend: lent as it is, never reallocated
           std::fill(t.data(), t.data() + n, std::nanf(""));
           pool.give(std::move(t));
         }
