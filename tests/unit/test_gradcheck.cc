@@ -512,14 +512,22 @@ TEST(TensorPool, LendsTheBestFitElseTheLargestInAFixedOrder) {
   EXPECT_EQ(static_cast<const void*>(pool.take(1).data()), pa);
 }
 
-TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing) {
-  // Five ReLUs: backward passes four inner gradients down the chain, and no more than two (the
-  // one a child reads, the one it writes) are ever out at once.
+// Five ReLUs over {4, 4, 3}: the chain whose borrowed buffers the pool tests count.
+struct ReluChain {
   Sequential seq;
-  for (int i = 0; i < 5; ++i) seq.add("", make_relu());
   ParamStore store;
-  seq.build({4, 4, 3}, store, "");
-  store.finalize();
+  ReluChain() {
+    for (int i = 0; i < 5; ++i) seq.add("", make_relu());
+    seq.build({4, 4, 3}, store, "");
+    store.finalize();
+  }
+};
+
+TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing) {
+  // Backward passes four inner gradients down the chain, and no more than two (the one a child
+  // reads, the one it writes) are ever out at once.
+  ReluChain chain;
+  Sequential& seq = chain.seq;
   std::mt19937_64 g(5);
   Tensor x = random_tensor({2, 4, 4, 3}, g), y, dy = random_tensor({2, 4, 4, 3}, g), dx;
   TensorPool pool;
@@ -539,11 +547,8 @@ TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing
 }
 
 TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
-  Sequential seq;
-  for (int i = 0; i < 5; ++i) seq.add("", make_relu());
-  ParamStore store;
-  seq.build({4, 4, 3}, store, "");
-  store.finalize();
+  ReluChain chain;
+  Sequential& seq = chain.seq;
   TensorPool pool;
   seq.set_infer_pool(&pool);
   std::mt19937_64 g(6);
