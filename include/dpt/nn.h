@@ -99,9 +99,6 @@ struct BackwardCtx {
   GradReadyFn on_ready;      // may be empty
   bool accumulate = false;   // add into gradients (accumulation micro-steps) instead of overwrite
   Tracer* tracer = nullptr;  // when active: one span per layer's backward
-  // Where the composites borrow the activation gradients between their children (the model's
-  // pool, which keeps them from step to step); null: each composite call uses a pool of its own.
-  TensorPool* pool = nullptr;
   void ready(const std::vector<Param*>& params) const;
 };
 
@@ -170,11 +167,38 @@ std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool down
 // Turns synchronised BatchNorm on (fn set) or off (empty fn) for a BatchNorm layer (fused or not);
 // no-op otherwise.
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
-// Where a composite layer (Sequential, a residual block) borrows its intermediates under
-// Mode::kInfer (null: a pool of its own for each call); no-op for other layers. Model sets its own.
-void set_infer_pool(Layer& layer, TensorPool* pool);
+// Where a composite layer (Sequential, a residual block) borrows the tensors that live only inside
+// one of its calls (null: a pool of its own); no-op for other layers. Model sets its own on all.
+void set_pool(Layer& layer, TensorPool* pool);
 
-class Sequential : public Layer {
+// Mixed into the composite layers. The tensors that live only inside one call (backward's
+// activation gradients between the children, kInfer's intermediates) are borrowed from a pool:
+// the model's, set once through set_pool, which keeps them from step to step and serves both
+// (they never overlap in time); else one of the layer's own. It also records whether the last
+// forward kept what a backward needs.
+class Borrower {
+ public:
+  void set_pool(TensorPool* pool) { pool_ = pool; }
+
+ protected:
+  TensorPool& pool() { return pool_ ? *pool_ : own_; }
+  // A forward's start: whether it keeps its activations (not under kInfer). Until end_forward,
+  // nothing counts as kept, so a forward that throws leaves backward refused.
+  bool begin_forward(Mode mode) {
+    kept_ = false;
+    return mode != Mode::kInfer;
+  }
+  void end_forward(bool keep) { kept_ = keep; }
+  // Throws unless the last forward kept its activations; `kind` names the layer.
+  void check_kept(const char* kind) const;
+
+ private:
+  TensorPool* pool_ = nullptr;
+  TensorPool own_;
+  bool kept_ = false;
+};
+
+class Sequential : public Layer, public Borrower {
  public:
   // name: the child's path component ("conv1", "0"); empty for layers without parameters.
   Sequential& add(const std::string& name, std::unique_ptr<Layer> layer);
@@ -185,15 +209,12 @@ class Sequential : public Layer {
                 BackwardCtx& ctx) override;
   void visit(const std::function<void(Layer&)>& fn) override;
   size_t size() const { return children_.size(); }
-  void set_infer_pool(TensorPool* pool) { infer_pool_ = pool; }
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
   std::vector<Shape> out_shapes_;        // per-sample output shape of child i
   std::vector<Tensor> acts_;  // output of child i (the last child writes into y); not under kInfer
-  bool kept_ = false;         // the last forward kept acts_ for a backward (not kInfer)
-  TensorPool* infer_pool_ = nullptr;
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -247,8 +268,8 @@ class Model {
   const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)
   Tensor logits_;
   Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
-  // Backward's activation gradients (lent through BackwardCtx) and kInfer's intermediates (lent
-  // through set_infer_pool): the two never overlap in time, so one pool serves both.
+  // What every composite layer borrows (set_pool): backward's activation gradients and kInfer's
+  // intermediates never overlap in time, so one pool serves both.
   TensorPool pool_;
 };
 

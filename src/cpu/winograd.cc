@@ -164,8 +164,9 @@ void WinogradConv::forward(const ConvGeom& g, int m, const float* x, const float
 void WinogradConv::backward_data(const ConvGeom& g, int m, const float* w, const float* dy,
                                  float* dx) {
   const auto [t, u] = filters(g, m, w, true);
+  Scratch& s = scratch();
   loops().correlate(Corr{*t, g.n, g.oh(), g.ow(), g.c_out, g.h, g.w, g.c_in, g.k - 1 - g.pad}, dy,
-                    u, nullptr, dx, scratch().v, scratch().mt, scratch().acc);
+                    u, nullptr, dx, s.v, s.mt, s.acc);
 }
 
 void WinogradConv::backward_weights(const ConvGeom& g, int mw, const float* x, const float* dy,

@@ -373,7 +373,7 @@ class Linear : public Leaf {
 // took a pass each), its backward's sums pass writes dz (dy through that ReLU), which the skip
 // path takes too. d2l's Residual: main = conv1, bn1 + ReLU, conv2; shortcut a 1x1 convolution.
 // torchvision's: no biases, and the shortcut a 1x1 convolution then BatchNorm.
-class Residual : public Leaf {
+class Residual : public Leaf, public Borrower {
  public:
   Residual(std::unique_ptr<Sequential> main, std::string join_name, Init join_gamma,
            std::unique_ptr<Layer> shortcut)
@@ -402,10 +402,8 @@ class Residual : public Leaf {
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
     check_input(x);
     // Under kInfer the branch outputs are borrowed (y's size each) and handed back at the end.
-    const bool keep = mode != Mode::kInfer;
-    kept_ = false;  // until this forward has completed (one that throws leaves nothing usable)
-    TensorPool own;
-    TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
+    const bool keep = begin_forward(mode);
+    TensorPool& pool = this->pool();
     const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
     Tensor main_tmp = keep ? Tensor() : pool.take(out_bytes);
     Tensor short_tmp = keep || !shortcut_ ? Tensor() : pool.take(out_bytes);
@@ -420,15 +418,12 @@ class Residual : public Leaf {
     bn2_->forward_join(main_out, skip, y, mode);
     pool.give(std::move(main_tmp));
     pool.give(std::move(short_tmp));
-    kept_ = keep;
+    end_forward(keep);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    DPT_CHECK(kept_,
-              "Residual: backward without a forward that kept its activations (a "
-              "Mode::kInfer forward keeps none)");
-    TensorPool own;
-    TensorPool& pool = ctx.pool ? *ctx.pool : own;
+    check_kept("Residual");
+    TensorPool& pool = this->pool();
     // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
     // announcements still grow a prefix of the flat gradient buffer (nn.h). Each gradient goes
     // back to the pool as soon as its last reader is done.
@@ -465,7 +460,6 @@ class Residual : public Leaf {
     bn2_->visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
-  void set_infer_pool(TensorPool* pool) { infer_pool_ = pool; }
 
  private:
   std::unique_ptr<Sequential> main_;  // d2l's: conv1, bn1 + ReLU, conv2
@@ -475,9 +469,7 @@ class Residual : public Leaf {
   // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
   std::string bn2_span_;
   Shape out_;                    // per-sample output shape
-  Tensor main_out_, short_out_;  // kept from forward for backward
-  bool kept_ = false;            // the last forward kept them (not kInfer)
-  TensorPool* infer_pool_ = nullptr;
+  Tensor main_out_, short_out_;  // kept from forward for backward (not under kInfer)
 };
 
 }  // namespace
@@ -554,9 +546,13 @@ std::unique_ptr<Layer> make_bottleneck(int64_t planes, int64_t stride, bool down
 void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn) {
   if (auto* bn = dynamic_cast<BatchNorm2d*>(&layer)) bn->set_sync(fn);
 }
-void set_infer_pool(Layer& layer, TensorPool* pool) {
-  if (auto* s = dynamic_cast<Sequential*>(&layer)) s->set_infer_pool(pool);
-  if (auto* r = dynamic_cast<Residual*>(&layer)) r->set_infer_pool(pool);
+void set_pool(Layer& layer, TensorPool* pool) {
+  if (auto* b = dynamic_cast<Borrower*>(&layer)) b->set_pool(pool);
+}
+
+void Borrower::check_kept(const char* kind) const {
+  DPT_CHECK(kept_, kind << ": backward without a forward that kept its activations (a "
+                           "Mode::kInfer forward keeps none)");
 }
 
 // ---- Sequential ----------------------------------------------------------------------------
@@ -583,10 +579,8 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
 
 void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
   // Under kInfer child i's output is borrowed, and handed back once child i + 1 has read it.
-  const bool keep = mode != Mode::kInfer;
-  kept_ = false;  // until this forward has completed (one that throws leaves nothing usable)
-  TensorPool own;
-  TensorPool& pool = infer_pool_ ? *infer_pool_ : own;
+  const bool keep = begin_forward(mode);
+  TensorPool& pool = this->pool();
   const size_t n = children_.size();
   const int64_t batch = x.rank() > 0 ? x.dim(0) : 0;  // the first child checks x's shape
   Tensor prev;
@@ -601,16 +595,13 @@ void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
     pool.give(std::move(prev));
     prev = std::move(next);
   }
-  kept_ = keep;
+  end_forward(keep);
 }
 
 void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                           BackwardCtx& ctx) {
-  DPT_CHECK(kept_,
-            "Sequential: backward without a forward that kept its activations (a "
-            "Mode::kInfer forward keeps none)");
-  TensorPool own;
-  TensorPool& pool = ctx.pool ? *ctx.pool : own;
+  check_kept("Sequential");
+  TensorPool& pool = this->pool();
   const size_t n = children_.size();
   // dL/d(output of child i), borrowed from the pool while child i's backward reads it; the last
   // child's is dy.

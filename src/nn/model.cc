@@ -129,7 +129,7 @@ Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shap
   DPT_CHECK(out == Shape{num_classes_},
             name_ << " produces " << shape_str(out) << ", expected [" << num_classes_ << "]");
   store_.finalize();
-  net_->visit([&](Layer& l) { set_infer_pool(l, &pool_); });
+  net_->visit([&](Layer& l) { set_pool(l, &pool_); });
 }
 
 void Model::init_parameters(const std::string& scheme, uint64_t seed) {
@@ -195,16 +195,14 @@ void Model::backward(const Tensor& dlogits, BackwardCtx& ctx) {
   DPT_CHECK(dlogits.shape() == logits_.shape(), "dlogits " << shape_str(dlogits.shape())
                                                            << " != logits "
                                                            << shape_str(logits_.shape()));
-  BackwardCtx with_pool = ctx;
-  if (!with_pool.pool) with_pool.pool = &pool_;
   if (act_dtype_ == DType::kF32) {
-    net_->backward(*input_, logits_, dlogits, nullptr, with_pool);
+    net_->backward(*input_, logits_, dlogits, nullptr, ctx);
     return;
   }
   Backend& be = store_.backend();
   dlogits16_.resize(dlogits.shape(), &be, DType::kBF16);
   be.convert(dlogits.data(), dlogits16_.ptr<BFloat16>(), dlogits.numel());
-  net_->backward(*input_, logits16_, dlogits16_, nullptr, with_pool);
+  net_->backward(*input_, logits16_, dlogits16_, nullptr, ctx);
 }
 
 std::string Model::signature() const {
