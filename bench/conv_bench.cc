@@ -3,8 +3,11 @@
 // after a warm-up, and each Winograd result's largest error relative to oneDNN's output scale.
 // --tile M,MW picks the tiles (F(M,3) forward and backward-data, F(3,MW) backward-weights; default
 // 2,4, winograd_choice's for these shapes); DPT_ISA lowers the level of dptrain's loops
-// (src/cpu/isa.h). Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64] [--reps 3] [--tile
-// 2,4] [--cpu-time] [--json]
+// (src/cpu/isa.h). --bf16 (a CPU with AVX512-BF16 or AMX) asks instead whether a bf16 Winograd
+// would beat oneDNN's bf16 direct kernels: the forward's alpha^2 GEMMs are timed in fp32 (as the
+// Winograd pass runs them) and with bf16 operands, and the fp32 pass's time with the one swapped
+// for the other is the estimate. Usage: OMP_NUM_THREADS=1 build/bench/conv_bench [--batch 64]
+// [--reps 3] [--tile 2,4] [--cpu-time] [--json] [--bf16]
 #include <omp.h>
 
 #include <algorithm>
@@ -17,7 +20,9 @@
 #include <vector>
 
 #include "cpu/conv.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/isa.h"
+#include "cpu/ops.h"
 #include "cpu/winograd.h"
 #include "dpt/rng.h"
 
@@ -67,12 +72,63 @@ double best_ms(int reps, F f) {
   return best;
 }
 
+struct Shape {
+  const char* name;
+  int64_t hw, c, k, kernel, pad;
+};
+
+// The bf16 question for one shape (F(m,3) forward): oneDNN's bf16 forward on bf16 activations,
+// dptrain's fp32 Winograd forward, its GEMMs (one per tile point, in blocks of tiles as
+// winograd.cc's block_tiles makes them) in fp32 and in bf16; all ms.
+void bf16_probe(const Shape& s, int64_t batch, int reps, int m) {
+  ConvGeom g{batch, s.hw, s.hw, s.c, s.k, s.kernel, 1, s.pad};
+  const auto x = random_values(static_cast<size_t>(g.n * g.h * g.w * g.c_in), 1);
+  const auto w = random_values(static_cast<size_t>(g.c_out * g.c_in * g.k * g.k), 2);
+  std::vector<float> y(static_cast<size_t>(g.n * g.oh() * g.ow() * g.c_out));
+  std::vector<dpt::BFloat16> xb(x.size()), yb(y.size());
+  dpt::cpu::round_to_bf16(x.data(), xb.data(), static_cast<int64_t>(x.size()));
+  dpt::cpu::ConvPrimitives direct(/*bf16=*/true);
+  dpt::cpu::WinogradConv wino;
+  const double direct_ms =
+      best_ms(reps, [&] { direct.forward(g, xb.data(), w.data(), nullptr, yb.data()); });
+  const double wino_ms =
+      best_ms(reps, [&] { wino.forward(g, m, x.data(), w.data(), nullptr, y.data()); });
+  const int64_t alpha = m + g.k - 1, P = alpha * alpha, C = g.c_in, K = g.c_out;
+  const int64_t tiles = g.n * ((g.oh() + m - 1) / m) * ((g.ow() + m - 1) / m);
+  const int64_t tb = std::min(tiles, std::max<int64_t>(64, (int64_t{4} << 20) / (4 * P * (C + K))));
+  const auto v = random_values(static_cast<size_t>(P * tb * C), 5);
+  const auto u = random_values(static_cast<size_t>(P * C * K), 6);
+  std::vector<dpt::BFloat16> vb(v.size()), ub(u.size());
+  dpt::cpu::round_to_bf16(v.data(), vb.data(), static_cast<int64_t>(v.size()));
+  dpt::cpu::round_to_bf16(u.data(), ub.data(), static_cast<int64_t>(u.size()));
+  std::vector<float> mt(static_cast<size_t>(P * tb * K));
+  auto gemms = [&](auto gemm) {
+    for (int64_t t0 = 0; t0 < tiles; t0 += tb)
+      for (int64_t p = 0; p < P; ++p)
+        gemm(std::min(tb, tiles - t0), p * tb * C, p * C * K, p * tb * K);
+  };
+  const double f32_ms = best_ms(reps, [&] {
+    gemms([&](int64_t nb, int64_t a, int64_t b, int64_t c) {
+      dpt::cpu::sgemm('N', 'N', nb, K, C, v.data() + a, C, u.data() + b, K, 0.f, mt.data() + c, K);
+    });
+  });
+  const double b16_ms = best_ms(reps, [&] {
+    gemms([&](int64_t nb, int64_t a, int64_t b, int64_t c) {
+      dpt::cpu::matmul_bf16<float>('N', 'N', nb, K, C, vb.data() + a, C, ub.data() + b, K, 0.f,
+                                   mt.data() + c, K);
+    });
+  });
+  const double estimate = wino_ms - f32_ms + b16_ms;
+  std::printf("  %-14s %10.2f %9.2f %10.2f %11.2f %10.2f %7.2fx\n", s.name, direct_ms, wino_ms,
+              f32_ms, b16_ms, estimate, direct_ms / estimate);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t batch = 64;
   int reps = 3;
-  bool json = false;
+  bool json = false, bf16 = false;
   int tile_m = 2, tile_mw = 4;  // winograd_choice's tiles for these shapes
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -84,6 +140,8 @@ int main(int argc, char** argv) {
       json = true;
     else if (a == "--cpu-time")
       g_cpu_time = true;
+    else if (a == "--bf16")
+      bf16 = true;
     else if (a == "--tile" && i + 1 < argc &&
              std::sscanf(argv[++i], "%d,%d", &tile_m, &tile_mw) == 2)
       continue;
@@ -99,13 +157,23 @@ int main(int argc, char** argv) {
   // The oneDNN baseline: ConvPrimitives with Winograd off and oneDNN's own backward.
   setenv("DPT_WINOGRAD", "off", 1);
   setenv("DPT_CONV_BACKWARD", "onednn", 1);
-  struct Shape {
-    const char* name;
-    int64_t hw, c, k, kernel, pad;
-  } shapes[] = {{"resnet layer1", 28, 64, 64, 3, 1},
-                {"resnet layer2", 14, 128, 128, 3, 1},
-                {"resnet layer3", 7, 256, 256, 3, 1},
-                {"resnet layer4", 4, 512, 512, 3, 1}};
+  const Shape shapes[] = {{"resnet layer1", 28, 64, 64, 3, 1},
+                          {"resnet layer2", 14, 128, 128, 3, 1},
+                          {"resnet layer3", 7, 256, 256, 3, 1},
+                          {"resnet layer4", 4, 512, 512, 3, 1}};
+  if (bf16) {
+    const std::string missing = dpt::cpu::cpu_bf16_missing();
+    if (!missing.empty()) {
+      std::fprintf(stderr, "conv_bench: --bf16 cannot run here: %s\n", missing.c_str());
+      return 2;
+    }
+    std::printf("# bf16 forward, batch %lld, %d thread(s), best of %d calls, ms; F(%d,3)\n",
+                static_cast<long long>(batch), omp_get_max_threads(), reps, tile_m);
+    std::printf("# %-14s %10s %9s %10s %11s %10s %8s\n", "shape", "onednn_b16", "wino_f32",
+                "gemms_f32", "gemms_bf16", "wino_b16?", "ratio");
+    for (const Shape& s : shapes) bf16_probe(s, batch, reps, tile_m);
+    return 0;
+  }
   if (!json) {
     std::printf(
         "# convolution, batch %lld, %d thread(s), best of %d calls, ms%s; loops %s; tiles F(%d,3) "
