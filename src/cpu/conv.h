@@ -61,8 +61,8 @@ class ConvPrimitives : public ConvOp {
   template <typename T>
   void backward_dnnl(Entry& e, const ConvGeom& g, const T* x, const float* w, const T* dy, T* dx,
                      float* dw, float* db, bool accumulate);
-  void backward_gemm(Entry& e, const ConvGeom& g, const float* x, const float* w, const float* dy,
-                     float* dx, float* dw, float* db, bool accumulate);
+  void backward_gemm(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
+                     float* dw, float* db, bool accumulate);
   std::map<int64_t, std::unique_ptr<Entry>> cache_;  // keyed by batch size * 2 + act16
   std::unique_ptr<WinogradConv> wino_;               // stride-1 3x3 shapes (winograd.h)
   bool bf16_;                                        // bf16 operands, always oneDNN

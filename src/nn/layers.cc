@@ -400,9 +400,9 @@ class Residual : public Leaf, public Borrower {
     return out;
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
-    check_input(x);
     // Under kInfer the branch outputs are borrowed (y's size each) and handed back at the end.
-    const bool keep = begin_forward(mode);
+    const bool keep = begin_forward(mode);  // first: a bad input below leaves backward refused
+    check_input(x);
     TensorPool& pool = this->pool();
     const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
     Tensor main_tmp = keep ? Tensor() : pool.take(out_bytes);

@@ -612,6 +612,30 @@ TEST(TensorPool, TrainingAndLargerEvaluationsSettleAndThenAllocateNothing) {
   }
 }
 
+TEST(TensorPool, AForwardThatThrowsLeavesBackwardRefused) {
+  // A forward refused for its input's shape must not leave the activations of the forward before
+  // it looking kept: a backward would pair them with the new call's tensors. A residual block
+  // alone, and inside a Sequential.
+  auto block = [] { return make_basic_block(4, 1, false, false); };
+  for (bool wrapped : {false, true}) {
+    SCOPED_TRACE(wrapped ? "in a Sequential" : "a block");
+    std::unique_ptr<Layer> layer = block();
+    if (wrapped) {
+      auto seq = std::make_unique<Sequential>();
+      seq->add("0", std::move(layer));
+      layer = std::move(seq);
+    }
+    LayerCheck c(std::move(layer), {5, 5, 4}, 2, 3, "blk");
+    c.layer->forward(c.x, c.y, Mode::kTrain);
+    BackwardCtx ctx;
+    Tensor dx;
+    EXPECT_NO_THROW(c.layer->backward(c.x, c.y, c.r, &dx, ctx));
+    Tensor bad({2, 5, 5, 3}), out;
+    EXPECT_THROW(c.layer->forward(bad, out, Mode::kTrain), Error);
+    EXPECT_THROW(c.layer->backward(c.x, c.y, c.r, &dx, ctx), Error);
+  }
+}
+
 TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
   // A pool whose buffers are full of NaN (what a lent buffer held before is anything) must give
   // the same bits as fresh zeroed ones: no backward may read the gradient it is about to write.
