@@ -18,11 +18,12 @@
 
 namespace dpt {
 
-// kTrain: batch statistics, everything backward needs kept. kEval: running statistics, and still
-// kept (a backward may follow: the gradient of the evaluation-mode function). kInfer: kEval's
-// arithmetic with nothing kept (PyTorch's eval() under no_grad): the composites borrow their
-// intermediates from the model's pool and hand each back once the next layer has read it, and a
-// backward after it is refused. Evaluation and predict run kInfer.
+// kTrain: batch statistics, everything backward needs kept (until that backward, which hands it
+// back to the model's pool: one backward per forward, as in PyTorch). kEval: running statistics,
+// and still kept (a backward may follow: the gradient of the evaluation-mode function). kInfer:
+// kEval's arithmetic with nothing kept (PyTorch's eval() under no_grad): the composites borrow
+// their intermediates from the model's pool and hand each back once the next layer has read it,
+// and a backward after it is refused. Evaluation and predict run kInfer.
 enum class Mode { kTrain, kEval, kInfer };
 enum class Init { kWeight, kBias, kOnes, kZeros };
 
@@ -171,11 +172,13 @@ void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn);
 // one of its calls (null: a pool of its own); no-op for other layers. Model sets its own on all.
 void set_pool(Layer& layer, TensorPool* pool);
 
-// Mixed into the composite layers. The tensors that live only inside one call (backward's
-// activation gradients between the children, kInfer's intermediates) are borrowed from a pool:
-// the model's, set once through set_pool, which keeps them from step to step and serves both
-// (they never overlap in time); else one of the layer's own. It also records whether the last
-// forward kept what a backward needs.
+// Mixed into the composite layers. The tensors between their children are borrowed from a pool:
+// the activations a forward keeps for backward (handed back by backward, each once its last
+// reader is done), kInfer's intermediates (handed back once the next child has read them) and
+// backward's activation gradients. The pool is the model's, set once through set_pool, which
+// keeps the buffers from step to step, so that a gradient reuses what an activation no longer
+// needed gave back; else one of the layer's own. It also records whether a backward may run: the
+// last forward kept its activations, and no backward has handed them back since.
 class Borrower {
  public:
   void set_pool(TensorPool* pool) { pool_ = pool; }
@@ -189,6 +192,8 @@ class Borrower {
     return mode != Mode::kInfer;
   }
   void end_forward(bool keep) { kept_ = keep; }
+  // A backward's end: it has handed the kept activations back to the pool.
+  void end_backward() { kept_ = false; }
   // Throws unless the last forward kept its activations; `kind` names the layer.
   void check_kept(const char* kind) const;
 
@@ -214,7 +219,9 @@ class Sequential : public Layer, public Borrower {
   std::vector<std::pair<std::string, std::unique_ptr<Layer>>> children_;
   std::vector<std::string> span_names_;  // "backward <path or kind>" per child, for traces
   std::vector<Shape> out_shapes_;        // per-sample output shape of child i
-  std::vector<Tensor> acts_;  // output of child i (the last child writes into y); not under kInfer
+  // Output of child i (the last child writes into y), borrowed, from forward to backward; empty
+  // under kInfer and after a backward.
+  std::vector<Tensor> acts_;
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -247,7 +254,8 @@ class Model {
   // x: {N, H, W, C} float in the backend's memory. Returns float logits {N, classes} (owned by the
   // model, valid until next forward); a device backend has only queued the work.
   const Tensor& forward(const Tensor& x, Mode mode);
-  // Backward from dL/dlogits; the input gradient is not computed.
+  // Backward from dL/dlogits; the input gradient is not computed. Once per forward (it hands the
+  // kept activations back to the pool).
   void backward(const Tensor& dlogits, BackwardCtx& ctx);
   Sequential& net() { return *net_; }
   // Names, shapes and kinds of all parameters and buffers, one line each (for replica checks).

@@ -400,15 +400,16 @@ class Residual : public Leaf, public Borrower {
     return out;
   }
   void forward(const Tensor& x, Tensor& y, Mode mode) override {
-    // Under kInfer the branch outputs are borrowed (y's size each) and handed back at the end.
+    // The branch outputs (y's size each) are borrowed: kept for backward, which hands each back
+    // once its last reader is done; under kInfer handed back at the end.
     const bool keep = begin_forward(mode);  // first: a bad input below leaves backward refused
     check_input(x);
     TensorPool& pool = this->pool();
+    pool.give(std::move(main_out_));  // kept by a forward that had no backward
+    pool.give(std::move(short_out_));
     const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
-    Tensor main_tmp = keep ? Tensor() : pool.take(out_bytes);
-    Tensor short_tmp = keep || !shortcut_ ? Tensor() : pool.take(out_bytes);
-    Tensor& main_out = keep ? main_out_ : main_tmp;
-    Tensor& short_out = keep ? short_out_ : short_tmp;
+    Tensor main_out = pool.take(out_bytes);
+    Tensor short_out = shortcut_ ? pool.take(out_bytes) : Tensor();
     main_->forward(x, main_out, mode);
     const Tensor* skip = &x;
     if (shortcut_) {
@@ -416,8 +417,13 @@ class Residual : public Leaf, public Borrower {
       skip = &short_out;
     }
     bn2_->forward_join(main_out, skip, y, mode);
-    pool.give(std::move(main_tmp));
-    pool.give(std::move(short_tmp));
+    if (keep) {
+      main_out_ = std::move(main_out);
+      short_out_ = std::move(short_out);
+    } else {
+      pool.give(std::move(main_out));
+      pool.give(std::move(short_out));
+    }
     end_forward(keep);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
@@ -437,6 +443,7 @@ class Residual : public Leaf, public Borrower {
       if (dx) dskip = pool.take(x.bytes());
       shortcut_->backward(x, short_out_, dz, dx ? &dskip : nullptr, ctx);
       pool.give(std::move(dz));
+      pool.give(std::move(short_out_));
     }
     bn2_->announce(ctx);
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
@@ -445,6 +452,7 @@ class Residual : public Leaf, public Borrower {
     if (dx) dmain = pool.take(x.bytes());
     main_->backward(x, main_out_, dmid, dx ? &dmain : nullptr, ctx);
     pool.give(std::move(dmid));
+    pool.give(std::move(main_out_));
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
         be_->add(dmain.ptr<T>(), shortcut_ ? dskip.ptr<T>() : dz.ptr<T>(), d, dx->numel(),
@@ -453,6 +461,7 @@ class Residual : public Leaf, public Borrower {
     pool.give(std::move(dmain));
     pool.give(std::move(dskip));
     pool.give(std::move(dz));
+    end_backward();
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
@@ -469,7 +478,7 @@ class Residual : public Leaf, public Borrower {
   // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
   std::string bn2_span_;
   Shape out_;                    // per-sample output shape
-  Tensor main_out_, short_out_;  // kept from forward for backward (not under kInfer)
+  Tensor main_out_, short_out_;  // borrowed, kept from forward for backward (not under kInfer)
 };
 
 }  // namespace
@@ -552,7 +561,7 @@ void set_pool(Layer& layer, TensorPool* pool) {
 
 void Borrower::check_kept(const char* kind) const {
   DPT_CHECK(kept_, kind << ": backward without a forward that kept its activations (a "
-                           "Mode::kInfer forward keeps none)");
+                           "Mode::kInfer forward keeps none, and a backward hands them back)");
 }
 
 // ---- Sequential ----------------------------------------------------------------------------
@@ -578,21 +587,23 @@ Shape Sequential::build(const Shape& in, ParamStore& store, const std::string& p
 }
 
 void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
-  // Under kInfer child i's output is borrowed, and handed back once child i + 1 has read it.
+  // Child i's output is borrowed: kept for backward (acts_[i]), which hands it back once child
+  // i's backward is done; under kInfer handed back once child i + 1 has read it.
   const bool keep = begin_forward(mode);
   TensorPool& pool = this->pool();
+  for (Tensor& a : acts_) pool.give(std::move(a));  // kept by a forward that had no backward
   const size_t n = children_.size();
   const int64_t batch = x.rank() > 0 ? x.dim(0) : 0;  // the first child checks x's shape
-  Tensor prev;
+  Tensor prev;                                        // child i - 1's output
   for (size_t i = 0; i < n; ++i) {
-    Tensor next = keep || i + 1 == n
-                      ? Tensor()
-                      : pool.take(static_cast<size_t>(batch * shape_numel(out_shapes_[i])) *
-                                  x.element_bytes());
-    const Tensor& in = i == 0 ? x : keep ? acts_[i - 1] : prev;
-    Tensor& out = i + 1 == n ? y : keep ? acts_[i] : next;
-    children_[i].second->forward(in, out, mode);
-    pool.give(std::move(prev));
+    Tensor next = i + 1 == n ? Tensor()
+                             : pool.take(static_cast<size_t>(batch * shape_numel(out_shapes_[i])) *
+                                         x.element_bytes());
+    children_[i].second->forward(i == 0 ? x : prev, i + 1 == n ? y : next, mode);
+    if (i > 0 && keep)
+      acts_[i - 1] = std::move(prev);
+    else
+      pool.give(std::move(prev));
     prev = std::move(next);
   }
   end_forward(keep);
@@ -615,8 +626,10 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
       children_[i].second->backward(in, out, i + 1 == n ? dy : g, i == 0 ? dx : &gin, ctx);
     }
     pool.give(std::move(g));
+    if (i + 1 < n) pool.give(std::move(acts_[i]));  // its readers, children i and i + 1, are done
     g = std::move(gin);
   }
+  end_backward();
 }
 
 void Sequential::visit(const std::function<void(Layer&)>& fn) {

@@ -216,6 +216,7 @@ TEST(GpuModel, AccumulatingBackwardAddsToGradients) {
   model->forward(dx, Mode::kTrain);
   model->backward(ddl, overwrite);
   const std::vector<float> once = host_grads(*model);
+  model->forward(dx, Mode::kTrain);  // the backward above handed the activations back
   model->backward(ddl, accumulate);
   const std::vector<float> twice = host_grads(*model);
   for (int64_t i = 0; i < np; ++i)
@@ -285,6 +286,7 @@ struct ReducerBench {
                                ctx.stream()));
     BackwardCtx bctx;
     bctx.on_ready = [&](int64_t b, int64_t e) { reducer.mark_ready(b, e); };
+    model->forward(dx, Mode::kTrain);  // each backward hands the activations back to the pool
     model->backward(ddl, bctx);
     reducer.wait();
   }

@@ -473,6 +473,7 @@ TEST(GradCheck, ResidualParamGradsDoNotNeedDx) {
     c.layer->backward(c.x, c.y, c.r, &dx, ctx);
     std::vector<float> with(c.store.grads(), c.store.grads() + c.store.num_params());
     c.store.zero_grads();
+    c.layer->forward(c.x, c.y, Mode::kTrain);  // a backward hands the activations back
     c.layer->backward(c.x, c.y, c.r, nullptr, ctx);
     for (int64_t i = 0; i < c.store.num_params(); ++i)
       ASSERT_EQ(c.store.grads()[i], with[static_cast<size_t>(i)])
@@ -523,27 +524,36 @@ struct ReluChain {
   }
 };
 
-TEST(TensorPool, AChainOfLayersBorrowsTwoGradientsAndTheNextStepAllocatesNothing) {
-  // Backward passes four inner gradients down the chain, and no more than two (the one a child
-  // reads, the one it writes) are ever out at once.
+TEST(TensorPool, AChainBorrowsItsActivationsAndGradientsAndTheNextStepAllocatesNothing) {
+  // Forward borrows the four activations between the five children and keeps them; backward
+  // borrows the gradients, no more than two out at once (the one a child reads, the one it
+  // writes), and hands every buffer back once its last reader is done.
   ReluChain chain;
   Sequential& seq = chain.seq;
   std::mt19937_64 g(5);
-  Tensor x = random_tensor({2, 4, 4, 3}, g), y, dy = random_tensor({2, 4, 4, 3}, g), dx;
+  Tensor x = random_tensor({2, 4, 4, 3}, g), y({2, 4, 4, 3}), dy = random_tensor({2, 4, 4, 3}, g),
+         dx({2, 4, 4, 3});
+  const int64_t act = 2 * 4 * 4 * 3 * 4;  // one activation's bytes (384: already 64-aligned)
   TensorPool pool;
   seq.set_pool(&pool);
   BackwardCtx ctx;
+  const int64_t before = Tensor::live_bytes();
   seq.forward(x, y, Mode::kTrain);
+  EXPECT_EQ(Tensor::live_bytes() - before, 4 * act);
+  EXPECT_EQ(pool.free_buffers(), 0u);
   seq.backward(x, y, dy, &dx, ctx);
-  EXPECT_EQ(pool.free_buffers(), 2u);
+  // At the second child from the top: four activations and two gradients out at once.
+  EXPECT_EQ(Tensor::live_bytes() - before, 6 * act);
+  EXPECT_EQ(pool.free_buffers(), 6u);
   // dL/dx of five ReLUs: dy where x > 0, else 0.
   for (int64_t i = 0; i < x.numel(); ++i)
     ASSERT_EQ(dx.data()[i], x.data()[i] > 0 ? dy.data()[i] : 0.f) << i;
-  const int64_t live = Tensor::live_bytes();
+  // What was handed back is not there for a second backward (PyTorch refuses one too).
+  EXPECT_THROW(seq.backward(x, y, dy, &dx, ctx), Error);
   seq.forward(x, y, Mode::kTrain);
   seq.backward(x, y, dy, &dx, ctx);
-  EXPECT_EQ(Tensor::live_bytes(), live);
-  EXPECT_EQ(pool.free_buffers(), 2u);
+  EXPECT_EQ(Tensor::live_bytes() - before, 6 * act);
+  EXPECT_EQ(pool.free_buffers(), 6u);
 }
 
 TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
@@ -553,7 +563,7 @@ TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
   seq.set_pool(&pool);
   std::mt19937_64 g(6);
   Tensor x = random_tensor({2, 4, 4, 3}, g), y;
-  const int64_t act = 2 * 4 * 4 * 3 * 4;  // one activation's bytes (384: already 64-aligned)
+  const int64_t act = 2 * 4 * 4 * 3 * 4;
   const int64_t before = Tensor::live_bytes();
   seq.forward(x, y, Mode::kInfer);
   // y, and the two intermediates out at once (what child i reads, what it writes), borrowed.
@@ -563,10 +573,42 @@ TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
   BackwardCtx ctx;
   Tensor dx;
   EXPECT_THROW(seq.backward(x, y, y, &dx, ctx), Error);
-  // kEval keeps all four intermediates for a backward, as kTrain does.
+  // kEval keeps all four intermediates for a backward, as kTrain does: the two in the pool and
+  // two more.
   seq.forward(x, y, Mode::kEval);
-  EXPECT_EQ(Tensor::live_bytes() - before, 3 * act + 4 * act);
+  EXPECT_EQ(Tensor::live_bytes() - before, 3 * act + 2 * act);
+  EXPECT_EQ(pool.free_buffers(), 0u);
   EXPECT_NO_THROW(seq.backward(x, y, y, &dx, ctx));
+}
+
+// Every buffer between the layers comes from the one pool and goes back to it. Blocks of one shape
+// keep 3 activations each (two inside, the branch output) and the chain keeps those between
+// blocks; backward adds only what the topmost block has out at once, whatever the depth: dmid, dz,
+// dmain, the two gradients inside its branch and, with more than one block, the chain's gradient
+// of the block below. The lower blocks' gradients reuse buffers handed back above them. (Where the
+// largest gradients are out lower down than same-sized activations, as in ResNet-50's stem, the
+// pool then needs fewer buffers than activations and gradients held apart: docs/PERFORMANCE.md.)
+TEST(TensorPool, GradientsReuseTheActivationsBackwardHasPassed) {
+  auto build = [](int blocks) {
+    auto seq = std::make_unique<Sequential>();
+    for (int b = 0; b < blocks; ++b) seq->add(std::to_string(b), make_residual(4, false, 1));
+    return seq;
+  };
+  for (int blocks : {1, 8}) {
+    SCOPED_TRACE(blocks);
+    LayerCheck c(build(blocks), {5, 5, 4}, 2, 9, "net");
+    const int64_t alloc = (2 * 5 * 5 * 4 * 4 + 63) / 64 * 64;  // 800 bytes, allocated as 832
+    TensorPool pool;
+    c.layer->visit([&](Layer& l) { set_pool(l, &pool); });
+    Tensor dx({2, 5, 5, 4});
+    c.layer->forward(c.x, c.y, Mode::kTrain);
+    const int64_t kept = Tensor::live_bytes();
+    BackwardCtx ctx;
+    c.layer->backward(c.x, c.y, c.r, &dx, ctx);
+    const int out_at_once = blocks > 1 ? 6 : 5;
+    EXPECT_EQ(pool.free_buffers(), static_cast<size_t>(3 * blocks + (blocks - 1) + out_at_once));
+    EXPECT_EQ(Tensor::live_bytes() - kept, out_at_once * alloc);
+  }
 }
 
 TEST(TensorPool, InferenceGivesEvalsLogitsBitForBitAndRefusesABackward) {
