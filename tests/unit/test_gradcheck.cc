@@ -680,7 +680,8 @@ TEST(TensorPool, AForwardThatThrowsLeavesBackwardRefused) {
 
 TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
   // A pool whose buffers are full of NaN (what a lent buffer held before is anything) must give
-  // the same bits as fresh zeroed ones: no backward may read the gradient it is about to write.
+  // the same bits as fresh zeroed ones: no forward may read the activation it is about to write,
+  // no backward the gradient.
   struct Block {
     const char* what;
     std::function<std::unique_ptr<Layer>()> make;
@@ -695,19 +696,21 @@ TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
     std::vector<float> want_dx, want_grads;
     for (bool dirty : {false, true}) {
       LayerCheck c(b.make(), b.in, 2, 131, "blk");
-      c.layer->forward(c.x, c.y, Mode::kTrain);
       TensorPool pool;
       if (dirty)
-        for (int64_t n : {40, 200, 600, 1200, 2400, 4800}) {
-          Tensor t({n}, &cpu_backend());  // the layers' backend: lent as it is, never reallocated
-          std::fill(t.data(), t.data() + n, std::nanf(""));
-          pool.give(std::move(t));
-        }
+        for (int copy = 0; copy < 2; ++copy)
+          for (int64_t n : {40, 200, 600, 1200, 2400, 4800}) {
+            Tensor t({n}, &cpu_backend());  // the layers' backend: lent as it is, not reallocated
+            std::fill(t.data(), t.data() + n, std::nanf(""));
+            pool.give(std::move(t));
+          }
       c.layer->visit([&](Layer& l) { set_pool(l, &pool); });
+      c.layer->forward(c.x, c.y, Mode::kTrain);
       BackwardCtx ctx;
       Tensor dx;
       c.layer->backward(c.x, c.y, c.r, &dx, ctx);
       std::vector<float> got_dx(dx.data(), dx.data() + dx.numel());
+      got_dx.insert(got_dx.end(), c.y.data(), c.y.data() + c.y.numel());  // and the output
       std::vector<float> got_grads(c.store.grads(), c.store.grads() + c.store.num_params());
       if (!dirty) {
         want_dx = got_dx;
@@ -723,7 +726,7 @@ TEST(TensorPool, BorrowedGradientsAreOverwrittenNeverRead) {
       EXPECT_GT(written, 0) << b.what;
       for (size_t i = 0; i < want_dx.size(); ++i)
         ASSERT_EQ(std::bit_cast<uint32_t>(got_dx[i]), std::bit_cast<uint32_t>(want_dx[i]))
-            << b.what << " dx " << i;
+            << b.what << " dx, then y: " << i;
       for (size_t i = 0; i < want_grads.size(); ++i)
         ASSERT_EQ(std::bit_cast<uint32_t>(got_grads[i]), std::bit_cast<uint32_t>(want_grads[i]))
             << b.what << " parameter gradient " << i;
