@@ -92,10 +92,14 @@ class Tensor {
   Shape shape_;
 };
 
-// Storage lent for the span of one pass and handed back (backward's activation gradients, which
-// each live only until the layer below has used them): the pool holds at most as many buffers as
-// were ever out at once, each as large as its largest use, where one buffer per gradient would
-// hold them all for the whole run. take() lends the smallest free buffer of at least `bytes`,
+// Storage lent and handed back: the tensors between a model's layers (the activations a forward
+// keeps, until backward has passed them; backward's activation gradients, until the layer below
+// has used them; kInfer's intermediates, until the next layer has read them). The pool holds at
+// most as many buffers as were ever out at once, each as large as its largest use, where one
+// buffer per tensor would hold them all for the whole run. Lending a larger buffer grown before
+// rather than allocating a fresh one measured better: ResNet-50's step at batch 16 holds 1845 MB
+// of tensors this way, 2036 MB when a request that no free buffer fits allocates anew.
+// take() lends the smallest free buffer of at least `bytes`,
 // else the largest free one (which the caller's resize grows), else an empty tensor; give()
 // takes it back. The free list is ordered by capacity, then address, so a step that takes and
 // gives in the same order as the last one gets the same buffers (a CUDA graph keeps its
