@@ -56,7 +56,8 @@ class Recorder {
                   const std::function<bool(bool captured)>& agree) = 0;
   virtual bool exists() const = 0;
   virtual bool valid() const = 0;  // exists, and nothing allocated since its capture
-  virtual bool warm() const = 0;   // the last run was eager and nothing was allocated since
+  // The last run was eager, allocated nothing itself, and nothing was allocated since.
+  virtual bool warm() const = 0;
   virtual void reset() = 0;
   virtual const std::string& failure() const = 0;
   virtual size_t nodes() const = 0;

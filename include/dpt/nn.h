@@ -192,10 +192,10 @@ class Borrower {
     return mode != Mode::kInfer;
   }
   void end_forward(bool keep) { kept_ = keep; }
-  // A backward's end: it has handed the kept activations back to the pool.
-  void end_backward() { kept_ = false; }
-  // Throws unless the last forward kept its activations; `kind` names the layer.
-  void check_kept(const char* kind) const;
+  // A backward's start: throws unless the last forward kept its activations (`kind` names the
+  // layer). From here on none count as kept, so a backward that throws part-way, having handed
+  // some back, leaves a second attempt refused.
+  void begin_backward(const char* kind);
 
  private:
   TensorPool* pool_ = nullptr;

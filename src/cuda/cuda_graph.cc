@@ -92,8 +92,9 @@ StreamGraph::Ran StreamGraph::run(cudaStream_t stream, bool capture,
     failure_ = error.empty() ? "the capture failed on another rank" : error;
   }
   prepare(false);
+  const uint64_t eager_before = DeviceBuffer::allocations();
   body();
-  eager_at_ = DeviceBuffer::allocations();
+  if (DeviceBuffer::allocations() == eager_before) eager_at_ = eager_before;  // warm(): see .h
   return Ran::kEager;
 }
 

@@ -39,8 +39,11 @@ class StreamGraph {
   bool exists() const { return exec_ != nullptr; }
   // A graph exists and no allocation has happened since its capture.
   bool valid() const;
-  // The last run() was eager and nothing has been allocated since: a capture now would allocate
-  // nothing either (the same body, the same shapes), so it is the time to capture.
+  // The last run() was eager, allocated nothing itself, and nothing has been allocated since: a
+  // capture now would allocate nothing either (the same body, the same shapes), so it is the time
+  // to capture. An eager run that allocated is not enough: the model's TensorPool may need more
+  // than one step to settle (a buffer lent at one size in a step may be asked for at a larger one
+  // in the next: LeNet's second step grows some), and a capture that allocates fails.
   bool warm() const;
   void reset();
   const std::string& failure() const { return failure_; }
@@ -50,8 +53,9 @@ class StreamGraph {
 
  private:
   cudaGraphExec_t exec_ = nullptr;
-  uint64_t captured_at_ = 0;          // DeviceBuffer::allocations() at capture
-  uint64_t eager_at_ = ~uint64_t{0};  // DeviceBuffer::allocations() after the last run, if eager
+  uint64_t captured_at_ = 0;  // DeviceBuffer::allocations() at capture
+  // DeviceBuffer::allocations() after the last run, if eager and it allocated nothing.
+  uint64_t eager_at_ = ~uint64_t{0};
   size_t nodes_ = 0;
   std::string failure_;
 };

@@ -4,6 +4,7 @@
 // ParamStore's, taken at build(). Activations are float or bfloat16 (Model's activation type): a
 // layer's output, and every gradient it makes, takes its input's element type, and each operation
 // is written once over that type T (on_type).
+#include <utility>
 #include <vector>
 
 #include "dpt/backend.h"
@@ -428,7 +429,7 @@ class Residual : public Leaf, public Borrower {
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
-    check_kept("Residual");
+    begin_backward("Residual");
     TensorPool& pool = this->pool();
     // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
     // announcements still grow a prefix of the flat gradient buffer (nn.h). Each gradient goes
@@ -461,7 +462,6 @@ class Residual : public Leaf, public Borrower {
     pool.give(std::move(dmain));
     pool.give(std::move(dskip));
     pool.give(std::move(dz));
-    end_backward();
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
@@ -559,9 +559,10 @@ void set_pool(Layer& layer, TensorPool* pool) {
   if (auto* b = dynamic_cast<Borrower*>(&layer)) b->set_pool(pool);
 }
 
-void Borrower::check_kept(const char* kind) const {
-  DPT_CHECK(kept_, kind << ": backward without a forward that kept its activations (a "
-                           "Mode::kInfer forward keeps none, and a backward hands them back)");
+void Borrower::begin_backward(const char* kind) {
+  DPT_CHECK(std::exchange(kept_, false),
+            kind << ": backward without a forward that kept its activations (a "
+                    "Mode::kInfer forward keeps none, and a backward hands them back)");
 }
 
 // ---- Sequential ----------------------------------------------------------------------------
@@ -611,7 +612,7 @@ void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
 
 void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
                           BackwardCtx& ctx) {
-  check_kept("Sequential");
+  begin_backward("Sequential");
   TensorPool& pool = this->pool();
   const size_t n = children_.size();
   // dL/d(output of child i), borrowed from the pool while child i's backward reads it; the last
@@ -629,7 +630,6 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
     if (i + 1 < n) pool.give(std::move(acts_[i]));  // its readers, children i and i + 1, are done
     g = std::move(gin);
   }
-  end_backward();
 }
 
 void Sequential::visit(const std::function<void(Layer&)>& fn) {
