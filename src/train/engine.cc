@@ -395,8 +395,9 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
   if (!eval_graphs_on_) {
     body();
   } else {
-    // No collectives inside: each rank decides alone. Captured on the second pass over the same
-    // range (the first allocates the evaluation shapes' activations and workspaces).
+    // No collectives inside: each rank decides alone. Captured on the pass over the same range
+    // after an eager one that allocated nothing (the first allocates the evaluation shapes'
+    // buffers and workspaces).
     auto& graph = eval_graphs_[{begin, end}];
     if (!graph) graph = be_.make_recorder();
     const bool capture = graph->warm();
