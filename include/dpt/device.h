@@ -26,9 +26,12 @@ std::string resolve_device(const std::string& want, int local_rank);
 // What a device can still give a run, for the pre-flight's memory estimate: `free_bytes` (< 0:
 // unknown, no check), shared by `sharing` ranks, of which this rank checks for all when `checks`
 // (the CPU: a host's first rank; a GPU: every rank, after its context exists); `extra` is what a
-// run keeps there besides the per-image part; `where` names it in messages.
+// run keeps there besides the per-image part; with `model_fixed` each rank's model (parameters,
+// gradients, optimizer state, weight copies: model_fixed_bytes) comes out of free_bytes too, where
+// `extra` does not already cover it; `where` names it in messages.
 struct DeviceMemory {
   double free_bytes = -1, extra = 0;
+  bool model_fixed = false;
   int sharing = 1;
   bool checks = false;
   std::string where;

@@ -107,6 +107,12 @@ std::pair<double, double> bytes_per_image(const std::string& model, int classes,
                                           const Shape& input = {28, 28, 1},
                                           DType activations = DType::kF32,
                                           const ModelOptions& options = {});
+// What a model keeps whatever the batch, in bytes: 4 per parameter for its value, its gradient,
+// each optimizer state (sgd: momentum; adamw: two moments) and the two copies of the weights in
+// the kernels' layouts (oneDNN's forward and backward-data; the Linear's bf16 copy is smaller).
+// Built at `input` (the parameter count of LeNet's classifier depends on it).
+double model_fixed_bytes(const std::string& model, int classes, const Shape& input,
+                         const std::string& optimizer, const ModelOptions& options = {});
 // Input error when the batch needs more than `mem` can give (see DeviceMemory), with activations
 // of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,

@@ -82,9 +82,11 @@ class CpuDevice final : public ComputeDevice {
   const char* kind() const override { return "cpu"; }
   Backend& ops() override { return request_.bf16 ? cpu::cpu_backend_bf16() : cpu_backend(); }
   // Once per host (its first rank): the estimate covers every rank there. MemAvailable already
-  // lacks what the run has loaded, so nothing extra.
+  // lacks what the ranks have loaded (libraries, the data set); their models are not built yet,
+  // so each one's fixed memory is counted (model_fixed).
   DeviceMemory memory(int) override {
     DeviceMemory m;
+    m.model_fixed = true;
     m.checks = request_.local_rank == 0;
     if (m.checks) m.free_bytes = host_available_bytes();
     m.sharing = request_.ranks_here;

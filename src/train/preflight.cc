@@ -193,6 +193,13 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
   return {per[1], per[0]};
 }
 
+double model_fixed_bytes(const std::string& name, int classes, const Shape& input,
+                         const std::string& optimizer, const ModelOptions& options) {
+  const double states = optimizer == "adamw" ? 2 : 1;
+  const auto model = make_model(name, classes, cpu_backend(), input, options);
+  return 4.0 * static_cast<double>(model->num_parameters()) * (2 + states + 2);
+}
+
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
                        const HostMemory& mem) {
   if (mem.bytes < 0) return;  // nothing known: the loss of a check is not a reason to refuse a run
@@ -229,7 +236,10 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
           : static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   // Evaluation borrows its intermediates from the model's pool (Mode::kInfer) while the
   // activations kept for the next backward stay where they are: the two add up.
-  const double per_rank = train * local + eval * eval_batch + extra;
+  const double fixed = mem.model_fixed ? model_fixed_bytes(cfg.model, classes, input, cfg.optimizer,
+                                                           {cfg.stem, cfg.zero_init_residual})
+                                       : 0.0;
+  const double per_rank = train * local + eval * eval_batch + extra + fixed;
   const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
@@ -245,6 +255,10 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
           << (extra > 0
                   ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
                   : std::string())
+          << (fixed > 0 ? DPT_MSG(", + " << gib(fixed)
+                                         << " GiB of parameters, gradients, optimizer state and "
+                                            "weight copies")
+                        : std::string())
           << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
           << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
   log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail)

@@ -308,6 +308,40 @@ TEST(CheckMemory, TheEstimateIsPerImageTimesBatchPlusExtraTimesSharing) {
                      {"--batch-size 256", "on host h"});
 }
 
+// On the host each rank's model is counted too (DeviceMemory::model_fixed): what building it
+// allocates (parameters, their gradients, the BatchNorm buffers) and, per parameter, the optimizer
+// state and two weight copies in the kernels' layouts: 5 floats under sgd, 6 under adamw.
+TEST(CheckMemory, OnTheHostEachRanksModelCountsToo) {
+  const int64_t before = Tensor::live_bytes();
+  auto m = make_model("resnet18", 10, cpu_backend(), {28, 28, 1});
+  const double built = static_cast<double>(Tensor::live_bytes() - before);
+  const double params = static_cast<double>(m->num_parameters());
+  const double sgd = model_fixed_bytes("resnet18", 10, {28, 28, 1}, "sgd");
+  EXPECT_GT(built, 2 * 4 * params * 0.99);  // values and gradients, as Tensors
+  EXPECT_GT(sgd, built);
+  EXPECT_DOUBLE_EQ(sgd, 4 * params * 5);
+  EXPECT_DOUBLE_EQ(model_fixed_bytes("resnet18", 10, {28, 28, 1}, "adamw") - sgd, 4 * params);
+  // LeNet's classifier grows with the image.
+  EXPECT_GT(model_fixed_bytes("lenet", 10, {56, 56, 1}, "sgd"),
+            model_fixed_bytes("lenet", 10, {28, 28, 1}, "sgd"));
+  // check_memory adds it per rank, and says so.
+  TrainConfig cfg;
+  cfg.model = "resnet18";
+  cfg.batch_size = 64;
+  cfg.eval_every = 0;
+  DeviceMemory mem;
+  mem.checks = true, mem.sharing = 2, mem.model_fixed = true, mem.where = "on host h";
+  const double train = bytes_per_image("resnet18", 10).first;
+  const double need = (train * 32 + sgd) * 2;
+  mem.free_bytes = need;
+  EXPECT_NO_THROW(check_memory(cfg, 2, 10, 100, mem));
+  mem.free_bytes = need * (1 - 1e-6);
+  expect_input_error([&] { check_memory(cfg, 2, 10, 100, mem); },
+                     {"--batch-size 64", "optimizer state and weight copies"});
+  mem.model_fixed = false;  // a GPU's `extra` covers it instead
+  EXPECT_NO_THROW(check_memory(cfg, 2, 10, 100, mem));
+}
+
 TEST(BytesPerImage, TrainingCostsMoreAndResnetMore) {
   const auto [lt, le] = bytes_per_image("lenet", 10);
   EXPECT_GT(le, 0);
