@@ -53,23 +53,23 @@ struct ConvPrimitives::Entry {
 };
 
 namespace {
-// A byte buffer aligned as oneDNN aligns its own memory, grown to the largest request.
+// A byte buffer grown to the largest request, in the CPU backend's storage (64-byte aligned, as
+// oneDNN aligns its own memory).
 class AlignedBytes {
  public:
   void* get(size_t bytes) {
     if (bytes > size_) {
-      size_ = std::max<size_t>((bytes + 63) / 64 * 64, 64);
-      p_.reset(std::aligned_alloc(64, size_));
-      DPT_CHECK(p_ != nullptr, "out of memory allocating " << size_ << " bytes");
+      p_.reset(cpu_backend().allocate(bytes));
+      size_ = bytes;
     }
     return p_.get();
   }
 
  private:
-  struct Free {
-    void operator()(void* p) const noexcept { std::free(p); }
+  struct Release {
+    void operator()(void* p) const noexcept { cpu_backend().release(p); }
   };
-  std::unique_ptr<void, Free> p_;
+  std::unique_ptr<void, Release> p_;
   size_t size_ = 0;
 };
 
@@ -88,7 +88,7 @@ CallBuffers& call_buffers() {
   thread_local CallBuffers b;
   return b;
 }
-// e's scratchpad, in this thread's buffer.
+// A primitive's scratchpad of descriptor md, in this thread's buffer.
 memory scratchpad(const memory::desc& md) {
   return memory(md, dnnl_engine(), call_buffers().scratch.get(md.get_size()));
 }
@@ -263,21 +263,21 @@ void ConvPrimitives::backward_dnnl(Entry& e, const ConvGeom& g, const T* x, cons
 void ConvPrimitives::backward_gemm(const ConvGeom& g, const float* x, const float* w,
                                    const float* dy, float* dx, float* dw, float* db,
                                    bool accumulate) {
-  CallBuffers& e = call_buffers();
+  CallBuffers& buf = call_buffers();
   const int64_t kk = g.k * g.k, kkc = kk * g.c_in, o = g.c_out, per_image = g.oh() * g.ow();
   // Blocks of images whose columns (~1.5 MB) stay in cache between im2col, the two sgemms and
   // col2im, instead of 20 MB round trips through memory for LeNet's conv2 at batch 128.
   const int64_t block =
       std::clamp<int64_t>((int64_t{3} << 18) / std::max<int64_t>(1, per_image * kkc), 1, g.n);
-  e.col.resize(static_cast<size_t>(block * per_image * kkc));
-  e.dw_ohwi.resize(static_cast<size_t>(o * kkc));
+  buf.col.resize(static_cast<size_t>(block * per_image * kkc));
+  buf.dw_ohwi.resize(static_cast<size_t>(o * kkc));
   if (dx) {
-    e.w_ohwi.resize(static_cast<size_t>(o * kkc));
+    buf.w_ohwi.resize(static_cast<size_t>(o * kkc));
     for (int64_t oc = 0; oc < o; ++oc)
       for (int64_t c = 0; c < g.c_in; ++c)
         for (int64_t t = 0; t < kk; ++t)
-          e.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] = w[(oc * g.c_in + c) * kk + t];
-    e.dcol.resize(e.col.size());
+          buf.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] = w[(oc * g.c_in + c) * kk + t];
+    buf.dcol.resize(buf.col.size());
   }
   for (int64_t n0 = 0; n0 < g.n; n0 += block) {
     ConvGeom gb = g;
@@ -285,12 +285,12 @@ void ConvPrimitives::backward_gemm(const ConvGeom& g, const float* x, const floa
     const int64_t rows = gb.n * per_image;
     const float* dyb = dy + n0 * per_image * o;
     im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
-                e.col.data());
-    sgemm('T', 'N', o, kkc, rows, dyb, o, e.col.data(), kkc, n0 == 0 ? 0.f : 1.f, e.dw_ohwi.data(),
+                buf.col.data());
+    sgemm('T', 'N', o, kkc, rows, dyb, o, buf.col.data(), kkc, n0 == 0 ? 0.f : 1.f, buf.dw_ohwi.data(),
           kkc);
     if (dx) {
-      sgemm('N', 'N', rows, kkc, o, dyb, o, e.w_ohwi.data(), kkc, 0.f, e.dcol.data(), kkc);
-      col2im_nhwc(e.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
+      sgemm('N', 'N', rows, kkc, o, dyb, o, buf.w_ohwi.data(), kkc, 0.f, buf.dcol.data(), kkc);
+      col2im_nhwc(buf.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
                   dx + n0 * g.h * g.w * g.c_in);
     }
   }
@@ -298,7 +298,7 @@ void ConvPrimitives::backward_gemm(const ConvGeom& g, const float* x, const floa
   for (int64_t oc = 0; oc < o; ++oc)
     for (int64_t c = 0; c < g.c_in; ++c)
       for (int64_t t = 0; t < kk; ++t) {
-        const float v = e.dw_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)];
+        const float v = buf.dw_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)];
         float& d = dw[(oc * g.c_in + c) * kk + t];
         d = accumulate ? d + v : v;
       }
