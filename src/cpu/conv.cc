@@ -276,7 +276,8 @@ void ConvPrimitives::backward_gemm(const ConvGeom& g, const float* x, const floa
     for (int64_t oc = 0; oc < o; ++oc)
       for (int64_t c = 0; c < g.c_in; ++c)
         for (int64_t t = 0; t < kk; ++t)
-          buf.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] = w[(oc * g.c_in + c) * kk + t];
+          buf.w_ohwi[static_cast<size_t>((oc * kk + t) * g.c_in + c)] =
+              w[(oc * g.c_in + c) * kk + t];
     buf.dcol.resize(buf.col.size());
   }
   for (int64_t n0 = 0; n0 < g.n; n0 += block) {
@@ -286,8 +287,8 @@ void ConvPrimitives::backward_gemm(const ConvGeom& g, const float* x, const floa
     const float* dyb = dy + n0 * per_image * o;
     im2col_nhwc(x + n0 * g.h * g.w * g.c_in, gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
                 buf.col.data());
-    sgemm('T', 'N', o, kkc, rows, dyb, o, buf.col.data(), kkc, n0 == 0 ? 0.f : 1.f, buf.dw_ohwi.data(),
-          kkc);
+    sgemm('T', 'N', o, kkc, rows, dyb, o, buf.col.data(), kkc, n0 == 0 ? 0.f : 1.f,
+          buf.dw_ohwi.data(), kkc);
     if (dx) {
       sgemm('N', 'N', rows, kkc, o, dyb, o, buf.w_ohwi.data(), kkc, 0.f, buf.dcol.data(), kkc);
       col2im_nhwc(buf.dcol.data(), gb.n, g.h, g.w, g.c_in, g.k, g.stride, g.pad,
