@@ -67,6 +67,10 @@ std::unique_ptr<Model> make_model(const std::string& name, int num_classes = 10,
                                   Backend& backend = cpu_backend(),
                                   const Shape& input = {28, 28, 1},
                                   const ModelOptions& options = {});
+// make_model(name, ...)->num_parameters() with make_model's checks, without allocating the
+// parameters (the host's memory pre-flight counts each rank's model this way).
+int64_t count_parameters(const std::string& name, int num_classes, const Shape& input,
+                         const ModelOptions& options = {});
 // Why `name` cannot take images of shape {H, W, C}, or "" when it can.
 std::string model_input_problem(const std::string& name, const Shape& input);
 

@@ -189,18 +189,43 @@ std::string resolve_stem(const std::string& name, const ModelOptions& options, c
   return input.size() >= 2 && std::min(input[0], input[1]) < 64 ? "cifar" : "imagenet";
 }
 
-std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend,
-                                  const Shape& input, const ModelOptions& options) {
+namespace {
+// make_model's checks and its network, unbuilt; `stem` gets the resolved stem.
+std::unique_ptr<Sequential> checked_net(const std::string& name, int num_classes,
+                                        const Shape& input, const ModelOptions& options,
+                                        std::string& stem) {
   const ModelSpec& spec = model_spec(name);
   ModelOptions resolved = options;
   resolved.stem = resolve_stem(name, options, input);
   const std::string problem = model_input_problem(name, input);
   DPT_INPUT_CHECK(problem.empty(), "--model " << name << " cannot take images of shape "
                                               << shape_str(input) << " (H, W, C): " << problem);
-  auto model =
-      std::make_unique<Model>(name, spec.build(num_classes, resolved), input, num_classes, backend);
-  model->set_stem(resolved.stem);
+  stem = resolved.stem;
+  return spec.build(num_classes, resolved);
+}
+}  // namespace
+
+std::unique_ptr<Model> make_model(const std::string& name, int num_classes, Backend& backend,
+                                  const Shape& input, const ModelOptions& options) {
+  std::string stem;
+  auto net = checked_net(name, num_classes, input, options, stem);
+  auto model = std::make_unique<Model>(name, std::move(net), input, num_classes, backend);
+  model->set_stem(stem);
   return model;
+}
+
+int64_t count_parameters(const std::string& name, int num_classes, const Shape& input,
+                         const ModelOptions& options) {
+  std::string stem;
+  auto net = checked_net(name, num_classes, input, options, stem);
+  // Registered but never finalized: the store allocates nothing, and the layers' build() only
+  // records shapes.
+  ParamStore store;
+  net->build(input, store, "");
+  int64_t n = 0;
+  for (const Param& p : store.entries())
+    if (!p.is_buffer) n += p.numel();
+  return n;
 }
 
 }  // namespace dpt

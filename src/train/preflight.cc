@@ -196,8 +196,8 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
 double model_fixed_bytes(const std::string& name, int classes, const Shape& input,
                          const std::string& optimizer, const ModelOptions& options) {
   const double states = optimizer == "adamw" ? 2 : 1;
-  const auto model = make_model(name, classes, cpu_backend(), input, options);
-  return 4.0 * static_cast<double>(model->num_parameters()) * (2 + states + 2);
+  return 4.0 * static_cast<double>(count_parameters(name, classes, input, options)) *
+         (2 + states + 2);
 }
 
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,

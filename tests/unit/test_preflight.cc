@@ -321,6 +321,21 @@ TEST(CheckMemory, OnTheHostEachRanksModelCountsToo) {
   EXPECT_GT(sgd, built);
   EXPECT_DOUBLE_EQ(sgd, 4 * params * 5);
   EXPECT_DOUBLE_EQ(model_fixed_bytes("resnet18", 10, {28, 28, 1}, "adamw") - sgd, 4 * params);
+  // The pre-flight counts without building: the same count for every model and stem, and the
+  // same input refusals as make_model.
+  for (const ModelSpec& spec : models())
+    for (const Shape& in : {Shape{28, 28, 1}, Shape{64, 48, 3}}) {
+      if (!model_input_problem(spec.name, in).empty()) continue;
+      EXPECT_EQ(count_parameters(spec.name, 7, in),
+                make_model(spec.name, 7, cpu_backend(), in)->num_parameters())
+          << spec.name << " " << shape_str(in);
+    }
+  expect_input_error([] { count_parameters("lenet", 10, {2, 2, 1}); }, {"--model lenet"});
+  expect_input_error(
+      [] {
+        count_parameters("lenet", 10, {28, 28, 1}, {"cifar", false});
+      },
+      {"--stem cifar"});
   // LeNet's classifier grows with the image.
   EXPECT_GT(model_fixed_bytes("lenet", 10, {56, 56, 1}, "sgd"),
             model_fixed_bytes("lenet", 10, {28, 28, 1}, "sgd"));
