@@ -67,9 +67,11 @@ __global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_c
 }
 
 // out(ch, total) receives the NQ totals of channel ch (zeros when m == 0).
+// Launched with kReduceLanes x kTotalLanes threads: the bound keeps nvcc's register use within
+// what a block that size may have, whatever Out needs.
 template <int NQ, class Out>
-__global__ void channel_totals_kernel(const double* __restrict__ partial, int64_t chunks, int64_t c,
-                                      Out out) {
+__global__ void __launch_bounds__(kReduceLanes* kTotalLanes)
+    channel_totals_kernel(const double* __restrict__ partial, int64_t chunks, int64_t c, Out out) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   double acc[NQ];
   for (int q = 0; q < NQ; ++q) acc[q] = 0.0;

@@ -221,7 +221,7 @@ class Sequential : public Layer, public Borrower {
   std::vector<Shape> out_shapes_;        // per-sample output shape of child i
   // Output of child i (the last child writes into y), borrowed, from forward to backward; empty
   // under kInfer and after a backward.
-  std::vector<Tensor> acts_;
+  std::vector<Loan> acts_;
 };
 
 // A network plus its parameter store, input shape and class count, on one backend.
@@ -267,6 +267,10 @@ class Model {
 
  private:
   std::string name_;
+  // What every composite layer borrows (set_pool): backward's activation gradients and kInfer's
+  // intermediates never overlap in time, so one pool serves both. Declared before net_, so that
+  // it outlives the layers' loans.
+  TensorPool pool_;
   std::unique_ptr<Sequential> net_;
   Shape input_shape_;
   int num_classes_;
@@ -276,9 +280,6 @@ class Model {
   const Tensor* input_ = nullptr;  // the net's input of the last forward (x, or input16_)
   Tensor logits_;
   Tensor input16_, logits16_, dlogits16_;  // 16-bit activations: the net's own ends
-  // What every composite layer borrows (set_pool): backward's activation gradients and kInfer's
-  // intermediates never overlap in time, so one pool serves both.
-  TensorPool pool_;
 };
 
 // The models built from these layers, and make_model: include/dpt/models.h.

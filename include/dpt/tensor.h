@@ -114,4 +114,41 @@ class TensorPool {
   std::vector<Tensor> free_;
 };
 
+// A tensor borrowed from a pool and handed back when the loan ends, on every path: an exception
+// part-way through a forward or backward hands its buffers back instead of freeing them (which
+// would cost the pool a regrowth, and on the GPU a failed capture). Code that relies on the
+// order of hand-backs (a CUDA graph's pointers) calls give_back() explicitly; the destructor
+// covers the rest. The pool must outlive its loans.
+class Loan {
+ public:
+  Loan() = default;
+  Loan(TensorPool& pool, size_t bytes) : pool_(&pool), t_(pool.take(bytes)) {}
+  Loan(Loan&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), t_(std::move(o.t_)) {}
+  Loan& operator=(Loan&& o) noexcept {
+    if (this != &o) {
+      give_back();
+      pool_ = std::exchange(o.pool_, nullptr);
+      t_ = std::move(o.t_);
+    }
+    return *this;
+  }
+  ~Loan() { give_back(); }
+  Tensor& operator*() { return t_; }
+  const Tensor& operator*() const { return t_; }
+  Tensor* operator->() { return &t_; }
+  const Tensor* operator->() const { return &t_; }
+  void give_back() noexcept {
+    try {
+      if (pool_) pool_->give(std::move(t_));
+    } catch (...) {  // no room in the free list: the buffer is freed instead
+    }
+    pool_ = nullptr;
+    t_ = Tensor();
+  }
+
+ private:
+  TensorPool* pool_ = nullptr;
+  Tensor t_;
+};
+
 }  // namespace dpt

@@ -406,24 +406,24 @@ class Residual : public Leaf, public Borrower {
     const bool keep = begin_forward(mode);  // first: a bad input below leaves backward refused
     check_input(x);
     TensorPool& pool = this->pool();
-    pool.give(std::move(main_out_));  // kept by a forward that had no backward
-    pool.give(std::move(short_out_));
+    main_out_.give_back();  // kept by a forward that had no backward
+    short_out_.give_back();
     const size_t out_bytes = static_cast<size_t>(x.dim(0) * shape_numel(out_)) * x.element_bytes();
-    Tensor main_out = pool.take(out_bytes);
-    Tensor short_out = shortcut_ ? pool.take(out_bytes) : Tensor();
-    main_->forward(x, main_out, mode);
+    Loan main_out(pool, out_bytes);
+    Loan short_out = shortcut_ ? Loan(pool, out_bytes) : Loan();
+    main_->forward(x, *main_out, mode);
     const Tensor* skip = &x;
     if (shortcut_) {
-      shortcut_->forward(x, short_out, mode);
-      skip = &short_out;
+      shortcut_->forward(x, *short_out, mode);
+      skip = &*short_out;
     }
-    bn2_->forward_join(main_out, skip, y, mode);
+    bn2_->forward_join(*main_out, skip, y, mode);
     if (keep) {
       main_out_ = std::move(main_out);
       short_out_ = std::move(short_out);
     } else {
-      pool.give(std::move(main_out));
-      pool.give(std::move(short_out));
+      main_out.give_back();
+      short_out.give_back();
     }
     end_forward(keep);
   }
@@ -434,34 +434,34 @@ class Residual : public Leaf, public Borrower {
     // bn2 first, since it forms dz; its announcement waits for the shortcut's, so that the
     // announcements still grow a prefix of the flat gradient buffer (nn.h). Each gradient goes
     // back to the pool as soon as its last reader is done.
-    Tensor dmid = pool.take(main_out_.bytes()), dz = pool.take(y.bytes());
+    Loan dmid(pool, main_out_->bytes()), dz(pool, y.bytes());
     {
       TraceScope span(ctx.tracer, bn2_span_.c_str(), "backward");
-      bn2_->backward_join(main_out_, y, dy, &dmid, &dz, ctx.accumulate);
+      bn2_->backward_join(*main_out_, y, dy, &*dmid, &*dz, ctx.accumulate);
     }
-    Tensor dskip;
+    Loan dskip;
     if (shortcut_) {
-      if (dx) dskip = pool.take(x.bytes());
-      shortcut_->backward(x, short_out_, dz, dx ? &dskip : nullptr, ctx);
-      pool.give(std::move(dz));
-      pool.give(std::move(short_out_));
+      if (dx) dskip = Loan(pool, x.bytes());
+      shortcut_->backward(x, *short_out_, *dz, dx ? &*dskip : nullptr, ctx);
+      dz.give_back();
+      short_out_.give_back();
     }
     bn2_->announce(ctx);
     // The main branch's input gradient goes to its own buffer and the sum into dx: add() never
     // runs in place (the GPU kernel's operands are restrict-qualified).
-    Tensor dmain;
-    if (dx) dmain = pool.take(x.bytes());
-    main_->backward(x, main_out_, dmid, dx ? &dmain : nullptr, ctx);
-    pool.give(std::move(dmid));
-    pool.give(std::move(main_out_));
+    Loan dmain;
+    if (dx) dmain = Loan(pool, x.bytes());
+    main_->backward(x, *main_out_, *dmid, dx ? &*dmain : nullptr, ctx);
+    dmid.give_back();
+    main_out_.give_back();
     on_type(x.dtype(), [&]<typename T>(T*) {
       if (T* d = prepare_dx<T>(dx, x))
-        be_->add(dmain.ptr<T>(), shortcut_ ? dskip.ptr<T>() : dz.ptr<T>(), d, dx->numel(),
+        be_->add(dmain->ptr<T>(), shortcut_ ? dskip->ptr<T>() : dz->ptr<T>(), d, dx->numel(),
                  /*relu=*/false);
     });
-    pool.give(std::move(dmain));
-    pool.give(std::move(dskip));
-    pool.give(std::move(dz));
+    dmain.give_back();
+    dskip.give_back();
+    dz.give_back();
   }
   void visit(const std::function<void(Layer&)>& fn) override {
     fn(*this);
@@ -477,8 +477,8 @@ class Residual : public Leaf, public Borrower {
   std::unique_ptr<Layer> shortcut_;
   // "backward <prefix>.<bn2_name_>": the join is outside main_, whose children get theirs.
   std::string bn2_span_;
-  Shape out_;                    // per-sample output shape
-  Tensor main_out_, short_out_;  // borrowed, kept from forward for backward (not under kInfer)
+  Shape out_;                  // per-sample output shape
+  Loan main_out_, short_out_;  // kept from forward for backward (not under kInfer)
 };
 
 }  // namespace
@@ -592,19 +592,19 @@ void Sequential::forward(const Tensor& x, Tensor& y, Mode mode) {
   // i's backward is done; under kInfer handed back once child i + 1 has read it.
   const bool keep = begin_forward(mode);
   TensorPool& pool = this->pool();
-  for (Tensor& a : acts_) pool.give(std::move(a));  // kept by a forward that had no backward
+  for (Loan& a : acts_) a.give_back();  // kept by a forward that had no backward
   const size_t n = children_.size();
   const int64_t batch = x.rank() > 0 ? x.dim(0) : 0;  // the first child checks x's shape
-  Tensor prev;                                        // child i - 1's output
+  Loan prev;                                          // child i - 1's output
   for (size_t i = 0; i < n; ++i) {
-    Tensor next = i + 1 == n ? Tensor()
-                             : pool.take(static_cast<size_t>(batch * shape_numel(out_shapes_[i])) *
-                                         x.element_bytes());
-    children_[i].second->forward(i == 0 ? x : prev, i + 1 == n ? y : next, mode);
+    Loan next = i + 1 == n ? Loan()
+                           : Loan(pool, static_cast<size_t>(batch * shape_numel(out_shapes_[i])) *
+                                            x.element_bytes());
+    children_[i].second->forward(i == 0 ? x : *prev, i + 1 == n ? y : *next, mode);
     if (i > 0 && keep)
       acts_[i - 1] = std::move(prev);
     else
-      pool.give(std::move(prev));
+      prev.give_back();
     prev = std::move(next);
   }
   end_forward(keep);
@@ -617,17 +617,17 @@ void Sequential::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Te
   const size_t n = children_.size();
   // dL/d(output of child i), borrowed from the pool while child i's backward reads it; the last
   // child's is dy.
-  Tensor g;
+  Loan g;
   for (size_t i = n; i-- > 0;) {
-    const Tensor& in = i == 0 ? x : acts_[i - 1];
-    const Tensor& out = i + 1 == n ? y : acts_[i];
-    Tensor gin = i == 0 ? Tensor() : pool.take(in.bytes());
+    const Tensor& in = i == 0 ? x : *acts_[i - 1];
+    const Tensor& out = i + 1 == n ? y : *acts_[i];
+    Loan gin = i == 0 ? Loan() : Loan(pool, in.bytes());
     {
       TraceScope span(ctx.tracer, span_names_[i].c_str(), "backward");
-      children_[i].second->backward(in, out, i + 1 == n ? dy : g, i == 0 ? dx : &gin, ctx);
+      children_[i].second->backward(in, out, i + 1 == n ? dy : *g, i == 0 ? dx : &*gin, ctx);
     }
-    pool.give(std::move(g));
-    if (i + 1 < n) pool.give(std::move(acts_[i]));  // its readers, children i and i + 1, are done
+    g.give_back();
+    if (i + 1 < n) acts_[i].give_back();  // its readers, children i and i + 1, are done
     g = std::move(gin);
   }
 }

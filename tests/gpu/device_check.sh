@@ -242,6 +242,10 @@ case $list in
     pytorch resnet18 bf16 eager 60
     table
     group D 470  # only with time left
+    # First what no GPU has run yet: CUDA graphs over the pool's buffers (captured only after an
+    # eager step that allocated nothing), evaluation graphs, the graph-API checkpoint and resume.
+    step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
+    step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
     step nccl 60 test_gpu_nccl
     step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*'
     # Where ResNet-18's bf16 step goes, kernel by kernel: $OUT/profile.md, for the missed 0.8
@@ -255,15 +259,13 @@ case $list in
     step bench_resnet50_torch_bf16_tuned 80 "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
       --data "$syn" --model resnet50 --epochs 3 --config tuned --bf16 --json
     table
-    # And ResNet-50's (0.76x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
-    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
-      --data "$syn"
-    step training 200 test_gpu_model --gtest_filter='GpuTraining.*:GpuReducer.*:StreamGraph.*'
-    step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
     # Without the ResNet-18 geometry sweep (a plan search per site, over 60 s on an H100):
     # fusedbench below builds and times the same sites.
     step fusedconv 120 test_fused_conv --gtest_filter='-FusedConv.ResNet18GeometriesBuildOrReportUnsupported'
     step fusedbench 90 gpu_conv_bench --fused --batch 256 --steps 10
+    # And ResNet-50's (0.76x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
+    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
+      --data "$syn"
     ;;
   perf)
     group P1 470  # issue 29's targets, the new path first; ResNet-18 3 epochs, LeNet 10

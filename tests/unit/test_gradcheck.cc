@@ -556,6 +556,75 @@ TEST(TensorPool, AChainBorrowsItsActivationsAndGradientsAndTheNextStepAllocatesN
   EXPECT_EQ(pool.free_buffers(), 6u);
 }
 
+// A layer that passes its input through, or throws from forward or backward when armed: the
+// failure of a child part-way through a composite's call.
+struct Tripwire : Layer {
+  bool fail_forward = false, fail_backward = false;
+  std::string kind() const override { return "Tripwire"; }
+  Shape build(const Shape& in, ParamStore&, const std::string&) override { return in; }
+  void forward(const Tensor& x, Tensor& y, Mode) override {
+    if (fail_forward) throw Error(ErrorKind::kInput, "tripwire forward");
+    y.resize(x.shape());
+    std::copy(x.data(), x.data() + x.numel(), y.data());
+  }
+  void backward(const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx, BackwardCtx&) override {
+    if (fail_backward) throw Error(ErrorKind::kInput, "tripwire backward");
+    dx->resize(dy.shape());
+    std::copy(dy.data(), dy.data() + dy.numel(), dx->data());
+  }
+};
+
+TEST(TensorPool, AChildThatThrowsLeavesEveryBorrowedBufferWithThePool) {
+  // A child's exception part-way through forward or backward hands the composite's loans back
+  // (Loan): the pool keeps every buffer it grew, nothing is freed, and the next step allocates
+  // nothing (on the GPU, a capture that fails no longer costs buffers either).
+  Sequential seq;
+  Tripwire* wire = nullptr;
+  for (int i = 0; i < 5; ++i) {
+    if (i == 2) {
+      auto t = std::make_unique<Tripwire>();
+      wire = t.get();
+      seq.add("", std::move(t));
+    } else {
+      seq.add("", make_relu());
+    }
+  }
+  ParamStore store;
+  seq.build({4, 4, 3}, store, "");
+  store.finalize();
+  std::mt19937_64 g(7);
+  Tensor x = random_tensor({2, 4, 4, 3}, g), y({2, 4, 4, 3}), dy = random_tensor({2, 4, 4, 3}, g),
+         dx({2, 4, 4, 3});
+  TensorPool pool;
+  seq.set_pool(&pool);
+  BackwardCtx ctx;
+  seq.forward(x, y, Mode::kTrain);
+  seq.backward(x, y, dy, &dx, ctx);
+  ASSERT_EQ(pool.free_buffers(), 6u);  // as ReluChain's: four activations, two gradients
+  const int64_t settled = Tensor::live_bytes();
+  // Forward fails at child 2, having borrowed three buffers and kept child 0's output: the two
+  // in flight go back at once, the kept one at the next forward.
+  wire->fail_forward = true;
+  EXPECT_THROW(seq.forward(x, y, Mode::kTrain), Error);
+  EXPECT_EQ(Tensor::live_bytes(), settled);
+  EXPECT_EQ(pool.free_buffers(), 5u);
+  EXPECT_THROW(seq.backward(x, y, dy, &dx, ctx), Error);  // refused: nothing was kept
+  wire->fail_forward = false;
+  seq.forward(x, y, Mode::kTrain);
+  EXPECT_EQ(pool.free_buffers(), 2u);  // four activations kept again, from the same buffers
+  // Backward fails at child 2, with the gradient it reads and the one it writes out.
+  wire->fail_backward = true;
+  EXPECT_THROW(seq.backward(x, y, dy, &dx, ctx), Error);
+  EXPECT_EQ(Tensor::live_bytes(), settled);
+  wire->fail_backward = false;
+  seq.forward(x, y, Mode::kTrain);
+  seq.backward(x, y, dy, &dx, ctx);
+  EXPECT_EQ(Tensor::live_bytes(), settled);
+  EXPECT_EQ(pool.free_buffers(), 6u);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(dx.data()[i], x.data()[i] > 0 ? dy.data()[i] : 0.f) << i;
+}
+
 TEST(TensorPool, InferenceBorrowsTwoBuffersForAChainAndKeepsNothing) {
   ReluChain chain;
   Sequential& seq = chain.seq;
