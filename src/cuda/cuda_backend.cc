@@ -64,6 +64,12 @@ void* CudaBackend::allocate(size_t bytes) {
 void CudaBackend::release(void* p) noexcept {
   // Abandoned: the stream may never drain, so waiting for it would hang the teardown; leak.
   if (abandoned_ || p == nullptr) return;
+  // Mid-capture (a capture unwinding after an error): synchronising is not allowed there, and a
+  // graph captured earlier may still point at p, which no allocation count would reveal; leak.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(ctx_->stream(), &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone)
+    return;
   // Queued kernels may still read or write p; errors are ignored (nothing may throw here).
   cudaStreamSynchronize(ctx_->stream());
   cudaFree(p);
