@@ -7,11 +7,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format python3-torchvision || exit 1  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check; python3-torchvision: cli_torchvision
 bash launch/build.sh || exit 1
+echo "tests/run.sh: packages and build took ${SECONDS} s" >&2  # CI's budget is 30 minutes on 2 cores
 build=${BUILD:-build}
 asan=${BUILD_ASAN:-build-asan}
 rc=0
 meson test -C "$build" --print-errorlogs --num-processes 1 "$@" || rc=1
 logs=("$build/meson-logs/testlog.json")
+echo "tests/run.sh: the meson suites done at ${SECONDS} s" >&2
 if [[ $# -eq 0 ]]; then
   # The sanitizer build: the unit tests that do not train for long (training is covered above).
   [[ -f $asan/build.ninja ]] || meson setup "$asan" -Db_sanitize=address,undefined \
@@ -23,5 +25,6 @@ if [[ $# -eq 0 ]]; then
       idx safetensors ops gradcheck config || rc=1
   logs+=("$asan/meson-logs/testlog.json")
 fi
+echo "tests/run.sh: everything done at ${SECONDS} s" >&2
 python3 tests/count_results.py "${logs[@]}" || rc=1
 exit $rc
