@@ -1,12 +1,14 @@
-// What the two cuDNN convolution ops share: CudnnConv (cudnn_conv.cc, legacy API) and
-// CudnnGraphConv (cudnn_graph_conv.cc, graph API): the geometry as text for messages, cuDNN's int
-// limit, the alignment test for weight pointers and the cap on per-call scratch.
+// What the cuDNN convolution ops share: CudnnConv (cudnn_conv.cc, legacy API), CudnnGraphConv
+// (cudnn_graph_conv.cc, graph API) and FusedConvGenstats: the geometry as text for messages,
+// cuDNN's int limit, the alignment test for weight pointers, the cap on per-call scratch and the
+// record of a key's chosen plan.
 #pragma once
 
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dpt/backend.h"
 #include "dpt/error.h"
@@ -16,6 +18,22 @@ namespace dpt::gpu {
 // Algorithms or plans needing more scratch than this are passed over (cuDNN ranks by speed, not
 // by memory, and the workspace is shared by every op of the context).
 constexpr size_t kMaxConvWorkspace = size_t{256} << 20;
+
+// One key's chosen plan, for bench/gpu_conv_bench and the tests (the graph-API ops' choices()).
+struct PlanChoice {
+  std::string key, plan;
+  float ms = 0;           // its time per call when timed (0 when seeded)
+  int candidates = 0;     // plans timed for it (0 when seeded)
+  int64_t workspace = 0;  // its cuDNN workspace, bytes
+};
+
+// The choices of a map from key to plan (fields name, ms, candidates, workspace).
+template <class Plans>
+std::vector<PlanChoice> choices_of(const Plans& plans) {
+  std::vector<PlanChoice> out;
+  for (const auto& [key, p] : plans) out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
+  return out;
+}
 
 inline std::string geom_str(const ConvGeom& g) {
   return DPT_MSG("N=" << g.n << " H=" << g.h << " W=" << g.w << " Cin=" << g.c_in << " Cout="

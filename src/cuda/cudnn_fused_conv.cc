@@ -281,12 +281,7 @@ void FusedConvGenstats::forward(const ConvGeom& g, const float* x, const float* 
                  sqsum);
 }
 
-std::vector<FusedConvGenstats::Choice> FusedConvGenstats::choices() const {
-  std::vector<Choice> out;
-  for (const auto& [key, p] : impl_->plans)
-    out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
-  return out;
-}
+std::vector<PlanChoice> FusedConvGenstats::choices() const { return choices_of(impl_->plans); }
 
 uint64_t FusedConvGenstats::graphs_built() const { return impl_->graphs_built; }
 uint64_t FusedConvGenstats::plans_timed() const { return impl_->plans_timed; }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/conv_common.h"
 #include "cuda/gpu_context.h"
 #include "dpt/backend.h"
 
@@ -46,12 +47,7 @@ class FusedConvGenstats {
 
   // One key's choice ("N=.. forward-fused bf16" -> "genstats+ohwi:<engine tag>"), for the bench
   // and the tests.
-  struct Choice {
-    std::string key, plan;
-    float ms = 0;
-    int candidates = 0;
-    int64_t workspace = 0;
-  };
+  using Choice = PlanChoice;
   std::vector<Choice> choices() const;
   uint64_t graphs_built() const;
   uint64_t plans_timed() const;

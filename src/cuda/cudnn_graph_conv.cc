@@ -504,12 +504,7 @@ void CudnnGraphConv::set_plan_choices(const std::string& text) {
   }
 }
 
-std::vector<CudnnGraphConv::Choice> CudnnGraphConv::choices() const {
-  std::vector<Choice> out;
-  for (const auto& [key, p] : impl_->plans)
-    out.push_back({key, p.name, p.ms, p.candidates, p.workspace});
-  return out;
-}
+std::vector<PlanChoice> CudnnGraphConv::choices() const { return choices_of(impl_->plans); }
 
 uint64_t CudnnGraphConv::graphs_built() const { return impl_->graphs_built; }
 uint64_t CudnnGraphConv::plans_timed() const { return impl_->plans_timed; }

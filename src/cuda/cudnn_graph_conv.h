@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/conv_common.h"
 #include "cuda/gpu_context.h"
 #include "dpt/backend.h"
 
@@ -69,12 +70,7 @@ class CudnnGraphConv : public ConvOp {
   void set_plan_choices(const std::string& text);
 
   // One key's choice, for bench/gpu_conv_bench.
-  struct Choice {
-    std::string key, plan;
-    float ms = 0;           // its time per call when timed (0 when seeded)
-    int candidates = 0;     // plans timed for it (0 when seeded)
-    int64_t workspace = 0;  // its cuDNN workspace, bytes
-  };
+  using Choice = PlanChoice;
   std::vector<Choice> choices() const;
   // cuDNN graphs built (every candidate graph counts) and plans executed under timing, since
   // construction: a second call on a known shape adds to neither.

@@ -281,15 +281,34 @@ StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& or
   return file;
 }
 
-StFile read_safetensors(const std::string& path) {
-  // Never blocks: a FIFO or device is refused before anything is read from it.
-  FILE* f = ::fdopen(open_input_file(path, "safetensors file"), "rb");
-  DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
-  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
+namespace {
+using FileGuard = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+// `path` opened for reading, and its size. Never blocks: a FIFO or device is refused before
+// anything is read from it.
+FileGuard open_safetensors(const std::string& path, uint64_t& size) {
+  const int fd = open_input_file(path, "safetensors file");
+  FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(ErrorKind::kInput,
+                DPT_MSG("cannot open safetensors file " << path << ": " << std::strerror(err)));
+  }
+  FileGuard guard(f, std::fclose);
   struct stat st {};
   DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0,
                   "cannot stat safetensors file " << path << ": " << std::strerror(errno));
-  std::vector<uint8_t> buf(static_cast<size_t>(st.st_size));
+  size = static_cast<uint64_t>(st.st_size);
+  return guard;
+}
+}  // namespace
+
+StFile read_safetensors(const std::string& path) {
+  uint64_t size = 0;
+  FileGuard guard = open_safetensors(path, size);
+  FILE* f = guard.get();
+  std::vector<uint8_t> buf(static_cast<size_t>(size));
   size_t got = buf.empty() ? 0 : std::fread(buf.data(), 1, buf.size(), f);
   DPT_INPUT_CHECK(got == buf.size(), "cannot read safetensors file " << path << ": got " << got
                                                                      << " of " << buf.size()
@@ -299,13 +318,9 @@ StFile read_safetensors(const std::string& path) {
 
 std::map<std::string, std::string> read_metadata(const std::string& path) {
   // The length field and the header only: listing checkpoints must not read 85 MB each.
-  FILE* f = ::fdopen(open_input_file(path, "safetensors file"), "rb");
-  DPT_INPUT_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
-  std::unique_ptr<FILE, int (*)(FILE*)> guard(f, std::fclose);
-  struct stat st {};
-  DPT_INPUT_CHECK(::fstat(fileno(f), &st) == 0,
-                  "cannot stat safetensors file " << path << ": " << std::strerror(errno));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t size = 0;
+  FileGuard guard = open_safetensors(path, size);
+  FILE* f = guard.get();
   std::vector<uint8_t> head(8);
   DPT_INPUT_CHECK(size >= 8 && std::fread(head.data(), 1, 8, f) == 8,
                   path << ": not a safetensors file: " << size
