@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -165,7 +166,14 @@ void validate_config(const TrainConfig& c, int world) {
   for (double b : c.betas)
     DPT_INPUT_CHECK(std::isfinite(b) && b >= 0 && b < 1,
                     "--betas: each must be in [0, 1), got " << c.betas[0] << "," << c.betas[1]);
-  DPT_INPUT_CHECK(std::isfinite(c.eps) && c.eps >= 0, "--eps must be >= 0, got " << c.eps);
+  // The update divides by sqrt(v) + eps in float: an element whose gradient has been 0 so far has
+  // v = m = 0, so eps 0 (or below float's smallest normal, which the kernels flush to 0) makes
+  // that update 0/0 and the parameter NaN. torch.optim.AdamW accepts 0 and gives the same NaN.
+  DPT_INPUT_CHECK(std::isfinite(c.eps) && c.eps >= std::numeric_limits<float>::min(),
+                  "--eps must be at least " << std::numeric_limits<float>::min()
+                                            << " (float's smallest normal: with less, a parameter "
+                                               "whose gradient is still 0 becomes 0/0 = NaN), got "
+                                            << c.eps);
   DPT_INPUT_CHECK(
       std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 && c.label_smoothing < 1,
       "--label-smoothing must be in [0, 1), got " << c.label_smoothing);

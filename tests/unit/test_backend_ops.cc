@@ -1308,6 +1308,29 @@ TEST_P(BackendOps, AdamwUpdateMatchesTorch) {
   }
 }
 
+// Why --eps must be at least float's smallest normal: a parameter whose gradient is still 0 has
+// zero moments, so its update is 0 / (0 + eps): 0 at that eps, NaN at eps 0.
+TEST_P(BackendOps, AdamwSmallestEpsKeepsAZeroGradientsParameterAsItIs) {
+  const int64_t n = 9;
+  const auto p0 = uniform(sz(n), 1450);
+  for (const double eps : {double{std::numeric_limits<float>::min()}, 0.0}) {
+    auto p_ = put(p0), m_ = put(std::vector<float>(sz(n))), v_ = put(std::vector<float>(sz(n)));
+    auto g_ = put(std::vector<float>(sz(n)));
+    auto t_ = to_backend_array(be(), std::vector<double>{0.0});
+    auto lr_ = put({0.f});
+    be().store_scalar(lr_.data(), 0.1f);
+    be().adamw_update(p_.data(), g_.data(), m_.data(), v_.data(), n, lr_.data(), t_.data(), true,
+                      0.9, 0.999, eps, 0.0, nullptr, 0.f);
+    const auto p = get(p_);
+    for (size_t i = 0; i < sz(n); ++i) {
+      if (eps > 0)
+        ASSERT_EQ(p[i], p0[i]) << i;
+      else
+        ASSERT_TRUE(std::isnan(p[i])) << i << ": " << p[i];
+    }
+  }
+}
+
 // One step cut into ranges of their own weight decay (--no-decay-bn-bias) counts once, in the call
 // that says so; the non-finite guard leaves everything, the count too; clipping scales the
 // gradients by clip_grad_norm_'s coefficient before the moments see them.

@@ -226,7 +226,9 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--betas", "0.9,x"}, "--betas: '0.9,x' is not B1,B2"},
       {{"--betas", "0.9,1"}, "--betas: each must be in [0, 1)"},
       {{"--betas", "-0.1,0.9"}, "--betas: each must be in [0, 1)"},
-      {{"--eps", "-1e-8"}, "--eps must be >= 0"},
+      {{"--eps", "-1e-8"}, "--eps must be at least"},
+      {{"--eps", "0"}, "--eps must be at least"},
+      {{"--eps", "1e-39"}, "--eps must be at least"},  // a float denormal: flushed to 0
       {{"--label-smoothing", "1"}, "--label-smoothing must be in [0, 1)"},
       {{"--label-smoothing", "-0.1"}, "--label-smoothing must be in [0, 1)"},
       {{"--weight-decay", "nan"}, "--weight-decay"},
