@@ -63,6 +63,9 @@ class ReduceTransport {
   virtual void set_capturing(bool) {}
   virtual void graph_launched(int64_t) {}
   virtual void set_tracer(Tracer*) {}
+  // Whether a thread of its own may still be inside a collective that uses its members (finish()
+  // timed out): its owner then leaks it instead of destroying it, since the process is ending.
+  virtual bool in_use_after_timeout() const { return false; }
 };
 
 // The CPU transport: a thread that owns a duplicate of `comm` and all-reduces each launched bucket
@@ -84,6 +87,7 @@ const char* grad_wire_name(DType wire);
 class Reducer {
  public:
   Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket> buckets, bool overlap);
+  ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 

@@ -123,6 +123,10 @@ class MpiThreadTransport : public ReduceTransport {
   void allreduce_doubles(double* data, int64_t count, const std::string& what) override {
     if (main_.size() > 1) main_.allreduce(data, count, ReduceOp::kSum, what);
   }
+  bool in_use_after_timeout() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stuck_;
+  }
   bool capturable() const override { return comm_->size() == 1; }  // nothing to capture
   void set_tracer(Tracer* t) override { tracer_ = t; }
 
@@ -183,7 +187,7 @@ class MpiThreadTransport : public ReduceTransport {
   std::vector<uint16_t>
       wire_buf_;  // the thread's: a bucket in 16-bit values (compressed wire only)
   Tracer* tracer_ = nullptr;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Launched> launched_;  // this step's launches, in order
   std::deque<size_t> queue_;        // indices into launched_ not yet taken by the thread
@@ -219,6 +223,13 @@ Reducer::Reducer(std::unique_ptr<ReduceTransport> transport, std::vector<Bucket>
     : transport_(std::move(transport)), buckets_(std::move(buckets)), overlap_(overlap) {
   DPT_CHECK(transport_ != nullptr, "Reducer without a transport");
   pending_.resize(buckets_.size());
+}
+
+Reducer::~Reducer() {
+  // Destroying a transport whose thread is still blocked in MPI_Allreduce freed the communicator,
+  // mutex and buffers under it: once the job's abort woke the thread, it crashed (a segfault and a
+  // backtrace after the clean timeout error). The process is ending: leak it instead.
+  if (transport_ && transport_->in_use_after_timeout()) (void)transport_.release();
 }
 
 void Reducer::begin(int64_t step) {
