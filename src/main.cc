@@ -41,8 +41,12 @@ int main(int argc, char** argv) {
     // Flags may differ per rank (an MPMD line, a stale job script): a flag error or --help on any
     // rank ends every rank here, before the pre-flight's first collective, where the others would
     // wait for it for ever. The lowest such rank prints it (rank 0 when all were given the same).
-    int32_t first[2] = {flag_error.empty() ? world : rank, help.empty() ? world : rank};
-    comm->allreduce(first, 2, dpt::ReduceOp::kMin, "all-reduce of the flag errors");
+    // The command is compared in the same all-reduce (its code and its negation): ranks running
+    // different commands would issue different collectives and fail in MPI.
+    const int32_t command = cfg.command == "evaluate" ? 1 : cfg.command == "predict" ? 2 : 0;
+    int32_t first[4] = {flag_error.empty() ? world : rank, help.empty() ? world : rank, command,
+                        -command};
+    comm->allreduce(first, 4, dpt::ReduceOp::kMin, "all-reduce of the flag errors");
     if (first[0] < world) {
       // Under mpirun the "[rank r@host]" prefix names the rank whose flags are wrong.
       if (rank == first[0] && world > 1) dpt::log_error(flag_error);
@@ -54,6 +58,20 @@ int main(int argc, char** argv) {
       if (rank == first[1]) std::printf("%s", help.c_str());
       return 0;
     }
+    if (first[2] != -first[3]) {
+      const auto commands = dpt::allgather_text(*comm, cfg.command);
+      if (rank == 0) {
+        std::string each;
+        for (int r = 0; r < world && r < 8; ++r)
+          each += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " " +
+                  commands[static_cast<size_t>(r)];
+        if (world > 8) each += ", ...";
+        dpt::log_error("the ranks were started with different commands (" + each +
+                       "): start every rank with the same one (dptrain, dptrain evaluate or "
+                       "dptrain predict)");
+      }
+      return 2;
+    }
     if (cfg.command == "evaluate")
       dpt::run_evaluate(cfg, *comm);
     else if (cfg.command == "predict")
@@ -64,8 +82,10 @@ int main(int argc, char** argv) {
     if (!e.quiet) dpt::log_error(e.what());
     return e.exit_code();
   } catch (const dpt::Stopped& s) {
-    dpt::log_info("stopped by " + dpt::signal_name(s.signal) + " after global step " +
-                  std::to_string(s.step) + " (exit " + std::to_string(128 + s.signal) + ")");
+    dpt::log_info("stopped by " + dpt::signal_name(s.signal) +
+                  (s.step < 0 ? std::string(" before anything was written")
+                              : " after global step " + std::to_string(s.step)) +
+                  " (exit " + std::to_string(128 + s.signal) + ")");
     return 128 + s.signal;
   } catch (const dpt::Error& e) {
     dpt::log_error(e.what());

@@ -13,7 +13,8 @@ namespace dpt {
 
 struct TrainConfig {
   // train | evaluate | predict: the first word of the command line (train when none is given); not
-  // a flag, so neither recorded nor agreed (every rank runs the command the flags were parsed for).
+  // a flag, so not recorded; main compares it across ranks before anything else (exit 2 when the
+  // ranks were started with different commands).
   std::string command = "train";
   std::string model = "lenet";
   std::string stem = "auto";        // auto | imagenet | cifar (models.h: torchvision's ResNets)

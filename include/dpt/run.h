@@ -17,7 +17,7 @@ class Communicator;
 // 128 + signal.
 struct Stopped {
   int signal = 0;
-  int64_t step = 0;
+  int64_t step = 0;  // the last global step trained; -1: evaluate or predict, nothing written
 };
 // "SIGTERM" for 15: how logs name a signal.
 std::string signal_name(int sig);

@@ -25,6 +25,7 @@
 #include "dpt/run.h"
 #include "dpt/safetensors.h"
 #include "dpt/sampler.h"
+#include "train/signals.h"
 
 namespace dpt {
 
@@ -168,10 +169,17 @@ Batches batches_of(const Loaded& l) {
   return {per, (n + per - 1) / per};
 }
 
+// A stop signal on any rank (INT, TERM, HUP, USR1: signals.h) ends every rank here with exit
+// 128 + signal before anything is written. Every rank calls it at the same points.
+void stop_point(const StopSignals& stop, Communicator& comm) {
+  if (const int sig = stop.agreed(comm, false).first) throw Stopped{sig, -1};
+}
+
 // Every batch of this rank: `fn(batch, first image, count, logits)`, the logits float [count,
-// classes] on the host. Rank r takes batches eval_range(batches, r, world).
+// classes] on the host. Rank r takes batches eval_range(batches, r, world); a rank that receives a
+// stop signal skips the rest of its batches, and every rank agrees on stopping after them.
 template <typename F>
-void score(Loaded& l, Communicator& comm, F&& fn) {
+void score(Loaded& l, Communicator& comm, const StopSignals& stop, F&& fn) {
   Model& model = *l.model;
   Backend& be = model.store().backend();
   const ImageSet& test = l.pf.test;
@@ -197,7 +205,7 @@ void score(Loaded& l, Communicator& comm, F&& fn) {
   std::vector<float> logits_host;
   Tensor x;
   const auto [b0, b1] = eval_range(batches, comm.rank(), comm.size());
-  for (int64_t b = b0; b < b1; ++b) {
+  for (int64_t b = b0; b < b1 && !stop.received(); ++b) {
     const int64_t first = b * per, count = std::min(per, n - first);
     std::iota(index_host.begin(), index_host.begin() + count, first);
     index.copy_from_host(index_host.data(), count);
@@ -209,6 +217,7 @@ void score(Loaded& l, Communicator& comm, F&& fn) {
     be.copy_to_host(logits_host.data(), logits.data(), logits_host.size() * sizeof(float));
     fn(b, first, count, logits_host.data());
   }
+  stop_point(stop, comm);
 }
 
 // One image's scores from its float logits, in double: the log-sum-exp, and the classes by
@@ -242,18 +251,24 @@ constexpr int64_t kPrintedMatrix = 32;
 // class's count and hits are kept.
 constexpr int64_t kMatrixClasses = 1024;
 
-// Writes `text` to `path` on rank 0, every rank agreeing on a failure (exit 2 on all of them).
+// Writes `text` to rank 0's `path` (output paths are rank 0's, as in training: another rank's
+// value, or its lack, changes nothing), every rank agreeing on a failure (exit 2 on all of them).
+// Every rank calls it, with the flag or without.
 void write_output(Communicator& comm, const std::string& path, const std::string& text,
                   const std::string& flag) {
-  agree_on_input(comm, "rank 0 could not write " + flag + " " + path, [&] {
-    if (comm.rank() == 0) write_file_atomic(path, text, flag);
+  const std::string file = allgather_text(comm, path)[0];
+  if (file.empty()) return;
+  agree_on_input(comm, "rank 0 could not write " + flag + " " + file, [&] {
+    if (comm.rank() == 0) write_file_atomic(file, text, flag);
   });
 }
 
 }  // namespace
 
 void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
+  StopSignals stop;
   Loaded l = load_saved(cfg_in, comm);
+  stop_point(stop, comm);
   const int64_t k = l.saved.classes, top = std::min<int64_t>(5, k), n = l.pf.test.n;
   const int64_t batches = batches_of(l).count;
   std::vector<double> batch_loss(static_cast<size_t>(batches), 0.0);
@@ -262,7 +277,7 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
   const bool matrix = k <= kMatrixClasses;
   const int64_t cells = matrix ? k * k : 2 * k;
   std::vector<int64_t> counts(static_cast<size_t>(cells + 1), 0);
-  score(l, comm, [&](int64_t b, int64_t first, int64_t count, const float* z) {
+  score(l, comm, stop, [&](int64_t b, int64_t first, int64_t count, const float* z) {
     double loss = 0;
     for (int64_t i = 0; i < count; ++i) {
       const float* zi = z + i * k;
@@ -353,15 +368,17 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
       << top << " " << (n ? static_cast<double>(top5) / dn : 0.0) << " (" << top5 << "/" << n
       << ")";
   log_result(res.str());
-  if (!l.cfg.metrics.empty()) write_output(comm, l.cfg.metrics, j.dump() + "\n", "--metrics");
+  write_output(comm, l.cfg.metrics, j.dump() + "\n", "--metrics");
 }
 
 void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
+  StopSignals stop;
   Loaded l = load_saved(cfg_in, comm);
+  stop_point(stop, comm);
   const int64_t k = l.saved.classes, top = std::min<int64_t>(l.cfg.top_k, k);
   std::string rows;
   char cell[64];
-  score(l, comm, [&](int64_t, int64_t first, int64_t count, const float* z) {
+  score(l, comm, stop, [&](int64_t, int64_t first, int64_t count, const float* z) {
     for (int64_t i = 0; i < count; ++i) {
       const float* zi = z + i * k;
       const ImageScores s = image_scores(zi, k, top);

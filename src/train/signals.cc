@@ -55,6 +55,8 @@ std::pair<int, bool> StopSignals::agreed(Communicator& comm, bool due) const {
   return {v[0], v[1] != 0};
 }
 
+int StopSignals::received() const { return g_stop_signal; }
+
 void block_stop_signals() {
   const sigset_t set = stop_signal_set();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);

@@ -32,6 +32,9 @@ class StopSignals {
   // The signal any rank received (0: none) and whether `due` holds on any rank, agreed by every
   // rank in one all-reduce (the step boundary's only collective).
   std::pair<int, bool> agreed(Communicator& comm, bool due) const;
+  // The signal this rank received (0: none), without asking the others: for a loop whose ranks
+  // run different counts of iterations (evaluate's batches), which stops early and agrees after.
+  int received() const;
 
  private:
   std::array<void (*)(int), 4> old_{};

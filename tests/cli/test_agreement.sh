@@ -87,6 +87,24 @@ expect 0 "epoch 1/1" -- "${CMD[@]}"
 two : --data "$tmp/bad"
 expect 2 "different --data (test set)" -- "${CMD[@]}"
 
+echo "== ranks started with different commands, or outputs on one rank only"
+# Each command issues its own collectives: before the check, evaluate against predict ended in
+# std::bad_alloc and ORTE's "read past end of buffer", train against evaluate in MPI_ERR_TRUNCATE.
+syn=synthetic:28x28x1:512:10
+"$bin" --data $syn --epochs 1 --max-steps 2 --eval-every 0 --save "$tmp/m.st" > /dev/null 2>&1
+CMD=("${mpi[@]}" -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn : -np 1 "$bin" predict --load "$tmp/m.st" --data $syn --output "$tmp/p.csv")
+expect 2 "the ranks were started with different commands (rank 0 evaluate, rank 1 predict)" -- "${CMD[@]}"
+CMD=("${mpi[@]}" -np 1 "$bin" --data $syn "${short[@]}" : -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn)
+expect 2 "different commands (rank 0 train, rank 1 evaluate)" -- "${CMD[@]}"
+# Output paths are rank 0's, as in training: evaluate's --metrics on one rank only waited out
+# --timeout, then blamed the other rank.
+CMD=("${mpi[@]}" -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn --metrics "$tmp/r0.json" --timeout 20 : -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn --timeout 20)
+expect 0 "top-1" -- "${CMD[@]}"
+[[ -s $tmp/r0.json ]] || fail "rank 0's --metrics was not written"
+CMD=("${mpi[@]}" -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn --timeout 20 : -np 1 "$bin" evaluate --load "$tmp/m.st" --data $syn --metrics "$tmp/r1.json" --timeout 20)
+expect 0 "top-1" -- "${CMD[@]}"
+[[ ! -e $tmp/r1.json ]] || fail "rank 1's --metrics was written"
+
 echo "== resuming with other settings than the checkpoint's"
 "$bin" --epochs 2 --max-steps 4 --eval-every 0 --checkpoint-every 1 --checkpoint-path "$tmp/c.st" --quiet \
   > /dev/null 2>&1 || { echo "FAIL: could not write the checkpoint"; fails=$((fails + 1)); }

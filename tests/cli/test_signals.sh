@@ -130,6 +130,36 @@ grep -q "restart" "$tmp/out.txt" && fail "a refused flag was restarted"
 expect 2 "--max-restarts: 'x' is not a whole number" -- bash "$launcher" --max-restarts x -np 2 "$bin"
 expect 2 "--ssh-timeout: '0' is not a whole number" -- bash "$launcher" --ssh-timeout 0 -np 2 "$bin"
 
+echo "== evaluate and predict stop on a signal too: exit 128 + signal, nothing written"
+# They ran to the end before, ignoring INT, TERM, HUP and USR1 (blocked for every command, watched
+# only by training), and the launcher then reported 143 for a run that had written everything.
+syn=synthetic:28x28x1:40000:10  # 4,000 test images: ResNet-18 scores them for several seconds
+mkdir -p evaluate
+"$bin" --model resnet18 --data $syn --epochs 1 --max-steps 1 --batch-size 8 --eval-every 0 --save "$tmp/evaluate/r18.st" > r18.log 2>&1 ||
+  fail "training the model to score failed: $(tail -2 r18.log)"
+"$bin" predict --load "$tmp/evaluate/r18.st" --data $syn --eval-batch-size 50 --output p.csv > p.log 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "dptrain predict:" p.log && break; sleep 0.1; done
+kill -INT $job
+wait $job
+rc=$?
+job=""
+[[ $rc -eq 130 ]] || fail "predict after SIGINT: exit $rc, want 130: $(tail -2 p.log)"
+grep -q "stopped by SIGINT before anything was written" p.log || fail "predict: no stop message"
+[[ ! -e p.csv ]] || fail "predict wrote --output after SIGINT"
+set -m  # as in start_run: the launcher must be able to trap the signal
+bash "$launcher" -np 2 "$bin" evaluate --load "$tmp/evaluate/r18.st" --data $syn --eval-batch-size 50 --metrics e.json > e.log 2>&1 &
+job=$!
+set +m
+for _ in $(seq 300); do grep -q "dptrain evaluate:" e.log && break; sleep 0.1; done
+kill -TERM $job
+finish_run
+[[ $rc -eq 143 ]] || fail "evaluate after SIGTERM to the launcher: exit $rc, want 143: $(tail -2 e.log)"
+grep -q "stopped by SIGUSR1 before anything was written" e.log || fail "evaluate: no stop message: $(tail -3 e.log)"
+[[ ! -e e.json ]] || fail "evaluate wrote --metrics after SIGTERM"
+none_left evaluate
+echo "predict: exit 130 after SIGINT; evaluate under the launcher: exit 143 after SIGTERM"
+
 echo "== a host that never answers ssh: the launch fails within seconds, naming it"
 # In a private network namespace, 127.0.0.2 (which mpirun reaches over ssh: it is not an address of
 # an interface) accepts the connection and stays silent, as a hung host does.
