@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
@@ -139,14 +140,15 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
   for (const json& d : *sh) {
     uint64_t u = 0;
     DPT_INPUT_CHECK(as_nonneg_int(d, &u), origin << ": tensor '" << printable(name) << "': shape "
-                                                 << sh->dump() << " has " << d.dump()
+                                                 << printable(sh->dump()) << " has "
+                                                 << printable(d.dump())
                                                  << ", expected non-negative integers");
     e.shape.push_back(static_cast<int64_t>(u));
   }
   uint64_t nbytes = 0;
   DPT_INPUT_CHECK(checked_nbytes(e.shape, elem, &nbytes),
-                  origin << ": tensor '" << printable(name) << "': shape " << shape_str(e.shape)
-                         << " overflows the element count");
+                  origin << ": tensor '" << printable(name) << "': shape "
+                         << printable(shape_str(e.shape)) << " overflows the element count");
 
   auto off = v.find("data_offsets");
   DPT_INPUT_CHECK(off != v.end(),
@@ -165,7 +167,8 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size,
   DPT_INPUT_CHECK(e.end - e.begin == nbytes,
                   origin << ": tensor '" << printable(name) << "': data_offsets [" << e.begin
                          << ", " << e.end << "] span " << (e.end - e.begin) << " bytes but shape "
-                         << shape_str(e.shape) << " of " << e.dtype << " needs " << nbytes);
+                         << printable(shape_str(e.shape)) << " of " << e.dtype << " needs "
+                         << nbytes);
   return e;
 }
 
@@ -207,9 +210,28 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
   DPT_INPUT_CHECK(json_depth(hdr, n, kMaxHeaderDepth) <= kMaxHeaderDepth,
                   origin << ": safetensors header nests deeper than " << kMaxHeaderDepth);
 
+  // nlohmann keeps the last of two equal keys: a tensor named twice would load one entry and pass
+  // over the other (safetensors forbids it). The parse callback sees every key of every object, so
+  // a duplicate is refused there, naming it (a stack of the keys seen per open object).
+  std::vector<std::set<std::string>> keys;
+  auto refuse_duplicates = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      DPT_INPUT_CHECK(keys.back().insert(key).second,
+                      origin << ": safetensors header has "
+                             << (keys.size() == 1 && key != kMetadataKey ? "tensor" : "key") << " '"
+                             << printable(key) << "' twice"
+                             << (keys.size() == 1 ? "" : " in one object"));
+    }
+    return true;
+  };
   json header;
   try {
-    header = json::parse(hdr, hdr + n);
+    header = json::parse(hdr, hdr + n, refuse_duplicates);
   } catch (const json::exception& e) {
     DPT_INPUT_CHECK(false, origin << ": safetensors header (" << n
                                   << " bytes) is not valid JSON: " << printable(e.what(), 300));
@@ -258,9 +280,9 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
   }
   DPT_INPUT_CHECK(!whole || cursor == data_size,
                   origin << ": " << (data_size - cursor)
-                         << " trailing bytes after the last tensor (data "
-                            "section has "
-                         << data_size << " bytes, tensors cover " << cursor << ")");
+                         << " trailing bytes after the last tensor: the file has " << size
+                         << " bytes, its header accounts for " << (8 + n + cursor) << " (data "
+                         << "section " << data_size << " bytes, tensors cover " << cursor << ")");
   return n;
 }
 
@@ -304,34 +326,69 @@ FileGuard open_safetensors(const std::string& path, uint64_t& size) {
 }
 }  // namespace
 
-StFile read_safetensors(const std::string& path) {
-  uint64_t size = 0;
-  FileGuard guard = open_safetensors(path, size);
-  FILE* f = guard.get();
-  std::vector<uint8_t> buf(static_cast<size_t>(size));
-  size_t got = buf.empty() ? 0 : std::fread(buf.data(), 1, buf.size(), f);
-  DPT_INPUT_CHECK(got == buf.size(), "cannot read safetensors file " << path << ": got " << got
-                                                                     << " of " << buf.size()
-                                                                     << " bytes");
-  return parse_safetensors(buf.data(), buf.size(), path);
-}
-
-std::map<std::string, std::string> read_metadata(const std::string& path) {
-  // The length field and the header only: listing checkpoints must not read 85 MB each.
-  uint64_t size = 0;
-  FileGuard guard = open_safetensors(path, size);
-  FILE* f = guard.get();
+namespace {
+// The length field and the header of the file open as `f` (of `size` bytes), read from its start:
+// never more than 8 + 100 MB, whatever the file's size. A length parse_header refuses is not
+// followed (the 8 bytes alone go to parse_header, which says what is wrong).
+std::vector<uint8_t> read_head(FILE* f, uint64_t size, const std::string& path) {
   std::vector<uint8_t> head(8);
   DPT_INPUT_CHECK(size >= 8 && std::fread(head.data(), 1, 8, f) == 8,
                   path << ": not a safetensors file: " << size
                        << " bytes, need at least 8 for the header length");
   uint64_t n = 0;
   std::memcpy(&n, head.data(), 8);
-  if (n <= kMaxHeaderBytes && n <= size - 8) {  // else parse_header says what is wrong
+  if (n <= kMaxHeaderBytes && n <= size - 8) {
     head.resize(8 + n);
     DPT_INPUT_CHECK(std::fread(head.data() + 8, 1, n, f) == n,
                     "cannot read safetensors file " << path);
   }
+  return head;
+}
+}  // namespace
+
+StFile read_safetensors(const std::string& path) {
+  // The header first, checked against the file's size (the tensors must cover the data section
+  // exactly), and only then the data: a file of 50 GB whose header accounts for 100 KB is refused
+  // without reading it or allocating for it.
+  uint64_t size = 0;
+  FileGuard guard = open_safetensors(path, size);
+  FILE* f = guard.get();
+  const std::vector<uint8_t> head = read_head(f, size, path);
+  StFile file;
+  std::vector<Entry> entries;
+  const uint64_t n = parse_header(head.data(), head.size(), size, path, &file, &entries);
+  // The entries tile the data section in offset order, which follows the header at once: one
+  // sequential read per tensor, of exactly the bytes its entry covers.
+  file.tensors.reserve(entries.size());
+  uint64_t at = 8 + n;
+  for (Entry& e : entries) {
+    StTensor t;
+    t.name = std::move(e.name);
+    t.dtype = std::move(e.dtype);
+    t.shape = std::move(e.shape);
+    const uint64_t nbytes = e.end - e.begin;
+    try {
+      t.bytes.resize(static_cast<size_t>(nbytes));
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorKind::kInput, DPT_MSG(path << ": tensor '" << printable(t.name) << "' of "
+                                                  << nbytes << " bytes does not fit in memory"));
+    }
+    const size_t got = nbytes ? std::fread(t.bytes.data(), 1, t.bytes.size(), f) : 0;
+    DPT_INPUT_CHECK(got == nbytes, "cannot read safetensors file "
+                                       << path << ": got " << got << " of " << nbytes
+                                       << " bytes of tensor '" << printable(t.name)
+                                       << "' at offset " << at);
+    at += nbytes;
+    file.tensors.push_back(std::move(t));
+  }
+  return file;
+}
+
+std::map<std::string, std::string> read_metadata(const std::string& path) {
+  // The length field and the header only: listing checkpoints must not read 85 MB each.
+  uint64_t size = 0;
+  FileGuard guard = open_safetensors(path, size);
+  const std::vector<uint8_t> head = read_head(guard.get(), size, path);
   StFile file;
   std::vector<Entry> entries;
   parse_header(head.data(), head.size(), size, path, &file, &entries, false);
@@ -404,7 +461,7 @@ std::vector<T> copy_out(const StTensor& t, const char* dtype, const std::string&
   uint64_t nbytes = 0;
   DPT_INPUT_CHECK(checked_nbytes(t.shape, sizeof(T), &nbytes) && nbytes == t.bytes.size(),
                   where << "tensor '" << printable(t.name) << "' has " << t.bytes.size()
-                        << " bytes, shape " << shape_str(t.shape) << " of " << dtype);
+                        << " bytes, shape " << printable(shape_str(t.shape)) << " of " << dtype);
   std::vector<T> out(t.bytes.size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
   return out;

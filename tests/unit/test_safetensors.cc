@@ -379,6 +379,91 @@ TEST_F(SafetensorsTest, TrailingBytesAfterData) {
   expect_hostile("trailing_empty", image("{}", 4), "trailing bytes");
 }
 
+// A file far larger than its header accounts for is refused from the header alone: the reader
+// neither reads the data nor allocates for it. 1 TiB (sparse: no disk) is more memory than any
+// machine this runs on, so a reader that sized a buffer by the file would fail with
+// std::bad_alloc, not this input error.
+TEST_F(SafetensorsTest, HugeSparseFileIsRefusedFromItsHeader) {
+  const std::string p = path("sparse.safetensors");
+  const std::string good = image(kGoodHeader, 16);
+  spit(p, good);
+  const uint64_t huge = uint64_t{1} << 40;
+  if (::truncate(p.c_str(), static_cast<off_t>(huge)) != 0)
+    GTEST_SKIP() << "cannot make a sparse 1 TiB file in " << dir_;
+  try {
+    read_safetensors(p);
+    ADD_FAILURE() << "a 1 TiB file with a 16-byte data section was read";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << msg;
+    const std::string want = p + ": " + std::to_string(huge - good.size()) +
+                             " trailing bytes after the last tensor: the file has " +
+                             std::to_string(huge) + " bytes, its header accounts for " +
+                             std::to_string(good.size());
+    EXPECT_NE(msg.find(want), std::string::npos) << "expected '" << want << "' in: " << msg;
+  }
+}
+
+// Read in pieces now (header, then each tensor), a file still comes back byte for byte: the
+// tensors' bytes are the ones at their offsets, in a file whose header order is not data order.
+TEST_F(SafetensorsTest, TensorsAreReadFromTheirOffsets) {
+  const std::string header = R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[2,5]},)"
+                             R"("a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                             R"("e":{"dtype":"U8","shape":[0],"data_offsets":[5,5]}})";
+  const std::string p = path("pieces.safetensors");
+  spit(p, le64(header.size()) + header + "\x01\x02\x03\x04\x05");
+  const StFile f = read_safetensors(p);
+  ASSERT_EQ(f.tensors.size(), 3u);
+  EXPECT_EQ(f.find("a")->bytes, (std::vector<uint8_t>{1, 2}));
+  EXPECT_EQ(f.find("b")->bytes, (std::vector<uint8_t>{3, 4, 5}));
+  EXPECT_TRUE(f.find("e")->bytes.empty());
+}
+
+// safetensors forbids a name twice; nlohmann would keep the last one and pass over the other.
+TEST_F(SafetensorsTest, DuplicateKeys) {
+  expect_hostile("dup_same",
+                 image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                       8),
+                 "safetensors header has tensor 'w' twice");
+  expect_hostile("dup_differ",
+                 image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                       16),
+                 "safetensors header has tensor 'w' twice");
+  expect_hostile("dup_meta", image(R"({"__metadata__":{"step":"1","step":"2"}})", 0),
+                 "safetensors header has key 'step' twice in one object");
+  expect_hostile(
+      "dup_field",
+      image(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
+      "safetensors header has key 'dtype' twice in one object");
+  // The same key in two objects is no duplicate.
+  const std::string p = path("dup_ok.safetensors");
+  spit(p, image(R"({"__metadata__":{"w":"x"},"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                1));
+  EXPECT_EQ(read_safetensors(p).metadata.at("w"), "x");
+}
+
+// A shape of 10,001 dimensions quoted in an error is cut, not a 20 KB line.
+TEST_F(SafetensorsTest, LongShapeIsCutInMessages) {
+  std::string dims;
+  for (int i = 0; i < 10000; ++i) dims += "1,";
+  const std::string bad =
+      image(R"({"w":{"dtype":"U8","shape":[)" + dims + R"(-1],"data_offsets":[0,1]}})", 1);
+  const std::string mismatch =
+      image(R"({"w":{"dtype":"U8","shape":[)" + dims + R"(2],"data_offsets":[0,1]}})", 1);
+  for (const std::string* bytes : {&bad, &mismatch}) {
+    try {
+      parse_safetensors(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), "<buf>");
+      ADD_FAILURE() << "a bad shape was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_LT(std::string(e.what()).size(), 600u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("shape [1"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(SafetensorsTest, NonStringMetadata) {
   expect_hostile("meta_num", image(R"({"__metadata__":{"step":42}})", 0), "metadata 'step'");
   expect_hostile("meta_arr", image(R"({"__metadata__":["x"]})", 0), "__metadata__");
