@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -57,15 +58,27 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
                                                      << "know (" << model_names() << ")"));
   }
   const std::string shape = get("input_shape"), classes = get("num_classes");
-  long long h = 0, w = 0, c = 0, k = 0;
+  long long k = 0;
   char tail = 0;
-  DPT_INPUT_CHECK(std::sscanf(shape.c_str(), "%lld,%lld,%lld%c", &h, &w, &c, &tail) == 3 && h > 0 &&
-                      w > 0 && c > 0,
-                  "--load " << path << ": input_shape '" << printable(shape) << "' is not H,W,C");
+  // Three positive integers, each of digits only and within int64: sscanf's %lld would turn
+  // "99999999999999999999" into 9223372036854775807 and pass it on to messages as the file's.
+  Shape hwc;
+  for (size_t start = 0; hwc.size() < 4;) {
+    const size_t comma = std::min(shape.find(',', start), shape.size());
+    int64_t d = 0;
+    const char *first = shape.data() + start, *last = shape.data() + comma;
+    const auto [end, ec] = std::from_chars(first, last, d);
+    hwc.push_back(ec == std::errc() && end == last && first != last && d > 0 ? d : 0);
+    if (comma == shape.size()) break;
+    start = comma + 1;
+  }
+  DPT_INPUT_CHECK(hwc.size() == 3 && std::count(hwc.begin(), hwc.end(), 0) == 0,
+                  "--load " << path << ": input_shape '" << printable(shape)
+                            << "' is not H,W,C (three positive integers)");
   DPT_INPUT_CHECK(
       std::sscanf(classes.c_str(), "%lld%c", &k, &tail) == 1 && k >= 1 && k <= 1 << 20,
       "--load " << path << ": num_classes '" << printable(classes) << "' is not a class count");
-  s.input = {h, w, c};
+  s.input = hwc;
   s.classes = static_cast<int>(k);
   if (const auto stem = meta.find("stem"); stem != meta.end()) {
     DPT_INPUT_CHECK(stem->second == "imagenet" || stem->second == "cifar",

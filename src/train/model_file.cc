@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "dpt/error.h"
@@ -57,6 +58,22 @@ void save_model(const std::string& path, const Model& model,
 
 namespace {
 
+// A float tensor of a file must be finite to be loaded. dptrain never writes a NaN or Inf
+// (CheckpointManager::refuse_nonfinite), so one here is damage or another writer's, and loaded it
+// would show only later: a null loss and every image predicted as class 0, or a whole run trained
+// from it and then refused at its --save. Checked before anything is copied into the model.
+void refuse_nonfinite(const StTensor& t, const std::string& path) {
+  if (t.dtype != "F32") return;
+  const size_t n = t.bytes.size() / sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    float x = 0;
+    std::memcpy(&x, t.bytes.data() + i * sizeof(float), sizeof(float));
+    DPT_INPUT_CHECK(std::isfinite(x), path << ": tensor '" << printable(t.name) << "' holds " << x
+                                           << " at element " << i << " (of " << n
+                                           << "): a model file must hold finite values only");
+  }
+}
+
 // The recorded model and input shape against `model` (absent keys: a foreign file, not refused).
 void check_recorded(const StFile& f, const std::string& path, const Model& model) {
   auto it = f.metadata.find("model");
@@ -98,11 +115,12 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
       continue;
     }
     DPT_INPUT_CHECK(t->shape == p.shape, path << ": tensor '" << p.name << "' has shape "
-                                              << shape_str(t->shape) << ", " << model.name()
-                                              << " needs " << shape_str(p.shape));
+                                              << printable(shape_str(t->shape)) << ", "
+                                              << model.name() << " needs " << shape_str(p.shape));
     const char* dtype = p.is_counter ? "I64" : "F32";
     DPT_INPUT_CHECK(t->dtype == dtype, path << ": tensor '" << p.name << "' is "
                                             << printable(t->dtype) << ", expected " << dtype);
+    refuse_nonfinite(*t, path);
     load.emplace_back(&p, t);
   }
   for (const auto& t : f.tensors)
@@ -142,7 +160,9 @@ void load_optimizer(const StFile& f, const std::string& path, OptimizerState& op
                                        << "'): a --save file, not a training checkpoint");
     DPT_INPUT_CHECK(t->dtype == "F32" && t->shape == Shape{static_cast<int64_t>(values->size())},
                     path << ": '" << name << "' is " << printable(t->dtype) << " "
-                         << shape_str(t->shape) << ", expected F32 [" << values->size() << "]");
+                         << printable(shape_str(t->shape)) << ", expected F32 [" << values->size()
+                         << "]");
+    refuse_nonfinite(*t, path);
     *values = as_f32(*t, path);
   }
   for (const auto& [name, count] : optimizer.counters) {
@@ -151,7 +171,7 @@ void load_optimizer(const StFile& f, const std::string& path, OptimizerState& op
                                        << "'): a --save file, not a training checkpoint");
     DPT_INPUT_CHECK(t->dtype == "I64" && t->shape == Shape{1},
                     path << ": '" << name << "' is " << printable(t->dtype) << " "
-                         << shape_str(t->shape) << ", expected I64 [1]");
+                         << printable(shape_str(t->shape)) << ", expected I64 [1]");
     const int64_t v = as_i64(*t, path)[0];
     DPT_INPUT_CHECK(v >= 0, path << ": '" << name << "' is " << v << ", a count (>= 0)");
     *count = v;

@@ -14,8 +14,9 @@ cd "$tmp" || exit 1
 base=(--threads 1)
 train=("$bin" "${base[@]}" --progress off --batch-size 32)
 
-# st_edit IN OUT [meta KEY=VALUE | nometa | shape NAME=D1,D2,..]...: a copy of a safetensors file
-# with its metadata changed or dropped, or one tensor given another shape (zeros).
+# st_edit IN OUT [meta KEY=VALUE | nometa | shape NAME=D1,D2,.. | fill NAME=FLOAT]...: a copy of a
+# safetensors file with its metadata changed or dropped, one tensor given another shape (zeros), or
+# every element of one F32 tensor set to FLOAT (nan, inf, 0.5).
 st_edit() {
   python3 - "$@" <<'PY'
 import json, struct, sys
@@ -34,6 +35,9 @@ for op, arg in zip(ops[::2], ops[1::2] + [""]):
         count = 1
         for d in shape: count *= d
         data[k] = bytes(4 * count)
+    elif op == "fill":
+        k, v = arg.split("=")
+        data[k] = struct.pack("<f", float(v)) * (len(data[k]) // 4)
 if "nometa" in ops:
     meta = None
 out, at = {}, 0
@@ -161,6 +165,16 @@ for bad in missing.st adir fifo; do
   expect 2 "--load $bad" -- timeout 20 "$bin" evaluate --load "$bad" --data task
 done
 expect 2 "trunc.st" -- timeout 20 "$bin" evaluate --load trunc.st --data task
+# A sparse 50 GB file whose header is m.st's: refused from its header, nothing of it read.
+cp m.st sparse.st && truncate -s 50G sparse.st
+expect 2 "sparse.st: $((50 * 2**30 - $(stat -c %s m.st))) trailing bytes after the last tensor: the file has $((50 * 2**30)) bytes, its header accounts for $(stat -c %s m.st)" -- \
+  timeout 20 "$bin" evaluate --load sparse.st --data task
+rm -f sparse.st
+st_edit m.st nan.st fill fc2.bias=nan
+expect 2 "nan.st: tensor 'fc2.bias' holds nan at element 0 (of 10)" -- "$bin" evaluate --load nan.st --data task
+st_edit m.st huge_shape.st meta input_shape=99999999999999999999,16,1
+expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H,W,C" -- \
+  "$bin" evaluate --load huge_shape.st --data task
 expect 2 "--output adir" -- timeout 20 "$bin" predict --load m.st --data task --output adir
 expect 2 "--output fifo" -- timeout 20 "$bin" predict --load m.st --data task --output fifo
 expect 2 "--metrics /dev/null is a character device" -- "$bin" evaluate --load m.st --data task --metrics /dev/null
@@ -216,6 +230,10 @@ for bad in missing.st adir fifo; do
   expect 2 "--init-from $bad" -- timeout 20 "${train[@]}" --data task "${still[@]}" --init-from "$bad"
 done
 expect 2 "trunc.st" -- timeout 20 "${train[@]}" --data task "${still[@]}" --init-from trunc.st
+# A non-finite weight is refused before the first step, not at the final --save.
+st_edit m.st inf.st fill conv1.weight=-inf
+expect 2 "inf.st: tensor 'conv1.weight' holds -inf at element 0" -- \
+  "${train[@]}" --data task "${still[@]}" --init-from inf.st --save inf.out.st
 
 # ---- fine-tuning beats training from scratch -----------------------------------------------------
 # Task A: 10 classes told apart by colour level and stripe period; task B: other images with the

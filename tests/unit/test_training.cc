@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <limits>
 
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
@@ -120,6 +122,97 @@ TEST(ModelFile, InitFromKeepsOnlyAHeadOfAnotherClassCount) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unexpected tensor 'extra'"), std::string::npos)
         << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A model file for `src` with one element of one tensor replaced, and no metadata.
+std::string file_with(const std::string& path, Model& src, const std::string& tensor, size_t at,
+                      float value) {
+  std::vector<StTensor> tensors;
+  for (const Param& p : src.store().entries()) {
+    std::vector<float> v(p.value.data(), p.value.data() + p.numel());
+    if (p.name == tensor) v.at(at) = value;
+    tensors.push_back(st_f32(p.name, p.shape, v.data()));
+  }
+  write_safetensors(path, tensors);
+  return path;
+}
+
+void expect_input_error(const std::function<void()>& load, const std::string& want) {
+  try {
+    load();
+    ADD_FAILURE() << "loaded; expected an error containing '" << want << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << e.what();
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
+        << "expected '" << want << "' in: " << e.what();
+  }
+}
+
+// NaN or Inf in a file is refused at load, naming the file, the tensor and the first such element,
+// before anything is copied into the model: evaluate and predict (load_model), --init-from
+// (init_from_file) and --resume (load_model with the optimizer's state, whose buffers too).
+TEST(ModelFile, NonFiniteValuesAreRefusedAtLoad) {
+  const std::string dir = test::make_temp_dir("nonfinite");
+  auto src = make_model("lenet", 10);
+  src->init_parameters("kaiming", 1);
+  auto dst = make_model("lenet", 10);
+  dst->init_parameters("kaiming", 2);
+  const std::vector<float> before(dst->store().params(),
+                                  dst->store().params() + dst->store().num_params());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+
+  const std::string bias = file_with(dir + "/bias.st", *src, "fc2.bias", 0, nan);
+  expect_input_error([&] { load_model(bias, *dst); },
+                     bias + ": tensor 'fc2.bias' holds nan at element 0 (of 10)");
+  // conv1.weight is [20, 1, 3, 3]: 180 elements; the first bad one is named, not the later.
+  const std::string conv = file_with(dir + "/conv.st", *src, "conv1.weight", 7, inf);
+  expect_input_error([&] { init_from_file(conv, *dst, "fc2"); },
+                     conv + ": tensor 'conv1.weight' holds inf at element 7 (of 180)");
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), dst->store().params()))
+      << "a refused file changed the model";
+
+  // A checkpoint: finite parameters, -inf in the momentum buffer.
+  std::vector<float> momentum(static_cast<size_t>(src->store().num_params()), 0.5f);
+  momentum[3] = -inf;
+  OptimizerState saved{"sgd", {{"optimizer.momentum_buffer", &momentum}}, {}};
+  save_model(dir + "/ck.st", *src, {}, &saved);
+  std::vector<float> loaded(momentum.size(), 0.0f);
+  OptimizerState state{"sgd", {{"optimizer.momentum_buffer", &loaded}}, {}};
+  expect_input_error([&] { load_model(dir + "/ck.st", *dst, &state); },
+                     dir +
+                         "/ck.st: tensor 'optimizer.momentum_buffer' holds -inf at element 3 (of " +
+                         std::to_string(momentum.size()) + ")");
+  // The control: the same file with a finite buffer loads.
+  momentum[3] = 0.25f;
+  save_model(dir + "/ck.st", *src, {}, &saved);
+  load_model(dir + "/ck.st", *dst, &state);
+  EXPECT_EQ(loaded, momentum);
+  std::filesystem::remove_all(dir);
+}
+
+// A shape of 10,001 dimensions in a file is quoted cut, not as a 30 KB line.
+TEST(ModelFile, LongShapeIsCutInMessages) {
+  const std::string dir = test::make_temp_dir("longshape");
+  auto m = make_model("lenet", 10);
+  std::vector<StTensor> tensors;
+  for (const Param& p : m->store().entries()) {
+    Shape shape = p.shape;
+    if (p.name == "conv1.bias") shape.insert(shape.begin(), 10000, 1);  // same 20 elements
+    tensors.push_back(st_f32(p.name, shape, p.value.data()));
+  }
+  write_safetensors(dir + "/long.st", tensors);
+  try {
+    load_model(dir + "/long.st", *m);
+    ADD_FAILURE() << "a 10001-dimensional conv1.bias loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInput) << msg;
+    EXPECT_NE(msg.find("tensor 'conv1.bias' has shape [1, 1, 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("lenet needs [20]"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 600u) << msg;
   }
   std::filesystem::remove_all(dir);
 }
