@@ -76,6 +76,8 @@ struct DataSize {
   uint64_t bytes = 0;
   std::string largest_file;
   uint64_t largest_bytes = 0;
+  std::vector<std::string>
+      files;  // every file read (none for synthetic data): no output may be one
 };
 DataSize data_size(const std::string& dir, const std::string& format);
 

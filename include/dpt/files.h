@@ -89,6 +89,12 @@ int open_input_file(const std::string& path, const std::string& what);
 // The same check without keeping the file open.
 void check_input_file(const std::string& path, const std::string& what);
 
+// Whether `a` and `b` name one file: the same device and inode when both exist (so a symlink, a
+// hard link or a bind mount is caught), else the same absolute path once symlinks, "." and ".."
+// are resolved (std::filesystem::weakly_canonical); neither needs to exist. Two outputs naming one
+// file, or an output naming an input, are refused with it.
+bool same_file(const std::string& a, const std::string& b);
+
 // Whether `name` (a file name, no directory) is one of AtomicFile's temporaries
 // ("<target>.tmp.<pid>" with or without ".<random>"); if so, the target's file name and the pid of
 // its writer.

@@ -94,9 +94,12 @@ void agree_on_config(const TrainConfig& cfg, Communicator& comm);
 void agree_on_data(const Preflight& pf, Communicator& comm);
 // Rank 0's outputs (--metrics, --save, --report, --trace, --output, --checkpoint-path) absent or
 // regular files it can write, in directories it can write, each its own file and held by no other
-// run; --resume (not auto), --init-from and --load regular files. Returns the outputs' locks
-// (OutputLock), for the whole run.
-std::vector<OutputLock> check_outputs(const TrainConfig& cfg);
+// run; --resume (not auto), --init-from and --load regular files. No output may be one of the
+// run's inputs (same_file): --resume (a file, or under auto each checkpoint file it may pick),
+// --init-from, --load, and `data_files` (the data set's, DataSize::files), except --checkpoint-path
+// being the checkpoint resumed. Returns the outputs' locks (OutputLock), for the whole run.
+std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
+                                      const std::vector<std::string>& data_files = {});
 // Input error (naming --data, the largest file and both sizes) when `ranks_here` copies of the data
 // set, as data_size sizes it, need more than `mem` (nothing when mem.bytes < 0: unknown).
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
@@ -110,11 +113,16 @@ std::pair<double, double> bytes_per_image(const std::string& model, int classes,
 // What a model keeps whatever the batch, in bytes: 4 per parameter for its value, its gradient,
 // each optimizer state (sgd: momentum; adamw: two moments) and the two copies of the weights in
 // the kernels' layouts (oneDNN's forward and backward-data; the Linear's bf16 copy is smaller).
-// Built at `input` (the parameter count of LeNet's classifier depends on it).
+// An empty `optimizer` is inference (evaluate, predict): 4 per parameter for its value and one
+// for oneDNN's forward copy. Built at `input` (the parameter count of LeNet's classifier depends
+// on it).
 double model_fixed_bytes(const std::string& model, int classes, const Shape& input,
                          const std::string& optimizer, const ModelOptions& options = {});
 // Input error when the batch needs more than `mem` can give (see DeviceMemory), with activations
 // of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
+// Training (cfg.command "train") counts a step of --batch-size and, unless --eval-every 0, an
+// evaluation batch; evaluate and predict count only a batch of --eval-batch-size and the model's
+// inference bytes, and name --eval-batch-size.
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,
                   const DeviceMemory& mem, const Shape& input = {28, 28, 1},
                   std::optional<DType> activations = std::nullopt);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <random>
 
 #include "dpt/error.h"
@@ -179,6 +180,19 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
   AtomicFile f(path, what);
   f.write(bytes.data(), bytes.size());
   f.commit();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  // One or both absent (an output not written yet): compare where they would be. A path that
+  // cannot be resolved (a component that is not a directory) is compared as spelled.
+  std::error_code ea, eb;
+  const auto pa = std::filesystem::weakly_canonical(a, ea),
+             pb = std::filesystem::weakly_canonical(b, eb);
+  return ea || eb ? a == b : pa == pb;
 }
 
 OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream) {

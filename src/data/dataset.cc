@@ -284,6 +284,7 @@ DataSize sizes_of(const std::string& dir, const Format& format) {
   DataSize out;
   for (const auto& [path, bytes] : format.file_bytes(dir)) {
     out.bytes += bytes;
+    out.files.push_back(path);
     if (bytes >= out.largest_bytes) out.largest_file = path, out.largest_bytes = bytes;
   }
   return out;
@@ -329,7 +330,7 @@ DataSize data_size(const std::string& dir, const std::string& format) {
   if (is_synthetic(dir)) {
     check_synthetic_format(dir, format);
     const uint64_t bytes = synthetic_bytes(dir);
-    return {bytes, "(drawn in memory)", bytes};
+    return {bytes, "(drawn in memory)", bytes, {}};
   }
   return data::sizes_of(dir, data::format_in(dir, format));
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +11,7 @@
 #include "dpt/augment.h"
 #include "dpt/dataset.h"
 #include "dpt/error.h"
+#include "dpt/files.h"
 #include "dpt/models.h"
 #include "dpt/reducer.h"
 
@@ -106,16 +106,6 @@ void apply_recipe(TrainConfig* c) {
   }
   throw Error(ErrorKind::kInput, "--recipe: unknown recipe '" + c->recipe + "' (" + names + ")");
 }
-
-namespace {
-// Whether two paths name the same file (as they would be resolved; neither needs to exist).
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ea, eb;
-  const auto pa = std::filesystem::weakly_canonical(a, ea),
-             pb = std::filesystem::weakly_canonical(b, eb);
-  return ea || eb ? a == b : pa == pb;
-}
-}  // namespace
 
 void validate_config(const TrainConfig& c, int world) {
   if (c.command != "train") {

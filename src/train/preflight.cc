@@ -127,29 +127,56 @@ void agree_on_data(const Preflight& pf, Communicator& comm) {
 // stream appended to, so a character device is fine there (/dev/null, or /dev/full as a full disk).
 // Each output is locked as it is checked (OutputLock), before anything is truncated: a second run
 // with the same file is refused here, naming the run that holds it. Two flags of one run naming
-// one file would lock it twice; they are refused naming both.
-std::vector<OutputLock> check_outputs(const TrainConfig& cfg) {
+// one file would lock it twice; they are refused naming both. An output naming one of the run's
+// inputs would destroy it (a predict --output over its --load, a --metrics appended to the
+// checkpoint being resumed, which no later resume could read): refused too, before any output is
+// touched. The one exception is the normal case of a resume: --checkpoint-path is the file
+// resumed (or, under --resume auto, one of the files it may pick), and is replaced atomically by
+// the run's next checkpoint, which continues the same training.
+std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
+                                      const std::vector<std::string>& data_files) {
   std::vector<std::pair<const char*, std::string>> outputs = {{"--metrics", cfg.metrics},
                                                               {"--save", cfg.save},
                                                               {"--report", cfg.report},
                                                               {"--trace", cfg.trace},
                                                               {"--output", cfg.output}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
-  std::vector<OutputLock> locks;
-  std::vector<const char*> owners;  // the flag of each lock
+  // What the run reads. --resume auto reads whichever of the checkpoint files it finds is newest:
+  // each is an input.
+  std::vector<std::pair<std::string, std::string>> inputs;  // (flag as messages name it, path)
+  if (cfg.resume == "auto") {
+    for (const CheckpointInfo& f : checkpoint_files(cfg))
+      inputs.push_back({"--resume auto", f.path});
+  } else if (!cfg.resume.empty()) {
+    inputs.push_back({"--resume", cfg.resume});
+  }
+  if (!cfg.init_from.empty()) inputs.push_back({"--init-from", cfg.init_from});
+  if (!cfg.load.empty()) inputs.push_back({"--load", cfg.load});
+  for (const std::string& f : data_files) inputs.push_back({"--data", f});
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
-    for (size_t i = 0; i < locks.size(); ++i)
-      DPT_INPUT_CHECK(locks[i].file() != OutputLock::file_for(path, flag),
-                      flag << " " << path << " is the file " << owners[i]
-                           << " names: give each output its own file");
+    for (const auto& [in_flag, in_path] : inputs) {
+      const bool resumed_checkpoint =
+          std::string(flag) == "--checkpoint-path" && in_flag.starts_with("--resume");
+      DPT_INPUT_CHECK(resumed_checkpoint || !same_file(path, in_path),
+                      flag << " " << path << " is the file " << in_flag << " reads (" << in_path
+                           << "): writing it would destroy that input; choose another file");
+    }
+  }
+  std::vector<OutputLock> locks;
+  std::vector<std::pair<const char*, std::string>> locked;  // the flag and path of each lock
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    for (const auto& [owner, owned] : locked)
+      DPT_INPUT_CHECK(!same_file(path, owned), flag << " " << path << " is the file " << owner
+                                                    << " names: give each output its own file");
     // Training appends to --metrics as it goes (a character device will do); evaluate's results
     // are one file written whole.
     OutputLock lock =
         check_output_path(path, flag, std::string(flag) == "--metrics" && cfg.command == "train");
     if (lock.file().empty()) continue;
     locks.push_back(std::move(lock));
-    owners.push_back(flag);
+    locked.push_back({flag, path});
   }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
   if (!cfg.init_from.empty()) check_input_file(cfg.init_from, "--init-from");
@@ -195,9 +222,9 @@ std::pair<double, double> bytes_per_image(const std::string& name, int classes, 
 
 double model_fixed_bytes(const std::string& name, int classes, const Shape& input,
                          const std::string& optimizer, const ModelOptions& options) {
-  const double states = optimizer == "adamw" ? 2 : 1;
-  return 4.0 * static_cast<double>(count_parameters(name, classes, input, options)) *
-         (2 + states + 2);
+  // Inference (no optimizer) keeps only the values and oneDNN's forward copy of the weights.
+  const double floats = optimizer.empty() ? 2 : 2 + (optimizer == "adamw" ? 2 : 1) + 2;
+  return 4.0 * static_cast<double>(count_parameters(name, classes, input, options)) * floats;
 }
 
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,
@@ -225,42 +252,58 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
   const int sharing = mem.sharing;
   const std::string& where = mem.where;
   if (!mem.checks || avail < 0) return;  // not this rank's to check, or nothing to compare with
+  // evaluate and predict only score batches of --eval-batch-size: no training step, gradients or
+  // optimizer state, and --batch-size is not theirs (a training default of 256 refused a model
+  // that scores one 700x700 image at a time).
+  const bool training = cfg.command == "train";
   const auto [train, eval] =
       bytes_per_image(cfg.model, classes, input, activations.value_or(activation_dtype(cfg)),
                       {cfg.stem, cfg.zero_init_residual});
-  const double local = static_cast<double>(cfg.batch_size / world);
-  // No evaluation at all under --eval-every 0.
+  const double local = training ? static_cast<double>(cfg.batch_size / world) : 0.0;
+  // No evaluation at all under --eval-every 0 (a training flag).
   const double eval_batch =
-      cfg.eval_every == 0
+      training && cfg.eval_every == 0
           ? 0.0
           : static_cast<double>(std::min(cfg.eval_batch_size, std::max<int64_t>(test_n, 1)));
   // Evaluation borrows its intermediates from the model's pool (Mode::kInfer) while the
   // activations kept for the next backward stay where they are: the two add up.
-  const double fixed = mem.model_fixed ? model_fixed_bytes(cfg.model, classes, input, cfg.optimizer,
-                                                           {cfg.stem, cfg.zero_init_residual})
-                                       : 0.0;
+  const double fixed =
+      mem.model_fixed ? model_fixed_bytes(cfg.model, classes, input, training ? cfg.optimizer : "",
+                                          {cfg.stem, cfg.zero_init_residual})
+                      : 0.0;
   const double per_rank = train * local + eval * eval_batch + extra + fixed;
   const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
-  DPT_INPUT_CHECK(
-      need <= avail,
-      "--batch-size "
-          << cfg.batch_size << ": training needs about " << gib(need) << " GiB more memory "
-          << where << " (" << sharing << " rank(s) x " << gib(per_rank) << " GiB: " << mib(train)
-          << " MiB per image of a training step x " << cfg.batch_size / world
-          << (eval_batch > 0
-                  ? DPT_MSG(", + " << mib(eval) << " MiB per image of evaluation x " << eval_batch)
-                  : std::string())
-          << (extra > 0
-                  ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
-                  : std::string())
-          << (fixed > 0 ? DPT_MSG(", + " << gib(fixed)
-                                         << " GiB of parameters, gradients, optimizer state and "
-                                            "weight copies")
-                        : std::string())
-          << "), but " << gib(avail) << " GiB is available; use a smaller --batch-size or "
-          << "--eval-batch-size, or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
+  const std::string extras = DPT_MSG(
+      (extra > 0 ? DPT_MSG(", + " << gib(extra) << " GiB of parameters, data and cuDNN scratch")
+                 : std::string())
+      << (fixed > 0 ? DPT_MSG(", + " << gib(fixed) << " GiB of parameters, "
+                                     << (training ? "gradients, optimizer state and " : "")
+                                     << "weight copies")
+                    : std::string())
+      << "), but " << gib(avail) << " GiB is available; use a smaller ");
+  const std::string fewer = DPT_MSG(", or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
+  if (training) {
+    DPT_INPUT_CHECK(need <= avail,
+                    "--batch-size "
+                        << cfg.batch_size << ": training needs about " << gib(need)
+                        << " GiB more memory " << where << " (" << sharing << " rank(s) x "
+                        << gib(per_rank) << " GiB: " << mib(train)
+                        << " MiB per image of a training step x " << cfg.batch_size / world
+                        << (eval_batch > 0
+                                ? DPT_MSG(", + " << mib(eval) << " MiB per image of evaluation x "
+                                                 << eval_batch)
+                                : std::string())
+                        << extras << "--batch-size or --eval-batch-size" << fewer);
+  } else {
+    DPT_INPUT_CHECK(need <= avail, "--eval-batch-size "
+                                       << cfg.eval_batch_size << ": " << cfg.command
+                                       << " needs about " << gib(need) << " GiB more memory "
+                                       << where << " (" << sharing << " rank(s) x " << gib(per_rank)
+                                       << " GiB: " << mib(eval) << " MiB per image of evaluation x "
+                                       << eval_batch << extras << "--eval-batch-size" << fewer);
+  }
   log_debug(DPT_MSG("memory estimate " << where << ": " << gib(need) << " GiB of " << gib(avail)
                                        << " GiB available"));
 }
@@ -309,12 +352,14 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // all the ranks on it), before any rank reads it: a small .gz that inflates to more than the
   // memory would otherwise end in the OOM killer's SIGKILL, without a word. The agreement is also
   // the barrier that keeps a rank's load from shrinking the memory another rank measures.
+  std::vector<std::string> data_files;  // what the data set is read from (none when synthetic)
   agree_on_input(
       comm,
       "--data " + cfg.data +
           ": another rank could not size the data set, or its host has not the memory for it",
       [&] {
         const DataSize size = data_size(cfg.data, cfg.data_format);
+        data_files = size.files;
         if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
       });
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say
@@ -339,7 +384,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
   agree_on_data(pf, comm);
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
-    if (rank == 0) pf.locks = check_outputs(cfg);
+    if (rank == 0) pf.locks = check_outputs(cfg, data_files);
   });
 
   // The device (a GPU's context is created here; the CPU's checks bf16 there) and its memory

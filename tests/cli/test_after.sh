@@ -178,6 +178,16 @@ expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H
 expect 2 "--output adir" -- timeout 20 "$bin" predict --load m.st --data task --output adir
 expect 2 "--output fifo" -- timeout 20 "$bin" predict --load m.st --data task --output fifo
 expect 2 "--metrics /dev/null is a character device" -- "$bin" evaluate --load m.st --data task --metrics /dev/null
+# An output that is the --load file (by its name, through a symlink, or another spelling) or a
+# data file would destroy that input: refused naming both, and the file left as it was.
+cp m.st same.st && ln -s m.st linkload && cksum m.st same.st > sums.before
+expect 2 "--output same.st is the file --load reads (same.st)" -- "$bin" predict --load same.st --data task --output same.st
+expect 2 "--metrics ./same.st is the file --load reads (same.st)" -- "$bin" evaluate --load same.st --data task --metrics ./same.st
+expect 2 "--output m.st is the file --load reads (linkload)" -- "$bin" predict --load linkload --data task --output m.st
+expect 2 "--metrics task/t10k-labels-idx1-ubyte is the file --data reads" -- \
+  "$bin" evaluate --load m.st --data task --metrics task/t10k-labels-idx1-ubyte
+cksum m.st same.st | cmp -s - sums.before && echo "ok: the refused runs left --load as it was" ||
+  fail "a refused run changed its --load file"
 make_data seven --format idx --train 100 --test 20 --rows 16 --cols 16 --classes 7 --seed 3
 make_data big --format idx --train 100 --test 20 --rows 20 --cols 20 --classes 10 --seed 3
 expect 2 "--load m.st has 10 classes; --data seven has 7" -- "$bin" evaluate --load m.st --data seven

@@ -279,5 +279,38 @@ rc=$?
 [[ $rc -eq 2 ]] && grep -qF -- "--trace $tmp/s8/x is the file --report names" s8/e.log && ok "8 --report and --trace one file: refused" ||
   { fail "8 --report and --trace naming one file: exit $rc"; tail -3 s8/e.log; }
 
+# ---- 9. An output that is one of the run's inputs is refused, the input left as it was ------------
+# --metrics appended JSON to the checkpoint being resumed; --report/--trace/--save replaced the
+# --init-from file. A run resuming its own checkpoint and rewriting it is the normal case.
+mkdir -p s9 && python3 "$lib_dir/../data/make_data.py" s9/data --format idx --train 64 --test 16 \
+  --rows 28 --cols 28 --classes 10 --seed 9 > /dev/null || fail "9 make_data.py"
+run s9/base.log 60 "$bin" "${small[@]}" --data s9/data --checkpoint-every 1 --checkpoint-path "$tmp/s9/r.st" ||
+  { fail "9 the checkpoint to resume: exit $?"; tail -3 s9/base.log; }
+cp s9/r.st s9/a.st && cksum s9/a.st s9/r.st s9/data/* > s9/sums
+# flag|file|input flags|what else the flag needs
+for spec in "--metrics|a.st|--init-from|" "--report|a.st|--init-from|" \
+            "--trace|a.st|--init-from|--trace-steps 1:2" "--save|a.st|--init-from|" \
+            "--checkpoint-path|a.st|--init-from|--checkpoint-every 1" "--metrics|r.st|--resume|" \
+            "--report|data/train-labels-idx1-ubyte|--data|"; do
+  IFS='|' read -r flag f input extra <<< "$spec"
+  from=("$input" "$tmp/s9/$f")
+  [[ $input == --data ]] && from=()
+  # shellcheck disable=SC2086  # $extra: zero or two words
+  run s9/b.log 60 "$bin" "${small[@]}" --data s9/data "${from[@]}" "$flag" "$tmp/s9/$f" $extra
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "$flag $tmp/s9/$f is the file $input reads" s9/b.log; then
+    fail "9 $flag naming the $input file: exit $rc (want 2 naming both):"; tail -3 s9/b.log
+  else
+    ok "9 $flag naming the $input file: $(first "is the file" s9/b.log)"
+  fi
+done
+cksum s9/a.st s9/r.st s9/data/* | cmp -s - s9/sums && ok "9 the refused runs left their inputs as they were" ||
+  fail "9 a refused run changed an input"
+run s9/c.log 60 "$bin" "${small[@]}" --data s9/data --epochs 2 --checkpoint-every 1 \
+  --checkpoint-path "$tmp/s9/r.st" --resume "$tmp/s9/r.st" --allow-config-change --metrics "$tmp/s9/m.jsonl"
+rc=$?
+[[ $rc -eq 0 ]] && loadable s9/r.st && ok "9 a resume rewriting its own checkpoint runs" ||
+  { fail "9 a resume rewriting its own checkpoint: exit $rc"; tail -3 s9/c.log; }
+
 echo "$fails failed"
 [[ $fails -eq 0 ]]

@@ -231,12 +231,80 @@ TEST_F(PreflightDir, CheckOutputsAcceptsAbsentFilesAndResumeAuto) {
   EXPECT_NO_THROW(check_outputs(cfg));
   for (const auto& p : {cfg.metrics, cfg.save, cfg.report, cfg.trace, cfg.checkpoint_path})
     EXPECT_FALSE(std::filesystem::exists(p)) << p << " created by a check";
-  // Existing regular files, and --resume naming one.
-  for (const auto& p : {cfg.metrics, cfg.save}) std::ofstream(p) << "x";
-  cfg.resume = cfg.save;
+  // Existing regular files, and --resume naming one: the run's own checkpoint, which it replaces
+  // (--resume naming another output, such as --save, would be destroyed by it: refused).
+  for (const auto& p : {cfg.metrics, cfg.save, cfg.checkpoint_path}) std::ofstream(p) << "x";
+  cfg.resume = cfg.checkpoint_path;
   EXPECT_NO_THROW(check_outputs(cfg));
   // Nothing given at all.
   EXPECT_NO_THROW(check_outputs(TrainConfig{}));
+}
+
+// An output naming one of the run's inputs would destroy it: refused naming both flags and the
+// file, by any spelling (a symlink, "dir/../"), before the file is touched. The one pairing
+// allowed is a resume's: --checkpoint-path is the checkpoint resumed (FILE, or one auto may pick).
+TEST_F(PreflightDir, CheckOutputsRefusesAnOutputThatIsAnInput) {
+  const std::string in = path("in.st"), data = path("train-images-idx3-ubyte");
+  std::ofstream(in) << "the input";
+  std::ofstream(data) << "the data";
+  ASSERT_EQ(::symlink(in.c_str(), path("link.st").c_str()), 0);
+  ASSERT_EQ(::mkdir(path("sub").c_str(), 0700), 0);
+  const std::vector<std::pair<std::string, std::string TrainConfig::*>> outputs = {
+      {"--metrics", &TrainConfig::metrics}, {"--save", &TrainConfig::save},
+      {"--report", &TrainConfig::report},   {"--trace", &TrainConfig::trace},
+      {"--output", &TrainConfig::output},   {"--checkpoint-path", &TrainConfig::checkpoint_path}};
+  const std::vector<std::pair<std::string, std::string TrainConfig::*>> inputs = {
+      {"--init-from", &TrainConfig::init_from},
+      {"--load", &TrainConfig::load},
+      {"--resume", &TrainConfig::resume}};
+  for (const auto& [out_flag, out] : outputs) {
+    for (const std::string& spelling : {in, path("link.st"), path("sub/../in.st")})
+      for (const auto& [in_flag, input] : inputs) {
+        if (out_flag == "--checkpoint-path" && in_flag == "--resume") continue;  // below
+        SCOPED_TRACE(out_flag + " " + spelling + " " + in_flag);
+        TrainConfig cfg;
+        cfg.checkpoint_every = 1;
+        cfg.checkpoint_path = path("ck.st");
+        cfg.*out = spelling;
+        cfg.*input = in;
+        expect_input_error(
+            [&] { check_outputs(cfg); },
+            {out_flag + " " + spelling + " is the file " + in_flag + " reads (" + in});
+      }
+    // The data set's files are inputs too.
+    SCOPED_TRACE(out_flag + " --data");
+    TrainConfig cfg;
+    cfg.checkpoint_every = 1;
+    cfg.checkpoint_path = path("ck.st");
+    cfg.*out = data;
+    expect_input_error(
+        [&] {
+          check_outputs(cfg, {path("t10k-images-idx3-ubyte"), data});
+        },
+        {out_flag + " " + data + " is the file --data reads (" + data});
+  }
+  std::ifstream f(in), g(data);
+  std::string text, data_text;
+  std::getline(f, text);
+  std::getline(g, data_text);
+  EXPECT_EQ(text, "the input");
+  EXPECT_EQ(data_text, "the data");
+  EXPECT_FALSE(std::filesystem::exists(in + ".lock")) << "locked before the refusal";
+  // A run resumes from its own checkpoint and replaces it: allowed, by FILE and by auto.
+  TrainConfig resume;
+  resume.checkpoint_every = 1;
+  resume.checkpoint_path = path("link.st");
+  resume.resume = in;
+  EXPECT_NO_THROW(check_outputs(resume));
+  resume.resume = "auto";
+  resume.checkpoint_path = in;
+  EXPECT_NO_THROW(check_outputs(resume));
+  // Under auto every checkpoint file it may pick is an input to the other outputs, even when this
+  // run writes no checkpoints (--checkpoint-every 0).
+  resume.checkpoint_every = 0;
+  resume.metrics = in;
+  expect_input_error([&] { check_outputs(resume); },
+                     {"--metrics " + in + " is the file --resume auto reads (" + in});
 }
 
 // --metrics is appended to, so a character device (/dev/null) is fine there; every other output is
@@ -308,6 +376,49 @@ TEST(CheckMemory, TheEstimateIsPerImageTimesBatchPlusExtraTimesSharing) {
                      {"--batch-size 256", "on host h"});
 }
 
+// evaluate and predict score batches of --eval-batch-size and nothing else: no training step at
+// --batch-size (not one of their flags), no gradients or optimizer state, so the model costs its
+// values and oneDNN's forward weight copy (2 floats a parameter), and the refusal names
+// --eval-batch-size. A 700x700 LeNet evaluated one image at a time was refused for a training
+// step of 256 images.
+TEST(CheckMemory, EvaluateCountsOnlyItsBatchAndTheModelsInferenceBytes) {
+  const Shape input{64, 64, 1};
+  TrainConfig cfg;  // --batch-size 256 as default, which evaluate must not count
+  cfg.command = "evaluate";
+  cfg.eval_batch_size = 3;
+  cfg.eval_every = 0;  // a training flag: evaluate scores its batches whatever it says
+  const auto [train, eval] = bytes_per_image(cfg.model, 10, input);
+  const double params = static_cast<double>(count_parameters(cfg.model, 10, input));
+  DeviceMemory mem;
+  mem.checks = true, mem.sharing = 2, mem.extra = 1e6, mem.model_fixed = true;
+  mem.where = "on host h";
+  const double need = (eval * 3 + mem.extra + 4 * params * 2) * mem.sharing;
+  mem.free_bytes = need;
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 100, mem, input));
+  cfg.command = "predict";
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 100, mem, input));
+  mem.free_bytes = need * (1 - 1e-6);
+  try {
+    check_memory(cfg, 1, 10, 100, mem, input);
+    ADD_FAILURE() << "predict fitted in less than it needs";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInput);
+    EXPECT_NE(what.find("--eval-batch-size 3: predict needs about"), std::string::npos) << what;
+    EXPECT_EQ(what.find("--batch-size"), std::string::npos) << what;
+    EXPECT_EQ(what.find("optimizer"), std::string::npos) << what;
+  }
+  // Fewer test images than --eval-batch-size: batches of the test set's size.
+  mem.free_bytes = (eval * 2 + mem.extra + 4 * params * 2) * mem.sharing;
+  EXPECT_NO_THROW(check_memory(cfg, 1, 10, 2, mem, input));
+  // Training with the same memory is refused: the step and its optimizer state are what evaluate
+  // leaves out.
+  mem.free_bytes = need;
+  cfg.command = "train";
+  expect_input_error([&] { check_memory(cfg, 1, 10, 100, mem, input); }, {"--batch-size 256"});
+  EXPECT_GT(train, 0);
+}
+
 // On the host each rank's model is counted too (DeviceMemory::model_fixed): what building it
 // allocates (parameters, their gradients, the BatchNorm buffers) and, per parameter, the optimizer
 // state and two weight copies in the kernels' layouts: 5 floats under sgd, 6 under adamw.
@@ -321,6 +432,8 @@ TEST(CheckMemory, OnTheHostEachRanksModelCountsToo) {
   EXPECT_GT(sgd, built);
   EXPECT_DOUBLE_EQ(sgd, 4 * params * 5);
   EXPECT_DOUBLE_EQ(model_fixed_bytes("resnet18", 10, {28, 28, 1}, "adamw") - sgd, 4 * params);
+  // Inference (no optimizer): the values and one weight copy.
+  EXPECT_DOUBLE_EQ(model_fixed_bytes("resnet18", 10, {28, 28, 1}, ""), 4 * params * 2);
   // The pre-flight counts without building: the same count for every model and stem, and the
   // same input refusals as make_model.
   for (const ModelSpec& spec : models())
