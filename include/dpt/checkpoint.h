@@ -48,6 +48,7 @@ struct CheckpointInfo {
   std::string training;   // the id of the training that wrote it ("" before ids were recorded)
   std::string started;    // when that training started (UTC)
   std::string config;     // the configuration's JSON it was written with ("" when not recorded)
+  std::map<std::string, std::string> digests;  // the data digests it records (kDataDigests' keys)
 };
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
@@ -103,6 +104,8 @@ class CheckpointManager {
   Meta metadata(int64_t epoch, int64_t global_step) const;
   void refuse_nonfinite(const std::string& path) const;
   void prune() const;
+  // claim's check that the step names ahead can be written (rank 0).
+  void refuse_unreplaceable(int64_t start_step, int64_t last_step) const;
   void record(int64_t global_step, const std::string& file) const;
   std::string choose_auto(Meta* meta);
   void remove_stale_temporaries() const;

@@ -44,15 +44,27 @@ std::filesystem::path dir_of(const std::filesystem::path& p) {
   return p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
 }
 
-// Whether `name` (a file name) is one of this configuration's checkpoint names: the path's own,
-// or "<stem>.step<digits...><ext>" beside it.
-bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
+// The step in `name` when it is one of this configuration's step-named checkpoints,
+// "<stem>.step<digits><ext>" beside the path; else -1. Only digits between: an operator's
+// "ck.step4.mybackup.st" or "ck.stepBEST.st" is no checkpoint name, so retention never removes it.
+int64_t step_of_name(const TrainConfig& cfg, const std::string& name) {
   const std::filesystem::path p(cfg.checkpoint_path);
-  if (name == p.filename().string()) return true;
   const std::string prefix = p.stem().string() + ".step", ext = p.extension().string();
-  return name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + ext.size() &&
-         name.compare(name.size() - ext.size(), ext.size(), ext) == 0 &&
-         name.find(".tmp.") == std::string::npos;
+  if (name.size() <= prefix.size() + ext.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+    return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+
+// Whether `name` (a file name) is one of this configuration's checkpoint names: the path's own,
+// or a step-named one beside it (step_of_name).
+bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
+  return name == std::filesystem::path(cfg.checkpoint_path).filename().string() ||
+         step_of_name(cfg, name) >= 0;
 }
 
 // A new training's id: a digest of its configuration, where and when it started, and 64 random
@@ -124,6 +136,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.training = get("training_id");
   info.started = get("training_started");
   info.config = get("config");
+  for (const auto& [flag, key] : kDataDigests)
+    if (meta.count(key)) info.digests[key] = meta[key];
   // A --save file has no optimizer state: it records a step, but is no checkpoint to resume.
   if (meta.count("optimizer_steps")) {
     try {
@@ -224,10 +238,27 @@ void CheckpointManager::remove_stale_temporaries() const {
 
 // --resume auto, rank 0: the newest file by the step each records, of this run's training; one
 // that cannot be read falls back to the one before. When the directory holds several trainings'
-// files, this run's is the one whose newest file has this run's settings (else the newest), and
-// the others are named and passed over. Returns "" for a fresh start.
+// files, this run's is the one whose newest file has this run's settings and data (digests), else
+// the newest, and the others are named and passed over. A file whose header is not a safetensors
+// header at all (junk, an empty file, another user's) is no checkpoint: passed over with a warning,
+// it does not stop a fresh start. Returns "" for a fresh start.
 std::string CheckpointManager::choose_auto(Meta* meta) {
   const std::vector<CheckpointInfo> files = checkpoint_files(cfg_);
+  // Settings alone do not tell two trainings apart: two users running the same command on other
+  // data in one directory have the same configuration.
+  auto same_training = [&](const CheckpointInfo& f) {
+    try {
+      if (f.config.empty() || !config_changes(cfg_, f.path, f.config).empty()) return false;
+    } catch (const Error&) {
+      return false;
+    }
+    for (const auto& [flag, key] : kDataDigests) {
+      const auto was = f.digests.find(key);
+      const auto is = input_.find(key);
+      if (was != f.digests.end() && is != input_.end() && was->second != is->second) return false;
+    }
+    return true;
+  };
   std::string mine;  // the training chosen ("" when the readable files name at most one)
   std::vector<std::string> ids;
   for (const CheckpointInfo& f : files)
@@ -238,13 +269,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
          ids) {  // files are newest first: the first of each id is its newest
       const auto newest = std::find_if(files.begin(), files.end(),
                                        [&](const CheckpointInfo& f) { return f.training == id; });
-      bool same = false;
-      try {
-        same =
-            !newest->config.empty() && config_changes(cfg_, newest->path, newest->config).empty();
-      } catch (const Error&) {
-      }
-      if (same) {
+      if (same_training(*newest)) {
         mine = id;
         break;
       }
@@ -259,7 +284,20 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   // the rest in one line, so the log stays readable.
   constexpr size_t kWarned = 3;
   std::vector<std::string> tried;
+  std::vector<std::string> junk;  // files whose header cannot be read: no checkpoint
   auto warn_rest = [&] {
+    if (!junk.empty()) {
+      std::string why;
+      try {
+        (void)read_metadata(junk.front());
+      } catch (const Error& e) {
+        why = DPT_MSG(" (" << printable(e.what(), 300) << ")");
+      }
+      log_warn(DPT_MSG("--resume auto: passed over " << junk.size()
+                                                     << " file(s) that are no checkpoint, their "
+                                                        "header unreadable: "
+                                                     << summarize(junk) << why));
+    }
     if (tried.size() > kWarned)
       log_warn(
           DPT_MSG("--resume auto: more files beside "
@@ -268,6 +306,10 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   };
   for (const CheckpointInfo& f : files) {
     if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
+    if (!f.readable) {
+      junk.push_back(f.path);
+      continue;
+    }
     try {
       OptimizerState state = opt_.state();
       *meta = load_model(f.path, model_, &state);
@@ -471,13 +513,16 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
   if (!cfg_.checkpoints()) return;
   agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
     if (comm_.rank() != 0) return;
+    if (cfg_.keep_checkpoints > 0) refuse_unreplaceable(start_step, last_step);
     for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
       // Files of this training and the file resumed are this run's to replace.
       if (f.training == training_ || f.path == resumed_path_) continue;
       const bool at_path = std::filesystem::path(f.path).filename() ==
                            std::filesystem::path(cfg_.checkpoint_path).filename();
-      const bool ahead =
-          f.step > start_step && f.step <= last_step;  // a name this run may still write
+      // A name this run may still write (the name, not the step the file records: a copy under
+      // another step's name is overwritten at the step of its name).
+      const int64_t named = step_of_name(cfg_, std::filesystem::path(f.path).filename().string());
+      const bool ahead = named > start_step && named <= last_step;
       if (cfg_.keep_checkpoints == 0 ? !at_path : !ahead) continue;
       const std::string shown = printable(f.path, PATH_MAX);
       if (f.training.empty()) {
@@ -501,6 +546,38 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
                                  << " (or --resume auto), or choose another --checkpoint-path");
     }
   });
+}
+
+// Every step name this run may still write must be replaceable now, not only at its step: a FIFO,
+// a directory or a dangling link there, or another user's file in a sticky directory (which the
+// rename cannot replace), ended the run at that step with exit 2, and every resume again.
+void CheckpointManager::refuse_unreplaceable(int64_t start_step, int64_t last_step) const {
+  const std::filesystem::path dir = dir_of(cfg_.checkpoint_path);
+  struct stat ds {};
+  const bool sticky = ::stat(dir.c_str(), &ds) == 0 && (ds.st_mode & S_ISVTX) != 0;
+  const uid_t me = ::geteuid();
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_name(cfg_, e.path().filename().string());
+    if (step <= start_step || step > last_step) continue;
+    struct stat ls {
+    }, st{};
+    if (::lstat(e.path().c_str(), &ls) != 0) continue;  // gone meanwhile
+    const std::string why =
+        ::stat(e.path().c_str(), &st) != 0 ? "a dangling symbolic link"
+        : S_ISDIR(st.st_mode)              ? "a directory"
+        : S_ISFIFO(st.st_mode)             ? "a FIFO"
+        : !S_ISREG(st.st_mode)             ? "not a regular file"
+        : sticky && me != 0 && ls.st_uid != me && ds.st_uid != me
+            ? DPT_MSG("owned by uid " << ls.st_uid << " in a sticky directory, where this user "
+                                      << "cannot replace it")
+            : "";
+    DPT_INPUT_CHECK(why.empty(), "--checkpoint-path "
+                                     << cfg_.checkpoint_path << ": "
+                                     << printable(e.path().string(), PATH_MAX) << " is " << why
+                                     << ", where this run would write its checkpoint of step "
+                                     << step << "; remove it or choose another --checkpoint-path");
+  }
 }
 
 bool CheckpointManager::minutes_due() const {

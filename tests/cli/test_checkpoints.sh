@@ -203,7 +203,7 @@ run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --
 rc=$?
 lines=$(grep -c -- "--resume auto" t.log)
 if [[ $rc -ne 2 || $lines -gt 6 || $(longest t.log) -gt 2000 ]] || ! grep -qF "and 2,996 more)" t.log ||
-   ! grep -qF "and 2,998 more" t.log; then
+   ! grep -qF "no checkpoint, their header unreadable: many/ck.step8000.st, many/ck.step7999.st, many/ck.step7998.st and 2,997 more" t.log; then
   fail "--resume auto beside 6,000 foreign files: exit $rc, $lines lines, longest $(longest t.log) bytes: $(cut -c1-200 t.log | tail -8)"
 fi
 
@@ -213,6 +213,39 @@ run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --
   || fail "the run over an id-less checkpoint failed: $(tail -2 t.log)"
 grep -qF "replacing txt/ck.st, a checkpoint at step 2 that records no training id" t.log ||
   fail "no warning before replacing an id-less checkpoint: $(grep -i 'warn\|replac' t.log)"
+
+echo "== a shared directory: the operator's own files, other trainings on other data, junk"
+# Retention removes step-named checkpoints only: "ck.step4.mybackup.st" and "ck.stepBEST.st", the
+# operator's copies of a checkpoint of this very training, were deleted.
+mkdir shared && cp run/ck.step14.st shared/ck.step4.mybackup.st && cp run/ck.step14.st shared/ck.stepBEST.st
+run s.log "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path shared/ck.st   || fail "the run beside the backups failed: $(tail -2 s.log)"
+[[ -e shared/ck.step4.mybackup.st && -e shared/ck.stepBEST.st ]] || fail "retention removed the operator's backups: $(ls shared | tr '\n' ' ')"
+# Two trainings with the same flags on other data: --resume auto takes the one on this run's data
+# (by the digests it records), even when the other's file is newer; it took the newest before and
+# refused it.
+mkdir other
+run o.log "$bin" "${base[@]}" --data synthetic:28x28x1:1024:10 --checkpoint-every 2steps --keep-checkpoints 2 \
+  --checkpoint-path other/ck.st || fail "the other-data run failed: $(tail -2 o.log)"
+mkdir mixed && cp run/ck.step12.st mixed/ck.step12.st && cp other/ck.step14.st mixed/ck.step99.st
+run m.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path mixed/ck.st \
+  --resume auto --save mixed.st || fail "--resume auto beside another data set's newer file (recorded step 14) failed: $(tail -2 m.log)"
+grep -q "resumed from mixed/ck.step12.st" m.log || fail "did not resume this data's training: $(grep -i 'resum\|passed' m.log)"
+same_tensors full.st mixed.st || fail "the run resumed beside another data set's file does not end where the uninterrupted run ends"
+# Junk at checkpoint names (an empty file, text): no checkpoint, passed over with one warning; the
+# first run starts fresh instead of refusing for ever.
+mkdir junk && : > junk/ck.step4.st && echo junk > junk/ck.step6.st
+run j.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --keep-checkpoints 2 --checkpoint-path junk/ck.st \
+  --resume auto || fail "--resume auto beside junk refused to start: $(tail -2 j.log)"
+grep -q "passed over 2 file(s) that are no checkpoint" j.log || fail "no warning about the junk: $(grep -i 'auto' j.log)"
+grep -q "starting fresh" j.log || fail "no fresh start beside junk"
+# A name this run will write that cannot be replaced: refused before the first step, not at it.
+mkdir blocked && mkfifo blocked/ck.step2.st && mkdir blocked/ck.step4.st
+expect 2 "blocked/ck.step2.st is a FIFO, where this run would write its checkpoint of step 2" -- \
+  "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path blocked/ck.st
+grep -q "epoch 1/" "$tmp/out.txt" && fail "the run trained before refusing the FIFO"
+rm blocked/ck.step2.st
+expect 2 "blocked/ck.step4.st is a directory" -- \
+  "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path blocked/ck.st
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
