@@ -94,5 +94,23 @@ grep -q "replicas differ" "$tmp/out.txt" && fail "bf16 buckets: the replicas dri
 expect 2 "ranks were started with different --grad-dtype" -- "${mpi[@]}" -np 1 "$bin" "${quick[@]}" --grad-dtype bf16 \
   : -np 1 "$bin" "${quick[@]}" --grad-dtype fp16
 
+# Said, not refused: more compute threads than cores (100x slower without a word before), and a
+# training set of one class (loss 0, accuracy 1 from the first step).
+cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which answers OMP_NUM_THREADS (lib.sh sets 1)
+expect 0 "more compute threads than its $cores core(s)" -- "$bin" --epochs 1 --max-steps 1 --eval-every 0 \
+  --threads $((cores + 1))
+python3 - "$tmp/one" <<'PY'
+import os, random, sys
+def npy(path, shape, data):  # NumPy's format 1.0, uint8, C order
+    head = "{'descr': '|u1', 'fortran_order': False, 'shape': %s, }" % (shape,)
+    head += " " * (63 - (10 + len(head)) % 64) + "\n"
+    open(path, "wb").write(b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head.encode() + bytes(data))
+os.makedirs(sys.argv[1], exist_ok=True)
+for split, n in (("train", 64), ("test", 16)):
+    npy(f"{sys.argv[1]}/{split}_images.npy", (n, 28, 28, 1), [random.randrange(256) for _ in range(n * 784)])
+    npy(f"{sys.argv[1]}/{split}_labels.npy", (n,), [0] * n)
+PY
+expect 0 "every training label is class 0" -- "$bin" --data "$tmp/one" --epochs 1 --max-steps 1 --batch-size 16
+
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]
