@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,7 +44,11 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
 
 // Reads and fully validates a safetensors file (see parse_safetensors for the checks). A FIFO,
 // device or directory is refused at once (files.h's open_input_file), never read from.
-StFile read_safetensors(const std::string& path);
+// `check_header`, when given, sees the file with every tensor's name, dtype and shape but no bytes
+// before any data is read, and throws to refuse it: a loader refuses names and shapes its model
+// lacks without reading (or allocating) gigabytes a header may claim.
+StFile read_safetensors(const std::string& path,
+                        const std::function<void(const StFile&)>& check_header = nullptr);
 // Only the "__metadata__" of a safetensors file, after every check of its header (the data section
 // is not read: a truncated file still tells what it is, and fails when loaded).
 std::map<std::string, std::string> read_metadata(const std::string& path);

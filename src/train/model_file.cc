@@ -98,8 +98,9 @@ void check_recorded(const StFile& f, const std::string& path, const Model& model
 // no tensor the model lacks but an optimizer's state, which load_optimizer checks). A tensor under
 // `head` + "." whose first dimension (the class count) alone differs is left as it is
 // (re-initialised) and named in the result; with an empty `head` every difference is refused.
+// Without `copy`, the checks of names, shapes and dtypes alone (a header, before its data is read).
 std::vector<std::string> load_tensors(const StFile& f, const std::string& path, Model& model,
-                                      const std::string& head) {
+                                      const std::string& head, bool copy = true) {
   std::set<std::string> expected;
   std::vector<std::pair<Param*, const StTensor*>> load;
   std::vector<std::string> kept;
@@ -120,13 +121,14 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
     const char* dtype = p.is_counter ? "I64" : "F32";
     DPT_INPUT_CHECK(t->dtype == dtype, path << ": tensor '" << p.name << "' is "
                                             << printable(t->dtype) << ", expected " << dtype);
-    refuse_nonfinite(*t, path);
     load.emplace_back(&p, t);
   }
   for (const auto& t : f.tensors)
     DPT_INPUT_CHECK(
         expected.count(t.name) || t.name.starts_with(kOptimizerPrefix),
         path << ": unexpected tensor '" << printable(t.name) << "' for " << model.name());
+  if (!copy) return kept;
+  for (auto [p, t] : load) refuse_nonfinite(*t, path);  // all before any value is copied
   for (auto [p, t] : load) {
     if (p->is_counter) {
       p->value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
@@ -140,7 +142,9 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
 
 // The state of `optimizer` from `f` (a training checkpoint's), after checking that it is the same
 // optimizer's and every tensor's dtype and shape.
-void load_optimizer(const StFile& f, const std::string& path, OptimizerState& optimizer) {
+// Without `copy`, the checks alone (a header).
+void load_optimizer(const StFile& f, const std::string& path, OptimizerState& optimizer,
+                    bool copy = true) {
   // Its state belongs to the optimizer that wrote it (a file from before the name was recorded
   // is SGD's): another optimizer would start from state it cannot read. (A file without any is
   // a --save file, refused below by the tensor it lacks.)
@@ -162,6 +166,7 @@ void load_optimizer(const StFile& f, const std::string& path, OptimizerState& op
                     path << ": '" << name << "' is " << printable(t->dtype) << " "
                          << printable(shape_str(t->shape)) << ", expected F32 [" << values->size()
                          << "]");
+    if (!copy) continue;
     refuse_nonfinite(*t, path);
     *values = as_f32(*t, path);
   }
@@ -172,6 +177,7 @@ void load_optimizer(const StFile& f, const std::string& path, OptimizerState& op
     DPT_INPUT_CHECK(t->dtype == "I64" && t->shape == Shape{1},
                     path << ": '" << name << "' is " << printable(t->dtype) << " "
                          << printable(shape_str(t->shape)) << ", expected I64 [1]");
+    if (!copy) continue;
     const int64_t v = as_i64(*t, path)[0];
     DPT_INPUT_CHECK(v >= 0, path << ": '" << name << "' is " << v << ", a count (>= 0)");
     *count = v;
@@ -182,8 +188,12 @@ void load_optimizer(const StFile& f, const std::string& path, OptimizerState& op
 
 std::map<std::string, std::string> load_model(const std::string& path, Model& model,
                                               OptimizerState* optimizer) {
-  StFile f = read_safetensors(path);
-  check_recorded(f, path, model);
+  // Names, shapes and dtypes from the header before any data is read.
+  StFile f = read_safetensors(path, [&](const StFile& header) {
+    check_recorded(header, path, model);
+    load_tensors(header, path, model, "", false);
+    if (optimizer) load_optimizer(header, path, *optimizer, false);
+  });
   load_tensors(f, path, model, "");
   if (optimizer) load_optimizer(f, path, *optimizer);
   return f.metadata;
@@ -191,8 +201,10 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
 
 std::vector<std::string> init_from_file(const std::string& path, Model& model,
                                         const std::string& head) {
-  StFile f = read_safetensors(path);
-  check_recorded(f, path, model);
+  StFile f = read_safetensors(path, [&](const StFile& header) {
+    check_recorded(header, path, model);
+    load_tensors(header, path, model, head, false);
+  });
   return load_tensors(f, path, model, head);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -214,6 +215,31 @@ TEST(ModelFile, LongShapeIsCutInMessages) {
     EXPECT_NE(msg.find("lenet needs [20]"), std::string::npos) << msg;
     EXPECT_LT(msg.size(), 600u) << msg;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A header that claims a 1 TiB tensor (a sparse file of that size, so the size checks pass) is
+// refused for the names the model lacks before any data is read or allocated.
+TEST(ModelFile, AHeadersNamesAreCheckedBeforeItsDataIsRead) {
+  const std::string dir = test::make_temp_dir("hugeclaim");
+  const uint64_t huge = uint64_t{1} << 40;
+  const std::string header = R"({"huge":{"dtype":"U8","shape":[)" + std::to_string(huge) +
+                             R"(],"data_offsets":[0,)" + std::to_string(huge) + "]}}";
+  const std::string path = dir + "/huge.st";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    const uint64_t n = header.size();
+    std::fwrite(&n, 8, 1, f);
+    std::fwrite(header.data(), 1, header.size(), f);
+    std::fclose(f);
+  }
+  std::filesystem::resize_file(path, 8 + header.size() + huge);  // sparse: takes no disk
+  auto m = make_model("lenet", 10);
+  expect_input_error([&] { load_model(path, *m); },
+                     path + ": tensor 'conv1.weight' of lenet is missing");
+  expect_input_error([&] { init_from_file(path, *m, "fc2"); },
+                     path + ": tensor 'conv1.weight' of lenet is missing");
   std::filesystem::remove_all(dir);
 }
 
