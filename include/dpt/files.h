@@ -18,7 +18,10 @@ namespace dpt {
 // symlink or file makes creation fail rather than be written through), at the mode of the file it
 // replaces (or 0666 less the umask for a new one); commit() fsyncs it, renames it over the target
 // and fsyncs the directory. A target that is a symlink is followed only to a regular file (the
-// link stays, the file it names is replaced); any other existing non-regular target (device, FIFO,
+// link stays, the file it names is replaced), and then only when it cannot have been planted by
+// another user: in a directory others can write, a link owned by neither the euid nor the
+// directory's owner is refused (the kernel's fs.protected_symlinks rule); any other existing
+// non-regular target (device, FIFO,
 // socket, directory) is refused. Every failure is an input error naming `what` (a flag such as
 // "--report", or "checkpoint") and the path. Destroyed without commit(): the temporary is removed.
 class AtomicFile {
@@ -75,9 +78,10 @@ class OutputLock {
   int fd_ = -1;
 };
 
-// Pre-flight for an output: `path` is absent or a regular file (a symlink only to one), it is
-// writable, and its directory exists and is writable. Input error naming `flag` otherwise. A
-// `stream` (--metrics: appended to, not replaced) may also be a writable character device.
+// Pre-flight for an output: `path` is absent or a regular file (a symlink only to one, and not
+// another user's planted one: see AtomicFile), it is writable, and its directory exists and is
+// writable. Input error naming `flag` otherwise. A `stream` (--metrics: appended to, not replaced)
+// may also be a writable character device.
 // Returns the output's lock (OutputLock; none for a device, which no run can corrupt for another).
 OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream = false);
 

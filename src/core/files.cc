@@ -63,6 +63,28 @@ mode_t current_umask() {
   return mask;
 }
 
+// Refuses to follow the symlink `path` (lst: its lstat) when another user could have planted it:
+// the rule of the kernel's fs.protected_symlinks, which never applies here because the link is
+// resolved (realpath) and the rename goes to the file it names, and which is off on many machines
+// anyway. In a directory others can write (sticky or not: without the sticky bit they could also
+// have replaced an operator's own link), a link is followed only when it is the process's (euid)
+// or the directory owner's, who could write the file named anyway. A link one made oneself, or
+// one in a directory only trusted users write, is followed as before.
+void refuse_planted_link(const std::string& path, const std::string& what, const struct stat& lst) {
+  const std::string dir = dir_of(path);
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0 || !(dst.st_mode & S_IWOTH)) return;
+  if (lst.st_uid == ::geteuid() || lst.st_uid == dst.st_uid) return;
+  char target[PATH_MAX];
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof target);
+  const std::string to =
+      n >= 0 ? printable(std::string_view(target, static_cast<size_t>(n)), 200) : "?";
+  DPT_INPUT_CHECK(false, what << " " << path << " is a symbolic link (to " << to
+                              << ") owned by uid " << lst.st_uid << " in a directory other users "
+                              << "can write (" << dir << "): dptrain does not write through it; "
+                              << "remove it or choose another path");
+}
+
 // The file an output at `path` really is: `path` itself, or the regular file a symlink (chain)
 // names. Sets *st when it exists (st->st_mode == 0 when not).
 std::string resolve_output(const std::string& path, const std::string& what, struct stat* st) {
@@ -79,6 +101,7 @@ std::string resolve_output(const std::string& path, const std::string& what, str
     *st = lst;
     return path;
   }
+  refuse_planted_link(path, what, lst);
   // A symlink: followed only to an existing regular file, so the rename replaces that file (and
   // the link keeps naming it) instead of putting a regular file where the link was.
   char real[PATH_MAX];
@@ -198,6 +221,9 @@ bool same_file(const std::string& a, const std::string& b) {
 OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream) {
   DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
   struct stat st {};
+  // A planted link to a device is refused too, before the device is looked at.
+  if (stream && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    refuse_planted_link(path, flag, st);
   if (stream && ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode)) {
     DPT_INPUT_CHECK(::access(path.c_str(), W_OK) == 0,
                     flag << " " << path << ": the device is not writable");

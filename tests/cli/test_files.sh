@@ -312,5 +312,65 @@ rc=$?
 [[ $rc -eq 0 ]] && loadable s9/r.st && ok "9 a resume rewriting its own checkpoint runs" ||
   { fail "9 a resume rewriting its own checkpoint: exit $rc"; tail -3 s9/c.log; }
 
+# ---- 10. Another user's symlink in a shared directory is not written through --------------------
+# The kernel's fs.protected_symlinks rule, applied by dptrain (the kernel's does not cover a rename
+# and is often off): a link owned by nobody (uid 65534), planted at an output's name in a 1777
+# directory, named the operator's file, and the output replaced that file. Root only (chown -h).
+if [[ $(id -u) -ne 0 ]]; then
+  echo "skip: 10 another user's symlink: making a link another user's needs root"
+else
+  mkdir -p s10/w && chmod 1777 s10/w && echo "precious" > s10/precious.txt && chmod 600 s10/precious.txt
+  cp s10/precious.txt s10/precious.orig
+  run s10/model.log 60 "$bin" "${small[@]}" --save "$tmp/s10/m.st" ||
+    { fail "10 the model to evaluate: exit $?"; tail -3 s10/model.log; }
+  plant() { rm -f "$1" && ln -s "$tmp/s10/precious.txt" "$1" && chown -h 65534 "$1"; }
+  eval_args=(--load "$tmp/s10/m.st" --data synthetic:28x28x1:64:10 --threads 1)
+  # flag|command and the flags it needs|file in w/
+  for spec in "--checkpoint-path|train --checkpoint-every 1|ck.st" "--save|train|m.st" \
+              "--metrics|train|m.jsonl" "--report|train|r.svg" "--trace|train --trace-steps 1:2|t.json" \
+              "--output|predict|p.csv" "--metrics|evaluate|e.json"; do
+    IFS='|' read -r flag cmd f <<< "$spec"
+    read -ra words <<< "$cmd"
+    plant "s10/w/$f"
+    if [[ ${words[0]} == train ]]; then
+      args=("${small[@]}" "${words[@]:1}")
+    else
+      args=("${words[0]}" "${eval_args[@]}")
+    fi
+    run s10/log 60 "$bin" "${args[@]}" "$flag" "$tmp/s10/w/$f"
+    rc=$?
+    if [[ $rc -ne 2 ]] || ! grep -qF -- "$flag $tmp/s10/w/$f is a symbolic link (to $tmp/s10/precious.txt) owned by uid 65534" s10/log; then
+      fail "10 ${words[0]} $flag at another user's symlink: exit $rc (want 2 naming the link):"; tail -3 s10/log
+    elif ! cmp -s s10/precious.txt s10/precious.orig || [[ ! -L s10/w/$f ]]; then
+      fail "10 ${words[0]} $flag wrote through another user's symlink"
+    else
+      ok "10 ${words[0]} $flag: $(first "symbolic link" s10/log)"
+    fi
+  done
+  # The step-named checkpoints of --keep-checkpoints are checked when written (their names are
+  # only known then): the run ends with exit 2 at the first one, the file it names untouched.
+  plant s10/w/k.step2.st
+  run s10/keep.log 60 "$bin" "${small[@]}" --checkpoint-every 2steps --keep-checkpoints 2 \
+    --checkpoint-path "$tmp/s10/w/k.st"
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "$tmp/s10/w/k.step2.st is a symbolic link" s10/keep.log; then
+    fail "10 a step-named checkpoint at another user's symlink: exit $rc (want 2 naming it):"
+    tail -3 s10/keep.log
+  elif ! cmp -s s10/precious.txt s10/precious.orig; then
+    fail "10 a step-named checkpoint wrote through another user's symlink"
+  else
+    ok "10 step-named checkpoint: $(first "symbolic link" s10/keep.log)"
+  fi
+  # One's own link in the same directory is followed: the file it names gets the output.
+  ln -s "$tmp/s10/mine.st" s10/w/own.st && : > s10/mine.st
+  run s10/own.log 60 "$bin" "${small[@]}" --save "$tmp/s10/w/own.st"
+  rc=$?
+  if [[ $rc -ne 0 ]] || ! loadable s10/mine.st || [[ ! -L s10/w/own.st ]]; then
+    fail "10 --save through one's own link in a shared directory: exit $rc"; tail -3 s10/own.log
+  else
+    ok "10 one's own link in a shared directory is followed"
+  fi
+fi
+
 echo "$fails failed"
 [[ $fails -eq 0 ]]

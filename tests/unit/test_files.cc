@@ -214,6 +214,78 @@ TEST_F(FilesTest, SymlinkToARegularFileStaysALink) {
   std::filesystem::remove_all(real_dir);
 }
 
+// The kernel's fs.protected_symlinks rule, applied by dptrain itself (the kernel's never applies:
+// the link is resolved and the file it names replaced by a rename): in a directory others can
+// write, a link owned by neither this process's user nor the directory's owner is not followed.
+// Links owned by another uid need lchown, hence root.
+TEST_F(FilesTest, RefusesAnotherUsersSymlinkInADirectoryOthersCanWrite) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a symlink owned by another uid needs root (lchown)";
+  const uid_t other = 65534;  // nobody: neither this process (root) nor the directory's owner
+  const std::string victim = path("victim"), shared = path("shared");
+  put(victim, "precious");
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  for (const mode_t dir_mode : {01777, 0777, 0773}) {  // sticky or not, others can write
+    SCOPED_TRACE(dir_mode);
+    ASSERT_EQ(::chmod(shared.c_str(), dir_mode), 0);
+    const std::string link = shared + "/ck.st";
+    ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+    ASSERT_EQ(::lchown(link.c_str(), other, static_cast<gid_t>(-1)), 0);
+    const std::vector<std::string> names = {link, "uid 65534", victim, "other users can write",
+                                            "does not write through it"};
+    std::vector<std::string> with_flag = names;
+    with_flag.insert(with_flag.begin(), "--checkpoint-path");
+    expect_input_error([&] { write_file_atomic(link, "payload", "--checkpoint-path"); }, with_flag);
+    with_flag[0] = "--save";
+    expect_input_error([&] { check_output_path(link, "--save"); }, with_flag);
+    with_flag[0] = "--metrics";
+    expect_input_error([&] { check_output_path(link, "--metrics", true); }, with_flag);
+    expect_input_error([&] { OutputLock::file_for(link, "--metrics"); }, with_flag);
+    EXPECT_EQ(slurp(victim), "precious");
+    EXPECT_TRUE(S_ISLNK(lmode(link)));
+    EXPECT_EQ(list_dir(shared), std::set<std::string>{"ck.st"});  // no temporary, no lock left
+    // A planted link to a character device is refused for a stream as well.
+    const std::string dev_link = shared + "/m.jsonl";
+    ASSERT_EQ(::symlink("/dev/null", dev_link.c_str()), 0);
+    ASSERT_EQ(::lchown(dev_link.c_str(), other, static_cast<gid_t>(-1)), 0);
+    expect_input_error([&] { check_output_path(dev_link, "--metrics", true); },
+                       {"--metrics", dev_link, "uid 65534", "/dev/null"});
+    ASSERT_EQ(::unlink(dev_link.c_str()), 0);
+    ASSERT_EQ(::unlink(link.c_str()), 0);
+  }
+  std::filesystem::remove_all(shared);
+}
+
+// What the rule lets through: one's own link in a shared directory, a link of the directory's
+// owner (who could write the file anyway), and any link in a directory others cannot write.
+TEST_F(FilesTest, FollowsTrustedSymlinks) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a symlink owned by another uid needs root (lchown)";
+  const uid_t other = 65534;
+  const std::string victim = path("victim"), dir = path("d");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const std::string link = dir + "/out.json";
+  struct Case {
+    const char* name;
+    mode_t dir_mode;
+    uid_t dir_owner, link_owner;
+  };
+  for (const Case& c : {Case{"own link, shared directory", 01777, 0, 0},
+                        Case{"the directory owner's link", 01777, other, other},
+                        Case{"another user's link, private directory", 0755, 0, other}}) {
+    SCOPED_TRACE(c.name);
+    put(victim, "old");
+    ASSERT_EQ(::chmod(dir.c_str(), c.dir_mode), 0);
+    ASSERT_EQ(::chown(dir.c_str(), c.dir_owner, static_cast<gid_t>(-1)), 0);
+    ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+    ASSERT_EQ(::lchown(link.c_str(), c.link_owner, static_cast<gid_t>(-1)), 0);
+    EXPECT_NO_THROW(check_output_path(link, "--report"));
+    write_file_atomic(link, "new", "--report");
+    EXPECT_EQ(slurp(victim), "new");
+    EXPECT_TRUE(S_ISLNK(lmode(link)));
+    ASSERT_EQ(::unlink(link.c_str()), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(FilesTest, RefusesADanglingSymlink) {
   const std::string missing = path("missing"), link = path("dangling");
   ASSERT_EQ(::symlink(missing.c_str(), link.c_str()), 0);
