@@ -79,9 +79,17 @@ host_list() {
     hosts+=("$h")
   done
 }
-# Open MPI's hostfile: `name [slots=N] [max_slots=N]` a line, # comments and blank lines.
+# Open MPI's hostfile: `name [slots=N] [max_slots=N]` a line, # comments and blank lines. What
+# mpirun itself would refuse with exit 1 and text that does not name the line ("No nodes are
+# available" for a file without a host, "should be reported to the developers" for slots=abc) is
+# refused here, exit 2 naming the file and the line: no host at all, a slot count that is not a
+# whole number of at least 1 (max_slots too: Open MPI 4.1 takes 0 for less than slots), max_slots
+# below slots, and a host on two lines (Open MPI adds them up or not, by version: one line with the
+# total says what is meant). No command runs per line (builtins only): 10,000 lines take seconds,
+# not a minute.
 read_hostfile() {
-  local f=$1 line n=0 words shown
+  local f=$1 line n=0 words shown w key val slots max hosts_here=0
+  local -A first_line=()
   [[ -r $f && ! -d $f ]] || die "hostfile '$f' cannot be read"
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
@@ -93,8 +101,31 @@ read_hostfile() {
     read -ra words <<<"$line"
     ((${#words[@]})) || continue
     check_host "${words[0]}" "line $n of hostfile '$f'"
+    [[ -n ${first_line[${words[0]}]:-} ]] &&
+      die "line $n of hostfile '$f': host '${words[0]}' is on line ${first_line[${words[0]}]} already: give each host one line, with all its slots"
+    first_line[${words[0]}]=$n
+    slots="" max=""
+    for w in "${words[@]:1}"; do
+      key=${w%%=*} val=${w#*=}
+      quote shown "$w"
+      case $key in
+        slots | slot | count | cpu | cpus) ;;
+        max_slots | max-slots) ;;
+        *) continue ;;  # anything else is Open MPI's to judge
+      esac
+      [[ $w == *=* && $val =~ ^[0-9]{1,9}$ ]] ||
+        die "line $n of hostfile '$f': $shown: $key must be a whole number"
+      val=$((10#$val))
+      ((val >= 1)) || die "line $n of hostfile '$f': $shown: a host needs at least 1 slot (leave the line out to use no slot of it)"
+      [[ $key == max* ]] && max=$val || slots=$val
+    done
+    [[ -n $slots && -n $max ]] && ((max < slots)) &&
+      die "line $n of hostfile '$f': max_slots=$max is below slots=$slots"
     hosts+=("${words[0]}")
+    hosts_here=$((hosts_here + 1))
   done <"$f"
+  ((hosts_here)) ||
+    die "hostfile '$f' names no host (its $n lines are blank or comments): mpirun would find no node to run on"
 }
 
 # What the command line says: the hosts, the agent, and whether checkpoints are on (the rank count
@@ -207,19 +238,26 @@ ssh_opts=(-o ConnectTimeout="$ssh_timeout" -o BatchMode=yes)
 ((rsh_args_given)) || extra+=(--mca plm_rsh_args "${ssh_opts[*]}")
 # A host mpirun runs on without the agent, as Open MPI decides: this host's names, and addresses of
 # its interfaces (127.0.0.2 is not one: mpirun uses ssh for it).
+# This host's names and addresses are asked once, and each distinct host name looked up once (an
+# address not at all): five commands per hostfile line made a 10,000-line file take a minute.
+my_addrs=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) " my_name=$(hostname) my_short=$(hostname -s)
 is_local() {
-  local h=$1 a mine
-  mine=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) "
-  [[ $h == localhost || $h == "$(hostname)" || $h == "$(hostname -s)" || $mine == *" $h "* ]] && return 0
+  local h=$1 a
+  [[ $h == localhost || $h == "$my_name" || $h == "$my_short" || $my_addrs == *" $h "* ]] && return 0
+  # An address needs no lookup: it is one of this host's or it is not.
+  [[ $h =~ ^[0-9.]+$ || $h == *:* ]] && return 1
   for a in $(getent hosts "$h" 2>/dev/null | cut -d' ' -f1); do
-    [[ $mine == *" $a "* ]] && return 0
+    [[ $my_addrs == *" $a "* ]] && return 0
   done
   return 1
 }
 remote=()
+declare -A seen_host=()
 for h in "${hosts[@]}"; do
   h=${h%%:*}
-  is_local "$h" || [[ " ${remote[*]} " == *" $h "* ]] || remote+=("$h")
+  [[ -n ${seen_host[$h]:-} ]] && continue
+  seen_host[$h]=1
+  is_local "$h" || remote+=("$h")
 done
 if ((${#remote[@]})); then
   ((${#agent[@]})) || die "'$agent_spec' not found: mpirun needs it to start ranks on ${remote[*]} (apt-get install openssh-client)"

@@ -51,6 +51,36 @@ expect 2 "--host \$'a\\n-oX': host name \$'a\\n-oX' has a character" -- bash "$l
 expect 2 "--host 'a,,b': an empty host name" -- bash "$launcher" --host a,,b -np 2 "$bin"
 expect 2 "--host needs a value" -- bash "$launcher" -np 2 "$bin" --host
 expect 2 "hostfile 'missing.hosts' cannot be read" -- bash "$launcher" --hostfile missing.hosts -np 2 "$bin"
+# What mpirun took and failed on with exit 1 and text naming no line ("No nodes are available",
+# "should be reported to the developers"): exit 2 naming the file and the line, before mpirun.
+: >empty.hosts
+expect 2 "hostfile 'empty.hosts' names no host (its 0 lines are blank or comments)" -- \
+  bash "$launcher" --hostfile empty.hosts -np 2 "$bin"
+printf '# only a comment\n\n   # and another\n' >comments.hosts
+expect 2 "hostfile 'comments.hosts' names no host (its 3 lines are blank or comments)" -- \
+  bash "$launcher" --hostfile comments.hosts -np 2 "$bin"
+printf '# slots\nlocalhost slots=0\n' >s0.hosts
+expect 2 "line 2 of hostfile 's0.hosts': 'slots=0': a host needs at least 1 slot" -- \
+  bash "$launcher" --hostfile s0.hosts -np 2 "$bin"
+printf 'localhost slots=-1\n' >sneg.hosts
+expect 2 "line 1 of hostfile 'sneg.hosts': 'slots=-1': slots must be a whole number" -- \
+  bash "$launcher" --hostfile sneg.hosts -np 2 "$bin"
+printf '\nlocalhost slots=abc\n' >sabc.hosts
+expect 2 "line 2 of hostfile 'sabc.hosts': 'slots=abc': slots must be a whole number" -- \
+  bash "$launcher" --hostfile sabc.hosts -np 2 "$bin"
+printf 'localhost slots=2 max_slots=1\n' >smax.hosts
+expect 2 "line 1 of hostfile 'smax.hosts': max_slots=1 is below slots=2" -- \
+  bash "$launcher" --hostfile smax.hosts -np 2 "$bin"
+printf 'localhost slots=1\n# again\nlocalhost slots=1\n' >dup.hosts
+expect 2 "line 3 of hostfile 'dup.hosts': host 'localhost' is on line 1 already" -- \
+  bash "$launcher" --hostfile dup.hosts -np 2 "$bin"
+# Read without a command per line: 10,000 remote-looking lines (an address per line, so no name
+# lookup either) and then a bad one, refused in seconds (58 s when every line forked five times).
+for ((i = 0; i < 10000; i++)); do echo "10.$((i / 65536)).$((i / 256 % 256)).$((i % 256)) slots=1"; done >big.hosts
+echo "localhost slots=zero" >>big.hosts
+start=$SECONDS
+expect 2 "line 10001 of hostfile 'big.hosts': 'slots=zero'" -- bash "$launcher" --hostfile big.hosts -np 2 "$bin"
+((SECONDS - start <= 30)) || fail "a 10,001-line hostfile took $((SECONDS - start)) s to check (want at most 30)"
 # The same refusals before the agent runs at all: a stand-in agent that logs each call.
 cat >agent.sh <<'EOF'
 #!/usr/bin/env bash
