@@ -412,8 +412,24 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
     try {
       // The collectives come first inside; only rank 0's file writing can throw here.
       tracer.write(comm, cfg.trace, comm.host());
-      log_info("trace of steps " + std::to_string(cfg.trace_begin) + ":" +
-               std::to_string(cfg.trace_end) + " written to " + cfg.trace);
+      // The tracer starts at step A itself (run_epoch), so a window past the run's last step, or
+      // one a resumed run began after, traces less than --trace-steps says, or nothing: say so,
+      // rather than report an empty file as the window written.
+      const int64_t first = at.global_step, end = global_step;  // this run's steps: [first, end)
+      const bool started = cfg.trace_begin >= first && cfg.trace_begin < end;
+      const std::string window =
+          std::to_string(cfg.trace_begin) + ":" + std::to_string(cfg.trace_end);
+      const std::string traced = started ? std::to_string(cfg.trace_begin) + ":" +
+                                               std::to_string(std::min(cfg.trace_end, end))
+                                         : "";
+      if (comm.rank() == 0 && (!started || cfg.trace_end > end))
+        log_warn(DPT_MSG("--trace-steps "
+                         << window << ": this run's global steps were " << first << ":" << end
+                         << " (the trace starts at step " << cfg.trace_begin << " itself): "
+                         << (started ? "only steps " + traced + " were traced"
+                                     : "no step was traced, " + cfg.trace + " has no spans")));
+      log_info("trace of steps " + (started ? traced : std::string("(none)")) + " written to " +
+               cfg.trace);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
       log.output_failed("--trace", e.what());

@@ -114,3 +114,20 @@ assert len(pts["train loss"]) == 3, f"train loss points {pts['train loss']} (the
 assert len(pts["test acc"]) == 3, f"test acc points {pts['test acc']}"
 print("ok: resumed metrics have every record once; the report draws every epoch and no NaN")
 PY
+
+# A --trace-steps window past the run's last step traced nothing, yet the run said "trace of steps
+# 100:200 written": it warns, naming the window, the run's steps and what was traced.
+five=(--model lenet --epochs 1 --max-steps 5 --batch-size 32 --data synthetic:28x28x1:512:10 --eval-every 0
+      --threads 1 --progress off)
+for spec in "100:200|no step was traced, $tmp/t.json has no spans" "3:200|only steps 3:5 were traced" "1:3|"; do
+  window=${spec%%|*} want=${spec#*|}
+  timeout -k 5 120 "$bin" "${five[@]}" --trace "$tmp/t.json" --trace-steps "$window" > "$tmp/t.out" 2>&1 \
+    || { echo "FAIL: --trace-steps $window: exit $?"; tail -3 "$tmp/t.out"; exit 1; }
+  if [[ -n $want ]]; then
+    grep -qF -- "--trace-steps $window: this run's global steps were 0:5 (the trace starts at step ${window%%:*} itself): $want" "$tmp/t.out" \
+      || { echo "FAIL: --trace-steps $window on a 5-step run: no warning '$want'"; cat "$tmp/t.out"; exit 1; }
+  elif grep -qF -- "--trace-steps" "$tmp/t.out"; then
+    echo "FAIL: --trace-steps $window inside the run warned: $(grep -F -- --trace-steps "$tmp/t.out")"; exit 1
+  fi
+  echo "ok: --trace-steps $window on a 5-step run: ${want:-no warning}"
+done
