@@ -78,6 +78,11 @@ class OutputLock {
   int fd_ = -1;
 };
 
+// Input error when `path` is a symbolic link another user could have planted (AtomicFile's rule):
+// for names an output will take later in a run (checkpoints named by their step), checked at its
+// start.
+void refuse_planted_link(const std::string& path, const std::string& what);
+
 // Pre-flight for an output: `path` is absent or a regular file (a symlink only to one, and not
 // another user's planted one: see AtomicFile), it is writable, and its directory exists and is
 // writable. Input error naming `flag` otherwise. A `stream` (--metrics: appended to, not replaced)

@@ -117,6 +117,12 @@ std::string resolve_output(const std::string& path, const std::string& what, str
 
 }  // namespace
 
+void refuse_planted_link(const std::string& path, const std::string& what) {
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+    refuse_planted_link(path, what, lst);
+}
+
 AtomicFile::AtomicFile(const std::string& path, const std::string& what)
     : path_(path), what_(what) {
   DPT_INPUT_CHECK(!path.empty(), what << ": the path is empty");

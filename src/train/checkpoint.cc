@@ -563,6 +563,8 @@ void CheckpointManager::refuse_unreplaceable(int64_t start_step, int64_t last_st
     struct stat ls {
     }, st{};
     if (::lstat(e.path().c_str(), &ls) != 0) continue;  // gone meanwhile
+    refuse_planted_link(e.path().string(),
+                        "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
     const std::string why =
         ::stat(e.path().c_str(), &st) != 0 ? "a dangling symbolic link"
         : S_ISDIR(st.st_mode)              ? "a directory"

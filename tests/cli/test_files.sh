@@ -347,8 +347,8 @@ else
       ok "10 ${words[0]} $flag: $(first "symbolic link" s10/log)"
     fi
   done
-  # The step-named checkpoints of --keep-checkpoints are checked when written (their names are
-  # only known then): the run ends with exit 2 at the first one, the file it names untouched.
+  # The step-named checkpoints of --keep-checkpoints ahead are checked before the first step (and
+  # again when written): exit 2 naming it, before any training, the file it names untouched.
   plant s10/w/k.step2.st
   run s10/keep.log 60 "$bin" "${small[@]}" --checkpoint-every 2steps --keep-checkpoints 2 \
     --checkpoint-path "$tmp/s10/w/k.st"
@@ -358,6 +358,8 @@ else
     tail -3 s10/keep.log
   elif ! cmp -s s10/precious.txt s10/precious.orig; then
     fail "10 a step-named checkpoint wrote through another user's symlink"
+  elif ! grep -qF -- "--checkpoint-path $tmp/s10/w/k.st: the checkpoint name $tmp/s10/w/k.step2.st is a symbolic link" s10/keep.log; then
+    fail "10 a step-named checkpoint at another user's symlink was found only after training began"
   else
     ok "10 step-named checkpoint: $(first "symbolic link" s10/keep.log)"
   fi
