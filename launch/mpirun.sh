@@ -84,12 +84,13 @@ host_list() {
 # available" for a file without a host, "should be reported to the developers" for slots=abc) is
 # refused here, exit 2 naming the file and the line: no host at all, a slot count that is not a
 # whole number of at least 1 (max_slots too: Open MPI 4.1 takes 0 for less than slots), max_slots
-# below slots, and a host on two lines (Open MPI adds them up or not, by version: one line with the
-# total says what is meant). No command runs per line (builtins only): 10,000 lines take seconds,
+# below slots, and a host on two lines of which one gives slots (Open MPI adds them up or not, by
+# version: one line with the total says what is meant; a host repeated without slots, one line per
+# slot as Torque's $PBS_NODEFILE lists them, is Open MPI's usual form). No command runs per line (builtins only): 10,000 lines take seconds,
 # not a minute.
 read_hostfile() {
   local f=$1 line n=0 words shown w key val slots max hosts_here=0
-  local -A first_line=()
+  local -A first_line=() slotted=()
   [[ -r $f && ! -d $f ]] || die "hostfile '$f' cannot be read"
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
@@ -101,9 +102,6 @@ read_hostfile() {
     read -ra words <<<"$line"
     ((${#words[@]})) || continue
     check_host "${words[0]}" "line $n of hostfile '$f'"
-    [[ -n ${first_line[${words[0]}]:-} ]] &&
-      die "line $n of hostfile '$f': host '${words[0]}' is on line ${first_line[${words[0]}]} already: give each host one line, with all its slots"
-    first_line[${words[0]}]=$n
     slots="" max=""
     for w in "${words[@]:1}"; do
       key=${w%%=*} val=${w#*=}
@@ -121,6 +119,13 @@ read_hostfile() {
     done
     [[ -n $slots && -n $max ]] && ((max < slots)) &&
       die "line $n of hostfile '$f': max_slots=$max is below slots=$slots"
+    if [[ -n ${first_line[${words[0]}]:-} ]]; then
+      [[ -n $slots$max || -n ${slotted[${words[0]}]} ]] &&
+        die "line $n of hostfile '$f': host '${words[0]}' is on line ${first_line[${words[0]}]} already, with slots given: give each host one line, with all its slots"
+    else
+      first_line[${words[0]}]=$n
+      slotted[${words[0]}]=$slots$max
+    fi
     hosts+=("${words[0]}")
     hosts_here=$((hosts_here + 1))
   done <"$f"

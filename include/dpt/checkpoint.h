@@ -49,6 +49,7 @@ struct CheckpointInfo {
   std::string started;    // when that training started (UTC)
   std::string config;     // the configuration's JSON it was written with ("" when not recorded)
   std::map<std::string, std::string> digests;  // the data digests it records (kDataDigests' keys)
+  bool junk = false;  // unreadable, and not a safetensors file at all (read_checkpoint_info)
 };
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
@@ -57,7 +58,9 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // a checkpoint from before types were recorded says "auto", which was fp32 then; none when there
 // is no such file or it records no configuration. --activation-dtype auto on a resume follows it,
 // so a run continues in the type it was trained in even where auto now resolves to the other.
-std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg);
+// Under auto, files recording other data `digests` (input_metadata's keys) are passed over.
+std::optional<DType> resumed_activation_dtype(
+    const TrainConfig& cfg, const std::map<std::string, std::string>& digests = {});
 
 // The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
 // "<stem>.step<N><ext>" beside it.
@@ -96,6 +99,10 @@ class CheckpointManager {
   void save(const Position& at, const std::vector<EpochMetrics>& history);
   // --save at the end (if given). Collective.
   void save_final(int64_t global_step);
+  // At the end of a run that trained since its last checkpoint (with checkpoints on): one more at
+  // `at`, so that the same command line run again (--resume auto) finds the run finished instead
+  // of training its last stretch again. Collective.
+  void save_last(const Position& at, const std::vector<EpochMetrics>& history);
 
   const std::string& training_id() const { return training_; }
 
@@ -120,6 +127,7 @@ class CheckpointManager {
   std::string training_, started_;  // this training's id and start (rank 0)
   std::string resumed_path_;        // the file resumed (rank 0)
   double last_save_;
+  int64_t last_saved_step_ = -1;  // the global step of this run's last checkpoint
 };
 
 }  // namespace dpt

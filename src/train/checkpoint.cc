@@ -54,7 +54,8 @@ int64_t step_of_name(const TrainConfig& cfg, const std::string& name) {
       name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
     return -1;
   const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - ext.size());
-  if (digits.size() > 18 ||
+  // As checkpoint_file writes them: no leading zero ("ck.step0014.st" is the operator's copy).
+  if (digits.size() > 18 || (digits.size() > 1 && digits[0] == '0') ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return -1;
   return std::stoll(digits);
@@ -119,6 +120,30 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
 
 }  // namespace
 
+namespace {
+// Whether the file at `path` opened, and its first bytes are no safetensors file at all: fewer than
+// 8 bytes, a header length beyond any sane limit, or a header that does not open a JSON object.
+// An open or read failure, or a header cut short, is not junk: it may be a real checkpoint that
+// --resume auto must not pass over (and a fresh run then replace).
+bool is_junk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  uint8_t head[9] = {};
+  const bool stat_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const ssize_t got = stat_ok ? ::pread(fd, head, sizeof head, 0) : -1;
+  ::close(fd);
+  if (got < 0) return false;
+  if (got < 8) return true;
+  uint64_t n = 0;
+  std::memcpy(&n, head, 8);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (n == 0 || n > (uint64_t{100} << 20)) return true;
+  if (n > size - 8) return false;  // cut short inside its header: damaged, not junk
+  return got < 9 || head[8] != '{';
+}
+}  // namespace
+
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   CheckpointInfo info;
   info.path = path;
@@ -126,7 +151,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   try {
     meta = read_metadata(path);
   } catch (const Error&) {
-    return info;  // unreadable: listed last, still tried by --resume auto
+    info.junk = is_junk(path);
+    return info;  // unreadable: listed last, still tried by --resume auto unless junk
   }
   info.readable = true;
   auto get = [&](const char* key) {
@@ -149,11 +175,19 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
-std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg) {
+std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg,
+                                              const std::map<std::string, std::string>& digests) {
   CheckpointInfo info;
   if (cfg.resume == "auto") {
+    // The newest of a training on this data (another user's beside it may record another type).
+    auto other_data = [&](const CheckpointInfo& f) {
+      for (const auto& [key, digest] : f.digests)
+        if (const auto is = digests.find(key); is != digests.end() && is->second != digest)
+          return true;
+      return false;
+    };
     for (const CheckpointInfo& f : checkpoint_files(cfg))
-      if (f.readable && f.step >= 0) {
+      if (f.readable && f.step >= 0 && !other_data(f)) {
         info = f;
         break;
       }
@@ -246,12 +280,13 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   const std::vector<CheckpointInfo> files = checkpoint_files(cfg_);
   // Settings alone do not tell two trainings apart: two users running the same command on other
   // data in one directory have the same configuration.
-  auto same_training = [&](const CheckpointInfo& f) {
+  auto same_training = [&](const CheckpointInfo& f, bool data) {
     try {
       if (f.config.empty() || !config_changes(cfg_, f.path, f.config).empty()) return false;
     } catch (const Error&) {
       return false;
     }
+    if (!data) return true;
     for (const auto& [flag, key] : kDataDigests) {
       const auto was = f.digests.find(key);
       const auto is = input_.find(key);
@@ -265,14 +300,18 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
     if (!f.training.empty() && std::find(ids.begin(), ids.end(), f.training) == ids.end())
       ids.push_back(f.training);
   if (ids.size() > 1) {
-    for (const std::string& id :
-         ids) {  // files are newest first: the first of each id is its newest
-      const auto newest = std::find_if(files.begin(), files.end(),
-                                       [&](const CheckpointInfo& f) { return f.training == id; });
-      if (same_training(*newest)) {
-        mine = id;
-        break;
+    // Settings and data first, then settings alone (a change of data that --allow-config-change
+    // accepts continues this training, not another's), else the newest.
+    for (const bool data : {true, false}) {
+      for (const std::string& id : ids) {  // files are newest first: each id's first is its newest
+        const auto newest = std::find_if(files.begin(), files.end(),
+                                         [&](const CheckpointInfo& f) { return f.training == id; });
+        if (same_training(*newest, data)) {
+          mine = id;
+          break;
+        }
       }
+      if (!mine.empty()) break;
     }
     if (mine.empty()) mine = ids.front();
     std::vector<std::string> passed;
@@ -306,7 +345,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   };
   for (const CheckpointInfo& f : files) {
     if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
-    if (!f.readable) {
+    if (f.junk) {
       junk.push_back(f.path);
       continue;
     }
@@ -628,6 +667,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
   }
   comm_.barrier();
   last_save_ = now_seconds();
+  last_saved_step_ = at.global_step;
   log_info("checkpoint written to " + file + " (global step " + std::to_string(at.global_step) +
            ")");
 }
@@ -660,6 +700,11 @@ void CheckpointManager::record(int64_t global_step, const std::string& file) con
     log_warn(DPT_MSG("DPT_CHECKPOINT_RECORD "
                      << to << ": cannot append the checkpoint's record; a launcher "
                      << "restart may not see it"));
+}
+
+void CheckpointManager::save_last(const Position& at, const std::vector<EpochMetrics>& history) {
+  if (!cfg_.checkpoints() || last_saved_step_ == at.global_step) return;
+  save(at, history);
 }
 
 void CheckpointManager::save_final(int64_t global_step) {

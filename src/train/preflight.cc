@@ -421,7 +421,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     // (a checkpoint from before the CPU's bf16 activations became auto's choice resumes in fp32).
     int32_t recorded = -1;  // rank 0: the DType recorded, or -1 for none
     if (rank == 0)
-      if (const auto t = resumed_activation_dtype(cfg)) recorded = static_cast<int32_t>(*t);
+      if (const auto t = resumed_activation_dtype(cfg, input_metadata(pf)))
+        recorded = static_cast<int32_t>(*t);
     comm.broadcast(&recorded, 1, 0, "broadcast of the resumed run's activation type");
     const auto then = static_cast<DType>(recorded);
     if (recorded >= 0 && then != pf.activations) {

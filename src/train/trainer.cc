@@ -254,8 +254,9 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   m.train_tflops = m.images_per_second * 3.0 * static_cast<double>(r.model.forward_flops()) / 1e12;
   m.comm_seconds = t.comm_s;
   m.exposed_comm_seconds = t.exposed_s;
-  m.grad_norm = applied ? norm_sum / static_cast<double>(applied) : 0;
-  m.grad_norm_max = norm_max;
+  // Of the applied steps; none applied (every step skipped): null in --metrics, as a step's is.
+  m.grad_norm = applied ? norm_sum / static_cast<double>(applied) : std::nan("");
+  m.grad_norm_max = applied ? norm_max : std::nan("");
   m.nonfinite_steps = nonfinite;
   m.world_size = r.comm.size();
   set_rank_timings(m, timings);
@@ -405,8 +406,15 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
         slow};
   ddp.reducer().set_tracer(r.tr);
   int64_t global_step = at.global_step;
+  if (start.resumed && at.epoch >= cfg.epochs)
+    log_info(DPT_MSG("the checkpoint resumed is at epoch "
+                     << at.epoch + 1 << ", step " << at.epoch_step << ", past --epochs "
+                     << cfg.epochs << ": nothing is left to train"));
   for (int epoch = static_cast<int>(at.epoch); epoch < cfg.epochs; ++epoch)
     global_step = run_epoch(r, epoch, epoch == at.epoch ? at.epoch_step : 0, global_step);
+  // The stretch after the last checkpoint (Nsteps, N epochs or Nmin that did not fall on the end).
+  if (global_step > at.global_step)
+    checkpoints.save_last({cfg.epochs, 0, global_step}, log.history());
 
   if (r.tr) {
     try {

@@ -15,15 +15,21 @@ cd "$tmp" || exit 1
 step_of() { meta_of step "$1"; }  # the step a checkpoint records in its metadata
 base=(--epochs 3 --max-steps 5 --eval-every 0 --batch-size 64)
 
-echo "== every 2 steps, the newest 2 kept, named by step (2 ranks)"
-run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path run/ck.st \
+echo "== every 2 steps and at the end, the newest 3 kept, named by step (2 ranks)"
+run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path run/ck.st \
   || true  # run/ does not exist: refused before the first step
 grep -q "run/ck.st: the directory run does not exist" a.log || fail "a missing checkpoint directory was not refused"
 mkdir run
-run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path run/ck.st \
+run a.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path run/ck.st \
   --save full.st || fail "the run failed: $(tail -2 a.log)"
-[[ $(ls run) == $'ck.step12.st\nck.step14.st' ]] || fail "want ck.step12.st and ck.step14.st, have: $(ls run | tr '\n' ' ')"
-[[ $(grep -c "checkpoint written" a.log) -eq 7 ]] || fail "want 7 checkpoints (steps 2..14), got $(grep -c 'checkpoint written' a.log)"
+# Step 15, the last, is not a multiple of 2: written at the end anyway, so the same command run
+# again (--resume auto) finds the training finished instead of training step 15 again.
+[[ $(ls run) == $'ck.step12.st\nck.step14.st\nck.step15.st' ]] || fail "want ck.step12.st, ck.step14.st and ck.step15.st, have: $(ls run | tr '\n' ' ')"
+[[ $(grep -c "checkpoint written" a.log) -eq 8 ]] || fail "want 8 checkpoints (steps 2..14, 15), got $(grep -c 'checkpoint written' a.log)"
+run a2.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 3 --checkpoint-path run/ck.st \
+  --resume auto || fail "the same command run again failed: $(tail -2 a2.log)"
+grep -q "nothing is left to train" a2.log || fail "run again after its end: no 'nothing is left to train': $(grep -i resum a2.log)"
+grep -q "checkpoint written" a2.log && fail "run again after its end, it wrote a checkpoint"
 [[ $(step_of run/ck.step14.st) == 14 ]] || fail "ck.step14.st records step $(step_of run/ck.step14.st)"
 
 echo "== --resume auto: the newest by recorded step, not by name; bit for bit at the end"
@@ -217,9 +223,10 @@ grep -qF "replacing txt/ck.st, a checkpoint at step 2 that records no training i
 echo "== a shared directory: the operator's own files, other trainings on other data, junk"
 # Retention removes step-named checkpoints only: "ck.step4.mybackup.st" and "ck.stepBEST.st", the
 # operator's copies of a checkpoint of this very training, were deleted.
-mkdir shared && cp run/ck.step14.st shared/ck.step4.mybackup.st && cp run/ck.step14.st shared/ck.stepBEST.st
+mkdir shared && cp run/ck.step14.st shared/ck.step4.mybackup.st && cp run/ck.step14.st shared/ck.stepBEST.st &&
+  cp run/ck.step14.st shared/ck.step0014.st  # dptrain writes no leading zero
 run s.log "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path shared/ck.st   || fail "the run beside the backups failed: $(tail -2 s.log)"
-[[ -e shared/ck.step4.mybackup.st && -e shared/ck.stepBEST.st ]] || fail "retention removed the operator's backups: $(ls shared | tr '\n' ' ')"
+[[ -e shared/ck.step4.mybackup.st && -e shared/ck.stepBEST.st && -e shared/ck.step0014.st ]] || fail "retention removed the operator's backups: $(ls shared | tr '\n' ' ')"
 # Two trainings with the same flags on other data: --resume auto takes the one on this run's data
 # (by the digests it records), even when the other's file is newer; it took the newest before and
 # refused it.
@@ -238,6 +245,12 @@ run j.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --
   --resume auto || fail "--resume auto beside junk refused to start: $(tail -2 j.log)"
 grep -q "passed over 2 file(s) that are no checkpoint" j.log || fail "no warning about the junk: $(grep -i 'auto' j.log)"
 grep -q "starting fresh" j.log || fail "no fresh start beside junk"
+# A checkpoint cut short inside its header is damaged, not junk: refused, never replaced by a
+# fresh run.
+mkdir cut && head -c 200 run/ck.step14.st > cut/ck.st
+expect 2 "no checkpoint beside cut/ck.st could be read (cut/ck.st)" -- \
+  "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path cut/ck.st --resume auto
+[[ $(stat -c %s cut/ck.st) -eq 200 ]] || fail "the damaged checkpoint was replaced"
 # A name this run will write that cannot be replaced: refused before the first step, not at it.
 mkdir blocked && mkfifo blocked/ck.step2.st && mkdir blocked/ck.step4.st
 expect 2 "blocked/ck.step2.st is a FIFO, where this run would write its checkpoint of step 2" -- \

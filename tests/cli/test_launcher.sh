@@ -72,8 +72,11 @@ printf 'localhost slots=2 max_slots=1\n' >smax.hosts
 expect 2 "line 1 of hostfile 'smax.hosts': max_slots=1 is below slots=2" -- \
   bash "$launcher" --hostfile smax.hosts -np 2 "$bin"
 printf 'localhost slots=1\n# again\nlocalhost slots=1\n' >dup.hosts
-expect 2 "line 3 of hostfile 'dup.hosts': host 'localhost' is on line 1 already" -- \
+expect 2 "line 3 of hostfile 'dup.hosts': host 'localhost' is on line 1 already, with slots given" -- \
   bash "$launcher" --hostfile dup.hosts -np 2 "$bin"
+# A host once per slot, as Torque's $PBS_NODEFILE lists it: Open MPI's usual form, accepted.
+printf 'localhost\nlocalhost\n' >pbs.hosts
+expect 0 "epoch 1/1" -- bash "$launcher" --hostfile pbs.hosts -np 2 "$bin" --epochs 1 --max-steps 1 --eval-every 0
 # Read without a command per line: 10,000 remote-looking lines (an address per line, so no name
 # lookup either) and then a bad one, refused in seconds (58 s when every line forked five times).
 for ((i = 0; i < 10000; i++)); do echo "10.$((i / 65536)).$((i / 256 % 256)).$((i % 256)) slots=1"; done >big.hosts
