@@ -305,16 +305,25 @@ int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step) {
 }
 
 // Where the loop starts: the resumed position, recomputed in the new units when the settings
-// changed on purpose (--allow-config-change: the images of the epoch already trained on stay done).
+// changed on purpose (--allow-config-change: the images of the epoch already trained on stay done,
+// rounded down to a whole step of the new size, so up to a step's images less one are trained
+// again; the log says how many).
 Position start_position(const TrainConfig& cfg, const ResumePoint& start, int64_t steps) {
   Position at = start.at;
   if (start.images_per_step_then > 0) {
     const int64_t now_per_step = cfg.batch_size * cfg.accum_steps;
-    at.epoch_step = std::min(steps, at.epoch_step * start.images_per_step_then / now_per_step);
+    const int64_t done = at.epoch_step * start.images_per_step_then;
+    at.epoch_step = std::min(steps, done / now_per_step);
     at.global_step = at.epoch * steps + at.epoch_step;
-    log_info(DPT_MSG("--allow-config-change: continuing at epoch "
-                     << at.epoch + 1 << ", step " << at.epoch_step << " (global step "
-                     << at.global_step << ")"));
+    const int64_t again = done - at.epoch_step * now_per_step;
+    log_info(DPT_MSG(
+        "--allow-config-change: continuing at epoch "
+        << at.epoch + 1 << ", step " << at.epoch_step << " (global step " << at.global_step << ")"
+        << (again > 0
+                ? DPT_MSG(": the epoch's " << done << " images trained so far "
+                                           << "are not a whole number of steps of " << now_per_step
+                                           << ", so the last " << again << " are trained again")
+                : std::string())));
   }
   DPT_INPUT_CHECK(at.epoch_step <= steps, "--resume: the checkpoint is at step "
                                               << at.epoch_step
