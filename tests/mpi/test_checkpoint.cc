@@ -39,12 +39,16 @@ TEST(Checkpoint, ResumeAfterEpochTwoEndsBitForBit) {
   Fixture f;
   TrainConfig full = f.config();
   full.save = f.dir + "/full.safetensors";
-  full.checkpoint_every = 2;  // after epoch 2 (epoch 3 is not a multiple: the file stays)
+  // After epoch 2, and at the end (epoch 3 is not a multiple of 2, so the run's last checkpoint
+  // is written then): each named by its step, 10 a epoch (640 images, global batch 64).
+  full.checkpoint_every = 2;
+  full.keep_checkpoints = 5;
   full.checkpoint_path = f.dir + "/ckpt.safetensors";
   run_training(full, *f.comm);
+  const std::string epoch2 = checkpoint_file(full, 20), last = checkpoint_file(full, 30);
 
   TrainConfig resumed = f.config();
-  resumed.resume = full.checkpoint_path;
+  resumed.resume = epoch2;
   resumed.save = f.dir + "/resumed.safetensors";
   auto hist = run_training(resumed, *f.comm);
   ASSERT_EQ(hist.size(), 1u);  // only epoch 3 ran
@@ -57,8 +61,9 @@ TEST(Checkpoint, ResumeAfterEpochTwoEndsBitForBit) {
       EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
       EXPECT_TRUE(a.tensors[i].bytes == b.tensors[i].bytes) << a.tensors[i].name << " differs";
     }
-    StFile ck = read_safetensors(full.checkpoint_path);
+    StFile ck = read_safetensors(epoch2);
     EXPECT_EQ(ck.metadata.at("epoch"), "2");
+    EXPECT_EQ(read_metadata(last).at("epoch"), "3");
     EXPECT_EQ(ck.metadata.at("format"), "dptrain-checkpoint-v1");
     EXPECT_NE(ck.find("optimizer.momentum_buffer"), nullptr);
   }
