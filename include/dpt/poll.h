@@ -13,6 +13,21 @@
 
 namespace dpt {
 
+// The longest --timeout (validate_config refuses more; 0 means no limit): 1e7 s, 115 days, far
+// beyond any collective's need, and far below the ~292 years at which a steady_clock deadline
+// (int64 nanoseconds) overflows.
+inline constexpr double kMaxTimeoutSeconds = 1e7;
+
+// A --timeout in seconds as the steady clock's duration, for every wait bounded by it (a
+// condition variable's wait_for, poll_with_deadline's deadline): clamped to [0,
+// kMaxTimeoutSeconds], rounded up. Unclamped, 1e10 s is more nanoseconds than int64 holds: the
+// deadline wrapped into the past and the first all-reduce "timed out" at once. Callers treat
+// timeouts <= 0 as "no limit" before asking for a duration; here they (and NaN) read as 0.
+inline std::chrono::steady_clock::duration timeout_duration(double seconds) {
+  const double s = seconds > 0 ? std::min(seconds, kMaxTimeoutSeconds) : 0.0;
+  return std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
 // The pause between two polls: `first` after the first unsuccessful poll, doubled after each
 // further one up to `max`. A short first pause answers a quick operation quickly; the cap bounds
 // how late a slow one is noticed; sleeping at all leaves the core to the threads doing the work
@@ -24,20 +39,20 @@ struct PollPause {
 };
 
 // Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
-// said no and timeout_s seconds or more have passed since the call, calls on_timeout() once and
-// returns false, probing no more (on_timeout usually throws: the callers abort and report).
-// timeout_s <= 0 waits for ever, as --timeout 0 means. The probe always runs at least once, so an
-// operation already complete succeeds whatever the deadline.
+// said no and timeout_s seconds (timeout_duration's) or more have passed since the call, calls
+// on_timeout() once and returns false, probing no more (on_timeout usually throws: the callers
+// abort and report). timeout_s <= 0 waits for ever, as --timeout 0 means. The probe always runs at
+// least once, so an operation already complete succeeds whatever the deadline.
 template <typename Probe, typename OnTimeout>
 bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
                         PollPause pause = {}) {
   using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
+  const auto deadline = clock::now() + timeout_duration(timeout_s);
   auto sleep = pause.first;
   int polls = 0;
   while (!probe()) {
     if (++polls <= pause.spins) continue;
-    if (timeout_s > 0 && std::chrono::duration<double>(clock::now() - start).count() >= timeout_s) {
+    if (timeout_s > 0 && clock::now() >= deadline) {
       on_timeout();
       return false;
     }

@@ -79,6 +79,8 @@ std::string AugmentSpec::text() const {
 
 AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) {
   AugmentSpec spec;
+  // An empty value (an unset variable) is not taken for none: the user meant some augmentation.
+  DPT_INPUT_CHECK(!value.empty(), "--augment: empty; use none for no augmentation");
   if (value == "none") return spec;
   for (const std::string& item : split(value, ',')) {
     if (item == "flip") {

@@ -296,10 +296,15 @@ namespace data {
 
 namespace {
 
-// dir/<base>.gz, else dir/<base>, else "": the real files are distributed gzip'd, users gunzip
-// them.
+// dir/<base>.gz or dir/<base>, whichever exists, else "": the real files are distributed gzip'd,
+// users gunzip them. Both present is refused, as idx3 and idx4 together are: gunzip -k (or a copy
+// gunzip'd by hand and then edited) leaves two files that may differ, and preferring either would
+// leave the user guessing which one was trained on.
 std::string gz_or_raw(const std::string& dir, const std::string& base) {
-  return first_existing(dir, {base + ".gz", base});
+  const std::string gz = first_existing(dir, {base + ".gz"}), raw = first_existing(dir, {base});
+  DPT_INPUT_CHECK(gz.empty() || raw.empty(), dir << ": both " << base << ".gz and " << base
+                                                 << " exist: which one is meant? Remove one");
+  return gz.empty() ? raw : gz;
 }
 
 std::string no_file_message(const std::string& dir, const std::string& what,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,7 +13,9 @@
 #include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/files.h"
+#include "dpt/log.h"
 #include "dpt/models.h"
+#include "dpt/poll.h"
 #include "dpt/reducer.h"
 
 namespace dpt {
@@ -170,6 +173,20 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
                   "--schedule: '" << c.schedule << "' is not constant|step|cosine");
   DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);
+  // A warm-up longer than the run never reaches the rate: 1e308 trained at a rate of ~0 throughout.
+  DPT_INPUT_CHECK(c.warmup_epochs <= c.epochs, "--warmup-epochs " << c.warmup_epochs
+                                                                  << " is longer than the run: "
+                                                                     "at most --epochs "
+                                                                  << c.epochs);
+  // No recipe sets milestones (apply_recipe), so any are the user's: under another schedule they
+  // would be ignored silently. A milestone at epoch 0 or before would only lower the starting
+  // rate; one past --epochs is accepted, as torch's MultiStepLR does (never reached: harmless,
+  // and a resumed run may extend --epochs with --allow-config-change).
+  DPT_INPUT_CHECK(
+      c.step_epochs.empty() || c.schedule == "step",
+      "--step-epochs applies to --schedule step (the schedule is " << c.schedule << ")");
+  for (int e : c.step_epochs)
+    DPT_INPUT_CHECK(e >= 1, "--step-epochs: each epoch must be >= 1, got " << e);
   DPT_INPUT_CHECK(c.step_gamma > 0, "--step-gamma must be > 0, got " << c.step_gamma);
   DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l",
                   "--init: '" << c.init << "' is not kaiming|d2l");
@@ -210,11 +227,17 @@ void validate_config(const TrainConfig& c, int world) {
                   "--nonfinite-max-skips must be >= 0, got " << c.nonfinite_max_skips);
   DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
+  // Longer waits are no use, and the clock's deadlines overflow past ~9e9 s (poll.h).
+  DPT_INPUT_CHECK(c.timeout <= kMaxTimeoutSeconds,
+                  "--timeout " << std::setprecision(10) << c.timeout << " is above the maximum of "
+                               << kMaxTimeoutSeconds << " s (115 days): use 0 for no limit");
   DPT_INPUT_CHECK(c.checkpoint_every >= 0,
                   "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
   DPT_INPUT_CHECK(c.keep_checkpoints >= 0,
                   "--keep-checkpoints must be >= 0, got " << c.keep_checkpoints);
   DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
+  // Here, not only where the level is set: under --quiet it is never read, and a typo passed.
+  (void)parse_log_level(c.log_level);
   DPT_INPUT_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off",
                   "--progress: '" << c.progress << "' is not auto|on|off");
   DPT_INPUT_CHECK(c.metrics_every >= 0, "--metrics-every must be >= 0, got " << c.metrics_every);

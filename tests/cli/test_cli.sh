@@ -21,6 +21,14 @@ expect 2 "bogus" -- "$bin" --bogus
 expect 2 "abc" -- "$bin" --epochs abc
 expect 2 "no CUDA device visible" -- "$bin" --device cuda --data "$data"
 expect 0 "--bucket-mb" -- "$bin" --help
+# A --timeout past the clock's range failed every multi-rank run's first all-reduce at once.
+expect 2 "--timeout 1e+10 is above the maximum of 10000000 s (115 days): use 0 for no limit" -- \
+  "${mpi[@]}" -np 2 "$bin" --data synthetic:28x28x1:512:10 --epochs 1 --max-steps 2 --batch-size 64 --timeout 1e10
+expect 2 "--step-epochs: each epoch must be >= 1, got -1" -- "$bin" --schedule step --step-epochs -1,0,100 --epochs 3
+expect 2 "--step-epochs applies to --schedule step" -- "$bin" --step-epochs 2
+expect 2 "--warmup-epochs 1e+308 is longer than the run" -- "$bin" --warmup-epochs 1e308 --epochs 3
+expect 2 "--log-level: 'trace' is not one of" -- "$bin" --log-level trace --quiet
+expect 2 "--augment: empty; use none" -- "$bin" --augment ""
 
 # Data: missing directory, and corrupted copies of a small valid set.
 expect 2 "/nonexistent/dir" -- "$bin" --data /nonexistent/dir
@@ -50,6 +58,9 @@ expect 2 "t10k-labels-idx1-ubyte: label 12 at index 9999" -- "$bin" --data "$d" 
 d=$(mk dtype); rm "$d/train-labels-idx1-ubyte.gz"
 python3 -c "import sys; sys.stdout.buffer.write(bytes([0,0,0x0D,1,0,0,0x27,0x10]) + bytes(40000))" > "$d/train-labels-idx1-ubyte"
 expect 2 "dtype" -- "$bin" --data "$d" --epochs 1
+# A raw copy beside the .gz (gunzip -k) is not silently passed over: which one is meant?
+d=$(mk both); gzip -dc "$d/train-labels-idx1-ubyte.gz" > "$d/train-labels-idx1-ubyte"
+expect 2 "both train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte exist" -- "$bin" --data "$d" --epochs 1
 
 # Checkpoints.
 printf 'garbage' > "$tmp/bad.safetensors"

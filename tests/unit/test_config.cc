@@ -235,6 +235,32 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--accum-steps", "0"}, "--accum-steps"},
       {{"--schedule", "exp"}, "--schedule"},
       {{"--eval-every", "-1"}, "--eval-every"},
+      // Above 1e7 s a wait's steady-clock deadline came near overflow (past ~9.2e9 s it wrapped:
+      // every multi-rank run failed its first all-reduce at once); 0 is the way to no limit.
+      {{"--timeout", "1e10"}, "--timeout 1e+10 is above the maximum of 10000000 s (115 days)"},
+      {{"--timeout", "1e300"}, "use 0 for no limit"},
+      {{"--timeout", "10000001"}, "--timeout 10000001 is above"},
+      {{"--timeout", "-1"}, "--timeout must be >= 0"},
+      // Milestones count completed epochs: 0 or less would only lower the starting rate.
+      {{"--schedule", "step", "--step-epochs", "-1,0,100", "--epochs", "3"},
+       "--step-epochs: each epoch must be >= 1, got -1"},
+      {{"--schedule", "step", "--step-epochs", "2,0"},
+       "--step-epochs: each epoch must be >= 1, got 0"},
+      // Milestones are ignored by any other schedule: given there, they are refused.
+      {{"--step-epochs", "2"}, "--step-epochs applies to --schedule step (the schedule is cosine)"},
+      {{"--recipe", "d2l", "--step-epochs", "2"}, "(the schedule is constant)"},
+      {{"--schedule", "cosine", "--step-epochs", "2"}, "--step-epochs applies to --schedule step"},
+      // A warm-up past the last epoch never reaches the rate.
+      {{"--warmup-epochs", "1e308", "--epochs", "3"},
+       "--warmup-epochs 1e+308 is longer than the run: at most --epochs 3"},
+      {{"--warmup-epochs", "3.5", "--epochs", "3"}, "--warmup-epochs 3.5 is longer than the run"},
+      {{"--scale-lr", "--warmup-epochs", "11"}, "at most --epochs 10"},
+      // --log-level is checked whether or not --quiet leaves it unread.
+      {{"--log-level", "trace"}, "--log-level: 'trace' is not one of error|warn|info|debug"},
+      {{"--log-level", "trace", "--quiet"}, "--log-level: 'trace' is not one of"},
+      {{"--log-level", "DEBUG", "--quiet"}, "--log-level: 'DEBUG' is not one of"},
+      {{"--log-level", "", "--quiet"}, "--log-level: '' is not one of"},
+      {{"--augment", ""}, "--augment: empty; use none"},
       {{"--epochs", "ten"}, "ten"},
       {{"--no-such-flag"}, "no-such-flag"},
       {{"stray"}, "stray"},
@@ -248,6 +274,27 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
   EXPECT_EQ(input_error_of({"--batch-size", "256"}, &msg, 3), 2);
   EXPECT_NE(msg.find("not divisible by the world size 3"), std::string::npos) << msg;
   EXPECT_EQ(input_error_of({"--batch-size", "255"}, &msg, 3), 0);
+}
+
+// The edges each refusal above leaves open: each accepted.
+TEST(Config, ScheduleLogAndTimeoutEdgesAreAccepted) {
+  const std::vector<std::vector<std::string>> accepted = {
+      {"--timeout", "0"},         // no limit
+      {"--timeout", "10000000"},  // the maximum itself, 115 days
+      {"--timeout", "0.5"},
+      // A milestone past --epochs is never reached, and harmless (torch's MultiStepLR takes it).
+      {"--schedule", "step", "--step-epochs", "1,100", "--epochs", "3"},
+      {"--schedule", "step"},  // no milestones: a constant rate, as MultiStepLR with none
+      {"--warmup-epochs", "3", "--epochs", "3"},  // warm-up over the whole run
+      {"--recipe", "d2l", "--epochs", "1"},       // the recipes' own warm-ups (0) and schedules
+      {"--epochs", "1"},                          // the default recipe's 1 warm-up epoch
+      {"--log-level", "debug", "--quiet"},
+      {"--augment", "none"},
+  };
+  for (const auto& args : accepted) {
+    std::string msg;
+    EXPECT_EQ(input_error_of(args, &msg), 0) << args[0] << " " << args[1] << ": " << msg;
+  }
 }
 
 // --normalize values are stored as floats: each is checked as one, at parsing (issue 33, item 5).

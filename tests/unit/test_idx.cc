@@ -195,11 +195,21 @@ TEST_F(IdxTest, LoadRefusesIdx3AndIdx4Together) {
       {dir_.string(), "train-images-idx3-ubyte", "train-images-idx4-ubyte", "Remove one"});
 }
 
-TEST_F(IdxTest, LoadPrefersGzipWhenBothExist) {
+TEST_F(IdxTest, LoadRefusesRawAndGzipTogether) {
+  // Both copies of one file, with different contents: neither is chosen silently, for the images
+  // and for the labels alike.
   write_tiny_set("t10k", /*gz=*/true);
-  // A raw pair with different labels: if it were read, the labels would differ.
   write_raw(file("t10k-images-idx3-ubyte"), idx_bytes(0x08, {1, 1, 1}, {0}));
+  expect_input_error(
+      [&] { load_split(dir_.string(), "t10k"); },
+      {dir_.string(), "t10k-images-idx3-ubyte.gz and t10k-images-idx3-ubyte exist", "Remove one"});
+  fs::remove(file("t10k-images-idx3-ubyte"));
   write_raw(file("t10k-labels-idx1-ubyte"), idx_bytes(0x08, {1}, {9}));
+  expect_input_error(
+      [&] { load_split(dir_.string(), "t10k"); },
+      {dir_.string(), "t10k-labels-idx1-ubyte.gz and t10k-labels-idx1-ubyte exist", "Remove one"});
+  // Either copy alone loads (the gzip'd set as written).
+  fs::remove(file("t10k-labels-idx1-ubyte"));
   const dpt::ImageSet set = load_split(dir_.string(), "t10k");
   EXPECT_EQ(set.n, 5);
   EXPECT_EQ(set.labels, (Labels{3, 0, 4, 1, 2}));

@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dpt/error.h"
@@ -131,6 +136,58 @@ TEST(Poll, SpinsBeforeTheFirstPauseAndTheFirstLookAtTheClock) {
   EXPECT_EQ(timeouts, 2);
   const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
   EXPECT_LT(ms, 50.0);  // no pause
+}
+
+// timeout_duration: seconds as the steady clock's duration, clamped to [0, 1e7 s]; huge values
+// (which overflowed int64 nanoseconds past ~9.2e9 s) give the clamp, a deadline in the future.
+TEST(Poll, TimeoutDurationIsClampedBelowTheClocksOverflow) {
+  using dur = clock_type::duration;
+  const dur max = std::chrono::duration_cast<dur>(std::chrono::seconds(10'000'000));
+  EXPECT_EQ(dpt::timeout_duration(0.25), std::chrono::duration_cast<dur>(milliseconds(250)));
+  EXPECT_EQ(dpt::timeout_duration(300), std::chrono::duration_cast<dur>(std::chrono::seconds(300)));
+  EXPECT_EQ(dpt::timeout_duration(1e7), max);
+  for (const double huge : {9.3e9, 1e10, 1e300, std::numeric_limits<double>::infinity()}) {
+    EXPECT_EQ(dpt::timeout_duration(huge), max) << huge;
+    EXPECT_GT(clock_type::now() + dpt::timeout_duration(huge), clock_type::now()) << huge;
+  }
+  for (const double none : {0.0, -1.0, std::nan("")})
+    EXPECT_EQ(dpt::timeout_duration(none), dur::zero()) << none;
+}
+
+// The reducer's wait, as it is written: a condition variable's wait_for bounded by a --timeout of
+// 1e10 s must wait for the notification. With std::chrono::duration<double>(1e10) instead, the
+// deadline overflowed into the past and wait_for returned false at once.
+TEST(Poll, AHugeTimeoutStillWaitsForTheNotification) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  const auto start = clock_type::now();
+  std::thread notifier([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+  });
+  bool finished = false;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    finished = cv.wait_for(lock, dpt::timeout_duration(1e10), [&] { return done; });
+  }
+  notifier.join();
+  EXPECT_TRUE(finished);
+  EXPECT_GE(seconds_since(start), 0.02);  // it waited for the notification
+}
+
+// poll_with_deadline under the same huge timeout: the probe decides, no timeout.
+TEST(Poll, AHugeTimeoutNeverTimesOutEarly) {
+  int polls = 0, timeouts = 0;
+  EXPECT_TRUE(dpt::poll_with_deadline(
+      1e300, [&] { return ++polls == 3; }, [&] { ++timeouts; },
+      dpt::PollPause{microseconds(1), microseconds(8)}));
+  EXPECT_EQ(polls, 3);
+  EXPECT_EQ(timeouts, 0);
 }
 
 }  // namespace
