@@ -175,19 +175,23 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   return info;
 }
 
+namespace {
+// Whether `f` records a data digest other than `digests` has under the same key (input_metadata's
+// keys; a key either side lacks is no difference).
+bool other_data(const CheckpointInfo& f, const std::map<std::string, std::string>& digests) {
+  for (const auto& [key, digest] : f.digests)
+    if (const auto is = digests.find(key); is != digests.end() && is->second != digest) return true;
+  return false;
+}
+}  // namespace
+
 std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg,
                                               const std::map<std::string, std::string>& digests) {
   CheckpointInfo info;
   if (cfg.resume == "auto") {
     // The newest of a training on this data (another user's beside it may record another type).
-    auto other_data = [&](const CheckpointInfo& f) {
-      for (const auto& [key, digest] : f.digests)
-        if (const auto is = digests.find(key); is != digests.end() && is->second != digest)
-          return true;
-      return false;
-    };
     for (const CheckpointInfo& f : checkpoint_files(cfg))
-      if (f.readable && f.step >= 0 && !other_data(f)) {
+      if (f.readable && f.step >= 0 && !other_data(f, digests)) {
         info = f;
         break;
       }
@@ -286,13 +290,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
     } catch (const Error&) {
       return false;
     }
-    if (!data) return true;
-    for (const auto& [flag, key] : kDataDigests) {
-      const auto was = f.digests.find(key);
-      const auto is = input_.find(key);
-      if (was != f.digests.end() && is != input_.end() && was->second != is->second) return false;
-    }
-    return true;
+    return !data || !other_data(f, input_);
   };
   std::string mine;  // the training chosen ("" when the readable files name at most one)
   std::vector<std::string> ids;
