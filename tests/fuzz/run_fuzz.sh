@@ -3,7 +3,7 @@
 # for a bounded time from a seed corpus of valid files it makes (a real IDX file, gzip'd and raw,
 # a safetensors file, CIFAR records and .npy files). Any crash, sanitizer report or leak fails the run. Skips (77) where
 # clang's libFuzzer runtime is missing.
-# Usage: run_fuzz.sh [seconds-per-target, default 20]
+# Usage: run_fuzz.sh [seconds-per-target, default 20] (the targets run at once)
 set -euo pipefail
 secs=${1:-20}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,16 +14,25 @@ cxx=$(command -v clang++ || command -v clang++-14 || true)
 echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' > "$work/probe.cc"
 "$cxx" -fsanitize=fuzzer "$work/probe.cc" -o "$work/probe" 2>/dev/null \
   || { echo "skip: clang's libFuzzer runtime is missing (libclang-rt-14-dev)"; exit 77; }
-flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$root/include" -I"$root/src")
+flags="-std=c++20 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+flags+=" -I$root/include -I$root/src"
 # The data readers share one input layer (src/data/dataset.cc, which also dispatches the synthetic
-# source): both data targets link them all.
-data_src=("$root/src/data/idx.cc" "$root/src/data/cifar.cc" "$root/src/data/npy.cc" "$root/src/data/dataset.cc"
-          "$root/src/data/synthetic.cc" "$root/src/core/files.cc" "$root/src/core/error.cc")
-"$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_idx.cc" "${data_src[@]}" -lz -o "$work/fuzz_idx"
-"$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_data.cc" "${data_src[@]}" -lz -o "$work/fuzz_data"
-"$cxx" "${flags[@]}" "$root/tests/fuzz/fuzz_safetensors.cc" "$root/src/train/safetensors.cc" \
-  "$root/src/core/files.cc" "$root/src/core/error.cc" -o "$work/fuzz_safetensors"
+# source): both data targets link them all. Each source is compiled once, two at a time (ninja),
+# which takes a third of the time that three serial clang lines took.
+data=(data/idx data/cifar data/npy data/dataset data/synthetic core/files core/error)
+{
+  echo "rule cxx"
+  echo "  command = $cxx $flags -c \$in -o \$out"
+  echo "rule link"
+  echo "  command = $cxx $flags \$in -lz -o \$out"
+  for s in "${data[@]}" train/safetensors; do echo "build ${s//\//_}.o: cxx $root/src/$s.cc"; done
+  for t in idx data safetensors; do echo "build fuzz_$t.o: cxx $root/tests/fuzz/fuzz_$t.cc"; done
+  objs=("${data[@]//\//_}")
+  echo "build fuzz_idx: link fuzz_idx.o ${objs[*]/%/.o}"
+  echo "build fuzz_data: link fuzz_data.o ${objs[*]/%/.o}"
+  echo "build fuzz_safetensors: link fuzz_safetensors.o train_safetensors.o core_files.o core_error.o"
+} > "$work/build.ninja"
+ninja -C "$work" -j 2 > "$work/build.log" || { cat "$work/build.log"; exit 1; }
 
 # Seeds: small valid inputs, so the fuzzer starts from the interesting paths.
 mkdir -p "$work/idx" "$work/st" "$work/data"
@@ -58,14 +67,22 @@ seeds = {"c10": b"\0" + bytes([3]) + pix, "c100": b"\1" + bytes([4, 21]) + pix,
 for name, b in seeds.items():
     open(f"{w}/data/{name}", "wb").write(b)
 PY
+declare -A pids
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# The three targets fuzz at once (the machine's cores shared among them), each for `secs`.
 for t in idx st data; do
   case $t in idx) bin=$work/fuzz_idx ;; st) bin=$work/fuzz_safetensors ;; data) bin=$work/fuzz_data ;; esac
-  echo "fuzzing $(basename "$bin") for ${secs}s"
-  rc=0
   "$bin" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 \
-    "$work/$t" > "$work/log" 2>&1 || rc=$?
-  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|Done" "$work/log" || true
-  [[ $rc -eq 0 ]] || { tail -40 "$work/log"; echo "fuzz target $(basename "$bin") failed (rc $rc)"; exit 1; }
+    "$work/$t" > "$work/$t.log" 2>&1 &
+  pids[$t]=$!
 done
+failed=0
+for t in idx st data; do
+  rc=0
+  wait "${pids[$t]}" || rc=$?
+  echo "fuzzed $t for ${secs}s:"
+  grep -E "stat::number_of_executed_units|ERROR|SUMMARY|Done" "$work/$t.log" || true
+  [[ $rc -eq 0 ]] || { tail -40 "$work/$t.log"; echo "fuzz target $t failed (rc $rc)"; failed=1; }
+done
+[[ $failed -eq 0 ]] || exit 1
 echo "fuzz: no crash"
