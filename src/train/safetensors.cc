@@ -401,6 +401,23 @@ std::map<std::string, std::string> read_metadata(const std::string& path) {
   return file.metadata;
 }
 
+bool is_not_safetensors(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  uint8_t head[9] = {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const ssize_t got = regular ? ::pread(fd, head, sizeof head, 0) : -1;
+  ::close(fd);
+  if (got < 0) return false;
+  if (got < 8) return true;
+  uint64_t n = 0;
+  std::memcpy(&n, head, 8);
+  if (n == 0 || n > kMaxHeaderBytes) return true;
+  if (n > static_cast<uint64_t>(st.st_size) - 8) return false;  // cut short: damaged, not junk
+  return got < 9 || head[8] != '{';
+}
+
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
                        const std::map<std::string, std::string>& metadata,
                        const std::string& what) {

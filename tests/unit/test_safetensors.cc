@@ -383,6 +383,47 @@ TEST_F(SafetensorsTest, TrailingBytesAfterData) {
 // neither reads the data nor allocates for it. 1 TiB (sparse: no disk) is more memory than any
 // machine this runs on, so a reader that sized a buffer by the file would fail with
 // std::bad_alloc, not this input error.
+// What --resume auto may pass over as junk (is_not_safetensors) against what it must not: a file
+// that a reader cannot get at, or one cut short inside its header, may be a damaged checkpoint.
+TEST_F(SafetensorsTest, OnlyFilesThatAreNoSafetensorsAtAllAreJunk) {
+  const std::string full = image(kGoodHeader, 16);
+  const std::map<std::string, std::string> junk = {
+      {"empty", ""},
+      {"seven_bytes", "\x10\0\0\0\0\0\0"},
+      {"zero_length", le64(0) + "{}"},
+      {"over_the_limit", le64(100ull * 1000 * 1000 + 1) + "{}"},
+      {"text", "hello, world: not a checkpoint\n"},
+      {"array_header", image("[1, 2]", 0)},
+  };
+  for (const auto& [name, bytes] : junk) {
+    spit(path(name), bytes);
+    EXPECT_TRUE(is_not_safetensors(path(name))) << name;
+    EXPECT_THROW(read_metadata(path(name)), Error) << name;  // and no reader takes it
+  }
+  const std::map<std::string, std::string> not_junk = {
+      {"good", full},
+      {"cut_in_header", full.substr(0, 8 + 20)},  // length says more than the file holds
+      {"cut_in_data", full.substr(0, full.size() - 3)},
+      {"bad_json_object", image("{\"w\": [1, 2", 0)},  // opens an object: damaged, not junk
+      {"at_the_limit", le64(100ull * 1000 * 1000) + "{"},
+      {"only_the_length", le64(2)},  // its header cut off whole
+  };
+  for (const auto& [name, bytes] : not_junk) {
+    spit(path(name), bytes);
+    EXPECT_FALSE(is_not_safetensors(path(name))) << name;
+  }
+  EXPECT_FALSE(is_not_safetensors(path("absent")));
+  fs::create_directory(path("dir"));
+  EXPECT_FALSE(is_not_safetensors(path("dir")));
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(is_not_safetensors(path("fifo")));  // returns at once: never opened for a read
+  spit(path("unreadable"), "junk junk junk");
+  ::chmod(path("unreadable").c_str(), 0);
+  if (::geteuid() != 0) {
+    EXPECT_FALSE(is_not_safetensors(path("unreadable")));
+  }
+}
+
 TEST_F(SafetensorsTest, HugeSparseFileIsRefusedFromItsHeader) {
   const std::string p = path("sparse.safetensors");
   const std::string good = image(kGoodHeader, 16);
