@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -37,6 +38,9 @@ struct ResumePoint {
   int64_t images_per_step_then = 0;
   std::vector<EpochMetrics> history;  // the epochs before (the report draws them again)
   bool resumed = false;               // false: a fresh start (no --resume, or auto found nothing)
+  // The sums of the epoch up to `at` (zero when `at` starts an epoch, or the checkpoint predates
+  // them).
+  EpochSoFar so_far;
 };
 
 // The metadata schema of a checkpoint, read from its header alone (safetensors' read_metadata:
@@ -93,10 +97,14 @@ class CheckpointManager {
   bool minutes_due() const;
   // The checkpoint due at `at`, if any: at an epoch's end (`epoch_end`) by epochs or steps; at a
   // boundary inside an epoch by steps, or by minutes when `minutes_due` (agreed). Collective.
+  // `so_far` gives the epoch's running sums (a collective itself): called only when one is due.
   bool save_if_due(const Position& at, bool epoch_end, bool minutes_due,
-                   const std::vector<EpochMetrics>& history);
-  // The checkpoint at `at`, now (a stop signal). Collective.
-  void save(const Position& at, const std::vector<EpochMetrics>& history);
+                   const std::vector<EpochMetrics>& history,
+                   const std::function<EpochSoFar()>& so_far = nullptr);
+  // The checkpoint at `at`, now (a stop signal). `so_far`, when given, is recorded if `at` is
+  // inside an epoch. Collective.
+  void save(const Position& at, const std::vector<EpochMetrics>& history,
+            const std::optional<EpochSoFar>& so_far = std::nullopt);
   // --save at the end (if given). Collective.
   void save_final(int64_t global_step);
   // At the end of a run that trained since its last checkpoint (with checkpoints on): one more at

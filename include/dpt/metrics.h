@@ -37,6 +37,23 @@ struct EpochMetrics {
   static EpochMetrics from_json(const std::string& json);
 };
 
+// An epoch's running sums over all ranks, from its first step: the training loss, correct
+// predictions and images, the steps, the gradient norms of the applied steps (their sum and the
+// largest) and the count of skipped ones, and the seconds spent. A checkpoint written part-way
+// through an epoch carries them (metadata "epoch_so_far"), so that the resumed run's record of that
+// epoch is the whole epoch's, as the uninterrupted run's is.
+struct EpochSoFar {
+  double loss = 0;
+  int64_t correct = 0, count = 0, steps = 0;
+  double norm_sum = 0, norm_max = 0;
+  int64_t applied = 0, nonfinite = 0;
+  double seconds = 0, comm_seconds = 0, exposed_seconds = 0;
+  std::string to_json() const;
+  // The object to_json wrote; throws a std::exception on anything else (a missing key, a negative,
+  // non-finite or fractional count, more correct predictions than images).
+  static EpochSoFar from_json(const std::string& json);
+};
+
 // This rank's summed loss, correct predictions and images over some training steps or an
 // evaluation.
 struct Totals {

@@ -120,30 +120,6 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
 
 }  // namespace
 
-namespace {
-// Whether the file at `path` opened, and its first bytes are no safetensors file at all: fewer than
-// 8 bytes, a header length beyond any sane limit, or a header that does not open a JSON object.
-// An open or read failure, or a header cut short, is not junk: it may be a real checkpoint that
-// --resume auto must not pass over (and a fresh run then replace).
-bool is_junk(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  uint8_t head[9] = {};
-  const bool stat_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  const ssize_t got = stat_ok ? ::pread(fd, head, sizeof head, 0) : -1;
-  ::close(fd);
-  if (got < 0) return false;
-  if (got < 8) return true;
-  uint64_t n = 0;
-  std::memcpy(&n, head, 8);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (n == 0 || n > (uint64_t{100} << 20)) return true;
-  if (n > size - 8) return false;  // cut short inside its header: damaged, not junk
-  return got < 9 || head[8] != '{';
-}
-}  // namespace
-
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   CheckpointInfo info;
   info.path = path;
@@ -151,7 +127,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   try {
     meta = read_metadata(path);
   } catch (const Error&) {
-    info.junk = is_junk(path);
+    info.junk = is_not_safetensors(path);
     return info;  // unreadable: listed last, still tried by --resume auto unless junk
   }
   info.readable = true;
@@ -377,7 +353,8 @@ ResumePoint CheckpointManager::load() {
   std::vector<std::string> plans(
       static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
   std::string
-      recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
+      recorded_normalize;   // --normalize auto: the statistics the checkpoint recorded (rank 0)
+  std::string so_far_text;  // the sums of the epoch resumed part-way, when recorded (rank 0)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
@@ -415,6 +392,22 @@ ResumePoint CheckpointManager::load() {
     pos[1] = in_range("epoch_step", 1'000'000'000);
     pos[2] = in_range("step", 1'000'000'000'000);
     pos[3] = in_range("optimizer_steps", pos[2]);
+    // The epoch's sums up to its checkpoint (a checkpoint written before they were recorded has
+    // none: the resumed epoch's record then covers the steps after it, as it did).
+    if (auto e = meta.find("epoch_so_far"); e != meta.end() && pos[1] > 0) {
+      EpochSoFar so_far;
+      try {
+        so_far = EpochSoFar::from_json(e->second);
+      } catch (const std::exception&) {
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG(path << ": metadata 'epoch_so_far' is not the running sums of an epoch "
+                                 << "(an object of non-negative finite numbers, whole counts)"));
+      }
+      DPT_INPUT_CHECK(so_far.steps == pos[1], path << ": metadata 'epoch_so_far' counts "
+                                                   << so_far.steps << " steps, 'epoch_step' is "
+                                                   << pos[1]);
+      so_far_text = so_far.to_json();
+    }
     if (auto h = meta.find("history"); h != meta.end()) {
       try {
         for (const auto& rec : nlohmann::json::parse(h->second))
@@ -502,6 +495,7 @@ ResumePoint CheckpointManager::load() {
     log_info("--normalize auto: continuing with the statistics the checkpoint recorded (" + text +
              ")");
   }
+  const std::string so_far = allgather_text(comm_, comm_.rank() == 0 ? so_far_text : "")[0];
   if (comm_.rank() == 0) {
     // The same training goes on: its id and start stay (a file written before ids gets a new one).
     resumed_path_ = path;
@@ -543,7 +537,11 @@ ResumePoint CheckpointManager::load() {
   }
   log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1
                                    << ", step " << pos[1] << " (global step " << pos[2] << ")"));
-  return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true};
+  return {{pos[0], pos[1], pos[2]},
+          pos[4],
+          std::move(history),
+          true,
+          so_far.empty() ? EpochSoFar{} : EpochSoFar::from_json(so_far)};
 }
 
 void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
@@ -625,17 +623,19 @@ bool CheckpointManager::minutes_due() const {
 }
 
 bool CheckpointManager::save_if_due(const Position& at, bool epoch_end, bool minutes_due,
-                                    const std::vector<EpochMetrics>& history) {
+                                    const std::vector<EpochMetrics>& history,
+                                    const std::function<EpochSoFar()>& so_far) {
   const bool by_steps =
       cfg_.checkpoint_every_steps > 0 && at.global_step % cfg_.checkpoint_every_steps == 0;
   const bool by_epochs =
       epoch_end && cfg_.checkpoint_every > 0 && at.epoch % cfg_.checkpoint_every == 0;
   if (!(by_steps || by_epochs || (!epoch_end && minutes_due))) return false;
-  save(at, history);
+  save(at, history, so_far ? std::optional(so_far()) : std::nullopt);
   return true;
 }
 
-void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>& history) {
+void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>& history,
+                             const std::optional<EpochSoFar>& so_far) {
   engine_.sync_buffers();
   engine_.to_host();
   const std::string file = checkpoint_file(cfg_, at.global_step);
@@ -650,6 +650,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
                  {"history", hist + "]"},
                  {"training_id", training_},
                  {"training_started", started_}});
+    if (so_far && at.epoch_step > 0) meta["epoch_so_far"] = so_far->to_json();
     for (size_t r = 0; r < plans.size(); ++r)
       if (!plans[r].empty()) meta[plans_key(static_cast<int>(r))] = plans[r];
     // Never over another training's file (one started beside this run after its claim).

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <type_traits>
 
 #include "dpt/error.h"
@@ -71,6 +72,44 @@ std::string EpochMetrics::to_json() const {
                       {"rank_compute_seconds", rank_compute_seconds},
                       {"rank_wait_seconds", rank_wait_seconds}};
   return j.dump();
+}
+
+std::string EpochSoFar::to_json() const {
+  // nlohmann writes the shortest text that reads back to the same double: the sums resume exact.
+  return nlohmann::json{{"loss", loss},
+                        {"correct", correct},
+                        {"count", count},
+                        {"steps", steps},
+                        {"norm_sum", norm_sum},
+                        {"norm_max", norm_max},
+                        {"applied", applied},
+                        {"nonfinite", nonfinite},
+                        {"seconds", seconds},
+                        {"comm_seconds", comm_seconds},
+                        {"exposed_seconds", exposed_seconds}}
+      .dump();
+}
+
+EpochSoFar EpochSoFar::from_json(const std::string& json) {
+  const auto j = nlohmann::json::parse(json);
+  auto sum = [&](const char* key) {
+    const double v = j.at(key).get<double>();  // throws on a missing key or a non-number
+    if (!std::isfinite(v) || v < 0) throw std::invalid_argument(key);
+    return v;
+  };
+  auto count = [&](const char* key) {
+    const double v = sum(key);
+    if (v != std::floor(v) || v > 9e15) throw std::invalid_argument(key);
+    return static_cast<int64_t>(v);
+  };
+  EpochSoFar e;
+  e.loss = sum("loss"), e.correct = count("correct"), e.count = count("count");
+  e.steps = count("steps"), e.norm_sum = sum("norm_sum"), e.norm_max = sum("norm_max");
+  e.applied = count("applied"), e.nonfinite = count("nonfinite"), e.seconds = sum("seconds");
+  e.comm_seconds = sum("comm_seconds"), e.exposed_seconds = sum("exposed_seconds");
+  if (e.correct > e.count || e.applied + e.nonfinite > e.steps)
+    throw std::invalid_argument("inconsistent counts");
+  return e;
 }
 
 void set_rank_timings(EpochMetrics& m, const std::vector<double>& all) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -147,15 +148,17 @@ void print_banner(const TrainConfig& cfg, Communicator& comm, const Model& model
 
 // A step boundary inside an epoch (`any_step_since`: this run took a step since the epoch or the
 // resume began): a stop signal (checkpoint, then exit 128 + signal), else a checkpoint due by
-// steps or by rank 0's clock. Returns the seconds spent waiting for the peers in the agreement.
-double at_boundary(Run& r, const Position& at, bool any_step_since) {
+// steps or by rank 0's clock; `so_far` gives the epoch's sums for it (a collective). Returns the
+// seconds spent waiting for the peers in the agreement.
+double at_boundary(Run& r, const Position& at, bool any_step_since,
+                   const std::function<EpochSoFar()>& so_far) {
   const double t0 = now_seconds();
   const auto [sig, minutes_due] =
       r.signals.agreed(r.comm, any_step_since && r.checkpoints.minutes_due());
   const double waited = now_seconds() - t0;
   if (sig) {
     if (r.cfg.checkpoints()) {
-      r.checkpoints.save(at, r.log.history());
+      r.checkpoints.save(at, r.log.history(), so_far());
       log_info(DPT_MSG(signal_name(sig)
                        << ": checkpoint of epoch " << at.epoch + 1 << " step " << at.epoch_step
                        << " written to " << checkpoint_file(r.cfg, at.global_step)));
@@ -165,7 +168,7 @@ double at_boundary(Run& r, const Position& at, bool any_step_since) {
     }
     throw Stopped{sig, at.global_step};
   }
-  if (any_step_since) r.checkpoints.save_if_due(at, false, minutes_due, r.log.history());
+  if (any_step_since) r.checkpoints.save_if_due(at, false, minutes_due, r.log.history(), so_far);
   return waited;
 }
 
@@ -199,11 +202,37 @@ void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t,
   }
 }
 
-// The epoch's record from its tally: the global training totals, every rank's timings per step
-// (compute = time in its steps less the exposed all-reduce wait; wait = that wait plus the
-// boundaries' agreement), the evaluation when due. Collective.
+// The epoch's sums: `before` (those of its steps before this run, carried by the checkpoint
+// resumed) and this run's `steps` steps, whose totals on this rank are `et`, summed over the
+// ranks. The norms are added on in step order, as the uninterrupted run adds them. Collective.
+EpochSoFar add_epoch_part(Run& r, EpochSoFar sums, const Totals& et, const EpochTally& t,
+                          int64_t steps, double seconds) {
+  double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(t.seen)};
+  r.comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
+  sums.loss += tsum[0];
+  sums.correct += static_cast<int64_t>(tsum[1]);
+  sums.count += static_cast<int64_t>(tsum[2]);
+  sums.steps += steps;
+  sums.seconds += seconds;
+  sums.comm_seconds += t.comm_s;
+  sums.exposed_seconds += t.exposed_s;
+  for (const double sumsq : r.engine.epoch_grad_sumsq()) {
+    if (!std::isfinite(sumsq)) {
+      ++sums.nonfinite;
+      continue;
+    }
+    const double norm = std::sqrt(sumsq);
+    sums.norm_sum += norm, sums.norm_max = std::max(sums.norm_max, norm), ++sums.applied;
+  }
+  return sums;
+}
+
+// The epoch's record from its tally (and `before`: see add_epoch_part): the global training
+// totals, every rank's timings per step of this run (compute = time in its steps less the exposed
+// all-reduce wait; wait = that wait plus the boundaries' agreement), the evaluation when due.
+// Collective.
 EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step, EpochTally t,
-                           double t0) {
+                           double t0, const EpochSoFar& before) {
   const TrainConfig& cfg = r.cfg;
   const bool host_backend = r.model.store().backend().host_memory();
   // A GPU finishes the epoch's queued work here: the time counts, as the images were only queued.
@@ -211,22 +240,13 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   const Totals et = r.engine.epoch_totals();
   const double train_seconds = now_seconds() - t0;
   t.step_s += now_seconds() - drain_t0;
-  const std::vector<double> sumsq = r.engine.epoch_grad_sumsq();
-  double norm_sum = 0, norm_max = 0;
-  int64_t applied = 0, nonfinite = 0;
-  for (size_t i = 0; i < sumsq.size(); ++i) {
+  if (!host_backend) {
     // A device backend's steps are checked here (its non-finite steps were not applied either).
-    if (!host_backend)
+    const std::vector<double> sumsq = r.engine.epoch_grad_sumsq();
+    for (size_t i = 0; i < sumsq.size(); ++i)
       r.guard.check(sumsq[i], global_step - static_cast<int64_t>(sumsq.size() - i), epoch);
-    if (!std::isfinite(sumsq[i])) {
-      ++nonfinite;
-      continue;
-    }
-    const double norm = std::sqrt(sumsq[i]);
-    norm_sum += norm, norm_max = std::max(norm_max, norm), ++applied;
   }
-  double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(t.seen)};
-  r.comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
+  const EpochSoFar all = add_epoch_part(r, before, et, t, r.steps - first, train_seconds);
   const double n_steps = static_cast<double>(r.steps - first);
   const double mine[2] = {n_steps > 0 ? std::max(0.0, t.step_s - t.exposed_s) / n_steps : 0,
                           n_steps > 0 ? (t.exposed_s + t.boundary_wait_s) / n_steps : 0};
@@ -239,32 +259,34 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
 
   EpochMetrics m;
   m.epoch = epoch + 1;
-  m.train_loss = tsum[2] > 0 ? tsum[0] / tsum[2] : 0;
-  m.train_acc = tsum[2] > 0 ? tsum[1] / tsum[2] : 0;
-  m.train_count = static_cast<int64_t>(tsum[2]);
+  const double count = static_cast<double>(all.count);
+  m.train_loss = count > 0 ? all.loss / count : 0;
+  m.train_acc = count > 0 ? static_cast<double>(all.correct) / count : 0;
+  m.train_count = all.count;
   // Not evaluated this epoch: NaN, written as null in the metrics JSON.
   m.test_loss = ev.count ? ev.loss / static_cast<double>(ev.count) : std::nan("");
   m.test_acc =
       ev.count ? static_cast<double>(ev.correct) / static_cast<double>(ev.count) : std::nan("");
   m.test_count = ev.count;
-  m.steps = r.steps - first;
+  m.steps = all.steps;
   m.lr = t.lr;
-  m.epoch_seconds = train_seconds;
-  m.images_per_second = tsum[2] / train_seconds;
+  m.epoch_seconds = all.seconds;
+  m.images_per_second = count / all.seconds;
   m.train_tflops = m.images_per_second * 3.0 * static_cast<double>(r.model.forward_flops()) / 1e12;
-  m.comm_seconds = t.comm_s;
-  m.exposed_comm_seconds = t.exposed_s;
+  m.comm_seconds = all.comm_seconds;
+  m.exposed_comm_seconds = all.exposed_seconds;
   // Of the applied steps; none applied (every step skipped): null in --metrics, as a step's is.
-  m.grad_norm = applied ? norm_sum / static_cast<double>(applied) : std::nan("");
-  m.grad_norm_max = applied ? norm_max : std::nan("");
-  m.nonfinite_steps = nonfinite;
+  m.grad_norm = all.applied ? all.norm_sum / static_cast<double>(all.applied) : std::nan("");
+  m.grad_norm_max = all.applied ? all.norm_max : std::nan("");
+  m.nonfinite_steps = all.nonfinite;
   m.world_size = r.comm.size();
   set_rank_timings(m, timings);
   return m;
 }
 
-// One epoch from step `first` of it; returns the global step after it.
-int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step) {
+// One epoch from step `first` of it (`before`: the sums of the steps before it, from the checkpoint
+// resumed); returns the global step after it.
+int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step, const EpochSoFar& before) {
   const TrainConfig& cfg = r.cfg;
   const bool host_backend = r.model.store().backend().host_memory();
   r.sampler.set_epoch(epoch);
@@ -275,7 +297,9 @@ int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step) {
   // ---- the steps ----
   for (int64_t s = first; s < r.steps; ++s, ++global_step) {
     const Position at{epoch, s, global_step};
-    t.boundary_wait_s += at_boundary(r, at, s > first);
+    t.boundary_wait_s += at_boundary(r, at, s > first, [&] {
+      return add_epoch_part(r, before, r.engine.epoch_totals(), t, s - first, now_seconds() - t0);
+    });
     if (r.tr && global_step == cfg.trace_begin) r.tracer.start(r.comm);
     if (r.tr && global_step == cfg.trace_end) r.tracer.stop();
     const double step_t0 = now_seconds();
@@ -298,7 +322,7 @@ int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step) {
   r.log.end_progress();
 
   // ---- the epoch's record, its outputs and its checkpoint ----
-  const EpochMetrics m = epoch_metrics(r, epoch, first, global_step, t, t0);
+  const EpochMetrics m = epoch_metrics(r, epoch, first, global_step, t, t0, before);
   r.log.epoch_done(m, r.hosts);
   r.checkpoints.save_if_due({m.epoch, 0, global_step}, true, false, r.log.history());
   return global_step;
@@ -392,6 +416,10 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                                                << batches << " batches");
   if (cfg.max_steps > 0) steps = std::min(steps, cfg.max_steps);
   const Position at = start_position(cfg, start, steps);
+  // The resumed epoch's sums, in this run's steps (another batch under --allow-config-change: the
+  // position's; images trained again count again).
+  EpochSoFar so_far = start.so_far;
+  if (so_far.steps > 0) so_far.steps = at.epoch_step;
   checkpoints.claim(at.global_step, static_cast<int64_t>(cfg.epochs) * steps);
 
   Tracer tracer;
@@ -420,7 +448,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                      << at.epoch + 1 << ", step " << at.epoch_step << ", past --epochs "
                      << cfg.epochs << ": nothing is left to train"));
   for (int epoch = static_cast<int>(at.epoch); epoch < cfg.epochs; ++epoch)
-    global_step = run_epoch(r, epoch, epoch == at.epoch ? at.epoch_step : 0, global_step);
+    global_step = epoch == at.epoch ? run_epoch(r, epoch, at.epoch_step, global_step, so_far)
+                                    : run_epoch(r, epoch, 0, global_step, {});
   // The stretch after the last checkpoint (Nsteps, N epochs or Nmin that did not fall on the end).
   if (global_step > at.global_step)
     checkpoints.save_last({cfg.epochs, 0, global_step}, log.history());

@@ -7,7 +7,8 @@
 # bf16, where auto gives bf16 and a resume keeps the type it was trained in), with AdamW or Nesterov
 # SGD (the optimizer itself cannot change on resume); a checkpoint's text is
 # quoted escaped and cut, long lists of files summarised, and an id-less checkpoint is replaced by a
-# fresh run only with a warning. Usage: test_checkpoints.sh path/to/dptrain
+# fresh run only with a warning; an epoch resumed part-way records the whole epoch. Usage:
+# test_checkpoints.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 mpi+=(-np 2)
@@ -259,6 +260,55 @@ grep -q "epoch 1/" "$tmp/out.txt" && fail "the run trained before refusing the F
 rm blocked/ck.step2.st
 expect 2 "blocked/ck.step4.st is a directory" -- \
   "$bin" "${base[@]}" --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path blocked/ck.st
+
+echo "== an epoch resumed part-way: its record is the whole epoch's, as the uninterrupted run's"
+# Epoch 1 resumed at its step 2, then that resumed run's own checkpoint at step 4 resumed again
+# (the sums carried twice); epoch 2 after them is a whole epoch either way. The loss may differ in
+# its last bits (the ranks' sums are added in another order); counts and gradient norms are exact.
+part=(--epochs 2 --max-steps 6 --eval-every 0 --batch-size 64 --checkpoint-every 2steps --keep-checkpoints 9)
+mkdir part part2 part3
+run p.log "${mpi[@]}" "$bin" "${part[@]}" --checkpoint-path part/ck.st --metrics whole.jsonl \
+  || fail "the uninterrupted run failed: $(tail -2 p.log)"
+run p2.log "${mpi[@]}" "$bin" "${part[@]}" --checkpoint-path part2/ck.st --resume part/ck.step2.st \
+  --metrics r1.jsonl || fail "the run resumed at step 2 failed: $(tail -2 p2.log)"
+run p3.log "${mpi[@]}" "$bin" "${part[@]}" --checkpoint-path part3/ck.st --resume part2/ck.step4.st \
+  --metrics r2.jsonl || fail "the run resumed at step 4 (a resumed run's checkpoint) failed: $(tail -2 p3.log)"
+python3 - whole.jsonl r1.jsonl r2.jsonl <<'PY' || fail "a resumed epoch's record is not the whole epoch's"
+import json, math, sys
+def epochs(path):
+    return {r["epoch"]: r for r in map(json.loads, open(path)) if r["type"] == "epoch"}
+whole = epochs(sys.argv[1])
+assert sorted(whole) == [1, 2] and whole[1]["steps"] == 6 and whole[1]["train_count"] == 384, whole[1]
+for path in sys.argv[2:]:
+    for e, rec in epochs(path).items():
+        w = whole[e]
+        for key in ("steps", "train_count", "train_acc", "grad_norm", "grad_norm_max", "nonfinite_steps"):
+            assert rec[key] == w[key], f"{path} epoch {e}: {key} {rec[key]} against {w[key]}"
+        assert math.isclose(rec["train_loss"], w["train_loss"], rel_tol=1e-12), (path, e, rec["train_loss"], w["train_loss"])
+print("ok: the records of epochs resumed at step 2 and at step 4 (resumed twice) are the whole epoch's")
+PY
+# A checkpoint written before the sums were recorded resumes as it did: the record covers the
+# steps after it. Sums that contradict the checkpoint's position are refused naming the field.
+edit_meta() {  # edit_meta FILE PYTHON-EXPRESSION-ON-m (the metadata dict)
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; head = json.loads(raw[8:8 + n])
+m = head["__metadata__"]; exec(sys.argv[2])
+h = json.dumps(head).encode(); h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+}
+cp part/ck.step2.st old.st && edit_meta old.st 'del m["epoch_so_far"]'
+run p4.log "${mpi[@]}" "$bin" "${part[@]}" --checkpoint-every 0 --resume old.st --metrics old.jsonl \
+  || fail "a checkpoint without epoch_so_far did not resume: $(tail -2 p4.log)"
+python3 -c 'import json,sys; r=[r for r in map(json.loads, open("old.jsonl")) if r["type"] == "epoch"][0]; sys.exit(r["steps"] != 4 or r["train_count"] != 256)' \
+  || fail "without epoch_so_far the record should cover the 4 steps after the checkpoint: $(tail -1 old.jsonl)"
+cp part/ck.step2.st bad.st && edit_meta bad.st 'm["epoch_so_far"] = m["epoch_so_far"].replace("\"steps\":2", "\"steps\":3")'
+expect 2 "bad.st: metadata 'epoch_so_far' counts 3 steps, 'epoch_step' is 2" -- \
+  "${mpi[@]}" "$bin" "${part[@]}" --resume bad.st
+cp part/ck.step2.st bad.st && edit_meta bad.st 'm["epoch_so_far"] = json.dumps(dict(json.loads(m["epoch_so_far"]), loss=-1))'
+expect 2 "bad.st: metadata 'epoch_so_far' is not the running sums of an epoch" -- \
+  "${mpi[@]}" "$bin" "${part[@]}" --resume bad.st
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dpt/config.h"
@@ -186,6 +187,35 @@ TEST(EpochMetricsJson, MissingFieldsKeepDefaults) {
 }
 
 // ---- set_rank_timings ----
+
+// The sums a mid-epoch checkpoint carries read back bit for bit (the resumed record adds to them
+// as the uninterrupted run would), and anything that is not such sums is refused.
+TEST(EpochSoFarJson, RoundTripsBitForBitAndRefusesWhatIsNoSums) {
+  EpochSoFar e;
+  e.loss = 1.0 / 3.0 * 1e5, e.correct = 4097, e.count = 8192, e.steps = 32;
+  e.norm_sum = std::nextafter(2.0, 3.0), e.norm_max = 0.1, e.applied = 31, e.nonfinite = 1;
+  e.seconds = 12.345678901234567, e.comm_seconds = 1e-300, e.exposed_seconds = 0;
+  const EpochSoFar r = EpochSoFar::from_json(e.to_json());
+  EXPECT_EQ(r.loss, e.loss);
+  EXPECT_EQ(r.norm_sum, e.norm_sum);
+  EXPECT_EQ(r.norm_max, e.norm_max);
+  EXPECT_EQ(r.seconds, e.seconds);
+  EXPECT_EQ(r.comm_seconds, e.comm_seconds);
+  EXPECT_EQ(std::tie(r.correct, r.count, r.steps, r.applied, r.nonfinite),
+            std::tie(e.correct, e.count, e.steps, e.applied, e.nonfinite));
+  auto with = [&](const std::string& key, const nlohmann::json& v) {
+    auto j = nlohmann::json::parse(e.to_json());
+    j[key] = v;
+    return j.dump();
+  };
+  auto without_steps = nlohmann::json::parse(e.to_json());
+  without_steps.erase("steps");
+  for (const std::string& bad :
+       {with("loss", -1.0), with("count", 1.5), without_steps.dump(), with("seconds", "12"),
+        with("correct", 9000), with("applied", 40), with("norm_max", nullptr),
+        std::string("[1, 2]"), std::string("{")})
+    EXPECT_THROW(EpochSoFar::from_json(bad), std::exception) << bad;
+}
 
 TEST(RankTimings, OddCount) {
   EpochMetrics m;
