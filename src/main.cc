@@ -36,65 +36,71 @@ int main(int argc, char** argv) {
     flag_error = e.what();
     flag_code = e.exit_code();
   }
-  try {
-    auto comm = dpt::make_mpi_communicator();
-    // Flags may differ per rank (an MPMD line, a stale job script): a flag error or --help on any
-    // rank ends every rank here, before the pre-flight's first collective, where the others would
-    // wait for it for ever. The lowest such rank prints it (rank 0 when all were given the same).
-    // The command is compared in the same all-reduce (its code and its negation): ranks running
-    // different commands would issue different collectives and fail in MPI.
-    const int32_t command = cfg.command == "evaluate" ? 1 : cfg.command == "predict" ? 2 : 0;
-    int32_t first[4] = {flag_error.empty() ? world : rank, help.empty() ? world : rank, command,
-                        -command};
-    comm->allreduce(first, 4, dpt::ReduceOp::kMin, "all-reduce of the flag errors");
-    if (first[0] < world) {
-      // Under mpirun the "[rank r@host]" prefix names the rank whose flags are wrong.
-      if (rank == first[0] && world > 1) dpt::log_error(flag_error);
-      if (rank == first[0] && world == 1)
-        std::fprintf(stderr, "dptrain: error: %s\n", flag_error.c_str());
-      return flag_error.empty() ? 2 : flag_code;
-    }
-    if (first[1] < world) {
-      if (rank == first[1]) std::printf("%s", help.c_str());
-      return 0;
-    }
-    if (first[2] != -first[3]) {
-      const auto commands = dpt::allgather_text(*comm, cfg.command);
-      if (rank == 0) {
-        std::string each;
-        for (int r = 0; r < world && r < 8; ++r)
-          each += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " " +
-                  commands[static_cast<size_t>(r)];
-        if (world > 8) each += ", ...";
-        dpt::log_error("the ranks were started with different commands (" + each +
-                       "): start every rank with the same one (dptrain, dptrain evaluate or "
-                       "dptrain predict)");
+  const int code = [&]() -> int {
+    try {
+      auto comm = dpt::make_mpi_communicator();
+      // Flags may differ per rank (an MPMD line, a stale job script): a flag error or --help on any
+      // rank ends every rank here, before the pre-flight's first collective, where the others would
+      // wait for it for ever. The lowest such rank prints it (rank 0 when all were given the same).
+      // The command is compared in the same all-reduce (its code and its negation): ranks running
+      // different commands would issue different collectives and fail in MPI.
+      const int32_t command = cfg.command == "evaluate" ? 1 : cfg.command == "predict" ? 2 : 0;
+      int32_t first[4] = {flag_error.empty() ? world : rank, help.empty() ? world : rank, command,
+                          -command};
+      comm->allreduce(first, 4, dpt::ReduceOp::kMin, "all-reduce of the flag errors");
+      if (first[0] < world) {
+        // Under mpirun the "[rank r@host]" prefix names the rank whose flags are wrong.
+        if (rank == first[0] && world > 1) dpt::log_error(flag_error);
+        if (rank == first[0] && world == 1)
+          std::fprintf(stderr, "dptrain: error: %s\n", flag_error.c_str());
+        return flag_error.empty() ? 2 : flag_code;
       }
-      return 2;
+      if (first[1] < world) {
+        if (rank == first[1]) std::printf("%s", help.c_str());
+        return 0;
+      }
+      if (first[2] != -first[3]) {
+        const auto commands = dpt::allgather_text(*comm, cfg.command);
+        if (rank == 0) {
+          std::string each;
+          for (int r = 0; r < world && r < 8; ++r)
+            each += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " " +
+                    commands[static_cast<size_t>(r)];
+          if (world > 8) each += ", ...";
+          dpt::log_error("the ranks were started with different commands (" + each +
+                         "): start every rank with the same one (dptrain, dptrain evaluate or "
+                         "dptrain predict)");
+        }
+        return 2;
+      }
+      if (cfg.command == "evaluate")
+        dpt::run_evaluate(cfg, *comm);
+      else if (cfg.command == "predict")
+        dpt::run_predict(cfg, *comm);
+      else
+        dpt::run_training(cfg, *comm);
+    } catch (const dpt::AgreedInputError& e) {
+      if (!e.quiet) dpt::log_error(e.what());
+      return e.exit_code();
+    } catch (const dpt::Stopped& s) {
+      dpt::log_info("stopped by " + dpt::signal_name(s.signal) +
+                    (s.step < 0 ? std::string(" before anything was written")
+                                : " after global step " + std::to_string(s.step)) +
+                    " (exit " + std::to_string(128 + s.signal) + ")");
+      return 128 + s.signal;
+    } catch (const dpt::Error& e) {
+      dpt::log_error(e.what());
+      if (world > 1) dpt::abort_job(e.exit_code());
+      return e.exit_code();
+    } catch (const std::exception& e) {
+      dpt::log_error(std::string("unexpected failure: ") + e.what());
+      if (world > 1) dpt::abort_job(3);
+      return 3;
     }
-    if (cfg.command == "evaluate")
-      dpt::run_evaluate(cfg, *comm);
-    else if (cfg.command == "predict")
-      dpt::run_predict(cfg, *comm);
-    else
-      dpt::run_training(cfg, *comm);
-  } catch (const dpt::AgreedInputError& e) {
-    if (!e.quiet) dpt::log_error(e.what());
-    return e.exit_code();
-  } catch (const dpt::Stopped& s) {
-    dpt::log_info("stopped by " + dpt::signal_name(s.signal) +
-                  (s.step < 0 ? std::string(" before anything was written")
-                              : " after global step " + std::to_string(s.step)) +
-                  " (exit " + std::to_string(128 + s.signal) + ")");
-    return 128 + s.signal;
-  } catch (const dpt::Error& e) {
-    dpt::log_error(e.what());
-    if (world > 1) dpt::abort_job(e.exit_code());
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    dpt::log_error(std::string("unexpected failure: ") + e.what());
-    if (world > 1) dpt::abort_job(3);
-    return 3;
-  }
-  return 0;
+    return 0;
+  }();
+  // MPI_Finalize, in mpi's destructor, waits for every rank: bounded by --timeout like every
+  // collective (the default one when the flags were refused, whose --timeout may be the bad value).
+  mpi.bound_finalize(flag_error.empty() ? cfg.timeout : dpt::TrainConfig{}.timeout, code);
+  return code;
 }

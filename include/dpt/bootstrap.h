@@ -22,10 +22,20 @@ class MpiSession {
   const WorldInfo& world() const { return world_; }
   // Whether MPI granted MPI_THREAD_MULTIPLE (needed to all-reduce from a second thread).
   bool thread_multiple() const { return thread_multiple_; }
+  // Bounds the MPI_Finalize of the destructor: Open MPI's waits for every rank (a PMIx fence)
+  // without limit, so a rank stopped or a host cut off after the run's last collective held every
+  // other rank there for ever, whatever --timeout said. Past `seconds` (<= 0: no bound) this rank
+  // says so and ends itself with `code`, the exit code it was about to return.
+  void bound_finalize(double seconds, int code) {
+    finalize_seconds_ = seconds;
+    exit_code_ = code;
+  }
 
  private:
   WorldInfo world_;
   bool thread_multiple_ = false;
+  double finalize_seconds_ = 0;
+  int exit_code_ = 0;
 };
 
 // Prints nothing (flushes stdout and stderr); calls MPI_Abort(MPI_COMM_WORLD, code) so no peer

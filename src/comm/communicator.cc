@@ -377,7 +377,33 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 MpiSession::~MpiSession() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  // Every collective of the run is bounded by --timeout; MPI_Finalize is not (Open MPI fences every
+  // rank in it), so a peer SIGSTOPped, or its host's link cut, after the last collective kept this
+  // rank, and the launcher waiting for it, there for ever (tests/cli/test_failures.sh). A watchdog
+  // ends the process with the run's own code once --timeout has passed: its outputs are written
+  // by then, and mpirun or srun ends the job once a rank has gone. When MPI_Finalize returns in
+  // time, the process exits before the watchdog wakes.
+  if (world_.size > 1 && finalize_seconds_ > 0) {
+    const double seconds = finalize_seconds_;
+    const int code = exit_code_;
+    try {
+      std::thread([seconds, code] {
+        std::this_thread::sleep_for(timeout_duration(seconds));
+        log_error(
+            DPT_MSG("MPI_Finalize did not complete within --timeout "
+                    << seconds << " s: another rank is stopped, dead or unreachable after the "
+                    << "run's last collective (what this rank wrote is complete); ending this "
+                    << "rank with exit code " << code));
+        std::fflush(stdout);
+        std::fflush(stderr);
+        _exit(code);
+      }).detach();
+    } catch (const std::system_error&) {
+      // No thread for the watchdog: finalize unbounded, as before.
+    }
+  }
+  MPI_Finalize();
 }
 
 void abort_job(int code) {

@@ -66,6 +66,40 @@ grep -E "Segmentation fault|Signal: |Aborted" "$tmp/out" && fail "a rank crashed
 grep -E "timeout|did not answer" "$tmp/out" | head -2
 echo "rc $rc after ${elapsed}s"
 
+echo "== rank 1 stopped after the last collective, in MPI_Finalize (--timeout 3)"
+# Open MPI's MPI_Finalize waits for every rank without limit: a rank stopped there (or a host cut
+# off) held rank 0 and mpirun for ever after a finished run. A preloaded MPI_Finalize stops rank 1
+# at that very point; the job must end, rank 0 saying why, with its --save written.
+if command -v mpicc >/dev/null; then
+  cat > "$tmp/stop_finalize.c" <<'EOF2'
+#include <mpi.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+int MPI_Finalize(void) {
+  const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *stop = getenv("STOP_RANK");
+  if (rank && stop && strcmp(rank, stop) == 0) raise(SIGSTOP);
+  return PMPI_Finalize();
+}
+EOF2
+  if mpicc -shared -fPIC -o "$tmp/stop_finalize.so" "$tmp/stop_finalize.c" 2> "$tmp/cc.err"; then
+    "${mpi[@]}" -x LD_PRELOAD="$tmp/stop_finalize.so" -x STOP_RANK=1 "$bin" "${common[@]}" \
+      --epochs 1 --max-steps 3 --eval-every 0 --timeout 3 --save "$tmp/fin.safetensors" > "$tmp/out" 2>&1 &
+    job=$!
+    finish 60
+    [[ $rc -ne 124 ]] || fail "the job still ran 60 s after rank 1 stopped in MPI_Finalize (--timeout 3)"
+    grep -q "rank 0@.*MPI_Finalize did not complete within --timeout 3 s" "$tmp/out" ||
+      fail "rank 0 did not say that MPI_Finalize timed out: $(tail -3 "$tmp/out")"
+    [[ -s $tmp/fin.safetensors ]] || fail "--save was not written"
+    grep -m1 "MPI_Finalize" "$tmp/out"
+    echo "rc $rc"
+  else
+    echo "skipped: mpicc cannot build the preloaded MPI_Finalize ($(head -1 "$tmp/cc.err"))"
+  fi
+else
+  echo "skipped: no mpicc to build the preloaded MPI_Finalize"
+fi
+
 echo "== SIGKILL of rank 1"
 start --epochs 20 --timeout 30
 p=$(rank_pid 1)
