@@ -105,9 +105,19 @@ std::string resolve_output(const std::string& path, const std::string& what, str
   // A symlink: followed only to an existing regular file, so the rename replaces that file (and
   // the link keeps naming it) instead of putting a regular file where the link was.
   char real[PATH_MAX];
-  DPT_INPUT_CHECK(::realpath(path.c_str(), real) != nullptr,
-                  what << " " << path << " is a symlink to nothing that exists (" << errno_text()
-                       << "): refusing to write through it");
+  if (::realpath(path.c_str(), real) == nullptr) {
+    const std::string err = errno_text();
+    // /dev/stdout, /proc/self/fd/N: a link to a pipe or socket ("pipe:[123]") has no path that
+    // realpath can resolve, yet stat reaches it. Name what it is, not "nothing that exists"
+    // (predict --output /dev/stdout | head said so).
+    struct stat tst {};
+    DPT_INPUT_CHECK(::stat(path.c_str(), &tst) != 0,
+                    what << " " << path << " is a symlink to " << kind_of(tst.st_mode)
+                         << " (such as a pipe to another program), not to a regular file: refusing "
+                         << "to write through it; write to a file and read that");
+    DPT_INPUT_CHECK(false, what << " " << path << " is a symlink to nothing that exists (" << err
+                                << "): refusing to write through it");
+  }
   DPT_INPUT_CHECK(::stat(real, st) == 0, what << " " << path << ": " << errno_text());
   DPT_INPUT_CHECK(S_ISREG(st->st_mode), what << " " << path << " is a symlink to " << real
                                              << ", which is " << kind_of(st->st_mode)

@@ -127,6 +127,17 @@ else
   ok "2 --save through a symlink writes the file it names; the link stays"
 fi
 
+# /dev/stdout into a pipe (`--report /dev/stdout | head`) is a link to a FIFO, refused like one:
+# the message said "a symlink to nothing that exists" (realpath cannot resolve "pipe:[N]").
+mkdir -p s2pipe
+timeout -k 2 15 "$bin" "${small[@]}" --report /dev/stdout 2> s2pipe/log | cat > /dev/null
+rc=${PIPESTATUS[0]}
+if [[ $rc -ne 2 ]] || ! grep -qF -- "--report /dev/stdout is a symlink to a FIFO" s2pipe/log; then
+  fail "2 --report /dev/stdout into a pipe: exit $rc (want 2), message naming the FIFO:"; tail -3 s2pipe/log
+else
+  ok "2 --report /dev/stdout into a pipe refused: $(first --report s2pipe/log)"
+fi
+
 # ---- 3. A replaced file keeps its mode ---------------------------------------------------------
 mkdir -p s3 && for f in r.svg c.st m.st; do echo old > "s3/$f"; chmod 0600 "s3/$f"; done
 run s3/log 60 "$bin" "${small[@]}" --report "$tmp/s3/r.svg" --checkpoint-every 1 \
