@@ -264,10 +264,17 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
   }
   std::string kept;
   size_t dropped = 0;
+  // A last line without its newline is a record cut short: the run that wrote it stopped
+  // mid-write (a full disk, a kill). Appended to as it was, this run's first record went on that
+  // line and was lost to every JSON reader; a cut record that does not parse is dropped, one that
+  // does gets its newline.
+  const bool cut = !text.empty() && text.back() != '\n';
+  bool cut_dropped = false;
   for (size_t at = 0; at < text.size();) {
     size_t end = text.find('\n', at);
     if (end == std::string::npos) end = text.size();
     const std::string line = text.substr(at, end - at);
+    const bool last = end == text.size();
     at = end + 1;
     bool keep = true;
     try {
@@ -276,16 +283,21 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
       if (type == "epoch") keep = j.value("epoch", int64_t{0}) <= epoch;
       if (type == "step") keep = j.value("step", int64_t{0}) <= global_step;
     } catch (const std::exception&) {
+      if (cut && last) keep = false, cut_dropped = true;  // other lines that are no record stay
     }
     if (keep)
       kept += line + "\n";
-    else
+    else if (!(cut && last))
       ++dropped;
   }
-  if (!dropped) return;
+  if (!dropped && !cut) return;
   write_file_atomic(cfg_.metrics, kept, "--metrics");
-  log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from "
-                                 << cfg_.metrics));
+  if (dropped)
+    log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from "
+                                   << cfg_.metrics));
+  if (cut_dropped)
+    log_warn(DPT_MSG("--metrics: " << cfg_.metrics << " ended in a record cut short (a write that "
+                                   << "failed: a full disk?); it was dropped"));
 }
 
 void MetricsLogger::write_metrics(const std::string& record) {

@@ -115,6 +115,28 @@ assert len(pts["test acc"]) == 3, f"test acc points {pts['test acc']}"
 print("ok: resumed metrics have every record once; the report draws every epoch and no NaN")
 PY
 
+# A --metrics record cut short (the disk filled mid-write, or the run was killed) ended the file
+# without its newline; a resumed run appended its first record to that line, and both were lost
+# to every JSON reader. The cut record is dropped with a warning; the next record has its own line.
+cut=(--model lenet --epochs 1 --max-steps 10 --batch-size 32 --data synthetic:28x28x1:512:10 --eval-every 0
+     --threads 1 --progress off --checkpoint-every 5steps --keep-checkpoints 3
+     --checkpoint-path "$tmp/cut.st" --metrics "$tmp/cut.jsonl" --metrics-every 1)
+timeout -k 5 120 "$bin" "${cut[@]}" > "$tmp/cut.out" 2>&1 || { echo "FAIL: the cut-record run failed"; exit 1; }
+# Steps 1-3 whole, step 4 cut in the middle, as a failed write leaves it.
+python3 -c 'import sys; t = open(sys.argv[1]).read().split("\n")
+open(sys.argv[1], "w").write("\n".join(t[:3]) + "\n" + t[3][:40])' "$tmp/cut.jsonl"
+timeout -k 5 120 "$bin" "${cut[@]}" --resume "$tmp/cut.step5.st" > "$tmp/cut.out" 2>&1 \
+  || { echo "FAIL: the resume after a cut record failed"; tail -3 "$tmp/cut.out"; exit 1; }
+grep -qF -- "--metrics: $tmp/cut.jsonl ended in a record cut short" "$tmp/cut.out" \
+  || { echo "FAIL: no warning about the cut record"; tail -3 "$tmp/cut.out"; exit 1; }
+python3 - "$tmp/cut.jsonl" <<'PY' || exit 1
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]  # every line a record
+steps = [r["step"] for r in recs if r["type"] == "step"]
+assert steps == [1, 2, 3, 6, 7, 8, 9, 10], f"step records {steps}"
+print("ok: a record cut short is dropped on resume; the records after it have lines of their own")
+PY
+
 # A --trace-steps window past the run's last step traced nothing, yet the run said "trace of steps
 # 100:200 written": it warns, naming the window, the run's steps and what was traced.
 five=(--model lenet --epochs 1 --max-steps 5 --batch-size 32 --data synthetic:28x28x1:512:10 --eval-every 0
