@@ -113,6 +113,9 @@ class CheckpointManager {
   void save_last(const Position& at, const std::vector<EpochMetrics>& history);
 
   const std::string& training_id() const { return training_; }
+  // Whether this run wrote its checkpoint of `global_step` already (a stop at the boundary after
+  // an epoch's end then has nothing to add to it).
+  bool saved_at(int64_t global_step) const { return last_saved_step_ == global_step; }
 
  private:
   using Meta = std::map<std::string, std::string>;

@@ -41,7 +41,8 @@ class Communicator {
   virtual void broadcast_raw(void* data, int64_t count, DType dt, int root,
                              const std::string& what) = 0;
   virtual void allgather_raw(const void* send, void* recv, int64_t count_per_rank, DType dt) = 0;
-  virtual void barrier() = 0;
+  // `what` names it in a timeout's message ("barrier after writing checkpoint ...").
+  virtual void barrier(const std::string& what) = 0;
   // The library's fastest blocking all-reduce, with no timeout of its own: for a thread whose
   // waiter enforces the timeout (the Reducer), since MPI's non-blocking collectives use slower
   // algorithms and progress only while polled.

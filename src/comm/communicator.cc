@@ -217,11 +217,11 @@ class MpiCommunicator : public Communicator {
                              mpi_type(dt), comm_, &req));
     make_request(req, "allgather")->wait();
   }
-  void barrier() override {
+  void barrier(const std::string& what) override {
     ++seq_;
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(comm_, &req));
-    make_request(req, "barrier")->wait();
+    make_request(req, what)->wait();
   }
 
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {

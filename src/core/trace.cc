@@ -21,7 +21,7 @@ double steady_us() { return now_seconds() * 1e6; }
 double Tracer::now_us() const { return steady_us() - origin_; }
 
 void Tracer::start(Communicator& comm) {
-  comm.barrier();
+  comm.barrier("barrier at the start of the --trace-steps window");
   origin_ = steady_us();
   active_ = true;
 }

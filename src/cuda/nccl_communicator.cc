@@ -234,8 +234,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     launched("allgather", timeout_);
     NcclRequest(comm_, stream_, "allgather", where()).wait();
   }
-  void barrier() override {
-    iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, "barrier")->wait();
+  void barrier(const std::string& what) override {
+    iallreduce_raw(scratch_, 1, DType::kI32, ReduceOp::kSum, what)->wait();
   }
   void allreduce_unbounded_raw(void* data, int64_t count, DType dt, ReduceOp op) override {
     // No deadline, as the interface says: neither for the launch nor for the completion.

@@ -664,7 +664,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
     prune();
     record(at.global_step, file);
   }
-  comm_.barrier();
+  comm_.barrier("barrier after rank 0 wrote checkpoint " + file);
   last_save_ = now_seconds();
   last_saved_step_ = at.global_step;
   log_info("checkpoint written to " + file + " (global step " + std::to_string(at.global_step) +
@@ -713,7 +713,7 @@ void CheckpointManager::save_final(int64_t global_step) {
   refuse_nonfinite(cfg_.save);
   if (comm_.rank() == 0)
     save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step), nullptr, "--save");
-  comm_.barrier();
+  comm_.barrier("barrier after rank 0 wrote --save " + cfg_.save);
   log_info("saved " + cfg_.save);
 }
 

@@ -392,7 +392,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     pf.normalize = resolve_normalize(cfg.normalize, &pf.train);
     pf.augment = parse_augment(cfg.augment, pf.train.rows, pf.train.cols);
   });
-  if (pf.train.num_classes < 2 && rank == 0)
+  if (pf.train.num_classes < 2 && rank == 0 && cfg.command == "train")
     log_warn(DPT_MSG("--data " << cfg.data << ": every training label is class 0, so the model "
                                << "learns nothing (loss 0 and accuracy 1 from the first step); "
                                << "is this the data set meant?"));

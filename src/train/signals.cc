@@ -51,7 +51,9 @@ StopSignals::~StopSignals() {
 
 std::pair<int, bool> StopSignals::agreed(Communicator& comm, bool due) const {
   int32_t v[2] = {g_stop_signal, due ? 1 : 0};
-  if (comm.size() > 1) comm.allreduce(v, 2, ReduceOp::kMax, "all-reduce of the stop flag");
+  if (comm.size() > 1)
+    comm.allreduce(v, 2, ReduceOp::kMax,
+                   "all-reduce between batches (the ranks' check for stop signals)");
   return {v[0], v[1] != 0};
 }
 

@@ -158,7 +158,9 @@ double at_boundary(Run& r, const Position& at, bool any_step_since,
   const double waited = now_seconds() - t0;
   if (sig) {
     if (r.cfg.checkpoints()) {
-      r.checkpoints.save(at, r.log.history(), so_far());
+      // At an epoch's first boundary the epoch's own checkpoint may be this very step's already.
+      if (!r.checkpoints.saved_at(at.global_step))
+        r.checkpoints.save(at, r.log.history(), so_far());
       log_info(DPT_MSG(signal_name(sig)
                        << ": checkpoint of epoch " << at.epoch + 1 << " step " << at.epoch_step
                        << " written to " << checkpoint_file(r.cfg, at.global_step)));

@@ -121,7 +121,14 @@ for split, n in (("train", 64), ("test", 16)):
     npy(f"{sys.argv[1]}/{split}_images.npy", (n, 28, 28, 1), [random.randrange(256) for _ in range(n * 784)])
     npy(f"{sys.argv[1]}/{split}_labels.npy", (n,), [0] * n)
 PY
-expect 0 "every training label is class 0" -- "$bin" --data "$tmp/one" --epochs 1 --max-steps 1 --batch-size 16
+expect 0 "every training label is class 0" -- "$bin" --data "$tmp/one" --epochs 1 --max-steps 1 --batch-size 16 \
+  --save "$tmp/one.st"
+# Scoring or predicting trains nothing: no word of the training labels there.
+for cmd in evaluate predict; do
+  [[ $cmd == predict ]] && out=(--output "$tmp/one.csv") || out=()
+  expect 0 "" -- "$bin" $cmd --load "$tmp/one.st" --data "$tmp/one" "${out[@]}"
+  grep -q "every training label" "$tmp/out.txt" && fail "$cmd warned about the training labels"
+done
 
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]

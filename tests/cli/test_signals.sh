@@ -182,5 +182,24 @@ s = socket.socket(); s.bind((\"127.0.0.2\", 22)); s.listen(); time.sleep(60)" &
   echo "unreachable host: exit $rc after ${took}s: $(grep -o "host '127.0.0.2'.*" ssh.log | head -1 | cut -c1-160)"
 fi
 
+echo "== a stop during the epoch's evaluation: the epoch's checkpoint is the stop's, written once"
+# The signal lands in epoch 1's evaluation (300 ResNet-18 images, seconds) after its last step; the
+# epoch's checkpoint at global step 1 follows, and the stop at the next boundary (the same step)
+# wrote it a second time.
+mkdir once
+"$bin" --model resnet18 --data synthetic:32x32x3:3000:10 --epochs 2 --max-steps 1 --batch-size 16 \
+  --threads 1 --checkpoint-every 1 --checkpoint-path once/ck.st --metrics-every 1 --metrics once/m.jsonl \
+  --progress off >once.log 2>&1 &
+job=$!
+wait_lines once/m.jsonl 1 && kill -TERM $job
+wait $job
+rc=$? job=""
+[[ $rc -eq 143 ]] || fail "stopped during the evaluation: exit $rc, want 143: $(tail -3 once.log)"
+[[ $(grep -c "checkpoint written" once.log) -eq 1 ]] ||
+  fail "want one checkpoint of global step 1, the log says: $(grep "checkpoint" once.log | tr '\n' ';')"
+grep -q "SIGTERM: checkpoint of epoch 2 step 0 written to once/ck.st" once.log ||
+  fail "the stop did not name its checkpoint: $(tail -3 once.log)"
+[[ $(meta_of step once/ck.st) == 1 ]] || fail "once/ck.st records step $(meta_of step once/ck.st), want 1"
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]

@@ -58,7 +58,7 @@ TEST(Nccl, CollectivesOnDeviceBuffers) {
   nccl->broadcast(d, 1, 0);
   CUDA_CHECK(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost));
   EXPECT_EQ(v, 42.f);
-  nccl->barrier();
+  nccl->barrier("test barrier");
   auto dup = nccl->duplicate();
   EXPECT_EQ(dup->size(), k);
   dup->allreduce(d, 1, ReduceOp::kMax);
@@ -110,7 +110,7 @@ class AbsentPeerBootstrap : public Communicator {
   }
   void broadcast_raw(void*, int64_t, DType, int, const std::string&) override {}
   void allgather_raw(const void*, void*, int64_t, DType) override { unused(); }
-  void barrier() override { unused(); }
+  void barrier(const std::string&) override { unused(); }
   void allreduce_unbounded_raw(void*, int64_t, DType, ReduceOp) override { unused(); }
   std::string diagnose() override { return "rank 1 never started"; }
 

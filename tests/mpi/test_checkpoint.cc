@@ -24,7 +24,7 @@ struct Fixture {
   std::string dir;
   Fixture() : dir(test::shared_synthetic_dir(*comm, "ckpt", 640, 200, 4)) {}
   ~Fixture() {
-    comm->barrier();
+    comm->barrier("test barrier");
     if (comm->rank() == 0) std::filesystem::remove_all(dir);
   }
   TrainConfig config() const {
@@ -102,7 +102,7 @@ TEST(Checkpoint, RefusesOtherModelsTruncatedAndCorruptedFiles) {
     auto m = make_model("lenet");
     save_model(model_only, *m, {});
   }
-  f.comm->barrier();
+  f.comm->barrier("test barrier");
   struct Case {
     std::string file, model, needle;
   } cases[] = {{good, "resnet18", "'lenet' model, not 'resnet18'"},

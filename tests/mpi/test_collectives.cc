@@ -71,7 +71,7 @@ TEST(Collectives, Allgather) {
     EXPECT_EQ(got[static_cast<size_t>(2 * i)], i);
     EXPECT_EQ(got[static_cast<size_t>(2 * i + 1)], -i);
   }
-  c->barrier();
+  c->barrier("test barrier");
 }
 
 TEST(Collectives, LargeAllreduceOf16MiB) {

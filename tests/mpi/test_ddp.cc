@@ -240,7 +240,7 @@ TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   // Every rank returns the same, reduced metrics.
   auto acc = c->allgather(hist[1].test_acc);
   for (double a : acc) EXPECT_EQ(a, acc[0]);
-  c->barrier();
+  c->barrier("test barrier");
   if (c->rank() == 0) {
     std::ifstream f(cfg.metrics);
     std::string line;
