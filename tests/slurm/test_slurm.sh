@@ -335,4 +335,28 @@ grep -q "without writing a checkpoint (--checkpoint-every 0?): not requeueing jo
 [[ $state == FAILED && $exit_code == 138:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 138:0"
 compgen -G "$tmp/j3/ck*" >/dev/null && fail "job $jobid wrote a checkpoint: $(ls "$tmp/j3")"
 log "PASS: job $jobid stopped on SIGUSR1 without a checkpoint and was not requeued"
+
+# ---- scancel mid-run: the ranks write their checkpoint, the script waits for them ----
+# A cancel signals the batch shell as well: it used to leave at once and remove the record file
+# under rank 0, which then warned that it could not append its checkpoint's record.
+mkdir -p "$tmp/j4"
+jobid=$(sbatch --parsable --chdir="$tmp/j4" --output="$tmp/job-%j.out" --time=5 \
+  "$script" "${run2[@]}" --checkpoint-path "$tmp/j4/ck.st" --metrics "$tmp/j4/m.jsonl" \
+  --metrics-every 1) || fail "sbatch failed"
+jobid=${jobid%%;*}
+log "submitted job $jobid; waiting for its first step"
+wait_for 90 grep -q '"type":"step"' "$tmp/j4/m.jsonl" ||
+  fail "job $jobid trained no step within 90 s (state $(job_state))"
+scancel "$jobid" || fail "scancel $jobid failed"
+log "cancelled job $jobid"
+wait_for 60 job_done || fail "job $jobid not finished within 60 s of scancel (state $(job_state))"
+sleep 2  # the output's last lines
+job_report
+out=$tmp/job-$jobid.out
+grep -q "SIGTERM: checkpoint of epoch" "$out" || fail "no stop checkpoint in the output of the cancelled job"
+grep -q "cannot append the checkpoint's record" "$out" &&
+  fail "rank 0 lost the checkpoint's record: the script left before the ranks stopped"
+grep -q "dptrain.sbatch: SIGTERM: waiting for the ranks" "$out" || fail "the script did not wait for the ranks"
+[[ $restarts == 0 ]] || fail "the cancelled job $jobid was requeued"
+log "PASS: job $jobid cancelled: checkpoint written and recorded, the script waited for the ranks"
 exit 0
