@@ -501,15 +501,72 @@ TEST_F(FilesTest, CheckOutputPathStreamAcceptsACharacterDeviceOnly) {
   EXPECT_NO_THROW(check_output_path(path("m.jsonl"), "--metrics", true));
 }
 
-TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectory) {
-  const std::string ro = path("ro");
+// The two access checks of check_output_path: a directory the user cannot write, and an existing
+// file it cannot write (in a directory it can). root passes every access(W_OK), and CI runs as
+// root, so there the checks run in a child that has dropped to uid/gid 65534 ("nobody"): the same
+// files are then unwritable for it. The writable cases are the control: the same calls accept them.
+TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectoryOrFile) {
+  const std::string ro = path("ro"), wdir = path("open");
   ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);
-  if (::access(ro.c_str(), W_OK) == 0) {
-    ::chmod(ro.c_str(), 0700);
-    GTEST_SKIP() << "this user (root?) can write a 0500 directory";
+  ASSERT_EQ(::mkdir(wdir.c_str(), 0700), 0);
+  put(wdir + "/locked.json", "x");
+  ASSERT_EQ(::chmod((wdir + "/locked.json").c_str(), 0444), 0);
+  put(wdir + "/free.json", "x");
+  ASSERT_EQ(::chmod((wdir + "/free.json").c_str(), 0666), 0);
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    // Another user reaches the files through directories it may search: ro it may not write,
+    // open it may.
+    ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+    ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+    ASSERT_EQ(::chmod(wdir.c_str(), 0777), 0);
   }
-  expect_input_error([&] { check_output_path(ro + "/out.json", "--metrics"); },
-                     {"--metrics", "not writable"});
+  // Each check's failures, as text down a pipe: the child's exit status alone would not say which.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string failures;
+    if (root && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      failures += "cannot drop to uid 65534: " + std::string(std::strerror(errno)) + "\n";
+    } else {
+      auto refused = [&](const std::string& p, const std::string& want) {
+        try {
+          check_output_path(p, "--metrics");
+          failures += p + ": accepted (expected '" + want + "')\n";
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          if (e.kind() != ErrorKind::kInput || what.find("--metrics") == std::string::npos ||
+              what.find(want) == std::string::npos)
+            failures += p + ": wrong error: " + what + "\n";
+        }
+      };
+      auto accepted = [&](const std::string& p) {
+        try {
+          check_output_path(p, "--metrics");
+        } catch (const std::exception& e) {
+          failures += p + ": refused: " + e.what() + "\n";
+        }
+      };
+      refused(ro + "/out.json", "the directory " + ro + " is not writable");
+      refused(wdir + "/locked.json", "the file exists and is not writable");
+      accepted(wdir + "/new.json");
+      accepted(wdir + "/free.json");
+    }
+    const ssize_t w = ::write(fds[1], failures.data(), failures.size());
+    ::_exit(w == static_cast<ssize_t>(failures.size()) && failures.empty() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, got);
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << report;
+  EXPECT_EQ(report, "");
   ::chmod(ro.c_str(), 0700);
 }
 
