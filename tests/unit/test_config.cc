@@ -756,7 +756,7 @@ TEST(RefSgd, MatchesPyTorchFormulaOverThreeSteps) {
   EXPECT_FLOAT_EQ(q, 0.5f);
 }
 
-TEST(Sampler, ShardsPartitionEachGlobalBatchAndEpochsDiffer) {
+TEST(Sampler, ShardsPartitionEachGlobalBatchAndEpochsAndSeedsDiffer) {
   const int64_t n = 1000, B = 96;
   for (int world : {1, 2, 3, 4}) {
     std::vector<ShardedSampler> ranks;
@@ -773,6 +773,8 @@ TEST(Sampler, ShardsPartitionEachGlobalBatchAndEpochsDiffer) {
       seen.insert(cat.begin(), cat.end());
     }
     EXPECT_EQ(static_cast<int64_t>(seen.size()), (n / B) * B);  // no index twice in an epoch
+    EXPECT_GE(*seen.begin(), 0);                                // and every one an image's
+    EXPECT_LT(*seen.rbegin(), n);
   }
   ShardedSampler a(n, B, 0, 1, 7);
   std::vector<int64_t> e0(a.local_indices(0), a.local_indices(0) + B);
@@ -780,6 +782,9 @@ TEST(Sampler, ShardsPartitionEachGlobalBatchAndEpochsDiffer) {
   EXPECT_NE(e0, std::vector<int64_t>(a.local_indices(0), a.local_indices(0) + B));
   a.set_epoch(0);
   EXPECT_EQ(e0, std::vector<int64_t>(a.local_indices(0), a.local_indices(0) + B));
+  // The order follows --seed: another seed, another first batch (of 96 drawn from 1000).
+  ShardedSampler other(n, B, 0, 1, 8);
+  EXPECT_NE(e0, std::vector<int64_t>(other.local_indices(0), other.local_indices(0) + B));
 }
 
 TEST(EvalRange, CoversEveryImageExactlyOnce) {
