@@ -6,6 +6,7 @@
 // One rank (an MPI singleton).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dpt/dataset.h"
 #include "dpt/engine.h"
 #include "dpt/models.h"
 #include "dpt/optimizer.h"
@@ -217,18 +219,48 @@ TEST(Recipe, DecayRangesFollowTheParameterList) {
   EXPECT_GT(bn, 0);
 }
 
-// --label-smoothing e: the training loss of one step from the same start is (1-e) CE + e U, linear
-// in e (CE at e = 0); the test loss is plain CE whatever e.
+// --label-smoothing e: the training loss of one step from the same start is PyTorch's
+// (1-e) CE + e U, where CE and U (the cross-entropy against the uniform target, lse - mean_j z_j
+// per row) are computed here in double from the model's own logits for that step's batch (the
+// engine's input without normalisation or augmentation: byte / 255); the test loss is plain CE
+// whatever e.
 TEST(Recipe, LabelSmoothingMakesTheTrainingLossTorchs) {
   std::vector<double> loss, test_loss;
+  double ce = 0, uniform = 0;  // summed over the batch, as the engine's totals are
   for (const double e : {0.0, 0.2, 0.4}) {
     RecipeRig r([&](TrainConfig& c) { c.label_smoothing = e; });
+    if (e == 0.0) {
+      const ImageSet& tr = r.rig->train;
+      const int64_t batch = r.rig->cfg.batch_size, px = tr.pixels();
+      ASSERT_EQ(tr.channels, 1);
+      const int64_t* idx = r.sampler->local_indices(0);
+      Tensor x({batch, tr.rows, tr.cols, 1});
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t p = 0; p < px; ++p)
+          x.data()[b * px + p] =
+              static_cast<float>(tr.images[static_cast<size_t>(idx[b] * px + p)]) / 255.f;
+      const Tensor& z = r.rig->model->forward(x, Mode::kEval);  // LeNet: no BN, so as in training
+      const int64_t k = z.shape()[1];
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* zb = z.data() + b * k;
+        const double mx = *std::max_element(zb, zb + k);
+        double se = 0, sz = 0;
+        for (int64_t j = 0; j < k; ++j) se += std::exp(zb[j] - mx), sz += zb[j];
+        const double lse = mx + std::log(se);
+        ce += lse - zb[tr.labels[static_cast<size_t>(idx[b])]];
+        uniform += lse - sz / static_cast<double>(k);
+      }
+      ASSERT_GT(std::fabs(uniform - ce), 1e-2 * ce) << "U = CE: smoothing could not show";
+    }
     test_loss.push_back(r.rig->engine->evaluate(0, 64).loss);
     r.rig->engine->step(0, 0, 0.05, nullptr);
     loss.push_back(r.rig->engine->step_totals().loss);
   }
-  EXPECT_NEAR(loss[2] - loss[1], loss[1] - loss[0], 1e-9 * loss[0]);
-  EXPECT_GT(std::fabs(loss[1] - loss[0]), 1e-3 * loss[0]) << "smoothing changed nothing";
+  EXPECT_NEAR(loss[0], ce, 1e-5 * ce) << "e = 0: plain cross-entropy";
+  for (size_t i = 1; i < loss.size(); ++i) {
+    const double e = 0.2 * static_cast<double>(i);
+    EXPECT_NEAR(loss[i], (1 - e) * ce + e * uniform, 1e-5 * ce) << "e = " << e;
+  }
   EXPECT_EQ(test_loss[0], test_loss[1]);
   EXPECT_EQ(test_loss[0], test_loss[2]);
 }
