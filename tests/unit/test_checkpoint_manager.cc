@@ -93,6 +93,7 @@ TEST_F(CheckpointManagerTest, DueByEpochsStepsAndMinutes) {
   usleep(1000);
   EXPECT_TRUE(m.manager->minutes_due());
   m.save_at(1);
+  EXPECT_EQ(read_checkpoint_info(dir_ + "/ckm.st").step, 1);
   Rig slow(
       dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.checkpoint_every_minutes = 60; },
       dir_ + "/cks.st");
