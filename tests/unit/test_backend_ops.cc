@@ -291,6 +291,9 @@ TEST_P(BackendOps, ConvForwardBackward) {
       {"1x1 s2, odd size", {2, 7, 7, 4, 6, 1, 2, 0}, false},
       {"5x5 p2, no bias", {2, 6, 6, 2, 3, 5, 1, 2}, false},
       {"5x5 p0", {2, 9, 8, 2, 3, 5, 1, 0}, true},
+      // LeNet's conv2 at batch 24: the CPU's im2col + sgemm backward takes blocks of 19 images
+      // (conv.cc), so its weight gradient is the sum over two blocks.
+      {"5x5 p0, 24 images (two of the sgemm path's blocks)", {24, 13, 13, 20, 6, 5, 1, 0}, true},
   };
   uint64_t seed = 100;
   for (const Case& c : cases) {
