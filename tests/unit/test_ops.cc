@@ -1028,17 +1028,24 @@ TEST(Conv2dBackwardPaths, OneDnnAndSgemmAgree) {
 
 // Winograd convolution (src/cpu/winograd.cc), every tile size of its tables, against direct loops
 // in double: forward (with and without bias), the input gradient and the weight gradient, on
-// sizes that leave partial tiles at the border (5x7, 4x4 with tile 4, 9x6), pad 0 and 1, and
-// accumulation. The bound is relative to the largest reference value (float rounding of the
-// transforms grows with the tile size; F(4,3) stays near 1e-5).
+// sizes that leave partial tiles at the border (5x7, 4x4 with tile 4, 9x6), pad 0 and 1,
+// accumulation, and more tiles than one block. The bound is relative to the largest reference value
+// (float rounding of the transforms grows with the tile size; F(4,3) stays near 1e-5).
 TEST(Winograd, EveryTileSizeMatchesDirectLoops) {
   struct Case {
     int64_t n, h, w, cin, cout, k, pad;
     int m, mw;
-  } cases[] = {{2, 5, 7, 3, 4, 3, 1, 2, 2},   {2, 5, 7, 3, 4, 3, 1, 4, 4},
-               {1, 4, 4, 16, 16, 3, 1, 4, 4}, {3, 9, 6, 5, 6, 3, 0, 4, 2},
-               {2, 8, 8, 17, 9, 3, 1, 2, 4},  {2, 9, 8, 4, 5, 5, 0, 2, 2},
-               {2, 13, 13, 6, 7, 5, 0, 4, 4}, {1, 6, 6, 3, 2, 5, 2, 4, 2}};
+  } cases[] = {{2, 5, 7, 3, 4, 3, 1, 2, 2},
+               {2, 5, 7, 3, 4, 3, 1, 4, 4},
+               {1, 4, 4, 16, 16, 3, 1, 4, 4},
+               {3, 9, 6, 5, 6, 3, 0, 4, 2},
+               {2, 8, 8, 17, 9, 3, 1, 2, 4},
+               {2, 9, 8, 4, 5, 5, 0, 2, 2},
+               {2, 13, 13, 6, 7, 5, 0, 4, 4},
+               {1, 6, 6, 3, 2, 5, 2, 4, 2},
+               // 4 x 33 x 33 tiles of F(3,4): more than one block of the weight gradient (4161
+               // tiles at 3 + 4 channels, block_tiles in winograd.cc), whose sums add up.
+               {4, 130, 131, 3, 4, 3, 1, 2, 4}};
   std::mt19937_64 gen(2024);
   for (const Case& c : cases) {
     SCOPED_TRACE("winograd n=" + std::to_string(c.n) + " " + std::to_string(c.h) + "x" +
