@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dpt/comm.h"
 #include "dpt/config.h"
@@ -231,6 +232,7 @@ TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   TrainConfig cfg = test::small_config("lenet", dir, 2, 60);
   cfg.eval_batch_size = 128;
   cfg.metrics = dir + "/metrics.jsonl";
+  cfg.save = dir + "/model.st";
   auto hist = run_training(cfg, *c);
   ASSERT_EQ(hist.size(), 2u);
   EXPECT_EQ(hist[1].test_count, 997);
@@ -240,6 +242,22 @@ TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   // Every rank returns the same, reduced metrics.
   auto acc = c->allgather(hist[1].test_acc);
   for (double a : acc) EXPECT_EQ(a, acc[0]);
+  // The reduced loss and hits are those of the whole test set: `dptrain evaluate`'s own scoring
+  // (per-image log-sum-exp in double, infer.cc) of the saved model at one rank, the same images.
+  if (c->rank() == 0) {
+    auto self = make_mpi_self_communicator();
+    TrainConfig ev = cfg;
+    ev.command = "evaluate";
+    ev.load = cfg.save;
+    ev.save.clear();
+    ev.metrics = dir + "/evaluate.json";
+    run_evaluate(ev, *self);
+    std::ifstream f(ev.metrics);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("count").get<int64_t>(), 997);
+    EXPECT_NEAR(hist[1].test_loss, j.at("loss").get<double>(), 1e-5 * j.at("loss").get<double>());
+    EXPECT_EQ(std::lround(hist[1].test_acc * 997), j.at("top1_correct").get<int64_t>());
+  }
   c->barrier("test barrier");
   if (c->rank() == 0) {
     std::ifstream f(cfg.metrics);
