@@ -265,5 +265,22 @@ PY
   ); then echo "ok: seed $seed: $err"; else fail "fine-tuning at seed $seed is not 0.2 ahead: $err"; fi
 done
 
+# ---- evaluate's confusion matrix, counted from the labels file and predict's top-1 classes --------
+# Rows are the true class: row t holds the images labelled t (per_class_count), each in the column
+# predict ranks first for it.
+if err=$(python3 - eval.1.json pred.1.csv task/t10k-labels-idx1-ubyte <<'PY'
+import csv, json, sys
+e = json.load(open(sys.argv[1]))
+rows = list(csv.reader(open(sys.argv[2])))[1:]
+labels = open(sys.argv[3], "rb").read()[8:]
+want = [[0] * 10 for _ in range(10)]
+for r in rows:
+    want[labels[int(r[0])]][int(r[2])] += 1
+assert e["per_class_count"] == [labels.count(t) for t in range(10)], e["per_class_count"]
+assert e["confusion"] == want, "confusion %s, counted %s" % (e["confusion"], want)
+PY
+); then echo "ok: evaluate's confusion matrix: rows true, columns predicted"
+else fail "evaluate's confusion matrix: $err"; fi
+
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
