@@ -265,22 +265,37 @@ PY
   ); then echo "ok: seed $seed: $err"; else fail "fine-tuning at seed $seed is not 0.2 ahead: $err"; fi
 done
 
-# ---- evaluate's confusion matrix, counted from the labels file and predict's top-1 classes --------
+# ---- evaluate's confusion matrix and top-5, counted from the labels file and predict's rows --------
 # Rows are the true class: row t holds the images labelled t (per_class_count), each in the column
-# predict ranks first for it.
-if err=$(python3 - eval.1.json pred.1.csv task/t10k-labels-idx1-ubyte <<'PY'
+# predict ranks first for it; top-5 hits are the images whose label is among predict's first five.
+# For the trained model and for one near chance (scratch.st: its initial weights), where the label
+# is often 5th or lower.
+run scratch.eval.log "$bin" evaluate "${base[@]}" --load scratch.st --data task --metrics scratch.json ||
+  fail "evaluate scratch.st: exit $?"
+run scratch.pred.log "$bin" predict "${base[@]}" --load scratch.st --data task --top-k 10 --output scratch.csv ||
+  fail "predict scratch.st: exit $?"
+for model in m scratch; do
+  json=eval.1.json csv=pred.1.csv
+  [[ $model == scratch ]] && json=scratch.json csv=scratch.csv
+  if err=$(python3 - "$json" "$csv" task/t10k-labels-idx1-ubyte 2>&1 <<'PY'
 import csv, json, sys
 e = json.load(open(sys.argv[1]))
 rows = list(csv.reader(open(sys.argv[2])))[1:]
 labels = open(sys.argv[3], "rb").read()[8:]
 want = [[0] * 10 for _ in range(10)]
+top5 = 0
 for r in rows:
-    want[labels[int(r[0])]][int(r[2])] += 1
+    label, classes = labels[int(r[0])], [int(c) for c in r[2::2]]
+    want[label][classes[0]] += 1
+    top5 += label in classes[:5]
 assert e["per_class_count"] == [labels.count(t) for t in range(10)], e["per_class_count"]
 assert e["confusion"] == want, "confusion %s, counted %s" % (e["confusion"], want)
+assert e["top5_correct"] == top5, "top-5 %d, counted %d" % (e["top5_correct"], top5)
+print("top-1 %d, top-5 %d of 200" % (e["top1_correct"], top5))
 PY
-); then echo "ok: evaluate's confusion matrix: rows true, columns predicted"
-else fail "evaluate's confusion matrix: $err"; fi
+  ); then echo "ok: $model: evaluate's confusion matrix (rows true, columns predicted) and top-5: $err"
+  else fail "$model: evaluate's confusion matrix or top-5: $err"; fi
+done
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
