@@ -310,5 +310,25 @@ cp part/ck.step2.st bad.st && edit_meta bad.st 'm["epoch_so_far"] = json.dumps(d
 expect 2 "bad.st: metadata 'epoch_so_far' is not the running sums of an epoch" -- \
   "${mpi[@]}" "$bin" "${part[@]}" --resume bad.st
 
+echo "== an epoch resumed part-way: its seconds, images per second and communication times carry on"
+# The checkpoint's sums say its first 2 steps took 1000 s (300 s of communication, 200 s of it
+# exposed): the resumed epoch's record adds this run's own time to them, and its images per second
+# are the epoch's 384 images over that total; the next epoch starts from nothing.
+cp part/ck.step2.st slow.st &&
+  edit_meta slow.st 'm["epoch_so_far"] = json.dumps(dict(json.loads(m["epoch_so_far"]), seconds=1000, comm_seconds=300, exposed_seconds=200))'
+run ps.log "${mpi[@]}" "$bin" "${part[@]}" --checkpoint-every 0 --resume slow.st --metrics slow.jsonl \
+  || fail "the run resumed from slow.st failed: $(tail -2 ps.log)"
+python3 - slow.jsonl <<'PY' || fail "the resumed epoch's times do not carry the checkpoint's"
+import json, math, sys
+e = {r["epoch"]: r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "epoch"}
+one, two = e[1], e[2]
+assert 1000 <= one["epoch_seconds"] < 1000 + 120, one["epoch_seconds"]
+assert math.isclose(one["images_per_second"], 384 / one["epoch_seconds"], rel_tol=1e-9), one
+assert 300 <= one["comm_seconds"] < 300 + 120 and 200 <= one["exposed_comm_seconds"] < 200 + 120, one
+assert two["epoch_seconds"] < 120 and two["comm_seconds"] < 120, two
+assert math.isclose(two["images_per_second"], 384 / two["epoch_seconds"], rel_tol=1e-9), two
+print("ok: the resumed epoch's record carries the checkpoint's 1000 s: %.1f s" % one["epoch_seconds"])
+PY
+
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
