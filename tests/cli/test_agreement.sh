@@ -189,5 +189,24 @@ expect 2 "metadata 'config' is not valid JSON" -- "$bin" --epochs 2 --max-steps 
 # Under mpirun: rank 0 reads and says why; the job ends with 2, not an abort.
 expect 2 "outside [0, 1000000]" -- "${mpi[@]}" -np 2 "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
 
+echo "== --allow-config-change part-way through an epoch: the position in the new batch's steps"
+# A checkpoint at step 2 of batch 64 (128 images done) resumed at batch 32 continues at step 4 of
+# the epoch, global step 4: its steps are global steps 5..8, at the warm-up's rates for them
+# (lr (step) / 8 over 8 steps an epoch).
+sched=(--epochs 1 --eval-every 0 --lr 0.08 --warmup-epochs 1 --schedule constant --threads 1)
+mkdir -p "$tmp/mid"
+"$bin" "${sched[@]}" --max-steps 4 --batch-size 64 --checkpoint-every 2steps --keep-checkpoints 9 \
+  --checkpoint-path "$tmp/mid/ck.st" --quiet > /dev/null 2>&1 || fail "could not write the mid-epoch checkpoint"
+expect 0 "continuing at epoch 1, step 4 (global step 4)" -- "$bin" "${sched[@]}" --max-steps 8 --batch-size 32 \
+  --allow-config-change --resume "$tmp/mid/ck.step2.st" --metrics "$tmp/mid/m.jsonl" --metrics-every 1
+python3 - "$tmp/mid/m.jsonl" <<'PY' || fail "the run resumed at batch 32 did not take global steps 5..8 at their rates"
+import json, math, sys
+s = [r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "step"]
+assert [r["step"] for r in s] == [5, 6, 7, 8], [r["step"] for r in s]
+for r in s:
+    assert math.isclose(r["lr"], 0.08 * r["step"] / 8, rel_tol=1e-6), (r["step"], r["lr"])
+print("ok: resumed at batch 32: global steps 5..8 at the warm-up's rates")
+PY
+
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
