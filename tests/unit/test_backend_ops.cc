@@ -1159,6 +1159,25 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
     expect_match(get(p_), p, "clip " + std::to_string(max_norm) + ": p", tol(Cmp::kApprox));
     expect_match(get(buf_), buf, "clip " + std::to_string(max_norm) + ": buf", tol(Cmp::kApprox));
   }
+  // A norm of about 1e-5, where clip_grad_norm_'s 1e-6 is a tenth of the denominator (above, it is
+  // below the tolerance): plain SGD from p = 0 at a rate of 1e5, so p is -1e5 c g.
+  std::vector<float> small(g.size());
+  double small_sumsq = 0;
+  for (size_t i = 0; i < small.size(); ++i) {
+    small[i] = g[i] * 1e-6f;
+    small_sumsq += static_cast<double>(small[i]) * small[i];
+  }
+  const double small_norm = std::sqrt(small_sumsq), max_norm = small_norm / 4,
+               c = max_norm / (small_norm + 1e-6);
+  auto small_ = put(small), big_lr_ = put({0.f});
+  be().store_scalar(big_lr_.data(), 1e5f);
+  auto small_s_ = to_backend_array(be(), std::vector<double>{small_sumsq});
+  auto p_ = put(std::vector<float>(sz(n), 0.f));
+  be().sgd_update(p_.data(), small_.data(), nullptr, n, big_lr_.data(), 0.f, 0.f, false, false,
+                  small_s_.data(), static_cast<float>(max_norm));
+  std::vector<double> p(sz(n));
+  for (size_t i = 0; i < sz(n); ++i) p[i] = -1e5 * c * small[i];
+  expect_match(get(p_), p, "clip at a norm of about 1e-5: p", tol(Cmp::kApprox));
 }
 
 // torch.nn.CrossEntropyLoss(label_smoothing=e) as its documentation defines it, in double: with
