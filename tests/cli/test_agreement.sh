@@ -207,6 +207,26 @@ for r in s:
     assert math.isclose(r["lr"], 0.08 * r["step"] / 8, rel_tol=1e-6), (r["step"], r["lr"])
 print("ok: resumed at batch 32: global steps 5..8 at the warm-up's rates")
 PY
+# And on the images those steps take in the epoch's order (128..255): at a rate of 1e-30 the
+# parameters stay as they started, so each step's loss is its images' loss, and the resumed steps
+# 5..8 must have a fresh batch-32 run's losses of steps 5..8 (not of 1..4, from the epoch's start).
+still=(--epochs 1 --eval-every 0 --lr 1e-30 --schedule constant --threads 1 --metrics-every 1 --quiet)
+"$bin" "${still[@]}" --max-steps 4 --batch-size 64 --checkpoint-every 2steps --keep-checkpoints 9 \
+  --checkpoint-path "$tmp/mid/still.st" > /dev/null 2>&1 || fail "could not write the still checkpoint"
+"$bin" "${still[@]}" --max-steps 8 --batch-size 32 --allow-config-change --resume "$tmp/mid/still.step2.st" \
+  --metrics "$tmp/mid/still_resumed.jsonl" > /dev/null 2>&1 || fail "the still run did not resume at batch 32"
+"$bin" "${still[@]}" --max-steps 8 --batch-size 32 --metrics "$tmp/mid/still_fresh.jsonl" > /dev/null 2>&1 \
+  || fail "the fresh still run failed"
+python3 - "$tmp/mid/still_resumed.jsonl" "$tmp/mid/still_fresh.jsonl" <<'PY' ||
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if r["type"] == "step"}
+resumed, fresh = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(resumed) == [5, 6, 7, 8], sorted(resumed)
+assert all(resumed[s] == fresh[s] for s in resumed), (resumed, fresh)
+print("ok: resumed at batch 32, steps 5..8 take the epoch's images 128..255")
+PY
+  fail "the run resumed at batch 32 did not continue the epoch's data order"
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]
