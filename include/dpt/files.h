@@ -84,11 +84,18 @@ class OutputLock {
 void refuse_planted_link(const std::string& path, const std::string& what);
 
 // Pre-flight for an output: `path` is absent or a regular file (a symlink only to one, and not
-// another user's planted one: see AtomicFile), it is writable, and its directory exists and is
-// writable. Input error naming `flag` otherwise. A `stream` (--metrics: appended to, not replaced)
-// may also be a writable character device.
+// another user's planted one: see AtomicFile), it is writable (and, in a sticky directory, this
+// user's to replace), its directory exists and is writable, and the temporary file it is written
+// through fits the file system's limits (check_temp_name_fits). Input error naming `flag`
+// otherwise. A `stream` (--metrics: appended to, not replaced) may also be a writable character
+// device, and may be another user's file in a sticky directory.
 // Returns the output's lock (OutputLock; none for a device, which no run can corrupt for another).
 OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream = false);
+
+// Input error naming `what` when the temporary file AtomicFile writes beside `path`
+// ("<name>.tmp.<pid>.<random>") would exceed the file system's name length (NAME_MAX) or PATH_MAX:
+// checked before the first step, for every output and for the last step-named checkpoint.
+void check_temp_name_fits(const std::string& path, const std::string& what);
 
 // Opens an input for reading without ever blocking on it: O_NONBLOCK (a FIFO with no writer opens
 // at once instead of waiting forever), then fstat must show a regular file, then blocking mode is

@@ -46,6 +46,12 @@ const char* kind_of(mode_t m) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// AtomicFile's temporary for `target`: "<dir>/<name>.tmp.<pid>." and kTempRandom random characters.
+constexpr size_t kTempRandom = 10;
+std::string temp_stem(const std::string& target) {
+  return dir_of(target) + "/" + base_of(target) + ".tmp." + std::to_string(::getpid()) + ".";
+}
+
 // The process's umask, read without changing it (umask(2) can only be read by setting it, and
 // another thread creating a file meanwhile would get the wrong mode): /proc/self/status has it.
 mode_t current_umask() {
@@ -149,10 +155,9 @@ AtomicFile::AtomicFile(const std::string& path, const std::string& what)
   // O_NOFOLLOW refuses one planted by a lucky guess (we then draw again).
   std::random_device rd;
   static const char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  const std::string stem =
-      dir_of(target_) + "/" + base_of(target_) + ".tmp." + std::to_string(::getpid()) + ".";
+  const std::string stem = temp_stem(target_);
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-    std::string suffix(10, 'x');
+    std::string suffix(kTempRandom, 'x');
     for (char& c : suffix) c = kAlnum[rd() % (sizeof kAlnum - 1)];
     temp_ = stem + suffix;
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -254,7 +259,38 @@ OutputLock check_output_path(const std::string& path, const std::string& flag, b
                   flag << " " << path << ": the directory " << dir << " is not writable");
   DPT_INPUT_CHECK(st.st_mode == 0 || ::access(target.c_str(), W_OK) == 0,
                   flag << " " << path << ": the file exists and is not writable");
+  // In a sticky directory (/tmp) only the file's owner, the directory's owner and root may replace
+  // a file, however writable it is: another user's mode-666 file there passed every check above,
+  // and the rename that ends every write failed (EPERM) after the training (--save) or at the
+  // first checkpoint. A stream (--metrics) is appended to in place, which works.
+  const uid_t me = ::geteuid();
+  DPT_INPUT_CHECK(stream || st.st_mode == 0 || !(dst.st_mode & S_ISVTX) || me == 0 ||
+                      st.st_uid == me || dst.st_uid == me,
+                  flag << " " << path << ": the file exists and is owned by uid " << st.st_uid
+                       << " in a sticky directory (" << dir << "), where only its owner can "
+                       << "replace it (dptrain writes a new file and renames it over the old "
+                       << "one): choose another path");
+  check_temp_name_fits(target, flag);
   return OutputLock(path, flag);
+}
+
+void check_temp_name_fits(const std::string& path, const std::string& what) {
+  const std::string temp = temp_stem(path) + std::string(kTempRandom, 'x');
+  const std::string name = base_of(temp);
+  const long limit = ::pathconf(dir_of(path).c_str(), _PC_NAME_MAX);
+  const size_t name_max = limit > 0 ? static_cast<size_t>(limit) : NAME_MAX;
+  // A name that fits only without the temporary's suffix passed every other check, and the
+  // first write failed with ENAMETOOLONG: after the whole training for --save.
+  DPT_INPUT_CHECK(name.size() <= name_max,
+                  what << " " << path << ": the file name is too long for the temporary file "
+                       << "it is written through (" << name.size()
+                       << " bytes with '.tmp.<pid>.<random>'; the file system allows " << name_max
+                       << "): use a name at least " << name.size() - name_max << " bytes shorter");
+  DPT_INPUT_CHECK(temp.size() < PATH_MAX,
+                  what << " " << path << ": the path is too long for the temporary file it is "
+                       << "written through (" << temp.size() << " bytes with '.tmp.<pid>."
+                       << "<random>'; a path has at most " << PATH_MAX - 1 << "): use a path "
+                       << "at least " << temp.size() - (PATH_MAX - 1) << " bytes shorter");
 }
 
 std::string OutputLock::file_for(const std::string& path, const std::string& flag) {

@@ -548,7 +548,13 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
   if (!cfg_.checkpoints()) return;
   agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
     if (comm_.rank() != 0) return;
-    if (cfg_.keep_checkpoints > 0) refuse_unreplaceable(start_step, last_step);
+    if (cfg_.keep_checkpoints > 0) {
+      refuse_unreplaceable(start_step, last_step);
+      // The step names grow with the step: the last one's temporary must fit as
+      // --checkpoint-path's does (checked in the pre-flight).
+      check_temp_name_fits(checkpoint_file(cfg_, last_step),
+                           "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
+    }
     for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
       // Files of this training and the file resumed are this run's to replace.
       if (f.training == training_ || f.path == resumed_path_) continue;

@@ -385,5 +385,81 @@ else
   fi
 fi
 
+# ---- 11. Another user's file in a sticky directory is refused before the first step -------------
+# Only the file's owner (or the directory's, or root) may replace a file in a sticky directory, however
+# writable it is. A user's run given root's mode-666 file in a 1777 directory passed the pre-flight,
+# trained, and the rename failed (EPERM) at the end: --save lost, a checkpoint stopped the run. A
+# --metrics (appended to in place) still works. Run as uid 65534 through setpriv, on a copy of the
+# binary the user can reach; root's own runs replace such files (CAP_FOWNER).
+if [[ $(id -u) -ne 0 ]] || ! command -v setpriv >/dev/null; then
+  echo "skip: 11 another user's file in a sticky directory: needs root and setpriv to run as another user"
+else
+  chmod 711 "$tmp" && mkdir -p s11/w && chmod 755 s11 && chmod 1777 s11/w && cp "$bin" s11/dptrain
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups --)
+  run s11/model.log 60 "$bin" "${small[@]}" --save "$tmp/s11/m.st" && chmod 644 s11/m.st ||
+    { fail "11 the model to evaluate: exit $?"; tail -3 s11/model.log; }
+  eval_args=(--load "$tmp/s11/m.st" --data synthetic:28x28x1:64:10 --threads 1)
+  for spec in "--checkpoint-path|train --checkpoint-every 1|ck.st" "--save|train|m.st" \
+              "--report|train|r.svg" "--trace|train --trace-steps 1:2|t.json" \
+              "--output|predict|p.csv" "--metrics|evaluate|e.json"; do
+    IFS='|' read -r flag cmd f <<< "$spec"
+    read -ra words <<< "$cmd"
+    echo "root's" > "s11/w/$f" && chmod 666 "s11/w/$f"
+    if [[ ${words[0]} == train ]]; then
+      args=("${small[@]}" "${words[@]:1}")
+    else
+      args=("${words[0]}" "${eval_args[@]}")
+    fi
+    run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${args[@]}" "$flag" "$tmp/s11/w/$f"
+    rc=$?
+    if [[ $rc -ne 2 ]] || ! grep -qF -- "$flag $tmp/s11/w/$f: the file exists and is owned by uid 0 in a sticky directory" s11/log; then
+      fail "11 ${words[0]} $flag at root's file in a sticky directory: exit $rc (want 2 naming it):"; tail -3 s11/log
+    elif grep -q "^epoch 1/1" s11/log; then
+      fail "11 ${words[0]} $flag at root's file in a sticky directory was refused only after training"
+    else
+      ok "11 ${words[0]} $flag: $(first "sticky" s11/log)"
+    fi
+    rm -f "s11/w/$f"
+  done
+  echo "root's" > s11/w/m.jsonl && chmod 666 s11/w/m.jsonl
+  run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${small[@]}" --metrics "$tmp/s11/w/m.jsonl"
+  rc=$?
+  if [[ $rc -ne 0 ]] || ! grep -q '"type":"epoch"' s11/w/m.jsonl; then
+    fail "11 --metrics appended to root's writable file in a sticky directory: exit $rc"; tail -3 s11/log
+  else
+    ok "11 --metrics into root's writable file in a sticky directory is appended to"
+  fi
+fi
+
+# ---- 12. A name too long for its temporary file is refused before the first step ---------------
+# Every output is written through "<name>.tmp.<pid>.<random>" beside it: a name that fits only
+# without that suffix (NAME_MAX, 255 bytes on most file systems) passed the pre-flight, trained,
+# and failed with ENAMETOOLONG at the first write: --save after the whole training.
+long=$(printf 'n%.0s' {1..240})
+mkdir -p s12
+for flag in --save --report --checkpoint-path; do
+  extra=()
+  [[ $flag == --checkpoint-path ]] && extra=(--checkpoint-every 1)
+  run s12/log 60 "$bin" "${small[@]}" "${extra[@]}" "$flag" "s12/$long.st"
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "$flag s12/$long.st: the file name is too long for the temporary file" s12/log; then
+    fail "12 $flag with a 243-byte name: exit $rc (want 2 naming it):"; tail -3 s12/log | cut -c1-300
+  elif grep -q "^epoch 1/1" s12/log; then
+    fail "12 $flag with a 243-byte name was refused only after training"
+  else
+    ok "12 $flag: $(grep -o 'the file name is too long.*' s12/log)"
+  fi
+done
+# The step names of --keep-checkpoints are longer than --checkpoint-path: the last one counts.
+run s12/log 60 "$bin" "${small[@]}" --checkpoint-every 1 --keep-checkpoints 2 \
+  --checkpoint-path "s12/${long:0:228}.st"
+rc=$?
+if [[ $rc -ne 2 ]] || ! grep -qF -- ".step2.st: the file name is too long for the temporary file" s12/log; then
+  fail "12 a step-named checkpoint too long for its temporary: exit $rc (want 2 naming it):"
+  tail -3 s12/log | cut -c1-300
+else
+  ok "12 step name: $(grep -o 'the file name is too long.*' s12/log)"
+fi
+
 echo "$fails failed"
 [[ $fails -eq 0 ]]
