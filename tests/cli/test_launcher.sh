@@ -266,5 +266,20 @@ if [[ $(cat dpt.rec 2>/dev/null) != "2 $tmp/dck.st"$'\n'"4 $tmp/dck.st"$'\n'"6 $
   fail "want lines '2|4|6 $tmp/dck.st' in the record (then, maybe, the end of epoch 1): '$(cat dpt.rec)'"
 fi
 
+echo "== launch/train.sh runs the job in the caller's directory: relative paths are the caller's"
+# It changed into the repository first: --data mine was looked for there ("no such directory"), and
+# --save m.st was written into the repository. A copy of launch/ whose deps.sh and build.sh do
+# nothing (no packages, no build here), and BUILD naming a directory that holds this dptrain.
+mkdir -p repo/launch repo/bin caller
+cp "$(dirname "$launcher")"/{train.sh,mpirun.sh,checkpoint_record.sh} repo/launch/
+echo 'exit 0' >repo/launch/deps.sh && echo 'exit 0' >repo/launch/build.sh
+ln -s "$bin" repo/bin/dptrain
+cd caller || exit 1
+NP=1 BUILD=bin expect 0 "saved m.st" -- bash "$tmp/repo/launch/train.sh" --model lenet \
+  --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32 --save m.st
+cd "$tmp" || exit 1
+[[ -f caller/m.st && ! -e repo/m.st ]] ||
+  fail "train.sh --save m.st: want caller/m.st and no repo/m.st: $(ls caller repo | tr '\n' ' ')"
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
