@@ -348,15 +348,25 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // More compute threads than this host has cores ran 100x slower without a word (--threads 64
   // on 2 cores: 6.66 against 0.05 s per epoch): said once per host, not refused (a cgroup may give
   // fewer cores than the count reports, or more later).
+  // More ranks than cores is the operator's launch, not --threads: advising "--threads 1" to a run
+  // at --threads 1 (mpirun -np 8 on 2 cores) said nothing useful.
   if (const unsigned cores = std::thread::hardware_concurrency();
       pf.local_rank == 0 && cores > 0 &&
-      static_cast<int64_t>(cfg.threads) * pf.ranks_here > static_cast<int64_t>(cores))
-    log_warn(DPT_MSG("--threads " << cfg.threads << " x " << pf.ranks_here
-                                  << " rank(s) on this host is more compute threads than its "
-                                  << cores << " core(s): oversubscribed threads wait for each "
-                                  << "other at every parallel loop, which can be many times "
-                                  << "slower; use --threads "
-                                  << std::max<int64_t>(1, cores / pf.ranks_here)));
+      static_cast<int64_t>(cfg.threads) * pf.ranks_here > static_cast<int64_t>(cores)) {
+    if (pf.ranks_here > static_cast<int64_t>(cores))
+      log_warn(DPT_MSG(pf.ranks_here << " ranks on this host, more than its " << cores
+                                     << " core(s): the ranks take turns on the cores and every "
+                                     << "all-reduce waits for the last of them, which is slower "
+                                     << "than fewer ranks; start at most " << cores
+                                     << " rank(s) per host"
+                                     << (cfg.threads > 1 ? ", with --threads 1" : "")));
+    else
+      log_warn(DPT_MSG("--threads " << cfg.threads << " x " << pf.ranks_here
+                                    << " rank(s) on this host is more compute threads than its "
+                                    << cores << " core(s): oversubscribed threads wait for each "
+                                    << "other at every parallel loop, which can be many times "
+                                    << "slower; use --threads " << cores / pf.ranks_here));
+  }
   // The settings first: every collective after this may depend on them (the device, the data).
   agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);

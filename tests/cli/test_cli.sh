@@ -110,6 +110,10 @@ expect 2 "ranks were started with different --grad-dtype" -- "${mpi[@]}" -np 1 "
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which answers OMP_NUM_THREADS (lib.sh sets 1)
 expect 0 "more compute threads than its $cores core(s)" -- "$bin" --epochs 1 --max-steps 1 --eval-every 0 \
   --threads $((cores + 1))
+# More ranks than cores at --threads 1 advised "use --threads 1": the advice is about the ranks.
+expect 0 "$((cores + 1)) ranks on this host, more than its $cores core(s)" -- "${mpi[@]}" -np $((cores + 1)) \
+  "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size $((cores + 1))
+grep -q "use --threads 1" "$tmp/out.txt" && fail "more ranks than cores at --threads 1: advised --threads 1"
 python3 - "$tmp/one" <<'PY'
 import os, random, sys
 def npy(path, shape, data):  # NumPy's format 1.0, uint8, C order
