@@ -292,7 +292,8 @@ fi
 # ---- the job, run again after a failure when restarts are allowed ----
 # A private directory (mktemp -d: mode 700) for this launch, removed on exit: the checkpoint record
 # and the relays' FIFOs.
-work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||
+  die "cannot create a directory in ${TMPDIR:-/tmp}${TMPDIR:+ (TMPDIR, where mpirun makes its session directory too): unset TMPDIR or point it at a directory you can write}"
 trap 'rm -rf -- "$work"' EXIT
 mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work"
 # Whether a restart can help: the checkpoint record (launch/checkpoint_record.sh, shared with the

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   // warn once and drop later lines (log.cc). Set before MPI starts, so that nothing it writes
   // during start-up can kill the process either.
   signal(SIGPIPE, SIG_IGN);
+  if (const std::string why = dpt::singleton_tmpdir_problem(); !why.empty()) {
+    std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
+    return 2;
+  }
   dpt::MpiSession mpi(&argc, &argv);
   const int world = mpi.world().size, rank = mpi.world().rank;
   dpt::TrainConfig cfg;

@@ -38,6 +38,14 @@ class MpiSession {
   int exit_code_ = 0;
 };
 
+// Before MPI starts: why a singleton (dptrain run without mpirun or srun) cannot start, else "".
+// Open MPI's singleton starts its own daemon, which makes its session directory in the first of
+// TMPDIR, TEMP and TMP that is set (OMPI_MCA_orte_tmpdir_base wins over them), creating what is
+// missing of the path: one that cannot be made (under a file, or a directory this user cannot
+// write) failed inside MPI_Init with pages of Open MPI's text, naming "Permission denied" for a
+// directory that does not exist, and exit 1.
+std::string singleton_tmpdir_problem();
+
 // Prints nothing (flushes stdout and stderr); calls MPI_Abort(MPI_COMM_WORLD, code) so no peer
 // waits forever, and ends this process with `code` itself if MPI_Abort has not within 5 s.
 [[noreturn]] void abort_job(int code);

@@ -2,11 +2,16 @@
 // MPI_Wait: a sleeping waiter leaves the core to the compute thread (2 ranks x 2 threads share 2
 // cores here), and polling is what lets every wait end with a clear error after --timeout.
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <system_error>
@@ -348,6 +353,36 @@ std::unique_ptr<Communicator> make_mpi_self_communicator() {
 }
 
 // ---- bootstrap ---------------------------------------------------------------------------------
+
+std::string singleton_tmpdir_problem() {
+  // Under mpirun or srun the launcher's daemon made the session directory already.
+  for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(launched)) return "";
+  if (std::getenv("OMPI_MCA_orte_tmpdir_base")) return "";
+  for (const char* var : {"TMPDIR", "TEMP", "TMP"}) {
+    const char* value = std::getenv(var);
+    if (!value) continue;
+    // Open MPI creates what is missing of the path (as mkdir -p does): the nearest part that
+    // exists decides. "" is taken as "/" (Open MPI puts it before "/ompi.<host>...").
+    std::filesystem::path dir = *value ? value : "/";
+    struct stat st {};
+    int rc = 0;
+    while ((rc = ::stat(dir.c_str(), &st)) != 0 && errno == ENOENT && dir.has_relative_path())
+      dir = dir.parent_path().empty() ? std::filesystem::path(".") : dir.parent_path();
+    std::string why;
+    if (rc != 0)
+      why = std::strerror(errno);
+    else if (!S_ISDIR(st.st_mode))
+      why = dir.string() + " is not a directory";
+    else if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      why = dir.string() + " is not writable";
+    if (why.empty()) return "";
+    return DPT_MSG(var << "=" << printable(value, PATH_MAX) << ": " << why
+                       << ": without mpirun, Open MPI makes its session directory there; unset "
+                       << var << " or point it at a directory you can write");
+  }
+  return "";
+}
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;

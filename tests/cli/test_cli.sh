@@ -105,6 +105,20 @@ grep -q "replicas differ" "$tmp/out.txt" && fail "bf16 buckets: the replicas dri
 expect 2 "ranks were started with different --grad-dtype" -- "${mpi[@]}" -np 1 "$bin" "${quick[@]}" --grad-dtype bf16 \
   : -np 1 "$bin" "${quick[@]}" --grad-dtype fp16
 
+# Without mpirun, Open MPI makes its session directory in TMPDIR (or TEMP, TMP), creating what is
+# missing: one it cannot make failed inside MPI_Init with pages of Open MPI's text ("Permission
+# denied") and exit 1. One it can make still runs.
+: >"$tmp/afile"
+expect 2 "dptrain: error: TMPDIR=$tmp/afile/sub: Not a directory" -- env TMPDIR="$tmp/afile/sub" "$bin" \
+  --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+expect 2 "dptrain: error: TEMP=$tmp/afile: $tmp/afile is not a directory" -- env -u TMPDIR TEMP="$tmp/afile" \
+  "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+expect 0 "epoch 1/1" -- env TMPDIR="$tmp/new/tmpdir" "$bin" \
+  --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+expect 2 "cannot create a directory in $tmp/none (TMPDIR" -- env TMPDIR="$tmp/none" \
+  bash "$here/../../launch/mpirun.sh" -np 1 "$bin" \
+  --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+
 # Said, not refused: more compute threads than cores (100x slower without a word before), and a
 # training set of one class (loss 0, accuracy 1 from the first step).
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which answers OMP_NUM_THREADS (lib.sh sets 1)
