@@ -133,18 +133,15 @@ read_hostfile() {
     die "hostfile '$f' names no host (its $n lines are blank or comments): mpirun would find no node to run on"
 }
 
-# What the command line says: the hosts, the agent, and whether checkpoints are on (the rank count
-# and the programs: below).
+# What the command line says: the agent, whether checkpoints are on (dptrain's flags), and (below,
+# with the rank count and the programs) the hosts.
 np=1 hosts=() hostfiles=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
 [[ ${OMPI_MCA_orte_default_hostfile:-none} != none ]] && hostfiles+=("$OMPI_MCA_orte_default_hostfile")
 args=("$@")
+# --mca anywhere: mpirun (4.1) reads it after the program too.
 for ((i = 0; i < ${#args[@]}; i++)); do
   a=${args[i]} v=${args[i + 1]:-}
   case $a in
-    --host | -host | -H) host_list "$a" "$v" ;;
-    --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile | -default-hostfile)
-      [[ -n $v ]] || die "$a needs a file"
-      hostfiles+=("$v") ;;
     --checkpoint-every | --checkpoint-every=*) ckpt_every=1 ;;
     --mca | -mca)
       case $v in
@@ -155,7 +152,18 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 [[ -n ${OMPI_MCA_plm_rsh_args:-} ]] && rsh_args_given=1
-for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
+# host_option OPTION VALUE: notes the hosts that one of mpirun's own options names. Only mpirun's
+# options, before the program: mpirun reads no --host or --hostfile after it, and the program's own
+# arguments (dptrain --save -H, another program's --host) taken for hosts refused the launch ("-H
+# needs a value") or had their value checked, and tried, as a host.
+host_option() {
+  case $1 in
+    --host | -host | -H) host_list "$1" "$2" ;;
+    --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile | -default-hostfile)
+      [[ -n $2 ]] || die "$1 needs a file"
+      hostfiles+=("$2") ;;
+  esac
+}
 
 # ---- the program and the rank count of each app context, checked before mpirun starts ----
 # mpirun reports a program it cannot start (missing, a directory, not executable) with exit 131 or
@@ -195,6 +203,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   a=${args[i]} v=${args[i + 1]:-} ctx_np=""
   # One app context: its options, then its program; its arguments run to a lone ':'.
   while [[ $a == -* ]]; do
+    host_option "$a" "$v"
     case $a in
       -np | -n | --np | --n | -c)
         ctx_np=$v
@@ -221,6 +230,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   i=$((i + 1)) # the ':' that starts the next context, if any
 done
 ((total_np > 0)) && np=$total_np
+for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
 
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)

@@ -49,7 +49,13 @@ expect 2 "--host \$'localhost\\r' ends in a carriage return" -- bash "$launcher"
 expect 2 "--host 'local host': host name 'local host' has a character" -- bash "$launcher" --host 'local host' -np 2 "$bin"
 expect 2 "--host \$'a\\n-oX': host name \$'a\\n-oX' has a character" -- bash "$launcher" --host $'a\n-oX' -np 2 "$bin"
 expect 2 "--host 'a,,b': an empty host name" -- bash "$launcher" --host a,,b -np 2 "$bin"
-expect 2 "--host needs a value" -- bash "$launcher" -np 2 "$bin" --host
+expect 2 "--host needs a value" -- bash "$launcher" -np 2 --host
+# After the program, mpirun reads no option: those words are the program's own arguments (a --save
+# named -H, another program's --host), passed as they are, never taken for hosts (they were: "-H
+# needs a value", or a host name refused or tried over ssh).
+# (--mca is the exception: mpirun reads it anywhere.)
+expect 0 "--host -oProxyCommand=x -H --hostfile missing.hosts" -- \
+  bash "$launcher" -np 1 echo --host -oProxyCommand=x -H --hostfile missing.hosts
 expect 2 "hostfile 'missing.hosts' cannot be read" -- bash "$launcher" --hostfile missing.hosts -np 2 "$bin"
 # What mpirun took and failed on with exit 1 and text naming no line ("No nodes are available",
 # "should be reported to the developers"): exit 2 naming the file and the line, before mpirun.
