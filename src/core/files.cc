@@ -257,8 +257,18 @@ OutputLock check_output_path(const std::string& path, const std::string& flag, b
                   flag << " " << path << ": the directory " << dir << " does not exist");
   DPT_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0,
                   flag << " " << path << ": the directory " << dir << " is not writable");
+  // Another user's file (root's checkpoint, say) could often be replaced by the rename, but a file
+  // one may not write is not replaced behind its owner's back; the message says what to do instead
+  // (it said only "not writable", and a user resuming root's checkpoint was left guessing).
   DPT_INPUT_CHECK(st.st_mode == 0 || ::access(target.c_str(), W_OK) == 0,
-                  flag << " " << path << ": the file exists and is not writable");
+                  flag << " " << path << ": the file exists and is not writable (owned by uid "
+                       << st.st_uid << ", mode " << std::oct << (st.st_mode & 07777) << std::dec
+                       << "): dptrain does not replace a file you may not write; choose another "
+                       << "path"
+                       << (flag == "--checkpoint-path"
+                               ? " (--resume can still read this one: --resume " + path +
+                                     " --checkpoint-path <yours> continues its training)"
+                               : ""));
   // In a sticky directory (/tmp) only the file's owner, the directory's owner and root may replace
   // a file, however writable it is: another user's mode-666 file there passed every check above,
   // and the rename that ends every write failed (EPERM) after the training (--save) or at the

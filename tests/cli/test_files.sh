@@ -421,6 +421,22 @@ else
     fi
     rm -f "s11/w/$f"
   done
+  # Root's checkpoint in the user's own directory: not replaced (the user may not write it); the
+  # message says how to continue it, and that works.
+  mkdir -p s11/own && chown 65534:65534 s11/own
+  run s11/log 60 "$bin" "${small[@]}" --checkpoint-every 1 --checkpoint-path "$tmp/s11/own/ck.st" &&
+    chmod 644 s11/own/ck.st || { fail "11 root's checkpoint: exit $?"; tail -3 s11/log; }
+  resume=("${small[@]}" --epochs 2 --allow-config-change --checkpoint-every 1 --resume "$tmp/s11/own/ck.st")
+  run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${resume[@]}" --checkpoint-path "$tmp/s11/own/ck.st"
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "the file exists and is not writable (owned by uid 0, mode 644): dptrain does not replace a file you may not write; choose another path (--resume can still read this one" s11/log; then
+    fail "11 root's checkpoint resumed at its own path by another user: exit $rc (want 2 saying how):"; tail -3 s11/log
+  elif ! run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${resume[@]}" --checkpoint-path "$tmp/s11/own/mine.st" ||
+       ! loadable s11/own/mine.st; then
+    fail "11 root's checkpoint resumed by another user into its own --checkpoint-path"; tail -3 s11/log
+  else
+    ok "11 root's checkpoint, resumed by another user into its own --checkpoint-path"
+  fi
   echo "root's" > s11/w/m.jsonl && chmod 666 s11/w/m.jsonl
   run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${small[@]}" --metrics "$tmp/s11/w/m.jsonl"
   rc=$?
