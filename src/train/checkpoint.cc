@@ -697,7 +697,9 @@ void CheckpointManager::record(int64_t global_step, const std::string& file) con
   if (!to || !*to) return;
   const int fd = ::open(to, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   struct stat st {};
-  const std::string line = std::to_string(global_step) + " " + file + "\n";
+  // One line per checkpoint: a newline in the path (its bytes escaped by printable()) made two,
+  // and the launcher's restart message named the part after it as the newest checkpoint.
+  const std::string line = std::to_string(global_step) + " " + printable(file, PATH_MAX) + "\n";
   const bool ok = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                   ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   if (fd >= 0) ::close(fd);

@@ -271,6 +271,12 @@ DPT_CHECKPOINT_RECORD=$tmp/dpt.rec expect 0 "epoch 1/1" -- "${mpi[@]}" -np 2 "$b
 if [[ $(cat dpt.rec 2>/dev/null) != "2 $tmp/dck.st"$'\n'"4 $tmp/dck.st"$'\n'"6 $tmp/dck.st"* ]]; then
   fail "want lines '2|4|6 $tmp/dck.st' in the record (then, maybe, the end of epoch 1): '$(cat dpt.rec)'"
 fi
+# A newline in the path stays in its line (escaped): it made two lines, and the launcher's restart
+# message named the part after it.
+: >dpt.rec
+DPT_CHECKPOINT_RECORD=$tmp/dpt.rec expect 0 "epoch 1/1" -- "$bin" --model lenet --batch-size 64 --epochs 1 \
+  --max-steps 2 --eval-every 0 --checkpoint-every 2steps --checkpoint-path "$tmp/d"$'\n'"ck.st"
+[[ $(cat dpt.rec) == "2 $tmp/d\\nck.st" ]] || fail "want the line '2 $tmp/d\\nck.st' in the record: '$(cat dpt.rec)'"
 
 echo "== launch/train.sh runs the job in the caller's directory: relative paths are the caller's"
 # It changed into the repository first: --data mine was looked for there ("no such directory"), and
