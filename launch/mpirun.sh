@@ -234,7 +234,11 @@ for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
 
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)
-[[ $np =~ ^[0-9]+$ ]] && ((np > $(nproc))) && extra+=(--oversubscribe)
+# The cores this process may run on: nproc answers OMP_NUM_THREADS (and OMP_THREAD_LIMIT) when set,
+# so OMP_NUM_THREADS=8 on 2 cores left out --oversubscribe and mpirun refused -np 4 ("not enough
+# slots").
+[[ $np =~ ^[0-9]+$ ]] && ((np > $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))) &&
+  extra+=(--oversubscribe)
 # Ranks' stderr is a pipe under mpirun: tell them whether the user's terminal is there.
 [[ -t 2 ]] && extra+=(-x DPT_PROGRESS=1)
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}

@@ -139,6 +139,13 @@ expect 0 "ok" -- bash "$launcher" -np 1 --map-by slot -x A=1 --mca btl self,vade
 [[ -e ran.0 ]] || fail "the MPMD line did not run its first context"
 expect 0 "2 -n 0" -- bash "$launcher" -np 2 bash -c 'echo "$OMPI_COMM_WORLD_SIZE -n $0"' 0
 
+echo "== more ranks than cores get --oversubscribe whatever OMP_NUM_THREADS says"
+# nproc answers OMP_NUM_THREADS: with it above the core count the launcher left --oversubscribe out
+# and mpirun refused ("There are not enough slots available").
+cores=$(getconf _NPROCESSORS_ONLN)
+OMP_NUM_THREADS=$((cores * 4)) expect 0 "epoch 1/1" -- bash "$launcher" -np $((cores + 1)) "$bin" \
+  --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size $((cores + 1))
+
 echo "== a reader that leaves early: the job runs to the end, exit 0, --save written"
 # Open MPI's mpirun aborts the job after more than 10 writes to a closed pipe (SIGPIPE): the run
 # must write well over 10 lines after the reader has gone (20 epochs, one line each), or the old
