@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <locale>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
@@ -566,6 +567,24 @@ namespace {
 // Values are converted here, so a value that does not parse is reported with its flag.
 template <typename T>
 T flag(const cxxopts::ParseResult& r, const std::string& name) {
+  if constexpr (std::is_floating_point_v<T>) {
+    // cxxopts reads a number with operator>>, which stops at the first character that is not part
+    // of it and keeps what it read: --momentum 0,9 (a comma decimal separator, as a German-locale
+    // user types it) trained with momentum 0, --lr 0.1x at 0.1, without a word. Every value given
+    // must be a number to its end (the C locale's: dptrain never sets another).
+    for (const cxxopts::KeyValue& given : r.arguments()) {
+      if (given.key() != name) continue;
+      std::istringstream in(given.value());
+      in.imbue(std::locale::classic());
+      T value{};
+      in >> value;
+      DPT_INPUT_CHECK(in && (in >> std::ws).eof(),
+                      "--" << name << ": '" << given.value() << "' is not a number"
+                           << (given.value().find(',') != std::string::npos
+                                   ? " (the decimal separator is '.', whatever the locale)"
+                                   : ""));
+    }
+  }
   try {
     return r[name].as<T>();
   } catch (const std::exception& e) {

@@ -119,6 +119,23 @@ expect 2 "cannot create a directory in $tmp/none (TMPDIR" -- env TMPDIR="$tmp/no
   bash "$here/../../launch/mpirun.sh" -np 1 "$bin" \
   --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
 
+# A number flag is a number to its end: cxxopts kept what it could read, so --momentum 0,9 (a comma
+# decimal separator) trained with momentum 0 and --lr 0.1x at 0.1, without a word.
+expect 2 "--momentum: '0,9' is not a number (the decimal separator is '.', whatever the locale)" -- \
+  "$bin" --momentum 0,9
+expect 2 "--lr: '0.1x' is not a number" -- "$bin" --lr 0.1x
+expect 2 "--timeout: '1.5.0' is not a number" -- "$bin" predict --load x --output y --timeout 1.5.0
+# A locale with a comma decimal separator changes nothing: flags, the log and --metrics keep '.'
+# (dptrain never calls setlocale). The locale is compiled here (localedef) where glibc's sources are.
+if localedef -i de_DE -f UTF-8 "$tmp/de_DE.UTF-8" >/dev/null 2>&1; then
+  expect 0 "epoch 1/1" -- env LOCPATH="$tmp" LC_ALL=de_DE.UTF-8 "$bin" --data synthetic:28x28x1:64:10 \
+    --epochs 1 --max-steps 1 --batch-size 32 --lr 0.125 --metrics "$tmp/de.jsonl"
+  python3 -c 'import json, sys; r = json.loads(open(sys.argv[1]).readline()); sys.exit(r["lr"] != 0.125)' \
+    "$tmp/de.jsonl" || fail "--metrics under LC_ALL=de_DE.UTF-8: $(head -c 300 "$tmp/de.jsonl")"
+else
+  echo "skip: a comma-decimal locale: localedef cannot make de_DE.UTF-8 here (package locales)"
+fi
+
 # Said, not refused: more compute threads than cores (100x slower without a word before), and a
 # training set of one class (loss 0, accuracy 1 from the first step).
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which answers OMP_NUM_THREADS (lib.sh sets 1)
