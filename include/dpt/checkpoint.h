@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -135,8 +136,9 @@ class CheckpointManager {
   Optimizer& opt_;
   Meta input_;  // a resumed --normalize auto run's statistics replace the data's
   StepEngine& engine_;
-  std::string training_, started_;  // this training's id and start (rank 0)
-  std::string resumed_path_;        // the file resumed (rank 0)
+  std::string training_, started_;             // this training's id and start (rank 0)
+  std::string resumed_path_;                   // the file resumed (rank 0)
+  mutable std::set<std::string> unremovable_;  // files prune() could not remove, warned about once
   double last_save_;
   int64_t last_saved_step_ = -1;  // the global step of this run's last checkpoint
 };

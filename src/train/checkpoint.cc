@@ -685,8 +685,14 @@ void CheckpointManager::prune() const {
   std::error_code ec;
   for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
     if (f.training != training_ && f.path != resumed_path_) continue;
-    if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path)
-      std::filesystem::remove(f.path, ec);
+    if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path &&
+        !std::filesystem::remove(f.path, ec) && ec && unremovable_.insert(f.path).second)
+      // Another user's file in a sticky directory (a training this user continued): it stayed
+      // without a word, so --keep-checkpoints kept more files than it said.
+      log_warn(DPT_MSG("--keep-checkpoints "
+                       << cfg_.keep_checkpoints << ": cannot remove " << printable(f.path, PATH_MAX)
+                       << ", an older checkpoint of this training: " << ec.message()
+                       << "; it stays"));
   }
 }
 

@@ -437,6 +437,19 @@ else
   else
     ok "11 root's checkpoint, resumed by another user into its own --checkpoint-path"
   fi
+  # A user continuing root's training in the sticky directory cannot remove root's older
+  # checkpoints: --keep-checkpoints says so, once per file (it kept them without a word).
+  keep=(--checkpoint-every 1 --keep-checkpoints 1 --checkpoint-path "$tmp/s11/w/k.st" --resume auto)
+  run s11/log 60 "$bin" "${small[@]}" "${keep[@]}" || { fail "11 root's training: exit $?"; tail -3 s11/log; }
+  run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${small[@]}" --epochs 3 --allow-config-change "${keep[@]}"
+  rc=$?
+  n=$(grep -c "warning: --keep-checkpoints 1: cannot remove $tmp/s11/w/k.step2.st, an older checkpoint of this training" s11/log)
+  if [[ $rc -ne 0 || $n -ne 1 || -e s11/w/k.step4.st || ! -e s11/w/k.step6.st ]]; then
+    fail "11 --keep-checkpoints over root's older checkpoint: exit $rc, $n warning(s) (want 1): $(ls s11/w | tr '\n' ' ')"
+    tail -3 s11/log
+  else
+    ok "11 --keep-checkpoints names root's checkpoint it cannot remove, once"
+  fi
   echo "root's" > s11/w/m.jsonl && chmod 666 s11/w/m.jsonl
   if [[ $(cat /proc/sys/fs/protected_regular 2>/dev/null || echo 0) != 0 ]]; then
     # The kernel then refuses to open it (O_CREAT on another user's file in a sticky directory).
