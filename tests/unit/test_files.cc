@@ -148,6 +148,40 @@ TEST_F(FilesTest, NewFileGets0666LessTheUmask) {
   }
 }
 
+// A temporary is never more open than the file it becomes, from its first byte: a run killed
+// mid-write leaves it readable only by those who may read the final file.
+TEST_F(FilesTest, TheTemporaryHasTheFinalModeWhileWritten) {
+  for (mode_t mask : {mode_t{077}, mode_t{027}, mode_t{0}}) {
+    const std::string p = path("t_" + std::to_string(mask));
+    const mode_t old_mask = ::umask(mask);
+    AtomicFile f(p, "--save");
+    ::umask(old_mask);
+    f.write("x", 1);
+    std::string temp;
+    for (const std::string& n : list_dir(dir_))
+      if (n.rfind("t_" + std::to_string(mask) + ".tmp.", 0) == 0) temp = path(n);
+    ASSERT_FALSE(temp.empty());
+    EXPECT_EQ(lmode(temp) & 07777, 0666u & ~mask) << "umask 0" << std::oct << mask;
+    f.commit();
+    EXPECT_EQ(lmode(p) & 07777, 0666u & ~mask) << "umask 0" << std::oct << mask;
+  }
+}
+
+// The temporary's name ("<name>.tmp.<pid>.<10 random>") must fit NAME_MAX and PATH_MAX: a name
+// that fits only without it failed at the first write, after training.
+TEST_F(FilesTest, ANameTooLongForItsTemporaryIsRefused) {
+  const std::string fits = path(std::string(200, 'n'));
+  check_temp_name_fits(fits, "--save");
+  write_file_atomic(fits, "x", "--save");
+  const std::string too_long = path(std::string(240, 'n'));
+  expect_input_error([&] { check_temp_name_fits(too_long, "--save"); },
+                     {"--save", too_long, "the file name is too long for the temporary file"});
+  std::string deep = dir_;
+  while (deep.size() < PATH_MAX - 20) deep += "/" + std::string(200, 'd');
+  expect_input_error([&] { check_temp_name_fits(deep + "/m.st", "--report"); },
+                     {"--report", "the path is too long for the temporary file"});
+}
+
 TEST_F(FilesTest, RefusesAFifoTargetAndLeavesIt) {
   const std::string p = path("fifo");
   ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
