@@ -771,6 +771,21 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   for (const Flag* f : taken)
     DPT_INPUT_CHECK(!f->path || !r.count(f->name) || !r[f->name].as<std::string>().empty(),
                     "--" << f->name << ": empty path (an unset variable?)");
+  // Paths are recorded in JSON (the configuration in checkpoints and the banner, evaluate's
+  // --metrics), which holds only UTF-8: a name in another encoding (Latin-1's 0xFF) ended the run
+  // with "unexpected failure: [json.exception.type_error.316] invalid UTF-8 byte", exit 3.
+  for (const Flag* f : taken) {
+    if (!f->path || !r.count(f->name)) continue;
+    const std::string value = r[f->name].as<std::string>();
+    try {
+      (void)nlohmann::json(value).dump();
+    } catch (const nlohmann::json::type_error&) {
+      DPT_INPUT_CHECK(false, "--" << f->name << " " << printable(value, PATH_MAX)
+                                  << ": the path is not valid UTF-8, and dptrain records paths "
+                                  << "in JSON (checkpoints, --metrics): rename it, or reach it "
+                                  << "through a symlink whose name is UTF-8");
+    }
+  }
   // The recipe's defaults need --model and --recipe; the flags they default follow them, so that
   // an explicit value wins.
   for (const Flag* f : taken)
