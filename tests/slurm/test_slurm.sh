@@ -312,14 +312,21 @@ log "PASS: job $jobid stopped on SIGUSR1 with a checkpoint, requeued itself and 
 # ---- the same signal with --checkpoint-every 0: no checkpoint, so no requeue ----
 # A requeue would start the job again from scratch, up to DPT_MAX_REQUEUES times. The signal is
 # sent once the job has trained a step (its first step record in --metrics).
-mkdir -p "$tmp/j3"
-jobid=$(sbatch --parsable --chdir="$tmp/j3" --output="$tmp/job-%j.out" --time=5 \
-  "$script" "${run2[@]/10steps/0}" --checkpoint-path "$tmp/j3/ck.st" --metrics "$tmp/j3/m.jsonl" \
-  --metrics-every 1) || fail "sbatch failed"
-jobid=${jobid%%;*}
-log "submitted job $jobid (--checkpoint-every 0); waiting for its first step"
-wait_for 90 grep -q '"type":"step"' "$tmp/j3/m.jsonl" ||
-  fail "job $jobid trained no step within 90 s (state $(job_state))"
+# submit_until_step DIR FLAGS...: submits the script with FLAGS, outputs in DIR, a step record each
+# step, and waits for the first one ($jobid).
+submit_until_step() {
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  jobid=$(sbatch --parsable --chdir="$dir" --output="$tmp/job-%j.out" --time=5 \
+    "$script" "$@" --checkpoint-path "$dir/ck.st" --metrics "$dir/m.jsonl" --metrics-every 1) ||
+    fail "sbatch failed"
+  jobid=${jobid%%;*}
+  log "submitted job $jobid ($*); waiting for its first step"
+  wait_for 90 grep -q '"type":"step"' "$dir/m.jsonl" ||
+    fail "job $jobid trained no step within 90 s (state $(job_state))"
+}
+submit_until_step "$tmp/j3" "${run2[@]/10steps/0}"
 scancel --signal=USR1 "$jobid" || fail "scancel --signal=USR1 $jobid failed"
 log "sent SIGUSR1 to the steps of job $jobid"
 wait_for 60 job_done || fail "job $jobid not finished within 60 s of the signal (state $(job_state))"
@@ -339,14 +346,7 @@ log "PASS: job $jobid stopped on SIGUSR1 without a checkpoint and was not requeu
 # ---- scancel mid-run: the ranks write their checkpoint, the script waits for them ----
 # A cancel signals the batch shell as well: it used to leave at once and remove the record file
 # under rank 0, which then warned that it could not append its checkpoint's record.
-mkdir -p "$tmp/j4"
-jobid=$(sbatch --parsable --chdir="$tmp/j4" --output="$tmp/job-%j.out" --time=5 \
-  "$script" "${run2[@]}" --checkpoint-path "$tmp/j4/ck.st" --metrics "$tmp/j4/m.jsonl" \
-  --metrics-every 1) || fail "sbatch failed"
-jobid=${jobid%%;*}
-log "submitted job $jobid; waiting for its first step"
-wait_for 90 grep -q '"type":"step"' "$tmp/j4/m.jsonl" ||
-  fail "job $jobid trained no step within 90 s (state $(job_state))"
+submit_until_step "$tmp/j4" "${run2[@]}"
 scancel "$jobid" || fail "scancel $jobid failed"
 log "cancelled job $jobid"
 wait_for 60 job_done || fail "job $jobid not finished within 60 s of scancel (state $(job_state))"
