@@ -111,6 +111,9 @@ class MetricsLogger {
   void step_record(const StepRecord& r);
   // End of an epoch: the line, the record, the report (rank 0) and the straggler watch.
   void epoch_done(const EpochMetrics& m, const std::vector<std::string>& hosts);
+  // Off: no straggler warnings (ranks that take turns on a host's cores are slow by turns, which
+  // says nothing of the host).
+  void watch_stragglers(bool on) { watch_ = on; }
   void output_failed(const std::string& flag, const std::string& what);
   void report_failures() const;
   // Every epoch of the training (a checkpoint's history), and those this run trained.
@@ -129,6 +132,7 @@ class MetricsLogger {
   std::vector<EpochMetrics> history_, ran_;
   std::set<std::string> failed_;
   StragglerWatch stragglers_;
+  bool watch_ = true;
 };
 
 }  // namespace dpt

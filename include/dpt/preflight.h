@@ -46,6 +46,9 @@ struct Preflight {
   std::vector<std::string> hosts;  // every rank's host, in rank order
   int local_rank = 0;              // this rank's position among the ranks on its host
   int ranks_here = 1;              // ranks on this host
+  // On some host the ranks outnumber its cores (agreed): they take turns, and their step times
+  // tell nothing of the hosts.
+  bool ranks_outnumber_cores = false;
   std::unique_ptr<ComputeDevice> device;
   std::string data_format;  // the format read (--data-format, or the one detected)
   ImageSet train, test;

@@ -245,7 +245,7 @@ void MetricsLogger::epoch_done(const EpochMetrics& m, const std::vector<std::str
       output_failed("--report", e.what());
     }
   }
-  stragglers_.epoch_done(m, hosts);  // after the epoch line it refers to
+  if (watch_) stragglers_.epoch_done(m, hosts);  // after the epoch line it refers to
 }
 
 // Rewrites --metrics (atomically) without the records past the checkpoint's position: epoch

@@ -367,6 +367,12 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
                                     << "other at every parallel loop, which can be many times "
                                     << "slower; use --threads " << cores / pf.ranks_here));
   }
+  {
+    const unsigned cores = std::thread::hardware_concurrency();
+    int32_t over = cores > 0 && pf.ranks_here > static_cast<int64_t>(cores) ? 1 : 0;
+    comm.allreduce(&over, 1, ReduceOp::kMax, "all-reduce of the ranks outnumbering cores");
+    pf.ranks_outnumber_cores = over != 0;
+  }
   // The settings first: every collective after this may depend on them (the device, the data).
   agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);

@@ -411,6 +411,13 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load();
   MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch,
                     start.at.global_step);
+  if (pf.ranks_outnumber_cores) {
+    log.watch_stragglers(false);
+    if (rank == 0)
+      log_info(
+          "the straggler watch is off: on some host the ranks outnumber the cores, so they "
+          "take turns and one rank's slower steps say nothing of its host");
+  }
   const int64_t batches = sampler.steps_per_epoch();
   int64_t steps = batches / cfg.accum_steps;
   DPT_INPUT_CHECK(steps >= 1, "--accum-steps " << cfg.accum_steps

@@ -3,7 +3,8 @@
 # epoch record carries slowest_rank, slowest/median compute seconds per step, the spread and the
 # per-rank arrays, consistently; a 2-rank run whose rank 1 is slowed 10 times from inside
 # (DPT_FAULT_SLOW_RANK=1:10, whatever else loads the machine) names rank 1 as the slowest and warns
-# about it once, after 3 epochs in a row; the same run without it warns only as its records justify.
+# about it once, after 3 epochs in a row; the same run without it warns only as its records justify;
+# with more ranks than cores the watch is off.
 # Usage: test_stragglers.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -94,6 +95,18 @@ expect 2 "DPT_FAULT_SLOW_RANK=2:3: rank 2 does not exist at world size 2" -- \
   "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=2:3 "$bin" "${run[@]}" --epochs 1
 expect 2 "DPT_FAULT_SLOW_RANK=1:0.5: want RANK:FACTOR" -- "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=1:0.5 "$bin" "${run[@]}"
 expect 2 "DPT_FAULT_SLOW_RANK=1: want RANK:FACTOR" -- "${mpi[@]}" -np 2 -x DPT_FAULT_SLOW_RANK=1 "$bin" "${run[@]}"
+
+echo "== ranks outnumbering the cores: they take turns, so the watch is off (even for a slowed rank)"
+cores=$(getconf _NPROCESSORS_ONLN)
+if ((cores <= 4)); then
+  np=$((cores + 1))
+  expect 0 "the straggler watch is off: on some host the ranks outnumber the cores" -- \
+    "${mpi[@]}" -np $np -x DPT_FAULT_SLOW_RANK=1:10 "$bin" "${run[@]}" --epochs 3 --max-steps 4 \
+    --batch-size $((16 * np)) --eval-every 0
+  grep -q "slower than the median" "$tmp/out.txt" && fail "a straggler warning with $np ranks on $cores cores"
+else
+  echo "skipped: $cores cores would need $((cores + 1)) ranks"
+fi
 
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
