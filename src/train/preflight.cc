@@ -350,10 +350,11 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // fewer cores than the count reports, or more later).
   // More ranks than cores is the operator's launch, not --threads: advising "--threads 1" to a run
   // at --threads 1 (mpirun -np 8 on 2 cores) said nothing useful.
-  if (const unsigned cores = std::thread::hardware_concurrency();
-      pf.local_rank == 0 && cores > 0 &&
+  const unsigned cores = std::thread::hardware_concurrency();
+  int32_t over = cores > 0 && pf.ranks_here > static_cast<int64_t>(cores) ? 1 : 0;
+  if (pf.local_rank == 0 && cores > 0 &&
       static_cast<int64_t>(cfg.threads) * pf.ranks_here > static_cast<int64_t>(cores)) {
-    if (pf.ranks_here > static_cast<int64_t>(cores))
+    if (over)
       log_warn(DPT_MSG(pf.ranks_here << " ranks on this host, more than its " << cores
                                      << " core(s): the ranks take turns on the cores and every "
                                      << "all-reduce waits for the last of them, which is slower "
@@ -367,12 +368,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
                                     << "other at every parallel loop, which can be many times "
                                     << "slower; use --threads " << cores / pf.ranks_here));
   }
-  {
-    const unsigned cores = std::thread::hardware_concurrency();
-    int32_t over = cores > 0 && pf.ranks_here > static_cast<int64_t>(cores) ? 1 : 0;
-    comm.allreduce(&over, 1, ReduceOp::kMax, "all-reduce of the ranks outnumbering cores");
-    pf.ranks_outnumber_cores = over != 0;
-  }
+  comm.allreduce(&over, 1, ReduceOp::kMax, "all-reduce of the ranks outnumbering cores");
+  pf.ranks_outnumber_cores = over != 0;
   // The settings first: every collective after this may depend on them (the device, the data).
   agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);

@@ -206,9 +206,10 @@ void after_step(Run& r, const Position& at, int64_t first, const EpochTally& t,
 
 // The epoch's sums: `before` (those of its steps before this run, carried by the checkpoint
 // resumed) and this run's `steps` steps, whose totals on this rank are `et`, summed over the
-// ranks. The norms are added on in step order, as the uninterrupted run adds them. Collective.
+// ranks, with the squared gradient norms of those steps (StepEngine::epoch_grad_sumsq). The norms
+// are added on in step order, as the uninterrupted run adds them. Collective.
 EpochSoFar add_epoch_part(Run& r, EpochSoFar sums, const Totals& et, const EpochTally& t,
-                          int64_t steps, double seconds) {
+                          const std::vector<double>& sumsq, int64_t steps, double seconds) {
   double tsum[3] = {et.loss, static_cast<double>(et.correct), static_cast<double>(t.seen)};
   r.comm.allreduce(tsum, 3, ReduceOp::kSum, "all-reduce of training metrics");
   sums.loss += tsum[0];
@@ -218,12 +219,12 @@ EpochSoFar add_epoch_part(Run& r, EpochSoFar sums, const Totals& et, const Epoch
   sums.seconds += seconds;
   sums.comm_seconds += t.comm_s;
   sums.exposed_seconds += t.exposed_s;
-  for (const double sumsq : r.engine.epoch_grad_sumsq()) {
-    if (!std::isfinite(sumsq)) {
+  for (const double s : sumsq) {
+    if (!std::isfinite(s)) {
       ++sums.nonfinite;
       continue;
     }
-    const double norm = std::sqrt(sumsq);
+    const double norm = std::sqrt(s);
     sums.norm_sum += norm, sums.norm_max = std::max(sums.norm_max, norm), ++sums.applied;
   }
   return sums;
@@ -242,13 +243,12 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   const Totals et = r.engine.epoch_totals();
   const double train_seconds = now_seconds() - t0;
   t.step_s += now_seconds() - drain_t0;
-  if (!host_backend) {
-    // A device backend's steps are checked here (its non-finite steps were not applied either).
-    const std::vector<double> sumsq = r.engine.epoch_grad_sumsq();
+  const std::vector<double> sumsq = r.engine.epoch_grad_sumsq();
+  // A device backend's steps are checked here (its non-finite steps were not applied either).
+  if (!host_backend)
     for (size_t i = 0; i < sumsq.size(); ++i)
       r.guard.check(sumsq[i], global_step - static_cast<int64_t>(sumsq.size() - i), epoch);
-  }
-  const EpochSoFar all = add_epoch_part(r, before, et, t, r.steps - first, train_seconds);
+  const EpochSoFar all = add_epoch_part(r, before, et, t, sumsq, r.steps - first, train_seconds);
   const double n_steps = static_cast<double>(r.steps - first);
   const double mine[2] = {n_steps > 0 ? std::max(0.0, t.step_s - t.exposed_s) / n_steps : 0,
                           n_steps > 0 ? (t.exposed_s + t.boundary_wait_s) / n_steps : 0};
@@ -300,7 +300,8 @@ int64_t run_epoch(Run& r, int epoch, int64_t first, int64_t global_step, const E
   for (int64_t s = first; s < r.steps; ++s, ++global_step) {
     const Position at{epoch, s, global_step};
     t.boundary_wait_s += at_boundary(r, at, s > first, [&] {
-      return add_epoch_part(r, before, r.engine.epoch_totals(), t, s - first, now_seconds() - t0);
+      return add_epoch_part(r, before, r.engine.epoch_totals(), t, r.engine.epoch_grad_sumsq(),
+                            s - first, now_seconds() - t0);
     });
     if (r.tr && global_step == cfg.trace_begin) r.tracer.start(r.comm);
     if (r.tr && global_step == cfg.trace_end) r.tracer.stop();
