@@ -706,14 +706,19 @@ void check_resume(const std::string& model) {
   auto comm = self_comm();
   TrainConfig full = three_epochs(model, dir);
   full.save = dir + "/full.safetensors";
+  // After epoch 2, and at the end (epoch 3 is not a multiple of 2, so the run's last checkpoint
+  // is written then): each named by its step, 10 an epoch (640 images, batch 64), so the end's
+  // does not replace epoch 2's.
   full.checkpoint_every = 2;
+  full.keep_checkpoints = 5;
   full.checkpoint_path = dir + "/ckpt.safetensors";
   run_training(full, *comm);
   TrainConfig resumed = three_epochs(model, dir);
-  resumed.resume = full.checkpoint_path;
+  resumed.resume = checkpoint_file(full, 20);
   resumed.save = dir + "/resumed.safetensors";
   auto hist = run_training(resumed, *comm);
-  ASSERT_EQ(hist.size(), 1u);
+  ASSERT_EQ(hist.size(), 1u);  // only epoch 3 ran
+  EXPECT_EQ(hist[0].epoch, 3);
   StFile a = read_safetensors(full.save), b = read_safetensors(resumed.save);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i)
