@@ -121,6 +121,16 @@ class BatchNormOp {
   virtual void backward(const BFloat16* x, const BFloat16* dy, BFloat16* dx, int64_t m,
                         const float* gamma, float* dgamma, float* dbeta, bool accumulate,
                         const ChannelSumFn& sync, const BFloat16* relu_out, BFloat16* dz_out) = 0;
+  // A per-channel shift that the training forward's input lacks (null: none; C floats of backend
+  // memory, read at every training forward): the running mean moves toward the batch mean plus
+  // the shift. A training forward's output ignores a per-channel shift of its input, so the bias
+  // of a convolution just before need not be added there (nn.h's fold_conv_biases); only the
+  // running mean, which evaluation uses with the bias added, must see it. Nothing else changes:
+  // the variance is shift-invariant, and backward reads the same unshifted input.
+  void set_mean_shift(const float* shift) { mean_shift_ = shift; }
+
+ protected:
+  const float* mean_shift_ = nullptr;
 };
 
 class Backend;
@@ -181,6 +191,11 @@ class Backend {
 
   // ---- layer operations ------------------------------------------------------------------------
   virtual std::unique_ptr<ConvOp> make_conv() = 0;
+  // Whether its convolutions add their bias in a pass of its own (cuDNN: a kernel over the whole
+  // output), so that a model folds the bias of each convolution followed by BatchNorm into that
+  // BatchNorm's running mean in training (nn.h's fold_conv_biases). Not where the bias comes free
+  // inside the convolution (oneDNN's primitives): there the fold would only change the bits.
+  virtual bool conv_bias_is_a_pass() const { return false; }
   virtual std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
                                                       double eps) = 0;
   virtual void relu_forward(const float* x, float* y, int64_t n) = 0;

@@ -99,7 +99,9 @@ ConvPrimitives::ConvPrimitives(bool bf16, const WeightSpan* span)
 ConvPrimitives::~ConvPrimitives() = default;
 
 ConvPrimitives::Entry& ConvPrimitives::entry(const ConvGeom& g, bool has_bias, bool act16) {
-  const int64_t key = g.n * 2 + (act16 ? 1 : 0);
+  // With and without the bias are different primitives: a convolution whose bias is folded
+  // (nn.h's fold_conv_biases) runs without it in training and with it in evaluation.
+  const int64_t key = (g.n * 2 + (act16 ? 1 : 0)) * 2 + (has_bias ? 1 : 0);
   auto it = cache_.find(key);
   if (it != cache_.end()) return *it->second;
   auto& eng = dnnl_engine();

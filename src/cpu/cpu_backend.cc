@@ -95,7 +95,9 @@ class CpuBatchNorm : public BatchNormOp {
       mean_[ch] = static_cast<float>(mean);
       invstd_[ch] = static_cast<float>(1.0 / std::sqrt(var + eps_));
       const double unbiased = count > 1 ? var * count / (count - 1) : var;
-      running_mean[ch] = static_cast<float>((1 - momentum_) * running_mean[ch] + momentum_ * mean);
+      const double shift = mean_shift_ ? static_cast<double>(mean_shift_[ch]) : 0.0;
+      running_mean[ch] =
+          static_cast<float>((1 - momentum_) * running_mean[ch] + momentum_ * (mean + shift));
       running_var[ch] =
           static_cast<float>((1 - momentum_) * running_var[ch] + momentum_ * unbiased);
     }

@@ -44,6 +44,7 @@ class CudaBackend : public Backend {
   // DPT_CUDNN_API=legacy (or without the frontend) its legacy API (CudnnConv, one per layer). Any
   // other value of the variable is refused, naming it.
   std::unique_ptr<ConvOp> make_conv() override;
+  bool conv_bias_is_a_pass() const override { return true; }
   // Whether make_conv gives graph-API convolutions (DPT_CUDNN_API and the build, as above).
   bool graph_api() const;
   void profiler_window(bool on) override;

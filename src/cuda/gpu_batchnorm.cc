@@ -37,7 +37,7 @@ void GpuBatchNorm::train(const T* x, T* y, int64_t m, const float* gamma, const 
   CUDA_CHECK(cuda::launch_bn_sums(x, m, c_, stats, stats + c_, stats + 2 * c_, scratch, s));
   if (sync) sync(stats, 2 * c_ + 1);
   CUDA_CHECK(cuda::launch_bn_stats(stats, stats + c_, stats + 2 * c_, c_, momentum_, eps_,
-                                   running_mean, running_var, num_batches_tracked,
+                                   mean_shift_, running_mean, running_var, num_batches_tracked,
                                    mean_.as<float>(), invstd_.as<float>(), s));
   CUDA_CHECK(cuda::launch_bn_apply(x, y, mean_.as<float>(), invstd_.as<float>(), gamma, beta, m, c_,
                                    residual, relu, s));

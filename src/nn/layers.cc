@@ -84,13 +84,14 @@ class Conv2d : public Leaf {
   int64_t flops() const override {
     return 2 * geom_.oh() * geom_.ow() * out_ * geom_.c_in * k_ * k_;
   }
-  void forward(const Tensor& x, Tensor& y, Mode) override {
+  void forward(const Tensor& x, Tensor& y, Mode mode) override {
     check_input(x);
     geom_.n = x.dim(0);
     output(y, {geom_.n, geom_.oh(), geom_.ow(), out_}, x);
-    on_type(x.dtype(), [&]<typename T>(T*) {
-      op_->forward(geom_, x.ptr<T>(), value(w_), value(b_), y.ptr<T>());
-    });
+    // A folded bias is left out in training: the BatchNorm after this convolution ignores it.
+    const float* b = folded_ && mode == Mode::kTrain ? nullptr : value(b_);
+    on_type(x.dtype(),
+            [&]<typename T>(T*) { op_->forward(geom_, x.ptr<T>(), value(w_), b, y.ptr<T>()); });
   }
   void backward(const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 BackwardCtx& ctx) override {
@@ -102,10 +103,17 @@ class Conv2d : public Leaf {
     });
     ctx.ready(b_ ? std::vector<Param*>{w_, b_} : std::vector<Param*>{w_});
   }
+  // From now on training forwards leave the bias out (fold_conv_biases); returns it (null
+  // without one). Backward is unchanged: the bias gradient is the sum of dy either way.
+  Param* fold_bias() {
+    folded_ = b_ != nullptr;
+    return b_;
+  }
 
  private:
   int64_t out_, k_, s_, p_;
   bool bias_;
+  bool folded_ = false;
   ConvGeom geom_;
   Param* w_ = nullptr;
   Param* b_ = nullptr;
@@ -179,6 +187,9 @@ class BatchNorm2d : public Leaf {
   }
   void announce(const BackwardCtx& ctx) const { ctx.ready({gamma_, beta_}); }
   void set_sync(const ChannelSumFn& fn) { sync_ = fn; }
+  // The input lacks the per-channel `shift` (the folded bias of the convolution before): the
+  // running mean moves by it too (BatchNormOp::set_mean_shift).
+  void shift_running_mean(Param* shift) { op_->set_mean_shift(value(shift)); }
 
  private:
   double momentum_, eps_;
@@ -373,6 +384,17 @@ class Linear : public Leaf {
 // pass adds the skip and applies the final ReLU (where BatchNorm's apply, the add and the ReLU
 // took a pass each), its backward's sums pass writes dz (dy through that ReLU), which the skip
 // path takes too. d2l's Residual: main = conv1, bn1 + ReLU, conv2; shortcut a 1x1 convolution.
+// A convolution with a bias, then a BatchNorm (`a` then `b`): folds the bias into the BatchNorm's
+// running mean (fold_conv_biases) and returns 1; else 0.
+int fold_pair(Layer& a, Layer& b) {
+  auto* conv = dynamic_cast<Conv2d*>(&a);
+  auto* bn = dynamic_cast<BatchNorm2d*>(&b);
+  if (!conv || !bn) return 0;
+  Param* bias = conv->fold_bias();
+  if (bias) bn->shift_running_mean(bias);
+  return bias ? 1 : 0;
+}
+
 // torchvision's: no biases, and the shortcut a 1x1 convolution then BatchNorm.
 class Residual : public Leaf, public Borrower {
  public:
@@ -469,6 +491,8 @@ class Residual : public Leaf, public Borrower {
     bn2_->visit(fn);
     if (shortcut_) shortcut_->visit(fn);
   }
+  // The main branch's last convolution feeds the join's BatchNorm (outside main_).
+  int fold_conv_bias() { return fold_pair(main_->child(main_->size() - 1), *bn2_); }
 
  private:
   std::unique_ptr<Sequential> main_;  // d2l's: conv1, bn1 + ReLU, conv2
@@ -557,6 +581,16 @@ void set_batchnorm_sync(Layer& layer, const ChannelSumFn& fn) {
 }
 void set_pool(Layer& layer, TensorPool* pool) {
   if (auto* b = dynamic_cast<Borrower*>(&layer)) b->set_pool(pool);
+}
+int fold_conv_biases(Layer& net) {
+  int folded = 0;
+  net.visit([&](Layer& l) {
+    if (auto* s = dynamic_cast<Sequential*>(&l))
+      for (size_t i = 0; i + 1 < s->size(); ++i) folded += fold_pair(s->child(i), s->child(i + 1));
+    else if (auto* r = dynamic_cast<Residual*>(&l))
+      folded += r->fold_conv_bias();
+  });
+  return folded;
 }
 
 void Borrower::begin_backward(const char* kind) {

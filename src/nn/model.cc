@@ -130,6 +130,7 @@ Model::Model(std::string name, std::unique_ptr<Sequential> net, Shape input_shap
             name_ << " produces " << shape_str(out) << ", expected [" << num_classes_ << "]");
   store_.finalize();
   net_->visit([&](Layer& l) { set_pool(l, &pool_); });
+  if (backend.conv_bias_is_a_pass()) fold_conv_biases(*net_);  // after finalize: device pointers
 }
 
 void Model::init_parameters(const std::string& scheme, uint64_t seed) {

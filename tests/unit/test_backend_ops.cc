@@ -490,6 +490,49 @@ TEST_P(BackendOps, BatchNormTrainEvalBackward) {
   expect_match(get(db_), db_ev, "eval dbeta", tol(Cmp::kApprox));
 }
 
+// set_mean_shift (a folded convolution bias): the training forward of x normalises x as ever, and
+// the running mean moves toward mean(x) + shift, as the forward of x + shift would move it; the
+// running variance and backward do not see the shift.
+TEST_P(BackendOps, BatchNormMeanShiftMovesOnlyTheRunningMean) {
+  const int64_t c = 5, m = 3 * 4 * 4;
+  const double momentum = 0.1, eps = 1e-5;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x = bn_input(xs, c, 230), dy = uniform(xs, 231);
+  const auto gamma = uniform(cs, 232, 0.5f, 1.5f), beta = uniform(cs, 233);
+  const auto rm0 = uniform(cs, 234), rv0 = uniform(cs, 235, 0.5f, 2.f);
+  const auto shift = uniform(cs, 236, -2.f, 2.f);
+  auto x_ = put(x), dy_ = put(dy), g_ = put(gamma), b_ = put(beta), s_ = put(shift);
+  auto rm_ = put(rm0), rv_ = put(rv0), y_ = put(std::vector<float>(xs, 7.f));
+  auto dx_ = put(std::vector<float>(xs, 7.f)), dg_ = put(std::vector<float>(cs, 7.f)),
+       db_ = put(std::vector<float>(cs, 7.f));
+  const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, momentum, eps);
+  bn->set_mean_shift(s_.data());
+  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
+                    {}, nullptr, false);
+  std::vector<double> s, ss;
+  channel_sums(x, c, s, ss);
+  const BnRef ref(s, ss, static_cast<double>(m), eps);
+  expect_match(get(y_), ref.apply(x, gamma, beta), "training y (the unshifted x normalised)",
+               tol(Cmp::kApprox));
+  std::vector<double> rm(cs), rv(cs);
+  for (size_t ch = 0; ch < cs; ++ch) {
+    rm[ch] = (1 - momentum) * rm0[ch] + momentum * (ref.mean[ch] + shift[ch]);
+    rv[ch] = (1 - momentum) * rv0[ch] + momentum * ref.var[ch] * m / (m - 1.0);
+  }
+  expect_match(get(rm_), rm, "running_mean (toward mean + shift)", tol(Cmp::kApprox));
+  expect_match(get(rv_), rv, "running_var (shift-invariant)", tol(Cmp::kApprox));
+  const std::vector<double> sums = ref.backward_sums(x, dy);
+  bn->backward(x_.data(), dy_.data(), dx_.data(), m, g_.data(), dg_.data(), db_.data(), false, {},
+               nullptr, nullptr);
+  expect_match(get(dx_), ref.dx(x, dy, gamma, sums), "dx", tol(Cmp::kApprox));
+  // Unset, the next forward moves the running mean toward mean(x) alone.
+  bn->set_mean_shift(nullptr);
+  bn->forward_train(x_.data(), y_.data(), m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr,
+                    {}, nullptr, false);
+  for (size_t ch = 0; ch < cs; ++ch) rm[ch] = (1 - momentum) * rm[ch] + momentum * ref.mean[ch];
+  expect_match(get(rm_), rm, "running_mean after set_mean_shift(nullptr)", tol(Cmp::kApprox));
+}
+
 // A ChannelSumFn standing in for the all-reduce over replicas: reads the backend's doubles, lets
 // `combine` change them (the peer's contribution), writes them back; records each count.
 ChannelSumFn host_hook(Backend& be, std::vector<int64_t>& seen,

@@ -1389,5 +1389,80 @@ TEST(Models, ResNet18FusesEveryBatchNormAndSyncReachesAll) {
   EXPECT_EQ(calls, 17);
 }
 
+// fold_conv_biases (cuDNN's models; forced here on the CPU): d2l's ResNet-18 with nonzero
+// convolution biases trains and evaluates as the unfolded model, up to float rounding: the logits
+// of two training steps, every gradient (the folded biases' included), the running statistics, and
+// the evaluation logits that read them. A fold that forgot the running mean, or left the bias in
+// the training forward too, or out of evaluation, moves a running mean or the evaluation logits by
+// the bias (0.1 to 1 here), far beyond the tolerance.
+TEST(Models, FoldedConvBiasesTrainAndEvaluateAsUnfolded) {
+  const Shape in{12, 12, 1};
+  auto plain = make_model("resnet18", 10, cpu_backend(), in);
+  auto folded = make_model("resnet18", 10, cpu_backend(), in);
+  std::mt19937_64 g(11);
+  for (auto* m : {plain.get(), folded.get()}) m->init_parameters("kaiming", 3);
+  int biases = 0;
+  for (Param& p : plain->store().entries()) {
+    if (p.init != Init::kBias || p.shape.size() != 1 || p.name.rfind("fc", 0) == 0) continue;
+    std::uniform_real_distribution<float> u(0.1f, 1.f);
+    for (int64_t i = 0; i < p.numel(); ++i) p.value.data()[i] = (i % 2 ? -1.f : 1.f) * u(g);
+    std::copy_n(p.value.data(), p.numel(), folded->store().find(p.name)->value.data());
+    ++biases;
+  }
+  EXPECT_EQ(biases, 20);                           // the stem, two per block, three 1x1 shortcuts
+  EXPECT_EQ(fold_conv_biases(folded->net()), 17);  // all but the shortcuts (no BatchNorm after)
+  EXPECT_EQ(fold_conv_biases(make_model("lenet")->net()), 0);
+  EXPECT_EQ(fold_conv_biases(make_model("resnet18-tv", 10, cpu_backend(), {32, 32, 3})->net()), 0);
+
+  // Close to rounding: relative to the largest magnitude of the compared array.
+  auto expect_close = [](const float* a, const float* b, int64_t n, double rel,
+                         const std::string& what) {
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+    for (int64_t i = 0; i < n; ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+    EXPECT_LE(worst, rel * std::max(scale, 1e-6)) << what << " (largest magnitude " << scale << ")";
+  };
+  const int64_t batch = 6;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("training step " + std::to_string(step + 1));
+    const Tensor x = random_tensor({batch, 12, 12, 1}, g);
+    const Tensor dl = random_tensor({batch, 10}, g);
+    std::vector<std::vector<float>> logits;
+    for (auto* m : {plain.get(), folded.get()}) {
+      const Tensor& y = m->forward(x, Mode::kTrain);
+      logits.emplace_back(y.data(), y.data() + y.numel());
+      BackwardCtx ctx;
+      m->backward(dl, ctx);
+    }
+    expect_close(logits[0].data(), logits[1].data(), batch * 10, 1e-4, "training logits");
+    for (Param& p : plain->store().entries()) {
+      const Param& q = *folded->store().find(p.name);
+      if (p.is_buffer) {
+        expect_close(p.value.data(), q.value.data(), p.numel(), 1e-5, p.name);
+      } else if (p.init == Init::kBias && p.name.find("downsample") == std::string::npos &&
+                 p.name.rfind("fc", 0) != 0) {
+        // A folded bias: BatchNorm's input gradient sums to 0 over each channel, so both are
+        // rounding noise; bounded against its convolution's weight gradient instead.
+        const Param& w = *plain->store().find(p.name.substr(0, p.name.size() - 4) + "weight");
+        double scale = 0;
+        for (int64_t i = 0; i < w.numel(); ++i)
+          scale = std::max(scale, std::fabs(static_cast<double>(w.grad.data()[i])));
+        for (int64_t i = 0; i < p.numel(); ++i) {
+          EXPECT_LE(std::fabs(p.grad.data()[i]), 1e-4 * scale) << p.name;
+          EXPECT_LE(std::fabs(q.grad.data()[i]), 1e-4 * scale) << p.name;
+        }
+      } else {
+        expect_close(p.grad.data(), q.grad.data(), p.numel(), 1e-3, "gradient of " + p.name);
+      }
+    }
+  }
+  const Tensor x = random_tensor({batch, 12, 12, 1}, g);
+  const Tensor& a = plain->forward(x, Mode::kInfer);
+  const std::vector<float> want(a.data(), a.data() + a.numel());
+  const Tensor& b = folded->forward(x, Mode::kInfer);
+  expect_close(want.data(), b.data(), batch * 10, 1e-4, "evaluation logits");
+}
+
 }  // namespace
 }  // namespace dpt
