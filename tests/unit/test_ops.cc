@@ -1391,10 +1391,12 @@ TEST(Models, ResNet18FusesEveryBatchNormAndSyncReachesAll) {
 
 // fold_conv_biases (cuDNN's models; forced here on the CPU): d2l's ResNet-18 with nonzero
 // convolution biases trains and evaluates as the unfolded model, up to float rounding: the logits
-// of two training steps, every gradient (the folded biases' included), the running statistics, and
-// the evaluation logits that read them. A fold that forgot the running mean, or left the bias in
-// the training forward too, or out of evaluation, moves a running mean or the evaluation logits by
-// the bias (0.1 to 1 here), far beyond the tolerance.
+// of two training steps, every gradient (a folded bias's exactly 0, the unfolded one's rounding
+// noise), the running statistics, the evaluation logits that read them, and the gradients of an
+// evaluation-mode forward (where a folded bias's gradient is the sum of dy again). A fold that
+// forgot the running mean, or left the bias in the training forward too, or out of evaluation,
+// moves a running mean or the evaluation logits by the bias (0.1 to 1 here), far beyond the
+// tolerance.
 TEST(Models, FoldedConvBiasesTrainAndEvaluateAsUnfolded) {
   const Shape in{12, 12, 1};
   auto plain = make_model("resnet18", 10, cpu_backend(), in);
@@ -1442,15 +1444,16 @@ TEST(Models, FoldedConvBiasesTrainAndEvaluateAsUnfolded) {
         expect_close(p.value.data(), q.value.data(), p.numel(), 1e-5, p.name);
       } else if (p.init == Init::kBias && p.name.find("downsample") == std::string::npos &&
                  p.name.rfind("fc", 0) != 0) {
-        // A folded bias: BatchNorm's input gradient sums to 0 over each channel, so both are
-        // rounding noise; bounded against its convolution's weight gradient instead.
+        // A folded bias: BatchNorm's input gradient sums to 0 over each channel, which the fold
+        // writes and the unfolded sum meets to rounding noise (bounded against its convolution's
+        // weight gradient).
         const Param& w = *plain->store().find(p.name.substr(0, p.name.size() - 4) + "weight");
         double scale = 0;
         for (int64_t i = 0; i < w.numel(); ++i)
           scale = std::max(scale, std::fabs(static_cast<double>(w.grad.data()[i])));
         for (int64_t i = 0; i < p.numel(); ++i) {
           EXPECT_LE(std::fabs(p.grad.data()[i]), 1e-4 * scale) << p.name;
-          EXPECT_LE(std::fabs(q.grad.data()[i]), 1e-4 * scale) << p.name;
+          EXPECT_EQ(q.grad.data()[i], 0.f) << p.name;
         }
       } else {
         expect_close(p.grad.data(), q.grad.data(), p.numel(), 1e-3, "gradient of " + p.name);
@@ -1462,6 +1465,18 @@ TEST(Models, FoldedConvBiasesTrainAndEvaluateAsUnfolded) {
   const std::vector<float> want(a.data(), a.data() + a.numel());
   const Tensor& b = folded->forward(x, Mode::kInfer);
   expect_close(want.data(), b.data(), batch * 10, 1e-4, "evaluation logits");
+  // The gradient of the evaluation-mode function: BatchNorm's input gradient no longer sums to 0,
+  // and a folded bias gets the sum of dy as an unfolded one does.
+  const Tensor dl = random_tensor({batch, 10}, g);
+  for (auto* m : {plain.get(), folded.get()}) {
+    m->forward(x, Mode::kEval);
+    BackwardCtx ctx;
+    m->backward(dl, ctx);
+  }
+  for (Param& p : plain->store().entries())
+    if (!p.is_buffer)
+      expect_close(p.grad.data(), folded->store().find(p.name)->grad.data(), p.numel(), 1e-3,
+                   "evaluation-mode gradient of " + p.name);
 }
 
 }  // namespace
