@@ -1,12 +1,14 @@
 // BatchNorm kernels and their launchers (see batchnorm.cuh): the sums use the fixed-order double
 // reduction of channel_reduce.cuh, the statistics one thread per channel, the element-wise passes
-// 32 channels x 8 rows per block. The passes over activations are templated on their element type
-// (storage.cuh: fp32 or bf16), so both forms are one code.
+// 32 channels x 8 rows per block, or 16 bytes of a row per thread (vec_rows.cuh). The passes over
+// activations are templated on their element type (storage.cuh: fp32 or bf16), so both forms are
+// one code.
 #include "batchnorm.cuh"
 #include "channel_reduce.cuh"
 #include "launch_util.cuh"
 #include "relu.cuh"
 #include "storage.cuh"
+#include "vec_rows.cuh"
 
 namespace dpt::cuda {
 
@@ -111,7 +113,29 @@ cudaError_t launch_bn_eval_stats(const float* running_mean, const float* running
 
 // ----------------------------------------------------------------------------
 // BatchNorm apply: 32 channels x 8 rows per block, the channel's scale and shift in registers; one
-// instantiation per epilogue (residual add, ReLU), so the plain form keeps its own kernel.
+// instantiation per epilogue (residual add, ReLU), so the plain form keeps its own kernel. Where
+// vec_rows.cuh's 16-byte form applies (every ResNet layer: channels a multiple of 8), its kernel
+// runs instead; both compute each element with the functions below, so they give the same bits.
+
+__device__ __forceinline__ void bn_scale_shift(const float* __restrict__ mean,
+                                               const float* __restrict__ invstd,
+                                               const float* __restrict__ gamma,
+                                               const float* __restrict__ beta, int64_t ch,
+                                               float& scale, float& shift) {
+  scale = gamma[ch] * invstd[ch];
+  shift = beta[ch] - mean[ch] * scale;
+}
+
+// The value the unfused kernel stored (its expression, so nvcc contracts it the same way), then
+// add_kernel's sum, then the ReLU; one rounding at the end (a bf16 y). res is read only with
+// kResidual.
+template <bool kResidual, bool kRelu, typename T>
+__device__ __forceinline__ void bn_apply_one(T x, T res, float scale, float shift, T& y) {
+  float v = widen(x) * scale + shift;
+  if (kResidual) v = v + widen(res);
+  if (kRelu) v = relu_value(v);
+  store(v, y);
+}
 
 template <typename T, bool kResidual, bool kRelu>
 static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
@@ -122,16 +146,39 @@ static __global__ void bn_apply_kernel(const T* __restrict__ x, T* __restrict__ 
                                        const T* __restrict__ residual, int64_t m, int64_t c) {
   const int64_t ch = blockIdx.x * static_cast<int64_t>(kReduceLanes) + threadIdx.x;
   if (ch >= c) return;
-  const float scale = gamma[ch] * invstd[ch];
-  const float shift = beta[ch] - mean[ch] * scale;
+  float scale, shift;
+  bn_scale_shift(mean, invstd, gamma, beta, ch, scale, shift);
   for (int64_t r = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y; r < m;
        r += static_cast<int64_t>(gridDim.y) * kReduceRowLanes) {
-    // The value the unfused kernel stored (its expression, so nvcc contracts it the same way),
-    // then add_kernel's sum, then the ReLU; one rounding at the end (a bf16 y).
-    float v = widen(x[r * c + ch]) * scale + shift;
-    if (kResidual) v = v + widen(residual[r * c + ch]);
-    if (kRelu) v = relu_value(v);
-    store(v, y[r * c + ch]);
+    const int64_t i = r * c + ch;
+    bn_apply_one<kResidual, kRelu>(x[i], kResidual ? residual[i] : x[i], scale, shift, y[i]);
+  }
+}
+
+template <typename T, bool kResidual, bool kRelu>
+static __global__ void __launch_bounds__(kVecThreads)
+    bn_apply_vec_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ mean,
+                        const float* __restrict__ invstd, const float* __restrict__ gamma,
+                        const float* __restrict__ beta, const T* __restrict__ residual, int64_t m,
+                        int64_t c, int64_t cols, int64_t rows_per_block) {
+  constexpr int kV = Vec16<T>::kN;
+  const int64_t col = threadIdx.x % cols, row = threadIdx.x / cols;
+  if (row >= rows_per_block) return;
+  const int64_t ch0 = col * kV;
+  float scale[kV], shift[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k)
+    bn_scale_shift(mean, invstd, gamma, beta, ch0 + k, scale[k], shift[k]);
+  for (int64_t r = blockIdx.x * rows_per_block + row; r < m;
+       r += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t i = r * c + ch0;
+    const Vec16<T> xv = load16(x + i);
+    const Vec16<T> rv = kResidual ? load16(residual + i) : xv;
+    Vec16<T> yv;
+#pragma unroll
+    for (int k = 0; k < kV; ++k)
+      bn_apply_one<kResidual, kRelu>(xv.v[k], rv.v[k], scale[k], shift[k], yv.v[k]);
+    store16(yv, y + i);
   }
 }
 
@@ -141,6 +188,16 @@ static cudaError_t bn_apply(const T* x, T* y, const float* mean, const float* in
                             const T* residual, bool relu, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels) return cudaErrorInvalidValue;
+  VecRows v;
+  if (vec_rows<T>(m, c, {x, y, residual}, &v)) {
+    auto* kernel =
+        residual
+            ? (relu ? bn_apply_vec_kernel<T, true, true> : bn_apply_vec_kernel<T, true, false>)
+            : (relu ? bn_apply_vec_kernel<T, false, true> : bn_apply_vec_kernel<T, false, false>);
+    kernel<<<v.grid, kVecThreads, 0, stream>>>(x, y, mean, invstd, gamma, beta, residual, m, c,
+                                               v.cols, v.rows_per_block);
+    return cudaGetLastError();
+  }
   const dim3 grid = rows_grid(m, c), block(kReduceLanes, kReduceRowLanes);
   auto* kernel = residual
                      ? (relu ? bn_apply_kernel<T, true, true> : bn_apply_kernel<T, true, false>)
@@ -230,6 +287,20 @@ cudaError_t launch_bn_backward_sums(const uint16_t* x, const uint16_t* dy, const
 // ----------------------------------------------------------------------------
 // BatchNorm backward apply: 32 channels x 8 rows per block, per-channel coefficients in registers.
 
+// dx of one element: after a training forward from the batch sums (b = mean g, d = mean g xhat),
+// after an evaluation forward g a. Shared by the two kernels below (the same bits).
+__device__ __forceinline__ float bn_dx_train(float g, float x, float a, float b, float d, float mu,
+                                             float is) {
+  const float xhat = (x - mu) * is;
+  return a * (g - b - xhat * d);
+}
+__device__ __forceinline__ float bn_dx_eval(float g, float a) { return g * a; }
+// The gradient BatchNorm takes: dy, or dy through the fused ReLU whose output is y.
+template <bool kRelu, typename T>
+__device__ __forceinline__ float bn_grad_in(T y, T dy) {
+  return kRelu ? relu_grad(widen(y), widen(dy)) : widen(dy);
+}
+
 template <typename T>
 static __global__ void bn_backward_apply_kernel(
     const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ relu_out,
@@ -242,12 +313,12 @@ static __global__ void bn_backward_apply_kernel(
   const float a = gamma[ch] * invstd[ch];
   const int64_t r0 = blockIdx.y * static_cast<int64_t>(kReduceRowLanes) + threadIdx.y;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kReduceRowLanes;
-  // The gradient BatchNorm takes: dy, or dy through the fused ReLU (the same test in every thread).
+  // The same test in every thread.
   auto grad = [&](int64_t i) {
-    return relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]);
+    return relu_out ? bn_grad_in<true>(relu_out[i], dy[i]) : bn_grad_in<false>(dy[i], dy[i]);
   };
   if (sum_dy == nullptr) {
-    for (int64_t r = r0; r < m; r += step) store(grad(r * c + ch) * a, dx[r * c + ch]);
+    for (int64_t r = r0; r < m; r += step) store(bn_dx_eval(grad(r * c + ch), a), dx[r * c + ch]);
     return;
   }
   const double count = *count_p;
@@ -255,8 +326,53 @@ static __global__ void bn_backward_apply_kernel(
   const float d = static_cast<float>(sum_dy_xhat[ch] / count);
   const float mu = mean[ch], is = invstd[ch];
   for (int64_t r = r0; r < m; r += step) {
-    const float xhat = (widen(x[r * c + ch]) - mu) * is;
-    store(a * (grad(r * c + ch) - b - xhat * d), dx[r * c + ch]);
+    const int64_t i = r * c + ch;
+    store(bn_dx_train(grad(i), widen(x[i]), a, b, d, mu, is), dx[i]);
+  }
+}
+
+// The 16-byte form (vec_rows.cuh); kTrain: after a training forward (the batch sums given).
+template <typename T, bool kRelu, bool kTrain>
+static __global__ void __launch_bounds__(kVecThreads)
+    bn_backward_apply_vec_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                 const T* __restrict__ relu_out, const float* __restrict__ mean,
+                                 const float* __restrict__ invstd, const float* __restrict__ gamma,
+                                 const double* __restrict__ sum_dy,
+                                 const double* __restrict__ sum_dy_xhat,
+                                 const double* __restrict__ count_p, int64_t m, int64_t c,
+                                 T* __restrict__ dx, int64_t cols, int64_t rows_per_block) {
+  constexpr int kV = Vec16<T>::kN;
+  const int64_t col = threadIdx.x % cols, row = threadIdx.x / cols;
+  if (row >= rows_per_block) return;
+  const int64_t ch0 = col * kV;
+  float a[kV], b[kV], d[kV], mu[kV], is[kV];
+  const double count = kTrain ? *count_p : 1.0;
+#pragma unroll
+  for (int k = 0; k < kV; ++k) {
+    const int64_t ch = ch0 + k;
+    a[k] = gamma[ch] * invstd[ch];
+    if (kTrain) {
+      b[k] = static_cast<float>(sum_dy[ch] / count);
+      d[k] = static_cast<float>(sum_dy_xhat[ch] / count);
+      mu[k] = mean[ch];
+      is[k] = invstd[ch];
+    }
+  }
+  for (int64_t r = blockIdx.x * rows_per_block + row; r < m;
+       r += static_cast<int64_t>(gridDim.x) * rows_per_block) {
+    const int64_t i = r * c + ch0;
+    const Vec16<T> gv = load16(dy + i);
+    const Vec16<T> yv = kRelu ? load16(relu_out + i) : gv;
+    Vec16<T> xv, out;
+    if (kTrain) xv = load16(x + i);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const float g = bn_grad_in<kRelu>(yv.v[k], gv.v[k]);
+      store(kTrain ? bn_dx_train(g, widen(xv.v[k]), a[k], b[k], d[k], mu[k], is[k])
+                   : bn_dx_eval(g, a[k]),
+            out.v[k]);
+    }
+    store16(out, dx + i);
   }
 }
 
@@ -267,6 +383,18 @@ static cudaError_t bn_backward_apply(const T* x, const T* dy, const T* relu_out,
                                      int64_t c, T* dx, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (c > kMaxChannels || (sum_dy && (!sum_dy_xhat || !count))) return cudaErrorInvalidValue;
+  VecRows v;
+  if (vec_rows<T>(m, c, {x, dy, relu_out, dx}, &v)) {
+    const bool train = sum_dy != nullptr;
+    auto* kernel = relu_out ? (train ? bn_backward_apply_vec_kernel<T, true, true>
+                                     : bn_backward_apply_vec_kernel<T, true, false>)
+                            : (train ? bn_backward_apply_vec_kernel<T, false, true>
+                                     : bn_backward_apply_vec_kernel<T, false, false>);
+    kernel<<<v.grid, kVecThreads, 0, stream>>>(x, dy, relu_out, mean, invstd, gamma, sum_dy,
+                                               sum_dy_xhat, count, m, c, dx, v.cols,
+                                               v.rows_per_block);
+    return cudaGetLastError();
+  }
   bn_backward_apply_kernel<<<rows_grid(m, c), dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
       x, dy, relu_out, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, m, c, dx);
   return cudaGetLastError();

@@ -1966,6 +1966,72 @@ TEST_P(BackendOps, TensorHoldsFloatOrBf16AndRefusesTheOtherReading) {
   EXPECT_THROW((void)t.ptr<float>(), Error);
 }
 
+// A tensor of v.size() + 1 elements of type dt holding v from element `off` on (the rest 0): at
+// off 1 its data is 4 (fp32) or 2 (bf16) bytes past a 16-byte boundary.
+Tensor offset_tensor(Backend& be, const std::vector<float>& v, DType dt, int off) {
+  std::vector<float> padded(v.size() + 1, 0.f);
+  std::copy(v.begin(), v.end(), padded.begin() + off);
+  const Shape s{static_cast<int64_t>(padded.size())};
+  return dt == DType::kBF16 ? to_backend16(be, padded, s) : test::to_backend(be, padded, s);
+}
+
+// The GPU's BatchNorm passes take 16 bytes of a row per thread where the channels are a multiple
+// of 8 and every pointer is 16-byte aligned (kernels/vec_rows.cuh), one element per thread
+// otherwise, each element computed by the same functions: the same op on the same values at a
+// 16-byte boundary and one element past it gives the same bits, forward and backward, training
+// and evaluation, plain and with the residual join and ReLU, fp32 and bf16, over 37 rows (not a
+// multiple of any block's rows).
+TEST_P(BackendOps, BatchNormPassesGiveTheSameBitsAtAnyAlignment) {
+  const int64_t c = 16, m = 37;
+  const size_t xs = sz(m * c), cs = sz(c);
+  const auto x = bn_input(xs, c, 700), res = uniform(xs, 701), dy = uniform(xs, 702);
+  auto g_ = put(uniform(cs, 703, 0.5f, 1.5f)), b_ = put(uniform(cs, 704));
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (bool join : {false, true})
+      for (Mode mode : {Mode::kTrain, Mode::kEval}) {
+        SCOPED_TRACE(std::string(dt == DType::kBF16 ? "bf16" : "fp32") +
+                     (join ? ", residual + ReLU" : "") +
+                     (mode == Mode::kTrain ? ", train" : ", eval"));
+        auto run = [&]<typename T>(int off) {
+          const std::vector<float> sevens(xs, 7.f);  // outputs prefilled: an unwritten value shows
+          Tensor x_ = offset_tensor(be(), x, dt, off), r_ = offset_tensor(be(), res, dt, off),
+                 dy_ = offset_tensor(be(), dy, dt, off), y_ = offset_tensor(be(), sevens, dt, off),
+                 dx_ = offset_tensor(be(), sevens, dt, off),
+                 dz_ = offset_tensor(be(), sevens, dt, off);
+          auto rm_ = put(std::vector<float>(cs, 0.f)), rv_ = put(std::vector<float>(cs, 1.f));
+          auto dg_ = put(std::vector<float>(cs, 7.f)), db_ = put(std::vector<float>(cs, 7.f));
+          const std::unique_ptr<BatchNormOp> bn = be().make_batchnorm(c, 0.1, 1e-5);
+          const T *xp = x_.ptr<T>() + off, *rp = join ? r_.ptr<T>() + off : nullptr;
+          T *yp = y_.ptr<T>() + off, *dxp = dx_.ptr<T>() + off;
+          if (mode == Mode::kTrain)
+            bn->forward_train(xp, yp, m, g_.data(), b_.data(), rm_.data(), rv_.data(), nullptr, {},
+                              rp, join);
+          else
+            bn->forward_eval(xp, yp, m, g_.data(), b_.data(), rm_.data(), rv_.data(), rp, join);
+          bn->backward(xp, dy_.ptr<T>() + off, dxp, m, g_.data(), dg_.data(), db_.data(), false, {},
+                       join ? yp : nullptr, join ? dz_.ptr<T>() + off : nullptr);
+          auto host = [&](const Tensor& t) {
+            std::vector<float> h = dt == DType::kBF16 ? to_host16(be(), t) : test::to_host(be(), t);
+            return std::vector<float>(h.begin() + off, h.begin() + off + static_cast<int64_t>(xs));
+          };
+          return std::vector<std::vector<float>>{host(y_), host(dx_), host(dz_), get(dg_),
+                                                 get(db_)};
+        };
+        auto both = [&]<typename T>() {
+          const auto aligned = run.template operator()<T>(0),
+                     offset = run.template operator()<T>(1);
+          const char* what[] = {"y", "dx", "dz", "dgamma", "dbeta"};
+          for (size_t k = 0; k < aligned.size(); ++k)
+            expect_match(offset[k], std::vector<double>(aligned[k].begin(), aligned[k].end()),
+                         what[k], tol(Cmp::kExact));
+        };
+        if (dt == DType::kBF16)
+          both.template operator()<BFloat16>();
+        else
+          both.template operator()<float>();
+      }
+}
+
 TEST_P(BackendOps, Bf16ConvertRoundsToNearestEven) {
   // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: to the even 1. 1 + 3 * 2^-8 halfway between
   // 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6. A float subnormal keeps its top bits; the largest
