@@ -331,6 +331,24 @@ TEST_F(DatasetTest, Cifar10InterleavesPlanesAndReadsBatchesInOrder) {
     EXPECT_EQ(d.train.images[(1 * 32 + 2) * 3 + c], raw[1 + c * 1024 + 34]) << c;
 }
 
+// A file of more records than one read takes (512, cifar.cc): every record lands in its place, the
+// ones past the first read too, and a bad label there is named by its index in the file.
+TEST_F(DatasetTest, CifarFilesLongerThanOneReadKeepEveryRecordInPlace) {
+  std::vector<Bytes> labels;
+  for (int r = 0; r < 1030; ++r) labels.push_back({static_cast<uint8_t>(r * 7 % 10)});
+  write_raw(file("data_batch_1.bin"), cifar_records(labels));
+  write_raw(file("test_batch.bin"), cifar_records({{4}}, 2000));
+  const dpt::DataSets d = load("cifar10");
+  ASSERT_EQ(d.train.n, 1030);
+  ASSERT_EQ(d.train.labels.size(), 1030u);
+  for (int r = 0; r < 1030; ++r) EXPECT_EQ(d.train.labels[r], r * 7 % 10) << r;
+  expect_pixels(d.train);
+  expect_pixels(d.test, 2000);
+  labels[1029] = {10};
+  write_raw(file("data_batch_1.bin"), cifar_records(labels));
+  expect_load_error({path("data_batch_1.bin"), "label 10 at index 1029"});
+}
+
 TEST_F(DatasetTest, Cifar100TrainsOnTheFineLabel) {
   write_raw(file("train.bin"), cifar_records({{19, 99}, {0, 0}, {4, 21}}));
   write_raw(file("test.bin"), cifar_records({{3, 17}}, 100));
@@ -752,6 +770,9 @@ TEST_F(NpyRefusal, LabelsOutside0To65535NameIndexAndValue) {
                       {"label 18446744073709551615 at index 1"});
   expect_labels_error(npy_bytes("|i1", {2}, label_data("|i1", {3, -128})),
                       {"label -128 at index 1"});
+  // Every width sign-extends before it is named: a 4-byte -5 is -5, not 4294967291.
+  expect_labels_error(npy_bytes(">i4", {3}, label_data(">i4", {0, 1, -5})),
+                      {"label -5 at index 2"});
 }
 
 // Class numbers past a byte (ImageNet's 1,000 classes, up to 65,535) load as they are, in both
