@@ -55,12 +55,12 @@ struct DataSets {
 // at) or several (asks for --data-format), a missing file or one that is not a regular file (a
 // FIFO is never waited on), a CIFAR file that is not a whole number of records, an .npy file with
 // a dtype other than uint8 images / integer labels, Fortran order, a bad header or a count that
-// disagrees, labels outside 0..255 or outside the format's classes, a test label the training set
-// has no class for, train and test images of different shapes, and any file or header promising
-// more than 2^34 bytes (before allocating).
+// disagrees, labels outside 0..kMaxClasses-1 or outside the format's classes, a test label the
+// training set has no class for, train and test images of different shapes, and any file or header
+// promising more than 2^34 bytes (before allocating).
 //
 // `dir` may instead be "synthetic:HxWxC:N:K" (is_synthetic): random images of H x W x C and labels
-// in 0..K-1 (K <= 256), N for training and N/10 (rounded up) for the test split, drawn from
+// in 0..K-1 (K <= kMaxClasses), N for training and N/10 (rounded up) for the test split, drawn from
 // `seed` (the same on every rank), with format "synthetic"; `format` must be "auto" then.
 DataSets load_data(const std::string& dir, const std::string& format, uint64_t seed = 0);
 bool is_synthetic(const std::string& data);

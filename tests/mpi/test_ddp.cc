@@ -1,8 +1,9 @@
 // DataParallel under mpirun (-np 1, 2, 4), trained through the StepEngine as run_training trains:
 // k ranks with B/k images each end where one replica with the whole batch B ends; bucket plans and
 // overlap do not change the result; replica and divergence checks name the rank; --sync-bn equals
-// single-replica BatchNorm; evaluation covers the test set once; gradient accumulation equals one
-// big batch.
+// single-replica BatchNorm; evaluation covers the test set once; --data synthetic is the same on
+// every rank, the shards partition it and k ranks train on it as one does; gradient accumulation
+// equals one big batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -224,6 +225,75 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
       EXPECT_GT(diff, 1e-4);
     }
   }
+}
+
+// --data synthetic draws the same sets on every rank from the seed (nothing is sent between
+// ranks), so the sampler's shards address the same images everywhere: over an epoch each rank takes
+// exactly steps x B/k training images, none twice and none another rank takes, and the labels the
+// ranks see together are those one rank sees taking the whole batches.
+TEST(DataParallel, SyntheticSetsAreTheSameOnEveryRankAndTheShardsPartitionThem) {
+  auto c = world();
+  const int k = c->size();
+  const DataSets d = load_data("synthetic:6x5x3:1000:13", "auto", 42);
+  const uint64_t mine[4] = {checksum(d.train.images.data(), d.train.images.size()),
+                            checksum(d.train.labels.data(), d.train.labels.size() * sizeof(Label)),
+                            checksum(d.test.images.data(), d.test.images.size()),
+                            checksum(d.test.labels.data(), d.test.labels.size() * sizeof(Label))};
+  std::vector<uint64_t> all(4 * static_cast<size_t>(k));
+  c->allgather(mine, all.data(), 4);
+  for (int r = 0; r < k; ++r)
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(all[4 * r + i], mine[i]) << "rank " << r << " part " << i;
+
+  const int64_t B = 48, steps = 1000 / B;  // 20 steps, the last 40 images dropped
+  for (const int64_t epoch : {0, 3}) {
+    ShardedSampler mine_s(d.train.n, B, c->rank(), k, 42), whole(d.train.n, B, 0, 1, 42);
+    mine_s.set_epoch(epoch), whole.set_epoch(epoch);
+    ASSERT_EQ(mine_s.steps_per_epoch(), steps);
+    ASSERT_EQ(mine_s.local_batch(), B / k);
+    std::vector<int64_t> taken;
+    for (int64_t s = 0; s < steps; ++s)
+      taken.insert(taken.end(), mine_s.local_indices(s), mine_s.local_indices(s) + B / k);
+    ASSERT_EQ(static_cast<int64_t>(taken.size()), steps * B / k);
+    std::vector<int64_t> every(taken.size() * static_cast<size_t>(k));
+    c->allgather(taken.data(), every.data(), static_cast<int64_t>(taken.size()));
+    std::vector<int64_t> seen(static_cast<size_t>(d.train.n));
+    std::vector<int64_t> labels(13), reference(13);
+    for (int64_t i : every) {
+      ASSERT_TRUE(i >= 0 && i < d.train.n) << i;
+      ++seen[static_cast<size_t>(i)];
+      ++labels[d.train.labels[static_cast<size_t>(i)]];
+    }
+    int64_t once = 0;
+    for (int64_t n : seen) {
+      EXPECT_LE(n, 1);
+      once += n == 1;
+    }
+    EXPECT_EQ(once, steps * B) << "epoch " << epoch;
+    for (int64_t s = 0; s < steps; ++s)
+      for (int64_t j = 0; j < B; ++j) ++reference[d.train.labels[whole.local_indices(s)[j]]];
+    EXPECT_EQ(labels, reference) << "epoch " << epoch;
+  }
+}
+
+// Through run_training: k ranks on --data synthetic train as one rank with the whole batch does
+// (each rank draws the sets itself, from --seed alone), to float summation order.
+TEST(DataParallel, SyntheticDataTrainsAsOneRankDoes) {
+  auto c = world();
+  TrainConfig cfg = test::small_config("lenet", "synthetic:28x28x1:256:10", 1, 32);
+  cfg.max_steps = 3;
+  const auto hist = run_training(cfg, *c);
+  ASSERT_EQ(hist.size(), 1u);
+  EXPECT_EQ(hist[0].train_count, 3 * 32);
+  EXPECT_EQ(hist[0].test_count, 26);  // ceil(256 / 10)
+  double one[2] = {0, 0};
+  if (c->rank() == 0) {
+    auto self = make_mpi_self_communicator();
+    const auto ref = run_training(cfg, *self);
+    one[0] = ref.at(0).train_loss, one[1] = ref.at(0).test_loss;
+  }
+  c->broadcast(one, 2);
+  EXPECT_NEAR(hist[0].train_loss, one[0], 1e-5 * one[0]);
+  EXPECT_NEAR(hist[0].test_loss, one[1], 1e-5 * one[1]);
 }
 
 TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {

@@ -1,13 +1,15 @@
 // Unit tests for load_data (include/dpt/dataset.h): tiny data sets of every format written here
 // byte by byte, loaded and compared pixel for pixel; one test per refusal, each checking the kInput
-// message names the file and the defect; the synthetic writer tests/data/make_data.py
-// round-tripped; and Fashion-MNIST read byte-identically to its files.
+// message names the file and the defect; --data synthetic's draws (shape, counts, labels in
+// range, the seed and the split); the synthetic writer tests/data/make_data.py round-tripped; and
+// Fashion-MNIST read byte-identically to its files.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/readers.h"
@@ -792,6 +795,89 @@ TEST_F(DatasetTest, NpyImageAndLabelCountsDisagree) {
   write_raw(file("train_labels.npy"), npy_bytes("|u1", {2}, {0, 1}));
   expect_load_error({"counts disagree", path("train_images.npy"), "3 images",
                      path("train_labels.npy"), "2 labels"});
+}
+
+// ---- --data synthetic:HxWxC:N:K ----------------------------------------------------------------
+
+// The number of positions where two byte strings agree, over the shorter one's length.
+template <typename T>
+int64_t agreeing(const std::vector<T>& a, const std::vector<T>& b) {
+  int64_t same = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) same += a[i] == b[i];
+  return same;
+}
+
+// |count - n p| <= 5 sqrt(n p (1 - p)): a binomial count; a correct draw fails one in millions.
+void expect_binomial(int64_t count, int64_t n, double p, const std::string& what) {
+  const double mean = static_cast<double>(n) * p, sd = std::sqrt(mean * (1 - p));
+  EXPECT_LE(std::fabs(static_cast<double>(count) - mean), 5 * sd)
+      << what << ": " << count << " of " << n << ", expected about " << mean;
+}
+
+// The shape and counts the spec names (N training images, ceil(N / 10) test images, K classes),
+// labels in 0..K-1 and every class drawn about N/K times, and data_size's bytes being what the
+// two sets hold (images and 16-bit labels).
+TEST(SyntheticData, ShapeCountsAndLabelsAreTheSpecs) {
+  for (const auto& [n, test_n] :
+       std::vector<std::pair<int64_t, int64_t>>{{95, 10}, {90, 9}, {1, 1}}) {
+    const std::string spec = "synthetic:5x3x2:" + std::to_string(n) + ":7";
+    SCOPED_TRACE(spec);
+    const dpt::DataSets d = dpt::load_data(spec, "auto", 42);
+    EXPECT_EQ(d.format, "synthetic");
+    EXPECT_EQ(d.train.n, n);
+    EXPECT_EQ(d.test.n, test_n);
+    for (const dpt::ImageSet* s : {&d.train, &d.test}) {
+      EXPECT_EQ(s->rows, 5);
+      EXPECT_EQ(s->cols, 3);
+      EXPECT_EQ(s->channels, 2);
+      EXPECT_EQ(s->num_classes, 7);
+      EXPECT_EQ(static_cast<int64_t>(s->images.size()), s->n * 30);
+      ASSERT_EQ(static_cast<int64_t>(s->labels.size()), s->n);
+      for (dpt::Label l : s->labels) ASSERT_LT(l, 7);
+    }
+    EXPECT_EQ(dpt::data_size(spec, "auto").bytes,
+              static_cast<uint64_t>(n + test_n) * (30 + sizeof(dpt::Label)));
+  }
+  // Uniform over the classes: each of K = 7 about N/7 times, the last one included.
+  const dpt::DataSets d = dpt::load_data("synthetic:1x1x1:70000:7", "auto", 3);
+  std::vector<int64_t> counts(7);
+  for (dpt::Label l : d.train.labels) ++counts[l];
+  for (int k = 0; k < 7; ++k)
+    expect_binomial(counts[k], 70000, 1.0 / 7, "class " + std::to_string(k));
+}
+
+// The seed draws the sets: the same seed the same images and labels, another seed others; the
+// training and test sets are two different draws (not one the other's beginning), and one seed's
+// test set is not another seed's training set. Random bytes agree by chance 1/256 of the time,
+// labels of K classes 1/K of the time: a draw that ignored the seed or the split agrees everywhere.
+TEST(SyntheticData, TheSeedDrawsTheSetsAndTheSplitsDiffer) {
+  const std::string spec = "synthetic:8x8x3:500:5";
+  const dpt::DataSets a = dpt::load_data(spec, "auto", 42), b = dpt::load_data(spec, "auto", 42);
+  EXPECT_EQ(a.train.images, b.train.images);
+  EXPECT_EQ(a.train.labels, b.train.labels);
+  EXPECT_EQ(a.test.images, b.test.images);
+  EXPECT_EQ(a.test.labels, b.test.labels);
+  const auto bytes = static_cast<int64_t>(a.train.images.size());
+  const auto test_bytes = static_cast<int64_t>(a.test.images.size());
+  for (const uint64_t other : {43ull, 41ull, 0ull}) {
+    SCOPED_TRACE("seed " + std::to_string(other));
+    const dpt::DataSets c = dpt::load_data(spec, "auto", other);
+    expect_binomial(agreeing(a.train.images, c.train.images), bytes, 1.0 / 256, "train bytes");
+    expect_binomial(agreeing(a.train.labels, c.train.labels), 500, 1.0 / 5, "train labels");
+    expect_binomial(agreeing(a.test.images, c.test.images), test_bytes, 1.0 / 256, "test bytes");
+    // Across seeds and splits: seed 42's test set against the other seed's training set.
+    expect_binomial(agreeing(a.test.images, c.train.images), test_bytes, 1.0 / 256,
+                    "seed 42's test bytes against this seed's training bytes");
+  }
+  expect_binomial(agreeing(a.test.images, a.train.images), test_bytes, 1.0 / 256,
+                  "test bytes against the training set's first");
+  expect_binomial(agreeing(a.test.labels, a.train.labels), a.test.n, 1.0 / 5,
+                  "test labels against the training set's first");
+  // The bytes themselves are uniform: each of the 256 values about bytes / 256 times.
+  std::vector<int64_t> values(256);
+  for (uint8_t v : a.train.images) ++values[v];
+  for (int v = 0; v < 256; ++v)
+    expect_binomial(values[v], bytes, 1.0 / 256, "byte " + std::to_string(v));
 }
 
 // ---- the synthetic writer ---------------------------------------------------------------------
