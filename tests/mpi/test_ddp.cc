@@ -1,11 +1,12 @@
 // DataParallel under mpirun (-np 1, 2, 4), trained through the StepEngine as run_training trains:
 // k ranks with B/k images each end where one replica with the whole batch B ends; bucket plans and
 // overlap do not change the result; replica and divergence checks name the rank; --sync-bn equals
-// single-replica BatchNorm; evaluation covers the test set once; --data synthetic is the same on
-// every rank, the shards partition it and k ranks train on it as one does; gradient accumulation
-// equals one big batch.
+// single-replica BatchNorm; evaluation covers the test set once and an epoch's images per second
+// are its images over its seconds; --data synthetic is the same on every rank and the shards
+// partition it; gradient accumulation equals one big batch.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -303,12 +304,25 @@ TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
   cfg.eval_batch_size = 128;
   cfg.metrics = dir + "/metrics.jsonl";
   cfg.save = dir + "/model.st";
+  const auto start = std::chrono::steady_clock::now();
   auto hist = run_training(cfg, *c);
+  const double run_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(hist.size(), 2u);
   EXPECT_EQ(hist[1].test_count, 997);
   EXPECT_EQ(hist[1].train_count, 600 / 60 * 60);
   EXPECT_EQ(hist[1].world_size, c->size());
   EXPECT_GT(hist[1].test_acc, 0.9);
+  // A fresh epoch's images per second are its images on every rank (600 here: 10 steps of 60)
+  // over its seconds, and those seconds are within the run's own (an epoch cannot outlast it).
+  double epochs_seconds = 0;
+  for (const EpochMetrics& e : hist) {
+    EXPECT_EQ(e.train_count, 600) << "epoch " << e.epoch;
+    EXPECT_GT(e.epoch_seconds, 0) << "epoch " << e.epoch;
+    EXPECT_DOUBLE_EQ(e.images_per_second, 600 / e.epoch_seconds) << "epoch " << e.epoch;
+    epochs_seconds += e.epoch_seconds;
+  }
+  EXPECT_LE(epochs_seconds, run_seconds);
   // Every rank returns the same, reduced metrics.
   auto acc = c->allgather(hist[1].test_acc);
   for (double a : acc) EXPECT_EQ(a, acc[0]);
@@ -333,7 +347,16 @@ TEST(DataParallel, EvaluationCountsEveryTestImageOnce) {
     std::ifstream f(cfg.metrics);
     std::string line;
     int lines = 0;
-    while (std::getline(f, line)) ++lines;
+    while (std::getline(f, line)) {
+      ++lines;
+      // The --metrics record says what the returned history says, to the bit.
+      const nlohmann::json j = nlohmann::json::parse(line);
+      const int64_t count = j.at("train_count").get<int64_t>();
+      EXPECT_EQ(count, 600) << line;
+      EXPECT_DOUBLE_EQ(j.at("images_per_second").get<double>(),
+                       static_cast<double>(count) / j.at("epoch_seconds").get<double>())
+          << line;
+    }
     EXPECT_EQ(lines, 2);
     std::filesystem::remove_all(dir);
   }
