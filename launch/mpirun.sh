@@ -234,9 +234,10 @@ for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
 
 extra=()
 [[ $(id -u) -eq 0 ]] && extra+=(--allow-run-as-root)
-# The cores this process may run on: nproc answers OMP_NUM_THREADS (and OMP_THREAD_LIMIT) when set,
-# so OMP_NUM_THREADS=8 on 2 cores left out --oversubscribe and mpirun refused -np 4 ("not enough
-# slots").
+# The cores this process may run on: nproc counts its affinity mask (sched_getaffinity: taskset, a
+# container's cpuset, a batch system's cgroup), as dptrain's pre-flight does, not the online CPUs.
+# But nproc answers OMP_NUM_THREADS (and OMP_THREAD_LIMIT) when set, so OMP_NUM_THREADS=8 on 2
+# cores left out --oversubscribe and mpirun refused -np 4 ("not enough slots").
 [[ $np =~ ^[0-9]+$ ]] && ((np > $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))) &&
   extra+=(--oversubscribe)
 # Ranks' stderr is a pipe under mpirun: tell them whether the user's terminal is there.

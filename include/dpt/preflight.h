@@ -46,8 +46,9 @@ struct Preflight {
   std::vector<std::string> hosts;  // every rank's host, in rank order
   int local_rank = 0;              // this rank's position among the ranks on its host
   int ranks_here = 1;              // ranks on this host
-  // On some host the ranks outnumber its cores (agreed): they take turns, and their step times
-  // tell nothing of the hosts.
+  // On some host the ranks outnumber the cores they may run on (the union of their affinity
+  // masks; the same on every rank, from the all-gathered masks): they take turns, and their step
+  // times tell nothing of the hosts.
   bool ranks_outnumber_cores = false;
   std::unique_ptr<ComputeDevice> device;
   std::string data_format;  // the format read (--data-format, or the one detected)
@@ -89,6 +90,46 @@ struct DataDigest {
 std::vector<DataDigest> data_digests(const Preflight& pf);
 // The count of lower ranks with the same host name (ranks are numbered host by host or not).
 int local_rank_of(const std::vector<std::string>& hosts, int rank);
+
+// ---- the cores: what the ranks may run on, not what the host has ----
+// The CPUs this process may run on, sorted: its affinity mask (sched_getaffinity), which taskset,
+// a container's cpuset (docker --cpuset-cpus), Slurm's cgroup and mpirun's binding narrow; every
+// online CPU where the kernel does not say.
+std::vector<int> usable_cpus();
+// CPU ids in the kernel's list form ("0-3,8", as taskset -c and /sys write them), and back ("" is
+// no CPU). parse_cpu_list reads what cpu_list_text writes (internal error on other text: the lists
+// travel between the ranks of one build).
+std::string cpu_list_text(const std::vector<int>& cpus);
+std::vector<int> parse_cpu_list(const std::string& text);
+// Where one rank runs, as it tells the others (one all-gather of place_text, parse_place back):
+// its host, the CPUs it may run on, and whether mpirun bound it (Open MPI sets
+// OMPI_MCA_orte_bound_at_launch=1 in a rank it bound to cores).
+struct RankPlace {
+  std::string host;
+  std::vector<int> cpus;
+  bool bound_by_mpirun = false;
+};
+RankPlace this_place(const std::string& host);
+std::string place_text(const RankPlace& place);
+RankPlace parse_place(const std::string& text);
+// One host's cores as its ranks' masks give them. mpirun binds each rank to one core by default,
+// so one rank's mask is not the host's cores: the union of the masks of every rank on the host is.
+struct HostCores {
+  std::vector<int> cpus;              // the union of the masks of the ranks on the host
+  std::vector<int> ranks;             // those ranks (world ranks, ascending)
+  std::vector<int> own;               // each one's CPU count, in the order of `ranks`
+  std::vector<bool> bound_by_mpirun;  // each one's, in the order of `ranks`
+  long online = 0;                    // the host's online CPUs (0: unknown)
+  bool ranks_outnumber_any = false;   // on some host (any), the ranks outnumber their union
+};
+// `rank`'s host, from every rank's place in rank order. Every rank computes the same
+// ranks_outnumber_any from the same places, so it needs no further agreement.
+HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online);
+// The warning a host's first rank gives, or "" for none; the first that applies of: more ranks
+// than cores (the launch's doing, whatever --threads); a rank bound to fewer cores than --threads
+// where the host has the cores (mpirun binds each rank to one core by default), naming the fix;
+// --threads x ranks more threads than the cores.
+std::string cores_warning(const HostCores& hc, int threads);
 // "images 60000 of 28x28x1, checksum 0x...": a data set as every rank must see it.
 std::string data_digest(const ImageSet& set);
 // Every rank compares every rank's agreed values (agreed_values), or its data digests; a

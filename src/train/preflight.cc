@@ -2,10 +2,16 @@
 // rank, in the order run_preflight makes them.
 #include "dpt/preflight.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <iomanip>
+#include <map>
+#include <numeric>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -24,6 +30,155 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
   for (int r = 0; r < rank; ++r)
     if (hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]) ++local;
   return local;
+}
+
+std::vector<int> usable_cpus() {
+  // glibc's cpu_set_t holds 1024 CPUs and the call fails (EINVAL) where the kernel's mask is
+  // larger, so the mask grows until it fits.
+  for (int n = 1024; n <= (1 << 18); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) break;
+    const size_t size = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(size, set);
+    const bool ok = sched_getaffinity(0, size, set) == 0;
+    const int err = errno;
+    std::vector<int> cpus;
+    for (int c = 0; ok && c < n; ++c)
+      if (CPU_ISSET_S(c, size, set)) cpus.push_back(c);
+    CPU_FREE(set);
+    if (ok) return cpus;
+    if (err != EINVAL) break;
+  }
+  std::vector<int> all(std::thread::hardware_concurrency());
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+std::string cpu_list_text(const std::vector<int>& cpus) {
+  std::ostringstream os;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    os << (i ? "," : "") << cpus[i];
+    if (j > i) os << "-" << cpus[j];
+    i = j + 1;
+  }
+  return os.str();
+}
+
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> cpus;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int first = -1, last = -1;
+    char dash = 0, extra = 0;
+    std::istringstream one(item);
+    const bool range = item.find('-') != std::string::npos;
+    one >> first;
+    if (range) one >> dash >> last;
+    DPT_CHECK(
+        !one.fail() && !(one >> extra) && first >= 0 && (!range || (dash == '-' && last >= first)),
+        "a CPU list '" << text << "' that cpu_list_text did not write");
+    for (int c = first; c <= (range ? last : first); ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+RankPlace this_place(const std::string& host) {
+  const char* bound = std::getenv("OMPI_MCA_orte_bound_at_launch");
+  return {host, usable_cpus(), bound && std::string(bound) == "1"};
+}
+
+// "host\ncpus\nbound", read from the end: the CPU list and the flag hold no newline, whatever the
+// host's name (MPI_Get_processor_name's) holds.
+std::string place_text(const RankPlace& place) {
+  return place.host + "\n" + cpu_list_text(place.cpus) + "\n" + (place.bound_by_mpirun ? "1" : "0");
+}
+
+RankPlace parse_place(const std::string& text) {
+  const size_t b = text.rfind('\n');
+  const size_t a = b == std::string::npos || b == 0 ? std::string::npos : text.rfind('\n', b - 1);
+  DPT_CHECK(a != std::string::npos, "a rank's place '" << text << "' without its fields");
+  return {text.substr(0, a), parse_cpu_list(text.substr(a + 1, b - a - 1)),
+          text.substr(b + 1) == "1"};
+}
+
+HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online) {
+  HostCores hc;
+  hc.online = online;
+  std::map<std::string, std::pair<std::set<int>, size_t>> hosts;  // each host's union and ranks
+  for (size_t r = 0; r < places.size(); ++r) {
+    const RankPlace& p = places[r];
+    auto& [cpus, ranks] = hosts[p.host];
+    cpus.insert(p.cpus.begin(), p.cpus.end());
+    ++ranks;
+    if (p.host != places[static_cast<size_t>(rank)].host) continue;
+    hc.ranks.push_back(static_cast<int>(r));
+    hc.own.push_back(static_cast<int>(p.cpus.size()));
+    hc.bound_by_mpirun.push_back(p.bound_by_mpirun);
+  }
+  for (const auto& [host, u] : hosts)
+    if (!u.first.empty() && u.second > u.first.size()) hc.ranks_outnumber_any = true;
+  const auto& mine = hosts[places[static_cast<size_t>(rank)].host].first;
+  hc.cpus.assign(mine.begin(), mine.end());
+  return hc;
+}
+
+std::string cores_warning(const HostCores& hc, int threads) {
+  const int64_t cores = static_cast<int64_t>(hc.cpus.size());
+  const int64_t ranks = static_cast<int64_t>(hc.ranks.size());
+  if (cores == 0 || ranks == 0) return "";  // the kernel said nothing
+  // "its 1 core(s)" on a host whose nproc says 64 needs its reason.
+  const std::string limited =
+      hc.online > cores
+          ? DPT_MSG(" (CPUs " << cpu_list_text(hc.cpus) << " of its " << hc.online
+                              << " online: the ranks' affinity masks, which taskset, a "
+                              << "container's cpuset, the batch system or mpirun's binding narrow)")
+          : std::string();
+  if (ranks > cores)
+    return DPT_MSG(ranks << " ranks on this host, more than its " << cores << " core(s)" << limited
+                         << ": the ranks take turns on the cores and every all-reduce waits for "
+                         << "the last of them, which is slower than fewer ranks; start at most "
+                         << cores << " rank(s) per host"
+                         << (threads > 1 ? ", with --threads 1" : ""));
+  // The ranks bound to fewer cores than their threads: with mpirun's binding (one core per rank by
+  // default) that is worth a word wherever the host has the cores for every thread, as PyTorch
+  // and Horovod users meet it (--bind-to none is the usual fix); otherwise only where their
+  // masks together have the cores (a rankfile, srun --cpu-bind), else the count below says it.
+  const int64_t total = static_cast<int64_t>(threads) * ranks;
+  std::vector<int> narrow;
+  int fewest = threads;
+  bool by_mpirun = false;
+  for (size_t i = 0; i < hc.ranks.size(); ++i)
+    if (hc.own[i] > 0 && hc.own[i] < threads) {
+      narrow.push_back(hc.ranks[i]);
+      fewest = std::min(fewest, hc.own[i]);
+      by_mpirun = by_mpirun || hc.bound_by_mpirun[i];
+    }
+  if (!narrow.empty() && (total <= cores || (by_mpirun && total <= hc.online))) {
+    std::ostringstream names;
+    for (size_t i = 0; i < narrow.size(); ++i) names << (i ? ", " : "") << narrow[i];
+    return DPT_MSG(
+        "--threads " << threads << ", but rank(s) " << names.str()
+                     << " on this host may run on only " << fewest << " core(s)"
+                     << (narrow.size() > 1 ? " each" : "") << ", "
+                     << (by_mpirun ? "as mpirun bound them (Open MPI binds each rank to "
+                                     "one core by default when there are at most 2)"
+                                   : "by their affinity masks")
+                     << ": the threads of a rank take turns on its core(s) while "
+                     << "the host has " << std::max<int64_t>(cores, hc.online)
+                     << " cores; start mpirun with --bind-to none, or with --map-by slot:PE="
+                     << threads << " to give each rank " << threads
+                     << " cores (srun: --cpus-per-task=" << threads << ")");
+  }
+  if (total > cores)
+    return DPT_MSG("--threads " << threads << " x " << ranks
+                                << " rank(s) on this host is more compute threads than its "
+                                << cores << " core(s)" << limited
+                                << ": oversubscribed threads wait for each other at every "
+                                << "parallel loop, which can be many times slower; use --threads "
+                                << std::max<int64_t>(1, cores / ranks));
+  return "";
 }
 
 std::string data_digest(const ImageSet& set) {
@@ -340,36 +495,26 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
 Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   Preflight pf;
-  // Which host each rank runs on: the local rank picks the GPU, and the banner names the hosts.
-  pf.hosts = allgather_text(comm, comm.host());
+  // Which host each rank runs on (the local rank picks the GPU, and the banner names the hosts)
+  // and the CPUs it may run on, in one all-gather.
+  std::vector<RankPlace> places;
+  for (const std::string& text : allgather_text(comm, place_text(this_place(comm.host()))))
+    places.push_back(parse_place(text));
+  for (const RankPlace& p : places) pf.hosts.push_back(p.host);
   pf.local_rank = local_rank_of(pf.hosts, rank);
   pf.ranks_here = static_cast<int>(
       std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
   // More compute threads than this host has cores ran 100x slower without a word (--threads 64
-  // on 2 cores: 6.66 against 0.05 s per epoch): said once per host, not refused (a cgroup may give
-  // fewer cores than the count reports, or more later).
-  // More ranks than cores is the operator's launch, not --threads: advising "--threads 1" to a run
-  // at --threads 1 (mpirun -np 8 on 2 cores) said nothing useful.
-  const unsigned cores = std::thread::hardware_concurrency();
-  int32_t over = cores > 0 && pf.ranks_here > static_cast<int64_t>(cores) ? 1 : 0;
-  if (pf.local_rank == 0 && cores > 0 &&
-      static_cast<int64_t>(cfg.threads) * pf.ranks_here > static_cast<int64_t>(cores)) {
-    if (over)
-      log_warn(DPT_MSG(pf.ranks_here << " ranks on this host, more than its " << cores
-                                     << " core(s): the ranks take turns on the cores and every "
-                                     << "all-reduce waits for the last of them, which is slower "
-                                     << "than fewer ranks; start at most " << cores
-                                     << " rank(s) per host"
-                                     << (cfg.threads > 1 ? ", with --threads 1" : "")));
-    else
-      log_warn(DPT_MSG("--threads " << cfg.threads << " x " << pf.ranks_here
-                                    << " rank(s) on this host is more compute threads than its "
-                                    << cores << " core(s): oversubscribed threads wait for each "
-                                    << "other at every parallel loop, which can be many times "
-                                    << "slower; use --threads " << cores / pf.ranks_here));
-  }
-  comm.allreduce(&over, 1, ReduceOp::kMax, "all-reduce of the ranks outnumbering cores");
-  pf.ranks_outnumber_cores = over != 0;
+  // on 2 cores: 6.66 against 0.05 s per epoch): said once per host, not refused. The cores are
+  // those the ranks may run on (their affinity masks), not the host's: under taskset, a
+  // container's cpuset or Slurm's cgroup they are fewer (std::thread::hardware_concurrency counted
+  // every online CPU, so `taskset -c 0 mpirun -np 2` said nothing and kept the straggler watch).
+  // Every rank has every mask, so each decides ranks_outnumber_cores alike without a collective.
+  const HostCores cores = host_cores(places, rank, sysconf(_SC_NPROCESSORS_ONLN));
+  if (pf.local_rank == 0)
+    if (const std::string warning = cores_warning(cores, cfg.threads); !warning.empty())
+      log_warn(warning);
+  pf.ranks_outnumber_cores = cores.ranks_outnumber_any;
   // The settings first: every collective after this may depend on them (the device, the data).
   agree_on_config(cfg, comm);
   const std::string kind = agree_on_device(cfg, comm, pf.local_rank);

@@ -146,9 +146,31 @@ expect 2 "--data $tmp/d\\xff: the path is not valid UTF-8" -- "$bin" evaluate --
 
 # Said, not refused: more compute threads than cores (100x slower without a word before), and a
 # training set of one class (loss 0, accuracy 1 from the first step).
-cores=$(getconf _NPROCESSORS_ONLN)  # not nproc, which answers OMP_NUM_THREADS (lib.sh sets 1)
+# The cores this process may run on (its affinity mask, as dptrain counts them): nproc without
+# OMP_NUM_THREADS, which it would answer (lib.sh sets 1); online CPUs for the note on fewer.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) online=$(getconf _NPROCESSORS_ONLN)
 expect 0 "more compute threads than its $cores core(s)" -- "$bin" --epochs 1 --max-steps 1 --eval-every 0 \
   --threads $((cores + 1))
+# The cores are the affinity mask's, not the online count (std::thread::hardware_concurrency said
+# nothing under taskset): one usable core of several, named, and a rank mpirun bound to one core
+# (its default up to 2 ranks) with --threads 2 where the host has 2: the binding, and its fix.
+# `first`: the first CPU this process may run on (CPU 0 may be outside a cpuset).
+syn=(--data synthetic:28x28x1:64:10 --batch-size 16 --epochs 1 --max-steps 1 --eval-every 0)
+first=$(taskset -cp $$ 2>/dev/null | sed 's/.*: //; s/[-,].*//')
+if ((cores >= 2)) && [[ -n $first ]]; then
+  expect 0 "more compute threads than its 1 core(s) (CPUs $first of its $online online" -- \
+    taskset -c "$first" "$bin" "${syn[@]}" --threads 2
+  bound=(mpirun --bind-to core -np 1)
+  [[ $(id -u) -eq 0 ]] && bound+=(--allow-run-as-root)
+  expect 0 "--threads 2, but rank(s) 0 on this host may run on only 1 core(s), as mpirun bound them" -- \
+    "${bound[@]}" "$bin" "${syn[@]}" --threads 2
+  grep -qF -- "start mpirun with --bind-to none, or with --map-by slot:PE=2" "$tmp/out.txt" ||
+    fail "the binding warning lacks its fix: $(grep -F -- '--threads 2, but' "$tmp/out.txt")"
+  expect 0 "epoch 1/1" -- "${mpi[@]}" -np 1 "$bin" "${syn[@]}" --threads 2
+  grep -qF "core(s)" "$tmp/out.txt" && fail "--bind-to none, 2 threads on 2 cores: a core warning"
+else
+  echo "skip: the affinity cases need 2 usable CPUs and taskset ($cores usable)"
+fi
 # More ranks than cores at --threads 1 advised "use --threads 1": the advice is about the ranks.
 expect 0 "$((cores + 1)) ranks on this host, more than its $cores core(s)" -- "${mpi[@]}" -np $((cores + 1)) \
   "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size $((cores + 1))

@@ -1,6 +1,8 @@
-// Unit tests for include/dpt/preflight.h on one MPI rank: local ranks, data digests, the output and
-// memory checks, agree_on_input's error mapping, and run_preflight on good and FIFO-poisoned data.
+// Unit tests for include/dpt/preflight.h on one MPI rank: local ranks, the cores (affinity masks
+// and their warnings), data digests, the output and memory checks, agree_on_input's error mapping,
+// and run_preflight on good and FIFO-poisoned data.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,6 +114,128 @@ TEST(LocalRank, InterleavedHosts) {
   EXPECT_EQ(local_rank_of(blocks, 2), 0);
   EXPECT_EQ(local_rank_of(blocks, 3), 1);
   EXPECT_EQ(local_rank_of({"solo"}, 0), 0);
+}
+
+// ---- the cores: affinity masks, their union per host, the warnings ----
+
+TEST(Cores, CpuListTextIsTheKernelsForm) {
+  EXPECT_EQ(cpu_list_text({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(cpu_list_text({5}), "5");
+  EXPECT_EQ(cpu_list_text({}), "");
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list(""), std::vector<int>{});
+  EXPECT_THROW(parse_cpu_list("3-1"), Error);
+  EXPECT_THROW(parse_cpu_list("x"), Error);
+}
+
+// The kernel's own text of this thread's mask (/proc/thread-self/status), read independently.
+std::vector<int> kernel_cpus_allowed() {
+  std::ifstream in("/proc/thread-self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+      std::string list = line.substr(line.find(':') + 1);
+      list.erase(0, list.find_first_not_of(" \t"));
+      return parse_cpu_list(list);
+    }
+  return {};
+}
+
+TEST(Cores, UsableCpusAreTheAffinityMaskNotTheOnlineCount) {
+  EXPECT_EQ(usable_cpus(), kernel_cpus_allowed());
+  // Narrowed to one CPU (as taskset -c or mpirun's binding does), the count is 1 however many are
+  // online; hardware_concurrency still says every online CPU.
+  const int one = usable_cpus().back();
+  std::vector<int> seen;
+  std::thread t([&] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(one, &set);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);
+    seen = usable_cpus();
+  });
+  t.join();
+  EXPECT_EQ(seen, std::vector<int>{one});
+}
+
+TEST(Cores, PlaceTextRoundTrips) {
+  const RankPlace p = parse_place(place_text({"node-7", {0, 1, 4}, true}));
+  EXPECT_EQ(p.host, "node-7");
+  EXPECT_EQ(p.cpus, (std::vector<int>{0, 1, 4}));
+  EXPECT_TRUE(p.bound_by_mpirun);
+  const RankPlace q = parse_place(place_text({"a\nb", {}, false}));  // whatever the name holds
+  EXPECT_EQ(q.host, "a\nb");
+  EXPECT_TRUE(q.cpus.empty());
+  EXPECT_FALSE(q.bound_by_mpirun);
+}
+
+TEST(Cores, TheHostsCoresAreTheUnionOfItsRanksMasks) {
+  // mpirun's default binding: ranks 0 and 2 on host a, one core each; rank 1 alone on b.
+  const std::vector<RankPlace> places = {
+      {"a", {0}, true}, {"b", {0, 1, 2, 3}, false}, {"a", {1}, true}};
+  const HostCores a = host_cores(places, 2, 8);
+  EXPECT_EQ(a.cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(a.ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(a.own, (std::vector<int>{1, 1}));
+  EXPECT_EQ(a.online, 8);
+  EXPECT_FALSE(a.ranks_outnumber_any);
+  EXPECT_EQ(host_cores(places, 1, 4).cpus, (std::vector<int>{0, 1, 2, 3}));
+  // Two ranks on one CPU of host a (taskset -c 0 mpirun --bind-to none): every rank, b's too,
+  // sees that on some host the ranks outnumber the cores.
+  const std::vector<RankPlace> shared = {
+      {"a", {0}, false}, {"b", {0, 1}, false}, {"a", {0}, false}};
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(host_cores(shared, r, 2).ranks_outnumber_any) << r;
+}
+
+HostCores cores_of(const std::vector<RankPlace>& places, long online) {
+  return host_cores(places, 0, online);
+}
+
+TEST(Cores, TwoRanksOnOneUsableCoreOfTwoOnline) {
+  const std::string w = cores_warning(cores_of({{"a", {0}, false}, {"a", {0}, false}}, 2), 1);
+  EXPECT_NE(w.find("2 ranks on this host, more than its 1 core(s) (CPUs 0 of its 2 online"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("start at most 1 rank(s) per host"), std::string::npos) << w;
+}
+
+TEST(Cores, ThreadsOnARankMpirunBoundToOneCoreNameTheBinding) {
+  // mpirun -np 1 (bound to core 0) --threads 2 on a host of 2 cores.
+  const std::string w = cores_warning(cores_of({{"a", {0}, true}}, 2), 2);
+  EXPECT_NE(w.find("--threads 2, but rank(s) 0 on this host may run on only 1 core(s), as mpirun "
+                   "bound them"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("--bind-to none"), std::string::npos) << w;
+  EXPECT_NE(w.find("--map-by slot:PE=2"), std::string::npos) << w;
+  // Two bound ranks of 2 threads on 4 cores: both named, each with 1 core.
+  const std::string two = cores_warning(cores_of({{"a", {0}, true}, {"a", {1}, true}}, 4), 2);
+  EXPECT_NE(two.find("rank(s) 0, 1 on this host may run on only 1 core(s) each"), std::string::npos)
+      << two;
+  // A rankfile's narrow rank (not mpirun's default) where the masks together have the cores.
+  const std::string rf =
+      cores_warning(cores_of({{"a", {0, 1, 2}, false}, {"a", {3}, false}}, 4), 2);
+  EXPECT_NE(rf.find("rank(s) 1 on this host may run on only 1 core(s), by their affinity masks"),
+            std::string::npos)
+      << rf;
+}
+
+TEST(Cores, MoreThreadsThanTheHostHasAdviseFewerThreads) {
+  // 2 bound ranks x 2 threads on 2 cores: unbinding would not help; fewer threads would.
+  const std::string w = cores_warning(cores_of({{"a", {0}, true}, {"a", {1}, true}}, 2), 2);
+  EXPECT_NE(w.find("--threads 2 x 2 rank(s) on this host is more compute threads than its 2 "
+                   "core(s): "),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("use --threads 1"), std::string::npos) << w;
+  // taskset -c 0 on a singleton: its 1 usable core, named.
+  const std::string t = cores_warning(cores_of({{"a", {0}, false}}, 2), 2);
+  EXPECT_NE(t.find("more compute threads than its 1 core(s) (CPUs 0 of its 2 online"),
+            std::string::npos)
+      << t;
+  // What fits says nothing: 2 ranks x 2 threads on 4 unbound cores, 1 thread on 1 bound core.
+  EXPECT_EQ(cores_warning(cores_of({{"a", {0, 1, 2, 3}, false}, {"a", {0, 1, 2, 3}, false}}, 4), 2),
+            "");
+  EXPECT_EQ(cores_warning(cores_of({{"a", {0}, true}, {"a", {1}, true}}, 2), 1), "");
 }
 
 // ---- data_digest ----
