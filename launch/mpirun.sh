@@ -245,6 +245,12 @@ extra=()
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 
+# A private directory (mktemp -d: mode 700) for this launch, removed on exit: the ssh probes'
+# output, the checkpoint record and the relays' FIFOs.
+work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||
+  die "cannot create a directory in ${TMPDIR:-/tmp}${TMPDIR:+ (TMPDIR, where mpirun makes its session directory too): unset TMPDIR or point it at a directory you can write}"
+trap 'rm -rf -- "$work"' EXIT
+
 # ---- across hosts: the remote hosts answer, or the job does not start ----
 # mpirun starts its daemons with this agent: ssh unless plm_rsh_agent (--mca or OMPI_MCA_) says
 # otherwise, the first command found of a list such as "ssh : rsh", as Open MPI picks it.
@@ -258,58 +264,92 @@ ssh_opts=(-o ConnectTimeout="$ssh_timeout" -o BatchMode=yes)
 ((rsh_args_given)) || extra+=(--mca plm_rsh_args "${ssh_opts[*]}")
 # A host mpirun runs on without the agent, as Open MPI decides: this host's names, and addresses of
 # its interfaces (127.0.0.2 is not one: mpirun uses ssh for it).
-# This host's names and addresses are asked once, and each distinct host name looked up once (an
-# address not at all): five commands per hostfile line made a 10,000-line file take a minute.
+# This host's names and addresses are asked once, and the distinct host names left looked up in
+# one getent call (an address not at all): five commands per hostfile line made a 10,000-line file
+# take a minute, and one getent per name was still a process per host.
 my_addrs=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) " my_name=$(hostname) my_short=$(hostname -s)
+hosts_in_order=() lookup=()
+declare -A seen_host=() addrs_of=()
+for h in "${hosts[@]}"; do
+  h=${h%%:*}
+  [[ -n ${seen_host[$h]:-} ]] && continue
+  seen_host[$h]=1
+  hosts_in_order+=("$h")
+  # An address needs no lookup: it is one of this host's or it is not.
+  [[ $h =~ ^[0-9.]+$ || $h == *:* ]] || lookup+=("$h")
+done
+if ((${#lookup[@]})); then
+  # getent prints a line per address found, "ADDRESS NAME ALIASES...", not the name it was asked
+  # (nothing for a name it cannot resolve): a line belongs to each name asked that it lists, or
+  # that it lists with a domain added (node1 -> node1.cluster: a DNS search domain). Names compare
+  # in lower case. A command substitution, not <(...): `wait -n` below would count that process.
+  declare -A asked=()
+  for h in "${lookup[@]}"; do asked[${h,,}]=1; done
+  unclaimed=0
+  while read -r addr names; do
+    [[ -n $addr ]] || continue
+    claimed=0
+    for n in $names; do
+      n=${n,,}
+      for key in "$n" "${n%%.*}"; do
+        [[ -n ${asked[$key]:-} ]] && addrs_of[$key]+=" $addr " && claimed=1
+      done
+    done
+    ((claimed)) || unclaimed=1
+  done <<<"$(getent hosts "${lookup[@]}" 2>/dev/null)"
+  # A line no name claimed (a canonical name in another domain): the names left without an address
+  # are asked one by one, as before the batch, rather than taken for unresolved.
+  if ((unclaimed)); then
+    for h in "${lookup[@]}"; do
+      [[ -n ${addrs_of[${h,,}]:-} ]] ||
+        addrs_of[${h,,}]=" $(getent hosts "$h" 2>/dev/null | cut -d' ' -f1 | tr '\n' ' ') "
+    done
+  fi
+fi
 is_local() {
   local h=$1 a
   [[ $h == localhost || $h == "$my_name" || $h == "$my_short" || $my_addrs == *" $h "* ]] && return 0
-  # An address needs no lookup: it is one of this host's or it is not.
-  [[ $h =~ ^[0-9.]+$ || $h == *:* ]] && return 1
-  for a in $(getent hosts "$h" 2>/dev/null | cut -d' ' -f1); do
+  for a in ${addrs_of[${h,,}]:-}; do
     [[ $my_addrs == *" $a "* ]] && return 0
   done
   return 1
 }
 remote=()
-declare -A seen_host=()
-for h in "${hosts[@]}"; do
-  h=${h%%:*}
-  [[ -n ${seen_host[$h]:-} ]] && continue
-  seen_host[$h]=1
-  is_local "$h" || remote+=("$h")
-done
+for h in "${hosts_in_order[@]}"; do is_local "$h" || remote+=("$h"); done
 if ((${#remote[@]})); then
   ((${#agent[@]})) || die "'$agent_spec' not found: mpirun needs it to start ranks on ${remote[*]} (apt-get install openssh-client)"
-  # All at once, each bounded: ConnectTimeout covers the connection and ssh's greeting, timeout(1)
-  # anything after it (a login that hangs). The host after '--': never an option, whatever its name.
-  pids=() outs=()
-  for h in "${remote[@]}"; do
-    outs+=("$(mktemp)")
-    timeout -k 2 $((ssh_timeout + 5)) "${agent[@]}" "${ssh_opts[@]}" -- "$h" true </dev/null >"${outs[-1]}" 2>&1 &
-    pids+=($!)
+  # 16 at a time (pdsh's fanout is 32), each bounded: ConnectTimeout covers the connection and
+  # ssh's greeting, timeout(1) anything after it (a login that hangs). Hundreds of hosts at once
+  # were hundreds of processes and ssh connections at once (sshd's MaxStartups refuses past 10
+  # unauthenticated ones by default). The host after '--': never an option, whatever its name.
+  fanout=16
+  probes=$work/probes
+  mkdir "$probes" || die "cannot create $probes"
+  running=0
+  for i in "${!remote[@]}"; do
+    ((running < fanout)) || { wait -n; running=$((running - 1)); }
+    (
+      timeout -k 2 $((ssh_timeout + 5)) "${agent[@]}" "${ssh_opts[@]}" -- "${remote[i]}" true </dev/null >"$probes/$i.out" 2>&1
+      echo $? >"$probes/$i.rc"
+    ) &
+    running=$((running + 1))
   done
+  wait
   bad=0
   for i in "${!remote[@]}"; do
-    wait "${pids[i]}"
-    rc=$?
+    rc=$(cat "$probes/$i.rc" 2>/dev/null)
+    [[ $rc =~ ^[0-9]+$ ]] || rc=1  # a probe that wrote no status failed
     if ((rc != 0)); then
-      why=$(tr '\n' ' ' <"${outs[i]}")
+      why=$(tr '\n' ' ' <"$probes/$i.out")
       ((rc == 124)) && why="no answer within $((ssh_timeout + 5)) s"
       echo "$me: error: host '${remote[i]}' cannot be reached with '${agent[*]} ${ssh_opts[*]} -- ${remote[i]}' (exit $rc): ${why:-no message}" >&2
       bad=1
     fi
-    rm -f "${outs[i]}"
   done
   ((bad)) && die "not starting: mpirun would wait on the host(s) above. Check the name, the network and that ssh logs in without a password (BatchMode)."
 fi
 
 # ---- the job, run again after a failure when restarts are allowed ----
-# A private directory (mktemp -d: mode 700) for this launch, removed on exit: the checkpoint record
-# and the relays' FIFOs.
-work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||
-  die "cannot create a directory in ${TMPDIR:-/tmp}${TMPDIR:+ (TMPDIR, where mpirun makes its session directory too): unset TMPDIR or point it at a directory you can write}"
-trap 'rm -rf -- "$work"' EXIT
 mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work"
 # Whether a restart can help: the checkpoint record (launch/checkpoint_record.sh, shared with the
 # Slurm script). Rank 0 must run on this host, as docs/USAGE.md advises: elsewhere the path does

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # launch/mpirun.sh as a careful program rather than a shell: host names that ssh would take as
 # options (-oProxyCommand=...), whitespace, control characters and CRLF hostfiles are refused with
-# exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--'. A program
-# that is missing, a directory or not executable, and -np below 1, are exit 2 naming them. A reader
+# exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--', names are
+# looked up in one getent and at most 16 hosts probed at a time. A program that is missing, a
+# directory or not executable, and -np below 1, are exit 2 naming them. A reader
 # that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
 # --save is written, the exit code is the job's, a launcher whose stderr reader left still restarts;
 # stdout and stderr stay apart, a terminal still gets the progress bar. --max-restarts decides from
@@ -109,6 +110,46 @@ OMPI_MCA_plm_rsh_agent="no-such-agent-$$ : $tmp/agent.sh" expect 2 "host '192.0.
   bash "$launcher" --host 192.0.2.1:2 -np 2 "$bin"
 grep -qx -- "-o ConnectTimeout=10 -o BatchMode=yes -- 192.0.2.1 true" agent.log ||
   fail "the pre-flight did not call the agent as 'OPTIONS -- HOST true': $(cat agent.log 2>/dev/null)"
+
+echo "== many hosts: one name lookup, at most 16 ssh probes at a time, the bad host named"
+# 38 remote names and three of this host's (one only getent knows): every name looked up in one
+# getent (one per name was a process per host), every remote host probed once, never more than 16
+# at a time (all 38 at once before: hundreds of hosts were hundreds of ssh connections at once),
+# and only the failing host named. The stand-in agent holds a slot file for 0.4 s and logs how many
+# slots it saw held; the stand-in getent logs its calls and resolves only this-host-alias (no DNS:
+# this machine's resolver took 5 s for some .invalid names).
+cat >fanout.sh <<'EOF'
+#!/usr/bin/env bash
+# Stand-in for ssh: counts the probes running beside it; node-17.invalid is unreachable.
+d=$(dirname "$0")
+mkdir -p "$d/slots"
+: >"$d/slots/$$"
+sleep 0.4
+ls "$d/slots" | wc -l >>"$d/fanout.log"
+rm -f "$d/slots/$$"
+[[ ${*: -2:1} == node-17.invalid ]] && { echo "fanout.sh: no route to host" >&2; exit 255; }
+exit 0
+EOF
+chmod +x fanout.sh
+mkdir -p stubs
+cat >stubs/getent <<EOF
+#!/usr/bin/env bash
+# Stand-in for getent: logs its calls; knows one host name, an alias of this host.
+echo "\$*" >>"$tmp/getent.log"
+for n in "\${@:2}"; do [[ \$n == this-host-alias ]] && echo "127.0.0.1       this-host-alias"; done
+exit 2
+EOF
+chmod +x stubs/getent
+{ echo "localhost slots=1"; echo "127.0.0.1 slots=1"; echo "this-host-alias slots=1"
+  for ((i = 0; i < 38; i++)); do echo "node-$i.invalid slots=1"; done; } >many.hosts
+start=$SECONDS
+PATH=$tmp/stubs:$PATH OMPI_MCA_plm_rsh_agent=$tmp/fanout.sh expect 2 "host 'node-17.invalid' cannot be reached" -- \
+  bash "$launcher" --hostfile many.hosts -np 2 "$bin"
+echo "   38 probes took $((SECONDS - start)) s; most running at once: $(sort -n fanout.log | tail -1)"
+[[ $(grep -c "cannot be reached" out.txt) -eq 1 ]] || fail "want only node-17.invalid named: $(grep 'cannot be' out.txt)"
+[[ $(wc -l <fanout.log) -eq 38 ]] || fail "want 38 probes, one per remote host (not this-host-alias): $(wc -l <fanout.log)"
+(($(sort -n fanout.log | tail -1) <= 16)) || fail "more than 16 ssh probes at once: $(sort -n fanout.log | tail -1)"
+[[ $(wc -l <getent.log) -eq 1 ]] || fail "want one getent for 39 names, got $(wc -l <getent.log) calls"
 
 echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no final newline: runs"
 printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots=2 max_slots=4' >good.hosts
