@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <type_traits>
 
 #include "dpt/clock.h"
 #include "dpt/comm.h"
@@ -353,8 +354,8 @@ ResumePoint CheckpointManager::load() {
   std::vector<std::string> plans(
       static_cast<size_t>(comm_.size()));  // per rank (rank 0 reads them)
   std::string
-      recorded_normalize;   // --normalize auto: the statistics the checkpoint recorded (rank 0)
-  std::string so_far_text;  // the sums of the epoch resumed part-way, when recorded (rank 0)
+      recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
+  EpochSoFar so_far;  // the sums of the epoch resumed part-way, when recorded (rank 0, then all)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
@@ -395,7 +396,6 @@ ResumePoint CheckpointManager::load() {
     // The epoch's sums up to its checkpoint (a checkpoint written before they were recorded has
     // none: the resumed epoch's record then covers the steps after it, as it did).
     if (auto e = meta.find("epoch_so_far"); e != meta.end() && pos[1] > 0) {
-      EpochSoFar so_far;
       try {
         so_far = EpochSoFar::from_json(e->second);
       } catch (const std::exception&) {
@@ -406,7 +406,6 @@ ResumePoint CheckpointManager::load() {
       DPT_INPUT_CHECK(so_far.steps == pos[1], path << ": metadata 'epoch_so_far' counts "
                                                    << so_far.steps << " steps, 'epoch_step' is "
                                                    << pos[1]);
-      so_far_text = so_far.to_json();
     }
     if (auto h = meta.find("history"); h != meta.end()) {
       try {
@@ -495,7 +494,11 @@ ResumePoint CheckpointManager::load() {
     log_info("--normalize auto: continuing with the statistics the checkpoint recorded (" + text +
              ")");
   }
-  const std::string so_far = allgather_text(comm_, comm_.rank() == 0 ? so_far_text : "")[0];
+  // Rank 0's sums as it parsed them (zeros for none), sent as bytes: every rank runs one build,
+  // and parsing them again from text on every rank was a second parse of what rank 0 checked.
+  static_assert(std::is_trivially_copyable_v<EpochSoFar>);
+  comm_.broadcast(reinterpret_cast<uint8_t*>(&so_far), static_cast<int64_t>(sizeof so_far), 0,
+                  "broadcast of the resumed epoch's sums");
   if (comm_.rank() == 0) {
     // The same training goes on: its id and start stay (a file written before ids gets a new one).
     resumed_path_ = path;
@@ -537,11 +540,7 @@ ResumePoint CheckpointManager::load() {
   }
   log_info(DPT_MSG("resumed from " << printable(path, PATH_MAX) << " at epoch " << pos[0] + 1
                                    << ", step " << pos[1] << " (global step " << pos[2] << ")"));
-  return {{pos[0], pos[1], pos[2]},
-          pos[4],
-          std::move(history),
-          true,
-          so_far.empty() ? EpochSoFar{} : EpochSoFar::from_json(so_far)};
+  return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true, so_far};
 }
 
 void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
