@@ -1,7 +1,8 @@
 // Files that cannot be turned against the operator: the one atomic writer every output goes
-// through (checkpoints, --save, --report, --trace, the metrics trimming) and the checks that keep
-// a FIFO, a device or a planted symlink from hanging a run or being written through, and the lock
-// that keeps two runs from writing one output.
+// through (checkpoints, --save, --report, --trace, the metrics trimming; another user's --metrics
+// in a sticky directory is trimmed in place) and the checks that keep a FIFO, a device or a
+// planted symlink from hanging a run or being written through, and the lock that keeps two runs
+// from writing one output.
 #pragma once
 
 #include <sys/types.h>
@@ -45,6 +46,20 @@ class AtomicFile {
 
 // AtomicFile in one call.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& what);
+
+// Whether this user may replace the file `path` names (a symlink: the file it leads to, as
+// AtomicFile resolves it; an absent file: yes) by renaming another over it: not another user's
+// file in a sticky directory that is not this user's either, however writable the file is (only
+// its owner, the directory's owner and root may). Input error naming `what` where AtomicFile
+// would refuse the path anyway.
+bool may_replace_by_rename(const std::string& path, const std::string& what);
+// Overwrites the existing regular file `path` in place: `bytes` from its start, then cut to their
+// length and fsynced (the same inode, owner and mode). For a file this user may write but not
+// replace (may_replace_by_rename), at the cost of AtomicFile's all or nothing: stopped half-way,
+// the file holds the bytes written and possibly old bytes after them. A FIFO, device or directory
+// is refused at once; every failure is an input error naming `what` and the path.
+void rewrite_file_in_place(const std::string& path, std::string_view bytes,
+                           const std::string& what);
 
 // A run's claim on one output file, held from the pre-flight to the end of the run, so that a
 // second run given the same --metrics, --report, --trace or --checkpoint-path is refused instead

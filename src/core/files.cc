@@ -131,6 +131,15 @@ std::string resolve_output(const std::string& path, const std::string& what, str
   return real;
 }
 
+// In a sticky directory (/tmp) only the file's owner, the directory's owner and root may replace
+// (rename over, or remove) a file, however writable it is. `st`: the existing file's stat
+// (st_mode 0: none), `dst`: its directory's.
+bool sticky_forbids_replacing(const struct stat& st, const struct stat& dst) {
+  const uid_t me = ::geteuid();
+  return st.st_mode != 0 && (dst.st_mode & S_ISVTX) && me != 0 && st.st_uid != me &&
+         dst.st_uid != me;
+}
+
 }  // namespace
 
 void refuse_planted_link(const std::string& path, const std::string& what) {
@@ -226,6 +235,43 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
   f.commit();
 }
 
+bool may_replace_by_rename(const std::string& path, const std::string& what) {
+  struct stat st {
+  }, dst{};
+  const std::string target = resolve_output(path, what, &st);
+  return ::stat(dir_of(target).c_str(), &dst) != 0 || !sticky_forbids_replacing(st, dst);
+}
+
+void rewrite_file_in_place(const std::string& path, std::string_view bytes,
+                           const std::string& what) {
+  // O_NONBLOCK and the fstat: whatever the name has become since it was checked, a FIFO or a
+  // device is refused at once, never written or waited on.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  DPT_INPUT_CHECK(fd >= 0, "cannot write " << what << " " << path << ": " << errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    DPT_INPUT_CHECK(false, what << " " << path << " is " << kind_of(st.st_mode)
+                                << ", not a regular file: refusing to rewrite it");
+  }
+  // The bytes first, then the cut: stopped in between, the file holds every byte written and, at
+  // worst, old bytes after them, never less than what was kept.
+  size_t done = 0;
+  bool ok = true;
+  while (ok && done < bytes.size()) {
+    const ssize_t w =
+        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    ok = w > 0;
+    if (ok) done += static_cast<size_t>(w);
+  }
+  ok = ok && ::ftruncate(fd, static_cast<off_t>(bytes.size())) == 0 && ::fsync(fd) == 0;
+  const std::string err = ok ? "" : errno_text();
+  ok = ::close(fd) == 0 && ok;
+  DPT_INPUT_CHECK(
+      ok, "cannot write " << what << " " << path << ": " << (err.empty() ? errno_text() : err));
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {
   }, sb{};
@@ -269,13 +315,10 @@ OutputLock check_output_path(const std::string& path, const std::string& flag, b
                                ? " (--resume can still read this one: --resume " + path +
                                      " --checkpoint-path <yours> continues its training)"
                                : ""));
-  // In a sticky directory (/tmp) only the file's owner, the directory's owner and root may replace
-  // a file, however writable it is: another user's mode-666 file there passed every check above,
-  // and the rename that ends every write failed (EPERM) after the training (--save) or at the
-  // first checkpoint. A stream (--metrics) is appended to in place, which works.
-  const uid_t me = ::geteuid();
-  DPT_INPUT_CHECK(stream || st.st_mode == 0 || !(dst.st_mode & S_ISVTX) || me == 0 ||
-                      st.st_uid == me || dst.st_uid == me,
+  // In a sticky directory another user's mode-666 file passed every check above, and the rename
+  // that ends every write failed (EPERM) after the training (--save) or at the first checkpoint. A
+  // stream (--metrics) is appended to in place, which works (and trimmed in place on a resume).
+  DPT_INPUT_CHECK(stream || !sticky_forbids_replacing(st, dst),
                   flag << " " << path << ": the file exists and is owned by uid " << st.st_uid
                        << " in a sticky directory (" << dir << "), where only its owner can "
                        << "replace it (dptrain writes a new file and renames it over the old "

@@ -291,7 +291,14 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
       ++dropped;
   }
   if (!dropped && !cut) return;
-  write_file_atomic(cfg_.metrics, kept, "--metrics");
+  // Another user's file in a sticky directory (their training's --metrics in /tmp, continued by
+  // this user) is appended to in place, and a fresh run truncates it in place, but the rename that
+  // trims it atomically is its owner's alone: "cannot rename ...: Operation not permitted" ended
+  // the resume at start. Trimmed in place instead, as the appends that follow write it.
+  if (may_replace_by_rename(cfg_.metrics, "--metrics"))
+    write_file_atomic(cfg_.metrics, kept, "--metrics");
+  else
+    rewrite_file_in_place(cfg_.metrics, kept, "--metrics");
   if (dropped)
     log_info(DPT_MSG("--metrics: " << dropped << " record(s) past the checkpoint dropped from "
                                    << cfg_.metrics));

@@ -389,8 +389,9 @@ fi
 # Only the file's owner (or the directory's, or root) may replace a file in a sticky directory, however
 # writable it is. A user's run given root's mode-666 file in a 1777 directory passed the pre-flight,
 # trained, and the rename failed (EPERM) at the end: --save lost, a checkpoint stopped the run. A
-# --metrics (appended to in place) still works. Run as uid 65534 through setpriv, on a copy of the
-# binary the user can reach; root's own runs replace such files (CAP_FOWNER).
+# --metrics (appended to in place) still works, and a resume trims it in place. Run as uid 65534
+# through setpriv, on a copy of the binary the user can reach; root's own runs replace such files
+# (CAP_FOWNER).
 if [[ $(id -u) -ne 0 ]] || ! command -v setpriv >/dev/null; then
   echo "skip: 11 another user's file in a sticky directory: needs root and setpriv to run as another user"
 else
@@ -461,6 +462,26 @@ else
       fail "11 --metrics appended to root's writable file in a sticky directory: exit $rc"; tail -3 s11/log
     else
       ok "11 --metrics into root's writable file in a sticky directory is appended to"
+    fi
+    # Root's 2-epoch training continued by the user from epoch 1's checkpoint with root's
+    # --metrics: the record of root's epoch 2 must go, and the rename that trims it atomically
+    # is root's alone ("cannot rename ...: Operation not permitted", exit 2 at start). Trimmed in
+    # place: root's epoch 1 and the user's epoch 2, in root's file (same inode).
+    rm -f s11/w/m.jsonl s11/w/r.st s11/w/r.step*.st
+    run s11/log 60 "$bin" "${small[@]}" --epochs 2 --checkpoint-every 1 --keep-checkpoints 2 \
+      --checkpoint-path "$tmp/s11/w/r.st" --metrics "$tmp/s11/w/m.jsonl" || { fail "11 root's metrics training: exit $?"; tail -3 s11/log; }
+    chmod 666 s11/w/m.jsonl && chmod 644 s11/w/r.step*.st
+    inode=$(stat -c %i s11/w/m.jsonl)
+    run s11/log 60 "${as_user[@]}" "$tmp/s11/dptrain" "${small[@]}" --epochs 2 --checkpoint-every 1 \
+      --resume "$tmp/s11/w/r.step2.st" --checkpoint-path "$tmp/s11/own/r.st" --metrics "$tmp/s11/w/m.jsonl"
+    rc=$?
+    epochs=$(python3 -c 'import json,sys; print([r["epoch"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "epoch"])' s11/w/m.jsonl)
+    if [[ $rc -ne 0 || $epochs != "[1, 2]" || $(stat -c %i:%U s11/w/m.jsonl) != "$inode:root" ]] ||
+       ! grep -qF -- "--metrics: 1 record(s) past the checkpoint dropped" s11/log; then
+      fail "11 resumed with root's --metrics in a sticky directory: exit $rc, epochs $epochs (want [1, 2]), $(stat -c 'inode %i of %U' s11/w/m.jsonl) (want $inode of root)"
+      tail -3 s11/log
+    else
+      ok "11 resumed with root's --metrics in a sticky directory: trimmed in place, appended to"
     fi
   fi
 fi

@@ -604,6 +604,77 @@ TEST_F(FilesTest, CheckOutputPathRefusesAnUnwritableDirectoryOrFile) {
   ::chmod(ro.c_str(), 0700);
 }
 
+// ---- a file one may write but not replace: --metrics trimmed in place ----
+
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+TEST_F(FilesTest, RewriteInPlaceKeepsTheFileAndCutsItToTheNewBytes) {
+  const std::string m = path("m.jsonl");
+  put(m, "{\"epoch\":1}\n{\"epoch\":2}\n{\"epoch\":3}\n");
+  ASSERT_EQ(::chmod(m.c_str(), 0640), 0);
+  const ino_t ino = inode_of(m);
+  rewrite_file_in_place(m, "{\"epoch\":1}\n", "--metrics");  // shorter: cut
+  EXPECT_EQ(slurp(m), "{\"epoch\":1}\n");
+  rewrite_file_in_place(m, "{\"epoch\":1}\n{\"epoch\":2}\n", "--metrics");  // longer: grown
+  EXPECT_EQ(slurp(m), "{\"epoch\":1}\n{\"epoch\":2}\n");
+  EXPECT_EQ(inode_of(m), ino);  // the same file, not a new one renamed over it
+  EXPECT_EQ(lmode(m) & 07777, 0640u);
+  EXPECT_EQ(list_dir(dir_), std::set<std::string>{"m.jsonl"});  // no temporary
+  // Through a symlink: the file it names, and the link stays.
+  ASSERT_EQ(::symlink(m.c_str(), path("link").c_str()), 0);
+  rewrite_file_in_place(path("link"), "", "--metrics");
+  EXPECT_EQ(slurp(m), "");
+  EXPECT_TRUE(S_ISLNK(lmode(path("link"))));
+  // Never created, never a FIFO (refused at once, no reader waited for) or a directory.
+  expect_input_error([&] { rewrite_file_in_place(path("absent"), "x", "--metrics"); },
+                     {"--metrics", path("absent")});
+  EXPECT_FALSE(std::filesystem::exists(path("absent")));
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_input_error([&] { rewrite_file_in_place(path("fifo"), "x", "--metrics"); },
+                     {"--metrics", path("fifo")});
+  expect_input_error([&] { rewrite_file_in_place(dir_, "x", "--metrics"); }, {"--metrics", dir_});
+}
+
+// In a sticky directory only the file's owner, the directory's owner and root may rename over a
+// file: checked as uid 65534 in a child (root may replace anything), the same files as root.
+TEST_F(FilesTest, MayReplaceByRenameIsFalseOnlyForAnotherUsersFileInAStickyDirectory) {
+  if (::geteuid() != 0) GTEST_SKIP() << "another user's file needs root (a file owned by root)";
+  const std::string sticky = path("sticky"), open_dir = path("open");
+  ASSERT_EQ(::mkdir(sticky.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(sticky.c_str(), 01777), 0);
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  for (const std::string& f : {sticky + "/roots.jsonl", open_dir + "/roots.jsonl"}) {
+    put(f, "root's\n");
+    ASSERT_EQ(::chmod(f.c_str(), 0666), 0);
+  }
+  EXPECT_TRUE(may_replace_by_rename(sticky + "/roots.jsonl", "--metrics"));  // root may
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    put(sticky + "/mine.jsonl", "mine\n");
+    int code = 0;
+    if (may_replace_by_rename(sticky + "/roots.jsonl", "--metrics")) code |= 1;     // root's here
+    if (!may_replace_by_rename(sticky + "/mine.jsonl", "--metrics")) code |= 2;     // its own
+    if (!may_replace_by_rename(sticky + "/absent.jsonl", "--metrics")) code |= 4;   // none yet
+    if (!may_replace_by_rename(open_dir + "/roots.jsonl", "--metrics")) code |= 8;  // not sticky
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "bits: 1 root's file in the sticky directory said replaceable, 2 its own file not, 4 an "
+         "absent one not, 8 root's file in a non-sticky directory not, 10 could not drop to uid "
+         "65534";
+}
+
 // ---- OutputLock ----
 
 TEST_F(FilesTest, OutputLockRefusesASecondRunNamingTheHolder) {
