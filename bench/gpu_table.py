@@ -23,7 +23,8 @@ PRECISIONS = ["fp32", "tf32", "bf16"]
 CONFIGS = ["eager", "tuned", "compile", "compile-nocg"]   # bench/torch_ref.py --config
 # run-name part -> the dptrain flag it stands for (device_check.sh's run names)
 DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs", "act16": "--activation-dtype bf16", "graph": "DPT_CUDNN_API=graph",
-                    "legacy": "DPT_CUDNN_API=legacy", "e10": "(10 epochs)"}
+                    "legacy": "DPT_CUDNN_API=legacy", "e10": "(10 epochs)",
+                    "plans64": "DPT_CUDNN_MAX_PLANS=64"}
 SKIPPED_CUDAGRAPHS = re.compile(r"skipping cudagraphs due to (.*?)(?:\. Found from.*)?$")
 
 

@@ -179,12 +179,14 @@ if [[ -n $machine_ld ]]; then torch_py=(env LD_LIBRARY_PATH="$machine_ld" python
 d2l=(--recipe d2l --data "$data" --progress off)
 # dptrain_run NAME CAP EPOCHS API [flags...]: a d2l-recipe run on cuDNN's API (legacy or graph)
 # whose --metrics is bench_NAME.jsonl, the name read by bench/gpu_table.py (model first;
-# _tf32/_bf16 the precision; graph, act16, eager the variants).
+# _tf32/_bf16 the precision; graph, act16, eager, plans64 the variants). API may carry more of the
+# run's environment after a comma: graph,DPT_CUDNN_MAX_PLANS=64.
 dptrain_run() {
-  local name=$1 cap=$2 epochs=$3 api=$4 model=${1%%_*}
+  local name=$1 cap=$2 epochs=$3 api=${4%%,*} model=${1%%_*} more=()
+  [[ $4 == *,* ]] && IFS=, read -ra more <<< "${4#*,}"
   shift 4
-  step "bench_$name" "$cap" env DPT_CUDNN_API="$api" dptrain --device cuda --model "$model" --epochs "$epochs" \
-    "${d2l[@]}" --metrics "$logs/bench_$name.jsonl" "$@"
+  step "bench_$name" "$cap" env DPT_CUDNN_API="$api" ${more[@]+"${more[@]}"} dptrain --device cuda \
+    --model "$model" --epochs "$epochs" "${d2l[@]}" --metrics "$logs/bench_$name.jsonl" "$@"
 }
 # pytorch MODEL PRECISION CONFIG CAP [EPOCHS]: one bench/torch_ref.py run, its --json lines in
 # bench_MODEL_torch_PRECISION_CONFIG.log. Strict fp32 unless tf32 (cuDNN and cuBLAS on TF32, as
@@ -264,6 +266,13 @@ case $list in
     # And ResNet-50's (0.85x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
     profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
       --data "$syn"
+    # ResNet-18 TF32 (1.09x PyTorch tuned on an H100, target 1.3x) and strict fp32 (0.68x, target
+    # 1.0x): do more timed candidates per convolution than the default 8 find faster plans? The
+    # default-plans TF32 run beside them; perf's strict fp32 run is the other comparison.
+    dptrain_run resnet18_graph_tf32 30 3 graph --tf32
+    dptrain_run resnet18_graph_plans64_tf32 40 3 graph,DPT_CUDNN_MAX_PLANS=64 --tf32
+    dptrain_run resnet18_graph_plans64 60 3 graph,DPT_CUDNN_MAX_PLANS=64
+    table
     # Last: the fused convolution lost to the separate passes on an H200 and twice on an H100.
     # Without the ResNet-18 geometry sweep (a plan search per site, over 60 s on an H100):
     # fusedbench below builds and times the same sites.
