@@ -16,14 +16,30 @@ namespace dpt::cuda {
 // BatchNorm forward sums: the fixed-order double reduction of channel_reduce.cuh.
 
 namespace {
+// One element's contribution: the same function in the one-element and the 16-byte forms.
+template <typename T>
+__device__ __forceinline__ void sums_one(T x, double& sum, double& sumsq) {
+  const double v = widen(x);
+  sum += v;
+  sumsq += v * v;
+}
+struct NoChannels {};
 template <typename T>
 struct SumsTerm {
   const T* x;
   int64_t c;
   __device__ void operator()(int64_t r, int64_t ch, double* acc) const {
-    const double v = widen(x[r * c + ch]);
-    acc[0] += v;
-    acc[1] += v * v;
+    sums_one(x[r * c + ch], acc[0], acc[1]);
+  }
+  template <int V>
+  __device__ NoChannels channels(int64_t) const {
+    return {};
+  }
+  template <int V>
+  __device__ void row(int64_t r, int64_t ch0, NoChannels, double (&acc)[2][V]) const {
+    const Vec16<T> xv = load16(x + r * c + ch0);
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums_one(xv.v[k], acc[0][k], acc[1][k]);
   }
 };
 struct SumsOut {
@@ -42,8 +58,11 @@ int64_t bn_sums_scratch_elems(int64_t m, int64_t c) { return reduce_scratch_elem
 template <typename T>
 static cudaError_t bn_sums(const T* x, int64_t m, int64_t c, double* sum, double* sumsq,
                            double* count, double* scratch, cudaStream_t stream) {
-  return launch_channel_reduce<2>(
-      m, c, SumsTerm<T>{x, c}, SumsOut{sum, sumsq, count, static_cast<double>(m)}, scratch, stream);
+  const SumsTerm<T> term{x, c};
+  const SumsOut out{sum, sumsq, count, static_cast<double>(m)};
+  if (vec_fits<T>(c, {x}))
+    return launch_channel_reduce<2, Vec16<T>::kN>(m, c, term, out, scratch, stream);
+  return launch_channel_reduce<2>(m, c, term, out, scratch, stream);
 }
 
 cudaError_t launch_bn_sums(const float* x, int64_t m, int64_t c, double* sum, double* sumsq,
@@ -225,6 +244,20 @@ cudaError_t launch_bn_apply(const uint16_t* x, uint16_t* y, const float* mean, c
 namespace {
 // Each (row, channel) is visited once, so the masked gradient can be stored (dz) as it is summed.
 // (g is dy or 0, so a bf16 dz holds it exactly.)
+// One element's contribution (g, and g xhat), returning g: the same function in the one-element
+// and the 16-byte forms. y is read only with relu.
+template <typename T>
+__device__ __forceinline__ float backward_one(bool relu, T y, T dy, T x, float mean, float invstd,
+                                              double& sum_g, double& sum_g_xhat) {
+  const float g = relu ? relu_grad(widen(y), widen(dy)) : widen(dy);
+  sum_g += g;
+  sum_g_xhat += static_cast<double>(g) * ((widen(x) - mean) * invstd);
+  return g;
+}
+template <int V>
+struct MeanInvstd {
+  float mean[V], invstd[V];
+};
 template <typename T>
 struct BackwardTerm {
   const T *x, *dy, *relu_out;
@@ -233,10 +266,29 @@ struct BackwardTerm {
   int64_t c;
   __device__ void operator()(int64_t r, int64_t ch, double* acc) const {
     const int64_t i = r * c + ch;
-    const float g = relu_out ? relu_grad(widen(relu_out[i]), widen(dy[i])) : widen(dy[i]);
+    const float g = backward_one(relu_out != nullptr, relu_out ? relu_out[i] : dy[i], dy[i], x[i],
+                                 mean[ch], invstd[ch], acc[0], acc[1]);
     if (dz) store(g, dz[i]);
-    acc[0] += g;
-    acc[1] += static_cast<double>(g) * ((widen(x[i]) - mean[ch]) * invstd[ch]);
+  }
+  template <int V>
+  __device__ MeanInvstd<V> channels(int64_t ch0) const {
+    MeanInvstd<V> s;
+#pragma unroll
+    for (int k = 0; k < V; ++k) s.mean[k] = mean[ch0 + k], s.invstd[k] = invstd[ch0 + k];
+    return s;
+  }
+  template <int V>
+  __device__ void row(int64_t r, int64_t ch0, const MeanInvstd<V>& s, double (&acc)[2][V]) const {
+    const int64_t i = r * c + ch0;
+    const Vec16<T> dv = load16(dy + i), xv = load16(x + i);
+    const Vec16<T> yv = relu_out ? load16(relu_out + i) : dv;
+    Vec16<T> zv;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      store(backward_one(relu_out != nullptr, yv.v[k], dv.v[k], xv.v[k], s.mean[k], s.invstd[k],
+                         acc[0][k], acc[1][k]),
+            zv.v[k]);
+    if (dz) store16(zv, dz + i);
   }
 };
 struct BackwardOut {
@@ -261,9 +313,11 @@ static cudaError_t bn_backward_sums(const T* x, const T* dy, const T* relu_out, 
                                     const float* invstd, int64_t m, int64_t c, double* sum_dy,
                                     double* sum_dy_xhat, float* dgamma, float* dbeta,
                                     bool accumulate, T* dz, double* scratch, cudaStream_t stream) {
-  return launch_channel_reduce<2>(m, c, BackwardTerm<T>{x, dy, relu_out, mean, invstd, dz, c},
-                                  BackwardOut{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate},
-                                  scratch, stream);
+  const BackwardTerm<T> term{x, dy, relu_out, mean, invstd, dz, c};
+  const BackwardOut out{sum_dy, sum_dy_xhat, dgamma, dbeta, accumulate};
+  if (vec_fits<T>(c, {x, dy, relu_out, dz}))
+    return launch_channel_reduce<2, Vec16<T>::kN>(m, c, term, out, scratch, stream);
+  return launch_channel_reduce<2>(m, c, term, out, scratch, stream);
 }
 
 cudaError_t launch_bn_backward_sums(const float* x, const float* dy, const float* relu_out,

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "launch_util.cuh"
+#include "vec_rows.cuh"
 
 namespace dpt::cuda {
 
@@ -66,6 +67,45 @@ __global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_c
     }
 }
 
+// Pass 1 in 16-byte accesses (vec_rows.cuh's Vec16), for Terms with a row form: a thread sums V
+// adjacent channels over the rows channel_partials_kernel's thread of each would (row lane y:
+// rows r0 + y, r0 + y + 8, ... of its chunk, in that order), and the 8 lanes are added in lane
+// order, so every partial sum, and all after it, has the same bits. Block: `lanes` vector columns
+// x 8 row lanes x `groups` chunks (256 threads where the channels allow); shared memory
+// groups * NQ * 8 * (lanes * V + 1) doubles. term.channels<V>(ch0) is a thread's per-channel
+// state, loaded once; term.row<V>(r, ch0, state, acc) adds row r's V contributions to acc[q][k].
+template <int NQ, int V, class Term>
+__global__ void __launch_bounds__(256)
+    channel_partials_vec_kernel(int64_t m, int64_t c, int64_t rows_per_chunk, int64_t chunks,
+                                Term term, double* __restrict__ partial) {
+  extern __shared__ double shared_sums[];
+  const int lanes = static_cast<int>(blockDim.x), width = lanes * V + 1;
+  const int64_t ch0 = (blockIdx.x * static_cast<int64_t>(lanes) + threadIdx.x) * V;
+  const int64_t chunk = blockIdx.y * static_cast<int64_t>(blockDim.z) + threadIdx.z;
+  double acc[NQ][V] = {};
+  if (ch0 < c && chunk < chunks) {
+    const int64_t r0 = chunk * rows_per_chunk;
+    const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
+    const auto state = term.template channels<V>(ch0);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kReduceRowLanes)
+      term.template row<V>(r, ch0, state, acc);
+  }
+  double* s =
+      shared_sums + threadIdx.z * NQ * kReduceRowLanes * width;  // this chunk's [NQ][8][width]
+  for (int q = 0; q < NQ; ++q)
+    for (int k = 0; k < V; ++k)
+      s[(q * kReduceRowLanes + threadIdx.y) * width + threadIdx.x * V + k] = acc[q][k];
+  __syncthreads();
+  if (threadIdx.y == 0 && ch0 < c && chunk < chunks)
+    for (int q = 0; q < NQ; ++q)
+      for (int k = 0; k < V; ++k) {
+        double t = 0.0;
+        for (int y = 0; y < kReduceRowLanes; ++y)
+          t += s[(q * kReduceRowLanes + y) * width + threadIdx.x * V + k];
+        partial[(q * chunks + chunk) * c + ch0 + k] = t;
+      }
+}
+
 // out(ch, total) receives the NQ totals of channel ch (zeros when m == 0).
 // Launched with kReduceLanes x kTotalLanes threads: the bound keeps nvcc's register use within
 // what a block that size may have, whatever Out needs.
@@ -94,19 +134,35 @@ __global__ void __launch_bounds__(kReduceLanes* kTotalLanes)
   }
 }
 
-// Both passes on `stream`; scratch holds reduce_scratch_elems(m, c, NQ) doubles.
-template <int NQ, class Term, class Out>
+// Both passes on `stream`; scratch holds reduce_scratch_elems(m, c, NQ) doubles. V > 1: pass 1 in
+// its 16-byte form (the caller has checked vec_fits: c a multiple of V and the term's pointers
+// 16-byte aligned); the same bits either way.
+template <int NQ, int V = 1, class Term, class Out>
 cudaError_t launch_channel_reduce(int64_t m, int64_t c, Term term, Out out, double* scratch,
                                   cudaStream_t stream) {
   if (c <= 0) return cudaSuccess;
-  if (m < 0 || c > kMaxChannels) return cudaErrorInvalidValue;
+  if (m < 0 || c > kMaxChannels || c % V != 0) return cudaErrorInvalidValue;
   const ReducePlan p = reduce_plan(m);
   const int64_t tiles = (c + kReduceLanes - 1) / kReduceLanes;
   if (p.chunks > 0) {
     if (scratch == nullptr) return cudaErrorInvalidValue;
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.chunks));
-    channel_partials_kernel<NQ><<<grid, dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
-        m, c, p.rows_per_chunk, p.chunks, term, scratch);
+    if constexpr (V > 1) {
+      const int64_t vecs = c / V, lanes = vecs < kReduceLanes ? vecs : kReduceLanes;
+      const int64_t groups =
+          256 / (lanes * kReduceRowLanes) > 0 ? 256 / (lanes * kReduceRowLanes) : 1;
+      const dim3 grid(static_cast<unsigned>((vecs + lanes - 1) / lanes),
+                      static_cast<unsigned>((p.chunks + groups - 1) / groups));
+      const size_t shared =
+          static_cast<size_t>(groups * NQ * kReduceRowLanes * (lanes * V + 1)) * sizeof(double);
+      channel_partials_vec_kernel<NQ, V>
+          <<<grid,
+             dim3(static_cast<unsigned>(lanes), kReduceRowLanes, static_cast<unsigned>(groups)),
+             shared, stream>>>(m, c, p.rows_per_chunk, p.chunks, term, scratch);
+    } else {
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.chunks));
+      channel_partials_kernel<NQ><<<grid, dim3(kReduceLanes, kReduceRowLanes), 0, stream>>>(
+          m, c, p.rows_per_chunk, p.chunks, term, scratch);
+    }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -1,6 +1,6 @@
-// 16-byte passes over the rows of a row-major [m, c] view (NHWC, m = N*H*W) for the element-wise
-// kernels that also read per-channel values (BatchNorm's apply passes): a private helper, not an
-// op. Device-side (.cu files only).
+// 16-byte passes over the rows of a row-major [m, c] view (NHWC, m = N*H*W) for the kernels that
+// also read per-channel values (BatchNorm's apply passes, and channel_reduce.cuh's partial sums):
+// a private helper, not an op. Device-side (.cu files only).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,14 +44,22 @@ struct VecRows {
   dim3 grid;
 };
 
-// Whether the 16-byte form applies (c a multiple of V, at most kVecThreads vectors a row, every
-// non-null pointer 16-byte aligned), and its grid.
+// Whether rows of c elements can be read 16 bytes at a time through every non-null pointer: c a
+// multiple of V and each pointer 16-byte aligned.
+template <typename T>
+bool vec_fits(int64_t c, std::initializer_list<const void*> ptrs) {
+  if (c <= 0 || c % Vec16<T>::kN != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Whether the 16-byte element-wise form applies (vec_fits, and at most kVecThreads vectors a
+// row), and its grid.
 template <typename T>
 bool vec_rows(int64_t m, int64_t c, std::initializer_list<const void*> ptrs, VecRows* out) {
   constexpr int64_t v = Vec16<T>::kN;
-  if (m <= 0 || c <= 0 || c % v != 0 || c / v > kVecThreads) return false;
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  if (m <= 0 || !vec_fits<T>(c, ptrs) || c / v > kVecThreads) return false;
   out->cols = c / v;
   out->rows_per_block = kVecThreads / out->cols;
   int64_t blocks = (m + out->rows_per_block - 1) / out->rows_per_block;

@@ -1979,10 +1979,12 @@ Tensor offset_tensor(Backend& be, const std::vector<float>& v, DType dt, int off
 // of 8 and every pointer is 16-byte aligned (kernels/vec_rows.cuh), one element per thread
 // otherwise, each element computed by the same functions: the same op on the same values at a
 // 16-byte boundary and one element past it gives the same bits, forward and backward, training
-// and evaluation, plain and with the residual join and ReLU, fp32 and bf16, over 37 rows (not a
-// multiple of any block's rows).
+// and evaluation, plain and with the residual join and ReLU, fp32 and bf16. The statistics' and
+// the backward's partial sums take 16 bytes a thread too (channel_reduce.cuh), over the same rows
+// in the same order: 5003 rows are 20 chunks of the reduction (more than a block's chunk groups)
+// and no multiple of any block's rows.
 TEST_P(BackendOps, BatchNormPassesGiveTheSameBitsAtAnyAlignment) {
-  const int64_t c = 16, m = 37;
+  const int64_t c = 16, m = 5003;
   const size_t xs = sz(m * c), cs = sz(c);
   const auto x = bn_input(xs, c, 700), res = uniform(xs, 701), dy = uniform(xs, 702);
   auto g_ = put(uniform(cs, 703, 0.5f, 1.5f)), b_ = put(uniform(cs, 704));
