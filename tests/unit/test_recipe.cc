@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/gather.h"
+#include "dpt/augment.h"
 #include "dpt/dataset.h"
 #include "dpt/engine.h"
 #include "dpt/models.h"
@@ -263,6 +265,56 @@ TEST(Recipe, LabelSmoothingMakesTheTrainingLossTorchs) {
   }
   EXPECT_EQ(test_loss[0], test_loss[1]);
   EXPECT_EQ(test_loss[0], test_loss[2]);
+}
+
+// The engine's training batch under --augment crop,flip is each sampled image under its own draw:
+// image_draw(seed, epoch, the image's index in the data set), applied by the CPU gather. The step's
+// loss (LeNet: no BatchNorm, so the evaluation forward is the training one) equals the loss of that
+// batch gathered here, in epochs 0 and 1, and differs from the plain batch's, so the draws show: a
+// draw taken by the image's position in the batch, or the same in every epoch, moves it.
+TEST(Augment, TheStepTrainsEachImageUnderItsOwnDrawOfTheEpoch) {
+  RecipeRig r([](TrainConfig&) {});
+  const AugmentSpec spec = parse_augment("crop,flip", 28, 28);
+  ASSERT_TRUE(spec.crop && spec.flip && spec.pad == 3);
+  test::EngineRig& rig = *r.rig;
+  rig.engine.reset();
+  rig.engine = std::make_unique<StepEngine>(rig.cfg, *rig.comm, *rig.model, *rig.ddp, *rig.opt,
+                                            rig.train, rig.test, Normalization{}, spec);
+  const ImageSet& tr = rig.train;
+  const int64_t batch = rig.cfg.batch_size;
+  for (int64_t epoch : {0, 1}) {
+    SCOPED_TRACE("epoch " + std::to_string(epoch));
+    r.sampler->set_epoch(epoch);
+    rig.engine->begin_epoch(*r.sampler, r.sampler->steps_per_epoch());
+    const int64_t* idx = r.sampler->local_indices(0);
+    std::vector<uint32_t> draws(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b)
+      draws[static_cast<size_t>(b)] = image_draw(spec, rig.cfg.seed, epoch, idx[b]);
+    // The batch's cross-entropy sum, with and without the draws, at the step's parameters.
+    auto loss_of = [&](const uint32_t* d) {
+      ImageBatchSpec is{tr.rows, tr.cols, tr.channels};
+      is.pad = spec.pad;
+      is.draws = d;
+      Tensor x({batch, tr.rows, tr.cols, tr.channels});
+      cpu::gather_transformed(tr.images.data(), tr.n, is, idx, batch, x.data());
+      const Tensor& z = rig.model->forward(x, Mode::kEval);
+      const int64_t k = z.shape()[1];
+      double ce = 0;
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* zb = z.data() + b * k;
+        const double mx = *std::max_element(zb, zb + k);
+        double se = 0;
+        for (int64_t j = 0; j < k; ++j) se += std::exp(zb[j] - mx);
+        ce += mx + std::log(se) - zb[tr.labels[static_cast<size_t>(idx[b])]];
+      }
+      return ce;
+    };
+    rig.engine->to_host();
+    const double want = loss_of(draws.data()), plain = loss_of(nullptr);
+    ASSERT_GT(std::fabs(want - plain), 1e-3 * want) << "the draws do not change the loss";
+    rig.engine->step(0, epoch, 0.05, nullptr);
+    EXPECT_NEAR(rig.engine->step_totals().loss, want, 1e-5 * want);
+  }
 }
 
 }  // namespace
