@@ -12,6 +12,13 @@
 
 namespace dpt::cuda {
 
+bool bn_rows_in_16_bytes(int64_t m, int64_t c, int elem_bytes,
+                         std::initializer_list<const void*> ptrs) {
+  VecRows v;
+  return elem_bytes == 2 ? vec_rows<__nv_bfloat16>(m, c, ptrs, &v)
+                         : vec_rows<float>(m, c, ptrs, &v);
+}
+
 // ----------------------------------------------------------------------------
 // BatchNorm forward sums: the fixed-order double reduction of channel_reduce.cuh.
 

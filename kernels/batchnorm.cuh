@@ -8,8 +8,16 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace dpt::cuda {
+
+// Whether the element-wise passes over an [m, c] view of elem_bytes-sized elements (4: fp32, 2:
+// bf16) through these pointers (nullable) take 16 bytes of a row per thread (vec_rows.cuh: c a
+// multiple of 16 / elem_bytes, at most 256 such vectors a row, every pointer 16-byte aligned)
+// rather than one element: the launchers' own test, for the tests that check both forms.
+bool bn_rows_in_16_bytes(int64_t m, int64_t c, int elem_bytes,
+                         std::initializer_list<const void*> ptrs);
 
 // ----------------------------------------------------------------------------
 // BatchNorm forward statistics on the GPU (same semantics as cpu::bn_sums): per-channel sum and

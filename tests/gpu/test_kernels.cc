@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "batchnorm.cuh"
 #include "cuda/cuda_check.h"
 #include "dpt/dtype.h"
 #include "dpt/half.h"
@@ -25,6 +26,31 @@ namespace {
 
 using test::Dev;
 using test::random;
+
+// Which form BatchNorm's passes take (kernels/vec_rows.cuh): 16 bytes of a row per thread where
+// the channels are a multiple of 8 (bf16) or 4 (fp32), at most 256 such vectors a row, and every
+// pointer 16-byte aligned; one element per thread otherwise. BackendOps'
+// BatchNormPassesGiveTheSameBitsAtAnyAlignment compares the two forms at offsets 0 and 1: this
+// says that those offsets do take different forms. Addresses only: no device needed.
+TEST(Kernels, BatchNormPassesTake16BytesOnlyWhereTheyFit) {
+  alignas(64) static float buf[64];
+  const void* at0 = buf;
+  const void* f1 = buf + 1;                                 // 4 bytes past
+  const void* h1 = reinterpret_cast<const char*>(buf) + 2;  // 2 bytes past
+  using cuda::bn_rows_in_16_bytes;
+  for (int64_t c : {16, 264}) {
+    EXPECT_TRUE(bn_rows_in_16_bytes(5003, c, 4, {at0, at0, nullptr})) << c;
+    EXPECT_TRUE(bn_rows_in_16_bytes(5003, c, 2, {at0, at0, nullptr})) << c;
+    EXPECT_FALSE(bn_rows_in_16_bytes(5003, c, 4, {f1, f1, nullptr})) << c;
+    EXPECT_FALSE(bn_rows_in_16_bytes(5003, c, 2, {h1, h1, nullptr})) << c;
+    EXPECT_FALSE(bn_rows_in_16_bytes(5003, c, 2, {at0, h1})) << c << ": any pointer";
+  }
+  EXPECT_TRUE(bn_rows_in_16_bytes(10, 12, 4, {at0}));     // 3 vectors of 4 floats
+  EXPECT_FALSE(bn_rows_in_16_bytes(10, 12, 2, {at0}));    // 12 is no multiple of 8 bf16
+  EXPECT_TRUE(bn_rows_in_16_bytes(10, 2048, 2, {at0}));   // 256 vectors
+  EXPECT_FALSE(bn_rows_in_16_bytes(10, 2056, 2, {at0}));  // 257
+  EXPECT_FALSE(bn_rows_in_16_bytes(0, 16, 2, {at0}));     // no rows
+}
 
 // One block of 256 threads sums the rows in strides of 256 (backend_ops' 6 rows never wrap): none,
 // one, either side of a stride and several; overwriting, then accumulating.
