@@ -263,16 +263,17 @@ case $list in
     step bench_resnet50_torch_bf16_tuned 80 "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
       --data "$syn" --model resnet50 --epochs 3 --config tuned --bf16 --json
     table
-    # And ResNet-50's (0.85x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
-    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
-      --data "$syn"
     # ResNet-18 TF32 (1.09x PyTorch tuned on an H100, target 1.3x) and strict fp32 (0.68x, target
     # 1.0x): do more timed candidates per convolution than the default 8 find faster plans? The
-    # default-plans TF32 run beside them; perf's strict fp32 run is the other comparison.
+    # default-plans TF32 run beside them; perf's strict fp32 run is the other comparison. Before
+    # ResNet-50's profile: issue 29's targets first (group D was 100 s short on 2026-11-27).
     dptrain_run resnet18_graph_tf32 30 3 graph --tf32
     dptrain_run resnet18_graph_plans64_tf32 40 3 graph,DPT_CUDNN_MAX_PLANS=64 --tf32
     dptrain_run resnet18_graph_plans64 60 3 graph,DPT_CUDNN_MAX_PLANS=64
     table
+    # And ResNet-50's (0.85x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
+    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
+      --data "$syn"
     # Last: the fused convolution lost to the separate passes on an H200 and twice on an H100.
     # Without the ResNet-18 geometry sweep (a plan search per site, over 60 s on an H100):
     # fusedbench below builds and times the same sites.
