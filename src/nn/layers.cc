@@ -387,12 +387,6 @@ class Linear : public Leaf {
   Param* b_ = nullptr;
 };
 
-// A residual block: relu(join(main(x)) + (shortcut ? shortcut(x) : x)), where main ends with a
-// convolution and `join` is the block's last BatchNorm (d2l's bn2; torchvision's bn2 or bn3).
-// Every ReLU inside main is fused into the BatchNorm before it; `join` carries the join: its apply
-// pass adds the skip and applies the final ReLU (where BatchNorm's apply, the add and the ReLU
-// took a pass each), its backward's sums pass writes dz (dy through that ReLU), which the skip
-// path takes too. d2l's Residual: main = conv1, bn1 + ReLU, conv2; shortcut a 1x1 convolution.
 // A convolution with a bias, then a BatchNorm (`a` then `b`): folds the bias into the BatchNorm's
 // running mean (fold_conv_biases) and returns 1; else 0.
 int fold_pair(Layer& a, Layer& b) {
@@ -404,6 +398,12 @@ int fold_pair(Layer& a, Layer& b) {
   return bias ? 1 : 0;
 }
 
+// A residual block: relu(join(main(x)) + (shortcut ? shortcut(x) : x)), where main ends with a
+// convolution and `join` is the block's last BatchNorm (d2l's bn2; torchvision's bn2 or bn3).
+// Every ReLU inside main is fused into the BatchNorm before it; `join` carries the join: its apply
+// pass adds the skip and applies the final ReLU (where BatchNorm's apply, the add and the ReLU
+// took a pass each), its backward's sums pass writes dz (dy through that ReLU), which the skip
+// path takes too. d2l's Residual: main = conv1, bn1 + ReLU, conv2; shortcut a 1x1 convolution.
 // torchvision's: no biases, and the shortcut a 1x1 convolution then BatchNorm.
 class Residual : public Leaf, public Borrower {
  public:
