@@ -502,8 +502,6 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     places.push_back(parse_place(text));
   for (const RankPlace& p : places) pf.hosts.push_back(p.host);
   pf.local_rank = local_rank_of(pf.hosts, rank);
-  pf.ranks_here = static_cast<int>(
-      std::count(pf.hosts.begin(), pf.hosts.end(), pf.hosts[static_cast<size_t>(rank)]));
   // More compute threads than this host has cores ran 100x slower without a word (--threads 64
   // on 2 cores: 6.66 against 0.05 s per epoch): said once per host, not refused. The cores are
   // those the ranks may run on (their affinity masks), not the host's: under taskset, a
@@ -511,6 +509,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // every online CPU, so `taskset -c 0 mpirun -np 2` said nothing and kept the straggler watch).
   // Every rank has every mask, so each decides ranks_outnumber_cores alike without a collective.
   const HostCores cores = host_cores(places, rank, sysconf(_SC_NPROCESSORS_ONLN));
+  pf.ranks_here = static_cast<int>(cores.ranks.size());  // the ranks on this rank's host
   if (pf.local_rank == 0)
     if (const std::string warning = cores_warning(cores, cfg.threads); !warning.empty())
       log_warn(warning);
