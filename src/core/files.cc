@@ -46,6 +46,17 @@ const char* kind_of(mode_t m) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Writes all n bytes at fd's offset, retrying interrupted calls; false (errno set) on failure.
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w, n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
 // AtomicFile's temporary for `target`: "<dir>/<name>.tmp.<pid>." and kTempRandom random characters.
 constexpr size_t kTempRandom = 10;
 std::string temp_stem(const std::string& target) {
@@ -191,14 +202,9 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::write(const void* data, size_t n) {
   DPT_CHECK(fd_ >= 0, "AtomicFile::write after commit");
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    DPT_INPUT_CHECK(w > 0, "cannot write " << what_ << " " << path_ << " (via " << temp_
-                                           << "): " << errno_text());
-    p += w, n -= static_cast<size_t>(w);
-  }
+  DPT_INPUT_CHECK(
+      write_all(fd_, static_cast<const char*>(data), n),
+      "cannot write " << what_ << " " << path_ << " (via " << temp_ << "): " << errno_text());
 }
 
 void AtomicFile::commit() {
@@ -256,16 +262,8 @@ void rewrite_file_in_place(const std::string& path, std::string_view bytes,
   }
   // The bytes first, then the cut: stopped in between, the file holds every byte written and, at
   // worst, old bytes after them, never less than what was kept.
-  size_t done = 0;
-  bool ok = true;
-  while (ok && done < bytes.size()) {
-    const ssize_t w =
-        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
-    if (w < 0 && errno == EINTR) continue;
-    ok = w > 0;
-    if (ok) done += static_cast<size_t>(w);
-  }
-  ok = ok && ::ftruncate(fd, static_cast<off_t>(bytes.size())) == 0 && ::fsync(fd) == 0;
+  bool ok = write_all(fd, bytes.data(), bytes.size()) &&
+            ::ftruncate(fd, static_cast<off_t>(bytes.size())) == 0 && ::fsync(fd) == 0;
   const std::string err = ok ? "" : errno_text();
   ok = ::close(fd) == 0 && ok;
   DPT_INPUT_CHECK(
