@@ -249,14 +249,18 @@ cudaError_t launch_bn_apply(const uint16_t* x, uint16_t* y, const float* mean, c
 // BatchNorm backward sums: the fixed-order double reduction of channel_reduce.cuh.
 
 namespace {
-// Each (row, channel) is visited once, so the masked gradient can be stored (dz) as it is summed.
-// (g is dy or 0, so a bf16 dz holds it exactly.)
+// The gradient BatchNorm takes: dy, or dy through the fused ReLU whose output is y (the sums and
+// the apply pass alike).
+template <bool kRelu, typename T>
+__device__ __forceinline__ float bn_grad_in(T y, T dy) {
+  return kRelu ? relu_grad(widen(y), widen(dy)) : widen(dy);
+}
 // One element's contribution (g, and g xhat), returning g: the same function in the one-element
 // and the 16-byte forms. y is read only with relu.
 template <typename T>
 __device__ __forceinline__ float backward_one(bool relu, T y, T dy, T x, float mean, float invstd,
                                               double& sum_g, double& sum_g_xhat) {
-  const float g = relu ? relu_grad(widen(y), widen(dy)) : widen(dy);
+  const float g = relu ? bn_grad_in<true>(y, dy) : bn_grad_in<false>(y, dy);
   sum_g += g;
   sum_g_xhat += static_cast<double>(g) * ((widen(x) - mean) * invstd);
   return g;
@@ -265,6 +269,8 @@ template <int V>
 struct MeanInvstd {
   float mean[V], invstd[V];
 };
+// Each (row, channel) is visited once, so the masked gradient can be stored (dz) as it is summed.
+// (g is dy or 0, so a bf16 dz holds it exactly.)
 template <typename T>
 struct BackwardTerm {
   const T *x, *dy, *relu_out;
@@ -356,11 +362,6 @@ __device__ __forceinline__ float bn_dx_train(float g, float x, float a, float b,
   return a * (g - b - xhat * d);
 }
 __device__ __forceinline__ float bn_dx_eval(float g, float a) { return g * a; }
-// The gradient BatchNorm takes: dy, or dy through the fused ReLU whose output is y.
-template <bool kRelu, typename T>
-__device__ __forceinline__ float bn_grad_in(T y, T dy) {
-  return kRelu ? relu_grad(widen(y), widen(dy)) : widen(dy);
-}
 
 template <typename T>
 static __global__ void bn_backward_apply_kernel(

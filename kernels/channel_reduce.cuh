@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "launch_util.cuh"
@@ -71,11 +72,11 @@ __global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_c
 // adjacent channels over the rows channel_partials_kernel's thread of each would (row lane y:
 // rows r0 + y, r0 + y + 8, ... of its chunk, in that order), and the 8 lanes are added in lane
 // order, so every partial sum, and all after it, has the same bits. Block: `lanes` vector columns
-// x 8 row lanes x `groups` chunks (256 threads where the channels allow); shared memory
+// x 8 row lanes x `groups` chunks (kVecThreads where the channels allow); shared memory
 // groups * NQ * 8 * (lanes * V + 1) doubles. term.channels<V>(ch0) is a thread's per-channel
 // state, loaded once; term.row<V>(r, ch0, state, acc) adds row r's V contributions to acc[q][k].
 template <int NQ, int V, class Term>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kVecThreads)
     channel_partials_vec_kernel(int64_t m, int64_t c, int64_t rows_per_chunk, int64_t chunks,
                                 Term term, double* __restrict__ partial) {
   extern __shared__ double shared_sums[];
@@ -148,8 +149,7 @@ cudaError_t launch_channel_reduce(int64_t m, int64_t c, Term term, Out out, doub
     if (scratch == nullptr) return cudaErrorInvalidValue;
     if constexpr (V > 1) {
       const int64_t vecs = c / V, lanes = vecs < kReduceLanes ? vecs : kReduceLanes;
-      const int64_t groups =
-          256 / (lanes * kReduceRowLanes) > 0 ? 256 / (lanes * kReduceRowLanes) : 1;
+      const int64_t groups = std::max<int64_t>(1, kVecThreads / (lanes * kReduceRowLanes));
       const dim3 grid(static_cast<unsigned>((vecs + lanes - 1) / lanes),
                       static_cast<unsigned>((p.chunks + groups - 1) / groups));
       const size_t shared =
