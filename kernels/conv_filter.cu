@@ -50,6 +50,11 @@ cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t 
   return launch(as_bf16(src), as_bf16(dst), co, ci, kk, move, false, stream);
 }
 
+cudaError_t launch_filter_move_to_bf16(const float* src, uint16_t* dst, int64_t co, int64_t ci,
+                                       int64_t kk, FilterMove move, cudaStream_t stream) {
+  return launch(src, as_bf16(dst), co, ci, kk, move, false, stream);
+}
+
 cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci,
                                          int64_t kk, FilterMove move, bool accumulate,
                                          cudaStream_t stream) {

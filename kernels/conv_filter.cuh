@@ -19,6 +19,10 @@ cudaError_t launch_filter_move(const float* src, float* dst, int64_t co, int64_t
 // bf16 -> bf16 (weights of the bf16 entry points), exact.
 cudaError_t launch_filter_move_bf16(const uint16_t* src, uint16_t* dst, int64_t co, int64_t ci,
                                     int64_t kk, FilterMove move, cudaStream_t stream);
+// fp32 -> bf16, rounded to nearest even as launch_to_bf16 rounds (the fp32 master weights into the
+// layout and type a bf16 plan reads, in one pass).
+cudaError_t launch_filter_move_to_bf16(const float* src, uint16_t* dst, int64_t co, int64_t ci,
+                                       int64_t kk, FilterMove move, cudaStream_t stream);
 // bf16 -> fp32 (a bf16 weight gradient into the fp32 gradient buffer), exact before the addition.
 cudaError_t launch_filter_move_from_bf16(const uint16_t* src, float* dst, int64_t co, int64_t ci,
                                          int64_t kk, FilterMove move, bool accumulate,

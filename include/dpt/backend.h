@@ -135,6 +135,27 @@ class BatchNormOp {
 
 class Backend;
 
+// The spans in which the parameters do not change (Backend::weights_fixed: a step's forward and
+// backward passes, an evaluation), as a backend counts them: while one is open, an operation may
+// reuse the weights it converted or reordered earlier in the same span, so that happens once per
+// step (or evaluation), not once per call. Spans are numbered from 1; a conversion made outside
+// any span has number 0 and is never reused. Both backends keep one (the CPU's oneDNN reorders and
+// bf16 copies, the GPU's filter copies in the layout and type cuDNN's plans read).
+struct WeightSpan {
+  bool open = false;
+  uint64_t id = 0;
+  uint64_t current() const { return open ? id : 0; }
+  // Whether a conversion of `src` made in span `made` of `made_src` still holds.
+  bool holds(uint64_t made, const void* made_src, const void* src) const {
+    return open && made == id && made_src == src;
+  }
+  // Backend::weights_fixed(fixed): a new span opens, or the open one closes.
+  void set(bool fixed) {
+    if (fixed) ++id;
+    open = fixed;
+  }
+};
+
 // Backend::weights_fixed for one scope (closed also when the scope ends by an exception).
 class WeightsFixed {
  public:

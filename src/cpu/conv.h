@@ -18,21 +18,6 @@ namespace dpt::cpu {
 class WinogradConv;
 using dpt::ConvGeom;
 
-// The spans in which the parameters do not change (Backend::weights_fixed: a step's forward and
-// backward passes, an evaluation): while one is open, an operation may reuse the weights it
-// converted or reordered earlier in the same span, so that happens once per step (or evaluation),
-// not once per call. Spans are numbered from 1; a conversion made outside any span has number 0
-// and is never reused.
-struct WeightSpan {
-  bool open = false;
-  uint64_t id = 0;
-  uint64_t current() const { return open ? id : 0; }
-  // Whether a conversion of `src` made in span `made` of `made_src` still holds.
-  bool holds(uint64_t made, const void* made_src, const void* src) const {
-    return open && made == id && made_src == src;
-  }
-};
-
 // The CPU backend's ConvOp (backend.h).
 class ConvPrimitives : public ConvOp {
  public:

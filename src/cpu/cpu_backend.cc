@@ -186,13 +186,10 @@ class CpuBackend : public Backend {
     return std::make_unique<ConvPrimitives>(bf16_, &span_);
   }
   void weights_fixed(bool fixed) override {
-    if (fixed) {
-      ++span_.id;
-      // The bf16 weight copies not used in the span before are dropped (their models may be
-      // gone): what is kept is one span's working set.
-      std::erase_if(w16_, [&](const auto& kv) { return kv.second.span + 1 != span_.id; });
-    }
-    span_.open = fixed;
+    span_.set(fixed);
+    // The bf16 weight copies not used in the span before are dropped (their models may be gone):
+    // what is kept is one span's working set.
+    if (fixed) std::erase_if(w16_, [&](const auto& kv) { return kv.second.span + 1 != span_.id; });
   }
   std::unique_ptr<BatchNormOp> make_batchnorm(int64_t channels, double momentum,
                                               double eps) override {

@@ -132,45 +132,54 @@ bool graph_api_requested() {
 // found), so the call is simply run again there.
 class SharedGraphConv : public ConvOp {
  public:
-  SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv, GpuContext& ctx)
-      : conv_(std::move(conv)), ctx_(ctx) {}
+  SharedGraphConv(std::shared_ptr<CudnnGraphConv> conv, GpuContext& ctx, const WeightSpan* span)
+      : conv_(std::move(conv)), ctx_(ctx), copies_(span) {}
   void forward(const ConvGeom& g, const float* x, const float* w, const float* b,
                float* y) override {
-    either(kForward, 0, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
+    either(
+        kForward, 0, [&] { conv_->forward(g, x, w, b, y, copies_); },
+        [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
   void backward(const ConvGeom& g, const float* x, const float* w, const float* dy, float* dx,
                 float* dw, float* db, bool accumulate) override {
-    either(kBackward, 0, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
+    either(
+        kBackward, 0, [&] { conv_->backward(g, x, w, dy, dx, dw, db, accumulate, copies_); },
+        [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
   void forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
                BFloat16* y) override {
-    either(kForward, 1, [&](ConvOp& op) { op.forward(g, x, w, b, y); });
+    either(
+        kForward, 1, [&] { conv_->forward(g, x, w, b, y, copies_); },
+        [&](ConvOp& op) { op.forward(g, x, w, b, y); });
   }
   void backward(const ConvGeom& g, const BFloat16* x, const float* w, const BFloat16* dy,
                 BFloat16* dx, float* dw, float* db, bool accumulate) override {
-    either(kBackward, 1, [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
+    either(
+        kBackward, 1, [&] { conv_->backward(g, x, w, dy, dx, dw, db, accumulate, copies_); },
+        [&](ConvOp& op) { op.backward(g, x, w, dy, dx, dw, db, accumulate); });
   }
 
  private:
   enum { kForward = 0, kBackward = 1 };
-  // call(op) on the graph op, or on the legacy one where this direction and activation type
-  // (0 fp32, 1 bf16) has no graph-API plan.
-  template <class Call>
-  void either(int dir, int type, const Call& call) {
+  // graph() on the shared graph op, or legacy(op) on the layer's legacy one where this direction
+  // and activation type (0 fp32, 1 bf16) has no graph-API plan.
+  template <class Graph, class Legacy>
+  void either(int dir, int type, const Graph& graph, const Legacy& legacy) {
     if (!legacy_[dir][type]) {
       try {
-        call(*conv_);
+        graph();
         return;
       } catch (const NoGraphPlan&) {  // CudnnGraphConv logged it, once per key
         legacy_[dir][type] = true;
       }
     }
     if (!legacy_op_) legacy_op_ = std::make_unique<CudnnConv>(ctx_);
-    call(*legacy_op_);
+    legacy(*legacy_op_);
   }
 
   std::shared_ptr<CudnnGraphConv> conv_;
   GpuContext& ctx_;
+  FilterCopies copies_;  // this layer's filter as its plans read it, once per WeightSpan
   std::unique_ptr<CudnnConv> legacy_op_;
   bool legacy_[2][2] = {{false, false}, {false, false}};
 };
@@ -185,7 +194,7 @@ std::unique_ptr<ConvOp> CudaBackend::make_conv() {
       graph_conv_ = std::make_shared<CudnnGraphConv>(*ctx_);
       graph_conv_->set_plan_choices(conv_plan_seed_);
     }
-    return std::make_unique<SharedGraphConv>(graph_conv_, *ctx_);
+    return std::make_unique<SharedGraphConv>(graph_conv_, *ctx_, &span_);
 #endif
   }
   return std::make_unique<CudnnConv>(*ctx_);

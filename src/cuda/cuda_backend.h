@@ -48,6 +48,8 @@ class CudaBackend : public Backend {
   // Whether make_conv gives graph-API convolutions (DPT_CUDNN_API and the build, as above).
   bool graph_api() const;
   void profiler_window(bool on) override;
+  // Counts the spans the graph API's layers keep their filter copies for (FilterCopies).
+  void weights_fixed(bool fixed) override { span_.set(fixed); }
   // The graph API's plan choices (CudnnGraphConv::plan_choices): what a checkpoint stores so that a
   // resumed run runs the same plans. Before the first graph convolution exists (and on the legacy
   // API) the text last given to set_conv_plan_choices, which seeds that convolution when it is
@@ -122,6 +124,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<GpuContext> ctx_;
   std::shared_ptr<CudnnGraphConv> graph_conv_;  // after ctx_: destroyed before it
   std::string conv_plan_seed_;
+  WeightSpan span_;  // Backend::weights_fixed's, read by the layers' FilterCopies
   bool abandoned_ = false;
 };
 

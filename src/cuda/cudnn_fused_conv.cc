@@ -176,7 +176,7 @@ struct FusedConvGenstats::Impl {
   const Plan& plan(const ConvGeom& g, bool prologue, Io io, const Trial& trial) {
     const std::string key = key_of(g, prologue, io);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
-    graph_api::check_not_capturing(ctx, "fused convolution " + key);
+    graph_api::check_not_capturing(ctx, "building the cuDNN graph of fused convolution " + key);
     const auto t0 = std::chrono::steady_clock::now();
     const auto make = [&](Variant v, bool nondeterministic, std::string* why) {
       return make_graph(ctx.cudnn(), g, prologue, io, v, nondeterministic, why);

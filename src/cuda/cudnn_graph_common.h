@@ -125,11 +125,9 @@ inline void check_activation(const void* p, const char* what, const ConvGeom& g)
 inline void check_not_capturing(const GpuContext& ctx, const std::string& what) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
-  DPT_CHECK(
-      capture == cudaStreamCaptureStatusNone,
-      "the cuDNN graph of " << what
-                            << " would be built inside a CUDA-graph capture; every shape's first "
-                               "step must run eagerly");
+  DPT_CHECK(capture == cudaStreamCaptureStatusNone,
+            what << " would happen inside a CUDA-graph capture; every shape's first step must run "
+                    "eagerly");
 }
 
 // A positive integer from environment variable `name`, or `fallback` where it is unset or empty;

@@ -11,12 +11,14 @@
 //
 // Layouts: activations NHWC (NCHW dims with channels-last strides). The filter is described
 // either as stored (OIHW strides) or as OHWI (KRSC), the layout cuDNN's channels-last engines are
-// built for, moved there through the workspace on each call (kernels/conv_filter.cuh: tiny next
-// to the convolution); a weight gradient comes back the same way. Both layouts' plans compete in
-// the timing below, the moves included. With Cin == 1 or K == 1 the two are the same bytes and
-// only OHWI is described. Weights or dW at an unaligned address go through the aligned workspace
-// too (conv_common.h). The graph API's convolutions have no beta, so an accumulated dW is computed
-// into the workspace and added by the same move.
+// built for. A model's layer (SharedGraphConv) keeps FilterCopies: its filter moved (and, for
+// bf16 plans, rounded) once per WeightSpan, shared by forward and backward-data; the plain entry
+// points move it through the workspace on each call (kernels/conv_filter.cuh). A weight gradient
+// comes back the same way, per call. Both layouts' plans compete in the timing below, the
+// per-call moves included where there are any. With Cin == 1 or K == 1 the two are the same
+// bytes and only OHWI is described. Weights or dW at an unaligned address go through the aligned
+// workspace or a copy too (conv_common.h). The graph API's convolutions have no beta, so an
+// accumulated dW is computed into the workspace and added by the same move.
 //
 // Numerics: fp32 compute throughout. fp32 arrays without GpuContext::tensor_ops() deselect every
 // engine with the TENSOR_CORE numerical note (TF32 on Ampere and newer: 10-bit mantissas); with
@@ -125,6 +127,14 @@ constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
 // The plan name a key without a graph-API plan is recorded under (plan_choices()).
 const std::string kLegacy = "legacy";
+
+// The filter of one call: w in the call's element type, OIHW, as given (the entry points without a
+// layer's copies: moved per call as a plan needs it); or, with `copies`, w is the fp32 master
+// weights and the plan reads the layer's copy in its own type and layout (FilterCopies).
+struct Filter {
+  const void* w = nullptr;
+  FilterCopies* copies = nullptr;
+};
 
 // One built plan of one variant's graph.
 struct Plan : graph_api::BuiltPlan {
@@ -257,7 +267,7 @@ struct CudnnGraphConv::Impl {
       unplannable[key] = "convolution " + key + ": the legacy API, as recorded";
       throw NoGraphPlan(unplannable[key]);
     }
-    graph_api::check_not_capturing(ctx, "convolution " + key);
+    graph_api::check_not_capturing(ctx, "building the cuDNN graph of convolution " + key);
     Plan chosen;
     if (!recorded.empty() && !seeded(g, d, io, recorded, &chosen))
       log_warn(DPT_MSG("cuDNN plan '"
@@ -355,15 +365,21 @@ struct CudnnGraphConv::Impl {
 
   // One direction's work with plan p: forward reads x and w into y; backward-data reads y (dy)
   // and w into x (dx).
-  void run_data(const Plan& p, const ConvGeom& g, Io io, const void* x, const void* w,
+  void run_data(const Plan& p, const ConvGeom& g, Io io, const void* x, const Filter& f,
                 const void* y) {
+    if (f.copies) {  // made (or held from earlier in the span) before the workspace is taken
+      const void* w =
+          f.copies->get(ctx, g, io == Io::kBf16, p.variant.ohwi, static_cast<const float*>(f.w));
+      execute(p, x, w, y, static_cast<char*>(ctx.workspace(static_cast<size_t>(p.workspace))));
+      return;
+    }
     WorkspaceLayout layout;
-    const bool move = moves_weights(p, g, w);
+    const bool move = moves_weights(p, g, f.w);
     const size_t at_w =
         move ? layout.add(static_cast<size_t>(filter_elems(g)) * elem_bytes(io)) : 0;
     const size_t at_plan = layout.add(static_cast<size_t>(p.workspace));
     char* ws = static_cast<char*>(ctx.workspace(layout.total()));
-    execute(p, x, weights(p, g, io, w, move ? ws + at_w : nullptr), y, ws + at_plan);
+    execute(p, x, weights(p, g, io, f.w, move ? ws + at_w : nullptr), y, ws + at_plan);
   }
 
   // Backward-filter with plan p: dw (fp32 OIHW) = or += the gradient of x and dy.
@@ -390,7 +406,7 @@ struct CudnnGraphConv::Impl {
   }
 
   template <class T>
-  void forward(const ConvGeom& g, const T* x, const T* w, const float* b, T* y) {
+  void forward(const ConvGeom& g, const T* x, const Filter& w, const float* b, T* y) {
     check_geometry(g);
     check_activation(x, "x", g);
     check_activation(y, "y", g);
@@ -401,8 +417,8 @@ struct CudnnGraphConv::Impl {
   }
 
   template <class T>
-  void backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dx, float* dw, float* db,
-                bool accumulate) {
+  void backward(const ConvGeom& g, const T* x, const Filter& w, const T* dy, T* dx, float* dw,
+                float* db, bool accumulate) {
     check_geometry(g);
     check_activation(dy, "dy", g);
     const Io io = io_of<T>();
@@ -430,23 +446,23 @@ CudnnGraphConv::~CudnnGraphConv() = default;
 
 void CudnnGraphConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
                              float* y) {
-  impl_->forward(g, x, w, b, y);
+  impl_->forward(g, x, Filter{w}, b, y);
 }
 
 void CudnnGraphConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
                               float* dx, float* dw, float* db, bool accumulate) {
-  impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
+  impl_->backward(g, x, Filter{w}, dy, dx, dw, db, accumulate);
 }
 
 void CudnnGraphConv::forward_bf16(const ConvGeom& g, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                   const float* b, __nv_bfloat16* y) {
-  impl_->forward(g, x, w, b, y);
+  impl_->forward(g, x, Filter{w}, b, y);
 }
 
 void CudnnGraphConv::backward_bf16(const ConvGeom& g, const __nv_bfloat16* x,
                                    const __nv_bfloat16* w, const __nv_bfloat16* dy,
                                    __nv_bfloat16* dx, float* dw, float* db, bool accumulate) {
-  impl_->backward(g, x, w, dy, dx, dw, db, accumulate);
+  impl_->backward(g, x, Filter{w}, dy, dx, dw, db, accumulate);
 }
 
 const __nv_bfloat16* CudnnGraphConv::bf16_weights(const ConvGeom& g, const float* w) {
@@ -466,6 +482,55 @@ void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float*
                               const BFloat16* dy, BFloat16* dx, float* dw, float* db,
                               bool accumulate) {
   backward_bf16(g, nv(x), dx ? bf16_weights(g, w) : nullptr, nv(dy), nv(dx), dw, db, accumulate);
+}
+
+void CudnnGraphConv::forward(const ConvGeom& g, const float* x, const float* w, const float* b,
+                             float* y, FilterCopies& copies) {
+  impl_->forward(g, x, Filter{w, &copies}, b, y);
+}
+
+void CudnnGraphConv::backward(const ConvGeom& g, const float* x, const float* w, const float* dy,
+                              float* dx, float* dw, float* db, bool accumulate,
+                              FilterCopies& copies) {
+  impl_->backward(g, x, Filter{w, &copies}, dy, dx, dw, db, accumulate);
+}
+
+void CudnnGraphConv::forward(const ConvGeom& g, const BFloat16* x, const float* w, const float* b,
+                             BFloat16* y, FilterCopies& copies) {
+  impl_->forward(g, nv(x), Filter{w, &copies}, b, nv(y));
+}
+
+void CudnnGraphConv::backward(const ConvGeom& g, const BFloat16* x, const float* w,
+                              const BFloat16* dy, BFloat16* dx, float* dw, float* db,
+                              bool accumulate, FilterCopies& copies) {
+  impl_->backward(g, nv(x), Filter{w, &copies}, nv(dy), nv(dx), dw, db, accumulate);
+}
+
+const void* FilterCopies::get(GpuContext& ctx, const ConvGeom& g, bool bf16, bool ohwi,
+                              const float* w) {
+  const bool moved = ohwi && !graph_api::same_layout(g);
+  if (!bf16 && !moved && aligned(w)) return w;  // the plan reads the master weights as they are
+  Copy& c = copies_[bf16][moved];
+  if (span_ && span_->holds(c.made, c.of, w)) return c.buf.as<void>();
+  const int64_t n = filter_elems(g);
+  const size_t bytes = static_cast<size_t>(n) * (bf16 ? sizeof(uint16_t) : sizeof(float));
+  if (c.buf.bytes() < bytes) {
+    // A layer's filter keeps its size, so this is its first eager calls' only allocation.
+    graph_api::check_not_capturing(ctx, "allocating a layer's filter copy");
+    ctx.synchronize();  // queued work may still read the buffer being replaced
+    c.buf = DeviceBuffer(bytes);
+  }
+  const auto move = moved ? cuda::FilterMove::kToOhwi : cuda::FilterMove::kCopy;
+  const int64_t kk = g.k * g.k;
+  if (bf16)
+    CUDA_CHECK(cuda::launch_filter_move_to_bf16(w, c.buf.as<uint16_t>(), g.c_out, g.c_in, kk, move,
+                                                ctx.stream()));
+  else
+    CUDA_CHECK(cuda::launch_filter_move(w, c.buf.as<float>(), g.c_out, g.c_in, kk, move, false,
+                                        ctx.stream()));
+  c.of = w;
+  c.made = span_ ? span_->current() : 0;
+  return c.buf.as<void>();
 }
 
 std::string CudnnGraphConv::plan_choices() const {

@@ -352,7 +352,12 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
     r.begin(step);  // a dropped capture may have counted some gradients already
   };
   auto body = [&] {
-    forward_backward(true, false, nullptr);
+    {
+      // As in step(): the weights converted once for the forward and backward passes (on the GPU
+      // the layers' filter copies, whose conversion a captured step then holds as a node).
+      WeightsFixed fixed(be_);
+      forward_backward(true, false, nullptr);
+    }
     r.wait();
     update(first);
   };

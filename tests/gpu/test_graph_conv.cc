@@ -15,6 +15,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/conv_common.h"
@@ -148,6 +149,20 @@ Results<float> run_bf16(CudnnGraphConv& op, GpuContext& ctx, const Operands& o) 
   op.forward_bf16(g, bf(x.p), bf(w.p), b.p, bf(y.p));
   op.backward_bf16(g, bf(x.p), bf(w.p), bf(dy.p), bf(dx.p), dw.p, db.p, false);
   op.backward_bf16(g, bf(x.p), bf(w.p), bf(dy.p), nullptr, dwa.p, dba.p, true);
+  ctx.synchronize();
+  return {from_bf16(y.host()), from_bf16(dx.host()), dw.host(), db.host(), dwa.host(), dba.host()};
+}
+
+// The same three calls through a ConvOp's 16-bit activation entry points (a model layer's: bf16
+// x, y, dy, dx; fp32 master weights, bias and gradients).
+Results<float> run_act16(ConvOp& op, GpuContext& ctx, const Operands& o) {
+  const ConvGeom& g = o.g;
+  Dev<uint16_t> x(to_bf16(o.x)), dy(to_bf16(o.dy)), y(y_size(g)), dx(x_size(g));
+  Dev<float> w(o.w), b(o.b), dw(w_size(g)), db(count(g.c_out)), dwa(o.dw0), dba(o.db0);
+  const auto b16 = [](uint16_t* p) { return reinterpret_cast<BFloat16*>(p); };
+  op.forward(g, b16(x.p), w.p, b.p, b16(y.p));
+  op.backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
+  op.backward(g, b16(x.p), w.p, b16(dy.p), nullptr, dwa.p, dba.p, true);
   ctx.synchronize();
   return {from_bf16(y.host()), from_bf16(dx.host()), dw.host(), db.host(), dwa.host(), dba.host()};
 }
@@ -525,17 +540,75 @@ TEST(GraphConv, KeysWithoutAPlanRunOnTheLegacyApi) {
   // cuDNN offers: a graph plan or the fallback; no seed for these keys.
   auto layer16 = be.make_conv();
   const Operands o16 = operands(g, 960, true);
-  Dev<uint16_t> x(to_bf16(o16.x)), dy(to_bf16(o16.dy)), y(y_size(g)), dx(x_size(g));
-  Dev<float> w(o16.w), b(o16.b), dw(w_size(g)), db(count(g.c_out)), dwa(o16.dw0), dba(o16.db0);
-  const auto b16 = [](uint16_t* p) { return reinterpret_cast<BFloat16*>(p); };
-  layer16->forward(g, b16(x.p), w.p, b.p, b16(y.p));
-  layer16->backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
-  layer16->backward(g, b16(x.p), w.p, b16(dy.p), nullptr, dwa.p, dba.p, true);
-  ctx.synchronize();
-  const Results<float> got{from_bf16(y.host()), from_bf16(dx.host()), dw.host(),
-                           db.host(),           dwa.host(),           dba.host()};
-  expect_within(got, reference(o16), kBf16Norm, kBf16Max, "bf16 activations at 3 -> 5 channels");
+  expect_within(run_act16(*layer16, ctx, o16), reference(o16), kBf16Norm, kBf16Max,
+                "bf16 activations at 3 -> 5 channels");
   std::printf("  DPT_CUDNN_API=graph, bf16 3->5 channels: %s\n", be.conv_plan_choices().c_str());
+}
+
+// A model's layer (the backend's make_conv under the graph API) reads its filter through its
+// FilterCopies: inside one WeightSpan the bf16 copy (moved to OHWI where the plan reads that) is
+// made once, for forward and backward-data, so a change to the master weights in the middle of a
+// span is not seen, which is how the reuse shows; a new span, or a call outside spans, sees the
+// weights as they are. The copies give the bits of the per-call path: a CudnnGraphConv seeded
+// with the layer's plans, on bf16 weights (bf16 activations) or the master weights (fp32).
+TEST(GraphConv, LayersMoveTheirFilterOncePerSpan) {
+  SKIP_WITHOUT_GPU();
+  gpu::CudaBackend be(0);
+  GpuContext& ctx = be.context();
+  ScopedEnv env("DPT_CUDNN_API", "graph");
+  const ConvGeom g = kCases[3].g;  // 3x3, 64 -> 64: OIHW and OHWI differ
+  const Operands o = operands(g, 970, true);
+  std::vector<float> w2 = test::random(w_size(g), 971, -0.5, 0.5);
+  for (float& f : w2) f = float_from_bf16(bf16_from_float(f));
+  auto layer = be.make_conv();
+  Dev<uint16_t> x(to_bf16(o.x)), dy(to_bf16(o.dy)), y(y_size(g)), dx(x_size(g));
+  Dev<float> w(o.w), b(o.b), dw(w_size(g)), db(count(g.c_out));
+  const auto b16 = [](uint16_t* p) { return reinterpret_cast<BFloat16*>(p); };
+  const auto run = [&] {  // y and dx of one forward and backward
+    layer->forward(g, b16(x.p), w.p, b.p, b16(y.p));
+    layer->backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
+    return std::make_pair(y.host(), dx.host());
+  };
+  const auto set_w = [&](const std::vector<float>& v) {
+    ctx.synchronize();
+    CUDA_CHECK(cudaMemcpy(w.p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  };
+  const auto r1 = run();
+  set_w(w2);  // outside a span: seen at once
+  const auto r2 = run();
+  ASSERT_NE(r1.first, r2.first);
+  ASSERT_NE(r1.second, r2.second);
+  set_w(o.w);
+  {
+    WeightsFixed fixed(be);
+    EXPECT_EQ(run(), r1);
+    set_w(w2);  // a change inside the span (which the span's contract rules out)
+    EXPECT_EQ(run(), r1) << "the layer converted its filter again inside one span";
+  }
+  {
+    WeightsFixed fixed(be);
+    EXPECT_EQ(run(), r2) << "a new span must convert the filter afresh";
+  }
+  EXPECT_EQ(run(), r2);
+
+  // The same bits as the entry points without copies, on the plans the layer chose.
+  const Operands o32 = operands(g, 980, false);
+  Results<float> layer16, layer32;
+  {
+    WeightsFixed fixed(be);
+    layer16 = run_act16(*layer, ctx, o);
+  }
+  {
+    WeightsFixed fixed(be);
+    layer32 = run_fp32(*layer, ctx, o32);
+  }
+  CudnnGraphConv direct(ctx);
+  direct.set_plan_choices(be.conv_plan_choices());
+  expect_same_bits(run_bf16(direct, ctx, o), layer16, "bf16, the layer's copies against per call");
+  expect_same_bits(run_fp32(direct, ctx, o32), layer32,
+                   "fp32, the layer's copies against per call");
+  EXPECT_EQ(direct.plans_timed(), 0u) << "the layer's plans were not all replayed";
+  std::printf("  the layer's plans: %s\n", be.conv_plan_choices().c_str());
 }
 
 }  // namespace
