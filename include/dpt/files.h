@@ -53,13 +53,28 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const st
 // its owner, the directory's owner and root may). Input error naming `what` where AtomicFile
 // would refuse the path anyway.
 bool may_replace_by_rename(const std::string& path, const std::string& what);
-// Overwrites the existing regular file `path` in place: `bytes` from its start, then cut to their
-// length and fsynced (the same inode, owner and mode). For a file this user may write but not
-// replace (may_replace_by_rename), at the cost of AtomicFile's all or nothing: stopped half-way,
-// the file holds the bytes written and possibly old bytes after them. A FIFO, device or directory
-// is refused at once; every failure is an input error naming `what` and the path.
+// Makes the existing regular file `path` hold `bytes`, in place (the same inode, owner and mode):
+// for a file this user may write but not replace (may_replace_by_rename), at the cost of
+// AtomicFile's all or nothing. No byte is overwritten: the file is cut at
+// in_place_rewrite_from(its bytes, `bytes`) and fsynced, then the rest of `bytes` is written after
+// the cut and fsynced. For the --metrics trim, where `bytes` are the file's lines less those past
+// the resume point, stopped anywhere (a kill, a full disk, a power cut) it leaves:
+//  - the usual trim, dropped records that were the file's last lines: one ftruncate, so the file
+//    as it was (the next resume trims it again) or trimmed;
+//  - the newline of a last record cut short: that newline, or not yet;
+//  - a line kept after a dropped one (a note added by hand, records out of order): the file as it
+//    was; or only its lines up to the first dropped one, those kept after it missing; or those
+//    and part of the rest, the last line without its newline, which the next resume drops as a
+//    record cut short (or ends with its newline where it parses).
+// Never old bytes after new ones: every whole line it holds is one of the file's own. A FIFO,
+// device or directory is refused at once; every failure is an input error naming `what` and the
+// path.
 void rewrite_file_in_place(const std::string& path, std::string_view bytes,
                            const std::string& what);
+// Where rewrite_file_in_place cuts a file holding `current` to make it `bytes`: their common
+// prefix's length where one is a prefix of the other, else the end of the last whole line
+// (newline) they share (0: none).
+size_t in_place_rewrite_from(std::string_view current, std::string_view bytes);
 
 // A run's claim on one output file, held from the pre-flight to the end of the run, so that a
 // second run given the same --metrics, --report, --trace or --checkpoint-path is refused instead

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -55,6 +56,18 @@ bool write_all(int fd, const char* p, size_t n) {
     p += w, n -= static_cast<size_t>(w);
   }
   return true;
+}
+
+// Appends the rest of fd's file from its offset to *out, retrying interrupted reads; false (errno
+// set) on failure.
+bool read_all(int fd, std::string* out) {
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0;
+    out->append(buf, static_cast<size_t>(n));
+  }
 }
 
 // AtomicFile's temporary for `target`: "<dir>/<name>.tmp.<pid>." and kTempRandom random characters.
@@ -248,11 +261,26 @@ bool may_replace_by_rename(const std::string& path, const std::string& what) {
   return ::stat(dir_of(target).c_str(), &dst) != 0 || !sticky_forbids_replacing(st, dst);
 }
 
+size_t in_place_rewrite_from(std::string_view current, std::string_view bytes) {
+  const size_t same = static_cast<size_t>(
+      std::mismatch(current.begin(), current.end(), bytes.begin(), bytes.end()).first -
+      current.begin());
+  // A trim (the records past the resume point are the file's last lines) is one cut; the newline
+  // of a last record cut short is one append.
+  if (same == bytes.size() || same == current.size()) return same;
+  // Otherwise from the end of the last whole line the two share: what is written after the cut is
+  // whole lines, so a write stopped half-way leaves a last line without its newline, which the
+  // next trim reads as a record cut short, never old bytes after new ones.
+  const size_t nl = bytes.substr(0, same).rfind('\n');
+  return nl == std::string_view::npos ? 0 : nl + 1;
+}
+
 void rewrite_file_in_place(const std::string& path, std::string_view bytes,
                            const std::string& what) {
   // O_NONBLOCK and the fstat: whatever the name has become since it was checked, a FIFO or a
-  // device is refused at once, never written or waited on.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  // device is refused at once, never written or waited on. Read through the same descriptor, so
+  // the bytes compared are those of the file that is cut.
+  const int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   DPT_INPUT_CHECK(fd >= 0, "cannot write " << what << " " << path << ": " << errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -260,10 +288,19 @@ void rewrite_file_in_place(const std::string& path, std::string_view bytes,
     DPT_INPUT_CHECK(false, what << " " << path << " is " << kind_of(st.st_mode)
                                 << ", not a regular file: refusing to rewrite it");
   }
-  // The bytes first, then the cut: stopped in between, the file holds every byte written and, at
-  // worst, old bytes after them, never less than what was kept.
-  bool ok = write_all(fd, bytes.data(), bytes.size()) &&
-            ::ftruncate(fd, static_cast<off_t>(bytes.size())) == 0 && ::fsync(fd) == 0;
+  // The cut first, fsynced, then the rest written after it: never a byte overwritten, so whatever
+  // stops it (a kill, a full disk, a power cut) leaves the file as it was, or cut, or cut with
+  // part of the rest after it (files.h says what each means).
+  std::string current;
+  bool ok = read_all(fd, &current);
+  if (ok) {
+    const size_t from = in_place_rewrite_from(current, bytes);
+    if (from < current.size())
+      ok = ::ftruncate(fd, static_cast<off_t>(from)) == 0 && ::fsync(fd) == 0;
+    if (ok && from < bytes.size())
+      ok = ::lseek(fd, static_cast<off_t>(from), SEEK_SET) == static_cast<off_t>(from) &&
+           write_all(fd, bytes.data() + from, bytes.size() - from) && ::fsync(fd) == 0;
+  }
   const std::string err = ok ? "" : errno_text();
   ok = ::close(fd) == 0 && ok;
   DPT_INPUT_CHECK(

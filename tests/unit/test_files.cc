@@ -5,8 +5,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -16,6 +21,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -637,6 +643,99 @@ TEST_F(FilesTest, RewriteInPlaceKeepsTheFileAndCutsItToTheNewBytes) {
   expect_input_error([&] { rewrite_file_in_place(path("fifo"), "x", "--metrics"); },
                      {"--metrics", path("fifo")});
   expect_input_error([&] { rewrite_file_in_place(dir_, "x", "--metrics"); }, {"--metrics", dir_});
+}
+
+TEST(InPlaceRewriteFrom, CutsAtTheCommonPrefixOrTheLastWholeLineShared) {
+  EXPECT_EQ(in_place_rewrite_from("a\nb\nc\n", "a\n"), 2u);            // a trim: one cut
+  EXPECT_EQ(in_place_rewrite_from("a\nb\n", "a\nb\n"), 4u);            // nothing to do
+  EXPECT_EQ(in_place_rewrite_from("a\n{\"x\"", "a\n{\"x\"\n"), 6u);    // a cut record's newline
+  EXPECT_EQ(in_place_rewrite_from("a\nb1\nnote\n", "a\nnote\n"), 2u);  // a line kept after
+  EXPECT_EQ(in_place_rewrite_from("ab\nc\n", "ac\n"), 0u);             // no whole line shared
+  EXPECT_EQ(in_place_rewrite_from("", ""), 0u);
+  EXPECT_EQ(in_place_rewrite_from("x\n", ""), 0u);
+}
+
+// Kills this process with SIGSYS at its first call of system call `nr` (seccomp): a run stopped
+// exactly there, as a kill or a power cut between two steps of the rewrite would stop it. False
+// where seccomp is not allowed.
+bool die_at_syscall(long nr) {
+  sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<__u32>(nr), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// rewrite_file_in_place(m, kept) in a child that dies at its first call of `nr` (none: -1) with
+// the file size limited to `max_size` bytes (a full disk: writes past it fail, EFBIG); the child's
+// wait status, or -1 where seccomp was refused.
+int rewrite_in_child(const std::string& m, const std::string& kept, long nr, rlim_t max_size) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // the write fails instead of killing
+    const rlimit limit{max_size, max_size};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(10);
+    if (nr >= 0 && !die_at_syscall(nr)) ::_exit(11);
+    try {
+      rewrite_file_in_place(m, kept, "--metrics");
+    } catch (const Error& e) {
+      ::_exit(std::string(e.what()).find("File too large") != std::string::npos ? 20 : 21);
+    }
+    ::_exit(0);
+  }
+  int status = -1;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 11 ? -1 : status;
+}
+
+bool killed_by_sigsys(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS; }
+
+// Stopped anywhere, the rewrite leaves whole lines of the file's own, then at most one line cut
+// short: never old bytes after new ones (written over the start and then cut, a stop between the
+// two left the kept lines, then the old file's tail from mid-line).
+TEST_F(FilesTest, RewriteInPlaceStoppedAnywhereLeavesNoOldBytesAfterNewOnes) {
+  const std::string m = path("m.jsonl");
+  const std::string e1 = "{\"epoch\":1}\n", e2 = "{\"epoch\":2}\n", e3 = "{\"epoch\":3}\n",
+                    note = "# a note\n";
+  const rlim_t unlimited = RLIM_INFINITY;
+  // The usual trim, the records past the resume point last: one ftruncate and nothing written.
+  put(m, e1 + e2 + e3);
+  int st = rewrite_in_child(m, e1, SYS_ftruncate, unlimited);
+  if (st == -1) GTEST_SKIP() << "seccomp refused here";
+  EXPECT_TRUE(killed_by_sigsys(st)) << st;
+  EXPECT_EQ(slurp(m), e1 + e2 + e3);  // stopped before the cut: as it was, trimmed next time
+  st = rewrite_in_child(m, e1, SYS_write, unlimited);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;  // never reached a write
+  EXPECT_EQ(slurp(m), e1);
+
+  // A line kept after a dropped one: cut at the line before the first dropped one, then the rest.
+  const std::string before = e1 + e2 + note + e3, kept = e1 + note;
+  put(m, before);
+  st = rewrite_in_child(m, kept, SYS_ftruncate, unlimited);
+  EXPECT_TRUE(killed_by_sigsys(st)) << st;
+  EXPECT_EQ(slurp(m), before);  // stopped before anything changed
+  st = rewrite_in_child(m, kept, SYS_write, unlimited);
+  EXPECT_TRUE(killed_by_sigsys(st)) << st;
+  EXPECT_EQ(slurp(m), e1);  // cut; the note not yet written again
+  put(m, before);
+  st = rewrite_in_child(m, kept, -1, e1.size() + 3);  // the disk full 3 bytes into the note
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 20) << st;
+  EXPECT_EQ(slurp(m), e1 + "# a");  // a last line cut short, which the next trim drops
+  rewrite_file_in_place(m, e1, "--metrics");
+  EXPECT_EQ(slurp(m), e1);
+  put(m, before);
+  rewrite_file_in_place(m, kept, "--metrics");  // not stopped: the kept lines exactly
+  EXPECT_EQ(slurp(m), kept);
+
+  // A last record cut short, kept with its newline: one byte appended, nothing cut.
+  put(m, e1 + "{\"epoch\":2}");
+  st = rewrite_in_child(m, e1 + e2, SYS_ftruncate, unlimited);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(slurp(m), e1 + e2);
 }
 
 // In a sticky directory only the file's owner, the directory's owner and root may rename over a

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -420,6 +421,57 @@ TEST_F(MetricsFileTest, ResumeKeepsRecordsUpToTheCheckpointAndAppends) {
   int n = 0;
   for (std::string p; pts >> p;) ++n;
   EXPECT_EQ(n, 2);
+}
+
+// Another user's --metrics in a sticky directory (only its owner may rename over it) is trimmed
+// in place, as uid 65534 in a child over root's file: the same file, exactly the kept lines, a note
+// that followed the dropped records too; and what a trim stopped by a full disk leaves (its last
+// line cut short) the next resume trims to the same records.
+TEST_F(MetricsFileTest, ResumeTrimsAFileItMayNotReplaceInPlace) {
+  if (::geteuid() != 0) GTEST_SKIP() << "another user's file needs root (a file owned by root)";
+  const std::string sticky = dir_ + "/sticky";
+  ASSERT_EQ(::mkdir(sticky.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(sticky.c_str(), 01777), 0);
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  cfg_.metrics = sticky + "/metrics.jsonl";
+  const auto step_line = [](int epoch, int64_t step) {
+    return json{{"type", "step"}, {"epoch", epoch}, {"step", step}}.dump() + "\n";
+  };
+  const std::string kept = step_line(1, 10) + epoch_record(1).to_json() + "\n";
+  const std::string note = "# a note the operator added\n";
+  const auto resume_as_nobody = [&] {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+      try {
+        MetricsLogger log(cfg_, 0, 1, {epoch_record(1)}, true, 1, 10);
+      } catch (const std::exception&) {
+        ::_exit(11);
+      }
+      ::_exit(0);
+    }
+    int status = -1;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "status " << status << " (exit 10: could not drop to uid 65534, 11: an error)";
+  };
+  {
+    std::ofstream(cfg_.metrics) << kept << step_line(2, 11) << epoch_record(2).to_json() << "\n"
+                                << note;
+  }
+  ASSERT_EQ(::chmod(cfg_.metrics.c_str(), 0666), 0);
+  struct stat before {};
+  ASSERT_EQ(::stat(cfg_.metrics.c_str(), &before), 0);
+  resume_as_nobody();
+  EXPECT_EQ(slurp(cfg_.metrics), kept + note);
+  struct stat after {};
+  ASSERT_EQ(::stat(cfg_.metrics.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);  // the same file, root's still
+  EXPECT_EQ(after.st_uid, 0u);
+
+  { std::ofstream(cfg_.metrics) << kept << "# a no"; }  // stopped 4 bytes into the note
+  resume_as_nobody();
+  EXPECT_EQ(slurp(cfg_.metrics), kept);
 }
 
 TEST_F(MetricsFileTest, ResumeWithNothingPastTheCheckpointLeavesTheFile) {
