@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,24 @@ std::vector<int> usable_cpus();
 // travel between the ranks of one build).
 std::string cpu_list_text(const std::vector<int>& cpus);
 std::vector<int> parse_cpu_list(const std::string& text);
+// The same list from a file, read strictly: sorted distinct ids, with at most one trailing newline
+// ("" or "\n": no CPU); nullopt for any other text (an empty item, a space, a sign, a range
+// backwards, an id of 2^18 or more), never a crash or an allocation the text's numbers size.
+std::optional<std::vector<int>> read_cpu_list(std::string_view text);
+// The CPUs this process could be allowed at most, where a container or batch system limits it
+// (docker --cpuset-cpus, a cgroup's cpuset): sched_setaffinity can widen a mask up to the
+// cpuset, never past it. cpuset_files: the files that may hold it, nearest first, from
+// /proc/self/cgroup's text and the cgroup mount point (/sys/fs/cgroup): the v2 line ("0::/a/b")
+// gives <root>/a/b/cpuset.cpus.effective then the same in each parent up to <root>; a v1 line
+// naming cpuset ("3:cpuset:/a") gives <root>/<controllers>/a/cpuset.effective_cpus and
+// cpuset.cpus, then up. The parents: a v2 cgroup without the cpuset controller has no file of its
+// own, and a container's cgroup mount starts at its own cgroup though the line may name the full
+// path. cpus_allowed_at_most: the first of those texts (nullopt: unreadable) that is a non-empty
+// CPU list, counted (at most `online` where that is known); `online` where none is.
+// cgroup_cpus_at_most: both over this process's files.
+std::vector<std::string> cpuset_files(std::string_view proc_self_cgroup, const std::string& root);
+long cpus_allowed_at_most(const std::vector<std::optional<std::string>>& cpusets, long online);
+long cgroup_cpus_at_most(long online);
 // Where one rank runs, as it tells the others (one all-gather of place_text, parse_place back):
 // its host, the CPUs it may run on, and whether mpirun bound it (Open MPI sets
 // OMPI_MCA_orte_bound_at_launch=1 in a rank it bound to cores).
@@ -120,15 +139,17 @@ struct HostCores {
   std::vector<int> own;               // each one's CPU count, in the order of `ranks`
   std::vector<bool> bound_by_mpirun;  // each one's, in the order of `ranks`
   long online = 0;                    // the host's online CPUs (0: unknown)
+  long allowed = 0;                   // the most CPUs it could have (its cpuset; 0: unknown)
   bool ranks_outnumber_any = false;   // on some host (any), the ranks outnumber their union
 };
 // `rank`'s host, from every rank's place in rank order. Every rank computes the same
 // ranks_outnumber_any from the same places, so it needs no further agreement.
-HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online);
+HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online, long allowed);
 // The warning a host's first rank gives, or "" for none; the first that applies of: more ranks
 // than cores (the launch's doing, whatever --threads); a rank bound to fewer cores than --threads
 // where the host has the cores (mpirun binds each rank to one core by default), naming the fix;
-// --threads x ranks more threads than the cores.
+// --threads x ranks more threads than the cores. Where `allowed` is fewer than `online` (a
+// container's cpuset), the host is the cpuset's CPUs: the messages name them, not the online ones.
 std::string cores_warning(const HostCores& hc, int threads);
 // "images 60000 of 28x28x1, checksum 0x...": a data set as every rank must see it.
 std::string data_digest(const ImageSet& set);

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -32,10 +35,29 @@ int local_rank_of(const std::vector<std::string>& hosts, int rank) {
   return local;
 }
 
+namespace {
+
+// The most CPUs a mask or list is read for: larger than any kernel's NR_CPUS, and a bound on what
+// a CPU list from a file can make this process allocate.
+constexpr int kMaxCpus = 1 << 18;
+
+// A small file's text (a /proc or /sys file: its first 64 KiB), nullopt where it cannot be read.
+std::optional<std::string> small_file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string text(64 << 10, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return std::nullopt;
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
+}
+
+}  // namespace
+
 std::vector<int> usable_cpus() {
   // glibc's cpu_set_t holds 1024 CPUs and the call fails (EINVAL) where the kernel's mask is
   // larger, so the mask grows until it fits.
-  for (int n = 1024; n <= (1 << 18); n *= 2) {
+  for (int n = 1024; n <= kMaxCpus; n *= 2) {
     cpu_set_t* set = CPU_ALLOC(n);
     if (!set) break;
     const size_t size = CPU_ALLOC_SIZE(n);
@@ -66,22 +88,97 @@ std::string cpu_list_text(const std::vector<int>& cpus) {
   return os.str();
 }
 
-std::vector<int> parse_cpu_list(const std::string& text) {
-  std::vector<int> cpus;
-  std::istringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
+std::optional<std::vector<int>> read_cpu_list(std::string_view text) {
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  if (text.empty()) return std::vector<int>{};
+  // One CPU id: digits only (from_chars takes no '+' or space; a '-' is the range's), below
+  // kMaxCpus, so "0-4294967295" is refused rather than counted out.
+  const auto id = [](std::string_view digits, int* out) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), *out);
+    return ec == std::errc() && end == digits.data() + digits.size() && *out >= 0 &&
+           *out < kMaxCpus;
+  };
+  std::vector<std::pair<int, int>> ranges;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string_view item = text.substr(at, comma - at);
+    const size_t dash = item.find('-');
     int first = -1, last = -1;
-    char dash = 0, extra = 0;
-    std::istringstream one(item);
-    const bool range = item.find('-') != std::string::npos;
-    one >> first;
-    if (range) one >> dash >> last;
-    DPT_CHECK(
-        !one.fail() && !(one >> extra) && first >= 0 && (!range || (dash == '-' && last >= first)),
-        "a CPU list '" << text << "' that cpu_list_text did not write");
-    for (int c = first; c <= (range ? last : first); ++c) cpus.push_back(c);
+    const bool ok = dash == std::string_view::npos
+                        ? id(item, &first) && id(item, &last)
+                        : id(item.substr(0, dash), &first) && id(item.substr(dash + 1), &last);
+    if (!ok || last < first) return std::nullopt;
+    ranges.emplace_back(first, last);
+    at = comma + 1;
   }
+  // Each CPU once, however the items overlap: at most kMaxCpus ids, whatever the text repeats.
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<int> cpus;
+  for (const auto& [first, last] : ranges)
+    for (int c = cpus.empty() ? first : std::max(first, cpus.back() + 1); c <= last; ++c)
+      cpus.push_back(c);
   return cpus;
+}
+
+std::vector<int> parse_cpu_list(const std::string& text) {
+  const std::optional<std::vector<int>> cpus = read_cpu_list(text);
+  DPT_CHECK(cpus, "a CPU list '" << text << "' that cpu_list_text did not write");
+  return *cpus;
+}
+
+std::vector<std::string> cpuset_files(std::string_view proc_self_cgroup, const std::string& root) {
+  std::vector<std::string> files;
+  for (size_t at = 0; at < proc_self_cgroup.size();) {
+    const size_t nl = std::min(proc_self_cgroup.find('\n', at), proc_self_cgroup.size());
+    const std::string_view line = proc_self_cgroup.substr(at, nl - at);
+    at = nl + 1;
+    // "hierarchy:controllers:path"; the path may hold ':' itself.
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    const std::string controllers(line.substr(c1 + 1, c2 - c1 - 1));
+    std::string dir;
+    std::vector<std::string> names;
+    if (controllers.empty() && line.substr(0, c1) == "0") {
+      dir = root, names = {"cpuset.cpus.effective"};  // v2: the one hierarchy, at the root
+    } else if (("," + controllers + ",").find(",cpuset,") != std::string::npos) {
+      dir = root + "/" + controllers, names = {"cpuset.effective_cpus", "cpuset.cpus"};  // v1
+    } else {
+      continue;
+    }
+    std::vector<std::string> parts;
+    std::istringstream path{std::string(line.substr(c2 + 1))};
+    for (std::string part; std::getline(path, part, '/');)
+      if (!part.empty()) parts.push_back(part);
+    // A cgroup outside this namespace's root shows as "/../.."; only the root's files are its.
+    if (std::any_of(parts.begin(), parts.end(),
+                    [](const std::string& part) { return part == ".." || part == "."; }))
+      parts.clear();
+    std::vector<std::string> dirs = {dir};
+    for (const std::string& part : parts) dirs.push_back(dirs.back() + "/" + part);
+    for (auto d = dirs.rbegin(); d != dirs.rend(); ++d)
+      for (const std::string& name : names) files.push_back(*d + "/" + name);
+  }
+  return files;
+}
+
+long cpus_allowed_at_most(const std::vector<std::optional<std::string>>& cpusets, long online) {
+  for (const std::optional<std::string>& text : cpusets) {
+    const std::optional<std::vector<int>> cpus = text ? read_cpu_list(*text) : std::nullopt;
+    if (cpus && !cpus->empty()) {
+      const long n = static_cast<long>(cpus->size());
+      return online > 0 ? std::min(n, online) : n;
+    }
+  }
+  return online;
+}
+
+long cgroup_cpus_at_most(long online) {
+  std::vector<std::optional<std::string>> texts;
+  for (const std::string& f :
+       cpuset_files(small_file_text("/proc/self/cgroup").value_or(""), "/sys/fs/cgroup"))
+    texts.push_back(small_file_text(f));
+  return cpus_allowed_at_most(texts, online);
 }
 
 RankPlace this_place(const std::string& host) {
@@ -103,9 +200,10 @@ RankPlace parse_place(const std::string& text) {
           text.substr(b + 1) == "1"};
 }
 
-HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online) {
+HostCores host_cores(const std::vector<RankPlace>& places, int rank, long online, long allowed) {
   HostCores hc;
   hc.online = online;
+  hc.allowed = allowed;
   std::map<std::string, std::pair<std::set<int>, size_t>> hosts;  // each host's union and ranks
   for (size_t r = 0; r < places.size(); ++r) {
     const RankPlace& p = places[r];
@@ -128,11 +226,18 @@ std::string cores_warning(const HostCores& hc, int threads) {
   const int64_t cores = static_cast<int64_t>(hc.cpus.size());
   const int64_t ranks = static_cast<int64_t>(hc.ranks.size());
   if (cores == 0 || ranks == 0) return "";  // the kernel said nothing
-  // "its 1 core(s)" on a host whose nproc says 64 needs its reason.
+  // "its 1 core(s)" on a host whose nproc says 64 needs its reason. In a container limited to
+  // some CPUs (--cpuset-cpus, a cgroup's cpuset) the process can never have the others, so the
+  // cores it could have are the cpuset's, not the host's online CPUs.
+  const bool in_cpuset = hc.allowed > 0 && (hc.online <= 0 || hc.allowed < hc.online);
+  const long most = in_cpuset ? hc.allowed : hc.online;
   const std::string limited =
-      hc.online > cores
-          ? DPT_MSG(" (CPUs " << cpu_list_text(hc.cpus) << " of its " << hc.online
-                              << " online: the ranks' affinity masks, which taskset, a "
+      most > cores
+          ? DPT_MSG(" (CPUs " << cpu_list_text(hc.cpus) << " of "
+                              << (in_cpuset
+                                      ? DPT_MSG("the " << most << " its cgroup's cpuset allows")
+                                      : DPT_MSG("its " << most << " online"))
+                              << ": the ranks' affinity masks, which taskset, a "
                               << "container's cpuset, the batch system or mpirun's binding narrow)")
           : std::string();
   if (ranks > cores)
@@ -155,7 +260,7 @@ std::string cores_warning(const HostCores& hc, int threads) {
       fewest = std::min(fewest, hc.own[i]);
       by_mpirun = by_mpirun || hc.bound_by_mpirun[i];
     }
-  if (!narrow.empty() && (total <= cores || (by_mpirun && total <= hc.online))) {
+  if (!narrow.empty() && (total <= cores || (by_mpirun && total <= most))) {
     std::ostringstream names;
     for (size_t i = 0; i < narrow.size(); ++i) names << (i ? ", " : "") << narrow[i];
     return DPT_MSG(
@@ -166,7 +271,8 @@ std::string cores_warning(const HostCores& hc, int threads) {
                                      "one core by default when there are at most 2)"
                                    : "by their affinity masks")
                      << ": the threads of a rank take turns on its core(s) while "
-                     << "the host has " << std::max<int64_t>(cores, hc.online)
+                     << (in_cpuset ? "its cgroup's cpuset allows " : "the host has ")
+                     << std::max<int64_t>(cores, most)
                      << " cores; start mpirun with --bind-to none, or with --map-by slot:PE="
                      << threads << " to give each rank " << threads
                      << " cores (srun: --cpus-per-task=" << threads << ")");
@@ -508,7 +614,9 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // container's cpuset or Slurm's cgroup they are fewer (std::thread::hardware_concurrency counted
   // every online CPU, so `taskset -c 0 mpirun -np 2` said nothing and kept the straggler watch).
   // Every rank has every mask, so each decides ranks_outnumber_cores alike without a collective.
-  const HostCores cores = host_cores(places, rank, sysconf(_SC_NPROCESSORS_ONLN));
+  // Within a container's cpuset, the cpuset's CPUs are all the host it can have.
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const HostCores cores = host_cores(places, rank, online, cgroup_cpus_at_most(online));
   pf.ranks_here = static_cast<int>(cores.ranks.size());  // the ranks on this rank's host
   if (pf.local_rank == 0)
     if (const std::string warning = cores_warning(cores, cfg.threads); !warning.empty())

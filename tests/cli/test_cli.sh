@@ -158,8 +158,12 @@ expect 0 "more compute threads than its $cores core(s)" -- "$bin" --epochs 1 --m
 syn=(--data synthetic:28x28x1:64:10 --batch-size 16 --epochs 1 --max-steps 1 --eval-every 0)
 first=$(taskset -cp $$ 2>/dev/null | sed 's/.*: //; s/[-,].*//')
 if ((cores >= 2)) && [[ -n $first ]]; then
-  expect 0 "more compute threads than its 1 core(s) (CPUs $first of its $online online" -- \
+  # Of the host's online CPUs, or inside a container of fewer (a cgroup's cpuset), of the cpuset's.
+  expect 0 "more compute threads than its 1 core(s) (CPUs $first of " -- \
     taskset -c "$first" "$bin" "${syn[@]}" --threads 2
+  grep -qE "\(CPUs $first of (its $online online|the [0-9]+ its cgroup's cpuset allows):" \
+    "$tmp/out.txt" ||
+    fail "taskset -c $first: not the CPUs it could have: $(grep -F '(CPUs' "$tmp/out.txt")"
   bound=(mpirun --bind-to core -np 1)
   [[ $(id -u) -eq 0 ]] && bound+=(--allow-run-as-root)
   expect 0 "--threads 2, but rank(s) 0 on this host may run on only 1 core(s), as mpirun bound them" -- \

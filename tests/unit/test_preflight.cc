@@ -16,8 +16,10 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -128,6 +130,84 @@ TEST(Cores, CpuListTextIsTheKernelsForm) {
   EXPECT_THROW(parse_cpu_list("x"), Error);
 }
 
+// The cgroup's cpuset files hold the same form; whatever else they hold is no list, never a crash.
+TEST(Cores, ReadCpuListTakesTheKernelsFormAndRefusesAnythingElse) {
+  EXPECT_EQ(read_cpu_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(read_cpu_list("5"), std::vector<int>{5});
+  EXPECT_EQ(read_cpu_list(""), std::vector<int>{});
+  EXPECT_EQ(read_cpu_list("\n"), std::vector<int>{});
+  EXPECT_EQ(read_cpu_list("2-3,0-2"), (std::vector<int>{0, 1, 2, 3}));  // each CPU once
+  EXPECT_EQ(read_cpu_list("262143"), std::vector<int>{262143});         // the largest id read
+  for (const char* bad : {"x",
+                          "3-1",
+                          "0-3\n\n",
+                          " 0",
+                          "0 ",
+                          "+1",
+                          "-1",
+                          "1-",
+                          "-",
+                          ",",
+                          "0,",
+                          ",0",
+                          "0,,1",
+                          "1--3",
+                          "0-3-5",
+                          "0x1",
+                          "262144",
+                          "0-4294967295",
+                          "99999999999999999999",
+                          "0\n1",
+                          "0-1\r\n"})
+    EXPECT_EQ(read_cpu_list(bad), std::nullopt) << bad;
+  EXPECT_EQ(read_cpu_list(std::string_view("0\0", 2)), std::nullopt);
+}
+
+TEST(Cores, CpusetFilesAreTheProcessesCgroupThenItsParents) {
+  using Files = std::vector<std::string>;
+  // cgroup v2 seen from the host (or a container sharing its cgroup namespace).
+  EXPECT_EQ(cpuset_files("0::/system.slice/docker-1.scope\n", "/sys/fs/cgroup"),
+            (Files{"/sys/fs/cgroup/system.slice/docker-1.scope/cpuset.cpus.effective",
+                   "/sys/fs/cgroup/system.slice/cpuset.cpus.effective",
+                   "/sys/fs/cgroup/cpuset.cpus.effective"}));
+  EXPECT_EQ(cpuset_files("0::/\n", "/r"), Files{"/r/cpuset.cpus.effective"});  // its own namespace
+  // cgroup v1 beside v2 (cpuset in v1): v1's files, the effective set first, then v2's.
+  EXPECT_EQ(cpuset_files("4:memory:/x\n3:cpuset:/docker/ab\n0::/\n", "/r"),
+            (Files{"/r/cpuset/docker/ab/cpuset.effective_cpus", "/r/cpuset/docker/ab/cpuset.cpus",
+                   "/r/cpuset/docker/cpuset.effective_cpus", "/r/cpuset/docker/cpuset.cpus",
+                   "/r/cpuset/cpuset.effective_cpus", "/r/cpuset/cpuset.cpus",
+                   "/r/cpuset.cpus.effective"}));
+  EXPECT_EQ(cpuset_files("2:cpu,cpuset:/", "/r"),
+            (Files{"/r/cpu,cpuset/cpuset.effective_cpus", "/r/cpu,cpuset/cpuset.cpus"}));
+  EXPECT_EQ(cpuset_files("0::/a:b", "/r"),  // a ':' in the path, no newline at the end
+            (Files{"/r/a:b/cpuset.cpus.effective", "/r/cpuset.cpus.effective"}));
+  // A cgroup outside the namespace's root: only the root's file.
+  EXPECT_EQ(cpuset_files("0::/../../a\n", "/r"), Files{"/r/cpuset.cpus.effective"});
+  for (const char* none : {"", "\n\n", "garbage", "1:name=systemd:/", "4:cpusetx:/a", "5::/a"})
+    EXPECT_EQ(cpuset_files(none, "/r"), Files{}) << none;
+}
+
+TEST(Cores, CpusAllowedAtMostIsTheFirstCpusetThatIsAListElseOnline) {
+  using Texts = std::vector<std::optional<std::string>>;
+  EXPECT_EQ(cpus_allowed_at_most(Texts{"0-3,8,10-11\n"}, 64), 7);
+  // Unreadable, empty or garbage: the next file (a parent) says.
+  EXPECT_EQ(cpus_allowed_at_most(Texts{std::nullopt, "", "\n", "garbage", "2\n", "0-63"}, 64), 1);
+  EXPECT_EQ(cpus_allowed_at_most(Texts{}, 64), 64);  // none: the online count
+  EXPECT_EQ(cpus_allowed_at_most(Texts{std::nullopt, "", "x", "0-99999999999", "-"}, 64), 64);
+  EXPECT_EQ(cpus_allowed_at_most(Texts{"0-127"}, 64), 64);  // never more than online
+  EXPECT_EQ(cpus_allowed_at_most(Texts{"0-3"}, -1), 4);     // online unknown (sysconf's -1)
+  EXPECT_EQ(cpus_allowed_at_most(Texts{"0-262143"}, 0), 262144);
+}
+
+// This process's cpuset: its affinity mask is within it, and it is within the online CPUs.
+TEST(Cores, ThisProcessesCpusetHoldsItsMaskAndNoMoreThanTheOnlineCpus) {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  ASSERT_GT(online, 0);
+  const long allowed = cgroup_cpus_at_most(online);
+  EXPECT_GE(allowed, static_cast<long>(usable_cpus().size()));
+  EXPECT_LE(allowed, online);
+}
+
 // The kernel's own text of this thread's mask (/proc/thread-self/status), read independently.
 std::vector<int> kernel_cpus_allowed() {
   std::ifstream in("/proc/thread-self/status");
@@ -172,22 +252,24 @@ TEST(Cores, TheHostsCoresAreTheUnionOfItsRanksMasks) {
   // mpirun's default binding: ranks 0 and 2 on host a, one core each; rank 1 alone on b.
   const std::vector<RankPlace> places = {
       {"a", {0}, true}, {"b", {0, 1, 2, 3}, false}, {"a", {1}, true}};
-  const HostCores a = host_cores(places, 2, 8);
+  const HostCores a = host_cores(places, 2, 8, 6);
   EXPECT_EQ(a.cpus, (std::vector<int>{0, 1}));
   EXPECT_EQ(a.ranks, (std::vector<int>{0, 2}));
   EXPECT_EQ(a.own, (std::vector<int>{1, 1}));
   EXPECT_EQ(a.online, 8);
+  EXPECT_EQ(a.allowed, 6);
   EXPECT_FALSE(a.ranks_outnumber_any);
-  EXPECT_EQ(host_cores(places, 1, 4).cpus, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(host_cores(places, 1, 4, 4).cpus, (std::vector<int>{0, 1, 2, 3}));
   // Two ranks on one CPU of host a (taskset -c 0 mpirun --bind-to none): every rank, b's too,
   // sees that on some host the ranks outnumber the cores.
   const std::vector<RankPlace> shared = {
       {"a", {0}, false}, {"b", {0, 1}, false}, {"a", {0}, false}};
-  for (int r = 0; r < 3; ++r) EXPECT_TRUE(host_cores(shared, r, 2).ranks_outnumber_any) << r;
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(host_cores(shared, r, 2, 2).ranks_outnumber_any) << r;
 }
 
+// Outside a container: the cgroup allows every online CPU.
 HostCores cores_of(const std::vector<RankPlace>& places, long online) {
-  return host_cores(places, 0, online);
+  return host_cores(places, 0, online, online);
 }
 
 TEST(Cores, TwoRanksOnOneUsableCoreOfTwoOnline) {
@@ -236,6 +318,57 @@ TEST(Cores, MoreThreadsThanTheHostHasAdviseFewerThreads) {
   EXPECT_EQ(cores_warning(cores_of({{"a", {0, 1, 2, 3}, false}, {"a", {0, 1, 2, 3}, false}}, 4), 2),
             "");
   EXPECT_EQ(cores_warning(cores_of({{"a", {0}, true}, {"a", {1}, true}}, 2), 1), "");
+}
+
+// In a container whose cpuset allows `allowed` of the host's `online` CPUs.
+HostCores in_cpuset(const std::vector<RankPlace>& places, long allowed, long online) {
+  return host_cores(places, 0, online, allowed);
+}
+
+constexpr const char* kWhyNarrow =
+    ": the ranks' affinity masks, which taskset, a container's cpuset, the batch system or "
+    "mpirun's binding narrow)";
+
+// Inside a container the process can never have the CPUs outside its cpuset: the messages count
+// the cpuset's, and the binding advice needs the cores there, not on the host.
+TEST(Cores, InAContainerTheCpusetIsTheHost) {
+  // taskset -c 0 in a container of 4 CPUs on a host of 64.
+  EXPECT_EQ(cores_warning(in_cpuset({{"a", {0}, false}, {"a", {0}, false}}, 4, 64), 1),
+            std::string("2 ranks on this host, more than its 1 core(s) (CPUs 0 of the 4 its "
+                        "cgroup's cpuset allows") +
+                kWhyNarrow +
+                ": the ranks take turns on the cores and every all-reduce waits for the last of "
+                "them, which is slower than fewer ranks; start at most 1 rank(s) per host");
+  // Every CPU of the cpuset (docker --cpuset-cpus 0-1): nothing narrower to explain.
+  EXPECT_EQ(
+      cores_warning(
+          in_cpuset({{"a", {0, 1}, false}, {"a", {0, 1}, false}, {"a", {0, 1}, false}}, 2, 64), 1),
+      "3 ranks on this host, more than its 2 core(s): the ranks take turns on the cores and "
+      "every all-reduce waits for the last of them, which is slower than fewer ranks; start "
+      "at most 2 rank(s) per host");
+  // mpirun bound the rank to 1 of the cpuset's 2 CPUs, --threads 4: unbinding gives 2 cores, not
+  // the host's 64, so the advice is fewer threads.
+  EXPECT_EQ(cores_warning(in_cpuset({{"a", {0}, true}}, 2, 64), 4),
+            std::string("--threads 4 x 1 rank(s) on this host is more compute threads than its 1 "
+                        "core(s) (CPUs 0 of the 2 its cgroup's cpuset allows") +
+                kWhyNarrow +
+                ": oversubscribed threads wait for each other at every parallel loop, which can be "
+                "many times slower; use --threads 1");
+  // Where the cpuset has the cores, the binding and its fix, counted in the cpuset.
+  const std::string bound = cores_warning(in_cpuset({{"a", {0}, true}}, 4, 64), 2);
+  EXPECT_NE(bound.find("may run on only 1 core(s), as mpirun bound them"), std::string::npos)
+      << bound;
+  EXPECT_NE(bound.find("take turns on its core(s) while its cgroup's cpuset allows 4 cores; start "
+                       "mpirun with --bind-to none"),
+            std::string::npos)
+      << bound;
+  // Outside one (the cgroup allows every online CPU) the host's online count, as before.
+  EXPECT_EQ(cores_warning(in_cpuset({{"a", {0}, true}}, 2, 2), 4),
+            std::string("--threads 4 x 1 rank(s) on this host is more compute threads than its 1 "
+                        "core(s) (CPUs 0 of its 2 online") +
+                kWhyNarrow +
+                ": oversubscribed threads wait for each other at every parallel loop, which can be "
+                "many times slower; use --threads 1");
 }
 
 // ---- data_digest ----
