@@ -766,17 +766,15 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   }
   DPT_INPUT_CHECK(r.unmatched().empty(),
                   "unexpected argument '" << r.unmatched()[0] << "' (see dptrain --help)");
-  // `--resume "$CKPT"` with the variable unset would start from scratch and then overwrite the
-  // checkpoint: an empty path is an error, never "not given".
-  for (const Flag* f : taken)
-    DPT_INPUT_CHECK(!f->path || !r.count(f->name) || !r[f->name].as<std::string>().empty(),
-                    "--" << f->name << ": empty path (an unset variable?)");
-  // Paths are recorded in JSON (the configuration in checkpoints and the banner, evaluate's
-  // --metrics), which holds only UTF-8: a name in another encoding (Latin-1's 0xFF) ended the run
-  // with "unexpected failure: [json.exception.type_error.316] invalid UTF-8 byte", exit 3.
   for (const Flag* f : taken) {
     if (!f->path || !r.count(f->name)) continue;
     const std::string value = r[f->name].as<std::string>();
+    // `--resume "$CKPT"` with the variable unset would start from scratch and then overwrite the
+    // checkpoint: an empty path is an error, never "not given".
+    DPT_INPUT_CHECK(!value.empty(), "--" << f->name << ": empty path (an unset variable?)");
+    // Paths are recorded in JSON (the configuration in checkpoints and the banner, evaluate's
+    // --metrics), which holds only UTF-8: a name in another encoding (Latin-1's 0xFF) ended the
+    // run with "unexpected failure: [json.exception.type_error.316] invalid UTF-8 byte", exit 3.
     try {
       (void)nlohmann::json(value).dump();
     } catch (const nlohmann::json::type_error&) {

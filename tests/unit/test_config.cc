@@ -624,15 +624,25 @@ TEST(Flags, EachCommandTakesItsOwnFlags) {
   EXPECT_NE(msg.find("--init-from and --resume exclude each other"), std::string::npos) << msg;
 }
 
-TEST(Flags, EmptyPathsAreRefused) {
+// Every path flag's value is checked for being empty (an unset variable) and for UTF-8 (paths go
+// into JSON), each error naming the flag.
+TEST(Flags, EmptyOrNonUtf8PathsAreRefusedNamingTheFlag) {
+  std::set<std::string> checked;
   for (const Flag& f : flags()) {
     if (!f.path) continue;
-    std::string msg;
-    std::vector<std::string> args{"--" + f.name, ""};
-    if (!command_of(f).empty()) args.insert(args.begin(), command_of(f));
-    EXPECT_EQ(input_error_of(args, &msg), 2) << f.name;
-    EXPECT_NE(msg.find("--" + f.name + ": empty path"), std::string::npos) << msg;
+    for (const auto& [value, says] :
+         {std::pair<std::string, std::string>{"", ": empty path (an unset variable?)"},
+          {"p\xff.x", " p\\xff.x: the path is not valid UTF-8"}}) {
+      std::string msg;
+      std::vector<std::string> args{"--" + f.name, value};
+      if (!command_of(f).empty()) args.insert(args.begin(), command_of(f));
+      EXPECT_EQ(input_error_of(args, &msg), 2) << f.name;
+      EXPECT_NE(msg.find("--" + f.name + says), std::string::npos) << msg;
+    }
+    checked.insert(f.name);
   }
+  EXPECT_EQ(checked, (std::set<std::string>{"data", "metrics", "save", "checkpoint-path", "resume",
+                                            "init-from", "load", "output", "report", "trace"}));
 }
 
 // --- The model table (models.h). ---
