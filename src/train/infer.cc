@@ -190,7 +190,10 @@ void stop_point(const StopSignals& stop, Communicator& comm) {
 
 // Every batch of this rank: `fn(batch, first image, count, logits)`, the logits float [count,
 // classes] on the host. Rank r takes batches eval_range(batches, r, world); a rank that receives a
-// stop signal skips the rest of its batches, and every rank agrees on stopping after them.
+// stop signal skips the rest of its batches, and every rank agrees on stopping after them. Logits
+// that are not finite (finite weights so large that they overflow float: a damaged or hand-made
+// file) have no softmax: the rank that meets one skips the rest of its batches, and every rank
+// ends with exit 2 naming the first such image of that rank, before anything is written.
 template <typename F>
 void score(Loaded& l, Communicator& comm, const StopSignals& stop, F&& fn) {
   Model& model = *l.model;
@@ -218,7 +221,8 @@ void score(Loaded& l, Communicator& comm, const StopSignals& stop, F&& fn) {
   std::vector<float> logits_host;
   Tensor x;
   const auto [b0, b1] = eval_range(batches, comm.rank(), comm.size());
-  for (int64_t b = b0; b < b1 && !stop.received(); ++b) {
+  std::string overflow;
+  for (int64_t b = b0; b < b1 && !stop.received() && overflow.empty(); ++b) {
     const int64_t first = b * per, count = std::min(per, n - first);
     std::iota(index_host.begin(), index_host.begin() + count, first);
     index.copy_from_host(index_host.data(), count);
@@ -228,31 +232,47 @@ void score(Loaded& l, Communicator& comm, const StopSignals& stop, F&& fn) {
     const Tensor& logits = model.forward(x, Mode::kInfer);
     logits_host.resize(static_cast<size_t>(count * classes));
     be.copy_to_host(logits_host.data(), logits.data(), logits_host.size() * sizeof(float));
+    const auto it = std::find_if(logits_host.begin(), logits_host.end(),
+                                 [](float v) { return !std::isfinite(v); });
+    if (it != logits_host.end()) {
+      const int64_t at = it - logits_host.begin();
+      overflow = DPT_MSG("--load " << l.cfg.load << ": the model's logit of class " << at % classes
+                                   << " for test image " << first + at / classes << " is " << *it
+                                   << ": its weights overflow float (a damaged file?); nothing "
+                                   << "was written");
+      break;
+    }
     fn(b, first, count, logits_host.data());
   }
+  agree_on_input(comm,
+                 "--load " + l.cfg.load + ": the model's logits are not finite (another rank)",
+                 [&] { DPT_INPUT_CHECK(overflow.empty(), overflow); });
   stop_point(stop, comm);
 }
 
-// One image's scores from its float logits, in double: the log-sum-exp, and the classes by
+// One image's scores from its float logits, in double: the log-softmax, and the classes by
 // decreasing logit (ties: the lower class first, as the training loss's argmax counts a hit).
+// Every log-probability is taken relative to the largest logit m, (z - m) - log(sum exp(z - m)):
+// the log-sum-exp itself, m + log(sum), rounds the log away when |m| is large (logits of 1e31,
+// all equal, made every probability 1 and the loss 0 instead of 0.1 and ln 10). The logits are
+// finite (score refuses any other).
 struct ImageScores {
-  double lse = 0;
+  double max = 0, log_sum = 0;
   std::vector<int> order;
+  double log_prob(float z) const { return (static_cast<double>(z) - max) - log_sum; }
 };
 
 ImageScores image_scores(const float* z, int64_t classes, int64_t keep) {
   ImageScores s;
-  double m = z[0];
-  for (int64_t j = 1; j < classes; ++j) m = std::max(m, static_cast<double>(z[j]));
+  s.max = z[0];
+  for (int64_t j = 1; j < classes; ++j) s.max = std::max(s.max, static_cast<double>(z[j]));
   double sum = 0;
-  for (int64_t j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j]) - m);
-  s.lse = m + std::log(sum);
+  for (int64_t j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j]) - s.max);
+  s.log_sum = std::log(sum);
   s.order.resize(static_cast<size_t>(classes));
   std::iota(s.order.begin(), s.order.end(), 0);
-  // A NaN logit (a file's NaN weights) ranks last: the order stays a strict weak one.
-  auto key = [&](int j) { return std::isnan(z[j]) ? -HUGE_VALF : z[j]; };
   std::partial_sort(s.order.begin(), s.order.begin() + keep, s.order.end(),
-                    [&](int a, int b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+                    [&](int a, int b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
   s.order.resize(static_cast<size_t>(keep));
   return s;
 }
@@ -296,7 +316,7 @@ void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
       const float* zi = z + i * k;
       const int label = l.pf.test.labels[static_cast<size_t>(first + i)];
       const ImageScores s = image_scores(zi, k, top);
-      loss += s.lse - static_cast<double>(zi[label]);
+      loss -= s.log_prob(zi[label]);
       if (matrix) {
         ++counts[static_cast<size_t>(label * k + s.order[0])];
       } else {
@@ -398,7 +418,7 @@ void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
       rows += std::to_string(first + i) + "," +
               std::to_string(l.pf.test.labels[static_cast<size_t>(first + i)]);
       for (int c : s.order) {
-        std::snprintf(cell, sizeof cell, ",%d,%.6g", c, std::exp(zi[c] - s.lse));
+        std::snprintf(cell, sizeof cell, ",%d,%.6g", c, std::exp(s.log_prob(zi[c])));
         rows += cell;
       }
       rows += "\n";

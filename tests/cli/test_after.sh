@@ -172,6 +172,33 @@ expect 2 "sparse.st: $((50 * 2**30 - $(stat -c %s m.st))) trailing bytes after t
 rm -f sparse.st
 st_edit m.st nan.st fill fc2.bias=nan
 expect 2 "nan.st: tensor 'fc2.bias' holds nan at element 0 (of 10)" -- "$bin" evaluate --load nan.st --data task
+# Every fc2 weight 1e30 and no bias: the 10 logits are one huge value, so the softmax is uniform,
+# the loss ln 10 and every probability 0.1, the ties ranked from class 0 (the log-sum-exp,
+# 1e31 + ln 10, rounded its log away: loss 0, probabilities 1). Weights that overflow the logits
+# to inf are refused naming the image, and an older output stays as it was.
+st_edit m.st huge.st fill fc2.weight=1e30 fill fc2.bias=0
+run huge.log "$bin" evaluate --load huge.st --data task --metrics huge.json || fail "evaluate huge.st: exit $?"
+run huge.pred.log "${mpi[@]}" -np 2 "$bin" predict --load huge.st --data task --eval-batch-size 16 --output huge.csv ||
+  fail "predict huge.st: exit $?"
+if err=$(python3 - huge.json huge.csv task/t10k-labels-idx1-ubyte 2>&1 <<'PY'
+import json, math, sys
+e = json.load(open(sys.argv[1]))
+labels = open(sys.argv[3], "rb").read()[8:]
+assert abs(e["loss"] - math.log(10)) < 1e-12, "loss %r, not ln 10" % e["loss"]
+assert e["top1_correct"] == labels.count(0), (e["top1_correct"], labels.count(0))
+rows = open(sys.argv[2]).read().splitlines()[1:]
+want = ["%d,%d,0,0.1,1,0.1,2,0.1,3,0.1,4,0.1" % (i, l) for i, l in enumerate(labels)]
+assert rows == want, "rows %s" % rows[:2]
+PY
+); then echo "ok: logits of 1e31 give a uniform softmax (loss ln 10, probabilities 0.1)"
+else fail "logits of 1e31: $err"; fi
+st_edit m.st ovf.st fill fc2.weight=1e38 fill fc2.bias=0
+echo older > ovf.csv
+expect 2 "error: --load ovf.st: the model's logit of class 0 for test image 0 is inf: its weights overflow float" -- \
+  "${mpi[@]}" -np 2 "$bin" predict --load ovf.st --data task --eval-batch-size 16 --output ovf.csv
+[[ $(cat ovf.csv) == older ]] && echo "ok: the refused predict left its --output as it was" || fail "ovf.csv: $(head -2 ovf.csv)"
+expect 2 "--load ovf.st: the model's logit of class 0 for test image 0 is inf" -- "$bin" evaluate --load ovf.st --data task --metrics ovf.json
+[[ -e ovf.json ]] && fail "a refused evaluate wrote --metrics"
 st_edit m.st huge_shape.st meta input_shape=99999999999999999999,16,1
 expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H,W,C" -- \
   "$bin" evaluate --load huge_shape.st --data task
