@@ -2,6 +2,7 @@
 // throughput at any image size without a data set on disk (the synthetic benchmarks of Horovod
 // and TensorFlow). Every rank draws the same sets from the same seed.
 #include <charconv>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,17 @@ constexpr const char* kPrefix = "synthetic:";
 struct SyntheticSpec {
   int64_t rows = 0, cols = 0, channels = 0, n = 0, classes = 0;
   int64_t test_n() const { return (n + 9) / 10; }  // a tenth, rounded up: at least one image
-  uint64_t bytes() const {                         // images and labels of both splits
-    return static_cast<uint64_t>(n + test_n()) *
-           static_cast<uint64_t>(rows * cols * channels + static_cast<int64_t>(sizeof(Label)));
+  // Images and labels of both splits, saturated at 2^64 - 1: the fields' ranges allow 2^79
+  // (65536x65536x4096 images, 1.1 x 2^34 of them), and a product that wrapped passed the limit
+  // (synthetic:65536x65536x256:15252014:10 counted 32 MiB, then failed to allocate: exit 3).
+  uint64_t bytes() const {
+    uint64_t b = 0;
+    return __builtin_mul_overflow(
+               static_cast<uint64_t>(n + test_n()),
+               static_cast<uint64_t>(rows * cols * channels + static_cast<int64_t>(sizeof(Label))),
+               &b)
+               ? std::numeric_limits<uint64_t>::max()
+               : b;
   }
 };
 
@@ -64,10 +73,13 @@ SyntheticSpec parse(const std::string& spec) {
   s.channels = field(spec, dims[2], "the channel count", 1, 1 << 12);
   s.n = field(spec, parts[1], "the number of training images", 1, int64_t{1} << 34);
   s.classes = field(spec, parts[2], "the number of classes", 1, kMaxClasses);
-  DPT_INPUT_CHECK(s.bytes() <= data::kMaxDataBytes,
-                  "--data " << printable(spec) << ": " << s.bytes()
-                            << " bytes of images and labels, more than the limit of "
-                            << data::kMaxDataBytes << " (16 GiB)");
+  DPT_INPUT_CHECK(
+      s.bytes() <= data::kMaxDataBytes,
+      "--data " << printable(spec) << ": "
+                << (s.bytes() == std::numeric_limits<uint64_t>::max() ? "2^64 or more"
+                                                                      : std::to_string(s.bytes()))
+                << " bytes of images and labels, more than the limit of " << data::kMaxDataBytes
+                << " (16 GiB)");
   return s;
 }
 

@@ -93,6 +93,12 @@ expect 2 "the number of classes '65537' is not a whole number in 1..65536" -- "$
 expect 2 "the height '-3' is not a whole number" -- "$bin" --data synthetic:-3x8x1:10:2
 expect 2 "the width '8 ' is not a whole number" -- "$bin" --data "synthetic:8x8 x1:10:2"
 expect 2 "more than the limit of 17179869184" -- "$bin" --data synthetic:60000x60000x3:10:10
+# A size whose byte count wraps at 2^64 (16777216 images of 2^40 + 2 bytes: 2^64 + 2^25) is
+# refused as well: it was counted as 32 MiB, and the allocation failed (exit 3), at any rank count.
+for np in 1 2; do
+  expect 2 "--data synthetic:65536x65536x256:15252014:10: 2^64 or more bytes of images and labels, more than the limit of 17179869184 (16 GiB)" -- \
+    "${mpi[@]}" -np "$np" "$bin" --data synthetic:65536x65536x256:15252014:10
+done
 expect 2 "--data-format cifar10 does not apply to --data synthetic:8x8x1:10:2" -- \
   "$bin" --data synthetic:8x8x1:10:2 --data-format cifar10
 expect 2 "which --model lenet cannot take" -- "$bin" --model lenet --data synthetic:8x8x1:10:2
