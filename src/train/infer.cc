@@ -81,6 +81,12 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
   s.input = hwc;
   s.classes = static_cast<int>(k);
   if (const auto stem = meta.find("stem"); stem != meta.end()) {
+    // Else the run would refuse a --stem the user never gave ("--stem cifar: --model lenet has a
+    // fixed stem").
+    DPT_INPUT_CHECK(model_spec(s.model).stems,
+                    "--load " << path << ": its metadata records the stem '"
+                              << printable(stem->second) << "' for a " << s.model
+                              << " model, whose stem is fixed (not a file dptrain's --save wrote)");
     DPT_INPUT_CHECK(stem->second == "imagenet" || stem->second == "cifar",
                     "--load " << path << ": stem '" << printable(stem->second)
                               << "' is neither imagenet nor cifar");

@@ -223,6 +223,10 @@ expect 2 "--load m.st takes images of 16x16x1 (HxWxC); --data big has images of 
 st_edit m.st norm2.st meta normalize_mean=0.5,0.5 meta normalize_std=0.25,0.25
 expect 2 "--load norm2.st normalises 2 channels (0.5,0.5/0.25,0.25); --data task has images of 1 channel" -- \
   "$bin" evaluate --load norm2.st --data task
+# A stem recorded for LeNet (fixed stem) is the file's fault, not a --stem the user never gave.
+st_edit m.st stem.st meta stem=cifar
+expect 2 "--load stem.st: its metadata records the stem 'cifar' for a lenet model, whose stem is fixed" -- \
+  "$bin" evaluate --load stem.st --data task
 st_edit m.st nometa.st nometa
 expect 2 "--load nometa.st: its metadata has no 'model'" -- "$bin" evaluate --load nometa.st --data task
 # At 2 ranks too: every rank ends with exit 2.
