@@ -62,15 +62,22 @@ namespace {
 // (CheckpointManager::refuse_nonfinite), so one here is damage or another writer's, and loaded it
 // would show only later: a null loss and every image predicted as class 0, or a whole run trained
 // from it and then refused at its --save. Checked before anything is copied into the model.
+// A BatchNorm's running variance is never negative either (a mean of squares, in PyTorch as
+// here): a negative one made 1/sqrt(var + eps) NaN, which the fused ReLU turned into 0, and the
+// file scored without a word (every image the same class).
 void refuse_nonfinite(const StTensor& t, const std::string& path) {
   if (t.dtype != "F32") return;
   const size_t n = t.bytes.size() / sizeof(float);
+  const bool variance = t.name.ends_with(".running_var");
   for (size_t i = 0; i < n; ++i) {
     float x = 0;
     std::memcpy(&x, t.bytes.data() + i * sizeof(float), sizeof(float));
     DPT_INPUT_CHECK(std::isfinite(x), path << ": tensor '" << printable(t.name) << "' holds " << x
                                            << " at element " << i << " (of " << n
                                            << "): a model file must hold finite values only");
+    DPT_INPUT_CHECK(!variance || x >= 0, path << ": tensor '" << printable(t.name) << "' holds "
+                                              << x << " at element " << i << " (of " << n
+                                              << "): a running variance is never negative");
   }
 }
 

@@ -199,6 +199,16 @@ expect 2 "error: --load ovf.st: the model's logit of class 0 for test image 0 is
 [[ $(cat ovf.csv) == older ]] && echo "ok: the refused predict left its --output as it was" || fail "ovf.csv: $(head -2 ovf.csv)"
 expect 2 "--load ovf.st: the model's logit of class 0 for test image 0 is inf" -- "$bin" evaluate --load ovf.st --data task --metrics ovf.json
 [[ -e ovf.json ]] && fail "a refused evaluate wrote --metrics"
+# A negative BatchNorm running variance (finite, so not caught as NaN) scored every image as one
+# class without a word: refused naming the tensor, for --load and --init-from.
+syn=synthetic:8x8x3:32:4
+run bn.log "$bin" --model resnet18-tv --data "$syn" --epochs 1 --max-steps 1 --batch-size 16 --eval-every 0 \
+  --progress off --threads 1 --save bn.st || fail "training a resnet18-tv to edit: exit $?"
+st_edit bn.st bnneg.st fill layer1.0.bn2.running_var=-0.5
+expect 2 "bnneg.st: tensor 'layer1.0.bn2.running_var' holds -0.5 at element 0 (of 64): a running variance is never negative" -- \
+  "$bin" evaluate --load bnneg.st --data "$syn"
+expect 2 "bnneg.st: tensor 'layer1.0.bn2.running_var' holds -0.5 at element 0" -- \
+  "$bin" --model resnet18-tv --data "$syn" --epochs 1 --max-steps 1 --batch-size 16 --init-from bnneg.st
 st_edit m.st huge_shape.st meta input_shape=99999999999999999999,16,1
 expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H,W,C" -- \
   "$bin" evaluate --load huge_shape.st --data task
