@@ -167,9 +167,13 @@ void validate_config(const TrainConfig& c, int world) {
                                             << " (float's smallest normal: with less, a parameter "
                                                "whose gradient is still 0 becomes 0/0 = NaN), got "
                                             << c.eps);
-  DPT_INPUT_CHECK(
-      std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 && c.label_smoothing < 1,
-      "--label-smoothing must be in [0, 1), got " << c.label_smoothing);
+  // The loss takes E as a float: 0.99999999999 rounds to 1, which trained on the uniform target
+  // alone (1 - E = 0), so the bound holds for the float.
+  DPT_INPUT_CHECK(std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 &&
+                      static_cast<float>(c.label_smoothing) < 1,
+                  "--label-smoothing must be in [0, 1), got "
+                      << nlohmann::json(c.label_smoothing).dump()
+                      << (c.label_smoothing < 1 ? " (1 as the float the loss takes)" : ""));
   DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
                   "--schedule: '" << c.schedule << "' is not constant|step|cosine");
   DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);

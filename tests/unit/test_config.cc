@@ -231,6 +231,9 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--eps", "1e-39"}, "--eps must be at least"},  // a float denormal: flushed to 0
       {{"--label-smoothing", "1"}, "--label-smoothing must be in [0, 1)"},
       {{"--label-smoothing", "-0.1"}, "--label-smoothing must be in [0, 1)"},
+      // Below 1, but 1 as the float the loss takes (the uniform target alone).
+      {{"--label-smoothing", "0.99999999999"},
+       "--label-smoothing must be in [0, 1), got 0.99999999999 (1 as the float the loss takes)"},
       {{"--weight-decay", "nan"}, "--weight-decay"},
       {{"--accum-steps", "0"}, "--accum-steps"},
       {{"--schedule", "exp"}, "--schedule"},
