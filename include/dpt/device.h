@@ -66,6 +66,10 @@ struct DeviceRequest {
 // build without the GPU backend, or where no GPU is visible.
 std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request);
 
+// The backends of this build, one line each, for --version: the CPU's (oneDNN, the instruction
+// sets, bf16) and the GPU's (the CUDA libraries loaded and the devices visible, or "not built").
+std::string backends_report();
+
 // The memory this host can still give: MemAvailable, or less under a cgroup (v2 or v1) limit; -1
 // when /proc/meminfo cannot be read. DPT_MEMORY_AVAILABLE (bytes, or with a suffix K, M, G, T)
 // replaces it: a host that must keep memory for other work, and the tests of the checks that use

@@ -463,4 +463,14 @@ void abort_job(int code) {
   _exit(code);
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) return "unknown";
+  std::string v(text, static_cast<size_t>(std::max(0, len)));
+  v = v.substr(0, v.find('\n'));  // Open MPI's is one line and a newline; others may say more
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\0' || v.back() == '\r')) v.pop_back();
+  return v.empty() ? "unknown" : v;
+}
+
 }  // namespace dpt

@@ -2,6 +2,8 @@
 // Reducer's MPI thread, and the host's available memory (MemAvailable or a cgroup's limit).
 #include "cpu/device.h"
 
+#include <oneapi/dnnl/dnnl.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/isa.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
 
@@ -111,6 +114,15 @@ class CpuDevice final : public ComputeDevice {
 
 std::unique_ptr<ComputeDevice> open_cpu_device(const DeviceRequest& request) {
   return std::make_unique<CpuDevice>(request);
+}
+
+std::string cpu_backend_report() {
+  const dnnl_version_t* v = dnnl_version();
+  const std::string bf16 = cpu::cpu_bf16_missing();
+  return DPT_MSG("CPU backend: oneDNN "
+                 << v->major << "." << v->minor << "." << v->patch << " (" << v->hash << "); loops "
+                 << cpu::isa_report()
+                 << "; --precision bf16: " << (bf16.empty() ? "available" : bf16));
 }
 
 }  // namespace dpt

@@ -138,4 +138,14 @@ std::unique_ptr<ComputeDevice> open_cuda_device(const DeviceRequest& request) {
   return std::make_unique<CudaDevice>(request, count);
 }
 
+std::string cuda_backend_report() {
+#ifdef DPT_HAVE_CUDNN_FRONTEND
+  constexpr const char* graph_api = "built in (the default)";
+#else
+  constexpr const char* graph_api = "not built (the legacy API only)";
+#endif
+  return DPT_MSG("GPU backend: " << loaded_libraries() << "; cuDNN graph API " << graph_api
+                                 << "; devices visible: " << cuda_runtime_device_count());
+}
+
 }  // namespace dpt

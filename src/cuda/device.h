@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "dpt/device.h"
 
@@ -14,5 +15,9 @@ int cuda_runtime_device_count();
 // GPU request.local_rank mod visible devices, TF32 and bf16 as requested; its context is created
 // here. Input error when no device is visible.
 std::unique_ptr<ComputeDevice> open_cuda_device(const DeviceRequest& request);
+
+// The GPU backend of this build, for --version: the CUDA libraries loaded (version and file),
+// whether cuDNN's graph API was built in, and the devices visible.
+std::string cuda_backend_report();
 
 }  // namespace dpt

@@ -44,6 +44,16 @@ std::string resolve_device(const std::string& want, int local_rank) {
   return n > 0 ? "cuda" : "cpu";
 }
 
+std::string backends_report() {
+#if DPT_HAVE_CUDA
+  const std::string gpu = cuda_backend_report();
+#else
+  const std::string gpu =
+      "GPU backend: not built (nvcc, cuDNN, cuBLAS or NCCL missing, or -Dgpu=disabled)";
+#endif
+  return cpu_backend_report() + "\n" + gpu;
+}
+
 std::unique_ptr<ComputeDevice> open_device(const DeviceRequest& request) {
   if (request.kind == "cpu") return open_cpu_device(request);
   DPT_INPUT_CHECK(request.kind == "cuda", "--device: '" << request.kind << "' is not cpu|cuda");

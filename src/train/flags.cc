@@ -13,6 +13,7 @@
 #include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/models.h"
+#include "dpt/version.h"
 
 namespace dpt {
 
@@ -287,8 +288,9 @@ std::vector<Flag> flag_table() {
        .commands = kCommandAny},
       {.name = "precision",
        .group = data,
-       .help = "fp32 | bf16: Linear GEMMs on bf16 operands and convolutions on bf16 (CPU, which "
-               "needs AVX512-BF16 or AMX-BF16) or TF32 (GPU) operands, fp32 accumulation; master "
+       .help = "fp32 | bf16: Linear GEMMs and convolutions on bf16 operands (the CPU needs "
+               "AVX512-BF16 or AMX-BF16; on the GPU's legacy cuDNN API, or with fp32 "
+               "activations there, convolutions take TF32 operands), fp32 accumulation; master "
                "weights, the gradient buffers, the optimizer and the all-reduce stay fp32",
        .field = &C::precision,
        .agreement = A::kFixed,
@@ -715,9 +717,9 @@ const char* command_synopsis(unsigned bit) {
       return "dptrain predict --load FILE --data DIR --output preds.csv: the top-k classes and "
              "their probabilities for every image of DIR's test split, in its order";
     default:
-      return "Data-parallel training of LeNet / ResNet-18 on Fashion-MNIST or your own images "
-             "(launch with mpirun or srun; one rank per GPU or CPU slot); dptrain evaluate and "
-             "dptrain predict run a saved model (dptrain evaluate --help)";
+      return "Data-parallel training of LeNet, ResNet-18/34/50 on Fashion-MNIST, your own images "
+             "or synthetic data (launch with mpirun or srun; one rank per GPU or CPU slot); "
+             "dptrain evaluate and dptrain predict run a saved model (dptrain evaluate --help)";
   }
 }
 
@@ -753,7 +755,11 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
       opts.add_options(f.group)(f.name, f.help, option_value(f));
       taken.push_back(&f);
     }
-  opts.add_options("Output")("h,help", "Print this help");
+  opts.add_options("Output")("h,help", "Print this help")(
+      "version",
+      "Print what this build is (dptrain's version and git revision, the compiler, oneDNN and "
+      "the instruction sets, the CUDA libraries loaded and the GPUs visible, MPI) and exit: "
+      "the lines to give in a bug report");
   cxxopts::ParseResult r;
   try {
     r = opts.parse(argc, argv);
@@ -762,6 +768,10 @@ bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_tex
   }
   if (r.count("help")) {
     *help_text = opts.help();
+    return false;
+  }
+  if (r.count("version")) {
+    *help_text = version_report();
     return false;
   }
   DPT_INPUT_CHECK(r.unmatched().empty(),

@@ -2,7 +2,8 @@
 # What a user watches: under mpirun -np 2 with small buckets, --metrics (+ --metrics-every) holds
 # the documented schema, --report is an SVG with axes, a legend and three curves, --trace is valid
 # Chrome-trace JSON whose all-reduce spans overlap backward spans of the same rank, and on a
-# terminal rank 0 draws a progress bar.
+# terminal rank 0 draws a progress bar. --version names the build (dptrain's version and git
+# revision, oneDNN, MPI) with values read here from their own sources, once for the whole job.
 # Usage: test_outputs.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -153,3 +154,24 @@ for spec in "100:200|no step was traced, $tmp/t.json has no spans" "3:200|only s
   fi
   echo "ok: --trace-steps $window on a 5-step run: ${want:-no warning}"
 done
+
+# --version: one report for the job (the lowest rank prints it), exit 0, each value as its own
+# source gives it: meson.build's version, the source tree's git revision, oneDNN's header, ompi_info.
+src=$(cd "$(dirname "$0")/../.." && pwd)
+timeout -k 5 60 "${mpi[@]}" "$bin" --version > "$tmp/v.out" 2> "$tmp/v.err" \
+  || { echo "FAIL: --version exit $?"; cat "$tmp/v.out" "$tmp/v.err"; exit 1; }
+version=$(sed -n "s/^ *version: '\([^']*\)',$/\1/p" "$src/meson.build")
+rev=unknown
+command -v git > /dev/null && rev=$(git -C "$src" rev-parse --short HEAD 2> /dev/null || echo unknown)
+dnnl=$(awk '/define DNNL_VERSION_(MAJOR|MINOR|PATCH)/ {v = v (v ? "." : "") $3} END {print v}' \
+  /usr/include/oneapi/dnnl/dnnl_version.h)
+ompi=$(ompi_info --parsable | sed -n 's/^ompi:version:full://p')
+[[ $(grep -c '^dptrain ' "$tmp/v.out") == 1 && $(wc -l < "$tmp/v.out") == 5 ]] \
+  || { echo "FAIL: --version under -np 2 is not one 5-line report"; cat "$tmp/v.out"; exit 1; }
+grep -qE "^dptrain $version \(git $rev[0-9a-f]*(-dirty)?\)$" "$tmp/v.out" \
+  || { echo "FAIL: --version's first line is not 'dptrain $version (git $rev...)'"; cat "$tmp/v.out"; exit 1; }
+grep -qF "CPU backend: oneDNN $dnnl (" "$tmp/v.out" && grep -qF "MPI: Open MPI v$ompi," "$tmp/v.out" \
+  && grep -qE '^GPU backend: ' "$tmp/v.out" && grep -qE '^compiler: (g|clang)\+\+ ' "$tmp/v.out" \
+  || { echo "FAIL: --version does not name oneDNN $dnnl, Open MPI $ompi, the compiler and the GPU backend"
+       cat "$tmp/v.out"; exit 1; }
+echo "ok: --version: dptrain $version (git $rev), oneDNN $dnnl, Open MPI $ompi, one report for 2 ranks"
