@@ -15,7 +15,11 @@ struct WorldInfo {
 
 class MpiSession {
  public:
-  MpiSession(int* argc, char*** argv);
+  // init_seconds > 0 bounds MPI_Init: Open MPI's waits (a PMIx fence) for every rank of the job
+  // without limit, so a rank stopped before it, or one a launcher never started, held every other
+  // rank there for ever. Past init_seconds this rank says so and exits 3 (dptrain passes its
+  // --timeout, read ahead of the flags: early_timeout in config.h).
+  MpiSession(int* argc, char*** argv, double init_seconds = 0);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;

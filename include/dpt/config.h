@@ -122,6 +122,10 @@ inline constexpr double kAdamWDefaultLr = 1e-3, kAdamWDefaultWeightDecay = 0.01;
 // input error naming it and the command); the recipe sets defaults, explicit flags override them;
 // bad values are input errors naming the flag. Returns false when --help was printed (exit 0).
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text);
+// --timeout as argv gives it, read before MPI starts (parse_config runs after, once the ranks can
+// agree on a flag error): what bounds MPI_Init (MpiSession). The default where it is absent, and
+// where its value is not a number in [0, kMaxTimeoutSeconds] (parse_config then names the error).
+double early_timeout(int argc, char** argv);
 // --checkpoint-every's value: N or Nepochs, Nsteps, Nmin (input error naming the flag otherwise).
 void parse_checkpoint_every(const std::string& value, TrainConfig* cfg);
 // Applies recipe defaults for cfg.model/cfg.recipe (used by parse_config and by tests): the

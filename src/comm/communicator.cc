@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -384,9 +386,69 @@ std::string singleton_tmpdir_problem() {
   return "";
 }
 
-MpiSession::MpiSession(int* argc, char*** argv) {
+namespace {
+
+// The rank the launcher gave this process, for messages before MPI knows it: Open MPI's, PMIx's
+// or Slurm's variable, else "?".
+std::string launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* r = std::getenv(v); r && *r) return r;
+  return "?";
+}
+
+// Ends the process (exit 3, with a message) unless done() is called within `seconds` (<= 0: never):
+// the bound of MPI_Init (MpiSession). Its thread makes no MPI call.
+class InitWatch {
+ public:
+  explicit InitWatch(double seconds) {
+    if (seconds <= 0) return;
+    try {
+      thread_ = std::thread([this, seconds] {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (cv_.wait_for(lock, timeout_duration(seconds), [this] { return done_; })) return;
+        char host[256] = "?";
+        gethostname(host, sizeof(host) - 1);
+        std::fprintf(stderr,
+                     "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
+                     "s: another rank of the job has not reached it (stopped or killed before it, "
+                     "its host unreachable, or never started by the launcher); ending this rank "
+                     "with exit code 3 (--timeout 0 waits without limit)\n",
+                     launcher_rank().c_str(), host, seconds);
+        std::fflush(stdout);
+        std::fflush(stderr);
+        _exit(static_cast<int>(ErrorKind::kInternal));
+      });
+    } catch (const std::system_error&) {
+      // No thread for the watch: MPI_Init unbounded, as before.
+    }
+  }
+  ~InitWatch() { done(); }
+  InitWatch(const InitWatch&) = delete;
+  InitWatch& operator=(const InitWatch&) = delete;
+  void done() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   int provided = 0;
+  InitWatch watch(init_seconds);
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  watch.done();
   // Errors come back as codes (checked by MPI_CHECK) instead of aborting inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_.rank));

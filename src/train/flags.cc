@@ -2,8 +2,11 @@
 // assignment into TrainConfig, TrainConfig::to_json, agreed_values and may_change_on_resume.
 #include "dpt/flags.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <locale>
 #include <nlohmann/json.hpp>
@@ -13,6 +16,7 @@
 #include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/models.h"
+#include "dpt/poll.h"
 #include "dpt/version.h"
 
 namespace dpt {
@@ -724,6 +728,25 @@ const char* command_synopsis(unsigned bit) {
 }
 
 }  // namespace
+
+double early_timeout(int argc, char** argv) {
+  const double fallback = TrainConfig{}.timeout;
+  std::string value;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--timeout" && i + 1 < argc)
+      value = argv[i + 1];
+    else if (arg.rfind("--timeout=", 0) == 0)
+      value = arg.substr(10);
+  }
+  // strtod would skip leading blanks, which the flag's own parse refuses.
+  if (value.empty() || std::isspace(static_cast<unsigned char>(value[0]))) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(value.c_str(), &end);
+  const bool number = errno == 0 && end && *end == '\0' && std::isfinite(v);
+  return number && v >= 0 && v <= kMaxTimeoutSeconds ? v : fallback;
+}
 
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {
   // The command word comes first; without one, the command is training (as before commands).

@@ -100,6 +100,24 @@ else
   echo "skipped: no mpicc to build the preloaded MPI_Finalize"
 fi
 
+echo "== rank 1 stopped before MPI_Init (--timeout 3)"
+# Open MPI's MPI_Init waits for every rank of the job without limit: a rank stopped before it (here
+# by a wrapper, before dptrain even runs), or one never started, held rank 0 there for ever. Rank 0
+# must end the job within --timeout, saying why, with exit 3.
+printf '#!/bin/sh\n[ "$OMPI_COMM_WORLD_RANK" = 1 ] && kill -STOP $$\nexec "$@"\n' > "$tmp/stop_rank1.sh"
+chmod +x "$tmp/stop_rank1.sh"
+"${mpi[@]}" "$tmp/stop_rank1.sh" "$bin" "${common[@]}" --epochs 1 --max-steps 3 --timeout 3 \
+  > "$tmp/out" 2>&1 &
+job=$!
+finish 60
+[[ $rc -ne 124 ]] || fail "the job still ran 60 s after rank 1 stopped before MPI_Init (--timeout 3)"
+[[ $rc -ne 0 ]] || fail "the job ended with 0 though rank 1 never started"
+((elapsed <= 20)) || fail "job took ${elapsed}s to end (timeout 3)"
+grep -q "rank 0@.*MPI_Init did not complete within --timeout 3 s" "$tmp/out" ||
+  fail "rank 0 did not say that MPI_Init timed out: $(tail -3 "$tmp/out")"
+grep -m1 "MPI_Init" "$tmp/out"
+echo "rc $rc after ${elapsed}s"
+
 echo "== SIGKILL of rank 1"
 start --epochs 20 --timeout 30
 p=$(rank_pid 1)

@@ -128,6 +128,27 @@ TEST(Config, HelpShowsDefaults) {
   EXPECT_NE(help.find("/usr/share/datasets/fashion-mnist"), std::string::npos);
 }
 
+// --timeout read ahead of MPI (it bounds MPI_Init): the value parse_config would take, or the
+// default, 300, wherever parse_config will refuse it (by name, once MPI is up).
+TEST(Config, EarlyTimeoutIsTheFlagsOrTheDefault) {
+  const auto early = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "dptrain");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return early_timeout(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(early({}), 300.0);
+  EXPECT_EQ(early({"--model", "lenet", "--timeout", "5"}), 5.0);
+  EXPECT_EQ(early({"evaluate", "--timeout=7.5", "--load", "m.st"}), 7.5);
+  EXPECT_EQ(early({"--timeout", "0"}), 0.0);
+  EXPECT_EQ(early({"--timeout", "1e7"}), 1e7);
+  EXPECT_EQ(parse({"--timeout", "7.5"}).timeout, early({"--timeout", "7.5"}));
+  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", " 5"})
+    EXPECT_EQ(early({"--timeout", bad}), 300.0) << "'" << bad << "'";
+  EXPECT_EQ(early({"--timeout"}), 300.0) << "no value";
+  EXPECT_EQ(early({"--timeouts", "5"}), 300.0) << "another flag";
+}
+
 TEST(Config, Tf32IsOffUnlessAsked) {
   TrainConfig d = parse({});
   EXPECT_FALSE(d.tf32);  // fp32 agreement with the CPU by default
