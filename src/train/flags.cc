@@ -2,14 +2,13 @@
 // assignment into TrainConfig, TrainConfig::to_json, agreed_values and may_change_on_resume.
 #include "dpt/flags.h"
 
-#include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <locale>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -570,21 +569,27 @@ const std::vector<Flag>& flags() {
 
 namespace {
 
+// cxxopts reads a number with operator>>, which stops at the first character that is not part of
+// it and keeps what it read: --momentum 0,9 (a comma decimal separator, as a German-locale user
+// types it) trained with momentum 0, --lr 0.1x at 0.1, without a word. A value must be a number to
+// its end (the C locale's: dptrain never sets another): this is that reading, or nothing.
+template <typename T>
+std::optional<T> whole_number(const std::string& text) {
+  std::istringstream in(text);
+  in.imbue(std::locale::classic());
+  T value{};
+  in >> value;
+  if (!in || !(in >> std::ws).eof()) return std::nullopt;
+  return value;
+}
+
 // Values are converted here, so a value that does not parse is reported with its flag.
 template <typename T>
 T flag(const cxxopts::ParseResult& r, const std::string& name) {
   if constexpr (std::is_floating_point_v<T>) {
-    // cxxopts reads a number with operator>>, which stops at the first character that is not part
-    // of it and keeps what it read: --momentum 0,9 (a comma decimal separator, as a German-locale
-    // user types it) trained with momentum 0, --lr 0.1x at 0.1, without a word. Every value given
-    // must be a number to its end (the C locale's: dptrain never sets another).
     for (const cxxopts::KeyValue& given : r.arguments()) {
       if (given.key() != name) continue;
-      std::istringstream in(given.value());
-      in.imbue(std::locale::classic());
-      T value{};
-      in >> value;
-      DPT_INPUT_CHECK(in && (in >> std::ws).eof(),
+      DPT_INPUT_CHECK(whole_number<T>(given.value()),
                       "--" << name << ": '" << given.value() << "' is not a number"
                            << (given.value().find(',') != std::string::npos
                                    ? " (the decimal separator is '.', whatever the locale)"
@@ -739,13 +744,8 @@ double early_timeout(int argc, char** argv) {
     else if (arg.rfind("--timeout=", 0) == 0)
       value = arg.substr(10);
   }
-  // strtod would skip leading blanks, which the flag's own parse refuses.
-  if (value.empty() || std::isspace(static_cast<unsigned char>(value[0]))) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(value.c_str(), &end);
-  const bool number = errno == 0 && end && *end == '\0' && std::isfinite(v);
-  return number && v >= 0 && v <= kMaxTimeoutSeconds ? v : fallback;
+  const std::optional<double> v = whole_number<double>(value);  // as parse_config reads it
+  return v && *v >= 0 && *v <= kMaxTimeoutSeconds ? *v : fallback;
 }
 
 bool parse_config(int argc, char** argv, TrainConfig* cfg, std::string* help_text) {

@@ -142,8 +142,9 @@ TEST(Config, EarlyTimeoutIsTheFlagsOrTheDefault) {
   EXPECT_EQ(early({"evaluate", "--timeout=7.5", "--load", "m.st"}), 7.5);
   EXPECT_EQ(early({"--timeout", "0"}), 0.0);
   EXPECT_EQ(early({"--timeout", "1e7"}), 1e7);
-  EXPECT_EQ(parse({"--timeout", "7.5"}).timeout, early({"--timeout", "7.5"}));
-  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", " 5"})
+  for (const char* same : {"7.5", " 5", "5 "})  // blanks around it, as the flag takes them
+    EXPECT_EQ(parse({"--timeout", same}).timeout, early({"--timeout", same})) << "'" << same << "'";
+  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", "0x10", "5,5"})
     EXPECT_EQ(early({"--timeout", bad}), 300.0) << "'" << bad << "'";
   EXPECT_EQ(early({"--timeout"}), 300.0) << "no value";
   EXPECT_EQ(early({"--timeouts", "5"}), 300.0) << "another flag";
