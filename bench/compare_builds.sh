@@ -7,6 +7,11 @@
 # Usage: bench/compare_builds.sh OLD_DPTRAIN NEW_DPTRAIN [WORKDIR]   (exit 0 when all are equal)
 set -uo pipefail
 old=$1 new=$2 work=${3:-$(mktemp -d)}
+# The runs start in their own directories: a relative path (build/dptrain) is made absolute here.
+for b in "$old" "$new"; do
+  [[ -x $b ]] || { echo "compare_builds.sh: $b is not an executable" >&2; exit 2; }
+done
+old=$(realpath "$old") new=$(realpath "$new")
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 runs=(
