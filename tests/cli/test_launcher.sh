@@ -341,5 +341,15 @@ cd "$tmp" || exit 1
 [[ -f caller/m.st && ! -e repo/m.st ]] ||
   fail "train.sh --save m.st: want caller/m.st and no repo/m.st: $(ls caller repo | tr '\n' ' ')"
 
+echo "== launch/train.sh: a bad NP is exit 2 naming NP, before packages and the build"
+# mpirun.sh refused it as "-np 'abc'", a flag the operator never gave, after deps.sh and build.sh.
+printf 'touch "%s/deps.ran"\n' "$tmp" >repo/launch/deps.sh
+for np in abc 0 -1 "2 3" 1e3; do
+  NP=$np BUILD=bin expect 2 "launch/train.sh: error: NP='$np': the number of ranks must be a whole number, at least 1" -- \
+    bash "$tmp/repo/launch/train.sh" --model lenet
+done
+[[ -e deps.ran ]] && fail "train.sh ran deps.sh before refusing NP"
+echo 'exit 0' >repo/launch/deps.sh
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
