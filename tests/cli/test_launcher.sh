@@ -351,5 +351,38 @@ done
 [[ -e deps.ran ]] && fail "train.sh ran deps.sh before refusing NP"
 echo 'exit 0' >repo/launch/deps.sh
 
+echo "== launch/build.sh: one build at a time; a build directory of another checkout or a file refused"
+# Stand-ins for meson and ninja (ninja takes 1 s and logs when it starts and ends) and a
+# cudnn_frontend.sh that does nothing: no real build here.
+mkdir -p brepo/launch bstubs
+cp "$(dirname "$launcher")/build.sh" brepo/launch/
+echo 'exit 0' >brepo/launch/cudnn_frontend.sh
+printf '#!/usr/bin/env bash\necho "meson $*" >>"%s/meson.log"\nmkdir -p "$2" && : >"$2/build.ninja"\n' "$tmp" >bstubs/meson
+printf '#!/usr/bin/env bash\necho "start $$" >>"%s/ninja.log"\nsleep 1\necho "end $$" >>"%s/ninja.log"\necho "ninja: stand-in done"\n' "$tmp" "$tmp" >bstubs/ninja
+chmod +x bstubs/meson bstubs/ninja
+breal=$(cd brepo && pwd -P)
+( cd brepo && PATH=$tmp/bstubs:$PATH bash launch/build.sh >"$tmp/b1.out" 2>&1 ) &
+sleep 0.3
+( cd brepo && PATH=$tmp/bstubs:$PATH bash launch/build.sh >"$tmp/b2.out" 2>&1 )
+wait
+grep -qx "launch/build.sh: waiting for the other build in 'build' to finish" b2.out ||
+  fail "the second build.sh did not wait for the first: $(cat b2.out)"
+[[ $(cut -d' ' -f1 ninja.log | tr '\n' ' ') == "start end start end " ]] ||
+  fail "two ninja ran at once in one build directory: $(tr '\n' ' ' <ninja.log)"
+[[ $(grep -c '^meson setup' meson.log) -eq 1 ]] || fail "want one meson setup: $(cat meson.log)"
+mkdir -p brepo/other/meson-info
+: >brepo/other/build.ninja
+echo '{"directories": {"source": "/nonexistent/checkout"}}' >brepo/other/meson-info/meson-info.json
+: >ninja.log
+BUILD=other PATH=$tmp/bstubs:$PATH expect 2 \
+  "launch/build.sh: error: the build directory 'other' (BUILD) was configured for the checkout at '/nonexistent/checkout', not this one ('$breal')" -- \
+  bash brepo/launch/build.sh
+[[ -s ninja.log ]] && fail "ninja ran in a build directory of another checkout"
+echo "{\"directories\": {\"source\": \"$tmp/brepo\"}}" >brepo/other/meson-info/meson-info.json
+BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done" -- bash brepo/launch/build.sh
+: >brepo/afile
+BUILD=afile PATH=$tmp/bstubs:$PATH expect 2 \
+  "launch/build.sh: error: the build directory 'afile' (BUILD) is not a directory" -- bash brepo/launch/build.sh
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
