@@ -384,5 +384,15 @@ BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done" -- bash brepo
 BUILD=afile PATH=$tmp/bstubs:$PATH expect 2 \
   "launch/build.sh: error: the build directory 'afile' (BUILD) is not a directory" -- bash brepo/launch/build.sh
 
+echo "== nvcc's include directories are relative to the build directory (a checkout path with a space)"
+# nvcc passes -I on to its own steps unquoted: an absolute path with a space failed every kernel.
+bdir=$(dirname "$bin")
+if [[ -f $bdir/build.ninja ]] && grep -q 'nvcc -c' "$bdir/build.ninja"; then
+  grep 'nvcc -c' "$bdir/build.ninja" | grep -q -- "-I'\?/" &&
+    fail "nvcc gets absolute include directories: $(grep -m1 -o -- "-I'\?/[^ ]*" "$bdir/build.ninja")"
+else
+  echo "   no nvcc rule in $bdir/build.ninja: nothing to check"
+fi
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
