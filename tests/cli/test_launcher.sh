@@ -394,5 +394,20 @@ else
   echo "   no nvcc rule in $bdir/build.ninja: nothing to check"
 fi
 
+echo "== tests/count_results.py: a missing or cut log, and a meson test that failed silently, count as failures"
+counter=$(dirname "$launcher")/../tests/count_results.py
+printf '{"name": "a", "result": "OK", "stdout": ""}\n' >one.json
+printf '{"name": "a", "result": "OK", "stdout": ""}\n{"name": "b", "res' >cut.json
+expect 1 "1 passed, 1 failed, 0 skipped" -- python3 "$counter" one.json missing.json
+grep -qx "count_results.py: missing.json: cannot read the test log (No such file or directory): counted as 1 failed" out.txt ||
+  fail "the missing log is not named: $(cat out.txt)"
+expect 1 "1 passed, 1 failed, 0 skipped" -- python3 "$counter" cut.json
+grep -qx "count_results.py: cut.json: line 2 is not a test record (the log is cut short?): counted as 1 failed" out.txt ||
+  fail "the cut log is not named: $(cat out.txt)"
+expect 1 "1 passed, 1 failed, 0 skipped" -- python3 "$counter" --status 143 one.json
+grep -qx "count_results.py: one.json: meson test exited 143 but its log records no failing test (stopped part-way?): counted as 1 failed" out.txt ||
+  fail "the stopped meson test is not named: $(cat out.txt)"
+expect 0 "1 passed, 0 failed, 0 skipped" -- python3 "$counter" --status 0 one.json
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
