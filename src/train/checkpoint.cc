@@ -392,7 +392,10 @@ ResumePoint CheckpointManager::load() {
     pos[0] = in_range("epoch", 1'000'000);
     pos[1] = in_range("epoch_step", 1'000'000'000);
     pos[2] = in_range("step", 1'000'000'000'000);
-    pos[3] = in_range("optimizer_steps", pos[2]);
+    // Not bounded by the step: --allow-config-change at a larger batch counts the epoch's images
+    // done in fewer, larger global steps, while the optimizer keeps the count of steps it took, so
+    // the checkpoints after such a resume record more optimizer steps than global steps.
+    pos[3] = in_range("optimizer_steps", 1'000'000'000'000);
     // The epoch's sums up to its checkpoint (a checkpoint written before they were recorded has
     // none: the resumed epoch's record then covers the steps after it, as it did).
     if (auto e = meta.find("epoch_so_far"); e != meta.end() && pos[1] > 0) {

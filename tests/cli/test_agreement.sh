@@ -228,5 +228,24 @@ print("ok: resumed at batch 32, steps 5..8 take the epoch's images 128..255")
 PY
   fail "the run resumed at batch 32 did not continue the epoch's data order"
 
+# At a larger batch the epoch's images done are fewer, larger steps, but the optimizer has taken
+# the steps it took: 4 steps of batch 32 resumed at batch 64 continue at global step 2, and after
+# global step 3 the optimizer has taken 4 + 1 steps. That checkpoint resumes as any other (it was
+# refused, "'optimizer_steps' is 5, outside [0, 3]"), and the count goes on from 5: at step 4, 6
+# (step 4's file is removed first, so the count read is the resumed run's own).
+big=(--epochs 1 --eval-every 0 --threads 1 --keep-checkpoints 9)
+"$bin" "${big[@]}" --max-steps 8 --batch-size 32 --checkpoint-every 4steps --checkpoint-path "$tmp/mid/small.st" \
+  > /dev/null 2>&1 || fail "could not write the batch-32 checkpoint"
+"$bin" "${big[@]}" --max-steps 4 --batch-size 64 --checkpoint-every 1steps --checkpoint-path "$tmp/mid/large.st" \
+  --allow-config-change --resume "$tmp/mid/small.step4.st" > /dev/null 2>&1 || fail "could not resume at batch 64"
+[[ $(meta_of step "$tmp/mid/large.step3.st"),$(meta_of optimizer_steps "$tmp/mid/large.step3.st") == 3,5 ]] ||
+  fail "large.step3.st: step $(meta_of step "$tmp/mid/large.step3.st"), optimizer_steps $(meta_of optimizer_steps "$tmp/mid/large.step3.st"); want 3, 5"
+rm -f "$tmp/mid/large.step4.st"
+expect 0 "resumed from $tmp/mid/large.step3.st at epoch 1, step 3 (global step 3)" -- "$bin" "${big[@]}" \
+  --max-steps 4 --batch-size 64 --checkpoint-every 1steps --checkpoint-path "$tmp/mid/large.st" \
+  --resume "$tmp/mid/large.step3.st"
+[[ $(meta_of optimizer_steps "$tmp/mid/large.step4.st") == 6 ]] ||
+  fail "large.step4.st records $(meta_of optimizer_steps "$tmp/mid/large.step4.st") optimizer steps, not 4 + 1 + 1"
+
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

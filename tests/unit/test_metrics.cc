@@ -213,9 +213,12 @@ TEST(EpochSoFarJson, RoundTripsBitForBitAndRefusesWhatIsNoSums) {
   without_steps.erase("steps");
   for (const std::string& bad :
        {with("loss", -1.0), with("count", 1.5), without_steps.dump(), with("seconds", "12"),
-        with("correct", 9000), with("applied", 40), with("norm_max", nullptr),
+        with("correct", 9000), with("applied", -1), with("norm_max", nullptr),
         std::string("[1, 2]"), std::string("{")})
     EXPECT_THROW(EpochSoFar::from_json(bad), std::exception) << bad;
+  // More optimizer steps than steps: what a run resumed at a larger batch (--allow-config-change)
+  // writes, its steps recounted in the new batch's.
+  EXPECT_EQ(EpochSoFar::from_json(with("applied", 40)).applied, 40);
 }
 
 TEST(RankTimings, OddCount) {
