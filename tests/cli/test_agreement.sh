@@ -207,6 +207,12 @@ for r in s:
     assert math.isclose(r["lr"], 0.08 * r["step"] / 8, rel_tol=1e-6), (r["step"], r["lr"])
 print("ok: resumed at batch 32: global steps 5..8 at the warm-up's rates")
 PY
+# The images of a step are --batch-size x --accum-steps: 2 steps of 32 x 2 are 128 images done,
+# step 4 at batch 32 without accumulation.
+"$bin" "${sched[@]}" --max-steps 4 --batch-size 32 --accum-steps 2 --checkpoint-every 2steps \
+  --keep-checkpoints 9 --checkpoint-path "$tmp/mid/acc.st" --quiet > /dev/null 2>&1 || fail "could not write the accumulated checkpoint"
+expect 0 "continuing at epoch 1, step 4 (global step 4)" -- "$bin" "${sched[@]}" --max-steps 8 --batch-size 32 \
+  --allow-config-change --resume "$tmp/mid/acc.step2.st"
 # And on the images those steps take in the epoch's order (128..255): at a rate of 1e-30 the
 # parameters stay as they started, so each step's loss is its images' loss, and the resumed steps
 # 5..8 must have a fresh batch-32 run's losses of steps 5..8 (not of 1..4, from the epoch's start).

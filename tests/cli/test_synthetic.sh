@@ -83,6 +83,23 @@ hits = sum(round(a * c) for a, c in zip(acc, counts) if c)
 assert hits == r["top1_correct"], (hits, r["top1_correct"])
 print(f"ok: 2000 classes: no matrix, per-class hits add up to top-1's {hits}")
 PY
+# The counts themselves, from predict's rows (label, top class): each class's images and hits.
+expect 0 "predict: top-1 classes of 200 test images" -- "$bin" predict --load k2000.safetensors \
+  --data synthetic:28x28x1:2000:2000 --top-k 1 --output k2000.csv
+python3 - k2000.jsonl k2000.csv <<'PY' || fail "2000 classes: evaluate's counts against predict's rows"
+import csv, json, sys
+r = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "evaluate"][-1]
+count, hit = [0] * 2000, [0] * 2000
+for row in list(csv.reader(open(sys.argv[2])))[1:]:
+    label, top = int(row[1]), int(row[2])
+    count[label] += 1
+    hit[label] += top == label
+assert r["per_class_count"] == count, "per-class counts"
+assert r["top1_correct"] == sum(hit) <= r["top5_correct"], (r["top1_correct"], sum(hit), r["top5_correct"])
+acc = [h / c if c else None for h, c in zip(hit, count)]
+assert r["per_class_accuracy"] == acc, "per-class accuracy"
+print(f"ok: 2000 classes: per-class counts and hits ({sum(hit)}) as predict's rows count them")
+PY
 
 # Refusals.
 expect 2 "the image shape '32x32' is not HxWxC" -- "$bin" --data synthetic:32x32:10:10

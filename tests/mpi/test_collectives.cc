@@ -213,6 +213,10 @@ TEST(BucketPlan, CapsSplitAtParameterBoundaries) {
   auto tail2 = plan_buckets(bounds, 1e9, 1e9, 4100);  // 1010 floats = 4040 B fit, 1060 do not
   ASSERT_EQ(tail2.size(), 2u);
   EXPECT_EQ(tail2[1].begin, 450);
+  // A run exactly the cap's size fits ("at most"): 1010 floats are 4040 B.
+  auto exact = plan_buckets(bounds, 1e9, 1e9, 4040);
+  ASSERT_EQ(exact.size(), 2u);
+  EXPECT_EQ(exact[1].begin, 450);
   auto tail1 = plan_buckets(bounds, 1e9, 1e9, 1);  // at least one parameter moves
   ASSERT_EQ(tail1.size(), 2u);
   EXPECT_EQ(tail1[1].begin, 1450);
@@ -222,6 +226,47 @@ TEST(BucketPlan, CapsSplitAtParameterBoundaries) {
   ASSERT_EQ(tight.size(), 4u);
   EXPECT_EQ(tight[1].end, 450);
   EXPECT_EQ(tight[2].end, 1450);
+}
+
+// A transport that records which buckets the Reducer launches, and when; it moves nothing.
+class LaunchLog : public ReduceTransport {
+ public:
+  explicit LaunchLog(std::vector<size_t>* launched) : launched_(launched) {}
+  void begin(int64_t) override {}
+  void launch(size_t k, const Bucket&, const std::string&) override { launched_->push_back(k); }
+  void finish(ReducerStats&) override {}
+  void allreduce_doubles(double*, int64_t, const std::string&) override {}
+
+ private:
+  std::vector<size_t>* launched_;
+};
+
+// Every rank must issue the same all-reduces in the same order, whatever order its backward marks
+// the gradients in: bucket k is launched once all of it is marked and bucket k-1 is launched, with
+// overlap during backward (mark_ready), with --no-overlap all at wait(); and again every step.
+TEST(Reducer, LaunchesEachBucketOnceCompleteAndInOrder) {
+  const std::vector<Bucket> plan{{0, 100}, {100, 400}, {400, 450}};
+  for (const bool overlap : {true, false}) {
+    std::vector<size_t> launched;
+    Reducer red(std::make_unique<LaunchLog>(&launched), plan, overlap);
+    for (int64_t step = 0; step < 2; ++step) {
+      launched.clear();
+      red.begin(step);
+      red.mark_ready(400, 450);  // bucket 2 complete, before buckets 0 and 1
+      red.mark_ready(100, 250);  // half of bucket 1
+      red.mark_ready(0, 60);     // part of bucket 0
+      EXPECT_TRUE(launched.empty()) << "overlap " << overlap << " step " << step;
+      red.mark_ready(60, 100);  // bucket 0 complete: it alone goes (bucket 1 is not)
+      EXPECT_EQ(launched, overlap ? std::vector<size_t>{0} : std::vector<size_t>{})
+          << "overlap " << overlap << " step " << step;
+      red.mark_ready(250, 400);  // bucket 1 complete: then 1 and the waiting 2
+      EXPECT_EQ(launched, overlap ? (std::vector<size_t>{0, 1, 2}) : std::vector<size_t>{})
+          << "overlap " << overlap << " step " << step;
+      red.wait();
+      EXPECT_EQ(launched, (std::vector<size_t>{0, 1, 2}))
+          << "overlap " << overlap << " step " << step;
+    }
+  }
 }
 
 }  // namespace

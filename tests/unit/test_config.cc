@@ -758,6 +758,9 @@ TEST(Schedule, WarmupThenCosineAndStep) {
   EXPECT_NEAR(learning_rate(c, 4, spe), 0.4 * 5 / 10.0, 1e-12);
   EXPECT_NEAR(learning_rate(c, 10, spe), 0.4, 1e-12);  // peak right after warm-up
   EXPECT_NEAR(learning_rate(c, 25, spe), 0.4 * 0.5 * (1 + std::cos(M_PI * 1.5 / 3)), 1e-12);
+  // At the end cos(pi): 0, and it stays there past it (not climbing back up the cosine).
+  EXPECT_NEAR(learning_rate(c, 40, spe), 0.0, 1e-12);
+  EXPECT_NEAR(learning_rate(c, 50, spe), 0.0, 1e-12);
   c.schedule = "step";
   c.step_epochs = {2, 3};
   c.step_gamma = 0.1;

@@ -183,6 +183,8 @@ TEST(Cores, CpusetFilesAreTheProcessesCgroupThenItsParents) {
             (Files{"/r/a:b/cpuset.cpus.effective", "/r/cpuset.cpus.effective"}));
   // A cgroup outside the namespace's root: only the root's file.
   EXPECT_EQ(cpuset_files("0::/../../a\n", "/r"), Files{"/r/cpuset.cpus.effective"});
+  // A '.' part is no directory of the namespace's either: no "/r/./a" or "/r/." files.
+  EXPECT_EQ(cpuset_files("0::/./a\n", "/r"), Files{"/r/cpuset.cpus.effective"});
   for (const char* none : {"", "\n\n", "garbage", "1:name=systemd:/", "4:cpusetx:/a", "5::/a"})
     EXPECT_EQ(cpuset_files(none, "/r"), Files{}) << none;
 }
