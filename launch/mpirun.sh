@@ -395,8 +395,19 @@ wait_relays() {
 ((max_restarts > 0)) && [[ -z $ckpt_every ]] &&
   echo "$me: warning: --max-restarts $max_restarts without --checkpoint-every: no checkpoint is written, so a failed job is not restarted" >&2
 
-got=0    # the signal this script received
-child="" # mpirun's pid
+got=0     # the signal this script received
+child=""  # mpirun's pid
+kill_at="" # when set: SIGKILL to mpirun's process group at this $SECONDS (wait_mpirun)
+# A job on this host alone (no --host, --hostfile or Slurm allocation) that has started no rank yet
+# has no step to finish and no checkpoint to write: mpirun stuck before starting its ranks (NP=100000
+# on one host: out of pipes, printing ORTE_ERROR_LOG) ignores SIGUSR1, and a single SIGTERM
+# (`timeout` without -k) left it, and this script, running for ever. Such a job is ended at once:
+# SIGTERM, then SIGKILL to mpirun's process group $grace s later.
+unstarted_local_job() {
+  ((${#hosts[@]} == 0 && ${#hostfiles[@]} == 0)) && [[ -z ${SLURM_JOB_ID:-} && -n $child ]] || return 1
+  note_ranks
+  ((${#ranks[@]} == 0))
+}
 on_signal() {
   local name=$1 num=$2
   if ((got)); then
@@ -405,6 +416,12 @@ on_signal() {
     return
   fi
   got=$num
+  if unstarted_local_job; then
+    echo "$me: $name: no rank of the job has started: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
+    kill -TERM "$child" 2>/dev/null
+    kill_at=$((SECONDS + grace))
+    return
+  fi
   echo "$me: $name: every rank finishes its step, writes the checkpoint (if --checkpoint-every is on) and stops; $name again kills at once" >&2
   [[ -n $child ]] && kill -USR1 "$child" 2>/dev/null
 }
@@ -463,6 +480,11 @@ wait_mpirun() {
   local alone="" seen="" deadline killed=0 left=() p
   ranks=() rc=""
   while kill -0 "$child" 2>/dev/null; do
+    if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
+      echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
+      kill -KILL -- -"$child" 2>/dev/null
+      kill_at=""
+    fi
     # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
     # finds them all, and spares a scan of /proc every second of a long run.
     if [[ -z $seen ]] || ((SECONDS - seen <= 3)); then note_ranks; fi

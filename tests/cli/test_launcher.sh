@@ -312,6 +312,39 @@ rec=$(cat record.name)
 [[ -n $rec && ! -e $(dirname "$rec") ]] || fail "after SIGTERM, the record directory of '$rec' is left"
 none_left "SIGTERM"
 
+echo "== one SIGTERM ends an mpirun that never started a rank (stuck, deaf to SIGUSR1)"
+# NP=100000 on one host left mpirun stuck before starting any rank (out of pipes); the launcher
+# passed the SIGTERM on as SIGUSR1, which such an mpirun ignores, and waited for ever. Stand-ins:
+# one ignores SIGUSR1 only, one ignores SIGTERM too (then SIGKILL, 10 s later).
+mkdir -p stuck
+for kind in usr1 all; do
+  sig=USR1 before=$fails
+  [[ $kind == all ]] && sig="USR1 TERM"
+  printf '#!/usr/bin/env bash\ntrap "" %s\nwhile :; do sleep 0.2; done\n' "$sig" >stuck/mpirun
+  chmod +x stuck/mpirun
+  set -m
+  PATH=$tmp/stuck:$PATH bash "$launcher" -np 1 /bin/true >stuck.out 2>&1 &
+  job=$!
+  set +m
+  sleep 1
+  kill -TERM "$job"
+  for _ in $(seq 200); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$job" 2>/dev/null; then
+    fail "an mpirun deaf to $sig: the launcher still runs 20 s after one SIGTERM"
+    pkill -KILL -f -- "$tmp/stuck/mpirun"
+    kill -KILL "$job"
+  fi
+  wait "$job"
+  rc=$?
+  [[ $rc -eq 143 ]] || fail "stuck mpirun ($kind): launcher exit $rc, want 143: $(tail -3 stuck.out)"
+  grep -q "SIGTERM: no rank of the job has started: ending mpirun" stuck.out ||
+    fail "stuck mpirun ($kind): the launcher did not say why it ends mpirun: $(tail -3 stuck.out)"
+  [[ $kind == all ]] && ! grep -q "mpirun did not end 10 s after SIGTERM: killing it" stuck.out &&
+    fail "an mpirun deaf to SIGTERM was not killed, or not said: $(tail -3 stuck.out)"
+  pgrep -f -- "$tmp/stuck/mpirun" >/dev/null && fail "stuck mpirun ($kind) outlived the launcher"
+  ((fails == before)) && echo "ok: an mpirun deaf to $sig ends on one SIGTERM to the launcher (exit $rc)"
+done
+
 echo "== dptrain's side: rank 0 appends '<step> <path>' to DPT_CHECKPOINT_RECORD for every checkpoint"
 : >dpt.rec  # the launcher creates the file; dptrain only appends to an existing one
 DPT_CHECKPOINT_RECORD=$tmp/dpt.rec expect 0 "epoch 1/1" -- "${mpi[@]}" -np 2 "$bin" --model lenet --batch-size 64 \
