@@ -12,6 +12,7 @@
 #include "dpt/error.h"
 #include "dpt/log.h"
 #include "dpt/run.h"
+#include "dpt/version.h"
 
 int main(int argc, char** argv) {
   // Keep freed blocks in the heap: per-step buffers would otherwise be mmap'd and unmapped every
@@ -25,6 +26,14 @@ int main(int argc, char** argv) {
   // warn once and drop later lines (log.cc). Set before MPI starts, so that nothing it writes
   // during start-up can kill the process either.
   signal(SIGPIPE, SIG_IGN);
+  // --version needs no MPI: it answers where MPI cannot start (a broken installation, a bad
+  // TMPDIR), which is when a bug report needs it most. Under a launcher only its rank 0 prints.
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i)
+    if (std::string(argv[i]) == "--version") {
+      const std::string rank = dpt::launcher_rank();
+      if (rank == "0" || rank == "?") std::printf("%s", dpt::version_report().c_str());
+      return 0;
+    }
   if (const std::string why = dpt::singleton_tmpdir_problem(); !why.empty()) {
     std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
     return 2;

@@ -54,6 +54,10 @@ std::string singleton_tmpdir_problem();
 // waits forever, and ends this process with `code` itself if MPI_Abort has not within 5 s.
 [[noreturn]] void abort_job(int code);
 
+// The rank the launcher gave this process, for use before MPI knows it: Open MPI's, PMIx's, PMI's
+// or Slurm's variable (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID), else "?".
+std::string launcher_rank();
+
 // The MPI library's own version line (MPI_Get_library_version, callable before MPI starts), e.g.
 // "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022".
 std::string mpi_library_version();

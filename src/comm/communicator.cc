@@ -386,15 +386,13 @@ std::string singleton_tmpdir_problem() {
   return "";
 }
 
-namespace {
-
-// The rank the launcher gave this process, for messages before MPI knows it: Open MPI's, PMIx's
-// or Slurm's variable, else "?".
 std::string launcher_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
     if (const char* r = std::getenv(v); r && *r) return r;
   return "?";
 }
+
+namespace {
 
 // Ends the process (exit 3, with a message) unless done() is called within `seconds` (<= 0: never):
 // the bound of MPI_Init (MpiSession). Its thread makes no MPI call.

@@ -155,7 +155,7 @@ for spec in "100:200|no step was traced, $tmp/t.json has no spans" "3:200|only s
   echo "ok: --trace-steps $window on a 5-step run: ${want:-no warning}"
 done
 
-# --version: one report for the job (the lowest rank prints it), exit 0, each value as its own
+# --version: one report for the job (the launcher's rank 0 prints it), exit 0, each value as its own
 # source gives it: meson.build's version, the source tree's git revision, oneDNN's header, ompi_info.
 src=$(cd "$(dirname "$0")/../.." && pwd)
 timeout -k 5 60 "${mpi[@]}" "$bin" --version > "$tmp/v.out" 2> "$tmp/v.err" \
@@ -175,3 +175,12 @@ grep -qF "CPU backend: oneDNN $dnnl (" "$tmp/v.out" && grep -qF "MPI: Open MPI v
   || { echo "FAIL: --version does not name oneDNN $dnnl, Open MPI $ompi, the compiler and the GPU backend"
        cat "$tmp/v.out"; exit 1; }
 echo "ok: --version: dptrain $version (git $rev), oneDNN $dnnl, Open MPI $ompi, one report for 2 ranks"
+# Without MPI: --version answers where MPI cannot start (here a TMPDIR under a file, where a
+# singleton cannot make its session directory: any other command is exit 2), the same report.
+: > "$tmp/afile"
+TMPDIR=$tmp/afile/dir timeout -k 5 60 "$bin" --epochs 1 > "$tmp/v2.out" 2>&1
+[[ $? == 2 ]] || { echo "FAIL: a singleton with TMPDIR under a file did not stop with exit 2"; cat "$tmp/v2.out"; exit 1; }
+TMPDIR=$tmp/afile/dir timeout -k 5 60 "$bin" --version > "$tmp/v1.out" 2>&1 \
+  || { echo "FAIL: --version with TMPDIR under a file: exit $?"; cat "$tmp/v1.out"; exit 1; }
+cmp -s "$tmp/v.out" "$tmp/v1.out" || { echo "FAIL: --version without MPI differs"; diff "$tmp/v.out" "$tmp/v1.out"; exit 1; }
+echo "ok: --version without MPI (where a singleton cannot start): the same report"
