@@ -245,6 +245,34 @@ extra=()
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 
+# mpirun makes its session directory, with PMIx's shared-memory store (about 9 MiB: a file system
+# with 8 MiB free failed 2 ranks), in the first of TMPDIR, TEMP and TMP that is set
+# (OMPI_MCA_orte_tmpdir_base wins over them), creating what is missing of the path. One that cannot
+# be made there (TEMP or TMP under a file, or in a directory that cannot be written) or a full file
+# system failed with exit 1 and pages of Open MPI's text ("orte_session_dir failed", "PMIX ERROR:
+# OUT-OF-RESOURCE") that name no variable. The nearest part of the path that exists decides.
+session_var=""
+for v in OMPI_MCA_orte_tmpdir_base TMPDIR TEMP TMP; do [[ -n ${!v+set} ]] && session_var=$v && break; done
+if [[ -n $session_var ]]; then
+  session_dir=${!session_var} d=${!session_var:-/}
+  while [[ ! -e $d ]]; do
+    if [[ $d == */* ]]; then d=${d%/*} d=${d:-/}; else d=.; fi
+  done
+  quote shown "$session_dir"
+  why=""
+  if [[ ! -d $d ]]; then
+    why="$d is not a directory"
+  elif [[ ! -w $d || ! -x $d ]]; then
+    why="$d is not writable"
+  else
+    free_kib=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')
+    [[ $free_kib =~ ^[0-9]+$ ]] && ((free_kib < 9216)) &&
+      why="its file system has $free_kib KiB free, and mpirun's session directory needs about 9 MiB"
+  fi
+  [[ -z $why ]] ||
+    die "$session_var=$shown: $why: mpirun makes its session directory there; unset $session_var or point it at a directory you can write, with room"
+fi
+
 # A private directory (mktemp -d: mode 700) for this launch, removed on exit: the ssh probes'
 # output, the checkpoint record and the relays' FIFOs.
 work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||

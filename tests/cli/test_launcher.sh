@@ -180,6 +180,24 @@ expect 0 "ok" -- bash "$launcher" -np 1 --map-by slot -x A=1 --mca btl self,vade
 [[ -e ran.0 ]] || fail "the MPMD line did not run its first context"
 expect 0 "2 -n 0" -- bash "$launcher" -np 2 bash -c 'echo "$OMPI_COMM_WORLD_SIZE -n $0"' 0
 
+echo "== mpirun's session directory: TEMP and TMP checked as TMPDIR is, and a full file system, named"
+# mpirun makes it in the first of TMPDIR, TEMP and TMP that is set: TEMP or TMP under a file, and a
+# file system without room (PMIx's store), were exit 1 and pages of Open MPI's text naming none.
+: >afile
+expect 2 "launch/mpirun.sh: error: TEMP='$tmp/afile': $tmp/afile is not a directory: mpirun makes its session directory there; unset TEMP" -- \
+  env -u TMPDIR TEMP="$tmp/afile" bash "$launcher" -np 2 echo ok
+expect 2 "launch/mpirun.sh: error: TMP='$tmp/afile/x/y': $tmp/afile is not a directory" -- \
+  env -u TMPDIR -u TEMP TMP="$tmp/afile/x/y" bash "$launcher" -np 2 echo ok
+expect 0 "ok" -- env -u TMPDIR -u TEMP TMP="$tmp/made/by/mpirun" bash "$launcher" -np 2 echo ok
+mkdir full
+if [[ $(id -u) -eq 0 ]] && mount -t tmpfs -o size=64k tmpfs full 2>/dev/null; then
+  expect 2 "launch/mpirun.sh: error: TMPDIR='$tmp/full': its file system has 64 KiB free, and mpirun's session directory needs about 9 MiB" -- \
+    env TMPDIR="$tmp/full" bash "$launcher" -np 2 echo ok
+  umount full
+else
+  echo "skip: a full TMPDIR needs root to mount a small tmpfs"
+fi
+
 echo "== more ranks than cores get --oversubscribe whatever OMP_NUM_THREADS says"
 # nproc answers OMP_NUM_THREADS: with it above the core count the launcher left --oversubscribe out
 # and mpirun refused ("There are not enough slots available").
