@@ -86,11 +86,13 @@ host_list() {
 # whole number of at least 1 (max_slots too: Open MPI 4.1 takes 0 for less than slots), max_slots
 # below slots, and a host on two lines of which one gives slots (Open MPI adds them up or not, by
 # version: one line with the total says what is meant; a host repeated without slots, one line per
-# slot as Torque's $PBS_NODEFILE lists them, is Open MPI's usual form). No command runs per line (builtins only): 10,000 lines take seconds,
-# not a minute.
+# slot as Torque's $PBS_NODEFILE lists them, is Open MPI's usual form). Two of this host's names
+# (localhost, its name, 127.0.0.1, its addresses) are one host to mpirun: with slots given, it
+# failed with exit 1, "FORCE-TERMINATE ... should be reported to the developers". No command runs
+# per line (builtins only): 10,000 lines take seconds, not a minute.
 read_hostfile() {
-  local f=$1 line n=0 words shown w key val slots max hosts_here=0
-  local -A first_line=() slotted=()
+  local f=$1 line n=0 words shown w key val slots max hosts_here=0 host as
+  local -A first_line=() slotted=() first_name=()
   [[ -r $f && ! -d $f ]] || die "hostfile '$f' cannot be read"
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
@@ -119,12 +121,18 @@ read_hostfile() {
     done
     [[ -n $slots && -n $max ]] && ((max < slots)) &&
       die "line $n of hostfile '$f': max_slots=$max is below slots=$slots"
-    if [[ -n ${first_line[${words[0]}]:-} ]]; then
-      [[ -n $slots$max || -n ${slotted[${words[0]}]} ]] &&
-        die "line $n of hostfile '$f': host '${words[0]}' is on line ${first_line[${words[0]}]} already, with slots given: give each host one line, with all its slots"
+    host=${words[0]}
+    [[ $host == localhost || $host == "$my_name" || $host == "$my_short" || $my_addrs == *" $host "* ]] &&
+      host=" this host"
+    if [[ -n ${first_line[$host]:-} ]]; then
+      as="is on line ${first_line[$host]} already"
+      [[ ${first_name[$host]} != "${words[0]}" ]] && as="is this host, as '${first_name[$host]}' on line ${first_line[$host]} is"
+      [[ -n $slots$max || -n ${slotted[$host]} ]] &&
+        die "line $n of hostfile '$f': host '${words[0]}' $as, with slots given: give each host one line, with all its slots"
     else
-      first_line[${words[0]}]=$n
-      slotted[${words[0]}]=$slots$max
+      first_line[$host]=$n
+      first_name[$host]=${words[0]}
+      slotted[$host]=$slots$max
     fi
     hosts+=("${words[0]}")
     hosts_here=$((hosts_here + 1))
@@ -230,6 +238,8 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   i=$((i + 1)) # the ':' that starts the next context, if any
 done
 ((total_np > 0)) && np=$total_np
+# This host's names and addresses: mpirun runs on it without ssh (and read_hostfile's duplicates).
+my_addrs=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) " my_name=$(hostname) my_short=$(hostname -s)
 for f in "${hostfiles[@]}"; do read_hostfile "$f"; done
 
 extra=()
@@ -295,7 +305,6 @@ ssh_opts=(-o ConnectTimeout="$ssh_timeout" -o BatchMode=yes)
 # This host's names and addresses are asked once, and the distinct host names left looked up in
 # one getent call (an address not at all): five commands per hostfile line made a 10,000-line file
 # take a minute, and one getent per name was still a process per host.
-my_addrs=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) " my_name=$(hostname) my_short=$(hostname -s)
 hosts_in_order=() lookup=()
 declare -A seen_host=() addrs_of=()
 for h in "${hosts[@]}"; do

@@ -81,6 +81,16 @@ expect 2 "line 1 of hostfile 'smax.hosts': max_slots=1 is below slots=2" -- \
 printf 'localhost slots=1\n# again\nlocalhost slots=1\n' >dup.hosts
 expect 2 "line 3 of hostfile 'dup.hosts': host 'localhost' is on line 1 already, with slots given" -- \
   bash "$launcher" --hostfile dup.hosts -np 2 "$bin"
+# Two names of this host are one host to mpirun: with slots, exit 1 and "FORCE-TERMINATE ... should
+# be reported to the developers".
+printf 'localhost slots=1\n\n%s slots=1\n' "$(hostname)" >self2.hosts
+expect 2 "line 3 of hostfile 'self2.hosts': host '$(hostname)' is this host, as 'localhost' on line 1 is, with slots given" -- \
+  bash "$launcher" --hostfile self2.hosts -np 2 "$bin"
+printf '127.0.0.1 slots=2\nlocalhost\n' >self3.hosts
+expect 2 "line 2 of hostfile 'self3.hosts': host 'localhost' is this host, as '127.0.0.1' on line 1 is, with slots given" -- \
+  bash "$launcher" --hostfile self3.hosts -np 2 "$bin"
+printf 'localhost\n127.0.0.1\n' >self4.hosts
+expect 0 "ok" -- bash "$launcher" --hostfile self4.hosts -np 2 echo ok
 # A host once per slot, as Torque's $PBS_NODEFILE lists it: Open MPI's usual form, accepted.
 printf 'localhost\nlocalhost\n' >pbs.hosts
 expect 0 "epoch 1/1" -- bash "$launcher" --hostfile pbs.hosts -np 2 "$bin" --epochs 1 --max-steps 1 --eval-every 0
@@ -140,7 +150,7 @@ for n in "\${@:2}"; do [[ \$n == this-host-alias ]] && echo "127.0.0.1       thi
 exit 2
 EOF
 chmod +x stubs/getent
-{ echo "localhost slots=1"; echo "127.0.0.1 slots=1"; echo "this-host-alias slots=1"
+{ echo "localhost"; echo "127.0.0.1"; echo "this-host-alias slots=1"
   for ((i = 0; i < 38; i++)); do echo "node-$i.invalid slots=1"; done; } >many.hosts
 start=$SECONDS
 PATH=$tmp/stubs:$PATH OMPI_MCA_plm_rsh_agent=$tmp/fanout.sh expect 2 "host 'node-17.invalid' cannot be reached" -- \
