@@ -359,4 +359,28 @@ grep -q "cannot append the checkpoint's record" "$out" &&
 grep -q "dptrain.sbatch: SIGTERM: waiting for the ranks" "$out" || fail "the script did not wait for the ranks"
 [[ $restarts == 0 ]] || fail "the cancelled job $jobid was requeued"
 log "PASS: job $jobid cancelled: checkpoint written and recorded, the script waited for the ranks"
+
+# ---- a wrong DPTRAIN: exit 2 naming it and what is wrong ----
+# A missing one was "binary not found ... Build it first, or set DPTRAIN" (it was set), a directory
+# "not found".
+# quick_job DIR FLAGS...: submits the script with FLAGS and waits for its end (a job that fails at once).
+quick_job() {
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  jobid=$(sbatch --parsable --chdir="$dir" --output="$tmp/job-%j.out" --time=5 "$script" "$@") ||
+    fail "sbatch failed"
+  jobid=${jobid%%;*}
+  wait_for 60 job_done || fail "job $jobid not finished within 60 s (state $(job_state))"
+  job_report
+}
+DPTRAIN=$tmp/no/dptrain quick_job "$tmp/j5" --model lenet
+grep -qF "dptrain.sbatch: error: DPTRAIN='$tmp/no/dptrain': no such file (unset DPTRAIN" "$tmp/job-$jobid.out" ||
+  fail "a missing DPTRAIN is not named"
+[[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
+DPTRAIN=$tmp quick_job "$tmp/j6" --model lenet
+grep -qF "dptrain.sbatch: error: DPTRAIN='$tmp' is a directory, not the dptrain program" "$tmp/job-$jobid.out" ||
+  fail "a DPTRAIN that is a directory is not named"
+[[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
+log "PASS: a missing DPTRAIN and one that is a directory: exit 2, named"
 exit 0
