@@ -383,4 +383,15 @@ grep -qF "dptrain.sbatch: error: DPTRAIN='$tmp' is a directory, not the dptrain 
   fail "a DPTRAIN that is a directory is not named"
 [[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
 log "PASS: a missing DPTRAIN and one that is a directory: exit 2, named"
+
+# ---- hostile arguments reach dptrain as words, and the script's log shows them so ----
+# The srun line it printed joined the words with spaces: "--model lenet; touch .../PWNED".
+quick_job "$tmp/j7" --model "lenet; touch $tmp/PWNED" --metrics "$tmp/a b \"q\" 'x'.jsonl"
+out=$tmp/job-$jobid.out
+grep -qF "unknown model 'lenet; touch $tmp/PWNED'" "$out" || fail "dptrain did not get --model as one word"
+grep -qF " --model lenet\;\ touch\ $tmp/PWNED --metrics $tmp/a\ b\ \\\"q\\\"\ \\'x\\'.jsonl " "$out" ||
+  fail "the script's srun line does not quote the arguments: $(grep 'srun --mpi' "$out")"
+[[ -e $tmp/PWNED ]] && fail "an argument ran as a command: $tmp/PWNED exists"
+[[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
+log "PASS: hostile arguments: one word each, quoted in the log, nothing run"
 exit 0
