@@ -46,8 +46,9 @@ class MpiSession {
 // Open MPI's singleton starts its own daemon, which makes its session directory in the first of
 // TMPDIR, TEMP and TMP that is set (OMPI_MCA_orte_tmpdir_base wins over them), creating what is
 // missing of the path: one that cannot be made (under a file, or a directory this user cannot
-// write) failed inside MPI_Init with pages of Open MPI's text, naming "Permission denied" for a
-// directory that does not exist, and exit 1.
+// write), or a file system with less than about 9 MiB free (PMIx's store), failed inside MPI_Init
+// with pages of Open MPI's text, naming "Permission denied" for a directory that does not exist,
+// and exit 1.
 std::string singleton_tmpdir_problem();
 
 // Prints nothing (flushes stdout and stderr); calls MPI_Abort(MPI_COMM_WORLD, code) so no peer

@@ -3,6 +3,7 @@
 // cores here), and polling is what lets every wait end with a clear error after --timeout.
 #include <mpi.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -378,10 +379,22 @@ std::string singleton_tmpdir_problem() {
       why = dir.string() + " is not a directory";
     else if (::access(dir.c_str(), W_OK | X_OK) != 0)
       why = dir.string() + " is not writable";
+    // PMIx's shared-memory store, in the session directory, takes about 9 MiB: a file system with
+    // 8 MiB free failed inside MPI_Init ("PMIX ERROR: OUT-OF-RESOURCE") with exit 1.
+    constexpr unsigned long long kSessionKiB = 9 * 1024;
+    struct statvfs fs {};
+    if (why.empty() && ::statvfs(dir.c_str(), &fs) == 0) {
+      const unsigned long long free_kib =
+          static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize / 1024;
+      if (free_kib < kSessionKiB)
+        why = DPT_MSG("its file system has " << free_kib
+                                             << " KiB free, and the session directory needs "
+                                                "about 9 MiB");
+    }
     if (why.empty()) return "";
     return DPT_MSG(var << "=" << printable(value, PATH_MAX) << ": " << why
                        << ": without mpirun, Open MPI makes its session directory there; unset "
-                       << var << " or point it at a directory you can write");
+                       << var << " or point it at a directory you can write, with room");
   }
   return "";
 }

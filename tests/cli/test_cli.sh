@@ -115,6 +115,16 @@ expect 2 "dptrain: error: TEMP=$tmp/afile: $tmp/afile is not a directory" -- env
   "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
 expect 0 "epoch 1/1" -- env TMPDIR="$tmp/new/tmpdir" "$bin" \
   --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+# A full file system (PMIx's store needs about 9 MiB) failed inside MPI_Init too: "PMIX ERROR:
+# OUT-OF-RESOURCE", exit 1.
+mkdir "$tmp/full"
+if [[ $(id -u) -eq 0 ]] && mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
+  expect 2 "dptrain: error: TMPDIR=$tmp/full/sub: its file system has 64 KiB free, and the session directory needs about 9 MiB" -- \
+    env TMPDIR="$tmp/full/sub" "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+  umount "$tmp/full"
+else
+  echo "skip: a full TMPDIR needs root to mount a small tmpfs"
+fi
 expect 2 "cannot create a directory in $tmp/none (TMPDIR" -- env TMPDIR="$tmp/none" \
   bash "$here/../../launch/mpirun.sh" -np 1 "$bin" \
   --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
