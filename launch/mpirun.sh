@@ -77,6 +77,8 @@ host_list() {
     h=${rest%%,*} rest=${rest#*,}
     check_host "$h" "$flag $shown"
     hosts+=("$h")
+    h=${h%%:*}
+    [[ -n ${host_where[$h]:-} ]] || host_where[$h]="$flag $shown"
   done
 }
 # Open MPI's hostfile: `name [slots=N] [max_slots=N]` a line, # comments and blank lines. What
@@ -135,6 +137,7 @@ read_hostfile() {
       slotted[$host]=$slots$max
     fi
     hosts+=("${words[0]}")
+    [[ -n ${host_where[${words[0]}]:-} ]] || host_where[${words[0]}]="line $n of hostfile '$f'"
     hosts_here=$((hosts_here + 1))
   done <"$f"
   ((hosts_here)) ||
@@ -143,6 +146,8 @@ read_hostfile() {
 
 # What the command line says: the agent, whether checkpoints are on (dptrain's flags), and (below,
 # with the rank count and the programs) the hosts.
+# host_where: where each host was first written (a hostfile's line, --host), for the messages.
+declare -A host_where=()
 np=1 hosts=() hostfiles=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
 [[ ${OMPI_MCA_orte_default_hostfile:-none} != none ]] && hostfiles+=("$OMPI_MCA_orte_default_hostfile")
 args=("$@")
@@ -379,7 +384,7 @@ if ((${#remote[@]})); then
     if ((rc != 0)); then
       why=$(tr '\n' ' ' <"$probes/$i.out")
       ((rc == 124)) && why="no answer within $((ssh_timeout + 5)) s"
-      echo "$me: error: host '${remote[i]}' cannot be reached with '${agent[*]} ${ssh_opts[*]} -- ${remote[i]}' (exit $rc): ${why:-no message}" >&2
+      echo "$me: error: ${host_where[${remote[i]}]:+${host_where[${remote[i]}]}: }host '${remote[i]}' cannot be reached with '${agent[*]} ${ssh_opts[*]} -- ${remote[i]}' (exit $rc): ${why:-no message}" >&2
       bad=1
     fi
   done

@@ -116,7 +116,8 @@ OMPI_MCA_plm_rsh_agent=$tmp/agent.sh expect 2 "starts with '-'" -- \
 [[ -e $pwn ]] && fail "the injected ProxyCommand ran: $pwn exists"
 
 echo "== the ssh pre-flight passes the host after '--'; an agent list takes the first found"
-OMPI_MCA_plm_rsh_agent="no-such-agent-$$ : $tmp/agent.sh" expect 2 "host '192.0.2.1' cannot be reached" -- \
+# The host's failure names where it was written (it named the host alone).
+OMPI_MCA_plm_rsh_agent="no-such-agent-$$ : $tmp/agent.sh" expect 2 "error: --host '192.0.2.1:2': host '192.0.2.1' cannot be reached" -- \
   bash "$launcher" --host 192.0.2.1:2 -np 2 "$bin"
 grep -qx -- "-o ConnectTimeout=10 -o BatchMode=yes -- 192.0.2.1 true" agent.log ||
   fail "the pre-flight did not call the agent as 'OPTIONS -- HOST true': $(cat agent.log 2>/dev/null)"
@@ -153,7 +154,7 @@ chmod +x stubs/getent
 { echo "localhost"; echo "127.0.0.1"; echo "this-host-alias slots=1"
   for ((i = 0; i < 38; i++)); do echo "node-$i.invalid slots=1"; done; } >many.hosts
 start=$SECONDS
-PATH=$tmp/stubs:$PATH OMPI_MCA_plm_rsh_agent=$tmp/fanout.sh expect 2 "host 'node-17.invalid' cannot be reached" -- \
+PATH=$tmp/stubs:$PATH OMPI_MCA_plm_rsh_agent=$tmp/fanout.sh expect 2 "error: line 21 of hostfile 'many.hosts': host 'node-17.invalid' cannot be reached" -- \
   bash "$launcher" --hostfile many.hosts -np 2 "$bin"
 echo "   38 probes took $((SECONDS - start)) s; most running at once: $(sort -n fanout.log | tail -1)"
 [[ $(grep -c "cannot be reached" out.txt) -eq 1 ]] || fail "want only node-17.invalid named: $(grep 'cannot be' out.txt)"
