@@ -5,7 +5,8 @@
 # with exit code 0 and that its metrics line says world_size 2 and test_count 10000. Then a second
 # job gets the time-limit warning (SIGUSR1) mid-run: it must checkpoint, requeue itself, resume and
 # end bit for bit where an uninterrupted run ends; a third, with --checkpoint-every 0, must not be
-# requeued (no checkpoint to resume from). The daemons
+# requeued (no checkpoint to resume from); scancel checkpoints; a wrong DPTRAIN is exit 2 named;
+# hostile arguments are one word each, printed quoted. The daemons
 # are stopped by their PIDs and the temp dir removed on every exit. Exits 77 (meson's skip code)
 # with the reason when the machine cannot host the cluster.
 # Usage: tests/slurm/test_slurm.sh path/to/dptrain
