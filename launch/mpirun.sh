@@ -102,6 +102,8 @@ read_hostfile() {
       die "line $n of hostfile '$f' ends in a carriage return (CRLF line ends): convert the file with dos2unix or sed -i 's/\r\$//' '$f'"
     line=${line%%#*}
     line=${line//$'\t'/ }
+    # Open MPI reads `slots = 2` as `slots=2` (the refusal said "'slots': slots must be a whole number").
+    while [[ $line == *' ='* || $line == *'= '* ]]; do line=${line//' ='/=} line=${line//'= '/=}; done
     [[ $line == *[[:cntrl:]]* ]] && quote shown "$line" && die "line $n of hostfile '$f' has a control character: $shown"
     read -ra words <<<"$line"
     ((${#words[@]})) || continue

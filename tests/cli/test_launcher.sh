@@ -163,7 +163,8 @@ echo "   38 probes took $((SECONDS - start)) s; most running at once: $(sort -n 
 [[ $(wc -l <getent.log) -eq 1 ]] || fail "want one getent for 39 names, got $(wc -l <getent.log) calls"
 
 echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no final newline: runs"
-printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots=2 max_slots=4' >good.hosts
+# 'slots = 2', as Open MPI reads it, too (it was refused: "'slots': slots must be a whole number").
+printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots = 2 max_slots=\t4' >good.hosts
 expect 0 "ok" -- bash "$launcher" --hostfile good.hosts -np 2 echo ok
 [[ $(grep -cx ok out.txt) -eq 2 ]] || fail "want 'ok' from 2 ranks: $(cat out.txt)"
 
