@@ -121,7 +121,14 @@ read_hostfile() {
         die "line $n of hostfile '$f': $shown: $key must be a whole number"
       val=$((10#$val))
       ((val >= 1)) || die "line $n of hostfile '$f': $shown: a host needs at least 1 slot (leave the line out to use no slot of it)"
-      [[ $key == max* ]] && max=$val || slots=$val
+      # Twice on one line was mpirun's exit 1, "multiple definitions of the slot count".
+      if [[ $key == max* ]]; then
+        [[ -n $max ]] && die "line $n of hostfile '$f': $shown: the line gives max_slots twice"
+        max=$val
+      else
+        [[ -n $slots ]] && die "line $n of hostfile '$f': $shown: the line gives slots twice"
+        slots=$val
+      fi
     done
     [[ -n $slots && -n $max ]] && ((max < slots)) &&
       die "line $n of hostfile '$f': max_slots=$max is below slots=$slots"

@@ -78,6 +78,9 @@ expect 2 "line 2 of hostfile 'sabc.hosts': 'slots=abc': slots must be a whole nu
 printf 'localhost slots=2 max_slots=1\n' >smax.hosts
 expect 2 "line 1 of hostfile 'smax.hosts': max_slots=1 is below slots=2" -- \
   bash "$launcher" --hostfile smax.hosts -np 2 "$bin"
+printf 'localhost slots=2 slots=3\n' >twice.hosts
+expect 2 "line 1 of hostfile 'twice.hosts': 'slots=3': the line gives slots twice" -- \
+  bash "$launcher" --hostfile twice.hosts -np 2 "$bin"
 printf 'localhost slots=1\n# again\nlocalhost slots=1\n' >dup.hosts
 expect 2 "line 3 of hostfile 'dup.hosts': host 'localhost' is on line 1 already, with slots given" -- \
   bash "$launcher" --hostfile dup.hosts -np 2 "$bin"
