@@ -100,6 +100,10 @@ read_hostfile() {
     n=$((n + 1))
     [[ $line == *$'\r' ]] &&
       die "line $n of hostfile '$f' ends in a carriage return (CRLF line ends): convert the file with dos2unix or sed -i 's/\r\$//' '$f'"
+    # A UTF-8 byte-order mark (a Windows editor's) is invisible in a message: "host name 'localhost'
+    # has a character that host names do not have".
+    ((n == 1)) && [[ $line == $'\xef\xbb\xbf'* ]] &&
+      die "hostfile '$f' starts with a UTF-8 byte-order mark (saved by a Windows editor?): remove it with sed -i '1s/^\xEF\xBB\xBF//' '$f'"
     line=${line%%#*}
     line=${line//$'\t'/ }
     # Open MPI reads `slots = 2` as `slots=2` (the refusal said "'slots': slots must be a whole number").

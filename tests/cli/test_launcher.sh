@@ -41,6 +41,9 @@ expect 2 "line 1 of hostfile 'crlf.hosts' ends in a carriage return (CRLF line e
 printf '# a comment\r\nlocalhost slots=2\r\n' >crlf2.hosts
 expect 2 "line 1 of hostfile 'crlf2.hosts' ends in a carriage return (CRLF line ends)" -- \
   bash "$launcher" --hostfile crlf2.hosts -np 2 "$bin"
+printf '\357\273\277localhost slots=2\n' >bom.hosts
+expect 2 "hostfile 'bom.hosts' starts with a UTF-8 byte-order mark (saved by a Windows editor?)" -- \
+  bash "$launcher" --hostfile bom.hosts -np 2 "$bin"
 printf 'local\001host slots=2\n' >ctrl.hosts
 expect 2 "line 1 of hostfile 'ctrl.hosts' has a control character" -- bash "$launcher" --hostfile ctrl.hosts -np 2 "$bin"
 printf 'localhost;touch%s slots=2\n' "$pwn" >semi.hosts
