@@ -271,7 +271,8 @@ mkdir -p "$tmp/ref" "$tmp/j2"
 OMPI_MCA_pml=ob1 timeout -k 5 200 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$DPTRAIN" \
   "${run2[@]}" --threads 1 --checkpoint-path "$tmp/ref/ck.st" --save "$tmp/ref/final.st" >"$tmp/ref.log" 2>&1 ||
   fail "the uninterrupted reference run failed: $(tail -3 "$tmp/ref.log")"
-jobid=$(sbatch --parsable --chdir="$tmp/j2" --output="$tmp/job-%j.out" --time=5 \
+# DPT_MAX_REQUEUES=08 is 8: it failed the script's arithmetic at the signal (no requeue).
+jobid=$(DPT_MAX_REQUEUES=08 sbatch --parsable --chdir="$tmp/j2" --output="$tmp/job-%j.out" --time=5 \
   "$script" "${run2[@]}" --checkpoint-path "$tmp/j2/ck.st" --save "$tmp/j2/final.st") || fail "sbatch failed"
 jobid=${jobid%%;*}
 log "submitted job $jobid; waiting for its first checkpoint"
@@ -384,6 +385,10 @@ grep -qF "dptrain.sbatch: error: DPTRAIN='$tmp' is a directory, not the dptrain 
   fail "a DPTRAIN that is a directory is not named"
 [[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
 log "PASS: a missing DPTRAIN and one that is a directory: exit 2, named"
+DPT_MAX_REQUEUES=100000 quick_job "$tmp/j8" --model lenet
+grep -qF "dptrain.sbatch: error: DPT_MAX_REQUEUES='100000' is not a whole number from 0 to 9999" "$tmp/job-$jobid.out" ||
+  fail "DPT_MAX_REQUEUES=100000 is not refused"
+[[ $state == FAILED && $exit_code == 2:0 ]] || fail "job $jobid: state $state exit code $exit_code, want FAILED 2:0"
 
 # ---- hostile arguments reach dptrain as words, and the script's log shows them so ----
 # The srun line it printed joined the words with spaces: "--model lenet; touch .../PWNED".
