@@ -42,9 +42,12 @@ while (($#)); do
     *) break ;;
   esac
 done
+# Read as decimal (10#): 08 passed the check and failed bash's arithmetic ("value too great for
+# base"), which turned --max-restarts 08 off without a word and refused --ssh-timeout 08.
 [[ $max_restarts =~ ^[0-9]{1,4}$ ]] || die "--max-restarts: '$max_restarts' is not a whole number from 0 to 9999"
-[[ $ssh_timeout =~ ^[0-9]{1,4}$ ]] && ((ssh_timeout > 0)) ||
+[[ $ssh_timeout =~ ^[0-9]{1,4}$ ]] && ((10#$ssh_timeout > 0)) ||
   die "--ssh-timeout: '$ssh_timeout' is not a whole number of seconds from 1 to 9999"
+max_restarts=$((10#$max_restarts)) ssh_timeout=$((10#$ssh_timeout))
 (($#)) || die "usage: $me [--max-restarts N] [--ssh-timeout S] -np N program [args...]"
 
 # ---- host names: checked before anything uses them ----

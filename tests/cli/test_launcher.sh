@@ -316,6 +316,13 @@ grep -q "the newest: step 40, $tmp/ck.st" out.txt || fail "the restart message d
 rec=$(cat record.name)
 [[ -n $rec ]] || fail "no DPT_CHECKPOINT_RECORD reached the job"
 [[ -n $rec && ! -e $rec && ! -e $(dirname "$rec") ]] || fail "the record $rec (or its directory) outlived the launcher"
+# A count with a leading zero is decimal: --max-restarts 08 failed bash's arithmetic and ran no
+# restart ("08: value too great for base"); --ssh-timeout 08 was refused.
+rm -f attempts
+expect 0 "restart 1 of 8 with --resume auto" -- bash "$launcher" --max-restarts 08 -np 1 bash "$tmp/job.sh" record --checkpoint-every 1
+grep -q "value too great" out.txt && fail "--max-restarts 08: $(grep 'value too great' out.txt)"
+expect 0 "ok" -- bash "$launcher" --ssh-timeout 08 -np 1 echo ok
+grep -q "value too great" out.txt && fail "--ssh-timeout 08: $(grep 'value too great' out.txt)"
 rm -f attempts
 expect 1 "without writing a checkpoint since it started: not restarting" -- \
   bash "$launcher" --max-restarts 2 -np 1 bash "$tmp/job.sh" names --checkpoint-path "$tmp/ck.st" --checkpoint-every 1
