@@ -286,12 +286,15 @@ session_var=""
 for v in OMPI_MCA_orte_tmpdir_base TMPDIR TEMP TMP; do [[ -n ${!v+set} ]] && session_var=$v && break; done
 if [[ -n $session_var ]]; then
   session_dir=${!session_var} d=${!session_var:-/}
-  while [[ ! -e $d ]]; do
+  # A symbolic link to nothing cannot be made into a directory (Open MPI: "File exists", exit 1).
+  while [[ ! -e $d && ! -L $d ]]; do
     if [[ $d == */* ]]; then d=${d%/*} d=${d:-/}; else d=.; fi
   done
   quote shown "$session_dir"
   why=""
-  if [[ ! -d $d ]]; then
+  if [[ ! -e $d ]]; then
+    why="$d is a symbolic link to $(readlink -- "$d"), which does not exist"
+  elif [[ ! -d $d ]]; then
     why="$d is not a directory"
   elif [[ ! -w $d || ! -x $d ]]; then
     why="$d is not writable"

@@ -207,6 +207,10 @@ expect 2 "launch/mpirun.sh: error: TEMP='$tmp/afile': $tmp/afile is not a direct
 expect 2 "launch/mpirun.sh: error: TMP='$tmp/afile/x/y': $tmp/afile is not a directory" -- \
   env -u TMPDIR -u TEMP TMP="$tmp/afile/x/y" bash "$launcher" -np 2 echo ok
 expect 0 "ok" -- env -u TMPDIR -u TEMP TMP="$tmp/made/by/mpirun" bash "$launcher" -np 2 echo ok
+# A link to nothing: mpirun's exit 1, "File exists".
+ln -s "$tmp/nothing/here" dangling
+expect 2 "launch/mpirun.sh: error: TMP='$tmp/dangling/sub': $tmp/dangling is a symbolic link to $tmp/nothing/here, which does not exist" -- \
+  env -u TMPDIR -u TEMP TMP="$tmp/dangling/sub" bash "$launcher" -np 2 "$bin"
 mkdir full
 if [[ $(id -u) -eq 0 ]] && mount -t tmpfs -o size=64k tmpfs full 2>/dev/null; then
   expect 2 "launch/mpirun.sh: error: TMPDIR='$tmp/full': its file system has 64 KiB free, and mpirun's session directory needs about 9 MiB" -- \
