@@ -368,12 +368,24 @@ std::string singleton_tmpdir_problem() {
     // Open MPI creates what is missing of the path (as mkdir -p does): the nearest part that
     // exists decides. "" is taken as "/" (Open MPI puts it before "/ompi.<host>...").
     std::filesystem::path dir = *value ? value : "/";
+    // A symbolic link to nothing cannot be made into a directory: Open MPI failed with "File
+    // exists" and exit 1.
     struct stat st {};
     int rc = 0;
-    while ((rc = ::stat(dir.c_str(), &st)) != 0 && errno == ENOENT && dir.has_relative_path())
+    bool dangling = false;
+    while ((rc = ::stat(dir.c_str(), &st)) != 0 && errno == ENOENT && dir.has_relative_path()) {
+      if (::lstat(dir.c_str(), &st) == 0) {
+        dangling = true;
+        break;
+      }
       dir = dir.parent_path().empty() ? std::filesystem::path(".") : dir.parent_path();
+    }
     std::string why;
-    if (rc != 0)
+    if (dangling) {
+      std::error_code ec;
+      why = dir.string() + " is a symbolic link to " +
+            std::filesystem::read_symlink(dir, ec).string() + ", which does not exist";
+    } else if (rc != 0)
       why = std::strerror(errno);
     else if (!S_ISDIR(st.st_mode))
       why = dir.string() + " is not a directory";

@@ -113,6 +113,10 @@ expect 2 "dptrain: error: TMPDIR=$tmp/afile/sub: Not a directory" -- env TMPDIR=
   --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
 expect 2 "dptrain: error: TEMP=$tmp/afile: $tmp/afile is not a directory" -- env -u TMPDIR TEMP="$tmp/afile" \
   "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
+# A link to nothing: Open MPI's "File exists" and exit 1.
+ln -s "$tmp/nothing/here" "$tmp/dangling"
+expect 2 "dptrain: error: TMPDIR=$tmp/dangling/sub: $tmp/dangling is a symbolic link to $tmp/nothing/here, which does not exist" -- \
+  env TMPDIR="$tmp/dangling/sub" "$bin" --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
 expect 0 "epoch 1/1" -- env TMPDIR="$tmp/new/tmpdir" "$bin" \
   --data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32
 # A full file system (PMIx's store needs about 9 MiB) failed inside MPI_Init too: "PMIX ERROR:
