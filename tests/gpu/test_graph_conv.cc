@@ -569,9 +569,13 @@ TEST(GraphConv, LayersMoveTheirFilterOncePerSpan) {
     layer->backward(g, b16(x.p), w.p, b16(dy.p), b16(dx.p), dw.p, db.p, false);
     return std::make_pair(y.host(), dx.host());
   };
+  // In the context's stream: a pageable cudaMemcpy on the legacy stream may return before its DMA
+  // lands, and the context's stream is non-blocking, so the next conversion could read the old
+  // weights (the first H100 run of this test failed so: "outside a span" saw no change).
   const auto set_w = [&](const std::vector<float>& v) {
+    CUDA_CHECK(cudaMemcpyAsync(w.p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice,
+                               ctx.stream()));
     ctx.synchronize();
-    CUDA_CHECK(cudaMemcpy(w.p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
   };
   const auto r1 = run();
   set_w(w2);  // outside a span: seen at once
