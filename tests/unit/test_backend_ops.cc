@@ -854,12 +854,11 @@ TEST_P(BackendOps, MaxPoolForwardBackwardFirstMaximumWins) {
     int k, s, pad;
   };
   // torchvision's 3/2/1 (odd and even sizes), no padding with a floor-mode remainder, overlapping
-  // windows at stride 1, and 33 channels (every vector width's tail).
-  const Case cases[] = {{2, 7, 6, 3, 3, 2, 1},
-                        {2, 8, 8, 4, 3, 2, 1},
-                        {1, 5, 7, 2, 2, 2, 0},
-                        {2, 4, 5, 3, 3, 1, 1},
-                        {1, 9, 8, 33, 3, 2, 1}};
+  // windows at stride 1, and 33 channels (every vector width's tail). 16 and 8 channels take the
+  // GPU's 16-byte form (4 fp32 or 8 bf16 lanes a thread), 4 that of fp32 alone.
+  const Case cases[] = {{2, 7, 6, 3, 3, 2, 1}, {2, 8, 8, 4, 3, 2, 1},  {1, 5, 7, 2, 2, 2, 0},
+                        {2, 4, 5, 3, 3, 1, 1}, {1, 9, 8, 33, 3, 2, 1}, {2, 9, 10, 16, 3, 2, 1},
+                        {1, 6, 7, 8, 2, 2, 0}};
   uint64_t seed = 600;
   for (const Case& k : cases)
     for (const bool ties : {false, true}) {
@@ -880,20 +879,24 @@ TEST_P(BackendOps, MaxPoolForwardBackwardFirstMaximumWins) {
       expect_match(get(y_), as_double(y), "maxpool y", tol(Cmp::kExact));
       expect_match(get(dx_), as_double(dx), "maxpool dx (0 where nothing wins)", tol(Cmp::kExact));
     }
-  // A NaN wins its windows (PyTorch's rule), and only the NaN gets their gradient.
-  std::vector<float> x = uniform(sz(1 * 4 * 4 * 2), 700), dy = uniform(sz(1 * 2 * 2 * 2), 701);
-  x[sz((1 * 4 + 1) * 2 + 1)] = NAN;  // row 1, column 1, channel 1: inside output (0,0) and others
-  std::vector<float> y, dx;
-  maxpool_ref(x, dy, 1, 4, 4, 2, 3, 2, 1, &y, &dx);
-  auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(8, 7.f)),
-       dx_ = put(std::vector<float>(32, 7.f));
-  be().maxpool_forward(x_.data(), y_.data(), 1, 4, 4, 2, 3, 2, 1);
-  be().maxpool_backward(x_.data(), dy_.data(), dx_.data(), 1, 4, 4, 2, 3, 2, 1);
-  const std::vector<float> got_y = get(y_), got_dx = get(dx_);
-  for (size_t i = 0; i < y.size(); ++i)
-    EXPECT_TRUE(std::isnan(y[i]) ? std::isnan(got_y[i]) : got_y[i] == y[i]) << "y " << i;
-  EXPECT_TRUE(std::isnan(y[1])) << "the reference: output (0,0) channel 1 is the NaN";
-  EXPECT_EQ(got_dx, dx);
+  // A NaN wins its windows (PyTorch's rule), and only the NaN gets their gradient: in channel 1 of
+  // 2 (one lane a thread) and of 16 (a lane of a 16-byte group, beside lanes without a NaN).
+  for (const int64_t c : {2, 16}) {
+    SCOPED_TRACE("NaN, " + std::to_string(c) + " channels");
+    std::vector<float> x = uniform(sz(1 * 4 * 4 * c), 700), dy = uniform(sz(1 * 2 * 2 * c), 701);
+    x[sz((1 * 4 + 1) * c + 1)] = NAN;  // row 1, column 1, channel 1: inside output (0,0) and others
+    std::vector<float> y, dx;
+    maxpool_ref(x, dy, 1, 4, 4, c, 3, 2, 1, &y, &dx);
+    auto x_ = put(x), dy_ = put(dy), y_ = put(std::vector<float>(y.size(), 7.f)),
+         dx_ = put(std::vector<float>(x.size(), 7.f));
+    be().maxpool_forward(x_.data(), y_.data(), 1, 4, 4, c, 3, 2, 1);
+    be().maxpool_backward(x_.data(), dy_.data(), dx_.data(), 1, 4, 4, c, 3, 2, 1);
+    const std::vector<float> got_y = get(y_), got_dx = get(dx_);
+    for (size_t i = 0; i < y.size(); ++i)
+      EXPECT_TRUE(std::isnan(y[i]) ? std::isnan(got_y[i]) : got_y[i] == y[i]) << "y " << i;
+    EXPECT_TRUE(std::isnan(y[1])) << "the reference: output (0,0) channel 1 is the NaN";
+    EXPECT_EQ(got_dx, dx);
+  }
 }
 
 TEST_P(BackendOps, GlobalAvgPoolForwardBackward) {
@@ -2131,6 +2134,8 @@ TEST_P(BackendOps, Bf16LeafLayersAreTheFloatLayersRoundedOnce) {
                    {"relu+avgpool 3/1", [] { return make_relu_avgpool2d(3, 1); }, {5, 4, 2}}, 4090);
   check_layer_bf16(be(), ew, g,
                    {"maxpool 3/2/1", [] { return make_maxpool2d(3, 2, 1); }, {7, 6, 3}}, 4095);
+  check_layer_bf16(be(), ew, g,  // 16 channels: the GPU's 16-byte form (8 bf16 lanes a thread)
+                   {"maxpool 3/2/1 x16", [] { return make_maxpool2d(3, 2, 1); }, {7, 6, 16}}, 4096);
   check_layer_bf16(be(), ew, g, {"global avgpool", [] { return make_global_avgpool(); }, {3, 4, 5}},
                    4100);
   check_layer_bf16(be(), ew, g, {"flatten", [] { return make_flatten(); }, {2, 3, 4}}, 4110);
