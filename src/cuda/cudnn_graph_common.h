@@ -30,6 +30,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,12 @@ P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspa
   if (!best)
     throw NoGraphPlan(DPT_MSG("none of the " << candidates.size() << " cuDNN plans built for "
                                              << what << " ran"));
+  // Every candidate's best time, in the order timed: which layouts and engines lost, and by how
+  // much (the winner alone does not show why, e.g., an OIHW plan beat every OHWI one).
+  std::ostringstream all;
+  for (const P& c : candidates)
+    if (c.ms != std::numeric_limits<float>::max() && c.ms > 0) all << " " << c.name << " " << c.ms;
+  log_debug(DPT_MSG("cuDNN graph candidates for " << what << " (name, ms):" << all.str()));
   best->candidates = ran;
   return std::move(*best);
 }

@@ -7,10 +7,10 @@
 # makes it here):
 #   bash tests/gpu/device_check.sh [check|perf|compile]
 #     check (default): A CUDA against the CPU, B cuDNN's graph API, C ResNet-18 end to end beside
-#                      PyTorch tuned, D (time left) NCCL, the 2-rank reducer, a per-kernel profile
-#                      of ResNet-18's bf16 step (ncu; $OUT/profile.md), ResNet-50 at 224x224 beside
-#                      PyTorch tuned and its profile ($OUT/profile_resnet50.md), training parity,
-#                      the command-line suite and the fused convolution.
+#                      PyTorch tuned, D (time left) training parity, the command-line suite, NCCL,
+#                      the 2-rank reducer, ResNet-50 at 224x224 beside PyTorch tuned, 64 bf16 plans
+#                      a key, ResNet-50's per-kernel profile (ncu; $OUT/profile_resnet50.md), then
+#                      ResNet-18's ($OUT/profile.md), the fused convolution.
 #     perf:    issue 29's target table: every model and precision, dptrain (graph API; legacy
 #              beside it for ResNet-18 in TF32 and fp32) against PyTorch tuned and eager, the
 #              10-epoch bf16 accuracy against TF32.
@@ -252,28 +252,25 @@ case $list in
     step cli 300 bash tests/gpu/test_dptrain_gpu.sh "$(command -v dptrain || echo dptrain)"
     step nccl 60 test_gpu_nccl
     step reducer2 90 "$MPIRUN" -np 2 test_gpu_nccl --gtest_filter='GpuReducer.*'
-    # Where ResNet-18's bf16 step goes, kernel by kernel: $OUT/profile.md, for the missed 0.8
-    # s/epoch target.
-    profile profile 150 20:22 --model resnet18 --epochs 1 --max-steps 22 --precision bf16 --data "$data"
     # ResNet-50 (torchvision's layout, issue 32) at 224x224x3 on synthetic data, bf16 on the graph
-    # API beside PyTorch tuned: the model's first run on a GPU and its speed row.
+    # API beside PyTorch tuned (1.04x on an H100 at 8440b46, before the 16-byte max-pool).
     syn=synthetic:224x224x3:2048:256
     step bench_resnet50_graph_act16_bf16 80 dptrain --device cuda --model resnet50 --recipe d2l --data "$syn" \
       --epochs 3 --progress off "${act16[@]}" --metrics "$logs/bench_resnet50_graph_act16_bf16.jsonl"
     step bench_resnet50_torch_bf16_tuned 80 "${torch_py[@]}" bench/torch_ref.py --recipe d2l --device cuda \
       --data "$syn" --model resnet50 --epochs 3 --config tuned --bf16 --json
     table
-    # ResNet-18 TF32 (1.09x PyTorch tuned on an H100, target 1.3x) and strict fp32 (0.68x, target
-    # 1.0x): do more timed candidates per convolution than the default 8 find faster plans? The
-    # default-plans TF32 run beside them; perf's strict fp32 run is the other comparison. Before
-    # ResNet-50's profile: issue 29's targets first (group D was 100 s short on 2026-11-27).
-    dptrain_run resnet18_graph_tf32 30 3 graph --tf32
-    dptrain_run resnet18_graph_plans64_tf32 40 3 graph,DPT_CUDNN_MAX_PLANS=64 --tf32
-    dptrain_run resnet18_graph_plans64 60 3 graph,DPT_CUDNN_MAX_PLANS=64
+    # 64 timed candidates a key in bf16 (in TF32 and strict fp32 they gained nothing on an H100,
+    # 2026-11-27); the debug log lists every candidate's time (why OIHW plans beat the OHWI ones).
+    dptrain_run resnet18_graph_act16_plans64_bf16 40 3 graph,DPT_CUDNN_MAX_PLANS=64 "${act16[@]}" --log-level debug
     table
-    # And ResNet-50's (0.85x PyTorch tuned on an H100): $OUT/profile_resnet50.md.
-    profile profile_resnet50 120 5:7 --model resnet50 --epochs 1 --max-steps 7 --precision bf16 \
+    # ResNet-50's step kernel by kernel, one step ($OUT/profile_resnet50.md): two steps under ncu
+    # ran past 138 s on an H100 (2026-11-27; about 1.6 came back).
+    profile profile_resnet50 150 5:6 --model resnet50 --epochs 1 --max-steps 6 --precision bf16 \
       --data "$syn"
+    # Where ResNet-18's bf16 step goes, kernel by kernel: $OUT/profile.md, for the missed 0.8
+    # s/epoch target.
+    profile profile 100 20:22 --model resnet18 --epochs 1 --max-steps 22 --precision bf16 --data "$data"
     # Last: the fused convolution lost to the separate passes on an H200 and twice on an H100.
     # Without the ResNet-18 geometry sweep (a plan search per site, over 60 s on an H100):
     # fusedbench below builds and times the same sites.

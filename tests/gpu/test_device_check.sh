@@ -17,9 +17,9 @@ check() { if eval "$1"; then ok "$2"; else fail "$2"; fi; }
 # The check list's steps, in order, as the script names them.
 steps=(versions backend kernels ops model backend_graph graphconv graphbench bench_resnet18_graph_act16_bf16
        bench_resnet18_torch_bf16_tuned bench_resnet18_legacy_act16_bf16 bench_resnet18_legacy_bf16
-       bench_resnet18_torch_bf16_eager training cli nccl reducer2 profile bench_resnet50_graph_act16_bf16
-       bench_resnet50_torch_bf16_tuned bench_resnet18_graph_tf32 bench_resnet18_graph_plans64_tf32
-       bench_resnet18_graph_plans64 profile_resnet50 fusedconv fusedbench)
+       bench_resnet18_torch_bf16_eager training cli nccl reducer2 bench_resnet50_graph_act16_bf16
+       bench_resnet50_torch_bf16_tuned bench_resnet18_graph_act16_plans64_bf16 profile_resnet50 profile
+       fusedconv fusedbench)
 
 # 1. The whole dry run.
 t0=$SECONDS
