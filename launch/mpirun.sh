@@ -282,6 +282,7 @@ export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 # be made there (TEMP or TMP under a file, or in a directory that cannot be written) or a full file
 # system failed with exit 1 and pages of Open MPI's text ("orte_session_dir failed", "PMIX ERROR:
 # OUT-OF-RESOURCE") that name no variable. The nearest part of the path that exists decides.
+session_kib=9216 # the room it needs: the singleton's kSessionKiB (src/comm/communicator.cc) too
 session_var=""
 for v in OMPI_MCA_orte_tmpdir_base TMPDIR TEMP TMP; do [[ -n ${!v+set} ]] && session_var=$v && break; done
 if [[ -n $session_var ]]; then
@@ -300,8 +301,8 @@ if [[ -n $session_var ]]; then
     why="$d is not writable"
   else
     free_kib=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }')
-    [[ $free_kib =~ ^[0-9]+$ ]] && ((free_kib < 9216)) &&
-      why="its file system has $free_kib KiB free, and mpirun's session directory needs about 9 MiB"
+    [[ $free_kib =~ ^[0-9]+$ ]] && ((free_kib < session_kib)) &&
+      why="its file system has $free_kib KiB free, and mpirun's session directory needs about $((session_kib / 1024)) MiB"
   fi
   [[ -z $why ]] ||
     die "$session_var=$shown: $why: mpirun makes its session directory there; unset $session_var or point it at a directory you can write, with room"

@@ -392,16 +392,17 @@ std::string singleton_tmpdir_problem() {
     else if (::access(dir.c_str(), W_OK | X_OK) != 0)
       why = dir.string() + " is not writable";
     // PMIx's shared-memory store, in the session directory, takes about 9 MiB: a file system with
-    // 8 MiB free failed inside MPI_Init ("PMIX ERROR: OUT-OF-RESOURCE") with exit 1.
-    constexpr unsigned long long kSessionKiB = 9 * 1024;
+    // 8 MiB free failed inside MPI_Init ("PMIX ERROR: OUT-OF-RESOURCE") with exit 1. The same
+    // figure as launch/mpirun.sh's session_kib (tests/cli/test_launcher.sh checks they agree).
+    constexpr unsigned long long kSessionKiB = 9216;
     struct statvfs fs {};
     if (why.empty() && ::statvfs(dir.c_str(), &fs) == 0) {
       const unsigned long long free_kib =
           static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize / 1024;
       if (free_kib < kSessionKiB)
         why = DPT_MSG("its file system has " << free_kib
-                                             << " KiB free, and the session directory needs "
-                                                "about 9 MiB");
+                                             << " KiB free, and the session directory needs about "
+                                             << kSessionKiB / 1024 << " MiB");
     }
     if (why.empty()) return "";
     return DPT_MSG(var << "=" << printable(value, PATH_MAX) << ": " << why
@@ -419,35 +420,32 @@ std::string launcher_rank() {
 
 namespace {
 
-// Ends the process (exit 3, with a message) unless done() is called within `seconds` (<= 0: never):
-// the bound of MPI_Init (MpiSession). Its thread makes no MPI call.
-class InitWatch {
+// Ends the process with `code`, after say() has told why, unless done() is called (or the watchdog
+// is destroyed) within `seconds` (<= 0: never): the bound of the MPI calls that --timeout's
+// collectives cannot reach (MPI_Init, MPI_Finalize, MPI_Abort), one mechanism for the three. Its
+// thread makes no MPI call and inherits the caller's blocked signals. started() is false where no
+// thread could be made: the call is then unbounded, or its caller ends at once.
+class Watchdog {
  public:
-  explicit InitWatch(double seconds) {
+  Watchdog(double seconds, int code, std::function<void()> say) {
     if (seconds <= 0) return;
     try {
-      thread_ = std::thread([this, seconds] {
+      thread_ = std::thread([this, seconds, code, say = std::move(say)] {
         std::unique_lock<std::mutex> lock(mutex_);
         if (cv_.wait_for(lock, timeout_duration(seconds), [this] { return done_; })) return;
-        char host[256] = "?";
-        gethostname(host, sizeof(host) - 1);
-        std::fprintf(stderr,
-                     "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
-                     "s: another rank of the job has not reached it (stopped or killed before it, "
-                     "its host unreachable, or never started by the launcher); ending this rank "
-                     "with exit code 3 (--timeout 0 waits without limit)\n",
-                     launcher_rank().c_str(), host, seconds);
+        if (say) say();
         std::fflush(stdout);
         std::fflush(stderr);
-        _exit(static_cast<int>(ErrorKind::kInternal));
+        _exit(code);
       });
     } catch (const std::system_error&) {
-      // No thread for the watch: MPI_Init unbounded, as before.
+      // No thread: started() says so.
     }
   }
-  ~InitWatch() { done(); }
-  InitWatch(const InitWatch&) = delete;
-  InitWatch& operator=(const InitWatch&) = delete;
+  ~Watchdog() { done(); }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  bool started() const { return thread_.joinable(); }
   void done() {
     if (!thread_.joinable()) return;
     {
@@ -469,7 +467,17 @@ class InitWatch {
 
 MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   int provided = 0;
-  InitWatch watch(init_seconds);
+  // Before MPI_Init no rank prefix is set: the message names the launcher's rank and the host.
+  Watchdog watch(init_seconds, static_cast<int>(ErrorKind::kInternal), [init_seconds] {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    std::fprintf(stderr,
+                 "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
+                 "s: another rank of the job has not reached it (stopped or killed before it, "
+                 "its host unreachable, or never started by the launcher); ending this rank "
+                 "with exit code 3 (--timeout 0 waits without limit)\n",
+                 launcher_rank().c_str(), host, init_seconds);
+  });
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   watch.done();
   // Errors come back as codes (checked by MPI_CHECK) instead of aborting inside MPI.
@@ -502,27 +510,15 @@ MpiSession::~MpiSession() {
   // rank in it), so a peer SIGSTOPped, or its host's link cut, after the last collective kept this
   // rank, and the launcher waiting for it, there for ever (tests/cli/test_failures.sh). A watchdog
   // ends the process with the run's own code once --timeout has passed: its outputs are written
-  // by then, and mpirun or srun ends the job once a rank has gone. When MPI_Finalize returns in
-  // time, the process exits before the watchdog wakes.
-  if (world_.size > 1 && finalize_seconds_ > 0) {
-    const double seconds = finalize_seconds_;
-    const int code = exit_code_;
-    try {
-      std::thread([seconds, code] {
-        std::this_thread::sleep_for(timeout_duration(seconds));
-        log_error(
-            DPT_MSG("MPI_Finalize did not complete within --timeout "
-                    << seconds << " s: another rank is stopped, dead or unreachable after the "
-                    << "run's last collective (what this rank wrote is complete); ending this "
-                    << "rank with exit code " << code));
-        std::fflush(stdout);
-        std::fflush(stderr);
-        _exit(code);
-      }).detach();
-    } catch (const std::system_error&) {
-      // No thread for the watchdog: finalize unbounded, as before.
-    }
-  }
+  // by then, and mpirun or srun ends the job once a rank has gone.
+  const double seconds = world_.size > 1 ? finalize_seconds_ : 0;
+  const int code = exit_code_;
+  Watchdog watch(seconds, code, [seconds, code] {
+    log_error(DPT_MSG("MPI_Finalize did not complete within --timeout "
+                      << seconds << " s: another rank is stopped, dead or unreachable after the "
+                      << "run's last collective (what this rank wrote is complete); ending this "
+                      << "rank with exit code " << code));
+  });
   MPI_Finalize();
 }
 
@@ -536,14 +532,8 @@ void abort_job(int code) {
   // kAbortGraceSeconds; a reachable daemon answers well within that. The launcher
   // (launch/mpirun.sh) bounds mpirun itself. The thread inherits the blocked stop signals.
   static constexpr int kAbortGraceSeconds = 5;
-  try {
-    std::thread([code] {
-      std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
-      _exit(code);
-    }).detach();
-  } catch (const std::system_error&) {
-    _exit(code);  // no thread to bound MPI_Abort: ending here beats waiting without bound
-  }
+  Watchdog watch(kAbortGraceSeconds, code, nullptr);
+  if (!watch.started()) _exit(code);  // nothing to bound MPI_Abort: ending here beats waiting
   MPI_Abort(MPI_COMM_WORLD, code);
   _exit(code);
 }

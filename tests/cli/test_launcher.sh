@@ -211,6 +211,12 @@ expect 0 "ok" -- env -u TMPDIR -u TEMP TMP="$tmp/made/by/mpirun" bash "$launcher
 ln -s "$tmp/nothing/here" dangling
 expect 2 "launch/mpirun.sh: error: TMP='$tmp/dangling/sub': $tmp/dangling is a symbolic link to $tmp/nothing/here, which does not exist" -- \
   env -u TMPDIR -u TEMP TMP="$tmp/dangling/sub" bash "$launcher" -np 2 "$bin"
+# The room both checks ask for is one figure, kept in two languages: they must agree.
+sh_kib=$(sed -n 's/^session_kib=\([0-9]*\).*/\1/p' "$launcher")
+cc_kib=$(sed -n 's/.*constexpr unsigned long long kSessionKiB = \([0-9]*\);.*/\1/p' \
+  "$(dirname "$launcher")/../src/comm/communicator.cc")
+[[ -n $sh_kib && $sh_kib == "$cc_kib" ]] ||
+  fail "the session directory's room: launch/mpirun.sh asks for '$sh_kib' KiB, the singleton's check '$cc_kib'"
 mkdir full
 if [[ $(id -u) -eq 0 ]] && mount -t tmpfs -o size=64k tmpfs full 2>/dev/null; then
   expect 2 "launch/mpirun.sh: error: TMPDIR='$tmp/full': its file system has 64 KiB free, and mpirun's session directory needs about 9 MiB" -- \
