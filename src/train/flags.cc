@@ -574,13 +574,36 @@ namespace {
 // types it) trained with momentum 0, --lr 0.1x at 0.1, without a word. A value must be a number to
 // its end (the C locale's: dptrain never sets another): this is that reading, or nothing.
 template <typename T>
-std::optional<T> whole_number(const std::string& text) {
+std::optional<T> read_to_end(const std::string& text) {
   std::istringstream in(text);
   in.imbue(std::locale::classic());
   T value{};
   in >> value;
   if (!in || !(in >> std::ws).eof()) return std::nullopt;
   return value;
+}
+
+// Whether text is a number to its end that reads as 0 with a nonzero digit before its exponent:
+// 1e-400 is below the smallest double, and libstdc++'s operator>> gives 0 for it without an error,
+// so --lr 1e-400 was refused as "got 0" and --label-smoothing 1e-400 ran without smoothing.
+template <typename T>
+bool underflows(const std::string& text) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const std::optional<T> v = read_to_end<T>(text);
+    if (!v || *v != 0) return false;
+    for (const char ch : text) {
+      if (ch == 'e' || ch == 'E') break;
+      if (ch >= '1' && ch <= '9') return true;
+    }
+  }
+  return false;
+}
+
+// The value text is (read_to_end), unless it underflows to 0; or nothing.
+template <typename T>
+std::optional<T> whole_number(const std::string& text) {
+  if (underflows<T>(text)) return std::nullopt;
+  return read_to_end<T>(text);
 }
 
 // Values are converted here, so a value that does not parse is reported with its flag.
@@ -593,6 +616,8 @@ T flag(const cxxopts::ParseResult& r, const std::string& name) {
                       "--" << name << ": '" << given.value() << "' is not a number"
                            << (given.value().find(',') != std::string::npos
                                    ? " (the decimal separator is '.', whatever the locale)"
+                               : underflows<T>(given.value())
+                                   ? " a double can hold: it is too small, and would be 0"
                                    : ""));
     }
   }

@@ -139,6 +139,12 @@ expect 2 "--momentum: '0,9' is not a number (the decimal separator is '.', whate
   "$bin" --momentum 0,9
 expect 2 "--lr: '0.1x' is not a number" -- "$bin" --lr 0.1x
 expect 2 "--timeout: '1.5.0' is not a number" -- "$bin" predict --load x --output y --timeout 1.5.0
+# Below the smallest double: libstdc++ read 1e-400 as 0 without an error, so --label-smoothing
+# 1e-400 trained without smoothing and --lr 1e-400 said "got 0". A zero written so stays 0.
+expect 2 "--label-smoothing: '1e-400' is not a number a double can hold: it is too small, and would be 0" -- \
+  "$bin" --label-smoothing 1e-400
+expect 2 "--lr: '-3E-999' is not a number a double can hold: it is too small" -- "$bin" --lr -3E-999
+expect 2 "--lr must be > 0, got 0" -- "$bin" --lr 0.000e-999
 # A locale with a comma decimal separator changes nothing: flags, the log and --metrics keep '.'
 # (dptrain never calls setlocale). The locale is compiled here (localedef) where glibc's sources are.
 if localedef -i de_DE -f UTF-8 "$tmp/de_DE.UTF-8" >/dev/null 2>&1; then

@@ -144,7 +144,8 @@ TEST(Config, EarlyTimeoutIsTheFlagsOrTheDefault) {
   EXPECT_EQ(early({"--timeout", "1e7"}), 1e7);
   for (const char* same : {"7.5", " 5", "5 "})  // blanks around it, as the flag takes them
     EXPECT_EQ(parse({"--timeout", same}).timeout, early({"--timeout", same})) << "'" << same << "'";
-  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", "0x10", "5,5"})
+  // 1e-400: below the smallest double, read as 0 (no limit) before it was refused.
+  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", "0x10", "5,5", "1e-400"})
     EXPECT_EQ(early({"--timeout", bad}), 300.0) << "'" << bad << "'";
   EXPECT_EQ(early({"--timeout"}), 300.0) << "no value";
   EXPECT_EQ(early({"--timeouts", "5"}), 300.0) << "another flag";
