@@ -229,11 +229,20 @@ check_program() {
 }
 total_np=0 app_file="" search=$PATH
 for ((i = 0; i < ${#args[@]}; i++)); do
-  a=${args[i]} v=${args[i + 1]:-} ctx_np=""
+  a=${args[i]} v=${args[i + 1]:-} ctx_np="" ctx_hostfile=""
   # One app context: its options, then its program; its arguments run to a lone ':'.
   while [[ $a == -* ]]; do
     host_option "$a" "$v"
     case $a in
+      # mpirun takes one per app context: a second was its exit 1 ("More than one hostfile was
+      # passed for a single application context"), naming neither file.
+      --hostfile | -hostfile | --machinefile | -machinefile)
+        if [[ -n $ctx_hostfile ]]; then
+          quote shown "$v"
+          die "$a $shown: this app context has $ctx_hostfile already, and mpirun takes one hostfile per app context: put all the hosts in one file (--default-hostfile may give another, for every context)"
+        fi
+        quote shown "$v"
+        ctx_hostfile="$a $shown" ;;
       -np | -n | --np | --n | -c)
         ctx_np=$v
         [[ $v =~ ^[0-9]{1,6}$ ]] && ((10#$v >= 1)) ||

@@ -61,6 +61,14 @@ expect 2 "--host needs a value" -- bash "$launcher" -np 2 --host
 expect 0 "--host -oProxyCommand=x -H --hostfile missing.hosts" -- \
   bash "$launcher" -np 1 echo --host -oProxyCommand=x -H --hostfile missing.hosts
 expect 2 "hostfile 'missing.hosts' cannot be read" -- bash "$launcher" --hostfile missing.hosts -np 2 "$bin"
+# One hostfile per app context (mpirun's own exit 1, naming neither file); one in each context,
+# or a --default-hostfile beside it, is mpirun's to take.
+printf 'localhost slots=2\n' >one.hosts
+printf 'localhost slots=2\n' >two.hosts
+expect 2 "--machinefile 'two.hosts': this app context has --hostfile 'one.hosts' already, and mpirun takes one hostfile per app context" -- \
+  bash "$launcher" --hostfile one.hosts --machinefile two.hosts -np 2 echo ok
+expect 0 "ok" -- bash "$launcher" --hostfile one.hosts -np 1 echo ok : --hostfile two.hosts -np 1 echo ok
+expect 0 "ok" -- bash "$launcher" --default-hostfile one.hosts --hostfile two.hosts -np 1 echo ok
 # What mpirun took and failed on with exit 1 and text naming no line ("No nodes are available",
 # "should be reported to the developers"): exit 2 naming the file and the line, before mpirun.
 : >empty.hosts
