@@ -482,8 +482,14 @@ unstarted_local_job() {
 on_signal() {
   local name=$1 num=$2
   if ((got)); then
-    echo "$me: second $name: killing the job without waiting for the checkpoint" >&2
-    [[ -n $child ]] && kill -TERM "$child" 2>/dev/null
+    echo "$me: second $name: killing the job without waiting for the checkpoint (SIGKILL to mpirun in $grace s if it is still there)" >&2
+    # An mpirun stuck before or while starting ranks on other hosts ignores SIGUSR1 and SIGTERM
+    # alike, and only the unstarted local job above had the SIGKILL after them: a job across hosts
+    # stayed stuck after any number of signals.
+    if [[ -n $child ]]; then
+      kill -TERM "$child" 2>/dev/null
+      [[ -n $kill_at ]] || kill_at=$((SECONDS + grace))
+    fi
     return
   fi
   got=$num
@@ -554,7 +560,14 @@ wait_mpirun() {
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
       echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
       kill -KILL -- -"$child" 2>/dev/null
-      kill_at=""
+      # Its status, without the shell's "Killed" notice (said above); wait returns early when a
+      # trapped signal arrives, so again until it is mpirun's.
+      while [[ -z $rc ]]; do
+        { wait "$child"; } 2>/dev/null
+        rc=$?
+        kill -0 "$child" 2>/dev/null && rc=""
+      done
+      break
     fi
     # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
     # finds them all, and spares a scan of /proc every second of a long run.

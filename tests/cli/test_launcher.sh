@@ -406,6 +406,35 @@ for kind in usr1 all; do
   ((fails == before)) && echo "ok: an mpirun deaf to $sig ends on one SIGTERM to the launcher (exit $rc)"
 done
 
+echo "== a job across hosts whose mpirun is stuck ends on a second SIGTERM"
+# With --host the launcher cannot see whether ranks started elsewhere, so the first signal goes to
+# mpirun as SIGUSR1 (a checkpoint); the second sent SIGTERM only, which a stuck mpirun ignores too,
+# and the launcher waited for ever. Now SIGKILL follows 10 s later. (--host localhost takes the
+# path of a job across hosts without a second host.)
+printf '#!/usr/bin/env bash\ntrap "" USR1 TERM\nwhile :; do sleep 0.2; done\n' >stuck/mpirun
+chmod +x stuck/mpirun
+set -m
+PATH=$tmp/stuck:$PATH bash "$launcher" --host localhost -np 1 /bin/true >stuck.out 2>&1 &
+job=$!
+set +m
+sleep 1
+kill -TERM "$job"
+sleep 1
+kill -0 "$job" 2>/dev/null || fail "across hosts: one SIGTERM ended the launcher (want: a checkpoint asked of the ranks)"
+kill -TERM "$job"
+for _ in $(seq 250); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$job" 2>/dev/null; then
+  fail "across hosts: the launcher still runs 25 s after a second SIGTERM to a stuck mpirun"
+  pkill -KILL -f -- "$tmp/stuck/mpirun"
+  kill -KILL "$job"
+fi
+wait "$job"
+rc=$?
+[[ $rc -eq 143 ]] || fail "across hosts, stuck mpirun: launcher exit $rc, want 143: $(tail -3 stuck.out)"
+grep -q "mpirun did not end 10 s after SIGTERM: killing it" stuck.out ||
+  fail "across hosts: the stuck mpirun was not killed, or not said: $(tail -3 stuck.out)"
+pgrep -f -- "$tmp/stuck/mpirun" >/dev/null && fail "across hosts: the stuck mpirun outlived the launcher"
+
 echo "== dptrain's side: rank 0 appends '<step> <path>' to DPT_CHECKPOINT_RECORD for every checkpoint"
 : >dpt.rec  # the launcher creates the file; dptrain only appends to an existing one
 DPT_CHECKPOINT_RECORD=$tmp/dpt.rec expect 0 "epoch 1/1" -- "${mpi[@]}" -np 2 "$bin" --model lenet --batch-size 64 \
