@@ -740,6 +740,12 @@ TEST_P(BackendOps, AddWithAndWithoutRelu) {
     be().add(a_.data(), b_.data(), y_.data(), static_cast<int64_t>(n), relu);
     expect_match(get(y_), y, "add", tol(Cmp::kExact));
     EXPECT_EQ(get(a_), a) << "an operand changed";
+    // From the second element on: pointers off 16-byte alignment (the GPU's one-element form).
+    y_ = put(std::vector<float>(n, 7.f));
+    be().add(a_.data() + 1, b_.data() + 1, y_.data() + 1, static_cast<int64_t>(n - 1), relu);
+    std::vector<float> want = y;
+    want[0] = 7.f;
+    expect_match(get(y_), want, "add from the second element", tol(Cmp::kExact));
   }
 }
 
@@ -2079,14 +2085,28 @@ TEST_P(BackendOps, Bf16ConvertRoundsToNearestEven) {
 
 TEST_P(BackendOps, Bf16AddRoundsTheFloatSumOnce) {
   // 1 + 2^-8: the float sum is exact, its bf16 the even neighbour 1; 1 + 2^-8 + 2^-8 = 1 + 2^-7
-  // (two bf16 additions in sequence would give 1); with the ReLU, -1 + 0.5 gives 0.
-  const Tensor a = to_backend16(be(), {1.f, 1.f + std::ldexp(1.f, -7), -1.f}, {3});
-  const Tensor b = to_backend16(be(), {std::ldexp(1.f, -8), std::ldexp(1.f, -8), 0.5f}, {3});
-  Tensor y({3}, &be(), DType::kBF16);
-  be().add(a.ptr<BFloat16>(), b.ptr<BFloat16>(), y.ptr<BFloat16>(), 3, false);
-  EXPECT_EQ(to_host16(be(), y), (std::vector<float>{1.f, 1.f + std::ldexp(1.f, -6), -0.5f}));
-  be().add(a.ptr<BFloat16>(), b.ptr<BFloat16>(), y.ptr<BFloat16>(), 3, true);
-  EXPECT_EQ(to_host16(be(), y), (std::vector<float>{1.f, 1.f + std::ldexp(1.f, -6), 0.f}));
+  // (two bf16 additions in sequence would give 1); with the ReLU, -1 + 0.5 gives 0. Three values,
+  // then the same three repeated over 19 (two 16-byte groups of 8 and a tail of 3 on the GPU).
+  const float p = std::ldexp(1.f, -8);
+  const std::vector<float> av{1.f, 1.f + std::ldexp(1.f, -7), -1.f}, bv{p, p, 0.5f};
+  const std::vector<float> plain{1.f, 1.f + std::ldexp(1.f, -6), -0.5f},
+      relu{1.f, 1.f + std::ldexp(1.f, -6), 0.f};
+  for (const int64_t n : {3, 19}) {
+    SCOPED_TRACE(std::to_string(n) + " values");
+    std::vector<float> a, b, want_plain, want_relu;
+    for (int64_t i = 0; i < n; ++i) {
+      a.push_back(av[sz(i % 3)]);
+      b.push_back(bv[sz(i % 3)]);
+      want_plain.push_back(plain[sz(i % 3)]);
+      want_relu.push_back(relu[sz(i % 3)]);
+    }
+    const Tensor a_ = to_backend16(be(), a, {n}), b_ = to_backend16(be(), b, {n});
+    Tensor y({n}, &be(), DType::kBF16);
+    be().add(a_.ptr<BFloat16>(), b_.ptr<BFloat16>(), y.ptr<BFloat16>(), n, false);
+    EXPECT_EQ(to_host16(be(), y), want_plain);
+    be().add(a_.ptr<BFloat16>(), b_.ptr<BFloat16>(), y.ptr<BFloat16>(), n, true);
+    EXPECT_EQ(to_host16(be(), y), want_relu);
+  }
 }
 
 // The parameter gradients' tolerance of a bf16 convolution. cuDNN's graph API writes a bf16
