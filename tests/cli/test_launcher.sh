@@ -373,36 +373,48 @@ rec=$(cat record.name)
 [[ -n $rec && ! -e $(dirname "$rec") ]] || fail "after SIGTERM, the record directory of '$rec' is left"
 none_left "SIGTERM"
 
-echo "== one SIGTERM ends an mpirun that never started a rank (stuck, deaf to SIGUSR1)"
-# NP=100000 on one host left mpirun stuck before starting any rank (out of pipes); the launcher
-# passed the SIGTERM on as SIGUSR1, which such an mpirun ignores, and waited for ever. Stand-ins:
-# one ignores SIGUSR1 only, one ignores SIGTERM too (then SIGKILL, 10 s later).
+# stuck_start SIGNALS ARGS...: the launcher with ARGS, in the background ($job), on a stand-in mpirun
+# that ignores SIGNALS and never ends; its output in stuck.out.
 mkdir -p stuck
-for kind in usr1 all; do
-  sig=USR1 before=$fails
-  [[ $kind == all ]] && sig="USR1 TERM"
-  printf '#!/usr/bin/env bash\ntrap "" %s\nwhile :; do sleep 0.2; done\n' "$sig" >stuck/mpirun
+stuck_start() {
+  printf '#!/usr/bin/env bash\ntrap "" %s\nwhile :; do sleep 0.2; done\n' "$1" >stuck/mpirun
   chmod +x stuck/mpirun
+  shift
   set -m
-  PATH=$tmp/stuck:$PATH bash "$launcher" -np 1 /bin/true >stuck.out 2>&1 &
+  PATH=$tmp/stuck:$PATH bash "$launcher" "$@" >stuck.out 2>&1 &
   job=$!
   set +m
   sleep 1
-  kill -TERM "$job"
-  for _ in $(seq 200); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+}
+# stuck_end WHAT TENTHS: waits TENTHS/10 s at most for the launcher to end (else fails, naming WHAT,
+# and kills both); rc is its exit status.
+stuck_end() {
+  for _ in $(seq "$2"); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$job" 2>/dev/null; then
-    fail "an mpirun deaf to $sig: the launcher still runs 20 s after one SIGTERM"
+    fail "$1: the launcher still runs $(($2 / 10)) s after the signal"
     pkill -KILL -f -- "$tmp/stuck/mpirun"
     kill -KILL "$job"
   fi
   wait "$job"
   rc=$?
+  pgrep -f -- "$tmp/stuck/mpirun" >/dev/null && fail "$1: the stand-in mpirun outlived the launcher"
+}
+
+echo "== one SIGTERM ends an mpirun that never started a rank (stuck, deaf to SIGUSR1)"
+# NP=100000 on one host left mpirun stuck before starting any rank (out of pipes); the launcher
+# passed the SIGTERM on as SIGUSR1, which such an mpirun ignores, and waited for ever. Stand-ins:
+# one ignores SIGUSR1 only, one ignores SIGTERM too (then SIGKILL, 10 s later).
+for kind in usr1 all; do
+  sig=USR1 before=$fails
+  [[ $kind == all ]] && sig="USR1 TERM"
+  stuck_start "$sig" -np 1 /bin/true
+  kill -TERM "$job"
+  stuck_end "an mpirun deaf to $sig" 200
   [[ $rc -eq 143 ]] || fail "stuck mpirun ($kind): launcher exit $rc, want 143: $(tail -3 stuck.out)"
   grep -q "SIGTERM: no rank of the job has started: ending mpirun" stuck.out ||
     fail "stuck mpirun ($kind): the launcher did not say why it ends mpirun: $(tail -3 stuck.out)"
   [[ $kind == all ]] && ! grep -q "mpirun did not end 10 s after SIGTERM: killing it" stuck.out &&
     fail "an mpirun deaf to SIGTERM was not killed, or not said: $(tail -3 stuck.out)"
-  pgrep -f -- "$tmp/stuck/mpirun" >/dev/null && fail "stuck mpirun ($kind) outlived the launcher"
   ((fails == before)) && echo "ok: an mpirun deaf to $sig ends on one SIGTERM to the launcher (exit $rc)"
 done
 
@@ -411,29 +423,15 @@ echo "== a job across hosts whose mpirun is stuck ends on a second SIGTERM"
 # mpirun as SIGUSR1 (a checkpoint); the second sent SIGTERM only, which a stuck mpirun ignores too,
 # and the launcher waited for ever. Now SIGKILL follows 10 s later. (--host localhost takes the
 # path of a job across hosts without a second host.)
-printf '#!/usr/bin/env bash\ntrap "" USR1 TERM\nwhile :; do sleep 0.2; done\n' >stuck/mpirun
-chmod +x stuck/mpirun
-set -m
-PATH=$tmp/stuck:$PATH bash "$launcher" --host localhost -np 1 /bin/true >stuck.out 2>&1 &
-job=$!
-set +m
-sleep 1
+stuck_start "USR1 TERM" --host localhost -np 1 /bin/true
 kill -TERM "$job"
 sleep 1
 kill -0 "$job" 2>/dev/null || fail "across hosts: one SIGTERM ended the launcher (want: a checkpoint asked of the ranks)"
 kill -TERM "$job"
-for _ in $(seq 250); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$job" 2>/dev/null; then
-  fail "across hosts: the launcher still runs 25 s after a second SIGTERM to a stuck mpirun"
-  pkill -KILL -f -- "$tmp/stuck/mpirun"
-  kill -KILL "$job"
-fi
-wait "$job"
-rc=$?
+stuck_end "across hosts, a second SIGTERM to a stuck mpirun" 250
 [[ $rc -eq 143 ]] || fail "across hosts, stuck mpirun: launcher exit $rc, want 143: $(tail -3 stuck.out)"
 grep -q "mpirun did not end 10 s after SIGTERM: killing it" stuck.out ||
   fail "across hosts: the stuck mpirun was not killed, or not said: $(tail -3 stuck.out)"
-pgrep -f -- "$tmp/stuck/mpirun" >/dev/null && fail "across hosts: the stuck mpirun outlived the launcher"
 
 echo "== dptrain's side: rank 0 appends '<step> <path>' to DPT_CHECKPOINT_RECORD for every checkpoint"
 : >dpt.rec  # the launcher creates the file; dptrain only appends to an existing one
