@@ -466,6 +466,7 @@ wait_relays() {
 ((max_restarts > 0)) && [[ -z $ckpt_every ]] &&
   echo "$me: warning: --max-restarts $max_restarts without --checkpoint-every: no checkpoint is written, so a failed job is not restarted" >&2
 
+grace=10  # seconds: SIGTERM to SIGKILL, and mpirun's or its ranks' time to end (wait_mpirun)
 got=0     # the signal this script received
 child=""  # mpirun's pid
 kill_at="" # when set: SIGKILL to mpirun's process group at this $SECONDS (wait_mpirun)
@@ -482,14 +483,16 @@ unstarted_local_job() {
 on_signal() {
   local name=$1 num=$2
   if ((got)); then
-    echo "$me: second $name: killing the job without waiting for the checkpoint (SIGKILL to mpirun in $grace s if it is still there)" >&2
     # An mpirun stuck before or while starting ranks on other hosts ignores SIGUSR1 and SIGTERM
-    # alike, and only the unstarted local job above had the SIGKILL after them: a job across hosts
+    # alike, and only the unstarted local job below had the SIGKILL after them: a job across hosts
     # stayed stuck after any number of signals.
-    if [[ -n $child ]]; then
-      kill -TERM "$child" 2>/dev/null
-      [[ -n $kill_at ]] || kill_at=$((SECONDS + grace))
+    local then=""
+    if [[ -n $child && -z $kill_at ]]; then
+      kill_at=$((SECONDS + grace))
+      then=" (SIGKILL to mpirun in $grace s if it is still there)"
     fi
+    echo "$me: second $name: killing the job without waiting for the checkpoint$then" >&2
+    [[ -n $child ]] && kill -TERM "$child" 2>/dev/null
     return
   fi
   got=$num
@@ -520,7 +523,6 @@ trap 'on_signal SIGTERM 15' TERM
 #  - after mpirun, waits for them: $grace s at most, then SIGKILL to each one's process group.
 # A job with no rank on this host is not bounded this way. /proc is read directly, without
 # procps (minimal systems lack it), and without a subshell per look.
-grace=10
 ranks=() # mpirun's ranks on this host, as "pid:start time"
 # Sets start to PID's start time (field 22 of /proc/PID/stat); fails when PID has ended or is a
 # zombie. With its pid it names a rank, so that a pid reused after the rank ended is not taken for it.

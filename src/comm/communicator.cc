@@ -428,7 +428,7 @@ namespace {
 class Watchdog {
  public:
   Watchdog(double seconds, int code, std::function<void()> say) {
-    if (seconds <= 0) return;
+    if (!(seconds > 0)) return;  // a NaN too: timeout_duration would make it 0, an _exit at once
     try {
       thread_ = std::thread([this, seconds, code, say = std::move(say)] {
         std::unique_lock<std::mutex> lock(mutex_);

@@ -310,6 +310,7 @@ P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspa
         c.ms = std::min(c.ms, ms);
       }
     } catch (const Error& e) {  // a plan that builds but will not run here is only passed over
+      c.ms = std::numeric_limits<float>::max();  // not among the times listed below
       log_debug(DPT_MSG("cuDNN graph plan " << c.name << " for " << what
                                             << " did not run: " << e.what()));
       continue;
@@ -325,7 +326,7 @@ P take_fastest(GpuContext& ctx, std::vector<P>& candidates, size_t extra_workspa
   // much (the winner alone does not show why, e.g., an OIHW plan beat every OHWI one).
   std::ostringstream all;
   for (const P& c : candidates)
-    if (c.ms != std::numeric_limits<float>::max() && c.ms > 0) all << " " << c.name << " " << c.ms;
+    if (c.ms != std::numeric_limits<float>::max()) all << " " << c.name << " " << c.ms;
   log_debug(DPT_MSG("cuDNN graph candidates for " << what << " (name, ms):" << all.str()));
   best->candidates = ran;
   return std::move(*best);
