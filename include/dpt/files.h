@@ -141,6 +141,11 @@ void check_input_file(const std::string& path, const std::string& what);
 // file, or an output naming an input, are refused with it.
 bool same_file(const std::string& a, const std::string& b);
 
+// "standard output" or "standard error" when `path` is the regular file this process's stdout or
+// stderr is written to (`--metrics /dev/stdout > run.log`, or `--report run.log 2> run.log`), else
+// "". A character device (a terminal, /dev/null) or a pipe is never named here.
+std::string standard_stream_of(const std::string& path);
+
 // Whether `name` (a file name, no directory) is one of AtomicFile's temporaries
 // ("<target>.tmp.<pid>" with or without ".<random>"); if so, the target's file name and the pid of
 // its writer.

@@ -320,6 +320,17 @@ bool same_file(const std::string& a, const std::string& b) {
   return ea || eb ? a == b : pa == pb;
 }
 
+std::string standard_stream_of(const std::string& path) {
+  struct stat sp {};
+  if (::stat(path.c_str(), &sp) != 0 || !S_ISREG(sp.st_mode)) return "";
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat sf {};
+    if (::fstat(fd, &sf) == 0 && sf.st_dev == sp.st_dev && sf.st_ino == sp.st_ino)
+      return fd == STDOUT_FILENO ? "standard output" : "standard error";
+  }
+  return "";
+}
+
 OutputLock check_output_path(const std::string& path, const std::string& flag, bool stream) {
   DPT_INPUT_CHECK(!path.empty(), flag << ": the path is empty");
   struct stat st {};

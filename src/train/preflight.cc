@@ -429,6 +429,14 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
   std::vector<std::pair<const char*, std::string>> locked;  // the flag and path of each lock
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
+    // The log's own file: a --metrics opened on it again truncated it, and the records and the log
+    // lines then wrote over each other at their two offsets (NUL bytes between); a file renamed
+    // over it took the log with it.
+    const std::string stream = standard_stream_of(path);
+    DPT_INPUT_CHECK(stream.empty(), flag << " " << path << " is the file this run's " << stream
+                                         << " goes to: the log and " << flag
+                                         << " would write over each other; give " << flag
+                                         << " a file of its own");
     for (const auto& [owner, owned] : locked)
       DPT_INPUT_CHECK(!same_file(path, owned), flag << " " << path << " is the file " << owner
                                                     << " names: give each output its own file");

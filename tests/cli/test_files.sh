@@ -516,5 +516,40 @@ else
   ok "12 step name: $(grep -o 'the file name is too long.*' s12/log)"
 fi
 
+# ---- 13. An output that is the run's own standard output or error is refused ------------------
+# `--metrics /dev/stdout > run.log` opened run.log again, truncating it: the records wrote over the
+# banner, the log's later lines wrote over the records at their own offset, and the gap between
+# became NUL bytes. An atomic output renamed over the log's file took the log with it. Refused
+# before anything is written, naming the flag and the stream.
+mkdir -p s13
+# flag|path|redirection of the run|stream|what else the flag needs
+for spec in "--metrics|/dev/stdout|out|standard output|" "--metrics|s13/log|out|standard output|" \
+            "--report|/dev/stderr|err|standard error|" "--save|s13/log|err|standard error|" \
+            "--checkpoint-path|s13/log|out|standard output|--checkpoint-every 1"; do
+  IFS='|' read -r flag path into stream extra <<< "$spec"
+  if [[ $into == out ]]; then
+    # shellcheck disable=SC2086  # $extra: zero or two words
+    timeout -k 2 60 "$bin" "${small[@]}" "$flag" "$path" $extra > s13/log 2> s13/other
+  else
+    # shellcheck disable=SC2086
+    timeout -k 2 60 "$bin" "${small[@]}" "$flag" "$path" $extra 2> s13/log > s13/other
+  fi
+  rc=$?
+  cat s13/log s13/other > s13/both
+  if [[ $rc -ne 2 ]] || ! grep -qaF -- "$flag $path is the file this run's $stream goes to" s13/both; then
+    fail "13 $flag $path into its own $stream: exit $rc (want 2 naming it):"
+    tr '\0' '@' < s13/both | tail -c 300; echo
+  elif [[ $(tr -d '\0' < s13/log | wc -c) -ne $(wc -c < s13/log) ]]; then
+    fail "13 $flag $path into its own $stream: NUL bytes in the log"
+  else
+    ok "13 $flag $path into its own $stream: $(first "is the file" s13/both)"
+  fi
+done
+# Into a terminal or /dev/null (character devices) a training's --metrics still goes (appended).
+timeout -k 2 60 "$bin" "${small[@]}" --metrics /dev/stdout > /dev/null 2> s13/null.log
+rc=$?
+[[ $rc -eq 0 ]] && ok "13 --metrics /dev/stdout > /dev/null runs" ||
+  { fail "13 --metrics /dev/stdout > /dev/null: exit $rc"; tail -3 s13/null.log; }
+
 echo "$fails failed"
 [[ $fails -eq 0 ]]
