@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
     return 2;
   }
+  dpt::prepare_singleton_launcher();
   dpt::MpiSession mpi(&argc, &argv, dpt::early_timeout(argc, argv));
   const int world = mpi.world().size, rank = mpi.world().rank;
   dpt::TrainConfig cfg;

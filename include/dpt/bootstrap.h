@@ -51,6 +51,12 @@ class MpiSession {
 // and exit 1.
 std::string singleton_tmpdir_problem();
 
+// Before MPI starts, for a singleton: Open MPI 4's daemon for it chose the rsh launcher, which
+// looks for ssh or rsh on PATH although it launches nothing; without them (PATH unset, as under
+// `env -i` or a program's own environment, or a PATH of other tools) MPI_Init failed with pages of
+// text and exit 1. Sets OMPI_MCA_plm=isolated (the launcher for one host) unless it is set.
+void prepare_singleton_launcher();
+
 // Prints nothing (flushes stdout and stderr); calls MPI_Abort(MPI_COMM_WORLD, code) so no peer
 // waits forever, and ends this process with `code` itself if MPI_Abort has not within 5 s.
 [[noreturn]] void abort_job(int code);

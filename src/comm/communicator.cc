@@ -357,10 +357,25 @@ std::unique_ptr<Communicator> make_mpi_self_communicator() {
 
 // ---- bootstrap ---------------------------------------------------------------------------------
 
+namespace {
+
+// Under mpirun or srun: the launcher's daemon made the session directory and launches the ranks.
+bool launched() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
+}  // namespace
+
+void prepare_singleton_launcher() {
+#if defined(OPEN_MPI) && OMPI_MAJOR_VERSION < 5  // Open MPI 5's PRRTE has no such component
+  if (!launched()) ::setenv("OMPI_MCA_plm", "isolated", 0);
+#endif
+}
+
 std::string singleton_tmpdir_problem() {
-  // Under mpirun or srun the launcher's daemon made the session directory already.
-  for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
-    if (std::getenv(launched)) return "";
+  if (launched()) return "";
   if (std::getenv("OMPI_MCA_orte_tmpdir_base")) return "";
   for (const char* var : {"TMPDIR", "TEMP", "TMP"}) {
     const char* value = std::getenv(var);

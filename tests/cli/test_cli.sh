@@ -219,5 +219,12 @@ for cmd in evaluate predict; do
   grep -q "every training label" "$tmp/out.txt" && fail "$cmd warned about the training labels"
 done
 
+# A singleton whose PATH has no ssh or rsh (PATH unset, as under `env -i` or a program's own
+# environment, or a PATH of other tools): Open MPI 4's daemon for the singleton looked for them to
+# launch nothing, and MPI_Init failed with pages of text and exit 1. It starts, and trains.
+syn=(--data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 16)
+expect 0 "epoch 1/1" -- env -u PATH "$bin" "${syn[@]}"
+expect 0 "epoch 1/1" -- env PATH=/nonexistent "$bin" "${syn[@]}"
+
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]
