@@ -31,7 +31,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i)
     if (std::string(argv[i]) == "--version") {
       const std::string rank = dpt::launcher_rank();
-      if (rank == "0" || rank == "?") std::printf("%s", dpt::version_report().c_str());
+      if (rank != "0" && rank != "?") return 0;
+      // The report asks the CPU loops for their level, which reads DPT_ISA: a value there that
+      // names none ended the process in std::terminate (exit 134) instead of saying so.
+      try {
+        std::printf("%s", dpt::version_report().c_str());
+      } catch (const dpt::Error& e) {
+        std::fprintf(stderr, "dptrain: error: %s\n", e.what());
+        return e.exit_code();
+      }
       return 0;
     }
   if (const std::string why = dpt::singleton_tmpdir_problem(); !why.empty()) {

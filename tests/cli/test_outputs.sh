@@ -184,3 +184,11 @@ TMPDIR=$tmp/afile/dir timeout -k 5 60 "$bin" --version > "$tmp/v1.out" 2>&1 \
   || { echo "FAIL: --version with TMPDIR under a file: exit $?"; cat "$tmp/v1.out"; exit 1; }
 cmp -s "$tmp/v.out" "$tmp/v1.out" || { echo "FAIL: --version without MPI differs"; diff "$tmp/v.out" "$tmp/v1.out"; exit 1; }
 echo "ok: --version without MPI (where a singleton cannot start): the same report"
+# A DPT_ISA that names no level (the report asks the CPU loops for theirs) ended --version in
+# std::terminate: "terminate called after throwing", exit 134. Exit 2 naming the variable.
+DPT_ISA=avx-512 timeout -k 5 60 "$bin" --version > "$tmp/v3.out" 2>&1
+rc=$?
+[[ $rc == 2 ]] && grep -qF "dptrain: error: DPT_ISA=avx-512: expected avx512, avx2 or generic" "$tmp/v3.out" \
+  && ! grep -q terminate "$tmp/v3.out" \
+  || { echo "FAIL: --version with DPT_ISA=avx-512: exit $rc (want 2 naming it)"; cat "$tmp/v3.out"; exit 1; }
+echo "ok: --version with DPT_ISA=avx-512: exit 2, $(cat "$tmp/v3.out")"
