@@ -328,6 +328,9 @@ void ConvPrimitives::backward(const ConvGeom& g, const float* x, const float* w,
     // bf16 is always oneDNN's: the sgemm path is fp32.
     const char* env = std::getenv("DPT_CONV_BACKWARD");
     const std::string force = env ? env : "";
+    // A misspelt path (sgem) took the default rule without a word.
+    DPT_INPUT_CHECK(force.empty() || force == "onednn" || force == "sgemm" || force == "auto",
+                    "DPT_CONV_BACKWARD=" << force << ": expected onednn, sgemm or auto");
     if (force == "onednn" || bf16_)
       e.bwd_path = 0;
     else if (force == "sgemm")

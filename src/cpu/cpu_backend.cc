@@ -435,6 +435,8 @@ std::string cpu_model() {
 std::string cpu_bf16_missing() {
   const char* env = std::getenv("DPT_CPU_BF16");
   const bool off = env && std::string(env) == "off";
+  // Another value (1, yes, on) was ignored without a word: the test or diagnosis ran as if unset.
+  DPT_INPUT_CHECK(!env || !*env || off, "DPT_CPU_BF16=" << env << ": expected off (or unset)");
   const bool avx512 = !off && __builtin_cpu_supports("avx512bf16");
   const bool amx = !off && __builtin_cpu_supports("amx-bf16");
   if (!avx512 && !amx)

@@ -94,7 +94,10 @@ const WinogradLoops& loops() { return for_active_isa(kByIsa); }
 WinogradChoice winograd_choice(const ConvGeom& g) {
   static const bool off = [] {
     const char* e = std::getenv("DPT_WINOGRAD");
-    return e && std::string(e) == "off";
+    const std::string v = e ? e : "";
+    // Another value (0, no, OFF) left Winograd on without a word.
+    DPT_INPUT_CHECK(v.empty() || v == "off", "DPT_WINOGRAD=" << v << ": expected off (or unset)");
+    return v == "off";
   }();
   WinogradChoice ch;
   // Few input or output channels make the sgemms too thin to pay for the transforms (LeNet's

@@ -225,6 +225,14 @@ done
 syn=(--data synthetic:28x28x1:64:10 --epochs 1 --max-steps 1 --eval-every 0 --batch-size 16)
 expect 0 "epoch 1/1" -- env -u PATH "$bin" "${syn[@]}"
 expect 0 "epoch 1/1" -- env PATH=/nonexistent "$bin" "${syn[@]}"
+# The CPU's switches in the environment: a value that is not one of theirs was ignored without a
+# word (DPT_WINOGRAD=0 left Winograd on, DPT_CONV_BACKWARD=sgem the default rule); refused naming
+# the variable and its values, as DPT_ISA is.
+expect 2 "DPT_WINOGRAD=0: expected off" -- env DPT_WINOGRAD=0 "$bin" "${syn[@]}"
+expect 2 "DPT_CONV_BACKWARD=sgem: expected onednn, sgemm or auto" -- \
+  env DPT_CONV_BACKWARD=sgem "$bin" "${syn[@]}"
+expect 2 "DPT_CPU_BF16=yes: expected off" -- env DPT_CPU_BF16=yes "$bin" "${syn[@]}" --precision bf16
+expect 0 "epoch 1/1" -- env DPT_WINOGRAD=off DPT_CONV_BACKWARD=sgemm "$bin" "${syn[@]}"
 
 echo "cli: $fails failure(s)"
 [[ $fails -eq 0 ]]
