@@ -4,7 +4,10 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 #include "dpt/bootstrap.h"
 #include "dpt/comm.h"
@@ -13,6 +16,22 @@
 #include "dpt/log.h"
 #include "dpt/run.h"
 #include "dpt/version.h"
+
+namespace {
+
+// --version's report and --help's text. A write that failed (stdout on a full disk) said nothing,
+// exit 0, and left an empty file for a bug report. A reader that leaves early (`dptrain --help |
+// head -1`, EPIPE: SIGPIPE is ignored) is no failure.
+int print_to_stdout(const std::string& text, const char* flag) {
+  errno = 0;
+  if ((std::fputs(text.c_str(), stdout) >= 0 && std::fflush(stdout) == 0) || errno == EPIPE)
+    return 0;
+  std::fprintf(stderr, "dptrain: error: %s: cannot write to standard output: %s\n", flag,
+               std::strerror(errno));
+  return 2;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Keep freed blocks in the heap: per-step buffers would otherwise be mmap'd and unmapped every
@@ -34,13 +53,14 @@ int main(int argc, char** argv) {
       if (rank != "0" && rank != "?") return 0;
       // The report asks the CPU loops for their level, which reads DPT_ISA: a value there that
       // names none ended the process in std::terminate (exit 134) instead of saying so.
+      std::string report;
       try {
-        std::printf("%s", dpt::version_report().c_str());
+        report = dpt::version_report();
       } catch (const dpt::Error& e) {
         std::fprintf(stderr, "dptrain: error: %s\n", e.what());
         return e.exit_code();
       }
-      return 0;
+      return print_to_stdout(report, "--version");
     }
   if (const std::string why = dpt::singleton_tmpdir_problem(); !why.empty()) {
     std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
@@ -78,8 +98,7 @@ int main(int argc, char** argv) {
         return flag_error.empty() ? 2 : flag_code;
       }
       if (first[1] < world) {
-        if (rank == first[1]) std::printf("%s", help.c_str());
-        return 0;
+        return rank == first[1] ? print_to_stdout(help, "--help") : 0;
       }
       if (first[2] != -first[3]) {
         const auto commands = dpt::allgather_text(*comm, cfg.command);

@@ -192,3 +192,16 @@ rc=$?
   && ! grep -q terminate "$tmp/v3.out" \
   || { echo "FAIL: --version with DPT_ISA=avx-512: exit $rc (want 2 naming it)"; cat "$tmp/v3.out"; exit 1; }
 echo "ok: --version with DPT_ISA=avx-512: exit 2, $(cat "$tmp/v3.out")"
+# A report that cannot be written (standard output on a full disk, here /dev/full) said nothing and
+# exited 0, leaving an empty file for the bug report; --help alike. Exit 2 naming standard output.
+# A reader that leaves early (| head -c 1) is no failure: exit 0, nothing on stderr.
+for flag in --version --help; do
+  timeout -k 5 60 "$bin" $flag > /dev/full 2> "$tmp/full.err"
+  rc=$?
+  [[ $rc == 2 ]] && grep -qF "dptrain: error: $flag: cannot write to standard output: No space left on device" \
+    "$tmp/full.err" || { echo "FAIL: $flag > /dev/full: exit $rc (want 2 naming it)"; cat "$tmp/full.err"; exit 1; }
+  timeout -k 5 60 "$bin" $flag 2> "$tmp/pipe.err" | head -c 1 > /dev/null
+  rc=${PIPESTATUS[0]}
+  [[ $rc == 0 && ! -s $tmp/pipe.err ]] || { echo "FAIL: $flag | head -c 1: exit $rc"; cat "$tmp/pipe.err"; exit 1; }
+  echo "ok: $flag > /dev/full: exit 2, $(head -c 100 "$tmp/full.err"); | head -c 1: exit 0"
+done
