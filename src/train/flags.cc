@@ -701,8 +701,21 @@ bool agreed(const Flag& f) {
   return f.agreement == Agreement::kFixed || f.agreement == Agreement::kResumable;
 }
 
+// Whether `list` is a comma list (cxxopts' vector values, --step-epochs) with `item` as one of its
+// items ("" for "1,,2").
+bool has_list_item(const std::string& list, const std::string& item) {
+  if (list.find(',') == std::string::npos) return false;
+  for (size_t from = 0;;) {
+    const size_t comma = list.find(',', from);
+    if (list.substr(from, comma == std::string::npos ? comma : comma - from) == item) return true;
+    if (comma == std::string::npos) return false;
+    from = comma + 1;
+  }
+}
+
 // cxxopts converts typed values while parsing and names only the value ("Argument 'nan' failed
-// to parse"): find the flag it was given to, so the message says which one.
+// to parse"), or one item of a list value ("Argument 'x' failed to parse" for --step-epochs 1,x):
+// find the flag it was given to, so the message says which one.
 [[noreturn]] void rethrow_naming_the_flag(const std::string& what, int argc, char** argv) {
   const std::string open = "\u2018", close = "\u2019";
   const size_t a = what.find(open),
@@ -712,13 +725,23 @@ bool agreed(const Flag& f) {
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       const size_t eq = arg.find('=');
-      std::string flag;
-      if (arg.rfind("--", 0) == 0 && eq != std::string::npos && arg.substr(eq + 1) == value)
+      std::string flag, given;
+      if (arg.rfind("--", 0) == 0 && eq != std::string::npos &&
+          (arg.substr(eq + 1) == value || has_list_item(arg.substr(eq + 1), value))) {
         flag = arg.substr(0, eq);
-      if (arg == value && i > 1 && std::string(argv[i - 1]).rfind("--", 0) == 0) flag = argv[i - 1];
-      if (!flag.empty())
+        given = arg.substr(eq + 1);
+      }
+      if ((arg == value || has_list_item(arg, value)) && i > 1 &&
+          std::string(argv[i - 1]).rfind("--", 0) == 0) {
+        flag = argv[i - 1];
+        given = arg;
+      }
+      if (flag.empty()) continue;
+      if (given == value)
         throw Error(ErrorKind::kInput,
                     flag + ": '" + value + "' is not a valid value (see dptrain --help)");
+      throw Error(ErrorKind::kInput, flag + ": '" + given + "' has the item '" + value +
+                                         "', which is not a valid value (see dptrain --help)");
     }
   }
   throw Error(ErrorKind::kInput, what + " (see dptrain --help)");

@@ -288,6 +288,13 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--log-level", "", "--quiet"}, "--log-level: '' is not one of"},
       {{"--augment", ""}, "--augment: empty; use none"},
       {{"--epochs", "ten"}, "ten"},
+      // An item of a list value: cxxopts named only the item ("Argument 'x' failed to parse").
+      {{"--schedule", "step", "--step-epochs", "1,x"},
+       "--step-epochs: '1,x' has the item 'x', which is not a valid value"},
+      {{"--schedule", "step", "--step-epochs=1,,2"},
+       "--step-epochs: '1,,2' has the item '', which is not a valid value"},
+      {{"--schedule", "step", "--step-epochs", "99999999999"},
+       "--step-epochs: '99999999999' is not a valid value"},
       {{"--no-such-flag"}, "no-such-flag"},
       {{"stray"}, "stray"},
   };
