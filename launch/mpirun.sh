@@ -282,6 +282,12 @@ extra=()
   extra+=(--oversubscribe)
 # Ranks' stderr is a pipe under mpirun: tell them whether the user's terminal is there.
 [[ -t 2 ]] && extra+=(-x DPT_PROGRESS=1)
+# The ranks' stdout and stderr are pipes to the relays below, which copy them to this script's own:
+# rank 0 cannot see that `--metrics run.log > run.log` writes into the log (truncated, then records
+# and log lines over each other). It is told which files they are (device:inode, on this host) and
+# refuses such an output by name. /proc/$$: the script's own streams, not the substitution's pipe.
+stream_id() { [[ -f /proc/$$/fd/$1 ]] && stat -L -c '%d:%i' "/proc/$$/fd/$1" 2>/dev/null || echo -; }
+extra+=(-x "DPT_LAUNCHER_STREAMS=$(hostname) $(stream_id 1) $(stream_id 2)")
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 

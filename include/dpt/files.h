@@ -141,9 +141,11 @@ void check_input_file(const std::string& path, const std::string& what);
 // file, or an output naming an input, are refused with it.
 bool same_file(const std::string& a, const std::string& b);
 
-// "standard output" or "standard error" when `path` is the regular file this process's stdout or
-// stderr is written to (`--metrics /dev/stdout > run.log`, or `--report run.log 2> run.log`), else
-// "". A character device (a terminal, /dev/null) or a pipe is never named here.
+// "this run's standard output" (or error) when `path` is the regular file this process's stdout
+// or stderr is written to (`--metrics /dev/stdout > run.log`, `--report run.log 2> run.log`), or
+// "launch/mpirun.sh's standard output" (or error) when it is the file the launcher's is (the ranks'
+// are pipes to it; DPT_LAUNCHER_STREAMS names its files), else "". A character device (a terminal,
+// /dev/null) or a pipe is never named here.
 std::string standard_stream_of(const std::string& path);
 
 // Whether `name` (a file name, no directory) is one of AtomicFile's temporaries

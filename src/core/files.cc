@@ -17,6 +17,7 @@
 #include <ctime>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "dpt/error.h"
 
@@ -326,7 +327,20 @@ std::string standard_stream_of(const std::string& path) {
   for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
     struct stat sf {};
     if (::fstat(fd, &sf) == 0 && sf.st_dev == sp.st_dev && sf.st_ino == sp.st_ino)
-      return fd == STDOUT_FILENO ? "standard output" : "standard error";
+      return fd == STDOUT_FILENO ? "this run's standard output" : "this run's standard error";
+  }
+  // Under launch/mpirun.sh the ranks' streams are pipes to its relays, which copy them to the
+  // launcher's own stdout and stderr: it names those files ("HOST DEV:INO DEV:INO", "-" for one
+  // that is no regular file), valid on its host only.
+  if (const char* e = std::getenv("DPT_LAUNCHER_STREAMS")) {
+    std::istringstream in(e);
+    std::string host, out, err;
+    char name[256] = {};
+    if (in >> host >> out >> err && ::gethostname(name, sizeof name - 1) == 0 && host == name) {
+      const std::string id = std::to_string(sp.st_dev) + ":" + std::to_string(sp.st_ino);
+      if (id == out) return "launch/mpirun.sh's standard output";
+      if (id == err) return "launch/mpirun.sh's standard error";
+    }
   }
   return "";
 }

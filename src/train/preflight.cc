@@ -433,7 +433,7 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
     // lines then wrote over each other at their two offsets (NUL bytes between); a file renamed
     // over it took the log with it.
     const std::string stream = standard_stream_of(path);
-    DPT_INPUT_CHECK(stream.empty(), flag << " " << path << " is the file this run's " << stream
+    DPT_INPUT_CHECK(stream.empty(), flag << " " << path << " is the file " << stream
                                          << " goes to: the log and " << flag
                                          << " would write over each other; give " << flag
                                          << " a file of its own");

@@ -545,6 +545,27 @@ for spec in "--metrics|/dev/stdout|out|standard output|" "--metrics|s13/log|out|
     ok "13 $flag $path into its own $stream: $(first "is the file" s13/both)"
   fi
 done
+# Through launch/mpirun.sh the ranks' streams are pipes to its relays, which copy them into the
+# launcher's own: `--metrics s13/log > s13/log` corrupted the log there alike. The launcher names its
+# files to the ranks; rank 0 refuses such an output.
+for spec in "--metrics|out|standard output" "--save|err|standard error"; do
+  IFS='|' read -r flag into stream <<< "$spec"
+  if [[ $into == out ]]; then
+    timeout -k 2 90 bash "$launcher" -np 2 "$bin" "${small[@]}" "$flag" s13/log > s13/log 2> s13/other
+  else
+    timeout -k 2 90 bash "$launcher" -np 2 "$bin" "${small[@]}" "$flag" s13/log 2> s13/log > s13/other
+  fi
+  rc=$?
+  cat s13/log s13/other > s13/both
+  if [[ $rc -ne 2 ]] ||
+     ! grep -qaF -- "$flag s13/log is the file launch/mpirun.sh's $stream goes to" s13/both; then
+    fail "13 launch/mpirun.sh -np 2 ... $flag s13/log into its $stream: exit $rc (want 2 naming it):"
+    tr '\0' '@' < s13/both | tail -c 300; echo
+  else
+    ok "13 launch/mpirun.sh -np 2 ... $flag into its $stream: $(first "is the file" s13/both)"
+  fi
+done
+reap
 # Into a terminal or /dev/null (character devices) a training's --metrics still goes (appended).
 timeout -k 2 60 "$bin" "${small[@]}" --metrics /dev/stdout > /dev/null 2> s13/null.log
 rc=$?
