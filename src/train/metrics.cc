@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <type_traits>
 
+#include "dpt/device.h"
 #include "dpt/error.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
@@ -256,6 +258,18 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
   struct stat st {};
   if (::stat(cfg_.metrics.c_str(), &st) != 0 || S_ISCHR(st.st_mode))
     return;  // nothing written yet, or a device
+  // Read whole, and kept lines copied: about three times its size at the peak. A file far larger
+  // than a run's records (a sparse 20 GB file, another program's) was read for a minute and ended
+  // in std::bad_alloc, exit 3 (or the OOM killer): refused first, naming it and both sizes.
+  const HostMemory mem = host_memory();
+  const double size = static_cast<double>(st.st_size), gib = 1 << 30;
+  DPT_INPUT_CHECK(mem.bytes < 0 || 3 * size <= mem.bytes,
+                  "--metrics " << cfg_.metrics << " is " << std::fixed << std::setprecision(2)
+                               << size / gib << " GiB: trimming it to the checkpoint's records "
+                               << "takes about 3 times that in memory, and " << mem.bytes / gib
+                               << " GiB is available (" << mem.source
+                               << "); is it this training's metrics file? Move it away or give "
+                                  "--metrics another file");
   std::string text;
   {
     FILE* f = ::fdopen(open_input_file(cfg_.metrics, "--metrics"), "r");  // never blocks on a FIFO
