@@ -33,7 +33,8 @@ void write_stderr(const std::string& line) {
 }
 
 // stdout: the first failure is reported once on stderr (a warning: not under --log-level error), if
-// that still works; later lines are dropped.
+// that still works; later lines are dropped. Said of "the run": evaluate and predict write here
+// too.
 void write_stdout(const std::string& line) {
   if (g_stdout_gone.load(std::memory_order_relaxed)) return;
   errno = 0;
@@ -46,7 +47,7 @@ void write_stdout(const std::string& line) {
                           : err        ? std::strerror(err)
                                        : "a write failed";
   write_stderr(rank_prefix() + "warning: stdout is gone (" + why +
-               "): training goes on; later stdout lines are dropped\n");
+               "): the run goes on; later stdout lines are dropped\n");
 }
 }  // namespace
 

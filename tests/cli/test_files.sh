@@ -198,6 +198,14 @@ elif [[ $warned -ne 1 ]]; then
 else
   ok "6 singleton | head -c 1: exit 0, --save written, one warning"
 fi
+# evaluate's reader gone: the same warning, of the run (it said "training goes on").
+timeout -k 2 60 "$bin" evaluate --load "$tmp/s6/m1.st" 2> s6/err3 | head -c 1 > /dev/null
+rc=${PIPESTATUS[0]}
+if [[ $rc -ne 0 ]] || ! grep -qF "stdout is gone (the reader closed the pipe): the run goes on" s6/err3; then
+  fail "6 evaluate | head -c 1: exit $rc, want 0 and the run's warning:"; tail -3 s6/err3
+else
+  ok "6 evaluate | head -c 1: exit 0, $(first "stdout is gone" s6/err3)"
+fi
 # stderr gone too (2>&1 into the closed pipe): no crash, no hang, and nowhere left to warn.
 timeout -k 2 60 "$bin" "${small[@]}" --epochs 2 --save "$tmp/s6/m3.st" 2>&1 | head -c 1 > /dev/null
 rc=${PIPESTATUS[0]}
