@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,8 +65,11 @@ class StepEngine {
   Totals step_totals() { return totals(step_first_); }
   Totals epoch_totals() { return totals(epoch_first_); }
   // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals (plain
-  // cross-entropy: no label smoothing).
-  Totals evaluate(int64_t begin, int64_t end);
+  // cross-entropy: no label smoothing). `stop` (when given) is asked before each batch of an
+  // evaluation run batch by batch (not one replayed as a CUDA graph, which is short): true ends it
+  // there, and *cut says so (the totals are then empty).
+  Totals evaluate(int64_t begin, int64_t end, const std::function<bool()>& stop = nullptr,
+                  bool* cut = nullptr);
   // BatchNorm running statistics averaged across ranks (DataParallel::sync_buffers).
   void sync_buffers();
   // Parameters, buffers and the optimizer's state to the host model and Optimizer (checkpoints,

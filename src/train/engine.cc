@@ -381,13 +381,23 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
   stage_out(batch);
 }
 
-Totals StepEngine::evaluate(int64_t begin, int64_t end) {
+Totals StepEngine::evaluate(int64_t begin, int64_t end, const std::function<bool()>& stop,
+                            bool* cut) {
   Totals t;
+  if (cut) *cut = false;
   if (end <= begin) return t;
   quiesce();
   WeightsFixed fixed(be_);  // no parameter changes during an evaluation
+  // Asked between batches when they run one by one: a stop signal during a long evaluation (a
+  // large test set on a CPU) waited for its end, past a batch system's warning time, and the
+  // epoch's checkpoint comes after it. Never inside a capture: the graph must hold every batch.
+  bool asking = false;
   auto body = [&] {
     for (int64_t s = begin; s < end; s += eval_batch_) {
+      if (asking && stop()) {
+        *cut = true;
+        break;
+      }
       const int64_t b = std::min(eval_batch_, end - s);
       eval_x_.resize({b, x_.dim(1), x_.dim(2), x_.dim(3)}, &be_);
       be_.gather_images(test_images_.data(), test_labels_.data(), test_labels_.size(), eval_spec_,
@@ -398,7 +408,9 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end) {
     }
   };
   if (!eval_graphs_on_) {
+    asking = stop && cut;
     body();
+    if (asking && *cut) return t;  // nothing: the caller records no test metrics
   } else {
     // No collectives inside: each rank decides alone. Captured on the pass over the same range
     // after an eager one that allocated nothing (the first allocates the evaluation shapes'

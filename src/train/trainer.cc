@@ -90,12 +90,31 @@ struct EpochTally {
   int64_t seen = 0;
 };
 
-// Evaluation split across ranks (rank r scores eval_range), totals summed over all of them.
-Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n) {
+// Evaluation split across ranks (rank r scores eval_range), totals summed over all of them. A rank
+// that receives a stop signal scores no more batches (StopSignals::received: ranks score different
+// counts, so they agree after, in the same all-reduce): then no rank has test metrics this epoch
+// (empty totals), and the next step boundary stops the run with its checkpoint, as ever.
+Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n, const StopSignals& stop,
+                int epoch, bool last) {
   auto [begin, end] = eval_range(test_n, comm.rank(), comm.size());
-  const Totals r = engine.evaluate(begin, end);
-  double sums[3] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count)};
-  comm.allreduce(sums, 3, ReduceOp::kSum, "all-reduce of evaluation counts");
+  log_debug(
+      DPT_MSG("evaluating test images [" << begin << ", " << end << ") of epoch " << epoch + 1));
+  bool cut = false;
+  const Totals r = engine.evaluate(
+      begin, end, [&] { return stop.received() != 0; }, &cut);
+  double sums[4] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count),
+                    cut ? 1.0 : 0.0};
+  comm.allreduce(sums, 4, ReduceOp::kSum, "all-reduce of evaluation counts");
+  if (sums[3] > 0) {
+    if (comm.rank() == 0)
+      log_warn(DPT_MSG("a stop signal ended the evaluation of epoch "
+                       << epoch + 1 << " early on " << sums[3]
+                       << " rank(s): no test metrics for it; "
+                       << (last ? "training is complete, so the run ends as it would have"
+                                : "the run stops at the next step boundary, after its "
+                                  "checkpoint")));
+    return {};
+  }
   return {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2])};
 }
 
@@ -257,7 +276,9 @@ EpochMetrics epoch_metrics(Run& r, int epoch, int64_t first, int64_t global_step
   r.engine.sync_buffers();
   const bool eval_now =
       cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs);
-  const Totals ev = eval_now ? evaluate(r.engine, r.comm, r.test_n) : Totals{};
+  const Totals ev =
+      eval_now ? evaluate(r.engine, r.comm, r.test_n, r.signals, epoch, epoch + 1 == cfg.epochs)
+               : Totals{};
 
   EpochMetrics m;
   m.epoch = epoch + 1;

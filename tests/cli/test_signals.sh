@@ -201,5 +201,41 @@ grep -q "SIGTERM: checkpoint of epoch 2 step 0 written to once/ck.st" once.log |
   fail "the stop did not name its checkpoint: $(tail -3 once.log)"
 [[ $(meta_of step once/ck.st) == 1 ]] || fail "once/ck.st records step $(meta_of step once/ck.st), want 1"
 
+echo "== a stop during a long evaluation ends it at the next batch: no test metrics, the checkpoint, exit 143"
+# 2,000 ResNet-18 test images in batches of 50 take about 12 s on one thread here. The stop waited
+# for the whole evaluation, past a batch system's warning time, and the epoch's checkpoint comes
+# after it. Sent once the evaluation has begun (its debug line): the epoch's record has no test
+# metrics, and the run stops at the next boundary with its checkpoint.
+mkdir longeval
+"$bin" --model resnet18 --data synthetic:28x28x1:20000:10 --epochs 2 --max-steps 1 --batch-size 16 \
+  --eval-batch-size 50 --threads 1 --checkpoint-every 1 --checkpoint-path longeval/ck.st \
+  --metrics longeval/m.jsonl --progress off --log-level debug >longeval.log 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  grep -q "evaluating test images \[0, 2000) of epoch 1" longeval.log && break
+  sleep 0.1
+done
+sleep 1
+kill -TERM $job
+wait $job
+rc=$? job=""
+[[ $rc -eq 143 ]] || fail "stopped in a long evaluation: exit $rc, want 143: $(tail -3 longeval.log)"
+grep -q "a stop signal ended the evaluation of epoch 1 early on 1 rank(s): no test metrics for it; the run stops at the next step boundary, after its checkpoint" longeval.log ||
+  fail "the evaluation was not cut short, or not said: $(grep -E 'warning|epoch 1/' longeval.log | tail -3)"
+python3 -c '
+import json, sys
+ep = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "epoch"]
+sys.exit(0 if ep and ep[0]["epoch"] == 1 and ep[0]["test_acc"] is None else 1)' longeval/m.jsonl ||
+  fail "epoch 1's record should have no test accuracy: $(grep epoch longeval/m.jsonl | head -1 | cut -c1-200)"
+[[ $(meta_of step longeval/ck.st) == 1 ]] || fail "longeval/ck.st records step $(meta_of step longeval/ck.st), want 1"
+# The short evaluation above: cut or not by the signal's timing, its record says which.
+if grep -q "ended the evaluation of epoch 1 early" once.log; then want=None; else want=number; fi
+python3 -c '
+import json, sys
+ep = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "epoch"]
+acc = ep[0]["test_acc"] if ep else "missing"
+sys.exit(0 if (acc is None) == (sys.argv[2] == "None") else 1)' once/m.jsonl "$want" ||
+  fail "once: the epoch record's test accuracy does not match the log (want $want)"
+
 echo "failures: $fails"
 [[ $fails -eq 0 ]]
