@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,9 +68,9 @@ class StepEngine {
   // Scores test images [begin, end) in batches of --eval-batch-size: this rank's totals (plain
   // cross-entropy: no label smoothing). `stop` (when given) is asked before each batch of an
   // evaluation run batch by batch (not one replayed as a CUDA graph, which is short): true ends it
-  // there, and *cut says so (the totals are then empty).
-  Totals evaluate(int64_t begin, int64_t end, const std::function<bool()>& stop = nullptr,
-                  bool* cut = nullptr);
+  // there, with no totals.
+  std::optional<Totals> evaluate(int64_t begin, int64_t end,
+                                 const std::function<bool()>& stop = nullptr);
   // BatchNorm running statistics averaged across ranks (DataParallel::sync_buffers).
   void sync_buffers();
   // Parameters, buffers and the optimizer's state to the host model and Optimizer (checkpoints,

@@ -381,21 +381,20 @@ void StepEngine::recorded_step(int64_t batch, int64_t step, bool first) {
   stage_out(batch);
 }
 
-Totals StepEngine::evaluate(int64_t begin, int64_t end, const std::function<bool()>& stop,
-                            bool* cut) {
+std::optional<Totals> StepEngine::evaluate(int64_t begin, int64_t end,
+                                           const std::function<bool()>& stop) {
   Totals t;
-  if (cut) *cut = false;
   if (end <= begin) return t;
   quiesce();
   WeightsFixed fixed(be_);  // no parameter changes during an evaluation
   // Asked between batches when they run one by one: a stop signal during a long evaluation (a
   // large test set on a CPU) waited for its end, past a batch system's warning time, and the
   // epoch's checkpoint comes after it. Never inside a capture: the graph must hold every batch.
-  bool asking = false;
+  bool asking = false, cut = false;
   auto body = [&] {
     for (int64_t s = begin; s < end; s += eval_batch_) {
       if (asking && stop()) {
-        *cut = true;
+        cut = true;
         break;
       }
       const int64_t b = std::min(eval_batch_, end - s);
@@ -408,9 +407,9 @@ Totals StepEngine::evaluate(int64_t begin, int64_t end, const std::function<bool
     }
   };
   if (!eval_graphs_on_) {
-    asking = stop && cut;
+    asking = static_cast<bool>(stop);
     body();
-    if (asking && *cut) return t;  // nothing: the caller records no test metrics
+    if (cut) return std::nullopt;  // the caller records no test metrics
   } else {
     // No collectives inside: each rank decides alone. Captured on the pass over the same range
     // after an eager one that allocated nothing (the first allocates the evaluation shapes'

@@ -99,11 +99,11 @@ Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n, const St
   auto [begin, end] = eval_range(test_n, comm.rank(), comm.size());
   log_debug(
       DPT_MSG("evaluating test images [" << begin << ", " << end << ") of epoch " << epoch + 1));
-  bool cut = false;
-  const Totals r = engine.evaluate(
-      begin, end, [&] { return stop.received() != 0; }, &cut);
+  const std::optional<Totals> mine =
+      engine.evaluate(begin, end, [&] { return stop.received() != 0; });
+  const Totals r = mine.value_or(Totals{});
   double sums[4] = {r.loss, static_cast<double>(r.correct), static_cast<double>(r.count),
-                    cut ? 1.0 : 0.0};
+                    mine ? 0.0 : 1.0};
   comm.allreduce(sums, 4, ReduceOp::kSum, "all-reduce of evaluation counts");
   if (sums[3] > 0) {
     if (comm.rank() == 0)

@@ -254,7 +254,7 @@ TEST(Recipe, LabelSmoothingMakesTheTrainingLossTorchs) {
       }
       ASSERT_GT(std::fabs(uniform - ce), 1e-2 * ce) << "U = CE: smoothing could not show";
     }
-    test_loss.push_back(r.rig->engine->evaluate(0, 64).loss);
+    test_loss.push_back(r.rig->engine->evaluate(0, 64).value().loss);
     r.rig->engine->step(0, 0, 0.05, nullptr);
     loss.push_back(r.rig->engine->step_totals().loss);
   }
