@@ -103,19 +103,6 @@ cudaError_t launch_avgpool_backward(const uint16_t* dy, const uint16_t* relu_x, 
 // both. Each lane's arithmetic is the one-element form's (the same window walk, winner rule and
 // sum order), so the bits do not depend on V or I.
 
-template <typename T, int V>
-struct alignas(V * sizeof(T)) Lanes {
-  T v[V];
-};
-template <typename T, int V>
-__device__ __forceinline__ Lanes<T, V> load_lanes(const T* p) {
-  return *reinterpret_cast<const Lanes<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void store_lanes(const Lanes<T, V>& l, T* p) {
-  *reinterpret_cast<Lanes<T, V>*>(p) = l;
-}
-
 template <typename I>
 struct PoolGeom {
   I n, h, w, c, oh, ow;

@@ -17,18 +17,30 @@ namespace dpt::cuda {
 // bytes: 8 bf16 or 4 fp32) per access, holds their per-channel values in registers, and walks the
 // rows; each element's arithmetic is the same function as the one-element kernel's, so the bits
 // are the same.
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
-  T v[kN];
+// V adjacent elements loaded and stored in one access (aligned to their size): V = 1 is one
+// element, Vec16 the 16-byte form (kernels/pooling.cu takes either).
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Lanes {
+  static constexpr int kN = V;
+  T v[V];
 };
+template <typename T, int V>
+__device__ __forceinline__ Lanes<T, V> load_lanes(const T* p) {
+  return *reinterpret_cast<const Lanes<T, V>*>(p);
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_lanes(const Lanes<T, V>& l, T* p) {
+  *reinterpret_cast<Lanes<T, V>*>(p) = l;
+}
+template <typename T>
+using Vec16 = Lanes<T, 16 / static_cast<int>(sizeof(T))>;
 template <typename T>
 __device__ __forceinline__ Vec16<T> load16(const T* p) {
-  return *reinterpret_cast<const Vec16<T>*>(p);
+  return load_lanes<T, Vec16<T>::kN>(p);
 }
 template <typename T>
 __device__ __forceinline__ void store16(const Vec16<T>& v, T* p) {
-  *reinterpret_cast<Vec16<T>*>(p) = v;
+  store_lanes<T, Vec16<T>::kN>(v, p);
 }
 
 constexpr int kVecThreads = 256;
