@@ -287,7 +287,7 @@ extra=()
 # and log lines over each other). It is told which files they are (device:inode, on this host) and
 # refuses such an output by name. /proc/$$: the script's own streams, not the substitution's pipe.
 stream_id() { [[ -f /proc/$$/fd/$1 ]] && stat -L -c '%d:%i' "/proc/$$/fd/$1" 2>/dev/null || echo -; }
-extra+=(-x "DPT_LAUNCHER_STREAMS=$(hostname) $(stream_id 1) $(stream_id 2)")
+extra+=(-x "DPT_LAUNCHER_STREAMS=$my_name $(stream_id 1) $(stream_id 2)")
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 
@@ -560,6 +560,17 @@ find_left() {
   done
   return 0
 }
+# Sets rc to mpirun's status; wait returns early when a trapped signal arrives, so again until it
+# is mpirun's. quiet: without the shell's notice of how it ended ("Killed"), for a SIGKILL of ours
+# the log has said already; a crash's notice is kept.
+reap_mpirun() {
+  rc=""
+  while [[ -z $rc ]]; do
+    if [[ ${1:-} == quiet ]]; then { wait "$child"; } 2>/dev/null; else wait "$child"; fi
+    rc=$?
+    kill -0 "$child" 2>/dev/null && rc=""
+  done
+}
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
   local alone="" seen="" deadline killed=0 left=() p
@@ -568,13 +579,7 @@ wait_mpirun() {
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
       echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
       kill -KILL -- -"$child" 2>/dev/null
-      # Its status, without the shell's "Killed" notice (said above); wait returns early when a
-      # trapped signal arrives, so again until it is mpirun's.
-      while [[ -z $rc ]]; do
-        { wait "$child"; } 2>/dev/null
-        rc=$?
-        kill -0 "$child" 2>/dev/null && rc=""
-      done
+      reap_mpirun quiet
       break
     fi
     # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
@@ -589,7 +594,7 @@ wait_mpirun() {
         # SIGKILL: to SIGTERM, an mpirun in its abort path answers with a segfault and a stack
         # trace. The shell's "Killed" notice is for crashes, not for this.
         kill -KILL -- -"$child" 2>/dev/null
-        while kill -0 "$child" 2>/dev/null; do { wait "$child"; } 2>/dev/null; done
+        reap_mpirun quiet
         rc=3
         break
       fi
@@ -599,12 +604,7 @@ wait_mpirun() {
     sleep 1 & # waited in the background: a trapped signal ends the wait at once
     wait "$!"
   done
-  # mpirun's status; wait returns early when a trapped signal arrives, so again until it is mpirun's.
-  while [[ -z $rc ]]; do
-    wait "$child"
-    rc=$?
-    kill -0 "$child" 2>/dev/null && rc=""
-  done
+  [[ -n $rc ]] || reap_mpirun
   deadline=$((SECONDS + grace))
   while find_left; ((${#left[@]})); do
     if ((SECONDS >= deadline)); then
