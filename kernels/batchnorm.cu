@@ -43,8 +43,11 @@ struct SumsTerm {
     return {};
   }
   template <int V>
-  __device__ void row(int64_t r, int64_t ch0, NoChannels, double (&acc)[2][V]) const {
-    const Vec16<T> xv = load16(x + r * c + ch0);
+  __device__ Vec16<T> load(int64_t r, int64_t ch0) const {
+    return load16(x + r * c + ch0);
+  }
+  template <int V>
+  __device__ void add(const Vec16<T>& xv, int64_t, int64_t, NoChannels, double (&acc)[2][V]) const {
 #pragma unroll
     for (int k = 0; k < V; ++k) sums_one(xv.v[k], acc[0][k], acc[1][k]);
   }
@@ -290,18 +293,29 @@ struct BackwardTerm {
     for (int k = 0; k < V; ++k) s.mean[k] = mean[ch0 + k], s.invstd[k] = invstd[ch0 + k];
     return s;
   }
+  // One row's dy, x and (with the fused ReLU) y.
+  struct Row {
+    Vec16<T> dy, x, y;
+  };
   template <int V>
-  __device__ void row(int64_t r, int64_t ch0, const MeanInvstd<V>& s, double (&acc)[2][V]) const {
+  __device__ Row load(int64_t r, int64_t ch0) const {
     const int64_t i = r * c + ch0;
-    const Vec16<T> dv = load16(dy + i), xv = load16(x + i);
-    const Vec16<T> yv = relu_out ? load16(relu_out + i) : dv;
+    Row l;
+    l.dy = load16(dy + i);
+    l.x = load16(x + i);
+    l.y = relu_out ? load16(relu_out + i) : l.dy;
+    return l;
+  }
+  template <int V>
+  __device__ void add(const Row& l, int64_t r, int64_t ch0, const MeanInvstd<V>& s,
+                      double (&acc)[2][V]) const {
     Vec16<T> zv;
 #pragma unroll
     for (int k = 0; k < V; ++k)
-      store(backward_one(relu_out != nullptr, yv.v[k], dv.v[k], xv.v[k], s.mean[k], s.invstd[k],
+      store(backward_one(relu_out != nullptr, l.y.v[k], l.dy.v[k], l.x.v[k], s.mean[k], s.invstd[k],
                          acc[0][k], acc[1][k]),
             zv.v[k]);
-    if (dz) store16(zv, dz + i);
+    if (dz) store16(zv, dz + r * c + ch0);
   }
 };
 struct BackwardOut {

@@ -74,7 +74,19 @@ __global__ void channel_partials_kernel(int64_t m, int64_t c, int64_t rows_per_c
 // order, so every partial sum, and all after it, has the same bits. Block: `lanes` vector columns
 // x 8 row lanes x `groups` chunks (kVecThreads where the channels allow); shared memory
 // groups * NQ * 8 * (lanes * V + 1) doubles. term.channels<V>(ch0) is a thread's per-channel
-// state, loaded once; term.row<V>(r, ch0, state, acc) adds row r's V contributions to acc[q][k].
+// state, loaded once; term.load<V>(r, ch0) reads row r's V elements of every tensor it needs, and
+// term.add<V>(loaded, r, ch0, state, acc) adds their contributions to acc[q][k] (and stores what
+// the term writes back, BackwardTerm's masked gradient).
+//
+// Why loads and adds apart: this grid has few threads (vecs x 8 x chunks: 32K at ResNet-18's 64
+// channels and 200K rows, 8K at 512 channels), so with one row's loads in flight a thread waits a
+// whole memory latency per row; the H100 profile put the backward partial sums at 0.53 ms of a
+// 4.6 ms step, about 3x their bytes at the card's bandwidth (2026-11-27). A thread now issues the
+// loads of kRowBatch rows before it adds the first (a store in add, which nvcc must assume may
+// alias the next row's loads, kept them one row at a time even when unrolled); the adds run in
+// the same row order, so the bits are unchanged. Rows are distinct per thread, so loading a
+// later row before storing an earlier one reads the same values even where dz is dy.
+constexpr int kRowBatch = 4;
 template <int NQ, int V, class Term>
 __global__ void __launch_bounds__(kVecThreads)
     channel_partials_vec_kernel(int64_t m, int64_t c, int64_t rows_per_chunk, int64_t chunks,
@@ -88,8 +100,20 @@ __global__ void __launch_bounds__(kVecThreads)
     const int64_t r0 = chunk * rows_per_chunk;
     const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
     const auto state = term.template channels<V>(ch0);
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kReduceRowLanes)
-      term.template row<V>(r, ch0, state, acc);
+    using Loaded = decltype(term.template load<V>(r0, ch0));
+    constexpr int64_t kBatchRows = int64_t{kRowBatch} * kReduceRowLanes;
+    int64_t r = r0 + threadIdx.y;
+    for (; r + kBatchRows - kReduceRowLanes < r1; r += kBatchRows) {
+      Loaded rows[kRowBatch];
+#pragma unroll
+      for (int u = 0; u < kRowBatch; ++u)
+        rows[u] = term.template load<V>(r + u * kReduceRowLanes, ch0);
+#pragma unroll
+      for (int u = 0; u < kRowBatch; ++u)
+        term.template add<V>(rows[u], r + u * kReduceRowLanes, ch0, state, acc);
+    }
+    for (; r < r1; r += kReduceRowLanes)
+      term.template add<V>(term.template load<V>(r, ch0), r, ch0, state, acc);
   }
   double* s =
       shared_sums + threadIdx.z * NQ * kReduceRowLanes * width;  // this chunk's [NQ][8][width]
