@@ -83,8 +83,9 @@ SyntheticSpec parse(const std::string& spec) {
   return s;
 }
 
-// SplitMix64: a fast generator whose every state gives a well-mixed output, so seed and split can
-// simply be mixed into the starting state.
+// SplitMix64: a fast generator whose every state gives a well-mixed output. A split's starting
+// state is the seed's first output plus the split: that output is a bijection of the seed, so two
+// seeds never start a split alike (seed * 4 + split, the old form, wrapped for seeds 2^62 apart).
 struct SplitMix {
   uint64_t state;
   uint64_t next() {
@@ -104,7 +105,7 @@ ImageSet draw(const SyntheticSpec& s, int64_t n, uint64_t seed, uint64_t split) 
   set.num_classes = static_cast<int>(s.classes);
   set.images.resize(static_cast<size_t>(n * set.pixels()));
   set.labels.resize(static_cast<size_t>(n));
-  SplitMix g{SplitMix{seed * 4 + split}.next()};
+  SplitMix g{SplitMix{SplitMix{seed}.next() + split}.next()};
   size_t i = 0;
   for (; i + 8 <= set.images.size(); i += 8) {
     const uint64_t v = g.next();
