@@ -202,6 +202,11 @@ static __global__ void maxpool_backward_kernel(const T* __restrict__ x, const T*
   }
 }
 
+// pooling.cuh: a test's switch to the 64-bit index forms, which only tensors of 2^31 elements
+// would reach otherwise.
+static bool g_maxpool_wide_for_tests = false;
+void set_maxpool_wide_indices_for_tests(bool wide) { g_maxpool_wide_for_tests = wide; }
+
 // launch(lanes, index): the kernel instantiated on V (std::integral_constant) and I (a value of
 // that type) for an [n, h, w, c] input and its [n, oh, ow, c] output, read and written through
 // ptrs: 16 bytes a thread where vec_fits, 32-bit indices where both element counts and the
@@ -211,7 +216,8 @@ static cudaError_t with_lanes(int64_t n, int64_t h, int64_t w, int64_t c, int64_
                               std::initializer_list<const void*> ptrs, Launch launch) {
   constexpr int kV = Vec16<T>::kN;
   const int64_t most = n * c * (h * w > oh * ow ? h * w : oh * ow);
-  const bool narrow = most + int64_t{65535} * kThreads < (int64_t{1} << 31);
+  const bool narrow =
+      !g_maxpool_wide_for_tests && most + int64_t{65535} * kThreads < (int64_t{1} << 31);
   if (vec_fits<T>(c, ptrs))
     return narrow ? launch(std::integral_constant<int, kV>{}, int32_t{})
                   : launch(std::integral_constant<int, kV>{}, int64_t{});

@@ -50,6 +50,9 @@ cudaError_t launch_maxpool_backward(const float* x, const float* dy, float* dx, 
 cudaError_t launch_maxpool_backward(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n,
                                     int64_t h, int64_t w, int64_t c, int k, int s, int pad,
                                     cudaStream_t stream);
+// Tests only: the max-pooling launchers use 64-bit indices even where 32 bits would do (wide), so
+// the two index forms can be compared on small tensors. Not synchronised: set it between launches.
+void set_maxpool_wide_indices_for_tests(bool wide);
 
 // ----------------------------------------------------------------------------
 // Global average pooling forward (NHWC).

@@ -19,6 +19,7 @@
 #include "dpt/rng.h"
 #include "gpu_test_util.h"
 #include "loss.cuh"
+#include "pooling.cuh"
 #include "precision.cuh"
 
 namespace dpt {
@@ -90,6 +91,46 @@ uint32_t bits_of(float f) {
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
+// Max-pooling's 32-bit and 64-bit index forms (kernels/pooling.cu) give the same bits, in the
+// 16-byte (16 channels) and one-channel (3 channels) forms, fp32 and bf16, with ties and a NaN:
+// real tensors take the 64-bit form only past 2^31 - 2^24 elements, which no other test reaches.
+TEST(Kernels, MaxPoolIndexWidthsGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t c : {16, 3})
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::to_string(c) + (bf16 ? " bf16 channels" : " fp32 channels"));
+      const int64_t n = 2, h = 9, w = 10, oh = 5, ow = 5;  // 3/2/1
+      std::vector<float> x = random(static_cast<size_t>(n * h * w * c), 31);
+      for (float& v : x) v = std::round(v * 2.f) / 2.f;  // ties
+      x[static_cast<size_t>(c + 1)] = NAN;               // pixel (0, 1), channel 1
+      const std::vector<float> dy = random(static_cast<size_t>(n * oh * ow * c), 32);
+      auto run = [&](bool wide) {
+        cuda::set_maxpool_wide_indices_for_tests(wide);
+        std::pair<std::vector<uint32_t>, std::vector<uint32_t>> out;
+        if (bf16) {
+          Dev<uint16_t> x_(test::to_bf16(x)), dy_(test::to_bf16(dy)), y_(dy.size()), dx_(x.size());
+          CUDA_CHECK(cuda::launch_maxpool_forward(x_.p, y_.p, n, h, w, c, 3, 2, 1, nullptr));
+          CUDA_CHECK(
+              cuda::launch_maxpool_backward(x_.p, dy_.p, dx_.p, n, h, w, c, 3, 2, 1, nullptr));
+          for (uint16_t b : y_.host()) out.first.push_back(b);
+          for (uint16_t b : dx_.host()) out.second.push_back(b);
+        } else {
+          Dev<float> x_(x), dy_(dy), y_(dy.size()), dx_(x.size());
+          CUDA_CHECK(cuda::launch_maxpool_forward(x_.p, y_.p, n, h, w, c, 3, 2, 1, nullptr));
+          CUDA_CHECK(
+              cuda::launch_maxpool_backward(x_.p, dy_.p, dx_.p, n, h, w, c, 3, 2, 1, nullptr));
+          for (float f : y_.host()) out.first.push_back(bits_of(f));
+          for (float f : dx_.host()) out.second.push_back(bits_of(f));
+        }
+        cuda::set_maxpool_wide_indices_for_tests(false);
+        return out;
+      };
+      const auto narrow = run(false), wide = run(true);
+      EXPECT_EQ(wide.first, narrow.first) << "y";
+      EXPECT_EQ(wide.second, narrow.second) << "dx";
+    }
+}
+
 bool is_nan16(uint16_t h, DType dt) {
   return dt == DType::kBF16 ? (h & 0x7fffu) > 0x7f80u : (h & 0x7fffu) > 0x7c00u;
 }

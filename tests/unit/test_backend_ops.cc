@@ -860,8 +860,9 @@ TEST_P(BackendOps, MaxPoolForwardBackwardFirstMaximumWins) {
     int k, s, pad;
   };
   // torchvision's 3/2/1 (odd and even sizes), no padding with a floor-mode remainder, overlapping
-  // windows at stride 1, and 33 channels (every vector width's tail). 16 and 8 channels take the
-  // GPU's 16-byte form (4 fp32 or 8 bf16 lanes a thread), 4 that of fp32 alone.
+  // windows at stride 1, and 33 channels (every vector width's tail). In fp32 (this test's type)
+  // 16, 8 and 4 channels take the GPU's 16-byte form (4 lanes a thread); bf16's 8 lanes are
+  // compared with the one-lane form in MaxPoolGivesTheSameBitsAtAnyAlignment.
   const Case cases[] = {{2, 7, 6, 3, 3, 2, 1}, {2, 8, 8, 4, 3, 2, 1},  {1, 5, 7, 2, 2, 2, 0},
                         {2, 4, 5, 3, 3, 1, 1}, {1, 9, 8, 33, 3, 2, 1}, {2, 9, 10, 16, 3, 2, 1},
                         {1, 6, 7, 8, 2, 2, 0}};
@@ -2000,6 +2001,10 @@ Tensor offset_tensor(Backend& be, const std::vector<float>& v, DType dt, int off
 // tests/gpu/test_kernels.cc checks that offsets 0 and 1 take the two forms. (The CPU has one form:
 // the small shape keeps its test quick there.)
 TEST_P(BackendOps, BatchNormPassesGiveTheSameBitsAtAnyAlignment) {
+  // 20 and 37 rows: one chunk whose row lanes hold 2-3 and 4-5 rows (kRowBatch = 4's batched
+  // loop never, or once and then the tail).
+  bn_same_bits_at_any_alignment(16, 20);
+  bn_same_bits_at_any_alignment(16, 37);
   bn_same_bits_at_any_alignment(16, 5003);
   if (!is_cpu()) bn_same_bits_at_any_alignment(264, 15013);
 }
@@ -2053,6 +2058,55 @@ void BackendOps::bn_same_bits_at_any_alignment(int64_t c, int64_t m) {
         else
           both.template operator()<float>();
       }
+}
+
+// The GPU's max-pooling takes 16 bytes of channels a thread (4 fp32, 8 bf16) where the channel
+// count is a multiple of that and every pointer is 16-byte aligned, one channel a thread otherwise
+// (kernels/pooling.cu): one element past a 16-byte boundary gives the same bits, forward and
+// backward, fp32 and bf16, with ties (five levels) and a NaN in a 16-byte group.
+TEST_P(BackendOps, MaxPoolGivesTheSameBitsAtAnyAlignment) {
+  struct Case {
+    int64_t n, h, w, c;
+    int k, s, pad;
+  };
+  const Case cases[] = {{2, 9, 10, 16, 3, 2, 1}, {1, 6, 7, 8, 2, 2, 0}, {2, 5, 6, 24, 3, 1, 1}};
+  const auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  for (const Case& k : cases)
+    for (const DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::to_string(k.c) + " channels, " + (dt == DType::kBF16 ? "bf16" : "fp32"));
+      const int64_t oh = (k.h + 2 * k.pad - k.k) / k.s + 1, ow = (k.w + 2 * k.pad - k.k) / k.s + 1;
+      const size_t xs = sz(k.n * k.h * k.w * k.c), ys = sz(k.n * oh * ow * k.c);
+      std::vector<float> x = uniform(xs, 900), dy = uniform(ys, 901);
+      for (float& v : x) v = std::round(v * 2.f) / 2.f;
+      x[sz(k.c + 1)] = NAN;  // pixel (0, 1), channel 1
+      auto run = [&]<typename T>(int off) {
+        Tensor x_ = offset_tensor(be(), x, dt, off), dy_ = offset_tensor(be(), dy, dt, off),
+               y_ = offset_tensor(be(), std::vector<float>(ys, 7.f), dt, off),
+               dx_ = offset_tensor(be(), std::vector<float>(xs, 7.f), dt, off);
+        be().maxpool_forward(x_.ptr<T>() + off, y_.ptr<T>() + off, k.n, k.h, k.w, k.c, k.k, k.s,
+                             k.pad);
+        be().maxpool_backward(x_.ptr<T>() + off, dy_.ptr<T>() + off, dx_.ptr<T>() + off, k.n, k.h,
+                              k.w, k.c, k.k, k.s, k.pad);
+        auto host = [&](const Tensor& t, size_t size) {
+          std::vector<float> h = dt == DType::kBF16 ? to_host16(be(), t) : test::to_host(be(), t);
+          return std::vector<float>(h.begin() + off, h.begin() + off + static_cast<int64_t>(size));
+        };
+        return std::make_pair(host(y_, ys), host(dx_, xs));
+      };
+      const auto both = [&]<typename T>() {
+        const auto aligned = run.template operator()<T>(0), offset = run.template operator()<T>(1);
+        EXPECT_EQ(bits(offset.first), bits(aligned.first)) << "y";
+        EXPECT_EQ(bits(offset.second), bits(aligned.second)) << "dx";
+      };
+      if (dt == DType::kBF16)
+        both.template operator()<BFloat16>();
+      else
+        both.template operator()<float>();
+    }
 }
 
 TEST_P(BackendOps, Bf16ConvertRoundsToNearestEven) {
