@@ -24,7 +24,7 @@ CONFIGS = ["eager", "tuned", "compile", "compile-nocg"]   # bench/torch_ref.py -
 # run-name part -> the dptrain flag it stands for (device_check.sh's run names)
 DPTRAIN_VARIANTS = {"eager": "--no-cuda-graphs", "act16": "--activation-dtype bf16", "graph": "DPT_CUDNN_API=graph",
                     "legacy": "DPT_CUDNN_API=legacy", "e10": "(10 epochs)",
-                    "plans64": "DPT_CUDNN_MAX_PLANS=64"}
+                    "plans64": "DPT_CUDNN_MAX_PLANS=64", "nondet": "--cudnn-nondeterministic"}
 SKIPPED_CUDAGRAPHS = re.compile(r"skipping cudagraphs due to (.*?)(?:\. Found from.*)?$")
 
 

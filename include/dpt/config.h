@@ -43,7 +43,8 @@ struct TrainConfig {
   std::string augment = "none";    // none | a comma list of crop, crop=P, flip (augment.h)
   std::string device = "auto";     // auto | cpu | cuda
   bool tf32 = false;               // allow TF32 tensor cores in cuBLAS/cuDNN (GPU only)
-  bool cuda_graphs = true;         // replay warm steps and evaluations as CUDA graphs (GPU only)
+  bool cudnn_nondeterministic = false;  // let cuDNN's non-deterministic engines compete (GPU only)
+  bool cuda_graphs = true;  // replay warm steps and evaluations as CUDA graphs (GPU only)
   std::string precision =
       "fp32";  // fp32 | bf16 (bf16 GEMM operands; convolutions: bf16 on the CPU, TF32 on the GPU)
   // auto | fp32 | bf16: the element type of activations and their gradients

@@ -60,6 +60,7 @@ struct DeviceRequest {
   std::string kind = "cpu";
   int local_rank = 0, ranks_here = 1;
   bool tf32 = false, bf16 = false;
+  bool nondeterministic = false;  // --cudnn-nondeterministic
 };
 // Input errors (exit 2 under the pre-flight's agree_on_input): --precision bf16 on a CPU without
 // AVX512-BF16 or AMX-BF16 (the CPU device refuses it itself: cpu::cpu_bf16_missing); "cuda" in a

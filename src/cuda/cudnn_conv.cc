@@ -87,13 +87,14 @@ void set_descriptors(cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
 
 // The first algorithm in cuDNN's ranking (best first) that succeeded, uses an allowed math type,
 // has a workspace size cuDNN confirms for this descriptor set under that math type (cuDNN answers
-// NOT_SUPPORTED for layouts an algorithm lacks) within kMaxConvWorkspace, and is deterministic;
-// only if none is, the first non-deterministic one (with a warning). Returns false when nothing
-// qualifies.
+// NOT_SUPPORTED for layouts an algorithm lacks) within kMaxConvWorkspace, and is deterministic
+// (any, with --cudnn-nondeterministic: `nondeterministic`); only if none is, the first
+// non-deterministic one (with a warning). Returns false when nothing qualifies.
 template <class Perf, class Algo, class WorkspaceOf>
-bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf workspace_of,
-          const char* what, const ConvGeom& g, Algo* algo, cudnnMathType_t* math, size_t* ws) {
-  for (int pass = 0; pass < 2; ++pass)
+bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, bool nondeterministic,
+          WorkspaceOf workspace_of, const char* what, const ConvGeom& g, Algo* algo,
+          cudnnMathType_t* math, size_t* ws) {
+  for (int pass = nondeterministic ? 1 : 0; pass < 2; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, tensor_ops)) continue;
@@ -102,7 +103,7 @@ bool pick(const std::vector<Perf>& perf, int count, bool tensor_ops, WorkspaceOf
       const cudnnMathType_t m = run_math(p.mathType, tensor_ops);
       if (workspace_of(p.algo, m, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxConvWorkspace)
         continue;
-      if (pass == 1)
+      if (pass == 1 && !nondeterministic && p.determinism != CUDNN_DETERMINISTIC)
         log_warn(DPT_MSG("cuDNN has no deterministic "
                          << what << " algorithm for convolution " << geom_str(g)
                          << "; results will not be bit-reproducible"));
@@ -213,7 +214,8 @@ std::vector<typename Ops::Perf> perf_slots(const Descs& d, bool tensor_ops, int*
 }
 
 template <class Ops>
-bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typename Ops::Algo>* c) {
+bool search(const Descs& d, bool tensor_ops, bool nondeterministic, const ConvGeom& g,
+            ConvChoice<typename Ops::Algo>* c) {
   int max = 0, got = 0;
   std::vector<typename Ops::Perf> perf = perf_slots<Ops>(d, tensor_ops, &max);
   if (Ops::rank(d, max, &got, perf.data()) != CUDNN_STATUS_SUCCESS) return false;
@@ -221,7 +223,8 @@ bool search(const Descs& d, bool tensor_ops, const ConvGeom& g, ConvChoice<typen
     const cudnnStatus_t st = cudnnSetConvolutionMathType(d.conv, m);
     return st != CUDNN_STATUS_SUCCESS ? st : Ops::workspace(d, a, bytes);
   };
-  return pick(perf, got, tensor_ops, ws_of, Ops::kName, g, &c->algo, &c->math, &c->ws);
+  return pick(perf, got, tensor_ops, nondeterministic, ws_of, Ops::kName, g, &c->algo, &c->math,
+              &c->ws);
 }
 
 // cuDNN's timed search for one direction, appended to `out` with the chosen algorithm marked.
@@ -319,14 +322,14 @@ void CudnnConv::describe(Entry& e, const ConvGeom& g) {
 
 void CudnnConv::choose(Entry& e, const ConvGeom& g, bool bwd_data, bool bwd_filter) {
   const Descs d{ctx_.cudnn(), e.x, e.y, e.w, e.conv};
-  const bool tc = ctx_.tensor_ops();
+  const bool tc = ctx_.tensor_ops(), nd = ctx_.nondeterministic();
   if (!e.fwd.have)
-    DPT_CHECK(e.fwd.have = search<FwdOps>(d, tc, g, &e.fwd), no_algorithm(FwdOps::kName, g));
+    DPT_CHECK(e.fwd.have = search<FwdOps>(d, tc, nd, g, &e.fwd), no_algorithm(FwdOps::kName, g));
   if (bwd_data && !e.bwd_data.have)
-    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, tc, g, &e.bwd_data),
+    DPT_CHECK(e.bwd_data.have = search<BwdDataOps>(d, tc, nd, g, &e.bwd_data),
               no_algorithm(BwdDataOps::kName, g));
   if (bwd_filter && !e.bwd_filter.have)
-    DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, tc, g, &e.bwd_filter),
+    DPT_CHECK(e.bwd_filter.have = search<BwdFilterOps>(d, tc, nd, g, &e.bwd_filter),
               no_algorithm(BwdFilterOps::kName, g));
 }
 

@@ -181,9 +181,9 @@ struct FusedConvGenstats::Impl {
     const auto make = [&](Variant v, bool nondeterministic, std::string* why) {
       return make_graph(ctx.cudnn(), g, prologue, io, v, nondeterministic, why);
     };
-    std::vector<Plan> candidates =
-        graph_api::candidate_plans<Plan>(variant_tiers(g, prologue, io), make, variant_name,
-                                         "fused convolution " + key, &graphs_built);
+    std::vector<Plan> candidates = graph_api::candidate_plans<Plan>(
+        variant_tiers(g, prologue, io), make, variant_name, "fused convolution " + key,
+        ctx.nondeterministic(), &graphs_built);
     // Every trial's layout fits: the plan's workspace, an fp32 filter, fp32 scale and bias.
     const size_t extra =
         static_cast<size_t>(graph_api::filter_elems(g) + 2 * g.c_in) * sizeof(float) +

@@ -218,7 +218,8 @@ inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph
 }
 
 // The plans of the first (determinism, tier) step that offers any: deterministic engines of
-// each tier in turn, then (with a warning) non-deterministic ones of each tier. `make(v,
+// each tier in turn, then (with a warning) non-deterministic ones of each tier; with
+// `nondeterministic_allowed` (--cudnn-nondeterministic) both kinds from the start. `make(v,
 // nondeterministic, &why)` describes and finishes variant v's graph, or returns null saying why;
 // P is a BuiltPlan with the variant it came from and its name "<variant_name(v)>:<tag>". At most
 // max_timed_plans(), taken in turn from each variant's list in the heuristics' order, so each
@@ -227,12 +228,13 @@ inline std::vector<BuiltPlan> build_plans(const std::shared_ptr<fe::graph::Graph
 template <class P, class V, class Make, class Name>
 std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const Make& make,
                                const Name& variant_name, const std::string& what,
-                               uint64_t* graphs_built) {
+                               bool nondeterministic_allowed, uint64_t* graphs_built) {
   std::vector<P> candidates;
   std::vector<std::vector<P>> per_variant;
   const size_t cap = static_cast<size_t>(max_timed_plans());
   std::string why;
   for (bool nondeterministic : {false, true}) {
+    if (nondeterministic_allowed && !nondeterministic) continue;
     for (const auto& tier : tiers) {
       for (const V& v : tier) {
         std::string failed;
@@ -271,7 +273,7 @@ std::vector<P> candidate_plans(const std::vector<std::vector<V>>& tiers, const M
       if (!candidates.empty()) break;
     }
     if (!candidates.empty()) {
-      if (nondeterministic)
+      if (nondeterministic && !nondeterministic_allowed)
         log_warn(DPT_MSG("cuDNN has no deterministic plan for "
                          << what << "; results will not be bit-reproducible"));
       return candidates;

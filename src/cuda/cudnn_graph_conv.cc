@@ -331,7 +331,8 @@ struct CudnnGraphConv::Impl {
       return make_graph(ctx.cudnn(), g, d, io, v, nondeterministic, why);
     };
     std::vector<Plan> candidates = graph_api::candidate_plans<Plan>(
-        variant_tiers(g, d, io), make, variant_name, "convolution " + key, &graphs_built);
+        variant_tiers(g, d, io), make, variant_name, "convolution " + key, ctx.nondeterministic(),
+        &graphs_built);
     return fastest(candidates, g, key, trial);
   }
 

@@ -70,6 +70,7 @@ class CudaDevice final : public ComputeDevice {
   CudaDevice(const DeviceRequest& r, int devices) : request_(r), be_(r.local_rank % devices) {
     be_.context().set_tf32(r.tf32);
     be_.context().set_bf16(r.bf16);
+    be_.context().set_nondeterministic(r.nondeterministic);
     log_debug(loaded_libraries());
   }
   const char* kind() const override { return "cuda"; }

@@ -102,6 +102,11 @@ class GpuContext {
   bool bf16() const { return bf16_; }
   // Whether convolution algorithms may use tensor cores: TF32 allowed, or bf16 operands.
   bool tensor_ops() const { return tf32_ || bf16_; }
+  // --cudnn-nondeterministic: cuDNN's non-deterministic algorithms and engines compete in the plan
+  // searches from now on, beside the deterministic ones (without it they are taken only where a
+  // convolution has no deterministic one, with a warning). Set it before the first convolution.
+  void set_nondeterministic(bool allow) { nondeterministic_ = allow; }
+  bool nondeterministic() const { return nondeterministic_; }
 
  private:
   void create();
@@ -110,6 +115,7 @@ class GpuContext {
   int device_;
   bool tf32_ = false;
   bool bf16_ = false;
+  bool nondeterministic_ = false;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

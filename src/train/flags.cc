@@ -289,6 +289,18 @@ std::vector<Flag> flag_table() {
        .agreement = A::kFixed,
        .kind = K::kSwitch,
        .commands = kCommandAny},
+      // PyTorch's torch.backends.cudnn.deterministic = False, as an opt-in: dptrain's runs are
+      // bit-reproducible by default, and cuDNN's fastest weight-gradient engines often add with
+      // atomics in whatever order the blocks finish. Ranks agree (the all-reduce keeps their
+      // replicas equal either way); a resume may change it, since it changes no model state.
+      {.name = "cudnn-nondeterministic",
+       .group = data,
+       .help = "Let cuDNN's non-deterministic engines (atomic additions, mostly weight gradients) "
+               "compete in the GPU's plan search, as PyTorch does unless "
+               "cudnn.deterministic: maybe faster, no longer bit-reproducible run to run",
+       .field = &C::cudnn_nondeterministic,
+       .agreement = A::kResumable,
+       .kind = K::kSwitch},
       {.name = "precision",
        .group = data,
        .help = "fp32 | bf16: Linear GEMMs and convolutions on bf16 operands (the CPU needs "

@@ -600,7 +600,10 @@ std::string agree_on_device(const TrainConfig& cfg, Communicator& comm, int loca
                        << " ranks see a CUDA device; every rank uses the CPU"));
     device = "cpu";
   }
-  if (device == "cpu" && cfg.tf32 && comm.rank() == 0) log_warn("--tf32 has no effect on the CPU");
+  if (device == "cpu" && comm.rank() == 0) {
+    if (cfg.tf32) log_warn("--tf32 has no effect on the CPU");
+    if (cfg.cudnn_nondeterministic) log_warn("--cudnn-nondeterministic has no effect on the CPU");
+  }
   return device;
 }
 
@@ -684,6 +687,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   req.local_rank = pf.local_rank;
   req.ranks_here = pf.ranks_here;
   req.tf32 = cfg.tf32;
+  req.nondeterministic = cfg.cudnn_nondeterministic;
   req.bf16 = cfg.precision == "bf16";
   agree_on_input(comm, "another rank could not open its device", [&] {
     pf.device = open_device(req);

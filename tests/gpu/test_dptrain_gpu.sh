@@ -2,9 +2,9 @@
 # dptrain --device cuda from the command line: LeNet for one epoch on one rank learns (test accuracy
 # > 0.5) and names its GPU in the banner; two ranks (NCCL on two GPUs, the MPI fallback with its log
 # line on one) learn as well, also with gradients sent as bf16 (--grad-dtype; fp16 runs a few steps);
-# ResNet-18 with --sync-bn at two ranks, --tf32, --precision bf16 and bf16 activations (legacy and
-# graph API) run a few steps, LeNet with bf16 activations learns an epoch; CUDA graphs
-# are captured by default and not with --no-cuda-graphs; a batch too large for the GPU is refused
+# ResNet-18 with --sync-bn at two ranks, --tf32, --cudnn-nondeterministic, --precision bf16 and bf16
+# activations (legacy and graph API) run a few steps, LeNet with bf16 activations learns an epoch;
+# CUDA graphs are captured by default and not with --no-cuda-graphs; a batch too large for the GPU is refused
 # before the first step; with cuDNN's graph API, a resumed run replays each rank's plans and ends
 # with the uninterrupted run's bytes.
 # Skips (exit 77) where no CUDA device is visible. Usage: test_dptrain_gpu.sh path/to/dptrain
@@ -93,6 +93,12 @@ check $rc "2 ranks, ResNet-18, --sync-bn, 5 steps (exit $rc)" "$tmp/syncbn.out"
 run tf32 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 --tf32 \
   --eval-every 0 --data "$data"
 check $rc "ResNet-18 with --tf32, 5 steps (exit $rc)" "$tmp/tf32.out"
+
+# cuDNN's non-deterministic engines in the plan search too (strict fp32, where the weight
+# gradients' atomic engines are the likeliest winners).
+run nondet 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 \
+  --cudnn-nondeterministic --eval-every 0 --data "$data"
+check $rc "ResNet-18 with --cudnn-nondeterministic, 5 steps (exit $rc)" "$tmp/nondet.out"
 
 run bf16 300 "$bin" --device cuda --model resnet18 --epochs 1 --max-steps 5 --batch-size 64 --precision bf16 \
   --eval-every 0 --log-level debug --data "$data"

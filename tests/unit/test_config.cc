@@ -372,7 +372,8 @@ TEST(Flags, DefaultJsonKeepsEveryKeyAndType) {
       "\"augment\":\"none\",\"batch_size\":256,\"betas\":[0.9,0.999],\"bucket_mb\":25.0,"
       "\"checkpoint_every\":0,\"checkpoint_every_minutes\":0.0,\"checkpoint_every_steps\":0,"
       "\"checkpoint_path\":\"checkpoint.safetensors\",\"clip_grad_norm\":0.0,"
-      "\"cuda_graphs\":true,\"data\":\"/usr/share/datasets/fashion-mnist\","
+      "\"cuda_graphs\":true,\"cudnn_nondeterministic\":false,\"data\":\"/usr/share/datasets/"
+      "fashion-mnist\","
       "\"data_format\":\"auto\",\"device\":\"auto\",\"epochs\":10,\"eps\":1e-08,"
       "\"eval_batch_size\":1000,\"eval_every\":1,\"grad_dtype\":\"fp32\","
       "\"init\":\"kaiming\",\"init_from\":\"\",\"keep_checkpoints\":0,\"label_smoothing\":0.0,"
@@ -451,6 +452,7 @@ TEST(Flags, AgreedNamesAndResumeClassesAreToday) {
                                            "--nonfinite",
                                            "--nonfinite-max-skips",
                                            "--device",
+                                           "--cudnn-nondeterministic",
                                            "--top-k"};
   const std::set<std::string> given = {"--init-from", "--resume", "--save", "--trace"};
   std::map<std::string, std::string> seen;
@@ -516,6 +518,8 @@ std::map<std::string, Sample> samples() {
       {"augment", {{"--augment", "flip"}, {{"augment", "flip"}}}},
       {"device", {{"--device", "cpu"}, {{"device", "cpu"}}}},
       {"tf32", {{"--tf32"}, {{"tf32", true}}}},
+      {"cudnn-nondeterministic",
+       {{"--cudnn-nondeterministic"}, {{"cudnn_nondeterministic", true}}}},
       {"precision", {{"--precision", "bf16"}, {{"precision", "bf16"}}}},
       {"activation-dtype", {{"--activation-dtype", "bf16"}, {{"activation_dtype", "bf16"}}}},
       {"no-cuda-graphs", {{"--no-cuda-graphs"}, {{"cuda_graphs", false}}}},
