@@ -12,19 +12,11 @@
 
 #include "dpt/error.h"
 #include "dpt/image_transform.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string part;
-  std::istringstream in(s);
-  while (std::getline(in, part, sep)) out.push_back(part);
-  if (!s.empty() && s.back() == sep) out.emplace_back();
-  return out;
-}
 
 // SplitMix64's finaliser: a counter-based generator needs no state to carry between ranks or
 // epochs.
@@ -37,11 +29,12 @@ uint64_t mix(uint64_t z) {
 
 // Each value is checked as the float it is stored in, not as the double strtod reads: 1e39 is a
 // finite double but an infinite float, and 1e-40 a positive double but a subnormal float, which as
-// a standard deviation turns most inputs into infinities. Messages quote the value as given.
+// a standard deviation turns most inputs into infinities. Messages quote the value as given. An
+// empty list is no values (split_list's rule), so "/" is refused as giving no means.
 std::vector<float> parse_floats(const std::string& list, const std::string& value, bool stds) {
   const char* what = stds ? "standard deviation" : "mean";
   std::vector<float> out;
-  for (const std::string& t : split(list, ',')) {
+  for (const std::string& t : split_list(list, ',')) {
     char* end = nullptr;
     const double v = std::strtod(t.c_str(), &end);
     DPT_INPUT_CHECK(!t.empty() && end == t.c_str() + t.size() && !std::isnan(v),
@@ -82,7 +75,7 @@ AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) 
   // An empty value (an unset variable) is not taken for none: the user meant some augmentation.
   DPT_INPUT_CHECK(!value.empty(), "--augment: empty; use none for no augmentation");
   if (value == "none") return spec;
-  for (const std::string& item : split(value, ',')) {
+  for (const std::string& item : split_list(value, ',')) {
     if (item == "flip") {
       DPT_INPUT_CHECK(!spec.flip, "--augment '" << value << "': flip is given twice");
       spec.flip = true;
@@ -143,7 +136,7 @@ Normalization resolve_normalize(const std::string& value, const ImageSet* train)
     }
     return n;
   }
-  const auto halves = split(value, '/');
+  const auto halves = split_list(value, '/');
   DPT_INPUT_CHECK(
       halves.size() == 2,
       "--normalize '" << value

@@ -9,6 +9,7 @@
 #include "data/readers.h"
 #include "dpt/dataset.h"
 #include "dpt/error.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
@@ -46,24 +47,13 @@ int64_t field(const std::string& spec, const std::string& text, const char* what
   return v;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts(1);
-  for (char c : s) {
-    if (c == sep)
-      parts.emplace_back();
-    else
-      parts.back().push_back(c);
-  }
-  return parts;
-}
-
 SyntheticSpec parse(const std::string& spec) {
-  const std::vector<std::string> parts = split(spec.substr(std::string(kPrefix).size()), ':');
+  const std::vector<std::string> parts = split_list(spec.substr(std::string(kPrefix).size()), ':');
   DPT_INPUT_CHECK(parts.size() == 3, "--data " << printable(spec)
                                                << ": expected synthetic:HxWxC:N:K (image shape, "
                                                   "number of training images, classes), e.g. "
                                                   "synthetic:224x224x3:1024:100");
-  const std::vector<std::string> dims = split(parts[0], 'x');
+  const std::vector<std::string> dims = split_list(parts[0], 'x');
   DPT_INPUT_CHECK(dims.size() == 3, "--data " << printable(spec) << ": the image shape '"
                                               << printable(parts[0])
                                               << "' is not HxWxC (e.g. 224x224x3)");

@@ -2,6 +2,7 @@
 // assignment into TrainConfig, TrainConfig::to_json, agreed_values and may_change_on_resume.
 #include "dpt/flags.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "dpt/error.h"
 #include "dpt/models.h"
 #include "dpt/poll.h"
+#include "dpt/text.h"
 #include "dpt/version.h"
 
 namespace dpt {
@@ -39,10 +41,7 @@ std::string format_trace_steps(const TrainConfig& c) {
 // --betas B1,B2: AdamW's two coefficients (their range: validate_config).
 void parse_betas(const std::string& v, TrainConfig* c) {
   std::vector<double> betas;
-  size_t at = 0;
-  for (;;) {
-    const size_t comma = v.find(',', at);
-    const std::string part = v.substr(at, comma == std::string::npos ? comma : comma - at);
+  for (const std::string& part : split_list(v, ',')) {
     size_t end = 0;
     double b = 0;
     try {
@@ -53,8 +52,6 @@ void parse_betas(const std::string& v, TrainConfig* c) {
     DPT_INPUT_CHECK(end > 0 && end == part.size() && std::isfinite(b),
                     "--betas: '" << v << "' is not B1,B2 (two numbers)");
     betas.push_back(b);
-    if (comma == std::string::npos) break;
-    at = comma + 1;
   }
   DPT_INPUT_CHECK(betas.size() == 2, "--betas: '" << v << "' is not B1,B2 (two numbers)");
   c->betas = betas;
@@ -714,15 +711,10 @@ bool agreed(const Flag& f) {
 }
 
 // Whether `list` is a comma list (cxxopts' vector values, --step-epochs) with `item` as one of its
-// items ("" for "1,,2").
+// items ("" for "1,,2" or "1,"). A text of one item is no list: the caller compares it whole.
 bool has_list_item(const std::string& list, const std::string& item) {
-  if (list.find(',') == std::string::npos) return false;
-  for (size_t from = 0;;) {
-    const size_t comma = list.find(',', from);
-    if (list.substr(from, comma == std::string::npos ? comma : comma - from) == item) return true;
-    if (comma == std::string::npos) return false;
-    from = comma + 1;
-  }
+  const std::vector<std::string> items = split_list(list, ',');
+  return items.size() > 1 && std::find(items.begin(), items.end(), item) != items.end();
 }
 
 // cxxopts converts typed values while parsing and names only the value ("Argument 'nan' failed

@@ -26,6 +26,7 @@
 #include "dpt/run.h"
 #include "dpt/safetensors.h"
 #include "dpt/sampler.h"
+#include "dpt/text.h"
 #include "train/signals.h"
 
 namespace dpt {
@@ -63,14 +64,11 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
   // Three positive integers, each of digits only and within int64: sscanf's %lld would turn
   // "99999999999999999999" into 9223372036854775807 and pass it on to messages as the file's.
   Shape hwc;
-  for (size_t start = 0; hwc.size() < 4;) {
-    const size_t comma = std::min(shape.find(',', start), shape.size());
+  for (const std::string& dim : split_list(shape, ',')) {
     int64_t d = 0;
-    const char *first = shape.data() + start, *last = shape.data() + comma;
+    const char *first = dim.data(), *last = dim.data() + dim.size();
     const auto [end, ec] = std::from_chars(first, last, d);
     hwc.push_back(ec == std::errc() && end == last && first != last && d > 0 ? d : 0);
-    if (comma == shape.size()) break;
-    start = comma + 1;
   }
   DPT_INPUT_CHECK(hwc.size() == 3 && std::count(hwc.begin(), hwc.end(), 0) == 0,
                   "--load " << path << ": input_shape '" << printable(shape)

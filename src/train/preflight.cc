@@ -25,6 +25,7 @@
 #include "dpt/log.h"
 #include "dpt/models.h"
 #include "dpt/nn.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
@@ -90,7 +91,6 @@ std::string cpu_list_text(const std::vector<int>& cpus) {
 
 std::optional<std::vector<int>> read_cpu_list(std::string_view text) {
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-  if (text.empty()) return std::vector<int>{};
   // One CPU id: digits only (from_chars takes no '+' or space; a '-' is the range's), below
   // kMaxCpus, so "0-4294967295" is refused rather than counted out.
   const auto id = [](std::string_view digits, int* out) {
@@ -98,10 +98,9 @@ std::optional<std::vector<int>> read_cpu_list(std::string_view text) {
     return ec == std::errc() && end == digits.data() + digits.size() && *out >= 0 &&
            *out < kMaxCpus;
   };
+  // An empty text (a cpuset of no CPUs) is no items, so no CPUs; an empty item is refused.
   std::vector<std::pair<int, int>> ranges;
-  for (size_t at = 0; at <= text.size();) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string_view item = text.substr(at, comma - at);
+  for (const std::string_view item : split_list(text, ',')) {
     const size_t dash = item.find('-');
     int first = -1, last = -1;
     const bool ok = dash == std::string_view::npos
@@ -109,7 +108,6 @@ std::optional<std::vector<int>> read_cpu_list(std::string_view text) {
                         : id(item.substr(0, dash), &first) && id(item.substr(dash + 1), &last);
     if (!ok || last < first) return std::nullopt;
     ranges.emplace_back(first, last);
-    at = comma + 1;
   }
   // Each CPU once, however the items overlap: at most kMaxCpus ids, whatever the text repeats.
   std::sort(ranges.begin(), ranges.end());
@@ -147,9 +145,8 @@ std::vector<std::string> cpuset_files(std::string_view proc_self_cgroup, const s
       continue;
     }
     std::vector<std::string> parts;
-    std::istringstream path{std::string(line.substr(c2 + 1))};
-    for (std::string part; std::getline(path, part, '/');)
-      if (!part.empty()) parts.push_back(part);
+    for (std::string& part : split_list(line.substr(c2 + 1), '/'))
+      if (!part.empty()) parts.push_back(std::move(part));
     // A cgroup outside this namespace's root shows as "/../.."; only the root's files are its.
     if (std::any_of(parts.begin(), parts.end(),
                     [](const std::string& part) { return part == ".." || part == "."; }))

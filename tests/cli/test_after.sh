@@ -212,6 +212,9 @@ expect 2 "bnneg.st: tensor 'layer1.0.bn2.running_var' holds -0.5 at element 0" -
 st_edit m.st huge_shape.st meta input_shape=99999999999999999999,16,1
 expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H,W,C" -- \
   "$bin" evaluate --load huge_shape.st --data task
+st_edit m.st comma_shape.st meta input_shape=16,16,1,
+expect 2 "--load comma_shape.st: input_shape '16,16,1,' is not H,W,C" -- \
+  "$bin" evaluate --load comma_shape.st --data task
 expect 2 "--output adir" -- timeout 20 "$bin" predict --load m.st --data task --output adir
 expect 2 "--output fifo" -- timeout 20 "$bin" predict --load m.st --data task --output fifo
 expect 2 "--metrics /dev/null is a character device" -- "$bin" evaluate --load m.st --data task --metrics /dev/null

@@ -105,6 +105,8 @@ PY
 expect 2 "the image shape '32x32' is not HxWxC" -- "$bin" --data synthetic:32x32:10:10
 expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data synthetic:32x32x3:10
 expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data "synthetic:32x32x3:10:10:"
+expect 2 "expected synthetic:HxWxC:N:K" -- "$bin" --data synthetic:  # nothing after it: no fields
+expect 2 "the image shape '' is not HxWxC" -- "$bin" --data synthetic::10:10
 expect 2 "the number of training images '0' is not a whole number" -- "$bin" --data synthetic:8x8x1:0:10
 expect 2 "the number of classes '65537' is not a whole number in 1..65536" -- "$bin" --data synthetic:8x8x1:10:65537
 expect 2 "the height '-3' is not a whole number" -- "$bin" --data synthetic:-3x8x1:10:2

@@ -1,6 +1,7 @@
-// Flags (the table of flags.h), recipes, the model table (models.h), validation and the
-// learning-rate schedules (optimizer.h), the reference SGD (ref_sgd.h), the sampler and
-// evaluation split: every expectation is computed from the definitions.
+// Flags (the table of flags.h) and the list splitter of their list values (text.h), recipes, the
+// model table (models.h), validation and the learning-rate schedules (optimizer.h), the reference
+// SGD (ref_sgd.h), the sampler and evaluation split: every expectation is computed from the
+// definitions.
 
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "dpt/models.h"
 #include "dpt/optimizer.h"
 #include "dpt/sampler.h"
+#include "dpt/text.h"
 #include "ref_sgd.h"
 
 namespace dpt {
@@ -247,6 +249,10 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--betas", "0.9"}, "--betas: '0.9' is not B1,B2"},
       {{"--betas", "0.9,0.99,0.9"}, "--betas: '0.9,0.99,0.9' is not B1,B2"},
       {{"--betas", "0.9,x"}, "--betas: '0.9,x' is not B1,B2"},
+      {{"--betas", ""}, "--betas: '' is not B1,B2"},  // no items: a count of 0
+      {{"--betas", "0.9,"}, "--betas: '0.9,' is not B1,B2"},
+      {{"--betas", ",0.9"}, "--betas: ',0.9' is not B1,B2"},
+      {{"--betas", "0.9,,0.99"}, "--betas: '0.9,,0.99' is not B1,B2"},
       {{"--betas", "0.9,1"}, "--betas: each must be in [0, 1)"},
       {{"--betas", "-0.1,0.9"}, "--betas: each must be in [0, 1)"},
       {{"--eps", "-1e-8"}, "--eps must be at least"},
@@ -287,12 +293,15 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--log-level", "DEBUG", "--quiet"}, "--log-level: 'DEBUG' is not one of"},
       {{"--log-level", "", "--quiet"}, "--log-level: '' is not one of"},
       {{"--augment", ""}, "--augment: empty; use none"},
+      {{"--augment", "flip,"}, "--augment 'flip,': '' is not crop, crop=P or flip"},
       {{"--epochs", "ten"}, "ten"},
       // An item of a list value: cxxopts named only the item ("Argument 'x' failed to parse").
       {{"--schedule", "step", "--step-epochs", "1,x"},
        "--step-epochs: '1,x' has the item 'x', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs=1,,2"},
        "--step-epochs: '1,,2' has the item '', which is not a valid value"},
+      {{"--schedule", "step", "--step-epochs", ",1"},
+       "--step-epochs: ',1' has the item '', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs", "99999999999"},
        "--step-epochs: '99999999999' is not a valid value"},
       {{"--no-such-flag"}, "no-such-flag"},
@@ -347,6 +356,13 @@ TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
       {"0/-1", "standard deviation -1 is not > 0"},
       {"0/nan", "standard deviation 'nan' is not a number"},
       {"3e38/0.5", "makes inputs outside a float's range"},
+      // An empty half is no values (split_list's empty-text rule); an empty item is no number.
+      {"/", "gives no means"},
+      {"/1", "gives no means"},
+      {"0.5/", "gives 1 means but 0 standard deviations"},
+      {"0.5,/1,1", "mean '' is not a number"},
+      {"0.5/1,", "standard deviation '' is not a number"},
+      {"0.5/1/1", "is not none, auto or M1,..,Mc/S1,..,Sc"},
   };
   for (const auto& c : refused) {
     std::string msg;
@@ -358,6 +374,35 @@ TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
   for (const char* ok : {"3.4e38/1", "0/1.2e-38", "0.5,0.5,0.5/0.25,0.25,0.25", "1e-40/1"}) {
     std::string msg;
     EXPECT_EQ(input_error_of({"--normalize", ok}, &msg), 0) << ok << ": " << msg;
+  }
+}
+
+// The one list splitter (text.h) every list parser uses: empty items kept wherever they stand, so
+// each parser refuses them by name; the empty text is no items.
+TEST(Text, SplitListKeepsEveryEmptyItemAndTheEmptyTextIsNoItems) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split_list("", ','), V{});
+  EXPECT_EQ(split_list("a", ','), V{"a"});
+  EXPECT_EQ(split_list("0.9,0.999", ','), (V{"0.9", "0.999"}));
+  EXPECT_EQ(split_list("a,", ','), (V{"a", ""}));         // trailing separator
+  EXPECT_EQ(split_list(",a", ','), (V{"", "a"}));         // leading separator
+  EXPECT_EQ(split_list("a,,b", ','), (V{"a", "", "b"}));  // consecutive separators
+  EXPECT_EQ(split_list(",", ','), (V{"", ""}));           // a separator alone: two empty items
+  EXPECT_EQ(split_list(",,", ','), (V{"", "", ""}));
+  EXPECT_EQ(split_list(" a , b ", ','), (V{" a ", " b "}));  // no trimming: the parser decides
+  // Only `sep` splits: the synthetic spec's ':' then 'x', --normalize's '/' then ','.
+  EXPECT_EQ(split_list("224x224x3:1024:100", ':'), (V{"224x224x3", "1024", "100"}));
+  EXPECT_EQ(split_list("224x224x3", 'x'), (V{"224", "224", "3"}));
+  EXPECT_EQ(split_list("0.5,0.5/0.25,0.25", '/'), (V{"0.5,0.5", "0.25,0.25"}));
+  EXPECT_EQ(split_list("/", '/'), (V{"", ""}));
+  // A cpuset file's text may hold any byte: a NUL stays inside its item (read_cpu_list refuses it).
+  EXPECT_EQ(split_list(std::string_view("0\0,1", 4), ','), (V{std::string("0\0", 2), "1"}));
+  // Joining the items with the separator gives the text back (the empty text from no items).
+  for (const char* text : {"", "a", "a,", ",a", "a,,b", ",", "1,2,3"}) {
+    std::string joined;
+    const V items = split_list(text, ',');
+    for (size_t i = 0; i < items.size(); ++i) joined += (i ? "," : "") + items[i];
+    EXPECT_EQ(joined, text);
   }
 }
 
