@@ -40,6 +40,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/rng.h"
+#include "dpt/text.h"
 #include "precision.cuh"
 
 namespace {
@@ -449,13 +450,8 @@ int main(int argc, char** argv) {
     return 2;
 #endif
   }
-  const auto split = [](const std::string& list) {
-    std::vector<std::string> out;
-    std::stringstream in(list);
-    for (std::string item; std::getline(in, item, ',');) out.push_back(item);
-    return out;
-  };
-  const std::vector<std::string> mode_list = split(modes), api_list = split(apis);
+  const std::vector<std::string> mode_list = dpt::split_list(modes, ','),
+                                 api_list = dpt::split_list(apis, ',');
   for (const std::string& a : api_list) {
     if (a != "legacy" && a != "graph") {
       std::fprintf(stderr, "gpu_conv_bench: --api: unknown API '%s' (legacy|graph)\n", a.c_str());

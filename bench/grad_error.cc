@@ -47,6 +47,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/safetensors.h"
+#include "dpt/text.h"
 
 namespace {
 
@@ -71,10 +72,7 @@ int parse_pass(const std::string& v) {
 
 ConvPlan parse_plan(const std::string& spec) {
   ConvPlan p;
-  size_t at = 0;
-  while (at < spec.size()) {
-    const size_t comma = std::min(spec.find(',', at), spec.size());
-    const std::string item = spec.substr(at, comma - at);
+  for (const std::string& item : dpt::split_list(spec, ',')) {
     const size_t eq = item.find('=');
     DPT_INPUT_CHECK(eq != std::string::npos, "--conv: '" << item << "' is not PASS=ALGO");
     const std::string key = item.substr(0, eq);
@@ -87,7 +85,6 @@ ConvPlan parse_plan(const std::string& spec) {
       p.bwd_w = v;
     else
       DPT_INPUT_CHECK(false, "--conv: unknown pass '" << key << "' (fwd|bwd_data|bwd_w)");
-    at = comma + 1;
   }
   return p;
 }
