@@ -615,9 +615,25 @@ std::optional<T> whole_number(const std::string& text) {
   return read_to_end<T>(text);
 }
 
+// The refusal of one item of a list value (--step-epochs 1,x), naming the flag and the value.
+Error bad_list_item(const std::string& flag, const std::string& given, const std::string& item) {
+  return Error(ErrorKind::kInput, flag + ": '" + given + "' has the item '" + item +
+                                      "', which is not a valid value (see dptrain --help)");
+}
+
 // Values are converted here, so a value that does not parse is reported with its flag.
 template <typename T>
 T flag(const cxxopts::ParseResult& r, const std::string& name) {
+  if constexpr (std::is_same_v<T, std::vector<int>> || std::is_same_v<T, std::vector<double>>) {
+    // cxxopts drops a last empty item ("1,2," was read as 1,2) but refuses any other ("1,,2",
+    // ",1"): an empty item is refused wherever it stands. An empty value is cxxopts' to refuse.
+    for (const cxxopts::KeyValue& given : r.arguments()) {
+      if (given.key() != name) continue;
+      const std::vector<std::string> items = split_list(given.value(), ',');
+      if (std::find(items.begin(), items.end(), "") != items.end())
+        throw bad_list_item("--" + name, given.value(), "");
+    }
+  }
   if constexpr (std::is_floating_point_v<T>) {
     for (const cxxopts::KeyValue& given : r.arguments()) {
       if (given.key() != name) continue;
@@ -744,8 +760,7 @@ bool has_list_item(const std::string& list, const std::string& item) {
       if (given == value)
         throw Error(ErrorKind::kInput,
                     flag + ": '" + value + "' is not a valid value (see dptrain --help)");
-      throw Error(ErrorKind::kInput, flag + ": '" + given + "' has the item '" + value +
-                                         "', which is not a valid value (see dptrain --help)");
+      throw bad_list_item(flag, given, value);
     }
   }
   throw Error(ErrorKind::kInput, what + " (see dptrain --help)");

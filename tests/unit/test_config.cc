@@ -302,6 +302,11 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
        "--step-epochs: '1,,2' has the item '', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs", ",1"},
        "--step-epochs: ',1' has the item '', which is not a valid value"},
+      // cxxopts itself dropped a last empty item: "1,2," ran as 1,2 while "1,,2" was refused.
+      {{"--schedule", "step", "--step-epochs", "1,2,"},
+       "--step-epochs: '1,2,' has the item '', which is not a valid value"},
+      {{"--schedule", "step", "--step-epochs=1,2,"},
+       "--step-epochs: '1,2,' has the item '', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs", "99999999999"},
        "--step-epochs: '99999999999' is not a valid value"},
       {{"--no-such-flag"}, "no-such-flag"},
