@@ -26,6 +26,7 @@
 #include "dpt/models.h"
 #include "dpt/nn.h"
 #include "dpt/text.h"
+#include "dpt/version.h"
 
 namespace dpt {
 
@@ -316,6 +317,12 @@ std::map<std::string, std::string> input_metadata(const Preflight& pf) {
 
 namespace {
 
+// The first value compared: the build each rank runs (build_identity). Ranks of different builds
+// (a stale copy on one host, a rebuilt one on another) ran without a word when their settings
+// agreed: the collectives assume one build (the resume broadcasts EpochSoFar as bytes), and a
+// build whose optimizer or kernels differ trains replicas that silently drift apart.
+constexpr const char* kBuild = "dptrain builds";
+
 // The lines of `text` ("flag<TAB>value" each).
 std::vector<std::pair<std::string, std::string>> agreed_lines(const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -359,7 +366,10 @@ void agree_on_values(Communicator& comm,
       for (size_t k = 0; k < ranks.size(); ++k) os << (k ? "," : "") << ranks[k];
       os << " " << (ranks.size() == 1 ? "has " : "have ") << value << ";";
     }
-    os << " every rank must be given the same training settings and data";
+    os << (lines[0][i].first == kBuild
+               ? " every rank must run the same dptrain binary (one build, on a shared file "
+                 "system or copied to every host)"
+               : " every rank must be given the same training settings and data");
     throw AgreedInputError(os.str(), comm.rank() != 0);
   }
 }
@@ -371,7 +381,9 @@ void agree_on_values(Communicator& comm,
 // settings agree, no collective may depend on one (a bf16 check only bf16 ranks joined once met
 // the fp32 ranks' next collective: MPI_ERR_TRUNCATE).
 void agree_on_config(const TrainConfig& cfg, Communicator& comm) {
-  agree_on_values(comm, agreed_values(cfg));
+  std::vector<std::pair<std::string, std::string>> values = {{kBuild, build_identity()}};
+  for (auto& v : agreed_values(cfg)) values.push_back(std::move(v));
+  agree_on_values(comm, values);
 }
 
 void agree_on_data(const Preflight& pf, Communicator& comm) {

@@ -87,6 +87,33 @@ expect 0 "epoch 1/1" -- "${CMD[@]}"
 two : --data "$tmp/bad"
 expect 2 "different --data (test set)" -- "${CMD[@]}"
 
+echo "== ranks running different dptrain builds"
+# A stale copy on one host (a build of another commit) with the same flags trained without a word:
+# the collectives assume one build, and another optimizer or kernel drifts the replicas apart. A
+# copy of the binary whose revision string is changed (same length) stands for the other build.
+rev=$("$bin" --version | sed -n 's/^dptrain [^ ]* (git \(.*\))$/\1/p')
+other=$tmp/dptrain-other
+if python3 - "$bin" "$other" "$rev" <<'PY'
+import sys
+data = open(sys.argv[1], "rb").read()
+rev = sys.argv[3].encode() + b"\0"
+if not sys.argv[3] or data.count(rev) != 1:
+    sys.exit(1)
+new = bytes([rev[0] ^ 1]) + rev[1:]  # another first character, same length
+open(sys.argv[2], "wb").write(data.replace(rev, new))
+PY
+then
+  chmod +x "$other"
+  CMD=("${mpi[@]}" -np 1 "$bin" "${short[@]}" : -np 1 "$other" "${short[@]}")
+  expect 2 "ranks were started with different dptrain builds: rank 0 has 0." -- "${CMD[@]}"
+  grep -qF "every rank must run the same dptrain binary" "$tmp/out.txt" ||
+    fail "the different builds are not named as such"
+  CMD=("${mpi[@]}" -np 1 "$bin" "${short[@]}" : -np 1 "$bin" "${short[@]}")
+  expect 0 "epoch 1/1" -- "${CMD[@]}"
+else
+  echo "skip: the revision string '$rev' is not once in $bin"
+fi
+
 echo "== ranks started with different commands, or outputs on one rank only"
 # Each command issues its own collectives: before the check, evaluate against predict ended in
 # std::bad_alloc and ORTE's "read past end of buffer", train against evaluate in MPI_ERR_TRUNCATE.
