@@ -115,7 +115,7 @@ class MetricsLogger {
   // says nothing of the host).
   void watch_stragglers(bool on) { watch_ = on; }
   void output_failed(const std::string& flag, const std::string& what);
-  void report_failures() const;
+  void report_failures();
   // Every epoch of the training (a checkpoint's history), and those this run trained.
   const std::vector<EpochMetrics>& history() const { return history_; }
   const std::vector<EpochMetrics>& ran() const { return ran_; }
@@ -123,12 +123,16 @@ class MetricsLogger {
  private:
   void keep_records_until(int64_t epoch, int64_t global_step);
   void write_metrics(const std::string& record);
+  void check_metrics_path();
 
   const TrainConfig& cfg_;
   const int rank_;
   const std::string title_;
   bool progress_ = false;
   std::ofstream metrics_;
+  // The regular file --metrics names, as opened (device, inode; 0 when not a regular file): a
+  // file removed or replaced under the run is noticed at the next record (write_metrics).
+  uint64_t metrics_dev_ = 0, metrics_ino_ = 0;
   std::vector<EpochMetrics> history_, ran_;
   std::set<std::string> failed_;
   StragglerWatch stragglers_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -174,6 +175,9 @@ MetricsLogger::MetricsLogger(const TrainConfig& cfg, int rank, int world,
   if (resumed) keep_records_until(resumed_epoch, resumed_step);
   metrics_.open(cfg.metrics, resumed ? std::ios::app : std::ios::trunc);
   DPT_INPUT_CHECK(metrics_.good(), "--metrics: cannot write " << cfg.metrics);
+  struct stat st {};
+  if (::stat(cfg.metrics.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+    metrics_dev_ = st.st_dev, metrics_ino_ = st.st_ino;
 }
 
 void MetricsLogger::draw_progress(int epoch, int64_t done, int64_t total, double loss, double ips,
@@ -213,8 +217,10 @@ void MetricsLogger::output_failed(const std::string& flag, const std::string& wh
   log_warn(flag + ": " + what + "; training goes on without it (said again at the end)");
 }
 
-void MetricsLogger::report_failures() const {
-  if (rank_ != 0 || failed_.empty()) return;
+void MetricsLogger::report_failures() {
+  if (rank_ != 0) return;
+  check_metrics_path();  // removed after the last record: that one is lost too
+  if (failed_.empty()) return;
   std::string list;
   for (const std::string& f : failed_) list += (list.empty() ? "" : ", ") + f;
   log_warn("these outputs were not (all) written: " + list + " (see the warnings above)");
@@ -327,8 +333,28 @@ void MetricsLogger::write_metrics(const std::string& record) {
   if (!metrics_.is_open() || failed_.count("--metrics")) return;
   metrics_ << record << "\n";
   metrics_.flush();
-  if (!metrics_.good())
+  if (!metrics_.good()) {
     output_failed("--metrics", "writing " + cfg_.metrics + " failed (disk full?)");
+    return;
+  }
+  check_metrics_path();
+}
+
+void MetricsLogger::check_metrics_path() {
+  // The records go to the file opened at the start. Removed since (rm, its directory removed: a
+  // clean-up that ran too early), they went to a file no name reaches, without a word, and the run
+  // ended with no --metrics at all; replaced (moved away, another file put there), they are not in
+  // the file the path names. Said once, and again at the end, as for any output that failed.
+  if (metrics_ino_ == 0 || failed_.count("--metrics")) return;
+  struct stat st {};
+  if (::stat(cfg_.metrics.c_str(), &st) != 0)
+    output_failed("--metrics", cfg_.metrics + " was removed while the run appended to it (" +
+                                   std::strerror(errno) + "): the records written since are lost");
+  else if (st.st_dev != metrics_dev_ || st.st_ino != metrics_ino_)
+    output_failed("--metrics", cfg_.metrics +
+                                   " was replaced while the run appended to it (moved away, or "
+                                   "another file put there): the records written since are not in "
+                                   "the file it names");
 }
 
 }  // namespace dpt

@@ -219,3 +219,22 @@ rc=$?
   && grep -qF "0.50 GiB is available (DPT_MEMORY_AVAILABLE)" "$tmp/big.out" && [[ $(stat -c %s "$tmp/big.jsonl") == 1073741824 ]] \
   || { echo "FAIL: a resume's 1 GiB --metrics with 512 MiB available: exit $rc (want 2 naming it)"; cat "$tmp/big.out"; exit 1; }
 echo "ok: a resume's 1 GiB --metrics with 512 MiB available: exit 2, $(grep -m1 -o "error: .*" "$tmp/big.out" | cut -c1-100)"
+# A --metrics removed while the run appends to it (its directory removed by a clean-up that ran too
+# early) took every later record into a file no name reaches, without a word: exit 0, no file, no
+# warning (a --report there warned). Said once, and again at the end, naming the file; the run goes
+# on. Moved away with another file put at its name (a log rotation), alike. The run is slowed so that it outlives the rm.
+for how in removed replaced; do
+  mkdir -p "$tmp/gone"
+  DPT_FAULT_SLOW_RANK=0:4 timeout -k 5 120 "$bin" --data synthetic:28x28x1:512:10 --batch-size 64 --epochs 6 \
+    --eval-every 0 --metrics "$tmp/gone/m.jsonl" > "$tmp/gone.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [[ -s $tmp/gone/m.jsonl ]] && break; sleep 0.05; done
+  if [[ $how == removed ]]; then rm -rf "$tmp/gone"; else mv "$tmp/gone/m.jsonl" "$tmp/gone/old.jsonl" && : > "$tmp/gone/m.jsonl"; fi
+  wait $pid
+  rc=$?
+  [[ $rc == 0 ]] && grep -qF -- "--metrics: $tmp/gone/m.jsonl was $how while the run appended to it" "$tmp/gone.out" \
+    && grep -qF "these outputs were not (all) written: --metrics" "$tmp/gone.out" \
+    || { echo "FAIL: --metrics $how mid-run: exit $rc, no warning naming it"; tail -5 "$tmp/gone.out"; exit 1; }
+  echo "ok: --metrics $how mid-run: exit 0, $(grep -m1 -o "warning: --metrics: .*" "$tmp/gone.out" | cut -c1-140)"
+  rm -rf "$tmp/gone"
+done
