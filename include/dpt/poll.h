@@ -38,25 +38,46 @@ struct PollPause {
   int spins = 0;  // probes before the first pause (and the first look at the clock)
 };
 
+// A gap between two looks at the clock longer than the pause slept by more than this is time the
+// process did not run (stopped, or frozen with its machine): it does not count against the
+// deadline.
+inline constexpr std::chrono::seconds kNotRunningGap{1};
+
 // Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
 // said no and timeout_s seconds (timeout_duration's) or more have passed since the call, calls
 // on_timeout() once and returns false, probing no more (on_timeout usually throws: the callers
 // abort and report). timeout_s <= 0 waits for ever, as --timeout 0 means. The probe always runs at
 // least once, so an operation already complete succeeds whatever the deadline.
+// Time this process spent stopped (SIGSTOP, SIGTSTP: Ctrl-Z under mpirun, which forwards it to the
+// ranks; Slurm's `scontrol suspend`; a debugger) is not waiting: the steady clock counts it, so a
+// whole job suspended for longer than --timeout ended in exit 3 the moment it was continued, each
+// rank's pending all-reduce "timed out" on its first look at the clock ("every rank answered and
+// none is behind"). A gap between two looks longer than the pause slept (by kNotRunningGap or more)
+// moves the deadline by that much (the probes return at once: MPI_Test, cudaEventQuery, NCCL's
+// state, so a gap is never their work). A peer that is stopped alone is still found out: this rank
+// keeps running, its looks come a pause apart, and its deadline stays.
 template <typename Probe, typename OnTimeout>
 bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
                         PollPause pause = {}) {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + timeout_duration(timeout_s);
+  auto last = clock::now();
+  auto deadline = last + timeout_duration(timeout_s);
   auto sleep = pause.first;
+  clock::duration slept{0};  // slept since the last look at the clock
   int polls = 0;
   while (!probe()) {
     if (++polls <= pause.spins) continue;
-    if (timeout_s > 0 && clock::now() >= deadline) {
-      on_timeout();
-      return false;
+    if (timeout_s > 0) {
+      const auto now = clock::now();
+      if (const auto away = now - last - slept; away >= kNotRunningGap) deadline += away;
+      last = now;
+      if (now >= deadline) {
+        on_timeout();
+        return false;
+      }
     }
     std::this_thread::sleep_for(sleep);
+    slept = sleep;
     sleep = std::min(sleep * 2, pause.max);
   }
   return true;

@@ -66,6 +66,23 @@ grep -E "Segmentation fault|Signal: |Aborted" "$tmp/out" && fail "a rank crashed
 grep -E "timeout|did not answer" "$tmp/out" | head -2
 echo "rc $rc after ${elapsed}s"
 
+echo "== every rank stopped for longer than --timeout 3, then continued (a suspended job)"
+# Ctrl-Z under mpirun (which forwards SIGTSTP to the ranks), Slurm's scontrol suspend, a debugger:
+# the whole job stops and later goes on. The steady clock counts the stopped time, so each rank's
+# pending all-reduce "timed out" on its first look at the clock after SIGCONT: exit 3, "every rank
+# answered and none is behind". Time a rank spent stopped itself is no wait: the job goes on.
+# Rank 1 is slowed (DPT_FAULT_SLOW_RANK) so that rank 0 is waiting in an all-reduce at the stop.
+DPT_FAULT_SLOW_RANK=1:20 start --epochs 1 --max-steps 40 --eval-every 0 --timeout 3
+pids=$(pgrep -P "$job")
+[[ -n $pids ]] || fail "no rank processes found"
+kill -STOP $pids
+sleep 6
+kill -CONT $pids
+finish 60
+[[ $rc -eq 0 ]] || { fail "a job suspended for 6 s under --timeout 3 ended with exit $rc"; grep -m2 "error" "$tmp/out"; }
+grep -q "epoch 1/1" "$tmp/out" || fail "the suspended job did not finish its epoch"
+echo "rc $rc after ${elapsed}s"
+
 echo "== rank 1 stopped after the last collective, in MPI_Finalize (--timeout 3)"
 # Open MPI's MPI_Finalize waits for every rank without limit: a rank stopped there (or a host cut
 # off) held rank 0 and mpirun for ever after a finished run. A preloaded MPI_Finalize stops rank 1
