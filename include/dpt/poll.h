@@ -43,38 +43,52 @@ struct PollPause {
 // deadline.
 inline constexpr std::chrono::seconds kNotRunningGap{1};
 
+// A deadline that time this process spent stopped does not move closer. Time stopped (SIGSTOP,
+// SIGTSTP: Ctrl-Z under mpirun, which forwards it to the ranks; Slurm's `scontrol suspend`; a
+// debugger) is not waiting, but the steady clock counts it: a whole job suspended for longer than
+// --timeout ended in exit 3 the moment it was continued, each rank's pending all-reduce "timed
+// out" on its first look at the clock ("every rank answered and none is behind"). So the waiter
+// tells passed() how long it meant to pause since its last look; a gap longer than that by
+// kNotRunningGap or more moves the deadline by the gap. A peer that is stopped alone is still
+// found out: this process keeps running, its looks come a pause apart, and its deadline stays.
+// Shared by poll_with_deadline and the MPI start-up and shut-down watchdog (communicator.cc).
+class RunningDeadline {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit RunningDeadline(clock::duration limit) : last_(clock::now()), deadline_(last_ + limit) {}
+  // A look at the clock after pausing `paused` since the last one: whether the deadline has passed.
+  bool passed(clock::duration paused) {
+    const auto now = clock::now();
+    if (const auto away = now - last_ - paused; away >= kNotRunningGap) deadline_ += away;
+    last_ = now;
+    return now >= deadline_;
+  }
+  // What is left of it at the last look (negative once passed).
+  clock::duration left() const { return deadline_ - last_; }
+
+ private:
+  clock::time_point last_, deadline_;
+};
+
 // Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
 // said no and timeout_s seconds (timeout_duration's) or more have passed since the call, calls
 // on_timeout() once and returns false, probing no more (on_timeout usually throws: the callers
 // abort and report). timeout_s <= 0 waits for ever, as --timeout 0 means. The probe always runs at
-// least once, so an operation already complete succeeds whatever the deadline.
-// Time this process spent stopped (SIGSTOP, SIGTSTP: Ctrl-Z under mpirun, which forwards it to the
-// ranks; Slurm's `scontrol suspend`; a debugger) is not waiting: the steady clock counts it, so a
-// whole job suspended for longer than --timeout ended in exit 3 the moment it was continued, each
-// rank's pending all-reduce "timed out" on its first look at the clock ("every rank answered and
-// none is behind"). A gap between two looks longer than the pause slept (by kNotRunningGap or more)
-// moves the deadline by that much (the probes return at once: MPI_Test, cudaEventQuery, NCCL's
-// state, so a gap is never their work). A peer that is stopped alone is still found out: this rank
-// keeps running, its looks come a pause apart, and its deadline stays.
+// least once, so an operation already complete succeeds whatever the deadline. Time stopped does
+// not count (RunningDeadline; the probes return at once: MPI_Test, cudaEventQuery, NCCL's state,
+// so a gap between looks is never their work).
 template <typename Probe, typename OnTimeout>
 bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
                         PollPause pause = {}) {
-  using clock = std::chrono::steady_clock;
-  auto last = clock::now();
-  auto deadline = last + timeout_duration(timeout_s);
+  RunningDeadline deadline(timeout_duration(timeout_s));
   auto sleep = pause.first;
-  clock::duration slept{0};  // slept since the last look at the clock
+  RunningDeadline::clock::duration slept{0};  // slept since the last look at the clock
   int polls = 0;
   while (!probe()) {
     if (++polls <= pause.spins) continue;
-    if (timeout_s > 0) {
-      const auto now = clock::now();
-      if (const auto away = now - last - slept; away >= kNotRunningGap) deadline += away;
-      last = now;
-      if (now >= deadline) {
-        on_timeout();
-        return false;
-      }
+    if (timeout_s > 0 && deadline.passed(slept)) {
+      on_timeout();
+      return false;
     }
     std::this_thread::sleep_for(sleep);
     slept = sleep;

@@ -3,6 +3,9 @@
 // number of polls, one that never completes against a short deadline, 0 meaning no deadline, and
 // the growing pause. Timings are checked as lower bounds only (a loaded machine only adds time).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -188,6 +191,41 @@ TEST(Poll, AHugeTimeoutNeverTimesOutEarly) {
       dpt::PollPause{microseconds(1), microseconds(8)}));
   EXPECT_EQ(polls, 3);
   EXPECT_EQ(timeouts, 0);
+}
+
+// A process stopped (SIGSTOP) for longer than its deadline and then continued keeps waiting: the
+// time stopped is not waiting time (RunningDeadline). A child polls under a 1.5 s deadline for a
+// probe that completes 2.5 s after it starts; this process stops it 0.3 s in, for 2 s. Counting
+// the stop, the child would time out (exit 3) the moment it runs again; it must finish (exit 0).
+// And a deadline that is not stopped still passes: the child without the stop, under a probe that
+// never completes, times out (exit 3) after its 1.5 s.
+TEST(Poll, TimeStoppedDoesNotCountAgainstTheDeadline) {
+  const auto child = [](bool completes) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const auto start = clock_type::now();
+      const bool done = dpt::poll_with_deadline(
+          1.5, [&] { return completes && seconds_since(start) >= 2.5; }, [] {},
+          dpt::PollPause{microseconds(1000), microseconds(20000)});
+      _exit(done ? 0 : 3);
+    }
+    return pid;
+  };
+  const auto status_of = [](pid_t pid) {
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  const pid_t stopped = child(true);
+  ASSERT_GT(stopped, 0);
+  std::this_thread::sleep_for(milliseconds(300));
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  std::this_thread::sleep_for(milliseconds(2000));
+  ASSERT_EQ(kill(stopped, SIGCONT), 0);
+  EXPECT_EQ(status_of(stopped), 0) << "stopped 2 s under a 1.5 s deadline, then continued";
+  const pid_t never = child(false);
+  ASSERT_GT(never, 0);
+  EXPECT_EQ(status_of(never), 3) << "a probe that never completes, not stopped";
 }
 
 }  // namespace
