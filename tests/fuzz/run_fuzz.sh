@@ -19,7 +19,7 @@ flags+=" -I$root/include -I$root/src"
 # The data readers share one input layer (src/data/dataset.cc, which also dispatches the synthetic
 # source): both data targets link them all. Each source is compiled once, two at a time (ninja),
 # which takes a third of the time that three serial clang lines took.
-data=(data/idx data/cifar data/npy data/dataset data/synthetic core/files core/error)
+data=(data/idx data/cifar data/npy data/dataset data/synthetic core/files core/error core/text)
 {
   echo "rule cxx"
   echo "  command = $cxx $flags -c \$in -o \$out"
