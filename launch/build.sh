@@ -6,6 +6,8 @@
 # together) waits for the first, instead of a second meson setup and ninja racing it over the same
 # files. A build directory configured for another checkout (a copied or moved one) is refused: its
 # build files name that checkout's paths, and its tests ran that checkout's binaries.
+# Usage: launch/build.sh [ninja targets...]   (none: everything, tests included; launch/train.sh
+# asks for dptrain alone, so a newcomer's first job does not wait for the test suites' build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 me=launch/build.sh
@@ -35,4 +37,4 @@ if [[ ! -f $build/build.ninja ]]; then
 elif [[ .deps/cudnn-frontend/VERSION -nt $build/build.ninja ]]; then
   meson setup --reconfigure "$build" >&2  # headers installed since the build was configured
 fi
-ninja -C "$build" >&2
+ninja -C "$build" "$@" >&2

@@ -15,7 +15,7 @@ np=${NP:-2}
   exit 2
 }
 bash "$repo/launch/deps.sh"
-bash "$repo/launch/build.sh"
+bash "$repo/launch/build.sh" dptrain  # the tests are built by tests/run.sh, when asked for
 build=${BUILD:-build}
 [[ $build == /* ]] || build=$repo/$build
 [[ $# -eq 0 ]] && set -- --model lenet --epochs 10

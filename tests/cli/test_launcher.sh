@@ -479,7 +479,7 @@ mkdir -p brepo/launch bstubs
 cp "$(dirname "$launcher")/build.sh" brepo/launch/
 echo 'exit 0' >brepo/launch/cudnn_frontend.sh
 printf '#!/usr/bin/env bash\necho "meson $*" >>"%s/meson.log"\nmkdir -p "$2" && : >"$2/build.ninja"\n' "$tmp" >bstubs/meson
-printf '#!/usr/bin/env bash\necho "start $$" >>"%s/ninja.log"\nsleep 1\necho "end $$" >>"%s/ninja.log"\necho "ninja: stand-in done"\n' "$tmp" "$tmp" >bstubs/ninja
+printf '#!/usr/bin/env bash\necho "start $$" >>"%s/ninja.log"\nsleep 1\necho "end $$" >>"%s/ninja.log"\necho "ninja: stand-in done: $*"\n' "$tmp" "$tmp" >bstubs/ninja
 chmod +x bstubs/meson bstubs/ninja
 breal=$(cd brepo && pwd -P)
 ( cd brepo && PATH=$tmp/bstubs:$PATH bash launch/build.sh >"$tmp/b1.out" 2>&1 ) &
@@ -500,7 +500,10 @@ BUILD=other PATH=$tmp/bstubs:$PATH expect 2 \
   bash brepo/launch/build.sh
 [[ -s ninja.log ]] && fail "ninja ran in a build directory of another checkout"
 echo "{\"directories\": {\"source\": \"$tmp/brepo\"}}" >brepo/other/meson-info/meson-info.json
-BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done" -- bash brepo/launch/build.sh
+BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done: -C other" -- bash brepo/launch/build.sh
+# Targets go to ninja (launch/train.sh builds dptrain alone).
+BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done: -C other dptrain" -- \
+  bash brepo/launch/build.sh dptrain
 : >brepo/afile
 BUILD=afile PATH=$tmp/bstubs:$PATH expect 2 \
   "launch/build.sh: error: the build directory 'afile' (BUILD) is not a directory" -- bash brepo/launch/build.sh
