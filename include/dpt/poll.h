@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -51,7 +53,7 @@ inline constexpr std::chrono::seconds kNotRunningGap{1};
 // tells passed() how long it meant to pause since its last look; a gap longer than that by
 // kNotRunningGap or more moves the deadline by the gap. A peer that is stopped alone is still
 // found out: this process keeps running, its looks come a pause apart, and its deadline stays.
-// Shared by poll_with_deadline and the MPI start-up and shut-down watchdog (communicator.cc).
+// Shared by poll_with_deadline and wait_running.
 class RunningDeadline {
  public:
   using clock = std::chrono::steady_clock;
@@ -69,6 +71,25 @@ class RunningDeadline {
  private:
   clock::time_point last_, deadline_;
 };
+
+// A condition-variable wait for pred() bounded by `limit` of running time (RunningDeadline): in
+// slices of kWaitSlice, because one timed wait_for ends at once after SIGCONT (libstdc++ waits
+// until an absolute steady-clock time, which ran on while the process was stopped). True when
+// pred() holds. The CPU reducer's wait for its buckets and the MPI start-up and shut-down
+// watchdog (communicator.cc) wait through it. A stop that overlaps a slice is counted for at most
+// the slice, so the deadline can come that much early in running time.
+inline constexpr std::chrono::milliseconds kWaitSlice{100};
+template <class Pred>
+bool wait_running(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                  RunningDeadline::clock::duration limit, Pred pred) {
+  RunningDeadline deadline(limit);
+  RunningDeadline::clock::duration waited{0};
+  while (!deadline.passed(waited)) {
+    waited = std::min<RunningDeadline::clock::duration>(kWaitSlice, deadline.left());
+    if (cv.wait_for(lock, waited, pred)) return true;
+  }
+  return pred();
+}
 
 // Calls probe() until it returns true, then returns true. With timeout_s > 0: once the last probe
 // said no and timeout_s seconds (timeout_duration's) or more have passed since the call, calls

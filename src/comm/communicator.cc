@@ -446,18 +446,10 @@ class Watchdog {
     if (!(seconds > 0)) return;  // a NaN too: timeout_duration would make it 0, an _exit at once
     try {
       thread_ = std::thread([this, seconds, code, say = std::move(say)] {
-        // Waits of at most a second each, so that time the process spent stopped (a job
-        // suspended during MPI_Init) moves the deadline (RunningDeadline) instead of ending the
-        // rank when it is continued.
-        constexpr RunningDeadline::clock::duration kSlice = std::chrono::seconds(1);
-        RunningDeadline deadline(timeout_duration(seconds));
+        // Running time (wait_running): a job suspended during MPI_Init and continued later goes
+        // on instead of ending here.
         std::unique_lock<std::mutex> lock(mutex_);
-        RunningDeadline::clock::duration waited{0};
-        while (!deadline.passed(waited)) {
-          waited = std::min(kSlice, deadline.left());
-          if (cv_.wait_for(lock, waited, [this] { return done_; })) return;
-        }
-        if (done_) return;
+        if (wait_running(cv_, lock, timeout_duration(seconds), [this] { return done_; })) return;
         if (say) say();
         std::fflush(stdout);
         std::fflush(stderr);

@@ -105,7 +105,7 @@ class MpiThreadTransport : public ReduceTransport {
     auto done = [this] { return completed_ == launched_.size() || error_; };
     const double timeout = comm_->timeout();
     if (timeout > 0) {
-      if (!cv_.wait_for(lock, timeout_duration(timeout), done)) {
+      if (!wait_running(cv_, lock, timeout_duration(timeout), done)) {
         const Launched& l = launched_[completed_];
         stuck_ = true;
         lock.unlock();

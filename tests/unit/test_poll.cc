@@ -194,21 +194,30 @@ TEST(Poll, AHugeTimeoutNeverTimesOutEarly) {
 }
 
 // A process stopped (SIGSTOP) for longer than its deadline and then continued keeps waiting: the
-// time stopped is not waiting time (RunningDeadline). A child polls under a 1.5 s deadline for a
-// probe that completes 2.5 s after it starts; this process stops it 0.3 s in, for 2 s. Counting
-// the stop, the child would time out (exit 3) the moment it runs again; it must finish (exit 0).
-// And a deadline that is not stopped still passes: the child without the stop, under a probe that
-// never completes, times out (exit 3) after its 1.5 s.
-TEST(Poll, TimeStoppedDoesNotCountAgainstTheDeadline) {
-  const auto child = [](bool completes) {
+// time stopped is not waiting time (RunningDeadline). A child waits under a 1.5 s deadline for a
+// condition that holds 2.5 s after it starts; this process stops it 0.3 s after it says it has
+// started (a pipe: a loaded machine may start it late), for 2 s. Counting the stop, the child
+// would time out (exit 3) the moment it runs again; it must finish (exit 0). And a deadline that
+// is not stopped still passes: without the stop, a condition that never holds times out (exit 3).
+// `wait(completes)` is the wait under test: true when its condition held.
+template <class Wait>
+void expect_stops_do_not_count(const Wait& wait) {
+  const auto child = [&](bool completes) {
+    int ready[2];
+    EXPECT_EQ(pipe(ready), 0);
     const pid_t pid = fork();
     if (pid == 0) {
-      const auto start = clock_type::now();
-      const bool done = dpt::poll_with_deadline(
-          1.5, [&] { return completes && seconds_since(start) >= 2.5; }, [] {},
-          dpt::PollPause{microseconds(1000), microseconds(20000)});
+      close(ready[0]);
+      const bool done = wait(completes, [&] {
+        const char byte = 1;
+        (void)!write(ready[1], &byte, 1);
+      });
       _exit(done ? 0 : 3);
     }
+    close(ready[1]);
+    char byte = 0;
+    EXPECT_EQ(read(ready[0], &byte, 1), 1) << "the child did not start";
+    close(ready[0]);
     return pid;
   };
   const auto status_of = [](pid_t pid) {
@@ -225,7 +234,42 @@ TEST(Poll, TimeStoppedDoesNotCountAgainstTheDeadline) {
   EXPECT_EQ(status_of(stopped), 0) << "stopped 2 s under a 1.5 s deadline, then continued";
   const pid_t never = child(false);
   ASSERT_GT(never, 0);
-  EXPECT_EQ(status_of(never), 3) << "a probe that never completes, not stopped";
+  EXPECT_EQ(status_of(never), 3) << "a condition that never holds, not stopped";
+}
+
+TEST(Poll, TimeStoppedDoesNotCountAgainstTheDeadline) {
+  expect_stops_do_not_count([](bool completes, const auto& started) {
+    const auto start = clock_type::now();
+    started();
+    return dpt::poll_with_deadline(
+        1.5, [&] { return completes && seconds_since(start) >= 2.5; }, [] {},
+        dpt::PollPause{microseconds(1000), microseconds(20000)});
+  });
+}
+
+// The same for the condition-variable wait (the CPU reducer's, the MPI start-up watchdog's): a
+// thread sets the condition 2.5 s after the start; wait_running waits under 1.5 s.
+TEST(Poll, TimeStoppedDoesNotCountAgainstAConditionWait) {
+  expect_stops_do_not_count([](bool completes, const auto& started) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread setter([&] {
+      if (!completes) return;
+      std::this_thread::sleep_until(clock_type::now() + milliseconds(2500));
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    });
+    started();
+    bool held = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      held = dpt::wait_running(cv, lock, std::chrono::milliseconds(1500), [&] { return done; });
+    }
+    setter.join();
+    return held;
+  });
 }
 
 }  // namespace
