@@ -24,7 +24,8 @@
 // engine with the TENSOR_CORE numerical note (TF32 on Ampere and newer: 10-bit mantissas); with
 // --tf32 or --precision bf16 those engines compete too. Engines that down-convert inputs (fp32 to
 // fp16) or reduce in reduced precision are never taken, nor non-deterministic ones unless a key
-// has no other plan (then with a warning): runs stay bit-reproducible for a given set of plans.
+// has no other plan (then with a warning) or --cudnn-nondeterministic lets them compete: runs
+// stay bit-reproducible for a given set of plans.
 // bf16 arrays: BFLOAT16 tensors, FLOAT compute. Their weight gradient is asked for in fp32 first
 // (dW is an fp32 buffer, and a bf16 dW is rounded before its accumulation); where no engine writes
 // fp32 from bf16 inputs it is computed in bf16 into the workspace, then widened and added (the
@@ -269,10 +270,14 @@ struct CudnnGraphConv::Impl {
     }
     graph_api::check_not_capturing(ctx, "building the cuDNN graph of convolution " + key);
     Plan chosen;
-    if (!recorded.empty() && !seeded(g, d, io, recorded, &chosen))
+    bool refused = false;
+    if (!recorded.empty() && !seeded(g, d, io, recorded, &chosen, &refused))
       log_warn(DPT_MSG("cuDNN plan '"
                        << recorded << "' recorded for convolution " << key
-                       << " is unknown or unsupported here; timing the candidates instead"));
+                       << (refused ? " is non-deterministic, which this run does not allow "
+                                     "(--cudnn-nondeterministic)"
+                                   : " is unknown or unsupported here")
+                       << "; timing the candidates instead"));
     if (!chosen.graph) {
       try {
         chosen = timed(g, d, io, key, trial);
@@ -301,8 +306,9 @@ struct CudnnGraphConv::Impl {
   }
 
   // The recorded plan `name` ("<variant>:<engine tag>") built without timing; false where this
-  // cuDNN does not offer it for the key.
-  bool seeded(const ConvGeom& g, Dir d, Io io, const std::string& name, Plan* out) {
+  // cuDNN does not offer it for the key, or (*refused) where it is non-deterministic and this run
+  // does not allow those.
+  bool seeded(const ConvGeom& g, Dir d, Io io, const std::string& name, Plan* out, bool* refused) {
     const size_t colon = name.find(':');
     if (colon == std::string::npos) return false;
     const std::string variant = name.substr(0, colon), tag = name.substr(colon + 1);
@@ -316,6 +322,14 @@ struct CudnnGraphConv::Impl {
           ++graphs_built;
           std::vector<Plan> built = build_plans(graph, v, &tag);
           if (!built.empty()) {
+            // A recorded non-deterministic plan (a run with --cudnn-nondeterministic, or a key
+            // that had no other) is replayed only where this run allows those; otherwise the
+            // key is timed again, and candidate_plans warns if it still has no deterministic
+            // plan.
+            if (nondeterministic && !ctx.nondeterministic()) {
+              *refused = true;
+              return false;
+            }
             *out = std::move(built.front());
             return true;
           }
