@@ -213,6 +213,7 @@ void MetricsLogger::step_record(const StepRecord& r) {
 }
 
 void MetricsLogger::output_failed(const std::string& flag, const std::string& what) {
+  if (flag == "--metrics") metrics_write_failed_ = true;  // no more records
   if (!failed_.insert(flag).second) return;
   log_warn(flag + ": " + what + "; training goes on without it (said again at the end)");
 }
@@ -220,9 +221,11 @@ void MetricsLogger::output_failed(const std::string& flag, const std::string& wh
 void MetricsLogger::report_failures() {
   if (rank_ != 0) return;
   check_metrics_path();  // removed after the last record: that one is lost too
-  if (failed_.empty()) return;
+  std::set<std::string> failed = failed_;
+  if (metrics_path_lost_) failed.insert("--metrics");
+  if (failed.empty()) return;
   std::string list;
-  for (const std::string& f : failed_) list += (list.empty() ? "" : ", ") + f;
+  for (const std::string& f : failed) list += (list.empty() ? "" : ", ") + f;
   log_warn("these outputs were not (all) written: " + list + " (see the warnings above)");
 }
 
@@ -330,7 +333,7 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
 }
 
 void MetricsLogger::write_metrics(const std::string& record) {
-  if (!metrics_.is_open() || failed_.count("--metrics")) return;
+  if (!metrics_.is_open() || metrics_write_failed_) return;
   metrics_ << record << "\n";
   metrics_.flush();
   if (!metrics_.good()) {
@@ -344,17 +347,26 @@ void MetricsLogger::check_metrics_path() {
   // The records go to the file opened at the start. Removed since (rm, its directory removed: a
   // clean-up that ran too early), they went to a file no name reaches, without a word, and the run
   // ended with no --metrics at all; replaced (moved away, another file put there), they are not in
-  // the file the path names. Said once, and again at the end, as for any output that failed.
-  if (metrics_ino_ == 0 || failed_.count("--metrics")) return;
+  // the file the path names. Said once, and again at the end. The records still go to the file
+  // opened (moved away, it holds them all; stopping would lose them there too). Only a name that
+  // is gone counts (ENOENT, ENOTDIR): another failure of stat (ESTALE or EIO on NFS) may pass, so
+  // it is asked again at the next record.
+  if (metrics_ino_ == 0 || metrics_path_lost_ || metrics_write_failed_) return;
   struct stat st {};
-  if (::stat(cfg_.metrics.c_str(), &st) != 0)
-    output_failed("--metrics", cfg_.metrics + " was removed while the run appended to it (" +
-                                   std::strerror(errno) + "): the records written since are lost");
-  else if (st.st_dev != metrics_dev_ || st.st_ino != metrics_ino_)
-    output_failed("--metrics", cfg_.metrics +
-                                   " was replaced while the run appended to it (moved away, or "
-                                   "another file put there): the records written since are not in "
-                                   "the file it names");
+  std::string what;
+  if (::stat(cfg_.metrics.c_str(), &st) != 0) {
+    if (errno != ENOENT && errno != ENOTDIR) return;
+    what = " was removed while the run appended to it (" + std::string(std::strerror(errno)) +
+           "): the records written since go to a file no name reaches";
+  } else if (st.st_dev != metrics_dev_ || st.st_ino != metrics_ino_) {
+    what =
+        " was replaced while the run appended to it (another file put there): the records go "
+        "on into the file opened at the start (moved away?), not the one the path names";
+  } else {
+    return;
+  }
+  metrics_path_lost_ = true;  // listed at the end; a later write failure is still said
+  log_warn("--metrics: " + cfg_.metrics + what + " (said again at the end)");
 }
 
 }  // namespace dpt

@@ -222,19 +222,27 @@ echo "ok: a resume's 1 GiB --metrics with 512 MiB available: exit 2, $(grep -m1 
 # A --metrics removed while the run appends to it (its directory removed by a clean-up that ran too
 # early) took every later record into a file no name reaches, without a word: exit 0, no file, no
 # warning (a --report there warned). Said once, and again at the end, naming the file; the run goes
-# on. Moved away with another file put at its name (a log rotation), alike. The run is slowed so that it outlives the rm.
+# on. Moved away with another file put at its name (a log rotation), alike, and the records go on
+# into the file moved away, which ends with the last epoch's (the new file put there atomically: a
+# record between a mv and a new file would see it removed). The run is slowed so that it outlives
+# the rm.
 for how in removed replaced; do
   mkdir -p "$tmp/gone"
   DPT_FAULT_SLOW_RANK=0:4 timeout -k 5 120 "$bin" --data synthetic:28x28x1:512:10 --batch-size 64 --epochs 6 \
     --eval-every 0 --metrics "$tmp/gone/m.jsonl" > "$tmp/gone.out" 2>&1 &
   pid=$!
   for _ in $(seq 600); do [[ -s $tmp/gone/m.jsonl ]] && break; sleep 0.05; done
-  if [[ $how == removed ]]; then rm -rf "$tmp/gone"; else mv "$tmp/gone/m.jsonl" "$tmp/gone/old.jsonl" && : > "$tmp/gone/m.jsonl"; fi
+  if [[ $how == removed ]]; then
+    rm -rf "$tmp/gone"
+  else
+    ln "$tmp/gone/m.jsonl" "$tmp/gone/old.jsonl" && : > "$tmp/gone/new" && mv -f "$tmp/gone/new" "$tmp/gone/m.jsonl"
+  fi
   wait $pid
   rc=$?
   [[ $rc == 0 ]] && grep -qF -- "--metrics: $tmp/gone/m.jsonl was $how while the run appended to it" "$tmp/gone.out" \
     && grep -qF "these outputs were not (all) written: --metrics" "$tmp/gone.out" \
-    || { echo "FAIL: --metrics $how mid-run: exit $rc, no warning naming it"; tail -5 "$tmp/gone.out"; exit 1; }
+    && { [[ $how == removed ]] || tail -n 1 "$tmp/gone/old.jsonl" | grep -qF '"epoch":6,'; } \
+    || { echo "FAIL: --metrics $how mid-run: exit $rc, no warning naming it, or the moved file lacks epoch 6"; tail -5 "$tmp/gone.out"; exit 1; }
   echo "ok: --metrics $how mid-run: exit 0, $(grep -m1 -o "warning: --metrics: .*" "$tmp/gone.out" | cut -c1-140)"
   rm -rf "$tmp/gone"
 done
