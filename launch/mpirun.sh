@@ -95,11 +95,27 @@ host_list() {
 # (localhost, its name, 127.0.0.1, its addresses) are one host to mpirun: with slots given, it
 # failed with exit 1, "FORCE-TERMINATE ... should be reported to the developers". No command runs
 # per line (builtins only): 10,000 lines take seconds, not a minute.
+# A hostfile that is no regular file (a FIFO, `--hostfile <(...)`, /dev/stdin) can be read once:
+# this check drained it and mpirun, reading it after, found no host ("No nodes are available for
+# this job", exit 1), while plain mpirun ran. Its text is kept (hostfile_text) and mpirun given a
+# copy of it (below, hostfile_at).
+declare -A hostfile_text=()
 read_hostfile() {
-  local f=$1 line n=0 words shown w key val slots max hosts_here=0 host as
+  local f=$1 line n=0 words shown w key val slots max hosts_here=0 host as fd text
   local -A first_line=() slotted=() first_name=()
   [[ -r $f && ! -d $f ]] || die "hostfile '$f' cannot be read"
-  while IFS= read -r line || [[ -n $line ]]; do
+  if [[ -n ${hostfile_text[$f]+set} ]]; then
+    return 0 # read already (the same stream given twice)
+  elif [[ ! -f $f || $f == /dev/* || $f == /proc/* ]]; then
+    # /dev/stdin and /dev/fd/N too, even for a regular file: mpirun's stdin is /dev/null, and it
+    # does not inherit the launcher's other descriptors' offsets.
+    text=$(cat -- "$f") || die "hostfile '$f' cannot be read"
+    hostfile_text[$f]=$text
+    if [[ -n $text ]]; then exec {fd}<<<"$text"; else exec {fd}</dev/null; fi
+  else
+    exec {fd}<"$f" || die "hostfile '$f' cannot be read"
+  fi
+  while IFS= read -r -u "$fd" line || [[ -n $line ]]; do
     n=$((n + 1))
     [[ $line == *$'\r' ]] &&
       die "line $n of hostfile '$f' ends in a carriage return (CRLF line ends): convert the file with dos2unix or sed -i 's/\r\$//' '$f'"
@@ -155,7 +171,8 @@ read_hostfile() {
     hosts+=("${words[0]}")
     [[ -n ${host_where[${words[0]}]:-} ]] || host_where[${words[0]}]="line $n of hostfile '$f'"
     hosts_here=$((hosts_here + 1))
-  done <"$f"
+  done
+  exec {fd}<&-
   ((hosts_here)) ||
     die "hostfile '$f' names no host (its $n lines are blank or comments): mpirun would find no node to run on"
 }
@@ -164,7 +181,8 @@ read_hostfile() {
 # with the rank count and the programs) the hosts.
 # host_where: where each host was first written (a hostfile's line, --host), for the messages.
 declare -A host_where=()
-np=1 hosts=() hostfiles=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
+# hostfile_at: the indices in args of the hostfiles' names (mpirun's options' values).
+np=1 hosts=() hostfiles=() hostfile_at=() ckpt_every="" rsh_args_given=0 agent_spec=${OMPI_MCA_plm_rsh_agent:-ssh}
 [[ ${OMPI_MCA_orte_default_hostfile:-none} != none ]] && hostfiles+=("$OMPI_MCA_orte_default_hostfile")
 args=("$@")
 # --mca anywhere: mpirun (4.1) reads it after the program too.
@@ -176,7 +194,8 @@ for ((i = 0; i < ${#args[@]}; i++)); do
       case $v in
         plm_rsh_args) rsh_args_given=1 ;;
         plm_rsh_agent | orte_rsh_agent) agent_spec=${args[i + 2]:-} ;;
-        orte_default_hostfile) [[ ${args[i + 2]:-none} != none ]] && hostfiles+=("${args[i + 2]}") ;;
+        orte_default_hostfile)
+          [[ ${args[i + 2]:-none} != none ]] && hostfiles+=("${args[i + 2]}") && hostfile_at+=($((i + 2))) ;;
       esac ;;
   esac
 done
@@ -233,6 +252,10 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   # One app context: its options, then its program; its arguments run to a lone ':'.
   while [[ $a == -* ]]; do
     host_option "$a" "$v"
+    case $a in
+      --hostfile | -hostfile | --machinefile | -machinefile | --default-hostfile | -default-hostfile)
+        hostfile_at+=($((i + 1))) ;;
+    esac
     case $a in
       # mpirun takes one per app context: a second was its exit 1 ("More than one hostfile was
       # passed for a single application context"), naming neither file.
@@ -328,6 +351,14 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||
   die "cannot create a directory in ${TMPDIR:-/tmp}${TMPDIR:+ (TMPDIR, where mpirun makes its session directory too): unset TMPDIR or point it at a directory you can write}"
 trap 'rm -rf -- "$work"' EXIT
+# mpirun reads a copy of each hostfile that could be read only once (read_hostfile).
+k=0
+for f in "${!hostfile_text[@]}"; do
+  k=$((k + 1))
+  printf '%s\n' "${hostfile_text[$f]}" >"$work/hostfile.$k" || die "cannot write $work/hostfile.$k"
+  for i in "${hostfile_at[@]}"; do [[ ${args[i]} == "$f" ]] && args[i]=$work/hostfile.$k; done
+  [[ ${OMPI_MCA_orte_default_hostfile:-} == "$f" ]] && export OMPI_MCA_orte_default_hostfile=$work/hostfile.$k
+done
 
 # ---- across hosts: the remote hosts answer, or the job does not start ----
 # mpirun starts its daemons with this agent: ssh unless plm_rsh_agent (--mca or OMPI_MCA_) says
@@ -627,7 +658,7 @@ wait_mpirun() {
 # that read it would be stopped.
 set -m
 attempt=0
-cmd=("$@")
+cmd=("${args[@]}")
 while :; do
   record_mark
   relay stdout <"$work/stdout" &

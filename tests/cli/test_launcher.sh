@@ -181,6 +181,18 @@ echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no fi
 printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots = 2 max_slots=\t4' >good.hosts
 expect 0 "ok" -- bash "$launcher" --hostfile good.hosts -np 2 echo ok
 [[ $(grep -cx ok out.txt) -eq 2 ]] || fail "want 'ok' from 2 ranks: $(cat out.txt)"
+# A hostfile that can be read once (a process substitution, a FIFO, /dev/stdin): the launcher's
+# check drained it and mpirun found no host ("No nodes are available for this job", exit 1), where
+# plain mpirun ran. mpirun gets a copy.
+expect 0 "ok" -- bash "$launcher" --hostfile <(printf 'localhost slots=2\n') -np 2 echo ok
+[[ $(grep -cx ok out.txt) -eq 2 ]] || fail "--hostfile <(...): want 'ok' from 2 ranks: $(cat out.txt)"
+mkfifo hosts.fifo
+cat good.hosts >hosts.fifo &
+expect 0 "ok" -- bash "$launcher" --machinefile hosts.fifo -np 2 echo ok
+wait "$!"
+expect 0 "ok" -- bash "$launcher" --hostfile /dev/stdin -np 2 echo ok <good.hosts
+[[ $(grep -cx ok out.txt) -eq 2 ]] || fail "--hostfile /dev/stdin: want 'ok' from 2 ranks: $(cat out.txt)"
+OMPI_MCA_orte_default_hostfile=/dev/stdin expect 0 "ok" -- bash "$launcher" -np 2 echo ok <good.hosts
 
 echo "== a program that cannot run, and -np below 1: exit 2 naming it, before mpirun starts"
 # Plain mpirun gives 131 or 132 for these (read as SIGQUIT, SIGILL) and runs -np 0 at one rank
