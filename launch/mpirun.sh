@@ -291,6 +291,10 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   i=$((i + 1)) # the ':' that starts the next context, if any
 done
 ((total_np > 0)) && np=$total_np
+# mpirun itself: without it on PATH the launch ended with bash's "mpirun: command not found",
+# exit 127, after the checks and relays had been set up (and 127 reads as a job that failed).
+command -v mpirun >/dev/null ||
+  die "mpirun not found in the PATH ($PATH): install Open MPI (apt-get install openmpi-bin, or bash launch/deps.sh) or add the directory that holds mpirun to PATH"
 # This host's names and addresses: mpirun runs on it without ssh (and read_hostfile's duplicates).
 my_addrs=" 127.0.0.1 ::1 $(hostname -I 2>/dev/null) " my_name=$(hostname) my_short=$(hostname -s)
 for f in "${hostfiles[@]}"; do read_hostfile "$f"; done

@@ -212,6 +212,13 @@ expect 2 "-np 'two': the number of ranks must be a whole number, at least 1" -- 
 chmod +x noexec.sh
 expect 2 "-np '0'" -- bash "$launcher" -np 1 ./noexec.sh : -np 0 ./noexec.sh
 compgen -G "ran.*" >/dev/null && fail "a refused launch ran its program: $(ls ran.*)"
+# A PATH without mpirun (every other command of /usr/bin there): bash's "mpirun: command not
+# found", exit 127, once the checks and relays were set up.
+mkdir nompi
+for c in /usr/bin/* /bin/*; do [[ ${c##*/} == mpirun || -e nompi/${c##*/} ]] || ln -s "$c" nompi/; done
+PATH=$tmp/nompi expect 2 "launch/mpirun.sh: error: mpirun not found in the PATH ($tmp/nompi)" -- \
+  "$BASH" "$launcher" -np 2 ./noexec.sh
+compgen -G "ran.*" >/dev/null && fail "a refused launch ran its program: $(ls ran.*)"
 # What is allowed still runs: options with values before the program, an MPMD line, a command
 # found in the PATH, -c and -n among the program's own arguments.
 expect 0 "ok" -- bash "$launcher" -np 1 --map-by slot -x A=1 --mca btl self,vader,tcp ./noexec.sh : -np 1 echo ok
