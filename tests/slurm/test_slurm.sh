@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Slurm launch test: starts a private one-node Slurm cluster (munged, slurmctld, slurmd, all under
 # a temp dir on free ports, config generated from `slurmd -C`), submits
-# launch/slurm/dptrain.sbatch for a short 2-rank LeNet run, and checks that the job COMPLETED
+# launch/slurm/dptrain.sbatch (a copy at a path with a space, submitted by a relative path with
+# --chdir) for a short 2-rank LeNet run, and checks that the job COMPLETED
 # with exit code 0 and that its metrics line says world_size 2 and test_count 10000. Then a second
 # job gets the time-limit warning (SIGUSR1) mid-run: it must checkpoint, requeue itself, resume and
 # end bit for bit where an uninterrupted run ends; a third, with --checkpoint-every 0, must not be
@@ -205,8 +206,14 @@ cp "$bin" "$tmp/dptrain" || fail "cannot copy $bin"
 export DPTRAIN=$tmp/dptrain
 log "DPTRAIN=$DPTRAIN (a copy of $bin)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-jobid=$(cd "$tmp" && sbatch --parsable --chdir="$tmp" --output="$tmp/job-%j.out" --time=5 \
-  "$script" --model lenet --epochs 1 --max-steps 5 --batch-size 64 --eval-batch-size 2000 \
+# Submitted as `sbatch --chdir=DIR launch/slurm/dptrain.sbatch` from the root of a checkout whose
+# path has a space (a copy of launch/): the script found its repository from the first word of
+# scontrol's Command=, taken relative to the job's directory, and failed with exit 2
+# ("checkpoint_record.sh not found beside this script"), naming Slurm's spool directory.
+mkdir -p "$tmp/check out" "$tmp/j1"
+cp -r "$repo/launch" "$tmp/check out/" || fail "cannot copy launch/"
+jobid=$(cd "$tmp/check out" && sbatch --parsable --chdir="$tmp/j1" --output="$tmp/job-%j.out" --time=5 \
+  launch/slurm/dptrain.sbatch --model lenet --epochs 1 --max-steps 5 --batch-size 64 --eval-batch-size 2000 \
   --data "$data" --metrics "$metrics") || fail "sbatch failed"
 jobid=${jobid%%;*}
 log "submitted job $jobid"
