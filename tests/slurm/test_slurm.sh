@@ -6,7 +6,8 @@
 # with exit code 0 and that its metrics line says world_size 2 and test_count 10000. Then a second
 # job gets the time-limit warning (SIGUSR1) mid-run: it must checkpoint, requeue itself, resume and
 # end bit for bit where an uninterrupted run ends; a third, with --checkpoint-every 0, must not be
-# requeued (no checkpoint to resume from); scancel checkpoints; a wrong DPTRAIN is exit 2 named;
+# requeued (no checkpoint to resume from; its signal goes to the batch script alone, which passes it
+# on); scancel checkpoints; a wrong DPTRAIN is exit 2 named;
 # hostile arguments are one word each, printed quoted. The daemons
 # are stopped by their PIDs and the temp dir removed on every exit. Exits 77 (meson's skip code)
 # with the reason when the machine cannot host the cluster.
@@ -335,14 +336,18 @@ submit_until_step() {
   wait_for 90 grep -q '"type":"step"' "$dir/m.jsonl" ||
     fail "job $jobid trained no step within 90 s (state $(job_state))"
 }
+# The signal goes to the batch script alone (scancel --batch, as `sbatch --signal=B:USR1@300` sends
+# it), which passes it on to the ranks: bash died of it (FAILED 0:10), the ranks never told.
 submit_until_step "$tmp/j3" "${run2[@]/10steps/0}"
-scancel --signal=USR1 "$jobid" || fail "scancel --signal=USR1 $jobid failed"
-log "sent SIGUSR1 to the steps of job $jobid"
+scancel --batch --signal=USR1 "$jobid" || fail "scancel --batch --signal=USR1 $jobid failed"
+log "sent SIGUSR1 to the batch script of job $jobid"
 wait_for 60 job_done || fail "job $jobid not finished within 60 s of the signal (state $(job_state))"
 # A requeue that was made would show within a second or two: give it the time.
 sleep 3
 job_report
 out=$tmp/job-$jobid.out
+grep -q "SIGUSR1 to the batch script: passing it on to the ranks" "$out" ||
+  fail "the batch script did not pass its SIGUSR1 on to the ranks"
 grep -q "without a checkpoint" "$out" || fail "the ranks did not say they stopped without a checkpoint"
 grep -q "; requeueing job $jobid" "$out" && fail "the script requeued job $jobid, which wrote no checkpoint"
 grep -q "without writing a checkpoint (--checkpoint-every 0?): not requeueing job $jobid" "$out" ||
