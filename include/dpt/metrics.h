@@ -133,8 +133,9 @@ class MetricsLogger {
   // The regular file --metrics names, as opened (device, inode; 0 when not a regular file): a
   // file removed or replaced under the run is noticed at the next record (write_metrics).
   uint64_t metrics_dev_ = 0, metrics_ino_ = 0;
-  bool metrics_write_failed_ = false;  // output_failed("--metrics"): no more records
-  bool metrics_path_lost_ = false;     // removed or replaced: said once; records still go on
+  // Removed or replaced: said once, listed at the end; records still go on (a failed write, in
+  // failed_, stops them).
+  bool metrics_path_lost_ = false;
   std::vector<EpochMetrics> history_, ran_;
   std::set<std::string> failed_;
   StragglerWatch stragglers_;

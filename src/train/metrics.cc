@@ -213,7 +213,6 @@ void MetricsLogger::step_record(const StepRecord& r) {
 }
 
 void MetricsLogger::output_failed(const std::string& flag, const std::string& what) {
-  if (flag == "--metrics") metrics_write_failed_ = true;  // no more records
   if (!failed_.insert(flag).second) return;
   log_warn(flag + ": " + what + "; training goes on without it (said again at the end)");
 }
@@ -333,7 +332,7 @@ void MetricsLogger::keep_records_until(int64_t epoch, int64_t global_step) {
 }
 
 void MetricsLogger::write_metrics(const std::string& record) {
-  if (!metrics_.is_open() || metrics_write_failed_) return;
+  if (!metrics_.is_open() || failed_.count("--metrics")) return;
   metrics_ << record << "\n";
   metrics_.flush();
   if (!metrics_.good()) {
@@ -351,7 +350,7 @@ void MetricsLogger::check_metrics_path() {
   // opened (moved away, it holds them all; stopping would lose them there too). Only a name that
   // is gone counts (ENOENT, ENOTDIR): another failure of stat (ESTALE or EIO on NFS) may pass, so
   // it is asked again at the next record.
-  if (metrics_ino_ == 0 || metrics_path_lost_ || metrics_write_failed_) return;
+  if (metrics_ino_ == 0 || metrics_path_lost_ || failed_.count("--metrics")) return;
   struct stat st {};
   std::string what;
   if (::stat(cfg_.metrics.c_str(), &st) != 0) {
