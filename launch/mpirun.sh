@@ -468,6 +468,9 @@ mkfifo -m 600 "$work/stdout" "$work/stderr" || die "cannot create FIFOs in $work
 # not exist and no failure is restarted.
 # shellcheck source=launch/checkpoint_record.sh
 source "$(dirname "${BASH_SOURCE[0]}")/checkpoint_record.sh" || die "cannot read launch/checkpoint_record.sh"
+# mpirun's status, waited for through this script's traps (shared with the Slurm script, for srun).
+# shellcheck source=launch/wait_status.sh
+source "$(dirname "${BASH_SOURCE[0]}")/wait_status.sh" || die "cannot read launch/wait_status.sh"
 record_start "$work/checkpoints" || die "cannot write $work/checkpoints"
 ((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record_file")
 
@@ -595,17 +598,6 @@ find_left() {
   done
   return 0
 }
-# Sets rc to mpirun's status; wait returns early when a trapped signal arrives, so again until it
-# is mpirun's. quiet: without the shell's notice of how it ended ("Killed"), for a SIGKILL of ours
-# the log has said already; a crash's notice is kept.
-reap_mpirun() {
-  rc=""
-  while [[ -z $rc ]]; do
-    if [[ ${1:-} == quiet ]]; then { wait "$child"; } 2>/dev/null; else wait "$child"; fi
-    rc=$?
-    kill -0 "$child" 2>/dev/null && rc=""
-  done
-}
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
   local alone="" seen="" deadline killed=0 left=() p
@@ -614,7 +606,7 @@ wait_mpirun() {
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
       echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
       kill -KILL -- -"$child" 2>/dev/null
-      reap_mpirun quiet
+      wait_status "$child" quiet
       break
     fi
     # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
@@ -629,7 +621,7 @@ wait_mpirun() {
         # SIGKILL: to SIGTERM, an mpirun in its abort path answers with a segfault and a stack
         # trace. The shell's "Killed" notice is for crashes, not for this.
         kill -KILL -- -"$child" 2>/dev/null
-        reap_mpirun quiet
+        wait_status "$child" quiet
         rc=3
         break
       fi
@@ -639,7 +631,7 @@ wait_mpirun() {
     sleep 1 & # waited in the background: a trapped signal ends the wait at once
     wait "$!"
   done
-  [[ -n $rc ]] || reap_mpirun
+  [[ -n $rc ]] || wait_status "$child"
   deadline=$((SECONDS + grace))
   while find_left; ((${#left[@]})); do
     if ((SECONDS >= deadline)); then

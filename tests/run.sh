@@ -5,6 +5,17 @@
 # "N passed, N failed, N skipped" counted per test case from the logs. Exit code 0 only when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# One run at a time in a checkout: two at once raced over the build's meson-logs/testlog.json (each
+# removes it, then counts what the other wrote) and over the build itself. The lock is the
+# checkout's directory (launch/build.sh locks the build directory, taken inside this one), held by
+# flock(1) with -o so that no test's process inherits it: a daemon a test leaves running would
+# otherwise hold it after this run ends. DPT_TESTS_LOCKED marks the run that holds it.
+if [[ ${DPT_TESTS_LOCKED:-} != "$(pwd -P)" ]]; then
+  DPT_TESTS_LOCKED=$(pwd -P)
+  export DPT_TESTS_LOCKED
+  flock -n . true || echo "tests/run.sh: waiting for the other tests/run.sh in $DPT_TESTS_LOCKED to finish" >&2
+  exec flock -o . bash tests/run.sh "$@"
+fi
 # The last line is the count whatever happens: a step that fails before any test runs says so, then
 # "0 passed, 1 failed, 0 skipped" (it ended with the build's last error line).
 give_up() {

@@ -471,7 +471,7 @@ echo "== launch/train.sh runs the job in the caller's directory: relative paths 
 # --save m.st was written into the repository. A copy of launch/ whose deps.sh and build.sh do
 # nothing (no packages, no build here), and BUILD naming a directory that holds this dptrain.
 mkdir -p repo/launch repo/bin caller
-cp "$(dirname "$launcher")"/{train.sh,mpirun.sh,checkpoint_record.sh} repo/launch/
+cp "$(dirname "$launcher")"/{train.sh,mpirun.sh,checkpoint_record.sh,wait_status.sh} repo/launch/
 echo 'exit 0' >repo/launch/deps.sh && echo 'exit 0' >repo/launch/build.sh
 ln -s "$bin" repo/bin/dptrain
 cd caller || exit 1
@@ -526,6 +526,40 @@ BUILD=other PATH=$tmp/bstubs:$PATH expect 0 "ninja: stand-in done: -C other dptr
 : >brepo/afile
 BUILD=afile PATH=$tmp/bstubs:$PATH expect 2 \
   "launch/build.sh: error: the build directory 'afile' (BUILD) is not a directory" -- bash brepo/launch/build.sh
+
+echo "== tests/run.sh: one run at a time in a checkout, the lock not inherited by the tests"
+# Two at once raced over build/meson-logs/testlog.json (each removed it, then counted what the other
+# wrote) and over the build. Stand-ins: deps.sh and build.sh do nothing, and meson's test command
+# takes 1 s, logs when it starts and ends, writes a one-test log, and leaves a process behind (a
+# daemon a test started), which must not keep the lock once its run has ended.
+mkdir -p trepo/tests trepo/launch tstubs
+cp "$(dirname "$launcher")/../tests/"{run.sh,count_results.py} trepo/tests/
+echo 'exit 0' >trepo/launch/deps.sh && echo 'exit 0' >trepo/launch/build.sh
+cat >tstubs/meson <<STUB
+#!/usr/bin/env bash
+echo "start \$\$" >>"$tmp/tmeson.log"
+sleep 20 </dev/null >/dev/null 2>&1 &
+echo "\$!" >>"$tmp/tleft.pids"
+sleep 1
+mkdir -p build/meson-logs
+echo '{"name": "x", "result": "OK", "stdout": ""}' >build/meson-logs/testlog.json
+echo "end \$\$" >>"$tmp/tmeson.log"
+STUB
+chmod +x tstubs/meson
+( PATH=$tmp/tstubs:$PATH bash trepo/tests/run.sh x >"$tmp/t1.out" 2>&1 ) &
+sleep 0.3
+( PATH=$tmp/tstubs:$PATH bash trepo/tests/run.sh x >"$tmp/t2.out" 2>&1 )
+wait
+grep -qx "tests/run.sh: waiting for the other tests/run.sh in $(cd trepo && pwd -P) to finish" t2.out ||
+  fail "the second tests/run.sh did not wait for the first: $(cat t2.out)"
+[[ $(cut -d' ' -f1 tmeson.log | tr '\n' ' ') == "start end start end " ]] ||
+  fail "two meson test ran at once in one checkout: $(tr '\n' ' ' <tmeson.log)"
+for f in t1.out t2.out; do
+  [[ $(tail -n 1 $f) == "1 passed, 0 failed, 0 skipped" ]] || fail "$f: want '1 passed, 0 failed, 0 skipped' last: $(cat $f)"
+done
+kill -0 $(cat tleft.pids) 2>/dev/null || fail "the stand-in's left-behind processes are gone: the next check proves nothing"
+flock -n trepo true || fail "the lock on the checkout is still held after both runs ended (inherited by a test's process?)"
+kill $(cat tleft.pids) 2>/dev/null
 
 echo "== nvcc's include directories are relative to the build directory (a checkout path with a space)"
 # nvcc passes -I on to its own steps unquoted: an absolute path with a space failed every kernel.
