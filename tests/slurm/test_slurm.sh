@@ -266,6 +266,8 @@ grep -Eq '"world_size": ?2[,}]' <<<"$line" || fail "metrics line lacks \"world_s
 grep -Eq '"test_count": ?10000[,}]' <<<"$line" || fail "metrics line lacks \"test_count\": 10000"
 echo "check: world_size 2 and test_count 10000 in the metrics"
 grep -q 'world size 2' "$tmp/job-$jobid.out" || fail "job output lacks 'world size 2'"
+grep -qF "dptrain.sbatch: warning: the job's time limit" "$tmp/job-$jobid.out" &&
+  fail "a warning of a short time limit under --time=5 (300 s against the 120 s lead)"
 echo "check: job output says 'world size 2'"
 
 log "PASS: Slurm job $jobid ran dptrain on 2 ranks via srun --mpi=pmix"
@@ -382,7 +384,7 @@ quick_job() {
   local dir=$1
   shift
   mkdir -p "$dir"
-  jobid=$(sbatch --parsable --chdir="$dir" --output="$tmp/job-%j.out" --time=5 "$script" "$@") ||
+  jobid=$(sbatch --parsable --chdir="$dir" --output="$tmp/job-%j.out" --time="${qtime:-5}" "$script" "$@") ||
     fail "sbatch failed"
   jobid=${jobid%%;*}
   wait_for 60 job_done || fail "job $jobid not finished within 60 s (state $(job_state))"
@@ -404,8 +406,12 @@ grep -qF "dptrain.sbatch: error: DPT_MAX_REQUEUES='100000' is not a whole number
 
 # ---- hostile arguments reach dptrain as words, and the script's log shows them so ----
 # The srun line it printed joined the words with spaces: "--model lenet; touch .../PWNED".
-quick_job "$tmp/j7" --model "lenet; touch $tmp/PWNED" --metrics "$tmp/a b \"q\" 'x'.jsonl"
+# Under --time=2 (120 s, no longer than the script's 120 s warning lead): each run would be cut at
+# its first checkpoint ~25 s in and requeued, which the script says at the start (it did not).
+qtime=2 quick_job "$tmp/j7" --model "lenet; touch $tmp/PWNED" --metrics "$tmp/a b \"q\" 'x'.jsonl"
 out=$tmp/job-$jobid.out
+grep -qF "dptrain.sbatch: warning: the job's time limit (TimeLimit=00:02:00, 120 s) leaves 0 s before the time-limit warning this script asks for (--signal=USR1@120" "$out" ||
+  fail "no warning of a time limit no longer than the warning's lead: $(grep -F 'dptrain.sbatch' "$out")"
 grep -qF "unknown model 'lenet; touch $tmp/PWNED'" "$out" || fail "dptrain did not get --model as one word"
 grep -qF " --model lenet\;\ touch\ $tmp/PWNED --metrics $tmp/a\ b\ \\\"q\\\"\ \\'x\\'.jsonl " "$out" ||
   fail "the script's srun line does not quote the arguments: $(grep 'srun --mpi' "$out")"
