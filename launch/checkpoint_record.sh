@@ -4,6 +4,7 @@
 # `<global step> <checkpoint path>` to the file DPT_CHECKPOINT_RECORD names after every checkpoint
 # it writes (src/train/checkpoint.cc), so an attempt that made one grew the file. Rank 0 must run
 # on the host that reads the record (the file is local).
+# shellcheck shell=bash
 
 # record_start FILE: FILE, empty, is the record (record_file); the caller gives its name to the
 # ranks as DPT_CHECKPOINT_RECORD. Fails when FILE cannot be written.

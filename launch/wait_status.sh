@@ -5,6 +5,7 @@
 # so the wait is repeated until PID is gone: the status is PID's own, never the signal's. `quiet`
 # drops the shell's notice of a job killed by a signal ("Killed"), for a kill the caller sent.
 # `|| rc=$?` keeps a nonzero status from ending a script under `set -e`.
+# shellcheck shell=bash
 wait_status() {
   rc=""
   while [[ -z $rc ]]; do

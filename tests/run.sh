@@ -4,7 +4,7 @@
 # the unit suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and prints
 # "N passed, N failed, N skipped" counted per test case from the logs. Exit code 0 only when nothing failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || { echo "0 passed, 1 failed, 0 skipped" && exit 1; }
 # One run at a time in a checkout: two at once raced over the build's meson-logs/testlog.json (each
 # removes it, then counts what the other wrote) and over the build itself. The lock is the
 # checkout's directory (launch/build.sh locks the build directory, taken inside this one), held by
