@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,14 @@ bool is_not_safetensors(const std::string& path);
 // e - b == product(shape) * element size; the ranges neither overlap nor leave gaps and cover the
 // data section exactly; "__metadata__" maps strings to strings. Any violation is a kInput error.
 StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin);
+
+// A metadata value that is itself JSON text (a checkpoint's "config", "history", "epoch_so_far"),
+// parsed with the nesting bound the header has (16 levels; dptrain writes at most 3): the header's
+// bound does not reach text inside its strings, and nlohmann prints and compares values by
+// recursion, one stack frame per level, so a value nested a million deep ended the run in a stack
+// overflow (SIGSEGV). Deeper text throws dpt::Error (kInput) saying so; text that is not JSON
+// throws nlohmann's parse error.
+nlohmann::json parse_metadata_json(const std::string& text);
 
 // Conveniences for the common dtypes. The builders copy product(shape) elements from `p`.
 StTensor st_f32(const std::string& name, const std::vector<int64_t>& shape, const float* p);

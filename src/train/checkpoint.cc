@@ -98,6 +98,9 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
   std::vector<std::pair<std::string, std::string>> then;
   try {
     then = agreed_values(then_json);
+  } catch (const Error& e) {  // parse_metadata_json's: too deep
+    throw Error(ErrorKind::kInput,
+                DPT_MSG(path << ": metadata 'config' is not valid JSON (" << e.what() << ")"));
   } catch (const std::exception&) {
     throw Error(ErrorKind::kInput, DPT_MSG(path << ": metadata 'config' is not valid JSON"));
   }
@@ -177,7 +180,7 @@ std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg,
   }
   if (info.config.empty()) return std::nullopt;
   try {
-    const auto j = nlohmann::json::parse(info.config);
+    const auto j = parse_metadata_json(info.config);
     return resolved_activation_dtype(j.value("activation_dtype", std::string("auto"))) == "bf16"
                ? DType::kBF16
                : DType::kF32;
@@ -412,7 +415,7 @@ ResumePoint CheckpointManager::load() {
     }
     if (auto h = meta.find("history"); h != meta.end()) {
       try {
-        for (const auto& rec : nlohmann::json::parse(h->second))
+        for (const auto& rec : parse_metadata_json(h->second))
           history.push_back(EpochMetrics::from_json(rec.dump()));
       } catch (const std::exception&) {
         throw Error(ErrorKind::kInput,
@@ -447,7 +450,7 @@ ResumePoint CheckpointManager::load() {
                            << "); a resumed run continues the same training (--allow-config-change "
                               "accepts the change and recomputes the position)");
       log_warn("--allow-config-change: resuming " + path + " with " + list);
-      const auto j = nlohmann::json::parse(then->second);
+      const auto j = parse_metadata_json(then->second);
       pos[4] = j.value("batch_size", cfg_.batch_size) *
                j.value("accum_steps", static_cast<int64_t>(cfg_.accum_steps));
     }
@@ -456,7 +459,7 @@ ResumePoint CheckpointManager::load() {
     const auto mean = meta.find("normalize_mean"), stdev = meta.find("normalize_std");
     if (cfg_.normalize == "auto" && then != meta.end() && mean != meta.end() &&
         stdev != meta.end() &&
-        nlohmann::json::parse(then->second).value("normalize", std::string()) == "auto") {
+        parse_metadata_json(then->second).value("normalize", std::string()) == "auto") {
       Normalization n;
       try {
         n = resolve_normalize(mean->second + "/" + stdev->second, nullptr);

@@ -17,6 +17,7 @@
 #include "dpt/error.h"
 #include "dpt/models.h"
 #include "dpt/poll.h"
+#include "dpt/safetensors.h"
 #include "dpt/text.h"
 #include "dpt/version.h"
 
@@ -914,7 +915,7 @@ std::vector<std::pair<std::string, std::string>> agreed_values(const TrainConfig
 }
 
 std::vector<std::pair<std::string, std::string>> agreed_values(const std::string& config_json) {
-  const auto j = nlohmann::json::parse(config_json);
+  const auto j = parse_metadata_json(config_json);  // a checkpoint's: its nesting bounded
   std::vector<std::pair<std::string, std::string>> out;
   for (const Flag& f : flags())
     if (agreed(f))

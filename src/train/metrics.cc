@@ -19,11 +19,12 @@
 #include "dpt/error.h"
 #include "dpt/files.h"
 #include "dpt/log.h"
+#include "dpt/safetensors.h"
 
 namespace dpt {
 
 EpochMetrics EpochMetrics::from_json(const std::string& json) {
-  const auto j = nlohmann::json::parse(json);
+  const auto j = parse_metadata_json(json);  // a checkpoint's record: its nesting bounded
   EpochMetrics m;
   auto num = [&](const char* key, auto& field) {
     using T = std::remove_reference_t<decltype(field)>;
@@ -94,7 +95,7 @@ std::string EpochSoFar::to_json() const {
 }
 
 EpochSoFar EpochSoFar::from_json(const std::string& json) {
-  const auto j = nlohmann::json::parse(json);
+  const auto j = parse_metadata_json(json);  // a checkpoint's: its nesting bounded
   auto sum = [&](const char* key) {
     const double v = j.at(key).get<double>();  // throws on a missing key or a non-number
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument(key);

@@ -286,6 +286,12 @@ uint64_t parse_header(const uint8_t* data, size_t avail, uint64_t size, const st
   return n;
 }
 
+json parse_metadata_json(const std::string& text) {
+  DPT_INPUT_CHECK(json_depth(text.data(), text.size(), kMaxHeaderDepth) <= kMaxHeaderDepth,
+                  "it nests deeper than " << kMaxHeaderDepth);
+  return json::parse(text);
+}
+
 StFile parse_safetensors(const uint8_t* data, size_t size, const std::string& origin) {
   StFile file;
   std::vector<Entry> entries;

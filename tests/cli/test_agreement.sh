@@ -213,6 +213,37 @@ edit "$tmp/c.st" "$tmp/opt.st" optimizer_steps -1
 expect 2 "metadata 'optimizer_steps' is -1" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/opt.st"
 edit "$tmp/c.st" "$tmp/cfg.st" config '{not json'
 expect 2 "metadata 'config' is not valid JSON" -- "$bin" --epochs 2 --max-steps 4 --resume "$tmp/cfg.st"
+# Metadata values are JSON text inside the header's strings, so the header's nesting bound did not
+# reach them: a 'config' whose lr is an array nested a million deep, or a 'history' holding one,
+# parsed, and printing the value (to compare it, or to read the record) recursed once per level:
+# the resume died of a stack overflow (SIGSEGV, exit 139), also under --resume auto beside another
+# training's file. Now exit 2 naming the file and the key. (Written by Python: a 2 MB value cannot
+# be passed as one argument.)
+mkdir -p "$tmp/auto"
+python3 - "$tmp/c.st" "$tmp" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+deep = "[" * 1000000 + "]" * 1000000
+def write(name, key, value, training=None):
+    head = json.loads(raw[8:8 + n])
+    head["__metadata__"][key] = value
+    if training: head["__metadata__"]["training_id"] = training
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    open(f"{sys.argv[2]}/{name}", "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+config = json.loads(json.loads(raw[8:8 + n])["__metadata__"]["config"])
+write("deep_cfg.st", "config", json.dumps(dict(config, lr="@")).replace('"@"', deep))
+write("deep_hist.st", "history", "[" + deep + "]")
+write("auto/ck.step9.st", "config", json.dumps(dict(config, lr="@")).replace('"@"', deep), "0123456789abcdef")
+PY
+expect 2 "deep_cfg.st: metadata 'config' is not valid JSON (it nests deeper than 16)" -- \
+  "$bin" --epochs 2 --max-steps 4 --resume "$tmp/deep_cfg.st"
+expect 2 "deep_hist.st: metadata 'history' is not a list of epoch records" -- \
+  "$bin" --epochs 2 --max-steps 4 --resume "$tmp/deep_hist.st"
+cp "$tmp/c.st" "$tmp/auto/ck.step4.st"
+expect 0 "passed over the files of other trainings ($tmp/auto/ck.step9.st)" -- "$bin" --epochs 2 --max-steps 4 \
+  --eval-every 0 --checkpoint-every 1 --keep-checkpoints 5 --checkpoint-path "$tmp/auto/ck.st" --resume auto
 # Under mpirun: rank 0 reads and says why; the job ends with 2, not an abort.
 expect 2 "outside [0, 1000000]" -- "${mpi[@]}" -np 2 "$bin" --epochs 2 --max-steps 4 --resume "$tmp/neg.st"
 

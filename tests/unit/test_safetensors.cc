@@ -311,6 +311,26 @@ TEST_F(SafetensorsTest, DeeplyNestedHeader) {
   expect_hostile("deep", image(std::string(100000, '[') + std::string(100000, ']'), 0), "nests");
 }
 
+// JSON text inside a metadata string (a checkpoint's config, history) gets the header's bound too:
+// 16 levels parse, 17 are refused as such, and brackets inside its strings do not count. Printing
+// a million-deep value (dump) overflowed the stack (tests/cli/test_agreement.sh has the resume).
+TEST(MetadataJson, NestingIsBounded) {
+  EXPECT_EQ(parse_metadata_json(std::string(16, '[') + std::string(16, ']')).dump(),
+            std::string(16, '[') + std::string(16, ']'));
+  EXPECT_EQ(parse_metadata_json(R"({"a": "[[[[[[[[[[[[[[[[[[[["})").at("a"),
+            "[[[[[[[[[[[[[[[[[[[[");
+  for (const size_t depth : {17, 1000000}) {
+    try {
+      (void)parse_metadata_json(std::string(depth, '[') + std::string(depth, ']'));
+      ADD_FAILURE() << depth << " levels parsed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_STREQ(e.what(), "it nests deeper than 16");
+    }
+  }
+  EXPECT_THROW((void)parse_metadata_json("{not json"), nlohmann::json::parse_error);
+}
+
 TEST_F(SafetensorsTest, UnknownDtype) {
   expect_hostile("dtype", image(R"({"w":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", 8),
                  "unknown dtype \"F33\"");
