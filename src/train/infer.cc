@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -300,6 +301,96 @@ void write_output(Communicator& comm, const std::string& path, const std::string
   });
 }
 
+// Rows of --output are written, and sent to rank 0, in pieces of at most this many bytes.
+constexpr size_t kRowsPiece = size_t{8} << 20;
+
+// predict's --output on rank 0, written as the rows are made: rank 0's own in pieces as it scores
+// them, then every other rank's in rank order (the set's order: rank r scores a contiguous run of
+// batches after rank r - 1's), each sent from it in pieces by broadcast. No rank holds more than
+// its own rows and one piece (all-gathered, every rank held every rank's rows, padded, four to five
+// times over, and a rank's rows past 2 GiB, the most one collective counts, ended the run with
+// exit 3 after its whole scoring). The file is a temporary one beside --output (AtomicFile, made
+// at the first piece), renamed over it only once whole: a stop, an error or a refusal unwinds it
+// away and leaves an older file as it was. A failure to write (a full disk) is kept, so that rank
+// 0 still takes part in every broadcast, and agreed on by every rank at the end (exit 2 on all).
+class RowsWriter {
+ public:
+  // Every rank, with its own --output (rank 0's is written, as in training).
+  RowsWriter(Communicator& comm, const std::string& path, std::string header)
+      : comm_(comm), file_(allgather_text(comm, path)[0]), pending_(std::move(header)) {
+    // A piece and a few rows' room: no doubling of the buffer on the way to a piece.
+    if (comm_.rank() == 0) rows_.reserve(kRowsPiece + (size_t{1} << 20));
+  }
+
+  // This rank's rows so far: rank 0 writes them once they make a piece.
+  std::string& rows() { return rows_; }
+  void flush_piece() {
+    if (comm_.rank() == 0 && rows_.size() >= kRowsPiece) write(rows_);
+  }
+
+  // Every rank, once scoring is done: the other ranks' rows to rank 0, and the file committed.
+  void finish() {
+    const std::vector<int64_t> lens = comm_.allgather(static_cast<int64_t>(rows_.size()));
+    if (comm_.rank() == 0) write(rows_);
+    std::vector<uint8_t> piece;
+    for (int r = 1; r < comm_.size(); ++r) {
+      for (int64_t at = 0; at < lens[static_cast<size_t>(r)];) {
+        const int64_t n =
+            std::min<int64_t>(static_cast<int64_t>(kRowsPiece), lens[static_cast<size_t>(r)] - at);
+        piece.resize(static_cast<size_t>(n));
+        if (comm_.rank() == r)
+          std::copy_n(rows_.data() + at, static_cast<size_t>(n),
+                      reinterpret_cast<char*>(piece.data()));
+        comm_.broadcast(piece.data(), n, r, "broadcast of --output rows");
+        if (comm_.rank() == 0) attempt([&] { out_->write(piece.data(), piece.size()); });
+        at += n;
+      }
+    }
+    if (comm_.rank() == 0)
+      attempt([&] {
+        if (!out_) open();
+        out_->commit();
+      });
+    agree_on_input(comm_, "rank 0 could not write --output " + file_,
+                   [&] { DPT_INPUT_CHECK(error_.empty(), error_); });
+  }
+
+ private:
+  void open() {
+    out_ = std::make_unique<AtomicFile>(file_, "--output");
+    out_->write(pending_.data(), pending_.size());
+    pending_.clear();
+  }
+  // Rank 0: `text` after what is written so far, then emptied (its capacity kept for the next).
+  void write(std::string& text) {
+    attempt([&] {
+      if (!out_) open();
+      out_->write(text.data(), text.size());
+    });
+    text.clear();
+  }
+  // Runs a step of the file's writing unless one failed before; an input error is kept for the
+  // agreement in finish().
+  template <typename F>
+  void attempt(F&& fn) {
+    if (!error_.empty()) return;
+    try {
+      fn();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kInput) throw;
+      error_ = e.what();
+      out_.reset();  // its temporary file removed
+    }
+  }
+
+  Communicator& comm_;
+  const std::string file_;
+  std::string pending_;  // the header, until the file is opened
+  std::string rows_;
+  std::unique_ptr<AtomicFile> out_;
+  std::string error_;
+};
+
 }  // namespace
 
 void run_evaluate(const TrainConfig& cfg_in, Communicator& comm) {
@@ -413,7 +504,12 @@ void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
   Loaded l = load_saved(cfg_in, comm);
   stop_point(stop, comm);
   const int64_t k = l.saved.classes, top = std::min<int64_t>(l.cfg.top_k, k);
-  std::string rows;
+  std::string header = "index,label";
+  for (int64_t c = 1; c <= top; ++c)
+    header += ",class" + std::to_string(c) + ",prob" + std::to_string(c);
+  header += "\n";
+  RowsWriter out(comm, l.cfg.output, std::move(header));
+  std::string& rows = out.rows();
   char cell[64];
   score(l, comm, stop, [&](int64_t, int64_t first, int64_t count, const float* z) {
     for (int64_t i = 0; i < count; ++i) {
@@ -426,16 +522,10 @@ void run_predict(const TrainConfig& cfg_in, Communicator& comm) {
         rows += cell;
       }
       rows += "\n";
+      out.flush_piece();
     }
   });
-  // Ranks hold consecutive batches in rank order: their rows, concatenated, are the set's order.
-  const std::vector<std::string> all = allgather_text(comm, rows);
-  std::string csv = "index,label";
-  for (int64_t c = 1; c <= top; ++c)
-    csv += ",class" + std::to_string(c) + ",prob" + std::to_string(c);
-  csv += "\n";
-  for (const std::string& r : all) csv += r;
-  write_output(comm, l.cfg.output, csv, "--output");
+  out.finish();
   log_result(DPT_MSG("predict: top-" << top << " classes of " << l.pf.test.n
                                      << " test images written to " << l.cfg.output));
 }
