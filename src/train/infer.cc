@@ -142,12 +142,13 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
   std::string meta;
+  std::map<std::string, std::string> first;  // rank 0: the metadata as read here
   agree_on_input(comm, "rank 0 could not read --load " + cfg.load, [&] {
     if (comm.rank() != 0) return;
     check_input_file(cfg.load, "--load");
-    const auto m = read_metadata(cfg.load);
-    (void)saved_model(m, cfg.load);
-    meta = nlohmann::json(m).dump();
+    first = read_metadata(cfg.load);
+    (void)saved_model(first, cfg.load);
+    meta = nlohmann::json(first).dump();
   });
   meta = allgather_text(comm, meta)[0];
   l.saved =
@@ -162,8 +163,18 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
   l.model = make_model(l.saved.model, l.saved.classes, l.pf.device->ops(), l.saved.input,
                        {l.saved.stem, false});
   l.model->set_activation_dtype(l.pf.activations);
+  // The tensors are read last, after the data: a file put in the place of --load meanwhile (a
+  // training's next checkpoint renamed over it) would be scored under the first one's model,
+  // classes and normalisation. Every --save and checkpoint records its step, data and settings,
+  // so another file's metadata differs.
   agree_on_input(comm, "rank 0 could not load --load " + cfg.load, [&] {
-    if (comm.rank() == 0) load_model(cfg.load, *l.model);
+    if (comm.rank() != 0) return;
+    DPT_INPUT_CHECK(load_model(cfg.load, *l.model) == first,
+                    "--load " << cfg.load
+                              << " changed while this run read it: its metadata differs from "
+                              << "what was read at the start (another file put in its place, "
+                              << "such as a training's next checkpoint); nothing was scored: "
+                              << "run again, or score a copy");
   });
   ParamStore& store = l.model->store();
   comm.broadcast(store.params(), store.num_params(), 0, "broadcast of the loaded parameters");

@@ -233,6 +233,43 @@ expect 2 "sparse.st: $((50 * 2**30 - $(stat -c %s m.st))) trailing bytes after t
 rm -f sparse.st
 st_edit m.st nan.st fill fc2.bias=nan
 expect 2 "nan.st: tensor 'fc2.bias' holds nan at element 0 (of 10)" -- "$bin" evaluate --load nan.st --data task
+# A --load replaced while the run reads it (a training's next checkpoint renamed over the one
+# being scored, another file put in its place): rank 0 reads the metadata first (the model, the
+# class count, the normalisation), the data next, and the tensors last. The file is replaced here
+# right after the metadata's reading (its second open and close, after the input check's; watched
+# with inotify), by one of another step, other weights and another normalisation: the run scored
+# the new tensors under the old file's normalisation and named neither, exit 0. Now exit 2. (On
+# Fashion-MNIST, whose reading, some 0.5 s, leaves the watcher ample time to replace the file.)
+fmnist=${DPT_TEST_DATA:-/usr/share/datasets/fashion-mnist}
+run swap.train.log "${train[@]}" --data "$fmnist" --epochs 1 --max-steps 1 --eval-every 0 --save swap.st ||
+  fail "training on $fmnist: exit $?"
+st_edit swap.st swap2.st meta step=99 meta normalize_mean=0.5 meta normalize_std=0.25 fill fc2.bias=0.5
+python3 - "$bin" "$fmnist" <<'PY' > swap.log 2>&1; swapped=$?
+import ctypes, os, select, struct, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+# IN_OPEN and IN_CLOSE_NOWRITE: alternating, so that the kernel never merges two closes into one
+assert fd >= 0 and libc.inotify_add_watch(fd, b".", 0x20 | 0x10) >= 0
+run = subprocess.Popen([sys.argv[1], "evaluate", "--threads", "1", "--load", "swap.st", "--data", sys.argv[2]],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+closes = 0
+while closes < 2 and run.poll() is None and select.select([fd], [], [], 30)[0]:
+    buf = os.read(fd, 65536)
+    while buf:
+        _, mask, _, n = struct.unpack_from("iIII", buf)
+        closes += mask & 0x10 != 0 and buf[16:16 + n].rstrip(b"\0") == b"swap.st"
+        buf = buf[16 + n:]
+if closes == 2:
+    os.rename("swap2.st", "swap.st")
+out = run.communicate(timeout=60)[0].decode()
+print(out, f"(replaced after {closes} closes)")
+sys.exit(run.returncode)
+PY
+if [[ $swapped -eq 2 ]] && grep -qF "[rank 0@$(hostname)] error: --load swap.st changed while this run read it" swap.log; then
+  echo "ok: a --load replaced between its metadata and its tensors is refused"
+else
+  fail "a --load replaced while read: exit $swapped: $(tail -3 swap.log)"
+fi
 # Every fc2 weight 1e30 and no bias: the 10 logits are one huge value, so the softmax is uniform,
 # the loss ln 10 and every probability 0.1, the ties ranked from class 0 (the log-sum-exp,
 # 1e31 + ln 10, rounded its log away: loss 0, probabilities 1). Weights that overflow the logits
