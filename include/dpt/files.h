@@ -8,9 +8,11 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace dpt {
 
@@ -99,6 +101,8 @@ class OutputLock {
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
   const std::string& file() const { return file_; }  // the lock file ("" when none is held)
+  // remove_dead_temporaries of the file this lock guards (none when no lock is held).
+  std::vector<std::string> remove_dead_temporaries() const;
   // The lock file of the output `path`: "<file>.lock" beside the file it is (symlinks resolved).
   static std::string file_for(const std::string& path, const std::string& flag);
 
@@ -147,6 +151,15 @@ bool same_file(const std::string& a, const std::string& b);
 // are pipes to it; DPT_LAUNCHER_STREAMS names its files), else "". A character device (a terminal,
 // /dev/null) or a pipe is never named here.
 std::string standard_stream_of(const std::string& path);
+
+// Removes the temporaries that AtomicFile writers left in `dir` when they were killed before
+// commit() (SIGKILL, the OOM killer, a power cut; a writer that unwinds removes its own): regular
+// files of this user, named for a target whose file name `is_target` accepts, whose writer (the pid
+// in the name) no longer runs on this host. Returns their paths, for the caller's log. Call it only
+// while the run holds its outputs' locks (OutputLock): a live writer on another host sharing the
+// directory holds the same lock, so its pid, unknown here, is never taken for a dead one.
+std::vector<std::string> remove_dead_temporaries(
+    const std::string& dir, const std::function<bool(const std::string&)>& is_target);
 
 // Whether `name` (a file name, no directory) is one of AtomicFile's temporaries
 // ("<target>.tmp.<pid>" with or without ".<random>"); if so, the target's file name and the pid of

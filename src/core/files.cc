@@ -4,6 +4,7 @@
 #include "dpt/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -514,6 +515,32 @@ int open_input_file(const std::string& path, const std::string& what) {
 
 void check_input_file(const std::string& path, const std::string& what) {
   ::close(open_input_file(path, what));
+}
+
+std::vector<std::string> remove_dead_temporaries(
+    const std::string& dir, const std::function<bool(const std::string&)>& is_target) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::string target;
+    pid_t pid = 0;
+    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) || !is_target(target))
+      continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer runs
+    if (std::filesystem::remove(e.path(), ec)) removed.push_back(e.path().string());
+  }
+  return removed;
+}
+
+std::vector<std::string> OutputLock::remove_dead_temporaries() const {
+  if (file_.size() <= 5) return {};
+  const std::string target = file_.substr(0, file_.size() - 5);  // less ".lock"
+  const std::string name = base_of(target);
+  return dpt::remove_dead_temporaries(dir_of(target),
+                                      [&](const std::string& t) { return t == name; });
 }
 
 bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t* pid) {

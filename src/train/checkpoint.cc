@@ -235,23 +235,12 @@ CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm,
 }
 
 // Temporary files of writers that no longer run (a killed writer's leftovers, 85 MB each for
-// ResNet-18), of this configuration's checkpoint names only, regular files of this user only.
+// ResNet-18), of this configuration's checkpoint names only (remove_dead_temporaries).
 void CheckpointManager::remove_stale_temporaries() const {
-  const std::filesystem::path dir = dir_of(cfg_.checkpoint_path);
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    std::string target;
-    pid_t pid = 0;
-    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) ||
-        !is_checkpoint_name(cfg_, target))
-      continue;
-    struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
-      continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer runs
-    if (std::filesystem::remove(e.path(), ec))
-      log_info("removed " + e.path().string() + ", left by a killed writer");
-  }
+  for (const std::string& path : remove_dead_temporaries(
+           dir_of(cfg_.checkpoint_path).string(),
+           [&](const std::string& target) { return is_checkpoint_name(cfg_, target); }))
+    log_info("removed " + path + ", left by a killed writer");
 }
 
 // --resume auto, rank 0: the newest file by the step each records, of this run's training; one

@@ -454,6 +454,10 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
     OutputLock lock =
         check_output_path(path, flag, std::string(flag) == "--metrics" && cfg.command == "train");
     if (lock.file().empty()) continue;
+    // A killed writer's temporaries of this output (a --save or predict --output killed while
+    // writing), removed now that no other run can be writing it.
+    for (const std::string& dead : lock.remove_dead_temporaries())
+      log_info("removed " + dead + ", left by a killed writer of " + flag);
     locks.push_back(std::move(lock));
     locked.push_back({flag, path});
   }

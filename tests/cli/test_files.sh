@@ -580,5 +580,40 @@ rc=$?
 [[ $rc -eq 0 ]] && ok "13 --metrics /dev/stdout > /dev/null runs" ||
   { fail "13 --metrics /dev/stdout > /dev/null: exit $rc"; tail -3 s13/null.log; }
 
+# ---- 14. A killed writer's temporaries of every output are removed at its next run -----------
+# Only checkpoint leftovers were: a --save or predict --output killed (SIGKILL, the OOM killer)
+# while writing left "<file>.tmp.<pid>.<random>" beside it for good (100 MB for a ResNet-50
+# --save). Removed once the output's lock is held: regular files of this user whose writer is
+# gone. Kept: a live writer's (this shell's pid), another user's, a symlink, another file's.
+mkdir -p s14 && echo "victim" > s14/victim
+gone=(s14/m.st.tmp.999999.AbCdEf s14/m.st.tmp.999998 s14/p.csv.tmp.999994.AbCdEf)
+kept=(s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.999997.Other s14/m.st.tmp.999996.Link s14/x.st.tmp.999995.AbCdEf)
+for p in 999999 999998 999997 999996 999995 999994; do
+  kill -0 "$p" 2>/dev/null && fail "14 pid $p runs: this check needs it free"
+done
+touch "${gone[@]}" s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.999997.Other s14/x.st.tmp.999995.AbCdEf
+chown nobody s14/m.st.tmp.999997.Other
+ln -s "$tmp/s14/victim" s14/m.st.tmp.999996.Link
+run s14/train.log 60 "$bin" "${small[@]}" --save "$tmp/s14/m.st"
+rc=$?
+run s14/predict.log 120 "$bin" predict --threads 1 --load "$tmp/s14/m.st" --data "$data" --output "$tmp/s14/p.csv"
+rc2=$?
+left=() wrong=()
+for f in "${gone[@]}"; do [[ -e $f || -L $f ]] && left+=("$f"); done
+for f in "${kept[@]}"; do [[ -e $f || -L $f ]] || wrong+=("$f"); done
+if ((rc || rc2)); then
+  fail "14 --save / predict --output beside a killed writer's temporaries: exit $rc / $rc2"
+  tail -3 s14/train.log s14/predict.log
+elif ((${#left[@]})); then
+  fail "14 a killed writer's temporaries were left: ${left[*]}"
+elif ((${#wrong[@]})); then
+  fail "14 removed what is no dead writer's of this output: ${wrong[*]}"
+elif ! grep -qF "removed $tmp/s14/m.st.tmp.999999.AbCdEf, left by a killed writer of --save" s14/train.log ||
+  ! grep -qF "removed $tmp/s14/p.csv.tmp.999994.AbCdEf, left by a killed writer of --output" s14/predict.log; then
+  fail "14 the removals are not logged: $(grep -h removed s14/train.log s14/predict.log)"
+else
+  ok "14 a killed writer's temporaries of --save and --output removed, logged; the others kept"
+fi
+
 echo "$fails failed"
 [[ $fails -eq 0 ]]
