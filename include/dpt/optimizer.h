@@ -16,7 +16,9 @@ namespace dpt {
 class ParamStore;
 
 // Learning rate of optimizer step `step` (0-based, counted over the whole run) with
-// `steps_per_epoch` steps an epoch: linear warm-up over cfg.warmup_epochs, then the schedule.
+// `steps_per_epoch` steps an epoch: linear warm-up over cfg.warmup_epochs (its step s at
+// (s + 1) / (warmup_epochs x steps_per_epoch) of the peak, at most the peak: a warm-up of a
+// fractional number of steps ends on the peak), then the schedule.
 // cfg.lr is the peak rate (already scaled when --scale-lr is given). The same for every optimizer.
 double learning_rate(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch);
 

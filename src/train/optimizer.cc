@@ -56,8 +56,14 @@ std::vector<DecayRange> decay_ranges(const ParamStore& store, bool no_decay_bn_b
 
 double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
   const double t = static_cast<double>(step) / static_cast<double>(spe);
-  if (c.warmup_epochs > 0 && t < c.warmup_epochs)
-    return c.lr * static_cast<double>(step + 1) / (c.warmup_epochs * static_cast<double>(spe));
+  if (c.warmup_epochs > 0 && t < c.warmup_epochs) {
+    // Step `step` of the ramp reaches (step + 1) / ramp of the peak. A ramp of a fractional number
+    // of steps (--warmup-epochs 0.3 at 4 steps an epoch: 1.2) has its last step past the ramp's
+    // end: that step takes the peak, never more (it took 2 / 1.2 of it).
+    const double done = static_cast<double>(step + 1),
+                 ramp = c.warmup_epochs * static_cast<double>(spe);
+    return done > ramp ? c.lr : c.lr * done / ramp;
+  }
   if (c.schedule == "step") {
     double lr = c.lr;
     for (int e : c.step_epochs)

@@ -834,6 +834,44 @@ TEST(Schedule, WarmupThenCosineAndStep) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 37, spe), 0.4);
 }
 
+// A warm-up of a fractional number of steps (--warmup-epochs 0.3 at 4 steps an epoch: 1.2 steps)
+// rises to the peak and no further: its last step took (s + 1) / 1.2 = 1.67 times the peak, and a
+// 2.9-epoch warm-up at 3 steps an epoch ended 1.03 times above it. A whole number of steps keeps
+// the ramp's values to the bit.
+TEST(Schedule, AFractionalWarmupNeverPassesThePeak) {
+  for (const char* schedule : {"constant", "cosine", "step"}) {
+    for (const double w : {0.3, 0.5, 1.1, 2.9}) {
+      for (const int64_t spe : {1, 3, 4, 7}) {
+        TrainConfig c;
+        c.lr = 0.1;
+        c.epochs = 3;
+        c.warmup_epochs = w;
+        c.schedule = schedule;
+        if (c.schedule == "step") c.step_epochs = {2};
+        const std::string at = std::string(schedule) + ", --warmup-epochs " + std::to_string(w) +
+                               ", " + std::to_string(spe) + " steps an epoch, step ";
+        double before = 0;
+        for (int64_t s = 0; s < c.epochs * spe; ++s) {
+          const double lr = learning_rate(c, s, spe);
+          EXPECT_LE(lr, c.lr) << at << s;
+          if (static_cast<double>(s) / static_cast<double>(spe) < w) {
+            EXPECT_GE(lr, before) << at << s << ": the ramp falls";
+            before = lr;
+          }
+        }
+        // The ramp ends on the peak itself.
+        EXPECT_EQ(before, c.lr) << at << "(end of the ramp)";
+      }
+    }
+  }
+  TrainConfig c;
+  c.lr = 0.3;
+  c.epochs = 4;
+  c.warmup_epochs = 2;
+  for (int64_t s = 0; s < 20; ++s)
+    EXPECT_EQ(learning_rate(c, s, 10), c.lr * static_cast<double>(s + 1) / 20.0) << "step " << s;
+}
+
 TEST(RefSgd, MatchesPyTorchFormulaOverThreeSteps) {
   // PyTorch: d = g + wd*p; buf = d (first) else m*buf + d; p -= lr*buf.
   const double lr = 0.1, m = 0.9, wd = 0.01;
