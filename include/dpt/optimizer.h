@@ -15,6 +15,11 @@ namespace dpt {
 
 class ParamStore;
 
+// --scale-lr, the linear scaling rule (Goyal et al.): cfg.lr times the images of one optimizer
+// step (--batch-size x --accum-steps, the images whose mean gradient the step takes) / 256, and at
+// least one warm-up epoch. Applied once, before training (run_training).
+void apply_scale_lr(TrainConfig* cfg);
+
 // Learning rate of optimizer step `step` (0-based, counted over the whole run) with
 // `steps_per_epoch` steps an epoch: linear warm-up over cfg.warmup_epochs (its step s at
 // (s + 1) / (warmup_epochs x steps_per_epoch) of the peak, at most the peak: a warm-up of a

@@ -54,6 +54,13 @@ std::vector<DecayRange> decay_ranges(const ParamStore& store, bool no_decay_bn_b
   return runs;
 }
 
+void apply_scale_lr(TrainConfig* c) {
+  // Goyal et al.'s minibatch is the images of one update: with accumulation, --batch-size images
+  // --accum-steps times (the gradient is their mean).
+  c->lr *= static_cast<double>(c->batch_size * c->accum_steps) / 256.0;
+  c->warmup_epochs = std::max(c->warmup_epochs, 1.0);
+}
+
 double learning_rate(const TrainConfig& c, int64_t step, int64_t spe) {
   const double t = static_cast<double>(step) / static_cast<double>(spe);
   if (c.warmup_epochs > 0 && t < c.warmup_epochs) {

@@ -392,11 +392,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
   omp_set_num_threads(cfg.threads);
   comm.set_timeout(cfg.timeout);
-  if (cfg.scale_lr) {
-    // Linear scaling rule (Goyal et al.): the rate grows with the batch, after a warm-up.
-    cfg.lr *= static_cast<double>(cfg.batch_size) / 256.0;
-    cfg.warmup_epochs = std::max(cfg.warmup_epochs, 1.0);
-  }
+  if (cfg.scale_lr) apply_scale_lr(&cfg);
   Preflight pf = run_preflight(cfg, comm);
   // From here on the configuration holds the activation type the device resolved, not "auto":
   // checkpoints and --save record it, the banner shows it, and a resume compares types, so a run

@@ -316,6 +316,35 @@ TEST(Training, EvalEveryEvaluatesOnlyThoseEpochsAndTheLast) {
   std::filesystem::remove_all(dir);
 }
 
+// --scale-lr scales by the images of one optimizer step: 64 images a step as 32 x --accum-steps 2
+// or as one batch of 64 take lr x 64/256 (LeNet has no BatchNorm, so the two runs train alike to
+// rounding). It took --batch-size alone (32/256), so accumulation halved the rate of the run it
+// stands for.
+TEST(Training, ScaleLrCountsTheImagesOfAnOptimizerStep) {
+  const std::string dir = test::make_temp_dir("scalelr");
+  test::write_synthetic_dataset(dir, 256, 100, 4);
+  TrainConfig c = test::small_config("lenet", dir, 2, 64);
+  c.scale_lr = true;
+  c.schedule = "constant";
+  c.warmup_epochs = 0;  // --scale-lr makes it one epoch: epoch 2 runs at the peak
+  c.eval_every = 0;
+  auto comm = world();
+  const auto one = run_training(c, *comm);
+  c.batch_size = 32;
+  c.accum_steps = 2;
+  const auto accumulated = run_training(c, *comm);
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(accumulated.size(), 2u);
+  EXPECT_EQ(one[1].lr, c.lr * 64 / 256);
+  EXPECT_EQ(accumulated[1].lr, one[1].lr);
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(accumulated[e].steps, one[e].steps) << "epoch " << e + 1;
+    EXPECT_NEAR(accumulated[e].train_loss, one[e].train_loss, 1e-5 * one[e].train_loss)
+        << "epoch " << e + 1;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Training, MissingDataDirectoryIsAnInputError) {
   TrainConfig c;
   c.data = "/nonexistent/dptrain-data";
