@@ -511,6 +511,51 @@ TEST(SoftmaxXent, NumericallyStableForLargeLogits) {
   EXPECT_GE(correct, 1);  // row 0 certainly; row 1 is a tie
 }
 
+// Logits far from 0 (a run blowing up before the guard sees a non-finite value): the rows
+// [m, m, -m] (label 0), [m, -m, m] (label 1) and [-m, m] (label 1). Measured from the maximum, as
+// torch's log_softmax takes them, the first two are a tie of two: p = 1/2 on each maximum and
+// lse = max + log 2, whatever m, so row 0's loss is log 2 (plus the smoothing term). Taking
+// log(se) in the units of m lost it: at 1e12 the probabilities drifted by 1e-5 and from 6e15 on
+// each tied maximum took p = 1 and row 0 a loss of 0.
+TEST(SoftmaxXent, TiesFarFromZeroKeepTheirShare) {
+  for (const float m : {1e4f, 1e8f, 1e12f, 1e16f, 1e30f, 3e38f}) {
+    for (const float e : {0.f, 0.1f}) {
+      SCOPED_TRACE("m = " + std::to_string(m) + ", label smoothing " + std::to_string(e));
+      const std::vector<std::vector<float>> rows = {{m, m, -m}, {m, -m, m}, {-m, m}};
+      const int32_t labels[3] = {0, 1, 1};
+      const double far = -2.0 * static_cast<double>(m);  // -m less the maximum
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const auto k = static_cast<int64_t>(rows[r].size());
+        // Relative to the maximum: z - max is 0 or far; lse - max is log 2 for a tie, else 0.
+        std::vector<double> rel(rows[r].size()), p(rows[r].size());
+        double mean = 0;
+        for (size_t j = 0; j < rel.size(); ++j) {
+          rel[j] = rows[r][j] == m ? 0.0 : far;
+          mean += rel[j] / static_cast<double>(k);
+        }
+        const int ties = static_cast<int>(std::count(rel.begin(), rel.end(), 0.0));
+        const double lse = std::log(static_cast<double>(ties));
+        for (size_t j = 0; j < p.size(); ++j) p[j] = rel[j] == 0.0 ? 1.0 / ties : 0.0;
+        const double ed = e;  // the float the loss takes
+        const double want =
+            (1 - ed) * (lse - rel[static_cast<size_t>(labels[r])]) + ed * (lse - mean);
+        std::vector<float> d(rel.size());
+        int64_t correct = -1;
+        const double got =
+            cpu::softmax_xent(rows[r].data(), labels + r, 1, k, 1.f, d.data(), &correct, e);
+        EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, std::fabs(want))) << "row " << r << " loss";
+        for (size_t j = 0; j < d.size(); ++j) {
+          const double q =
+              (static_cast<int32_t>(j) == labels[r] ? 1 - ed : 0) + ed / static_cast<double>(k);
+          EXPECT_NEAR(d[j], p[j] - q, 1e-7) << "row " << r << " dlogits[" << j << "]";
+        }
+        // The first maximum takes a tie (torch.argmax): row 1's label is not the maximum.
+        EXPECT_EQ(correct, r == 1 ? 0 : 1) << "row " << r;
+      }
+    }
+  }
+}
+
 // ---- Residual ----------------------------------------------------------------------------------
 
 // Bit-for-bit equality of two float arrays, naming the first difference (NaNs compare by bits).
