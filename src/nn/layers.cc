@@ -163,6 +163,17 @@ class BatchNorm2d : public Leaf {
               kind() << ": residual " << shape_str(residual->shape()) << " != input "
                      << shape_str(x.shape()));
     const int64_t m = x.numel() / in_[2];
+    // One value per channel has no batch statistics: the output would be beta whatever the input,
+    // with no gradient through the normalisation. torch's BatchNorm refuses it (a ValueError,
+    // "Expected more than 1 value per channel when training"), and so does SyncBatchNorm at one
+    // rank; with --sync-bn over ranks the statistics take every rank's rows.
+    DPT_INPUT_CHECK(
+        mode != Mode::kTrain || m > 1 || sync_,
+        gamma_->name.substr(0, gamma_->name.size() - 7)
+            << " (BatchNorm) sees one value per channel in training (" << x.dim(0) << " image at "
+            << in_[0] << "x" << in_[1]
+            << "): its batch statistics are undefined, as torch's BatchNorm refuses; use a larger "
+               "--batch-size per rank, --sync-bn across ranks, or larger images");
     output(y, x.shape(), x);
     on_type(x.dtype(), [&]<typename T>(T*) {
       const T* r = residual ? residual->ptr<T>() : nullptr;

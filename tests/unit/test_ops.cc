@@ -455,6 +455,42 @@ TEST(BatchNorm2d, EvalModeUsesRunningStats) {
   EXPECT_EQ(rig.p("bn.num_batches_tracked").value.data()[0], 7.f);
 }
 
+// One value per channel (one image at 1x1: a ResNet's last stages on small images under the
+// imagenet stem, one image per rank) has no batch statistics: torch's BatchNorm raises
+// "Expected more than 1 value per channel when training". The layer refuses it as an input error
+// naming itself, before touching the running statistics; two values (two images, or one at 1x2)
+// and evaluation are fine. It trained on: the output was beta whatever the input.
+TEST(BatchNorm2d, OneValuePerChannelInTrainingIsRefused) {
+  for (const auto& [h, w] : {std::pair<int64_t, int64_t>{1, 1}, {1, 2}}) {
+    Rig rig(make_batchnorm2d_relu(), {h, w, 3}, "layer4.1.bn2");
+    std::mt19937_64 g(14);
+    Tensor y;
+    const Tensor one = random_tensor({1, h, w, 3}, g, -1.f, 1.f);
+    const Tensor two = random_tensor({2, h, w, 3}, g, -1.f, 1.f);
+    const float rv0 = rig.p("layer4.1.bn2.running_var").value.data()[0];
+    if (h * w == 1) {
+      try {
+        rig.layer->forward(one, y, Mode::kTrain);
+        ADD_FAILURE() << "one value per channel was normalised";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInput);
+        const std::string what = e.what();
+        EXPECT_NE(what.find("layer4.1.bn2 (BatchNorm) sees one value per channel"),
+                  std::string::npos)
+            << what;
+      }
+      EXPECT_EQ(rig.p("layer4.1.bn2.num_batches_tracked").value.data()[0], 0.f);
+      EXPECT_EQ(rig.p("layer4.1.bn2.running_var").value.data()[0], rv0);
+    } else {
+      rig.layer->forward(one, y, Mode::kTrain);
+    }
+    rig.layer->forward(two, y, Mode::kTrain);
+    rig.layer->forward(one, y, Mode::kEval);
+    rig.layer->forward(one, y, Mode::kInfer);
+    EXPECT_EQ(rig.p("layer4.1.bn2.num_batches_tracked").value.data()[0], h * w == 1 ? 1.f : 2.f);
+  }
+}
+
 // ---- softmax cross-entropy
 // -------------------------------------------------------------------------
 
