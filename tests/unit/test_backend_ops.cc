@@ -1116,6 +1116,45 @@ TEST_P(BackendOps, SoftmaxCrossEntropy) {
   expect_match(get(d_), d, "dlogits after a call without them", tol(Cmp::kApprox));
 }
 
+// More classes than a block has threads (the CUDA kernel refused k > 1024 with
+// cudaErrorInvalidValue, though it strides over the row: a 2000-class run failed at its first
+// step), and logits far from 0: rows offset by 1e5, where a float log-sum-exp formed as
+// log(se) + max is rounded to the maximum's units (ulp 0.0078), moving every probability by up to
+// 0.4 %; the reference measures each logit from its row's maximum, as torch's log_softmax does.
+TEST_P(BackendOps, SoftmaxXentManyClassesAndLogitsFarFromZero) {
+  const int64_t n = 4, k = 3000;
+  const float scale = 0.5f;
+  auto z = uniform(sz(n * k), 920, -3.f, 3.f);
+  for (int64_t i = 2 * k; i < n * k; ++i) z[sz(i)] += 1e5f;
+  std::vector<int32_t> labels(sz(n));
+  std::vector<double> d(sz(n * k));
+  double loss = 0, hits = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* zr = z.data() + r * k;
+    const int64_t arg = std::max_element(zr, zr + k) - zr;
+    labels[sz(r)] = static_cast<int32_t>(r % 2 == 0 ? arg : (arg + 7 * r + 1) % k);
+    hits += labels[sz(r)] == arg;
+    const double mx = zr[arg];
+    double se = 0;
+    for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(zr[j]) - mx);
+    const double ls = std::log(se);
+    loss += ls - (static_cast<double>(zr[labels[sz(r)]]) - mx);
+    for (int64_t j = 0; j < k; ++j)
+      d[sz(r * k + j)] =
+          (std::exp(static_cast<double>(zr[j]) - mx - ls) - (j == labels[sz(r)] ? 1.0 : 0.0)) *
+          scale;
+  }
+  ASSERT_EQ(hits, 2.0);
+  auto z_ = put(z), d_ = put(std::vector<float>(d.size(), 7.f));
+  DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
+  DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
+  be().softmax_xent(z_.data(), l_.data(), n, k, scale, 0.f, d_.data(), s_.data(), false);
+  expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
+  const std::vector<double> s = to_host(s_);
+  EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed loss";
+  EXPECT_EQ(s[1], hits) << "argmax hits";
+}
+
 TEST_P(BackendOps, StoreScalar) {
   auto a_ = put({1.f, 2.f, 3.f, 4.f});
   be().store_scalar(a_.data() + 2, 0.3f);
