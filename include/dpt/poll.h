@@ -76,7 +76,7 @@ class RunningDeadline {
 // slices of kWaitSlice, because one timed wait_for ends at once after SIGCONT (libstdc++ waits
 // until an absolute steady-clock time, which ran on while the process was stopped). True when
 // pred() holds. The CPU reducer's wait for its buckets and the MPI start-up and shut-down
-// watchdog (communicator.cc) wait through it. A stop that overlaps a slice is counted for at most
+// watchdog (dpt/watchdog.h) wait through it. A stop that overlaps a slice is counted for at most
 // the slice, so the deadline can come that much early in running time.
 inline constexpr std::chrono::milliseconds kWaitSlice{100};
 template <class Pred>
