@@ -512,17 +512,35 @@ wait_relays() {
 
 grace=10  # seconds: SIGTERM to SIGKILL, and mpirun's or its ranks' time to end (wait_mpirun)
 got=0     # the signal this script received
+got_name="" told=0 # its name; whether mpirun was told of it (tell_mpirun)
 child=""  # mpirun's pid
 kill_at="" # when set: SIGKILL to mpirun's process group at this $SECONDS (wait_mpirun)
-# A job on this host alone (no --host, --hostfile or Slurm allocation) that has started no rank yet
-# has no step to finish and no checkpoint to write: mpirun stuck before starting its ranks (NP=100000
-# on one host: out of pipes, printing ORTE_ERROR_LOG) ignores SIGUSR1, and a single SIGTERM
-# (`timeout` without -k) left it, and this script, running for ever. Such a job is ended at once:
-# SIGTERM, then SIGKILL to mpirun's process group $grace s later.
+# A job on this host alone with nothing running has no step to finish and no checkpoint to
+# write: mpirun stuck before starting its ranks (NP=100000 on one host: out of pipes, printing
+# ORTE_ERROR_LOG) ignores SIGUSR1, and a single SIGTERM (`timeout` without -k) left it, and this
+# script, running for ever. Such a job is ended at once: SIGTERM, then SIGKILL to mpirun's process
+# group $grace s later. On this host alone: no Slurm allocation, no appfile (its hosts are not read
+# here), and every host named (--host, hostfiles; none at all) one of this host's names or addresses
+# (is_local, as mpirun takes them: with a hostfile of `localhost slots=2` the one signal went to the
+# stuck mpirun as SIGUSR1, and only a second ended it). Nothing running: mpirun has no live child,
+# neither a rank here nor the agent (ssh) of a daemon elsewhere; a name that mpirun takes for
+# another host where is_local does not (::1) has such a child, and the job its checkpoint.
 unstarted_local_job() {
-  ((${#hosts[@]} == 0 && ${#hostfiles[@]} == 0)) && [[ -z ${SLURM_JOB_ID:-} && -n $child ]] || return 1
-  note_ranks
-  ((${#ranks[@]} == 0))
+  [[ -n $child && -z ${SLURM_JOB_ID:-} && -z $app_file ]] && ((${#remote[@]} == 0)) || return 1
+  ! mpirun_has_child
+}
+# Whether mpirun ($child) has a live child process (field 4 of /proc/PID/stat, the parent's pid; a
+# zombie, field 3 Z, has ended: out of pipes, mpirun has dozens of ranks that ran and ended).
+mpirun_has_child() {
+  local f stat
+  for f in /proc/[0-9]*/stat; do
+    { read -r stat <"$f"; } 2>/dev/null || continue
+    stat=${stat##*) }
+    [[ $stat == [ZX]* ]] && continue
+    stat=${stat#* }
+    [[ ${stat%% *} == "$child" ]] && return 0
+  done
+  return 1
 }
 on_signal() {
   local name=$1 num=$2
@@ -539,15 +557,23 @@ on_signal() {
     [[ -n $child ]] && kill -TERM "$child" 2>/dev/null
     return
   fi
-  got=$num
+  got=$num got_name=$name
+  # Before mpirun's pid is known (the signal came between its fork and `child=$!`), the job loop
+  # tells it once it is: told by nobody, such an mpirun ran the whole job.
+  [[ -n $child ]] && tell_mpirun
+}
+# Passes the first signal on to mpirun ($child): ended when nothing runs (unstarted_local_job),
+# SIGUSR1 to every rank otherwise.
+tell_mpirun() {
+  told=1
   if unstarted_local_job; then
-    echo "$me: $name: no rank of the job has started: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
+    echo "$me: $got_name: no rank of the job is running: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
     kill -TERM "$child" 2>/dev/null
     kill_at=$((SECONDS + grace))
     return
   fi
-  echo "$me: $name: every rank finishes its step, writes the checkpoint (if --checkpoint-every is on) and stops; $name again kills at once" >&2
-  [[ -n $child ]] && kill -USR1 "$child" 2>/dev/null
+  echo "$me: $got_name: every rank finishes its step, writes the checkpoint (if --checkpoint-every is on) and stops; $got_name again kills at once" >&2
+  kill -USR1 "$child" 2>/dev/null
 }
 trap 'on_signal SIGHUP 1' HUP
 trap 'on_signal SIGINT 2' INT
@@ -600,7 +626,7 @@ find_left() {
 }
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
-  local alone="" seen="" deadline killed=0 left=() p
+  local alone="" seen="" deadline killed=0 left=() p idle=""
   ranks=() rc=""
   while kill -0 "$child" 2>/dev/null; do
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
@@ -608,6 +634,23 @@ wait_mpirun() {
       kill -KILL -- -"$child" 2>/dev/null
       wait_status "$child" quiet
       break
+    fi
+    # A signal that came while ranks ran (or were being started) went to mpirun as SIGUSR1. On this
+    # host alone, once mpirun has had no live child for 3 s no rank is left to stop, and an mpirun
+    # that stays is stuck: out of pipes, it starts dozens of ranks that end at once, then waits for
+    # ever, deaf to SIGUSR1, and a signal in those first seconds took a second one to end it. It
+    # is ended as an unstarted job is. (An mpirun whose ranks have ended exits in milliseconds.)
+    if ((got)) && [[ -z $kill_at ]]; then
+      if unstarted_local_job; then
+        idle=${idle:-$SECONDS}
+        if ((SECONDS - idle >= 3)); then
+          echo "$me: no rank of the job is running any more, and mpirun has not ended: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
+          kill -TERM "$child" 2>/dev/null
+          kill_at=$((SECONDS + grace))
+        fi
+      else
+        idle=""
+      fi
     fi
     # Open MPI starts a job's ranks on a host together: looking for 3 s after the first is seen
     # finds them all, and spares a scan of /proc every second of a long run.
@@ -656,6 +699,11 @@ set -m
 attempt=0
 cmd=("${args[@]}")
 while :; do
+  # A signal before this attempt's mpirun (its relays would wait for it): nothing runs to be stopped.
+  if ((got)); then
+    echo "$me: $got_name before mpirun started: not starting it; exit $((128 + got))" >&2
+    exit $((128 + got))
+  fi
   record_mark
   relay stdout <"$work/stdout" &
   relays=($!)
@@ -663,6 +711,7 @@ while :; do
   relays+=($!)
   mpirun "${extra[@]}" --bind-to none "${cmd[@]}" </dev/null >"$work/stdout" 2>"$work/stderr" &
   child=$!
+  ((got && !told)) && tell_mpirun
   wait_mpirun
   child=""
   wait_relays
