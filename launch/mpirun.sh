@@ -69,6 +69,13 @@ check_host() {
   [[ $h =~ $host_re ]] ||
     die "$where: host name $shown has a character that host names do not have (allowed: letters, digits and . - _ : [ ] @)"
 }
+# strip_slots VAR: VAR's host name without --host's ':slots'. A name with two colons or more is an
+# IPv6 address, kept whole: cut at its first colon, this host's fd00::2 in a hostfile became 'fd00',
+# probed over ssh and refused ("host 'fd00' cannot be reached"), where mpirun runs it here, and ::1
+# became '' ("seen_host: bad array subscript").
+strip_slots() {
+  [[ ${!1} == *:*:* ]] || printf -v "$1" %s "${!1%%:*}"
+}
 # --host / -H: host[:slots],host[:slots],...
 host_list() {
   local flag=$1 v=$2 rest h shown
@@ -80,7 +87,7 @@ host_list() {
     h=${rest%%,*} rest=${rest#*,}
     check_host "$h" "$flag $shown"
     hosts+=("$h")
-    h=${h%%:*}
+    strip_slots h
     [[ -n ${host_where[$h]:-} ]] || host_where[$h]="$flag $shown"
   done
 }
@@ -383,7 +390,7 @@ ssh_opts=(-o ConnectTimeout="$ssh_timeout" -o BatchMode=yes)
 hosts_in_order=() lookup=()
 declare -A seen_host=() addrs_of=()
 for h in "${hosts[@]}"; do
-  h=${h%%:*}
+  strip_slots h
   [[ -n ${seen_host[$h]:-} ]] && continue
   seen_host[$h]=1
   hosts_in_order+=("$h")

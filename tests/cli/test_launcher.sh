@@ -181,6 +181,22 @@ echo "== a hostfile with comments, blank lines, slots=, max_slots=, a tab, no fi
 printf '# hosts\n\n   \n# this host: 2 ranks\n\tlocalhost slots = 2 max_slots=\t4' >good.hosts
 expect 0 "ok" -- bash "$launcher" --hostfile good.hosts -np 2 echo ok
 [[ $(grep -cx ok out.txt) -eq 2 ]] || fail "want 'ok' from 2 ranks: $(cat out.txt)"
+# An IPv6 address is one host name, colons and all: this host's own (from hostname -I) runs here, as
+# with plain mpirun; cut at its first colon it was probed over ssh as 'fd00' and refused (exit 2),
+# and another host's address was refused under a name without its line.
+my_v6=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -m1 ':')
+if [[ -n $my_v6 ]]; then
+  printf '%s slots=2\n' "$my_v6" >v6.hosts
+  expect 0 "ok" -- bash "$launcher" --hostfile v6.hosts -np 2 echo ok
+  [[ $(grep -cx ok out.txt) -eq 2 ]] || fail "--hostfile naming $my_v6: want 'ok' from 2 ranks: $(cat out.txt)"
+else
+  echo "note: this host has no IPv6 address (hostname -I): the case of its own left out"
+fi
+printf '#!/usr/bin/env bash\necho "stand-in ssh: refused" >&2\nexit 255\n' >refuse.sh
+chmod +x refuse.sh
+printf '# another host\n2001:db8::7 slots=1\n' >v6other.hosts
+OMPI_MCA_plm_rsh_agent=$tmp/refuse.sh expect 2 "line 2 of hostfile 'v6other.hosts': host '2001:db8::7' cannot be reached" -- \
+  bash "$launcher" --hostfile v6other.hosts -np 1 echo ok
 # A hostfile that can be read once (a process substitution, a FIFO, /dev/stdin): the launcher's
 # check drained it and mpirun found no host ("No nodes are available for this job", exit 1), where
 # plain mpirun ran. mpirun gets a copy.
