@@ -81,7 +81,10 @@ class Communicator {
 // then the tail bytes): the same bytes give the same value on every rank.
 uint64_t checksum(const void* data, size_t bytes, uint64_t seed = 1469598103934665603ULL);
 
-// Every rank's `mine` (any length), in rank order: host names, device names, signatures.
+// Every rank's `mine`, in rank order: host names, device names, signatures, a rank's settings.
+// Small texts only: each is padded to the longest and the whole sent as one MPI count, so every
+// rank holds world size x the longest text, and a text past 2 GiB ends the job ("collective count
+// out of range", exit 3). Bulk data goes otherwise (predict's rows: infer.cc's RowsWriter).
 std::vector<std::string> allgather_text(Communicator& comm, const std::string& mine);
 
 // MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD.
