@@ -4,8 +4,6 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +13,7 @@
 #include "cpu/isa.h"
 #include "dpt/backend.h"
 #include "dpt/error.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
@@ -22,17 +21,17 @@ namespace {
 
 // DPT_MEMORY_AVAILABLE: bytes, or with a suffix K, M, G or T (powers of 1024).
 double memory_override(const char* v) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  const std::string suffix = end ? end : "";
-  const size_t at = std::string("KMGT").find(suffix.empty() ? 'x' : suffix[0]);
-  const size_t power = suffix.empty() ? 0 : at + 1;  // K: 1024^1
-  DPT_INPUT_CHECK(
-      std::isdigit(static_cast<unsigned char>(v[0])) && errno == 0 && n > 0 &&
-          (suffix.empty() || (suffix.size() == 1 && at != std::string::npos)),
-      "DPT_MEMORY_AVAILABLE=" << v << ": not a number of bytes above 0 (e.g. 1073741824, or 1G; "
-                              << "suffixes K, M, G, T)");
+  // The digits are read as every number a user types is (text.h's read_number): decimal only.
+  const std::string_view text(v);
+  const size_t at = text.empty() ? std::string::npos : std::string("KMGT").find(text.back());
+  const size_t power = at == std::string::npos ? 0 : at + 1;  // K: 1024^1
+  const std::optional<unsigned long long> read =
+      read_number<unsigned long long>(text.substr(0, text.size() - (power ? 1 : 0)));
+  const unsigned long long n = read.value_or(0);
+  DPT_INPUT_CHECK(read && n > 0, "DPT_MEMORY_AVAILABLE="
+                                     << v
+                                     << ": not a number of bytes above 0 (e.g. 1073741824, or 1G; "
+                                     << "suffixes K, M, G, T)");
   return static_cast<double>(n) * std::pow(1024.0, static_cast<double>(power));
 }
 

@@ -40,6 +40,7 @@
 #include "cuda/gpu_context.h"
 #include "dpt/error.h"
 #include "dpt/log.h"
+#include "dpt/text.h"
 
 namespace dpt::gpu::graph_api {
 
@@ -136,11 +137,9 @@ inline void check_not_capturing(const GpuContext& ctx, const std::string& what) 
 inline int env_count(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  DPT_INPUT_CHECK(*end == '\0' && n > 0 && n <= 1000,
-                  name << "=" << v << " is not a count from 1 to 1000");
-  return static_cast<int>(n);
+  const std::optional<int> n = read_number<int>(v);  // decimal only, as every number typed
+  DPT_INPUT_CHECK(n && *n > 0 && *n <= 1000, name << "=" << v << " is not a count from 1 to 1000");
+  return *n;
 }
 
 // How many candidate plans a key times at most (DPT_CUDNN_MAX_PLANS, default 8): the heuristics'

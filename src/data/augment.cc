@@ -3,9 +3,7 @@
 // src/cpu/gather.cc and kernels/data.cu).
 #include "dpt/augment.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -27,18 +25,20 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Each value is checked as the float it is stored in, not as the double strtod reads: 1e39 is a
-// finite double but an infinite float, and 1e-40 a positive double but a subnormal float, which as
-// a standard deviation turns most inputs into infinities. Messages quote the value as given. An
+// Each value is checked as the float it is stored in, not as the double read_number reads: 1e39 is
+// a finite double but an infinite float, and 1e-40 a positive double but a subnormal float, which
+// as a standard deviation turns most inputs into infinities. Messages quote the value as given. An
 // empty list is no values (split_list's rule), so "/" is refused as giving no means.
 std::vector<float> parse_floats(const std::string& list, const std::string& value, bool stds) {
   const char* what = stds ? "standard deviation" : "mean";
   std::vector<float> out;
   for (const std::string& t : split_list(list, ',')) {
-    char* end = nullptr;
-    const double v = std::strtod(t.c_str(), &end);
-    DPT_INPUT_CHECK(!t.empty() && end == t.c_str() + t.size() && !std::isnan(v),
-                    "--normalize '" << value << "': " << what << " '" << t << "' is not a number");
+    NumberError why = NumberError::kNone;
+    const std::optional<double> read = read_number<double>(t, &why);  // text.h's one reader
+    DPT_INPUT_CHECK(read || why == NumberError::kTooLarge,
+                    "--normalize '" << value << "': " << what << " '" << t << "' "
+                                    << number_error_text<double>(why));
+    const double v = read.value_or(HUGE_VAL);
     const float f = static_cast<float>(v);
     DPT_INPUT_CHECK(std::isfinite(f), "--normalize '" << value << "': " << what << " " << t
                                                       << " is outside a float's range (|x| <= "
@@ -90,13 +90,11 @@ AugmentSpec parse_augment(const std::string& value, int64_t rows, int64_t cols) 
       spec.pad = static_cast<int>(std::max<int64_t>(1, std::min(rows, cols) / 8));
     } else {
       const std::string p = item.substr(5);
-      char* end = nullptr;
-      errno = 0;
-      const long v = std::strtol(p.c_str(), &end, 10);
-      DPT_INPUT_CHECK(
-          !p.empty() && end == p.c_str() + p.size() && errno == 0 && v >= 1 && v <= 2047,
-          "--augment '" << value << "': crop=" << p << " is not a padding of 1..2047 pixels");
-      spec.pad = static_cast<int>(v);
+      const std::optional<int> v = read_number<int>(p);
+      DPT_INPUT_CHECK(v && *v >= 1 && *v <= 2047, "--augment '"
+                                                      << value << "': crop=" << p
+                                                      << " is not a padding of 1..2047 pixels");
+      spec.pad = *v;
     }
   }
   // A window shifted by more than the image would see only padding.

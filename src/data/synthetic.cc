@@ -1,7 +1,6 @@
 // --data synthetic:HxWxC:N:K (dataset.h): random images and labels drawn from the seed, for
 // throughput at any image size without a data set on disk (the synthetic benchmarks of Horovod
 // and TensorFlow). Every rank draws the same sets from the same seed.
-#include <charconv>
 #include <limits>
 #include <string>
 #include <vector>
@@ -37,10 +36,10 @@ struct SyntheticSpec {
 // One decimal field in [lo, hi], or an input error naming the spec, the field and the range.
 int64_t field(const std::string& spec, const std::string& text, const char* what, int64_t lo,
               int64_t hi) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const std::optional<int64_t> read = read_number<int64_t>(text);  // text.h's one reader
+  const int64_t v = read.value_or(lo - 1);
   DPT_INPUT_CHECK(
-      !text.empty() && ec == std::errc() && end == text.data() + text.size() && v >= lo && v <= hi,
+      read && v >= lo && v <= hi,
       "--data " << printable(spec) << ": " << what << " '" << printable(text)
                 << "' is not a whole number in " << lo << ".." << hi
                 << " (the form is synthetic:HxWxC:N:K, e.g. synthetic:224x224x3:1024:100)");

@@ -17,22 +17,23 @@
 #include "dpt/models.h"
 #include "dpt/poll.h"
 #include "dpt/reducer.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
 void parse_checkpoint_every(const std::string& v, TrainConfig* c) {
-  // A number, then an optional unit: epochs (the default), steps or minutes.
-  size_t end = 0;
-  double n = 0;
-  try {
-    n = std::stod(v, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  std::string unit = v.substr(end);
-  DPT_INPUT_CHECK(
-      end > 0 && std::isfinite(n) && n >= 0,
-      "--checkpoint-every: '" << v << "' is not N, Nepochs, Nsteps or Nmin with N >= 0");
+  // A number (read_number's, text.h), then an optional unit, the letters it ends with: epochs
+  // (the default), steps or minutes. (std::stod read the number before: "0x2steps" was 2 steps.)
+  size_t split = v.size();
+  while (split > 0 && ((v[split - 1] >= 'a' && v[split - 1] <= 'z') ||
+                       (v[split - 1] >= 'A' && v[split - 1] <= 'Z')))
+    --split;
+  const std::string unit = v.substr(split);
+  const std::optional<double> read = read_number<double>(std::string_view(v).substr(0, split));
+  DPT_INPUT_CHECK(read && *read >= 0, "--checkpoint-every: '"
+                                          << printable(v)
+                                          << "' is not N, Nepochs, Nsteps or Nmin with N >= 0");
+  const double n = *read;
   c->checkpoint_every = 0, c->checkpoint_every_steps = 0, c->checkpoint_every_minutes = 0;
   if (unit.empty() || unit == "epoch" || unit == "epochs" || unit == "steps" || unit == "step") {
     DPT_INPUT_CHECK(n == std::floor(n) && n <= 1e9,

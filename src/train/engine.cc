@@ -18,6 +18,7 @@
 #include "dpt/comm.h"
 #include "dpt/error.h"
 #include "dpt/log.h"
+#include "dpt/text.h"
 #include "dpt/trace.h"
 
 namespace dpt {
@@ -47,10 +48,12 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
   // A diagnostic, read by each rank alone: a bad value is warned about and ignored, never an
   // error one rank raises while the others train on.
   if (const char* v = std::getenv("DPT_PROFILE_STEPS"); v && *v) {
-    long long a = -1, b = -1;
-    char tail = 0;
-    if (std::sscanf(v, "%lld:%lld%c", &a, &b, &tail) == 2 && a >= 0 && b > a)
-      profile_from_ = a, profile_to_ = b;
+    // Read as --trace-steps is (text.h's read_number): decimal, nothing around the numbers.
+    const std::vector<std::string> ends = split_list(v, ':');
+    std::optional<int64_t> a, b;
+    if (ends.size() == 2) a = read_number<int64_t>(ends[0]), b = read_number<int64_t>(ends[1]);
+    if (a && b && *a >= 0 && *b > *a)
+      profile_from_ = *a, profile_to_ = *b;
     else
       log_warn(DPT_MSG(
           "DPT_PROFILE_STEPS=" << v << " is not A:B with 0 <= A < B (global steps): ignored"));

@@ -4,10 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cxxopts.hpp>
-#include <locale>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -25,14 +22,16 @@ namespace dpt {
 
 namespace {
 
-// --trace-steps A:B: the window of global steps [A, B) the trace covers.
+// --trace-steps A:B: the window of global steps [A, B) the trace covers (its range:
+// validate_config).
 void parse_trace_steps(const std::string& window, TrainConfig* c) {
-  long long a = -1, b = -1;
-  char tail = 0;
-  DPT_INPUT_CHECK(std::sscanf(window.c_str(), "%lld:%lld%c", &a, &b, &tail) == 2,
-                  "--trace-steps: '" << window << "' is not A:B");
-  c->trace_begin = a;
-  c->trace_end = b;
+  const std::vector<std::string> ends = split_list(window, ':');
+  std::optional<int64_t> a, b;
+  if (ends.size() == 2) a = read_number<int64_t>(ends[0]), b = read_number<int64_t>(ends[1]);
+  DPT_INPUT_CHECK(a && b, "--trace-steps: '" << printable(window)
+                                             << "' is not A:B (two whole numbers in decimal)");
+  c->trace_begin = *a;
+  c->trace_end = *b;
 }
 
 std::string format_trace_steps(const TrainConfig& c) {
@@ -43,16 +42,9 @@ std::string format_trace_steps(const TrainConfig& c) {
 void parse_betas(const std::string& v, TrainConfig* c) {
   std::vector<double> betas;
   for (const std::string& part : split_list(v, ',')) {
-    size_t end = 0;
-    double b = 0;
-    try {
-      b = std::stod(part, &end);
-    } catch (const std::exception&) {
-      end = 0;
-    }
-    DPT_INPUT_CHECK(end > 0 && end == part.size() && std::isfinite(b),
-                    "--betas: '" << v << "' is not B1,B2 (two numbers)");
-    betas.push_back(b);
+    const std::optional<double> b = read_number<double>(part);
+    DPT_INPUT_CHECK(b, "--betas: '" << printable(v) << "' is not B1,B2 (two numbers)");
+    betas.push_back(*b);
   }
   DPT_INPUT_CHECK(betas.size() == 2, "--betas: '" << v << "' is not B1,B2 (two numbers)");
   c->betas = betas;
@@ -579,78 +571,87 @@ const std::vector<Flag>& flags() {
 
 namespace {
 
-// cxxopts reads a number with operator>>, which stops at the first character that is not part of
-// it and keeps what it read: --momentum 0,9 (a comma decimal separator, as a German-locale user
-// types it) trained with momentum 0, --lr 0.1x at 0.1, without a word. A value must be a number to
-// its end (the C locale's: dptrain never sets another): this is that reading, or nothing.
+// Every number a flag takes is read by read_number (text.h), never by cxxopts, which is handed the
+// text as given: cxxopts read integers in hex too (--epochs 0x10 was 16, --top-k 0x3 was 3) and
+// doubles with operator>>, which skipped leading blanks, took a '+' and stopped at the first
+// character that was not part of the number, keeping what it had read (--momentum 0,9, a comma
+// decimal separator as a German-locale user types it, trained with momentum 0; the check added for
+// that still let " 0.1" through), while integers with a blank or a '+' were refused.
 template <typename T>
-std::optional<T> read_to_end(const std::string& text) {
-  std::istringstream in(text);
-  in.imbue(std::locale::classic());
-  T value{};
-  in >> value;
-  if (!in || !(in >> std::ws).eof()) return std::nullopt;
-  return value;
-}
-
-// Whether text is a number to its end that reads as 0 with a nonzero digit before its exponent:
-// 1e-400 is below the smallest double, and libstdc++'s operator>> gives 0 for it without an error,
-// so --lr 1e-400 was refused as "got 0" and --label-smoothing 1e-400 ran without smoothing.
+constexpr bool is_number = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
 template <typename T>
-bool underflows(const std::string& text) {
-  if constexpr (std::is_floating_point_v<T>) {
-    const std::optional<T> v = read_to_end<T>(text);
-    if (!v || *v != 0) return false;
-    for (const char ch : text) {
-      if (ch == 'e' || ch == 'E') break;
-      if (ch >= '1' && ch <= '9') return true;
-    }
-  }
-  return false;
-}
-
-// The value text is (read_to_end), unless it underflows to 0; or nothing.
+struct ListItem {
+  using type = void;
+};
 template <typename T>
-std::optional<T> whole_number(const std::string& text) {
-  if (underflows<T>(text)) return std::nullopt;
-  return read_to_end<T>(text);
+struct ListItem<std::vector<T>> {
+  using type = T;
+};
+template <typename T>
+constexpr bool is_number_list = is_number<typename ListItem<T>::type>;
+
+// `text` as a number of T, or an input error naming the flag and the value and saying why.
+template <typename T>
+T number(const std::string& flag, const std::string& text) {
+  NumberError why = NumberError::kNone;
+  if (const std::optional<T> v = read_number<T>(text, &why)) return *v;
+  throw Error(ErrorKind::kInput, flag + ": '" + printable(text) + "' " + number_error_text<T>(why) +
+                                     (std::is_floating_point_v<T> && why == NumberError::kSyntax &&
+                                              text.find(',') != std::string::npos
+                                          ? " (the decimal separator is '.', whatever the locale)"
+                                          : ""));
 }
 
-// The refusal of one item of a list value (--step-epochs 1,x), naming the flag and the value.
-Error bad_list_item(const std::string& flag, const std::string& given, const std::string& item) {
-  return Error(ErrorKind::kInput, flag + ": '" + given + "' has the item '" + item +
-                                      "', which is not a valid value (see dptrain --help)");
+// The refusal of one item of a list value (--step-epochs 1,x), naming the flag and the value;
+// `why` (read_number's words for it) when there is more to say than that.
+Error bad_list_item(const std::string& flag, const std::string& given, const std::string& item,
+                    const std::string& why = "") {
+  return Error(ErrorKind::kInput, flag + ": '" + printable(given) + "' has the item '" +
+                                      printable(item) + "', which is not a valid value" +
+                                      (why.empty() ? " (see dptrain --help)" : ": it " + why));
 }
 
-// Values are converted here, so a value that does not parse is reported with its flag.
+// Values are converted here, so a value that does not parse is reported with its flag. Numbers:
+// every occurrence of the flag is read (a scalar's last one wins, as cxxopts' did; a list's items
+// are appended in order, as cxxopts appended them), the default's text when none is given.
 template <typename T>
 T flag(const cxxopts::ParseResult& r, const std::string& name) {
-  if constexpr (std::is_same_v<T, std::vector<int>> || std::is_same_v<T, std::vector<double>>) {
-    // cxxopts drops a last empty item ("1,2," was read as 1,2) but refuses any other ("1,,2",
-    // ",1"): an empty item is refused wherever it stands. An empty value is cxxopts' to refuse.
-    for (const cxxopts::KeyValue& given : r.arguments()) {
-      if (given.key() != name) continue;
-      const std::vector<std::string> items = split_list(given.value(), ',');
-      if (std::find(items.begin(), items.end(), "") != items.end())
-        throw bad_list_item("--" + name, given.value(), "");
+  if constexpr (is_number<T> || is_number_list<T>) {
+    T out{};
+    bool given = false;
+    for (const cxxopts::KeyValue& arg : r.arguments()) {
+      if (arg.key() != name) continue;
+      given = true;
+      if constexpr (is_number<T>) {
+        out = number<T>("--" + name, arg.value());
+      } else {
+        using Item = typename ListItem<T>::type;
+        // An empty item is refused wherever it stands ("1,,2", ",1", and "1,2,", whose last item
+        // cxxopts dropped), and the empty value is one empty item here.
+        const std::vector<std::string> items = split_list(arg.value(), ',');
+        if (items.size() <= 1) {
+          out.push_back(number<Item>("--" + name, arg.value()));
+          continue;
+        }
+        for (const std::string& item : items) {
+          NumberError why = NumberError::kNone;
+          const std::optional<Item> v = read_number<Item>(item, &why);
+          if (!v)
+            throw bad_list_item("--" + name, arg.value(), item,
+                                item.empty() ? "" : number_error_text<Item>(why));
+          out.push_back(*v);
+        }
+      }
     }
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    for (const cxxopts::KeyValue& given : r.arguments()) {
-      if (given.key() != name) continue;
-      DPT_INPUT_CHECK(whole_number<T>(given.value()),
-                      "--" << name << ": '" << given.value() << "' is not a number"
-                           << (given.value().find(',') != std::string::npos
-                                   ? " (the decimal separator is '.', whatever the locale)"
-                               : underflows<T>(given.value())
-                                   ? " a double can hold: it is too small, and would be 0"
-                                   : ""));
+    if constexpr (is_number<T>)
+      if (!given) out = number<T>("--" + name, r[name].as<std::string>());  // the default's text
+    return out;
+  } else {
+    try {
+      return r[name].as<T>();
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::kInput, "--" + name + ": " + e.what());
     }
-  }
-  try {
-    return r[name].as<T>();
-  } catch (const std::exception& e) {
-    throw Error(ErrorKind::kInput, "--" + name + ": " + e.what());
   }
 }
 
@@ -661,7 +662,8 @@ std::string text(const T& v) {
   return os.str();
 }
 
-// cxxopts' option for an entry: its type, and its default when --help shows one.
+// cxxopts' option for an entry: its type (a number's is its text: flag() reads it), and its
+// default when --help shows one.
 std::shared_ptr<const cxxopts::Value> option_value(const Flag& f) {
   static const TrainConfig d;  // the built-in defaults shown in --help
   if (f.kind == FlagKind::kCustom) return cxxopts::value<std::string>()->default_value(f.format(d));
@@ -670,12 +672,14 @@ std::shared_ptr<const cxxopts::Value> option_value(const Flag& f) {
       [&](auto m) -> std::shared_ptr<const cxxopts::Value> {
         if constexpr (is_field<decltype(m)>) {
           using T = std::remove_cvref_t<decltype(d.*m)>;
-          if (f.from != Default::kConfig) return cxxopts::value<T>();
-          if constexpr (std::is_same_v<T, std::vector<int>> ||
-                        std::is_same_v<T, std::vector<double>>) {
-            DPT_CHECK(false, "flag table: --" << f.name << " shows no default");
+          if constexpr (is_number_list<T>) {
+            DPT_CHECK(f.from != Default::kConfig,
+                      "flag table: --" << f.name << " shows no default");
+            return cxxopts::value<std::string>();
           } else {
-            return cxxopts::value<T>()->default_value(text(d.*m));
+            using Given = std::conditional_t<is_number<T>, std::string, T>;
+            if (f.from != Default::kConfig) return cxxopts::value<Given>();
+            return cxxopts::value<Given>()->default_value(text(d.*m));
           }
         }
         DPT_CHECK(false, "flag table: --" << f.name << " sets no field");
@@ -812,7 +816,7 @@ double early_timeout(int argc, char** argv) {
     else if (arg.rfind("--timeout=", 0) == 0)
       value = arg.substr(10);
   }
-  const std::optional<double> v = whole_number<double>(value);  // as parse_config reads it
+  const std::optional<double> v = read_number<double>(value);  // as parse_config reads it
   return v && *v >= 0 && *v <= kMaxTimeoutSeconds ? *v : fallback;
 }
 

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
@@ -92,12 +91,12 @@ std::string cpu_list_text(const std::vector<int>& cpus) {
 
 std::optional<std::vector<int>> read_cpu_list(std::string_view text) {
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-  // One CPU id: digits only (from_chars takes no '+' or space; a '-' is the range's), below
+  // One CPU id: digits only (read_number, text.h: no '+' or space; a '-' is the range's), below
   // kMaxCpus, so "0-4294967295" is refused rather than counted out.
   const auto id = [](std::string_view digits, int* out) {
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), *out);
-    return ec == std::errc() && end == digits.data() + digits.size() && *out >= 0 &&
-           *out < kMaxCpus;
+    const std::optional<int> v = read_number<int>(digits);
+    *out = v.value_or(-1);
+    return v && *out >= 0 && *out < kMaxCpus;
   };
   // An empty text (a cpuset of no CPUs) is no items, so no CPUs; an empty item is refused.
   std::vector<std::pair<int, int>> ranges;

@@ -33,6 +33,7 @@
 #include "dpt/run.h"
 #include "dpt/safetensors.h"
 #include "dpt/sampler.h"
+#include "dpt/text.h"
 #include "dpt/trace.h"
 #include "train/guard.h"
 #include "train/signals.h"
@@ -69,11 +70,16 @@ struct Run {
 double slow_factor(int rank, int world) {
   const char* v = std::getenv("DPT_FAULT_SLOW_RANK");
   if (!v || !*v) return 1;
-  int r = -1, used = 0;
-  double f = 0;
-  const bool parsed = std::sscanf(v, "%d:%lf%n", &r, &f, &used) == 2 && v[used] == '\0';
+  // Read as the flags' numbers are (text.h's read_number): decimal, nothing around them.
+  const std::vector<std::string> parts = split_list(v, ':');
+  std::optional<int> rank_read;
+  std::optional<double> factor_read;
+  if (parts.size() == 2)
+    rank_read = read_number<int>(parts[0]), factor_read = read_number<double>(parts[1]);
+  const int r = rank_read.value_or(-1);
+  const double f = factor_read.value_or(0);
   DPT_INPUT_CHECK(
-      parsed && std::isfinite(f) && f >= 1 && f <= 1000,
+      rank_read && factor_read && f >= 1 && f <= 1000,
       "DPT_FAULT_SLOW_RANK=" << v << ": want RANK:FACTOR, a factor from 1 to 1000 (e.g. 1:10)");
   DPT_INPUT_CHECK(r >= 0 && r < world, "DPT_FAULT_SLOW_RANK=" << v << ": rank " << r
                                                               << " does not exist at world size "

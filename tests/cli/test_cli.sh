@@ -145,6 +145,21 @@ expect 2 "--label-smoothing: '1e-400' is not a number a double can hold: it is t
   "$bin" --label-smoothing 1e-400
 expect 2 "--lr: '-3E-999' is not a number a double can hold: it is too small" -- "$bin" --lr -3E-999
 expect 2 "--lr must be > 0, got 0" -- "$bin" --lr 0.000e-999
+# Every number is decimal, the whole value (read_number, include/dpt/text.h): cxxopts read the
+# integer flags in hex (--epochs 0x10 ran 16 epochs), stod/strtod/sscanf took hex floats and
+# leading blanks, and operator>> blanks and '+', while integers refused " 3" and +3.
+expect 2 "--epochs: '0x10' is not a whole number" -- "$bin" --epochs 0x10
+expect 2 "--epochs: '+3' is not a whole number" -- "$bin" --epochs +3
+expect 2 "--top-k: '0x3' is not a whole number" -- "$bin" predict --load x --output y --top-k 0x3
+expect 2 "--seed: '0x10' is not a whole number (decimal digits)" -- "$bin" --seed 0x10
+expect 2 "--checkpoint-every: '0x2steps' is not N, Nepochs, Nsteps or Nmin" -- "$bin" --checkpoint-every 0x2steps
+expect 2 "--normalize '0x1p-1/0.5': mean '0x1p-1' is not a number" -- "$bin" --normalize 0x1p-1/0.5
+expect 2 "--betas: '0x0.8,0.9' is not B1,B2" -- "$bin" --optimizer adamw --betas 0x0.8,0.9
+expect 2 "--trace-steps: ' 2:12' is not A:B" -- "$bin" --trace-steps " 2:12"
+expect 2 "--lr: ' 0.1' is not a number" -- "$bin" --lr " 0.1"
+# sscanf's %lf read DPT_FAULT_SLOW_RANK's factor in hex (0x2 was 2) and after blanks.
+expect 2 "DPT_FAULT_SLOW_RANK=0:0x2: want RANK:FACTOR" -- env DPT_FAULT_SLOW_RANK=0:0x2 \
+  "$bin" --data synthetic:28x28x1:128:10 --epochs 1 --max-steps 1 --batch-size 64 --eval-every 0
 # A locale with a comma decimal separator changes nothing: flags, the log and --metrics keep '.'
 # (dptrain never calls setlocale). The locale is compiled here (localedef) where glibc's sources are.
 if localedef -i de_DE -f UTF-8 "$tmp/de_DE.UTF-8" >/dev/null 2>&1; then

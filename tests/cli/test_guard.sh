@@ -23,9 +23,9 @@ expect 2 "after 2 skipped steps (--nonfinite-max-skips)" -- "$bin" --epochs 1 --
 [[ $(grep -c "the step was skipped" out.txt) -eq 2 ]] || fail "want 2 skip warnings: $(grep -c skipped out.txt)"
 expect 2 "--nonfinite must be stop or skip, got 'ignore'" -- "$bin" --nonfinite ignore
 expect 2 "--clip-grad-norm must be >= 0" -- "$bin" --clip-grad-norm -1
-expect 2 "--clip-grad-norm: 'nan' is not a valid value" -- "$bin" --clip-grad-norm nan
-expect 2 "--lr: 'nan' is not a valid value" -- "$bin" --lr nan
-expect 2 "--clip-grad-norm: 'x' is not a valid value" -- "$bin" --clip-grad-norm=x
+expect 2 "--clip-grad-norm: 'nan' is not a number" -- "$bin" --clip-grad-norm nan
+expect 2 "--lr: 'nan' is not a number" -- "$bin" --lr nan
+expect 2 "--clip-grad-norm: 'x' is not a number" -- "$bin" --clip-grad-norm=x
 
 echo "== gradient norms in the metrics; clipping"
 expect 0 "epoch 1/1" -- "$bin" --epochs 1 --max-steps 6 --eval-every 0 --metrics m.jsonl --metrics-every 1

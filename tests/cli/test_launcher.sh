@@ -319,9 +319,9 @@ rc=${PIPESTATUS[0]}
 launch -np 2 bash "$tmp/talk.sh" 1 "$tmp/out" 3 2>out3.err | head -c 1 >/dev/null
 rc=${PIPESTATUS[0]}
 [[ $rc -eq 3 && -f out.0 && -f out.1 ]] || fail "stdout reader gone, job exit 3: launcher exit $rc (want 3), markers: $(ls out.* 2>/dev/null)"
-expect 2 "--lr: 'nan' is not a valid value" -- bash "$launcher" -np 2 "$bin" --lr nan
+expect 2 "--lr: 'nan' is not a number" -- bash "$launcher" -np 2 "$bin" --lr nan
 bash "$launcher" -np 2 "$bin" --lr nan >nan.out 2>nan.err
-[[ $? -eq 2 && ! -s nan.out ]] && grep -q "'nan' is not a valid value" nan.err ||
+[[ $? -eq 2 && ! -s nan.out ]] && grep -q "'nan' is not a number" nan.err ||
   fail "bad input: want exit 2, the message on stderr and nothing on stdout: $(cat nan.out)"
 
 echo "== a terminal: the progress bar still reaches it"

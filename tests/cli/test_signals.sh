@@ -125,7 +125,7 @@ finish_run
 [[ $rc -ne 0 && $rc -ne 124 ]] || fail "a job killed before its first checkpoint: launcher exit $rc"
 grep -q "without writing a checkpoint since it started: not restarting" early.log || fail "no 'not restarting': $(tail -3 early.log)"
 none_left early
-expect 2 "--lr: 'nan' is not a valid value" -- bash "$launcher" --max-restarts 3 -np 2 "$bin" --lr nan --checkpoint-every 1
+expect 2 "--lr: 'nan' is not a number" -- bash "$launcher" --max-restarts 3 -np 2 "$bin" --lr nan --checkpoint-every 1
 grep -q "restart" "$tmp/out.txt" && fail "a refused flag was restarted"
 expect 2 "--max-restarts: 'x' is not a whole number" -- bash "$launcher" --max-restarts x -np 2 "$bin"
 expect 2 "--ssh-timeout: '0' is not a whole number" -- bash "$launcher" --ssh-timeout 0 -np 2 "$bin"

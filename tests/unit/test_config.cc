@@ -7,11 +7,16 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "dpt/config.h"
+#include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/flags.h"
 #include "dpt/models.h"
@@ -144,10 +149,12 @@ TEST(Config, EarlyTimeoutIsTheFlagsOrTheDefault) {
   EXPECT_EQ(early({"evaluate", "--timeout=7.5", "--load", "m.st"}), 7.5);
   EXPECT_EQ(early({"--timeout", "0"}), 0.0);
   EXPECT_EQ(early({"--timeout", "1e7"}), 1e7);
-  for (const char* same : {"7.5", " 5", "5 "})  // blanks around it, as the flag takes them
+  for (const char* same : {"7.5", "5", "0.5e1"})
     EXPECT_EQ(parse({"--timeout", same}).timeout, early({"--timeout", same})) << "'" << same << "'";
-  // 1e-400: below the smallest double, read as 0 (no limit) before it was refused.
-  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", "0x10", "5,5", "1e-400"})
+  // 1e-400: below the smallest double, read as 0 (no limit) before it was refused. Blanks around
+  // the value, '+' and hex are refused by the flag (read_number) and so by its early reading.
+  for (const char* bad : {"abc", "-1", "1e8", "nan", "inf", "5s", "", "0x10", "5,5", "1e-400", " 5",
+                          "5 ", "+5", "0x1p2"})
     EXPECT_EQ(early({"--timeout", bad}), 300.0) << "'" << bad << "'";
   EXPECT_EQ(early({"--timeout"}), 300.0) << "no value";
   EXPECT_EQ(early({"--timeouts", "5"}), 300.0) << "another flag";
@@ -308,7 +315,13 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--schedule", "step", "--step-epochs=1,2,"},
        "--step-epochs: '1,2,' has the item '', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs", "99999999999"},
-       "--step-epochs: '99999999999' is not a valid value"},
+       "--step-epochs: '99999999999' is out of range (a whole number from -2147483648 to "
+       "2147483647)"},
+      {{"--schedule", "step", "--step-epochs", "2,0x3"},
+       "--step-epochs: '2,0x3' has the item '0x3', which is not a valid value: it is not a whole "
+       "number"},
+      {{"--schedule", "step", "--step-epochs", "2, 3"}, "has the item ' 3', which is not a valid"},
+      {{"--schedule", "step", "--step-epochs", ""}, "--step-epochs: '' is not a whole number"},
       {{"--no-such-flag"}, "no-such-flag"},
       {{"stray"}, "stray"},
   };
@@ -353,7 +366,14 @@ TEST(Config, NormalizeValuesAreCheckedAsTheFloatsTheyBecome) {
     const char* needle;
   } refused[] = {
       {"0/1e39", "standard deviation 1e39 is outside a float's range"},
-      {"0/0x1p200", "standard deviation 0x1p200 is outside a float's range"},
+      // Hex floats were read (strtod's); now a number is decimal (read_number, text.h).
+      {"0/0x1p200", "standard deviation '0x1p200' is not a number"},
+      {"0x1p-1/0.5", "mean '0x1p-1' is not a number"},
+      {" 0.5/1", "mean ' 0.5' is not a number"},
+      {"0.5/+1", "standard deviation '+1' is not a number"},
+      {"0/inf", "standard deviation 'inf' is not a number"},
+      {"1e400/1", "mean 1e400 is outside a float's range"},
+      {"1e-400/1", "mean '1e-400' is not a number a double can hold: it is too small"},
       {"1e39/1", "mean 1e39 is outside a float's range"},
       {"-1e39/1", "mean -1e39 is outside a float's range"},
       {"0/1e-40", "standard deviation 1e-40 is below the smallest normal float"},
@@ -409,6 +429,204 @@ TEST(Text, SplitListKeepsEveryEmptyItemAndTheEmptyTextIsNoItems) {
     for (size_t i = 0; i < items.size(); ++i) joined += (i ? "," : "") + items[i];
     EXPECT_EQ(joined, text);
   }
+}
+
+// The one number reader (text.h) every flag, list item, DPT_* variable and metadata value is read
+// with: decimal only, the whole text, exactly what strtod gives for the same decimal text.
+TEST(Text, ReadNumberTakesDecimalOnly) {
+  const auto i = [](const char* t) { return read_number<int>(t); };
+  EXPECT_EQ(i("0"), 0);
+  EXPECT_EQ(i("16"), 16);
+  EXPECT_EQ(i("-5"), -5);
+  EXPECT_EQ(i("-0"), 0);
+  EXPECT_EQ(i("08"), 8);  // leading zeros: decimal, never octal
+  EXPECT_EQ(i("2147483647"), 2147483647);
+  EXPECT_EQ(i("-2147483648"), -2147483647 - 1);
+  EXPECT_EQ(read_number<int64_t>("9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(read_number<uint64_t>("18446744073709551615"), UINT64_MAX);
+  for (const char* bad :
+       {"",    " ",   "0x10",  "0X10",  "0x", "+3",  " 3",  "3 ", "\t3", "3\n", "1.5",
+        "1e3", "3,0", "1_000", "1'000", "-",  "--3", "- 3", "3-", "abc", "٣"}) {
+    NumberError why = NumberError::kNone;
+    EXPECT_EQ(read_number<int>(bad, &why), std::nullopt) << "'" << bad << "'";
+    EXPECT_EQ(why, NumberError::kSyntax) << "'" << bad << "'";
+  }
+  NumberError why = NumberError::kNone;
+  for (const char* big : {"2147483648", "-2147483649", "99999999999999999999999"}) {
+    EXPECT_EQ(read_number<int>(big, &why), std::nullopt) << big;
+    EXPECT_EQ(why, NumberError::kTooLarge) << big;
+  }
+  EXPECT_EQ(read_number<uint64_t>("18446744073709551616", &why), std::nullopt);
+  EXPECT_EQ(why, NumberError::kTooLarge);
+  EXPECT_EQ(read_number<uint64_t>("-1", &why), std::nullopt);  // no sign for an unsigned one
+  EXPECT_EQ(why, NumberError::kSyntax);
+  EXPECT_EQ(number_error_text<int>(NumberError::kTooLarge),
+            "is out of range (a whole number from -2147483648 to 2147483647)");
+  EXPECT_EQ(number_error_text<int>(NumberError::kSyntax),
+            "is not a whole number (decimal digits, '-' before a negative one)");
+  EXPECT_EQ(number_error_text<uint64_t>(NumberError::kSyntax),
+            "is not a whole number (decimal digits)");
+
+  const auto d = [](const char* t) { return read_number<double>(t); };
+  EXPECT_EQ(d("0.1"), 0.1);
+  EXPECT_EQ(d("-2.5e-3"), -2.5e-3);
+  EXPECT_EQ(d("1E5"), 1e5);
+  EXPECT_EQ(d("1e+5"), 1e5);
+  EXPECT_EQ(d(".5"), 0.5);
+  EXPECT_EQ(d("5."), 5.0);
+  EXPECT_EQ(d("-.5"), -0.5);
+  EXPECT_EQ(d("00012"), 12.0);
+  EXPECT_EQ(d("0.000e-999"), 0.0);  // a zero written so is 0, not too small
+  EXPECT_TRUE(std::signbit(*d("-0")));
+  EXPECT_EQ(d("1.7976931348623157e308"), std::numeric_limits<double>::max());
+  EXPECT_EQ(d("4.9406564584124654e-324"), std::numeric_limits<double>::denorm_min());
+  // Bit for bit what strtod reads from the same decimal text (the readers it replaced).
+  for (const char* t : {"0.1", "0.9", "0.999", "0.99999999999", "1e-8", "5e-4", "3.4e38", "1.2e-38",
+                        "1e-310", "2.2250738585072011e-308", "123456789012345678901234",
+                        "0.30000000000000004", "7.5", "1e7", "6.02214076e23"}) {
+    const std::optional<double> v = d(t);
+    ASSERT_TRUE(v) << t;
+    const double want = std::strtod(t, nullptr);
+    EXPECT_EQ(std::memcmp(&*v, &want, sizeof want), 0) << t;
+  }
+  for (const char* bad :
+       {"",         " ",   " 0.1", "0.1 ",   "+0.1", "0x10",  "0x1p-1", "0X1P3", "inf", "-inf",
+        "infinity", "nan", "-nan", "nan(1)", "NaN",  "INF",   "0,9",    "1e",    "1e+", "e5",
+        ".",        "-",   "-.",   "1.2.3",  "0.1x", "1 000", "5s",     "1d",    "1f"}) {
+    NumberError why = NumberError::kNone;
+    EXPECT_EQ(read_number<double>(bad, &why), std::nullopt) << "'" << bad << "'";
+    EXPECT_EQ(why, NumberError::kSyntax) << "'" << bad << "'";
+  }
+  for (const char* big :
+       {"1e400", "-1e309", "1.7976931348623159e308", "99999e305", "1e99999999999999999999"}) {
+    EXPECT_EQ(read_number<double>(big, &why), std::nullopt) << big;
+    EXPECT_EQ(why, NumberError::kTooLarge) << big;
+  }
+  for (const char* small : {"1e-400", "-3E-999", "2e-324", "0.0000001e-320", "123456789e-400",
+                            "1e-99999999999999999999"}) {
+    EXPECT_EQ(read_number<double>(small, &why), std::nullopt) << small;
+    EXPECT_EQ(why, NumberError::kTooSmall) << small;
+  }
+  EXPECT_EQ(number_error_text<double>(NumberError::kSyntax), "is not a number");
+  EXPECT_EQ(number_error_text<double>(NumberError::kTooSmall),
+            "is not a number a double can hold: it is too small, and would be 0");
+  EXPECT_EQ(number_error_text<double>(NumberError::kTooLarge),
+            "is not a number a double can hold: it is too large");
+}
+
+// Every flag's numbers are read_number's: hex (cxxopts read integers in hex), hex floats (stod,
+// strtod), blanks and '+' (operator>>, sscanf) are refused, by name, with the value quoted; the
+// decimal values read as before.
+TEST(Config, EveryFlagReadsNumbersAsDecimalOnly) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* needle;
+  } refused[] = {
+      {{"--epochs", "0x10"}, "--epochs: '0x10' is not a whole number"},
+      {{"--epochs", "+3"}, "--epochs: '+3' is not a whole number"},
+      {{"--epochs", " 3"}, "--epochs: ' 3' is not a whole number"},
+      {{"--epochs", "3 "}, "--epochs: '3 ' is not a whole number"},
+      {{"--epochs", "1.5"}, "--epochs: '1.5' is not a whole number"},
+      {{"--epochs", "99999999999"}, "--epochs: '99999999999' is out of range"},
+      {{"--batch-size", "0x100"}, "--batch-size: '0x100' is not a whole number"},
+      {{"--seed", "0x10"}, "--seed: '0x10' is not a whole number (decimal digits)"},
+      {{"--seed", "-1"}, "--seed: '-1' is not a whole number (decimal digits)"},
+      {{"--seed", "18446744073709551616"}, "--seed: '18446744073709551616' is out of range"},
+      {{"--threads", "0x2"}, "--threads: '0x2' is not a whole number"},
+      {{"--keep-checkpoints", "0x1"}, "--keep-checkpoints: '0x1' is not a whole number"},
+      {{"--lr", " 0.1"}, "--lr: ' 0.1' is not a number"},
+      {{"--lr", "0.1 "}, "--lr: '0.1 ' is not a number"},
+      {{"--lr", "+0.1"}, "--lr: '+0.1' is not a number"},
+      {{"--lr", "0x1p-3"}, "--lr: '0x1p-3' is not a number"},
+      {{"--lr", "nan"}, "--lr: 'nan' is not a number"},
+      {{"--lr", "inf"}, "--lr: 'inf' is not a number"},
+      {{"--lr", "1e400"}, "--lr: '1e400' is not a number a double can hold: it is too large"},
+      {{"--momentum", "0,9"}, "(the decimal separator is '.', whatever the locale)"},
+      {{"--timeout", " 5"}, "--timeout: ' 5' is not a number"},
+      {{"--betas", "0x0.8,0.9"}, "--betas: '0x0.8,0.9' is not B1,B2"},
+      {{"--betas", "0.8, 0.9"}, "--betas: '0.8, 0.9' is not B1,B2"},
+      {{"--betas", "+0.8,0.9"}, "--betas: '+0.8,0.9' is not B1,B2"},
+      {{"--checkpoint-every", "0x2steps"}, "--checkpoint-every: '0x2steps' is not N, Nepochs"},
+      {{"--checkpoint-every", "0x2"}, "--checkpoint-every: '0x2' is not N, Nepochs"},
+      {{"--checkpoint-every", " 2"}, "--checkpoint-every: ' 2' is not N, Nepochs"},
+      {{"--checkpoint-every", "+2min"}, "--checkpoint-every: '+2min' is not N, Nepochs"},
+      {{"--checkpoint-every", "infmin"}, "--checkpoint-every: 'infmin' is not N, Nepochs"},
+      {{"--checkpoint-every", "2hours"}, "--checkpoint-every: unknown unit 'hours' in '2hours'"},
+      {{"--trace-steps", " 2:12"}, "--trace-steps: ' 2:12' is not A:B"},
+      {{"--trace-steps", "2: 12"}, "--trace-steps: '2: 12' is not A:B"},
+      {{"--trace-steps", "0x2:12"}, "--trace-steps: '0x2:12' is not A:B"},
+      {{"--trace-steps", "2:12:14"}, "--trace-steps: '2:12:14' is not A:B"},
+      {{"--trace-steps", "+2:12"}, "--trace-steps: '+2:12' is not A:B"},
+      {{"--normalize", "0x1p-1/0.5"}, "--normalize '0x1p-1/0.5': mean '0x1p-1' is not a number"},
+      {{"--augment", "crop=0x2"}, "--augment 'crop=0x2': crop=0x2 is not a padding"},
+      {{"--augment", "crop=+2"}, "--augment 'crop=+2': crop=+2 is not a padding"},
+  };
+  for (const auto& c : refused) {
+    std::string msg;
+    EXPECT_EQ(input_error_of(c.args, &msg), 2) << c.args[0] << " '" << c.args[1] << "': " << msg;
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+  }
+  // --data synthetic:HxWxC:N:K, read at the pre-flight.
+  for (const char* spec : {"synthetic:16x16x1:+64:10", "synthetic:16x16x1: 64:10",
+                           "synthetic:0x10x16x1:64:10", "synthetic:16x16x1:64:0xa"}) {
+    try {
+      (void)synthetic_bytes(spec);
+      ADD_FAILURE() << spec << " was read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("--data ") + spec), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_GT(synthetic_bytes("synthetic:16x16x1:064:10"), 0u);
+  // The decimal forms read as before, to the same values.
+  const TrainConfig a = parse({"--epochs",
+                               "016",
+                               "--seed",
+                               "18446744073709551615",
+                               "--lr",
+                               "1e-1",
+                               "--momentum",
+                               ".85",
+                               "--betas",
+                               "0.85,1e-1",
+                               "--checkpoint-every",
+                               "2.0steps",
+                               "--trace-steps",
+                               "3:15",
+                               "--timeout",
+                               "2.5e1",
+                               "--step-epochs",
+                               "-1,5",
+                               "--normalize",
+                               "0.5/.25"});
+  EXPECT_EQ(a.epochs, 16);
+  EXPECT_EQ(a.seed, UINT64_MAX);
+  EXPECT_EQ(a.lr, 0.1);
+  EXPECT_EQ(a.momentum, 0.85);
+  EXPECT_EQ(a.betas, (std::vector<double>{0.85, 0.1}));
+  EXPECT_EQ(a.checkpoint_every_steps, 2);
+  EXPECT_EQ(a.trace_begin, 3);
+  EXPECT_EQ(a.trace_end, 15);
+  EXPECT_EQ(a.timeout, 25.0);
+  EXPECT_EQ(a.step_epochs, (std::vector<int>{-1, 5}));  // validate_config refuses -1, by name
+  EXPECT_EQ(parse({"--checkpoint-every", "1.5min"}).checkpoint_every_minutes, 1.5);
+  EXPECT_EQ(parse({"--checkpoint-every", "3"}).checkpoint_every, 3);
+  // A list flag given twice appends, as cxxopts' lists did; a scalar's last value wins.
+  EXPECT_EQ(parse({"--step-epochs", "2", "--step-epochs", "5,8"}).step_epochs,
+            (std::vector<int>{2, 5, 8}));
+  EXPECT_EQ(parse({"--epochs", "2", "--epochs", "3"}).epochs, 3);
+  // Every default reads back as itself.
+  const TrainConfig d = parse({});
+  const TrainConfig fresh;
+  EXPECT_EQ(d.epochs, fresh.epochs);
+  EXPECT_EQ(d.eps, fresh.eps);
+  EXPECT_EQ(d.step_gamma, fresh.step_gamma);
+  EXPECT_EQ(d.timeout, fresh.timeout);
+  EXPECT_EQ(d.seed, fresh.seed);
+  EXPECT_EQ(d.betas, fresh.betas);
+  EXPECT_EQ(d.trace_begin, fresh.trace_begin);
+  EXPECT_EQ(d.trace_end, fresh.trace_end);
 }
 
 // --- The flag table (flags.h) against today's configuration: every key, every agreed name. ---
