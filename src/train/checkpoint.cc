@@ -29,6 +29,7 @@
 #include "dpt/log.h"
 #include "dpt/preflight.h"
 #include "dpt/safetensors.h"
+#include "dpt/text.h"
 
 namespace dpt {
 
@@ -59,7 +60,7 @@ int64_t step_of_name(const TrainConfig& cfg, const std::string& name) {
   if (digits.size() > 18 || (digits.size() > 1 && digits[0] == '0') ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return -1;
-  return std::stoll(digits);
+  return read_number<int64_t>(digits).value_or(-1);
 }
 
 // Whether `name` (a file name) is one of this configuration's checkpoint names: the path's own,
@@ -145,13 +146,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   for (const auto& [flag, key] : kDataDigests)
     if (meta.count(key)) info.digests[key] = meta[key];
   // A --save file has no optimizer state: it records a step, but is no checkpoint to resume.
-  if (meta.count("optimizer_steps")) {
-    try {
-      info.step = std::stoll(get("step"));
-    } catch (const std::exception&) {
-      info.step = -1;
-    }
-  }
+  if (meta.count("optimizer_steps")) info.step = read_number<int64_t>(get("step")).value_or(-1);
   return info;
 }
 
@@ -362,16 +357,16 @@ ResumePoint CheckpointManager::load() {
       OptimizerState state = opt_.state();
       meta = load_model(path, model_, &state);
     }
+    // Read as every number is (text.h's read_number): std::stoll took " 4", "+4" and "4abc".
     auto num = [&](const char* key) -> int64_t {
       auto it = meta.find(key);
       DPT_INPUT_CHECK(it != meta.end(),
                       path << ": metadata '" << key << "' is missing: not a dptrain checkpoint");
-      try {
-        return std::stoll(it->second);
-      } catch (const std::exception&) {
-        throw Error(ErrorKind::kInput,
-                    DPT_MSG(path << ": metadata '" << key << "' is not a number"));
-      }
+      NumberError why = NumberError::kNone;
+      const std::optional<int64_t> v = read_number<int64_t>(it->second, &why);
+      DPT_INPUT_CHECK(v, path << ": metadata '" << key << "' is '" << printable(it->second)
+                              << "', which " << number_error_text<int64_t>(why));
+      return *v;
     };
     // Range-checked: a damaged or hand-edited file must not train "epoch -2147483169".
     auto in_range = [&](const char* key, int64_t hi) {

@@ -8,7 +8,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -60,25 +59,24 @@ SavedModel saved_model(const std::map<std::string, std::string>& meta, const std
                                                      << "know (" << model_names() << ")"));
   }
   const std::string shape = get("input_shape"), classes = get("num_classes");
-  long long k = 0;
-  char tail = 0;
-  // Three positive integers, each of digits only and within int64: sscanf's %lld would turn
-  // "99999999999999999999" into 9223372036854775807 and pass it on to messages as the file's.
+  // Three positive integers and a class count, each read as every number is (text.h's
+  // read_number: decimal digits only, within the type): sscanf's %lld took " 4" and "+4" for 4,
+  // and would turn "99999999999999999999" into 9223372036854775807, passed on to messages as the
+  // file's.
   Shape hwc;
-  for (const std::string& dim : split_list(shape, ',')) {
-    int64_t d = 0;
-    const char *first = dim.data(), *last = dim.data() + dim.size();
-    const auto [end, ec] = std::from_chars(first, last, d);
-    hwc.push_back(ec == std::errc() && end == last && first != last && d > 0 ? d : 0);
-  }
-  DPT_INPUT_CHECK(hwc.size() == 3 && std::count(hwc.begin(), hwc.end(), 0) == 0,
-                  "--load " << path << ": input_shape '" << printable(shape)
-                            << "' is not H,W,C (three positive integers)");
+  for (const std::string& dim : split_list(shape, ','))
+    hwc.push_back(read_number<int64_t>(dim).value_or(0));
   DPT_INPUT_CHECK(
-      std::sscanf(classes.c_str(), "%lld%c", &k, &tail) == 1 && k >= 1 && k <= 1 << 20,
-      "--load " << path << ": num_classes '" << printable(classes) << "' is not a class count");
+      hwc.size() == 3 && std::all_of(hwc.begin(), hwc.end(), [](int64_t d) { return d > 0; }),
+      "--load " << path << ": input_shape '" << printable(shape)
+                << "' is not H,W,C (three positive integers)");
+  const std::optional<int> k = read_number<int>(classes);
+  DPT_INPUT_CHECK(k && *k >= 1 && *k <= 1 << 20,
+                  "--load " << path << ": num_classes '" << printable(classes)
+                            << "' is not a class count (a whole number from 1 to " << (1 << 20)
+                            << ", in decimal digits)");
   s.input = hwc;
-  s.classes = static_cast<int>(k);
+  s.classes = *k;
   if (const auto stem = meta.find("stem"); stem != meta.end()) {
     // Else the run would refuse a --stem the user never gave ("--stem cifar: --model lenet has a
     // fixed stem").

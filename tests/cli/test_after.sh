@@ -313,6 +313,14 @@ expect 2 "--load huge_shape.st: input_shape '99999999999999999999,16,1' is not H
 st_edit m.st comma_shape.st meta input_shape=16,16,1,
 expect 2 "--load comma_shape.st: input_shape '16,16,1,' is not H,W,C" -- \
   "$bin" evaluate --load comma_shape.st --data task
+# num_classes is read as every number is (read_number): sscanf's %lld took " 10" and "+10".
+for classes in " 10" "+10" "10 " "0x0a" "10.0"; do
+  st_edit m.st classes.st meta "num_classes=$classes"
+  expect 2 "--load classes.st: num_classes '$classes' is not a class count" -- \
+    "$bin" evaluate --load classes.st --data task
+done
+st_edit m.st plus_shape.st meta input_shape=16,+16,1
+expect 2 "--load plus_shape.st: input_shape '16,+16,1' is not H,W,C" -- "$bin" evaluate --load plus_shape.st --data task
 expect 2 "--output adir" -- timeout 20 "$bin" predict --load m.st --data task --output adir
 expect 2 "--output fifo" -- timeout 20 "$bin" predict --load m.st --data task --output fifo
 expect 2 "--metrics /dev/null is a character device" -- "$bin" evaluate --load m.st --data task --metrics /dev/null

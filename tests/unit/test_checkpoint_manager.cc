@@ -168,6 +168,46 @@ TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
   EXPECT_NO_THROW(resumer.manager->claim(6, 100));
 }
 
+// A checkpoint's position is read as every number is (text.h's read_number): std::stoll took
+// " 1", "+1" and "1abc" (as 1) from a hand-edited or damaged file.
+TEST_F(CheckpointManagerTest, PositionMetadataIsReadAsDecimalOnly) {
+  Rig first(dir_);
+  first.save_at(6);
+  const StFile good = read_safetensors(first.cfg.checkpoint_path);
+  const std::string edited = dir_ + "/edited.st";
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"epoch", " 0"},
+           {"epoch", "+0"},
+           {"epoch_step", "6abc"},
+           {"step", "0x6"},
+           {"step", "6 "},
+           {"optimizer_steps", "99999999999999999999"}}) {
+    SCOPED_TRACE(key + "='" + value + "'");
+    std::map<std::string, std::string> meta = good.metadata;
+    meta[key] = value;
+    write_safetensors(edited, good.tensors, meta);
+    Rig resumer(dir_, [](TrainConfig& c) { c.resume = c.data + "/edited.st"; });
+    try {
+      resumer.manager->load();
+      ADD_FAILURE() << "resumed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      EXPECT_NE(std::string(e.what()).find(edited + ": metadata '" + key + "' is '" + value +
+                                           "', which is "),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // --resume auto's listing: a step that is not a number is no position (-1), as one missing.
+  std::map<std::string, std::string> meta = good.metadata;
+  meta["step"] = "+6";
+  write_safetensors(edited, good.tensors, meta);
+  EXPECT_EQ(read_checkpoint_info(edited).step, -1);
+  meta["step"] = "6";
+  write_safetensors(edited, good.tensors, meta);
+  EXPECT_EQ(read_checkpoint_info(edited).step, 6);
+}
+
 TEST_F(CheckpointManagerTest, ClaimWithRotationLooksOnlyAhead) {
   auto keep = [](TrainConfig& c) { c.keep_checkpoints = 3; };
   Rig other(dir_, keep);
