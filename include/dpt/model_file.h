@@ -43,9 +43,11 @@ std::map<std::string, std::string> load_model(const std::string& path, Model& mo
 
 // --init-from: the parameters and buffers of `model` from `path` (a --save, a checkpoint, whose
 // optimizer state is ignored, or any safetensors file with the model's names, shapes and dtypes),
-// refusing what load_model refuses, except that a tensor under `head` (the model table's classifier
-// prefix) whose class count (first dimension) differs keeps its initial values: the result names
-// each such tensor with both shapes ("fc2.weight [10, 128] -> [5, 128]").
+// refusing what load_model refuses, except that when a tensor under `head` (the model table's
+// classifier prefix) has another class count (first dimension), the whole head keeps its initial
+// values: the result names each such tensor with both shapes ("fc2.weight [10, 128] -> [5, 128]"),
+// and each head tensor of the file that has the new count already with its shape and that note.
+// (The file's weight beside a fresh bias, or the reverse, would be no classifier of either.)
 std::vector<std::string> init_from_file(const std::string& path, Model& model,
                                         const std::string& head);
 

@@ -102,12 +102,26 @@ void check_recorded(const StFile& f, const std::string& path, const Model& model
 }
 
 // Every parameter and buffer of `model` from `f`, after checking them all (names, shapes, dtypes,
-// no tensor the model lacks but an optimizer's state, which load_optimizer checks). A tensor under
-// `head` + "." whose first dimension (the class count) alone differs is left as it is
-// (re-initialised) and named in the result; with an empty `head` every difference is refused.
-// Without `copy`, the checks of names, shapes and dtypes alone (a header, before its data is read).
+// no tensor the model lacks but an optimizer's state, which load_optimizer checks). When a tensor
+// under `head` + "." differs in its first dimension (the class count) alone, the whole head is
+// left as it is (re-initialised), each of its tensors named in the result: a head of which one
+// tensor had the new class count (fc2.weight [5, 128] beside fc2.bias [10]) was half loaded, the
+// file's weight beside a fresh bias, without a word. With an empty `head` every difference is
+// refused. Without `copy`, the checks of names, shapes and dtypes alone (a header, before its data
+// is read).
 std::vector<std::string> load_tensors(const StFile& f, const std::string& path, Model& model,
                                       const std::string& head, bool copy = true) {
+  const auto in_head = [&](const Param& p) {
+    return !head.empty() && p.name.rfind(head + ".", 0) == 0;
+  };
+  // Whether `t` is `p` of another class count: the same shape but for its first dimension.
+  const auto other_count = [](const StTensor& t, const Param& p) {
+    return t.shape != p.shape && t.shape.size() == p.shape.size() && !p.shape.empty() &&
+           std::equal(t.shape.begin() + 1, t.shape.end(), p.shape.begin() + 1);
+  };
+  bool new_head = false;
+  for (const auto& p : model.store().entries())
+    if (const StTensor* t = f.find(p.name); t && in_head(p) && other_count(*t, p)) new_head = true;
   std::set<std::string> expected;
   std::vector<std::pair<Param*, const StTensor*>> load;
   std::vector<std::string> kept;
@@ -116,9 +130,7 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
     const StTensor* t = f.find(p.name);
     DPT_INPUT_CHECK(t != nullptr,
                     path << ": tensor '" << p.name << "' of " << model.name() << " is missing");
-    const bool in_head = !head.empty() && p.name.rfind(head + ".", 0) == 0;
-    if (in_head && t->shape != p.shape && t->shape.size() == p.shape.size() && !p.shape.empty() &&
-        std::equal(t->shape.begin() + 1, t->shape.end(), p.shape.begin() + 1)) {
+    if (in_head(p) && other_count(*t, p)) {
       kept.push_back(p.name + " " + shape_str(t->shape) + " -> " + shape_str(p.shape));
       continue;
     }
@@ -128,6 +140,11 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
     const char* dtype = p.is_counter ? "I64" : "F32";
     DPT_INPUT_CHECK(t->dtype == dtype, path << ": tensor '" << p.name << "' is "
                                             << printable(t->dtype) << ", expected " << dtype);
+    if (in_head(p) && new_head) {
+      kept.push_back(p.name + " " + shape_str(p.shape) +
+                     " (the new class count already, re-initialised with the rest of the head)");
+      continue;
+    }
     load.emplace_back(&p, t);
   }
   for (const auto& t : f.tensors)

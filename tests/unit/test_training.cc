@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include "dpt/checkpoint.h"
 #include "dpt/comm.h"
@@ -123,6 +124,54 @@ TEST(ModelFile, InitFromKeepsOnlyAHeadOfAnotherClassCount) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unexpected tensor 'extra'"), std::string::npos)
         << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A head of which one tensor has the new class count and the other the old one is re-initialised
+// whole: init_from_file loaded the matching tensor beside the other's fresh values (a weight from
+// the file, a bias from nowhere), and named only the other.
+TEST(ModelFile, InitFromReinitialisesTheWholeHeadWhenAnyOfItIs) {
+  const std::string dir = test::make_temp_dir("halfhead");
+  auto src = make_model("lenet", 10);
+  src->init_parameters("kaiming", 1);
+  auto five = make_model("lenet", 5);
+  five->init_parameters("kaiming", 3);
+  for (const bool weight_matches : {true, false}) {
+    SCOPED_TRACE(weight_matches ? "fc2.weight [5, 128], fc2.bias [10]"
+                                : "fc2.weight [10, 128], fc2.bias [5]");
+    std::vector<StTensor> tensors;
+    for (const Param& p : src->store().entries()) {
+      const bool swap = p.name == (weight_matches ? "fc2.weight" : "fc2.bias");
+      const Param& from = swap ? *five->store().find(p.name) : p;  // the new class count
+      tensors.push_back(st_f32(p.name, from.shape, from.value.data()));
+    }
+    write_safetensors(dir + "/half.st", tensors);
+    auto dst = make_model("lenet", 5);
+    dst->init_parameters("kaiming", 2);
+    std::map<std::string, std::vector<float>> initial;
+    for (const char* name : {"fc2.weight", "fc2.bias"}) {
+      const Param* p = dst->store().find(name);
+      initial[name].assign(p->value.data(), p->value.data() + p->numel());
+    }
+    const auto kept = init_from_file(dir + "/half.st", *dst, "fc2");
+    const std::string note =
+        " (the new class count already, re-initialised with the rest of "
+        "the head)";
+    EXPECT_EQ(kept, weight_matches ? (std::vector<std::string>{"fc2.weight [5, 128]" + note,
+                                                               "fc2.bias [10] -> [5]"})
+                                   : (std::vector<std::string>{"fc2.weight [10, 128] -> [5, 128]",
+                                                               "fc2.bias [5]" + note}));
+    for (const Param& p : dst->store().entries()) {
+      const float* v = p.value.data();
+      if (p.name.rfind("fc2.", 0) == 0) {
+        EXPECT_TRUE(std::equal(v, v + p.numel(), initial[p.name].begin()))
+            << p.name << " was loaded from the file";
+      } else {
+        const float* w = src->store().find(p.name)->value.data();
+        EXPECT_TRUE(std::equal(v, v + p.numel(), w)) << p.name;
+      }
+    }
   }
   std::filesystem::remove_all(dir);
 }
