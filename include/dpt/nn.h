@@ -35,10 +35,14 @@ struct Param {
   Init init = Init::kZeros;
   int64_t fan_in = 0, fan_out = 0;
   bool is_buffer = false;
-  bool is_counter = false;  // num_batches_tracked: stored as float, saved as int64
-  int64_t offset = 0;       // element offset in the flat parameter (or buffer) array
-  Tensor value;             // host view, valid after ParamStore::finalize()
-  Tensor grad;              // host view (parameters only)
+  bool is_counter = false;  // num_batches_tracked: saved as int64 counter_base + the float value
+  // A counter's count when it was loaded (a file's int64, exact), the float value counting only the
+  // steps since (exact up to 2^24 of them): the file's count itself held as a float lost precision
+  // above 2^24 and overflowed llround at INT64_MAX when saved (model_file.cc).
+  int64_t counter_base = 0;
+  int64_t offset = 0;  // element offset in the flat parameter (or buffer) array
+  Tensor value;        // host view, valid after ParamStore::finalize()
+  Tensor grad;         // host view (parameters only)
   // The same in the backend's memory, where the layers compute (the host views' own memory on
   // the CPU; device memory, synchronised by ParamStore::to_host/from_host, on a GPU).
   float* device_value = nullptr;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "dpt/error.h"
@@ -26,13 +27,23 @@ std::string shape_text(const Shape& s) {
   return out;
 }
 
+int64_t counter_value(const Param& p) {
+  // The float counts the steps since the load: a whole number from 0 to 2^24 (where += 1 stops
+  // adding). Clamped all the same, and the sum saturates: a save never overflows or wraps.
+  const float steps = p.value.data()[0];
+  const int64_t since = std::isfinite(steps) && steps > 0 ? static_cast<int64_t>(steps) : 0;
+  return p.counter_base > std::numeric_limits<int64_t>::max() - since
+             ? std::numeric_limits<int64_t>::max()
+             : p.counter_base + since;
+}
+
 void save_model(const std::string& path, const Model& model,
                 const std::map<std::string, std::string>& metadata, const OptimizerState* optimizer,
                 const std::string& what) {
   std::vector<StTensor> tensors;
   for (const auto& p : model.store().entries()) {
     if (p.is_counter) {
-      const int64_t v = static_cast<int64_t>(std::llround(p.value.data()[0]));
+      const int64_t v = counter_value(p);
       tensors.push_back(st_i64(p.name, p.shape, &v));
     } else {
       tensors.push_back(st_f32(p.name, p.shape, p.value.data()));
@@ -153,9 +164,19 @@ std::vector<std::string> load_tensors(const StFile& f, const std::string& path, 
         path << ": unexpected tensor '" << printable(t.name) << "' for " << model.name());
   if (!copy) return kept;
   for (auto [p, t] : load) refuse_nonfinite(*t, path);  // all before any value is copied
+  // A count is never negative (PyTorch's num_batches_tracked counts training batches; an I64 is
+  // integral by its type): checked, as the values above, before anything is copied.
+  for (auto [p, t] : load)
+    if (p->is_counter) {
+      const int64_t n = as_i64(*t, path)[0];
+      DPT_INPUT_CHECK(n >= 0, path << ": tensor '" << printable(t->name) << "' holds " << n
+                                   << ": a count of batches is never negative");
+    }
   for (auto [p, t] : load) {
     if (p->is_counter) {
-      p->value.data()[0] = static_cast<float>(as_i64(*t, path)[0]);
+      // Exact, as an int64: the float counts the steps from here (counter_value).
+      p->counter_base = as_i64(*t, path)[0];
+      p->value.data()[0] = 0.f;
     } else {
       auto v = as_f32(*t, path);
       std::copy(v.begin(), v.end(), p->value.data());

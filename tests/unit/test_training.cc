@@ -176,6 +176,69 @@ TEST(ModelFile, InitFromReinitialisesTheWholeHeadWhenAnyOfItIs) {
   std::filesystem::remove_all(dir);
 }
 
+// num_batches_tracked (BatchNorm's count of training batches) is an I64 in files and is saved
+// exactly: it was held as a float, so a count above 2^24 came back rounded (16777217 saved as
+// 16777216), INT64_MAX overflowed llround at the save, and a negative count was loaded.
+TEST(ModelFile, BatchNormCountersAreLoadedAndSavedExactly) {
+  const std::string dir = test::make_temp_dir("counters");
+  auto src = make_model("resnet18", 10);
+  src->init_parameters("kaiming", 1);
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  // bn1's count, and every other counter's 5.
+  const auto write = [&](const std::string& file, int64_t bn1) {
+    std::vector<StTensor> tensors;
+    std::vector<int64_t> counts;
+    counts.reserve(src->store().entries().size());
+    for (const Param& p : src->store().entries()) {
+      if (p.is_counter) {
+        counts.push_back(p.name == "bn1.num_batches_tracked" ? bn1 : 5);
+        tensors.push_back(st_i64(p.name, p.shape, &counts.back()));
+      } else {
+        tensors.push_back(st_f32(p.name, p.shape, p.value.data()));
+      }
+    }
+    write_safetensors(dir + "/" + file, tensors);
+  };
+  const auto saved = [&](Model& m, const std::string& name) {
+    save_model(dir + "/out.st", m, {}, nullptr, "--save");
+    return as_i64(*read_safetensors(dir + "/out.st").find(name))[0];
+  };
+  for (const int64_t count : {int64_t{0}, int64_t{16777217}, int64_t{1} << 53, kMax - 3, kMax}) {
+    SCOPED_TRACE(count);
+    write("in.st", count);
+    auto dst = make_model("resnet18", 10);
+    load_model(dir + "/in.st", *dst);
+    EXPECT_EQ(saved(*dst, "bn1.num_batches_tracked"), count);
+    EXPECT_EQ(saved(*dst, "layer1.0.bn1.num_batches_tracked"), 5);
+    // Training steps count on from the loaded count (the float counts the steps since), and a
+    // count at the top saturates instead of wrapping.
+    dst->store().find("bn1.num_batches_tracked")->value.data()[0] += 3.f;
+    EXPECT_EQ(saved(*dst, "bn1.num_batches_tracked"), count > kMax - 3 ? kMax : count + 3);
+    auto fine_tuned = make_model("resnet18", 10);
+    init_from_file(dir + "/in.st", *fine_tuned, "fc");
+    EXPECT_EQ(saved(*fine_tuned, "bn1.num_batches_tracked"), count);
+  }
+  // A negative count is refused naming the file and the tensor, by every loader.
+  write("negative.st", -1);
+  auto dst = make_model("resnet18", 10);
+  for (const bool init : {false, true}) {
+    try {
+      if (init)
+        init_from_file(dir + "/negative.st", *dst, "fc");
+      else
+        load_model(dir + "/negative.st", *dst);
+      ADD_FAILURE() << "a count of -1 was loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInput);
+      EXPECT_NE(std::string(e.what()).find(dir + "/negative.st: tensor 'bn1.num_batches_tracked' "
+                                                 "holds -1: a count of batches is never negative"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A model file for `src` with one element of one tensor replaced, and no metadata.
 std::string file_with(const std::string& path, Model& src, const std::string& tensor, size_t at,
                       float value) {
