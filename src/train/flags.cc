@@ -226,7 +226,8 @@ std::vector<Flag> flag_table() {
        .agreement = A::kFixed},
       {.name = "scale-lr",
        .group = model,
-       .help = "Linear scaling rule: lr *= batch/256, with at least 1 warm-up epoch",
+       .help =
+           "Linear scaling rule: lr *= batch x accum-steps / 256, with at least 1 warm-up epoch",
        .field = &C::scale_lr,
        .agreement = A::kFixed,
        .kind = K::kSwitch},

@@ -391,17 +391,24 @@ rc=${PIPESTATUS[0]}
 [[ $rc -eq 0 && $(cat attempts) == 2 ]] || fail "stderr reader gone: launcher exit $rc (want 0), attempts $(cat attempts) (want 2)"
 
 echo "== SIGTERM to the launcher still stops the job as SIGUSR1, exit 143; the record is removed"
-rm -f attempts record.name
-set -m
-bash "$launcher" --max-restarts 1 -np 1 bash "$tmp/job.sh" sleep >term.out 2>&1 &
-job=$!
-set +m
-for _ in $(seq 100); do [[ -s record.name ]] && break; sleep 0.1; done
-sleep 0.5
-kill -TERM "$job"
-for _ in $(seq 100); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
-wait "$job"
-rc=$?
+# term_launcher OUT LAUNCHER-ARGS...: the launcher runs job.sh (sleeping) under LAUNCHER-ARGS, its
+# output in OUT, and gets one SIGTERM once the job has written its record; rc is its exit code.
+term_launcher() {
+  local out=$1
+  shift
+  rm -f attempts record.name
+  set -m
+  bash "$launcher" "$@" bash "$tmp/job.sh" sleep >"$out" 2>&1 &
+  job=$!
+  set +m
+  for _ in $(seq 100); do [[ -s record.name ]] && break; sleep 0.1; done
+  sleep 0.5
+  kill -TERM "$job"
+  for _ in $(seq 100); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+  wait "$job"
+  rc=$?
+}
+term_launcher term.out --max-restarts 1 -np 1
 [[ $rc -eq 143 ]] || fail "SIGTERM: launcher exit $rc, want 143: $(tail -3 term.out)"
 grep -q "stopped by signal 15 (the job exited with 138)" term.out || fail "SIGTERM did not reach the job as SIGUSR1: $(tail -3 term.out)"
 rec=$(cat record.name)
@@ -409,18 +416,8 @@ rec=$(cat record.name)
 none_left "SIGTERM"
 # The same under a hostfile naming only this host: a job with a rank running still stops at its
 # checkpoint (only an mpirun that has started nothing is ended on the first signal).
-rm -f attempts record.name
 printf 'localhost slots=1\n' >here.hosts
-set -m
-bash "$launcher" --hostfile here.hosts -np 1 bash "$tmp/job.sh" sleep >term2.out 2>&1 &
-job=$!
-set +m
-for _ in $(seq 100); do [[ -s record.name ]] && break; sleep 0.1; done
-sleep 0.5
-kill -TERM "$job"
-for _ in $(seq 100); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
-wait "$job"
-rc=$?
+term_launcher term2.out --hostfile here.hosts -np 1
 [[ $rc -eq 143 ]] || fail "SIGTERM, --hostfile naming this host: launcher exit $rc, want 143: $(tail -3 term2.out)"
 grep -q "stopped by signal 15 (the job exited with 138)" term2.out ||
   fail "SIGTERM, --hostfile naming this host: a running rank did not get it as SIGUSR1: $(tail -3 term2.out)"
