@@ -569,14 +569,19 @@ on_signal() {
   # tells it once it is: told by nobody, such an mpirun ran the whole job.
   [[ -n $child ]] && tell_mpirun
 }
+# end_mpirun WHY: says WHY mpirun ($child) is ended, sends it SIGTERM, and has wait_mpirun send
+# SIGKILL to its process group $grace s later (kill_at).
+end_mpirun() {
+  echo "$me: $1: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
+  kill -TERM "$child" 2>/dev/null
+  kill_at=$((SECONDS + grace))
+}
 # Passes the first signal on to mpirun ($child): ended when nothing runs (unstarted_local_job),
 # SIGUSR1 to every rank otherwise.
 tell_mpirun() {
   told=1
   if unstarted_local_job; then
-    echo "$me: $got_name: no rank of the job is running: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
-    kill -TERM "$child" 2>/dev/null
-    kill_at=$((SECONDS + grace))
+    end_mpirun "$got_name: no rank of the job is running"
     return
   fi
   echo "$me: $got_name: every rank finishes its step, writes the checkpoint (if --checkpoint-every is on) and stops; $got_name again kills at once" >&2
@@ -651,9 +656,7 @@ wait_mpirun() {
       if unstarted_local_job; then
         idle=${idle:-$SECONDS}
         if ((SECONDS - idle >= 3)); then
-          echo "$me: no rank of the job is running any more, and mpirun has not ended: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
-          kill -TERM "$child" 2>/dev/null
-          kill_at=$((SECONDS + grace))
+          end_mpirun "no rank of the job is running any more, and mpirun has not ended"
         fi
       else
         idle=""
