@@ -573,6 +573,7 @@ on_signal() {
 # SIGKILL to its process group $grace s later (kill_at).
 end_mpirun() {
   echo "$me: $1: ending mpirun (SIGKILL in $grace s if it is still there)" >&2
+  note_ranks # its agents, which may outlive it
   kill -TERM "$child" 2>/dev/null
   kill_at=$((SECONDS + grace))
 }
@@ -603,9 +604,15 @@ trap 'on_signal SIGTERM 15' TERM
 #    $grace s; ranks on other hosts end by themselves (--timeout, then an MPI_Abort that dptrain
 #    bounds), their daemons when they lose mpirun. The job's exit is then 3 (a failure);
 #  - after mpirun, waits for them: $grace s at most, then SIGKILL to each one's process group.
+# mpirun's other children here, the agents (ssh, or srun) that started its daemons on other hosts,
+# are noted too: Open MPI puts each in a process group of its own, so an end of mpirun's group
+# missed them, and an ssh to a host behind a link that is down stayed (and held the output relays
+# open) until TCP gave up, after this script had returned. One still there $grace s after mpirun
+# has ended, however it ended, is killed with its process group.
 # A job with no rank on this host is not bounded this way. /proc is read directly, without
 # procps (minimal systems lack it), and without a subshell per look.
 ranks=() # mpirun's ranks on this host, as "pid:start time"
+agents=() # its other children (ssh, srun), likewise
 # Sets start to PID's start time (field 22 of /proc/PID/stat); fails when PID has ended or is a
 # zombie. With its pid it names a rank, so that a pid reused after the rank ended is not taken for it.
 start_of() {
@@ -614,7 +621,8 @@ start_of() {
   read -ra fields <<<"${stat##*) }" # the fields after the command name, which may hold spaces
   [[ ${fields[0]} != Z ]] && start=${fields[19]}
 }
-# Adds to ranks mpirun's children that are ranks.
+# Adds mpirun's children to ranks or agents. A child seen first between its fork and its exec
+# (without a rank's environment yet) moves from agents to ranks once it is a rank.
 note_ranks() {
   local f stat p start
   for f in /proc/[0-9]*/stat; do
@@ -623,28 +631,48 @@ note_ranks() {
     [[ ${stat%% *} == "$child" ]] || continue
     p=${f#/proc/} p=${p%/stat}
     [[ " ${ranks[*]} " == *" $p:"* ]] && continue
-    grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$p/environ" 2>/dev/null || continue
-    start_of "$p" && ranks+=("$p:$start")
+    start_of "$p" || continue
+    if grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$p/environ" 2>/dev/null; then
+      ranks+=("$p:$start")
+      agents=("${agents[@]/#$p:*/}")
+    elif [[ " ${agents[*]} " != *" $p:"* ]]; then
+      agents+=("$p:$start")
+    fi
   done
 }
-# Sets left to the pids of the noted ranks still running.
+# "ssh[1234] srun[1240]": the command names and pids of the pids given.
+names_of() {
+  local p comm out=()
+  for p; do
+    comm="?"
+    { read -r comm <"/proc/$p/comm"; } 2>/dev/null
+    out+=("${comm}[$p]")
+  done
+  echo "${out[*]}"
+}
+# Sets left to the pids of the noted ranks still running, strays to the agents'.
 find_left() {
   local r start
-  left=()
+  left=() strays=()
   for r in "${ranks[@]}"; do
     start_of "${r%%:*}" && [[ $start == "${r#*:}" ]] && left+=("${r%%:*}")
+  done
+  for r in "${agents[@]}"; do
+    [[ -n $r ]] && start_of "${r%%:*}" && [[ $start == "${r#*:}" ]] && strays+=("${r%%:*}")
   done
   return 0
 }
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
-  local alone="" seen="" deadline killed=0 left=() p idle=""
-  ranks=() rc=""
+  local alone="" seen="" deadline killed=0 left=() strays=() p idle="" ended=0
+  ranks=() agents=() rc=""
   while kill -0 "$child" 2>/dev/null; do
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
       echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
+      note_ranks
       kill -KILL -- -"$child" 2>/dev/null
       wait_status "$child" quiet
+      ended=1
       break
     fi
     # A signal that came while ranks ran (or were being started) went to mpirun as SIGUSR1. On this
@@ -673,9 +701,10 @@ wait_mpirun() {
         echo "$me: mpirun is still running $grace s after the job's ranks on this host ended (waiting for a host it cannot reach?): ending it; exit 3" >&2
         # SIGKILL: to SIGTERM, an mpirun in its abort path answers with a segfault and a stack
         # trace. The shell's "Killed" notice is for crashes, not for this.
+        note_ranks
         kill -KILL -- -"$child" 2>/dev/null
         wait_status "$child" quiet
-        rc=3
+        rc=3 ended=1
         break
       fi
     else
@@ -685,16 +714,26 @@ wait_mpirun() {
     wait "$!"
   done
   [[ -n $rc ]] || wait_status "$child"
+  # An mpirun this script ended (SIGTERM, kill_at; or SIGKILL) has left its agents nothing to do.
+  find_left
+  if ((${#strays[@]})) && { ((ended)) || [[ -n $kill_at ]]; }; then
+    echo "$me: ending what mpirun left running: $(names_of "${strays[@]}") (an agent to a host that does not answer?)" >&2
+    for p in "${strays[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  fi
   deadline=$((SECONDS + grace))
-  while find_left; ((${#left[@]})); do
+  while find_left; ((${#left[@]} + ${#strays[@]})); do
     if ((SECONDS >= deadline)); then
       if ((killed)); then
-        echo "$me: warning: rank process(es) ${left[*]} still there after SIGKILL" >&2
+        echo "$me: warning: process(es) ${left[*]} ${strays[*]} of the job still there after SIGKILL" >&2
         break
       fi
-      echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
-      # Open MPI makes each rank the leader of its own process group (its children go with it).
-      for p in "${left[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+      ((${#left[@]})) &&
+        echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
+      ((${#strays[@]})) &&
+        echo "$me: mpirun's agent(s) $(names_of "${strays[@]}") still running $grace s after mpirun ended (a host that does not answer?): killing them" >&2
+      # Open MPI makes each rank and each agent the leader of its own process group (its children
+      # go with it).
+      for p in "${left[@]}" "${strays[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
       killed=1 deadline=$((SECONDS + 5))
     fi
     sleep 0.1 &

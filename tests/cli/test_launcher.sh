@@ -428,11 +428,14 @@ none_left "SIGTERM, --hostfile naming this host"
 # a child (sleep under mpirun's name, the ignored signals inherited), as an mpirun stuck before
 # starting anything is: a child of mpirun is a rank here or an agent (ssh) starting a daemon
 # elsewhere, a job that may have started. With STUCK_CHILD=S it has a child for its first S seconds
-# (a rank that ends) first. Once it says it runs, the launcher has its pid.
+# (a rank that ends) first. With STUCK_AGENT=1 it then starts an agent that never ends, in a session
+# of its own (Open MPI puts its ssh in a process group of its own) and holding its output, as an
+# ssh to a host that does not answer does. Once it says it runs, the launcher has its pid.
 mkdir -p stuck
+stuck_agent="setsid bash -c 'exec -a \"\$0\" sleep 100000' $tmp/stuck/agent-child &"
 stuck_start() {
-  printf '#!/usr/bin/env bash\ntrap "" %s\n%s\necho $$ >"%s/stuck/started"\nwait\nexec -a "$0" sleep 100000\n' \
-    "$1" "${STUCK_CHILD:+sleep $STUCK_CHILD &}" "$tmp" >stuck/mpirun
+  printf '#!/usr/bin/env bash\ntrap "" %s\n%s\necho $$ >"%s/stuck/started"\nwait\n%s\nexec -a "$0" sleep 100000\n' \
+    "$1" "${STUCK_CHILD:+sleep $STUCK_CHILD &}" "$tmp" "${STUCK_AGENT:+$stuck_agent}" >stuck/mpirun
   chmod +x stuck/mpirun
   shift
   rm -f stuck/started
@@ -575,7 +578,9 @@ echo "== a job across hosts whose mpirun is stuck ends on a second SIGTERM"
 # address no machine has (TEST-NET-2); a stand-in agent answers the launcher's ssh probe.
 printf '#!/usr/bin/env bash\nexit 0\n' >stuck/agent
 chmod +x stuck/agent
-OMPI_MCA_plm_rsh_agent=$tmp/stuck/agent stuck_start "USR1 TERM" --host 198.51.100.7 -np 1 /bin/true
+# Its agent to that host (ssh, in a process group of its own) is ended with it: it was left running,
+# holding the launcher's output open.
+STUCK_AGENT=1 OMPI_MCA_plm_rsh_agent=$tmp/stuck/agent stuck_start "USR1 TERM" --host 198.51.100.7 -np 1 /bin/true
 kill -TERM "$job"
 sleep 1
 kill -0 "$job" 2>/dev/null || fail "across hosts: one SIGTERM ended the launcher (want: a checkpoint asked of the ranks)"
@@ -584,6 +589,12 @@ stuck_end "across hosts, a second SIGTERM to a stuck mpirun" 250
 [[ $rc -eq 143 ]] || fail "across hosts, stuck mpirun: launcher exit $rc, want 143: $(tail -3 stuck.out)"
 grep -q "mpirun did not end 10 s after SIGTERM: killing it" stuck.out ||
   fail "across hosts: the stuck mpirun was not killed, or not said: $(tail -3 stuck.out)"
+if pgrep -f -- "$tmp/stuck/agent-child" >/dev/null; then
+  fail "across hosts: mpirun's agent outlived the launcher: $(grep 'launch/mpirun.sh' stuck.out | tail -2)"
+  pkill -KILL -f -- "$tmp/stuck/agent-child"
+fi
+grep -q "ending what mpirun left running: sleep\[[0-9]*\]" stuck.out ||
+  fail "across hosts: the launcher did not say it ended mpirun's agent: $(grep 'launch/mpirun.sh' stuck.out | tail -2)"
 
 echo "== dptrain's side: rank 0 appends '<step> <path>' to DPT_CHECKPOINT_RECORD for every checkpoint"
 : >dpt.rec  # the launcher creates the file; dptrain only appends to an existing one

@@ -40,6 +40,11 @@ if [[ -z $netns || -z $name ]]; then
   exit 255
 fi
 
+# Like ssh, the agent stays on the calling host while the command runs on the other, and ends when
+# that command does or when it is killed; killed, it leaves the command running, as an ssh killed
+# while the link is down leaves the remote daemon. (An exec would move it to the other host, where
+# the first host's checks cannot see it: an agent left behind by a launcher went unnoticed.)
 # shellcheck disable=SC2016  # $0 and $1 are for the inner sh
 # $0 of the inner shell is the hostname, $1 the command line (like ssh, one string for a shell).
-exec ip netns exec "$netns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*"
+ip netns exec "$netns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*" <&0 &
+wait $!
