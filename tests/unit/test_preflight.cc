@@ -9,13 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -29,44 +27,22 @@
 #include "dpt/error.h"
 #include "dpt/idx.h"
 #include "dpt/preflight.h"
+#include "dpt/watchdog.h"
 #include "test_util.h"
 
 namespace dpt {
 namespace {
 
-// Ends the process (a failed test run) if the scope is still running after `seconds`: a check that
-// blocks on a FIFO must fail the suite, not hang it.
-class Watchdog {
- public:
-  Watchdog(std::string what, double seconds)
-      : what_(std::move(what)), thread_([this, seconds] {
-          std::unique_lock<std::mutex> lock(mu_);
-          if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds),
-                            [this] { return done_; })) {
-            std::fprintf(
-                stderr,
-                "watchdog: %s still running after %g s: it blocked; failing the test binary\n",
-                what_.c_str(), seconds);
-            std::fflush(stderr);
-            std::_Exit(1);
-          }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::string what_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+// Ends the test binary (exit 1) if the scope is still running after `seconds`: a check that
+// blocks on a FIFO must fail the suite, not hang it. dpt::Watchdog, the bound of MPI_Init, with
+// the message a test's log needs (returned in place: a Watchdog is neither copied nor moved).
+Watchdog fail_if_blocked(const std::string& what, double seconds) {
+  return Watchdog(seconds, 1, [what, seconds] {
+    std::fprintf(stderr,
+                 "watchdog: %s still running after %g s: it blocked; failing the test binary\n",
+                 what.c_str(), seconds);
+  });
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -441,7 +417,7 @@ TEST_F(PreflightDir, CheckOutputsRefusesAFifoAtEveryOutput) {
     SCOPED_TRACE(flag);
     TrainConfig cfg;
     cfg.*field = f;
-    Watchdog dog("check_outputs " + flag, 20);
+    const Watchdog dog = fail_if_blocked("check_outputs " + flag, 20);
     expect_input_error([&] { check_outputs(cfg); }, {flag, f});
   }
   // --checkpoint-path only matters when checkpoints are written.
@@ -466,7 +442,7 @@ TEST_F(PreflightDir, CheckOutputsRefusesAMissingDirectory) {
 }
 
 TEST_F(PreflightDir, CheckOutputsRefusesAResumeThatIsNotAFile) {
-  Watchdog dog("check_outputs --resume", 20);
+  const Watchdog dog = fail_if_blocked("check_outputs --resume", 20);
   TrainConfig cfg;
   cfg.resume = fifo("ck.fifo");
   const auto t0 = std::chrono::steady_clock::now();
@@ -816,7 +792,7 @@ TEST(AgreeOnInput, NoErrorNothingThrown) {
 // ---- run_preflight ----
 
 TEST_F(PreflightDir, RunPreflightOnSyntheticData) {
-  Watchdog dog("run_preflight on synthetic data", 120);
+  const Watchdog dog = fail_if_blocked("run_preflight on synthetic data", 120);
   test::write_synthetic_dataset(dir_, 96, 40, 3);
   TrainConfig cfg;
   cfg.data = dir_;
@@ -860,7 +836,8 @@ TEST_F(PreflightDir, RunPreflightRefusesAFifoAsData) {
   cfg.quiet = true;
   cfg.batch_size = 32;
   auto comm = test::world_comm(60);
-  Watchdog dog("run_preflight with a FIFO as the training images (the read blocked on it)", 20);
+  const Watchdog dog = fail_if_blocked(
+      "run_preflight with a FIFO as the training images (the read blocked on it)", 20);
   const auto t0 = std::chrono::steady_clock::now();
   expect_input_error<AgreedInputError>([&] { run_preflight(cfg, *comm); }, {poisoned});
   EXPECT_LT(seconds_since(t0), 5.0);
