@@ -1,10 +1,11 @@
 // Training checkpoints: the CheckpointManager owns everything about them, so "where is a
 // checkpoint written" has one answer. It loads one into a position (--resume FILE|auto), decides
 // when one is due (--checkpoint-every N|Nepochs|Nsteps|Nmin, and on a stop), writes it (never a
-// non-finite state), keeps the newest --keep-checkpoints of its own training, removes killed
-// writers' temporaries, and writes --save at the end. Each checkpoint records the training that
-// wrote it (an id made when that training started, kept across resumes), so trainings that share
-// a directory never prune, overwrite or resume each other's files.
+// non-finite state), keeps the newest --keep-checkpoints of its own training, and writes --save at
+// the end. Each checkpoint records the training that wrote it (an id made when that training
+// started, kept across resumes), so trainings that share a directory never prune, overwrite or
+// resume each other's files. Killed writers' temporaries of its names are the pre-flight's to
+// remove (check_outputs, once it holds --checkpoint-path's lock; is_checkpoint_name says which).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,9 @@ struct CheckpointInfo {
   std::string config;     // the configuration's JSON it was written with ("" when not recorded)
   std::map<std::string, std::string> digests;  // the data digests it records (kDataDigests' keys)
   bool junk = false;  // unreadable, and not a safetensors file at all (read_checkpoint_info)
+  // The step its name says ("<stem>.step<N><ext>": checkpoint_files sets it); -1 for
+  // --checkpoint-path itself, or where no listing set it.
+  int64_t name_step = -1;
 };
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
@@ -70,13 +74,19 @@ std::optional<DType> resumed_activation_dtype(
 // The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
 // "<stem>.step<N><ext>" beside it.
 std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step);
+// Whether `name` (a file name, no directory) is one of this configuration's checkpoint names:
+// --checkpoint-path's own, or a step-named one beside it ("<stem>.step<digits><ext>", no leading
+// zero: the operator's "ck.step4.mybackup.st" or "ck.step0014.st" is none).
+bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name);
 // Every file this configuration's checkpoints may be (--checkpoint-path and "<stem>.step*<ext>"
-// beside it), newest first by the step each records (unreadable headers last).
+// beside it), newest first by the step each records; files that record none (unreadable headers,
+// --save files) after them, newest first by the step their names say, so that a listing of them
+// reads in the checkpoints' order (step100, step10, step9: not the text order), --checkpoint-path
+// itself last among them.
 std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg);
 
 class CheckpointManager {
  public:
-  // Rank 0 removes the temporaries of killed writers (of its own file names only).
   // `input`: what the data made of the run (data_input_metadata), written into every file.
   CheckpointManager(const TrainConfig& cfg, Communicator& comm, Model& model, DataParallel& ddp,
                     Optimizer& opt, StepEngine& engine,
@@ -90,7 +100,9 @@ class CheckpointManager {
   // every rank with exit 2. Collective.
   ResumePoint load();
   // Refuses (exit 2, agreed) a run whose checkpoints would overwrite another training's file: the
-  // names it may still write, up to `last_step`, must not hold one. Collective.
+  // names it may still write, up to `last_step`, must not hold one. Each other file there (an
+  // empty or junk file, a damaged or id-less checkpoint, a --save file) is named in a warning, with
+  // what it is, before the run replaces it. Collective.
   void claim(int64_t start_step, int64_t last_step);
 
   // Whether --checkpoint-every Nmin is due by this rank's clock (rank 0's decides, agreed by the
@@ -123,11 +135,11 @@ class CheckpointManager {
   Meta metadata(int64_t epoch, int64_t global_step) const;
   void refuse_nonfinite(const std::string& path) const;
   void prune() const;
-  // claim's check that the step names ahead can be written (rank 0).
-  void refuse_unreplaceable(int64_t start_step, int64_t last_step) const;
+  // claim's check that the step names ahead, of those `present`, can be written (rank 0).
+  void refuse_unreplaceable(const std::vector<std::string>& present, int64_t start_step,
+                            int64_t last_step) const;
   void record(int64_t global_step, const std::string& file) const;
   std::string choose_auto(Meta* meta);
-  void remove_stale_temporaries() const;
 
   const TrainConfig& cfg_;
   Communicator& comm_;

@@ -96,19 +96,28 @@ class OutputLock {
   // path, the holder and the lock file when another run holds it.
   OutputLock(const std::string& path, const std::string& flag);
   ~OutputLock();
-  OutputLock(OutputLock&& o) noexcept : file_(std::move(o.file_)), fd_(o.fd_) { o.fd_ = -1; }
+  OutputLock(OutputLock&& o) noexcept
+      : file_(std::move(o.file_)), path_dir_(std::move(o.path_dir_)), fd_(o.fd_) {
+    o.fd_ = -1;
+  }
   OutputLock& operator=(OutputLock&& o) noexcept;
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
   const std::string& file() const { return file_; }  // the lock file ("" when none is held)
-  // remove_dead_temporaries of the file this lock guards (none when no lock is held).
-  std::vector<std::string> remove_dead_temporaries() const;
+  // remove_dead_temporaries of the file this lock guards (none when no lock is held) and, when
+  // `beside` is given, of the names it accepts beside the path the lock was taken for
+  // (--checkpoint-path's step-named files): one pass over the directory where that is the guarded
+  // file's own (the usual case; a symlink's file may be elsewhere), each file removed and returned
+  // once.
+  std::vector<std::string> remove_dead_temporaries(
+      const std::function<bool(const std::string&)>& beside = nullptr) const;
   // The lock file of the output `path`: "<file>.lock" beside the file it is (symlinks resolved).
   static std::string file_for(const std::string& path, const std::string& flag);
 
  private:
   void release();
   std::string file_;
+  std::string path_dir_;  // the directory of the path locked, as given (symlinks not resolved)
   int fd_ = -1;
 };
 

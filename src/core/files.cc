@@ -458,6 +458,7 @@ OutputLock::OutputLock(const std::string& path, const std::string& flag) {
     }
   }
   file_ = lock;
+  path_dir_ = dir_of(path);
   // Who holds it, for the message of a run refused. A read-only (another user's) file keeps its
   // text.
   char host[256] = "?";
@@ -475,6 +476,7 @@ OutputLock& OutputLock::operator=(OutputLock&& o) noexcept {
   if (this != &o) {
     release();
     file_ = std::move(o.file_);
+    path_dir_ = std::move(o.path_dir_);
     fd_ = o.fd_;
     o.fd_ = -1;
   }
@@ -535,12 +537,18 @@ std::vector<std::string> remove_dead_temporaries(
   return removed;
 }
 
-std::vector<std::string> OutputLock::remove_dead_temporaries() const {
+std::vector<std::string> OutputLock::remove_dead_temporaries(
+    const std::function<bool(const std::string&)>& beside) const {
   if (file_.size() <= 5) return {};
   const std::string target = file_.substr(0, file_.size() - 5);  // less ".lock"
-  const std::string name = base_of(target);
-  return dpt::remove_dead_temporaries(dir_of(target),
-                                      [&](const std::string& t) { return t == name; });
+  const std::string name = base_of(target), dir = dir_of(target);
+  const bool together = beside && same_file(path_dir_, dir);
+  std::vector<std::string> removed = dpt::remove_dead_temporaries(
+      dir, [&](const std::string& t) { return t == name || (together && beside(t)); });
+  if (beside && !together)
+    for (std::string& path : dpt::remove_dead_temporaries(path_dir_, beside))
+      removed.push_back(std::move(path));
+  return removed;
 }
 
 bool parse_atomic_temp(const std::string& name, std::string* target_name, pid_t* pid) {

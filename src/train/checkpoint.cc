@@ -63,13 +63,6 @@ int64_t step_of_name(const TrainConfig& cfg, const std::string& name) {
   return read_number<int64_t>(digits).value_or(-1);
 }
 
-// Whether `name` (a file name) is one of this configuration's checkpoint names: the path's own,
-// or a step-named one beside it (step_of_name).
-bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
-  return name == std::filesystem::path(cfg.checkpoint_path).filename().string() ||
-         step_of_name(cfg, name) >= 0;
-}
-
 // A new training's id: a digest of its configuration, where and when it started, and 64 random
 // bits (two trainings with the same settings started in the same second still differ).
 std::string new_training_id(const TrainConfig& cfg, const std::string& host) {
@@ -184,6 +177,11 @@ std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg,
   }
 }
 
+bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name) {
+  return name == std::filesystem::path(cfg.checkpoint_path).filename().string() ||
+         step_of_name(cfg, name) >= 0;
+}
+
 std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
   if (cfg.keep_checkpoints == 0) return cfg.checkpoint_path;
   const std::filesystem::path p(cfg.checkpoint_path);
@@ -192,17 +190,40 @@ std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
       .string();
 }
 
-std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
-  const std::filesystem::path dir = dir_of(cfg.checkpoint_path);
+namespace {
+
+// The paths at this configuration's checkpoint names beside --checkpoint-path, whatever each is (a
+// FIFO, a directory, a symlink too): one pass over the directory, which claim's two checks share.
+std::vector<std::string> checkpoint_names_present(const TrainConfig& cfg) {
+  std::vector<std::string> present;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir_of(cfg.checkpoint_path), ec))
+    if (is_checkpoint_name(cfg, e.path().filename().string())) present.push_back(e.path());
+  return present;
+}
+
+// checkpoint_files of the paths `present` lists.
+std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg,
+                                             const std::vector<std::string>& present) {
   std::vector<CheckpointInfo> found;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (is_checkpoint_name(cfg, e.path().filename().string()) && e.is_regular_file(ec))
-      found.push_back(read_checkpoint_info(e.path().string()));
+  for (const std::string& p : present)
+    if (std::filesystem::is_regular_file(p, ec)) {
+      found.push_back(read_checkpoint_info(p));
+      found.back().name_step = step_of_name(cfg, std::filesystem::path(p).filename().string());
+    }
+  // The path's text alone put "ck.step10.st" between "ck.step100.st" and "ck.step9.st" in the
+  // warnings that list files recording no step.
   std::sort(found.begin(), found.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
-    return std::tie(a.step, a.path) > std::tie(b.step, b.path);
+    return std::tie(a.step, a.name_step, a.path) > std::tie(b.step, b.name_step, b.path);
   });
   return found;
+}
+
+}  // namespace
+
+std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
+  return checkpoint_files(cfg, checkpoint_names_present(cfg));
 }
 
 namespace {
@@ -226,16 +247,6 @@ CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm,
   if (comm.rank() != 0) return;
   training_ = new_training_id(cfg, comm.host());
   started_ = utc_now();
-  if (cfg.checkpoints() || !cfg.resume.empty()) remove_stale_temporaries();
-}
-
-// Temporary files of writers that no longer run (a killed writer's leftovers, 85 MB each for
-// ResNet-18), of this configuration's checkpoint names only (remove_dead_temporaries).
-void CheckpointManager::remove_stale_temporaries() const {
-  for (const std::string& path : remove_dead_temporaries(
-           dir_of(cfg_.checkpoint_path).string(),
-           [&](const std::string& target) { return is_checkpoint_name(cfg_, target); }))
-    log_info("removed " + path + ", left by a killed writer");
 }
 
 // --resume auto, rank 0: the newest file by the step each records, of this run's training; one
@@ -537,33 +548,40 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
   if (!cfg_.checkpoints()) return;
   agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
     if (comm_.rank() != 0) return;
+    const std::vector<std::string> present = checkpoint_names_present(cfg_);
     if (cfg_.keep_checkpoints > 0) {
-      refuse_unreplaceable(start_step, last_step);
+      refuse_unreplaceable(present, start_step, last_step);
       // The step names grow with the step: the last one's temporary must fit as
       // --checkpoint-path's does (checked in the pre-flight).
       check_temp_name_fits(checkpoint_file(cfg_, last_step),
                            "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
     }
-    for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
+    for (const CheckpointInfo& f : checkpoint_files(cfg_, present)) {
       // Files of this training and the file resumed are this run's to replace.
       if (f.training == training_ || f.path == resumed_path_) continue;
-      const bool at_path = std::filesystem::path(f.path).filename() ==
-                           std::filesystem::path(cfg_.checkpoint_path).filename();
+      const bool at_path = f.name_step < 0;  // --checkpoint-path itself (checkpoint_files)
       // A name this run may still write (the name, not the step the file records: a copy under
       // another step's name is overwritten at the step of its name).
-      const int64_t named = step_of_name(cfg_, std::filesystem::path(f.path).filename().string());
-      const bool ahead = named > start_step && named <= last_step;
+      const bool ahead = f.name_step > start_step && f.name_step <= last_step;
       if (cfg_.keep_checkpoints == 0 ? !at_path : !ahead) continue;
       const std::string shown = printable(f.path, PATH_MAX);
       if (f.training.empty()) {
-        // No training's (unreadable, or written without an id): this run's to replace, as before,
-        // but not silently when a --resume could continue it.
-        if (f.step >= 0)
-          log_warn(DPT_MSG("--checkpoint-path " << cfg_.checkpoint_path << ": replacing " << shown
-                                                << ", a checkpoint at step " << f.step
-                                                << " that records no training id; "
-                                                << "--resume " << shown
-                                                << " would have continued it"));
+        // No training's (written without an id, no checkpoint, or unreadable): this run's to
+        // replace, as before, but never in silence. An empty or junk file there was replaced
+        // without a word, and a damaged checkpoint too.
+        std::error_code ec;
+        const std::string what =
+            f.step >= 0  ? DPT_MSG("a checkpoint at step "
+                                   << f.step << " that records no training id; --resume " << shown
+                                   << " would have continued it")
+            : f.readable ? "a safetensors file that records no training position (a --save file?), "
+                           "no checkpoint"
+            : f.junk && std::filesystem::file_size(f.path, ec) == 0 && !ec
+                ? "an empty file, no checkpoint"
+            : f.junk ? "a file that is no safetensors file, no checkpoint"
+                     : "a file whose header cannot be read (a damaged checkpoint?)";
+        log_warn(DPT_MSG("--checkpoint-path " << cfg_.checkpoint_path << ": replacing " << shown
+                                              << ", " << what));
         continue;
       }
       DPT_INPUT_CHECK(false, "--checkpoint-path "
@@ -581,32 +599,31 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
 // Every step name this run may still write must be replaceable now, not only at its step: a FIFO,
 // a directory or a dangling link there, or another user's file in a sticky directory (which the
 // rename cannot replace), ended the run at that step with exit 2, and every resume again.
-void CheckpointManager::refuse_unreplaceable(int64_t start_step, int64_t last_step) const {
+void CheckpointManager::refuse_unreplaceable(const std::vector<std::string>& present,
+                                             int64_t start_step, int64_t last_step) const {
   const std::filesystem::path dir = dir_of(cfg_.checkpoint_path);
   struct stat ds {};
   const bool sticky = ::stat(dir.c_str(), &ds) == 0 && (ds.st_mode & S_ISVTX) != 0;
   const uid_t me = ::geteuid();
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const int64_t step = step_of_name(cfg_, e.path().filename().string());
+  for (const std::string& p : present) {
+    const int64_t step = step_of_name(cfg_, std::filesystem::path(p).filename().string());
     if (step <= start_step || step > last_step) continue;
     struct stat ls {
     }, st{};
-    if (::lstat(e.path().c_str(), &ls) != 0) continue;  // gone meanwhile
-    refuse_planted_link(e.path().string(),
-                        "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
+    if (::lstat(p.c_str(), &ls) != 0) continue;  // gone meanwhile
+    refuse_planted_link(p, "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
     const std::string why =
-        ::stat(e.path().c_str(), &st) != 0 ? "a dangling symbolic link"
-        : S_ISDIR(st.st_mode)              ? "a directory"
-        : S_ISFIFO(st.st_mode)             ? "a FIFO"
-        : !S_ISREG(st.st_mode)             ? "not a regular file"
+        ::stat(p.c_str(), &st) != 0 ? "a dangling symbolic link"
+        : S_ISDIR(st.st_mode)       ? "a directory"
+        : S_ISFIFO(st.st_mode)      ? "a FIFO"
+        : !S_ISREG(st.st_mode)      ? "not a regular file"
         : sticky && me != 0 && ls.st_uid != me && ds.st_uid != me
             ? DPT_MSG("owned by uid " << ls.st_uid << " in a sticky directory, where this user "
                                       << "cannot replace it")
             : "";
     DPT_INPUT_CHECK(why.empty(), "--checkpoint-path "
-                                     << cfg_.checkpoint_path << ": "
-                                     << printable(e.path().string(), PATH_MAX) << " is " << why
+                                     << cfg_.checkpoint_path << ": " << printable(p, PATH_MAX)
+                                     << " is " << why
                                      << ", where this run would write its checkpoint of step "
                                      << step << "; remove it or choose another --checkpoint-path");
   }

@@ -152,6 +152,13 @@ run d.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --
   || fail "the fresh auto run failed: $(tail -2 d.log)"
 grep -q "no checkpoint at or beside fresh/ck.st: starting fresh" d.log || fail "no fresh-start message"
 [[ ! -e fresh/ck.st.tmp.999999 && ! -e fresh/ck.step4.st.tmp.999998 ]] || fail "leftover temporary files were not removed"
+# Each logged once, naming the output (the pre-flight's pass alone: a second pass over the
+# directory, the CheckpointManager's, logged the step-named one without the flag).
+for f in fresh/ck.st.tmp.999999 fresh/ck.step4.st.tmp.999998; do
+  [[ $(grep -cxF "removed $f, left by a killed writer of --checkpoint-path" d.log) -eq 1 ]] ||
+    fail "the removal of $f is not logged once naming --checkpoint-path: $(grep removed d.log)"
+done
+[[ $(grep -c "removed " d.log) -eq 2 ]] || fail "want 2 removals logged: $(grep removed d.log)"
 [[ -e fresh/other.tmp.999997 ]] || fail "a file that is not ours was removed"
 [[ -e fresh/ck.st ]] || fail "no checkpoint written"
 
@@ -239,13 +246,22 @@ run m.log "${mpi[@]}" "$bin" "${base[@]}" --checkpoint-every 2steps --keep-check
   --resume auto --save mixed.st || fail "--resume auto beside another data set's newer file (recorded step 14) failed: $(tail -2 m.log)"
 grep -q "resumed from mixed/ck.step12.st" m.log || fail "did not resume this data's training: $(grep -i 'resum\|passed' m.log)"
 same_tensors full.st mixed.st || fail "the run resumed beside another data set's file does not end where the uninterrupted run ends"
-# Junk at checkpoint names (an empty file, text): no checkpoint, passed over with one warning; the
-# first run starts fresh instead of refusing for ever.
-mkdir junk && : > junk/ck.step4.st && echo junk > junk/ck.step6.st
-run j.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --keep-checkpoints 2 --checkpoint-path junk/ck.st \
+# Junk at checkpoint names (an empty file, text): no checkpoint, passed over with one warning that
+# lists them in the checkpoints' order (by the step of each name, newest first; the text order put
+# step10 after step4); the first run starts fresh instead of refusing for ever, and the empty file
+# at the name of its step 4 is replaced with a warning that names it (it was replaced in silence),
+# the others kept.
+mkdir junk && : > junk/ck.step4.st && echo junk > junk/ck.step6.st && echo junk > junk/ck.step10.st
+run j.log "$bin" --epochs 1 --max-steps 4 --eval-every 0 --checkpoint-every 2steps --keep-checkpoints 2 --checkpoint-path junk/ck.st \
   --resume auto || fail "--resume auto beside junk refused to start: $(tail -2 j.log)"
-grep -q "passed over 2 file(s) that are no checkpoint" j.log || fail "no warning about the junk: $(grep -i 'auto' j.log)"
+grep -qF "passed over 3 file(s) that are no checkpoint, their header unreadable: junk/ck.step10.st, junk/ck.step6.st, junk/ck.step4.st" j.log ||
+  fail "no warning about the junk, in step order: $(grep -i 'auto' j.log)"
 grep -q "starting fresh" j.log || fail "no fresh start beside junk"
+[[ $(grep -c "replacing junk/ck.step4.st, an empty file, no checkpoint" j.log) -eq 1 ]] ||
+  fail "the empty file at the name of step 4 was not named once before it was replaced: $(grep -i 'replac' j.log)"
+grep -q "replacing junk/ck.step\(6\|10\)" j.log && fail "named a file it does not replace: $(grep -i 'replac' j.log)"
+[[ $(step_of junk/ck.step4.st) == 4 && $(cat junk/ck.step6.st junk/ck.step10.st) == $'junk\njunk' ]] ||
+  fail "want ck.step4.st the checkpoint of step 4 and the other junk kept: $(ls -l junk)"
 # A checkpoint cut short inside its header is damaged, not junk: refused, never replaced by a
 # fresh run.
 mkdir cut && head -c 200 run/ck.step14.st > cut/ck.st

@@ -475,6 +475,68 @@ TEST_F(PreflightDir, CheckOutputsAcceptsAbsentFilesAndResumeAuto) {
   EXPECT_NO_THROW(check_outputs(TrainConfig{}));
 }
 
+// Killed writers' temporaries of every checkpoint name (--checkpoint-path's and its step-named
+// files') are removed by the pre-flight once it holds the lock, each logged exactly once naming
+// --checkpoint-path (the CheckpointManager removed the step-named ones in a second scan, logged
+// without the flag); a live writer's, a symlink, another file's and an operator's copy stay. A
+// --checkpoint-path that is a symlink into another directory: its file's temporaries there, the
+// step names' beside the link.
+TEST_F(PreflightDir, CheckOutputsRemovesDeadCheckpointTemporariesOnceEach) {
+  const std::string elsewhere = path("elsewhere");
+  std::filesystem::create_directories(elsewhere);
+  // pid 4194303 is above any pid_max Linux allows by default: no such process.
+  const std::vector<std::string> dead = {path("ck.st.tmp.4194303"),
+                                         path("ck.step4.st.tmp.4194303.Ab12"),
+                                         path("ck.step10.st.tmp.4194303.Cd34")};
+  const std::vector<std::string> kept = {
+      path("other.st.tmp.4194303"), path("ck.step0004.st.tmp.4194303"),
+      path("ck.step4.st.tmp." + std::to_string(::getpid())), path("ck.st.tmp.4194302")};
+  for (const std::string& f : dead) std::ofstream(f) << "x";
+  for (size_t i = 0; i + 1 < kept.size(); ++i) std::ofstream(kept[i]) << "x";
+  std::filesystem::create_symlink(path("victim"), kept.back());
+  std::ofstream(path("victim")) << "keep";
+  TrainConfig cfg;
+  cfg.checkpoint_every = 1;
+  cfg.keep_checkpoints = 2;
+  cfg.checkpoint_path = path("ck.st");
+  auto removals = [](const std::string& log, const std::string& file) {
+    const std::string line = "removed " + file + ", left by a killed writer of --checkpoint-path\n";
+    size_t n = 0;
+    for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) ++n;
+    return n;
+  };
+  testing::internal::CaptureStdout();
+  std::vector<OutputLock> locks = check_outputs(cfg);
+  std::string log = testing::internal::GetCapturedStdout();
+  for (const std::string& f : dead) {
+    EXPECT_FALSE(std::filesystem::exists(f)) << f;
+    EXPECT_EQ(removals(log, f), 1u) << f << " in:\n" << log;
+  }
+  for (const std::string& f : kept)
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::symlink_status(f))) << f;
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3) << log;
+  locks.clear();
+
+  // --checkpoint-path a symlink to elsewhere/real.st.
+  const std::string real_dead = elsewhere + "/real.st.tmp.4194303", step_dead = dead[1];
+  std::ofstream(real_dead) << "x";
+  std::ofstream(step_dead) << "x";
+  std::ofstream(elsewhere + "/real.st") << "x";
+  cfg.checkpoint_path = path("link.st");
+  std::filesystem::create_symlink(elsewhere + "/real.st", cfg.checkpoint_path);
+  const std::string link_step_dead = path("link.step6.st.tmp.4194303");
+  std::ofstream(link_step_dead) << "x";
+  testing::internal::CaptureStdout();
+  locks = check_outputs(cfg);
+  log = testing::internal::GetCapturedStdout();
+  for (const std::string& f : {real_dead, link_step_dead}) {
+    EXPECT_FALSE(std::filesystem::exists(f)) << f;
+    EXPECT_EQ(removals(log, f), 1u) << f << " in:\n" << log;
+  }
+  EXPECT_TRUE(std::filesystem::exists(step_dead)) << "another --checkpoint-path's temporary";
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2) << log;
+}
+
 // An output naming one of the run's inputs would destroy it: refused naming both flags and the
 // file, by any spelling (a symlink, "dir/../"), before the file is touched. The one pairing
 // allowed is a resume's: --checkpoint-path is the checkpoint resumed (FILE, or one auto may pick).
