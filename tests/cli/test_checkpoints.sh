@@ -2,12 +2,13 @@
 # Checkpoints that cannot go backwards: --checkpoint-every in epochs, steps or minutes; the newest K
 # kept, named by step; --resume auto takes the newest valid one by the step it records (not by its
 # name), falls back past a corrupt one with a warning, starts fresh (saying so) when there is none;
-# a killed writer's temporary file is removed at the next start; an auto-resumed run ends bit for bit
-# where an uninterrupted one ends, with float and with 16-bit activations (and under --precision
-# bf16, where auto gives bf16 and a resume keeps the type it was trained in), with AdamW or Nesterov
-# SGD (the optimizer itself cannot change on resume); a checkpoint's text is
-# quoted escaped and cut, long lists of files summarised, and an id-less checkpoint is replaced by a
-# fresh run only with a warning; an epoch resumed part-way records the whole epoch. Usage:
+# a killed writer's temporary file is removed at the next start (each logged once); an
+# auto-resumed run ends bit for bit where an uninterrupted one ends, with float and with 16-bit
+# activations (and under --precision bf16, where auto gives bf16 and a resume keeps the type it was
+# trained in), with AdamW or Nesterov SGD (the optimizer itself cannot change on resume); a
+# checkpoint's text is quoted escaped and cut, long lists of files summarised (junk in step order), and an id-less
+# checkpoint or an empty file is replaced by a fresh run only with a warning; an epoch resumed
+# part-way records the whole epoch. Usage:
 # test_checkpoints.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
