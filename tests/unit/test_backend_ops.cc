@@ -1116,6 +1116,39 @@ TEST_P(BackendOps, SoftmaxCrossEntropy) {
   expect_match(get(d_), d, "dlogits after a call without them", tol(Cmp::kApprox));
 }
 
+// softmax_xent's reference in double over rows of k logits: each term measured from the row's
+// maximum (the first one, torch.argmax's, takes the hit), label smoothing e as torch's
+// cross_entropy; d gets (softmax - q) * scale, loss and hits the batch totals.
+struct XentRef {
+  std::vector<double> d;
+  double loss = 0, hits = 0;
+};
+XentRef xent_reference(const std::vector<float>& z, const std::vector<int32_t>& labels, int64_t k,
+                       double scale, double e) {
+  XentRef out;
+  out.d.resize(z.size());
+  for (size_t r = 0; r < labels.size(); ++r) {
+    const float* zr = z.data() + static_cast<int64_t>(r) * k;
+    const int64_t arg = std::max_element(zr, zr + k) - zr;
+    const int32_t y = labels[r];
+    out.hits += y == arg;
+    const double mx = zr[arg];
+    double se = 0, mean = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      se += std::exp(static_cast<double>(zr[j]) - mx);
+      mean += (static_cast<double>(zr[j]) - mx) / static_cast<double>(k);
+    }
+    const double ls = std::log(se), ny = ls - (static_cast<double>(zr[y]) - mx);
+    out.loss += e > 0 ? (1 - e) * ny + e * (ls - mean) : ny;
+    for (int64_t j = 0; j < k; ++j) {
+      const double q = (j == y ? 1 - e : 0.0) + e / static_cast<double>(k);
+      out.d[sz(static_cast<int64_t>(r) * k + j)] =
+          (std::exp(static_cast<double>(zr[j]) - mx - ls) - q) * scale;
+    }
+  }
+  return out;
+}
+
 // More classes than a block has threads (the CUDA kernel refused k > 1024 with
 // cudaErrorInvalidValue, though it strides over the row: a 2000-class run failed at its first
 // step), and logits far from 0: rows offset by 1e5, where a float log-sum-exp formed as
@@ -1127,32 +1160,61 @@ TEST_P(BackendOps, SoftmaxXentManyClassesAndLogitsFarFromZero) {
   auto z = uniform(sz(n * k), 920, -3.f, 3.f);
   for (int64_t i = 2 * k; i < n * k; ++i) z[sz(i)] += 1e5f;
   std::vector<int32_t> labels(sz(n));
-  std::vector<double> d(sz(n * k));
-  double loss = 0, hits = 0;
   for (int64_t r = 0; r < n; ++r) {
     const float* zr = z.data() + r * k;
     const int64_t arg = std::max_element(zr, zr + k) - zr;
     labels[sz(r)] = static_cast<int32_t>(r % 2 == 0 ? arg : (arg + 7 * r + 1) % k);
-    hits += labels[sz(r)] == arg;
-    const double mx = zr[arg];
-    double se = 0;
-    for (int64_t j = 0; j < k; ++j) se += std::exp(static_cast<double>(zr[j]) - mx);
-    const double ls = std::log(se);
-    loss += ls - (static_cast<double>(zr[labels[sz(r)]]) - mx);
-    for (int64_t j = 0; j < k; ++j)
-      d[sz(r * k + j)] =
-          (std::exp(static_cast<double>(zr[j]) - mx - ls) - (j == labels[sz(r)] ? 1.0 : 0.0)) *
-          scale;
   }
-  ASSERT_EQ(hits, 2.0);
-  auto z_ = put(z), d_ = put(std::vector<float>(d.size(), 7.f));
+  const XentRef want = xent_reference(z, labels, k, scale, 0);
+  ASSERT_EQ(want.hits, 2.0);
+  auto z_ = put(z), d_ = put(std::vector<float>(want.d.size(), 7.f));
   DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
   DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
   be().softmax_xent(z_.data(), l_.data(), n, k, scale, 0.f, d_.data(), s_.data(), false);
-  expect_match(get(d_), d, "dlogits", tol(Cmp::kApprox));
+  expect_match(get(d_), want.d, "dlogits", tol(Cmp::kApprox));
   const std::vector<double> s = to_host(s_);
-  EXPECT_NEAR(s[0], loss, 1e-4 * loss) << "summed loss";
-  EXPECT_EQ(s[1], hits) << "argmax hits";
+  EXPECT_NEAR(s[0], want.loss, 1e-4 * want.loss) << "summed loss";
+  EXPECT_EQ(s[1], want.hits) << "argmax hits";
+}
+
+// Tied maxima: the first takes the hit (torch.argmax), also where the GPU kernel's warp holds the
+// tied logits in one lane (indices 32 apart) or in different lanes whose order differs from the
+// indices' (33 before 2 in lane order), and with three ties across lanes 31, 0 and 3; and ties far
+// from 0 (the rows [m, m, -m], [m, -m, m] and [-m, m, -m] at m from 1e4 to 1e30, label smoothing 0
+// and 0.1), where each maximum keeps p = 1/2 and the tied row's loss log 2 only if every term is
+// measured from the maximum (76af95c: in float, log(se) + max dropped log 2 from |max| ~ 2^24 on).
+// Not run on a GPU when written.
+TEST_P(BackendOps, SoftmaxXentTiesTakeTheFirstMaximumAndKeepTheirShare) {
+  const float scale = 0.5f;
+  const auto check = [&](const std::vector<float>& z, const std::vector<int32_t>& labels, int64_t k,
+                         float e, double hits) {
+    const auto n = static_cast<int64_t>(labels.size());
+    const XentRef want = xent_reference(z, labels, k, scale, e);
+    ASSERT_EQ(want.hits, hits) << "the reference's hits";
+    auto z_ = put(z), d_ = put(std::vector<float>(z.size(), 7.f));
+    DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
+    DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{100.0, 100.0});
+    be().softmax_xent(z_.data(), l_.data(), n, k, scale, e, d_.data(), s_.data(), false);
+    expect_match(get(d_), want.d, "dlogits", tol(Cmp::kApprox));
+    const std::vector<double> s = to_host(s_);
+    EXPECT_NEAR(s[0], want.loss, 1e-4 * std::fabs(want.loss)) << "summed loss";
+    EXPECT_EQ(s[1], hits) << "argmax hits";
+  };
+  {
+    SCOPED_TRACE("ties across the warp's lanes, 100 classes");
+    const int64_t k = 100;
+    std::vector<float> z = uniform(sz(4 * k), 930);
+    const std::vector<std::vector<int64_t>> tied = {{6, 70}, {2, 33}, {31, 64, 99}, {96, 97}};
+    for (size_t r = 0; r < tied.size(); ++r)
+      for (const int64_t j : tied[r]) z[sz(static_cast<int64_t>(r) * k + j)] = 2.f;
+    // Rows 0 and 2 labelled with their first maximum (hits); rows 1 and 3 with a later one.
+    check(z, {6, 33, 31, 97}, k, 0.f, 2.0);
+  }
+  for (const float m : {1e4f, 1e8f, 1e12f, 1e16f, 1e30f})
+    for (const float e : {0.f, 0.1f}) {
+      SCOPED_TRACE("m = " + std::to_string(m) + ", label smoothing " + std::to_string(e));
+      check({m, m, -m, m, -m, m, -m, m, -m}, {0, 1, 1}, 3, e, 2.0);
+    }
 }
 
 TEST_P(BackendOps, StoreScalar) {
@@ -2145,6 +2207,63 @@ TEST_P(BackendOps, MaxPoolGivesTheSameBitsAtAnyAlignment) {
         both.template operator()<BFloat16>();
       else
         both.template operator()<float>();
+    }
+}
+
+// The GPU's ReLU and residual-add passes (kernels/activation.cu's map kernel) take 16 bytes a
+// thread (4 fp32, 8 bf16) where every pointer is 16-byte aligned, then the last n % V elements one
+// a thread, and one element a thread where any pointer is not. Each operand and the output at a
+// 16-byte boundary or one element past it, alone or together, and lengths 1 to 9 and 1031 (no
+// whole group, whole groups, groups and a tail), fp32 and bf16: every value is the float op on the
+// widened inputs rounded once (bf16), and the element beside the n written keeps its 7. Not run on
+// a GPU when written (886c90f's 16-byte form had only aligned cases, and offset 1 for the add).
+TEST_P(BackendOps, ElementwisePassesAtAnyAlignmentAndLength) {
+  struct Offsets {
+    int a, b, y;
+  };
+  const Offsets offsets[] = {{0, 0, 0}, {1, 1, 1}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+  const char* names[] = {"relu", "relu backward", "add", "add + relu"};
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const int64_t n : {1, 3, 4, 7, 8, 9, 1031}) {
+      std::vector<float> a = uniform(sz(n), 960), b = uniform(sz(n), 961);
+      for (size_t i = 0; i < a.size(); i += 5) a[i] = 0.f;  // the ReLU's kink
+      if (dt == DType::kBF16) a = bf16_rounded(a), b = bf16_rounded(b);
+      for (const Offsets& o : offsets)
+        for (int op = 0; op < 4; ++op) {
+          SCOPED_TRACE(std::string(names[op]) + ", " + (dt == DType::kBF16 ? "bf16" : "fp32") +
+                       ", n " + std::to_string(n) + ", offsets " + std::to_string(o.a) + "/" +
+                       std::to_string(o.b) + "/" + std::to_string(o.y));
+          const std::vector<float> sevens(sz(n) + 1, 7.f);
+          std::vector<float> want(sz(n));
+          for (size_t i = 0; i < want.size(); ++i) {
+            const float sum = a[i] + b[i];
+            want[i] = op == 0   ? (a[i] > 0.f ? a[i] : 0.f)
+                      : op == 1 ? (a[i] > 0.f ? b[i] : 0.f)
+                      : op == 2 ? sum
+                                : (sum > 0.f ? sum : 0.f);
+          }
+          if (dt == DType::kBF16) want = bf16_rounded(want);
+          std::vector<float> want_all = sevens;
+          std::copy(want.begin(), want.end(), want_all.begin() + o.y);
+          const Tensor a_ = offset_tensor(be(), a, dt, o.a), b_ = offset_tensor(be(), b, dt, o.b);
+          const Shape ys{n + 1};
+          Tensor y_ = dt == DType::kBF16 ? to_backend16(be(), sevens, ys)
+                                         : test::to_backend(be(), sevens, ys);
+          const auto call = [&]<typename T>() {
+            const T *ap = a_.ptr<T>() + o.a, *bp = b_.ptr<T>() + o.b;
+            T* yp = y_.ptr<T>() + o.y;
+            if (op == 0) be().relu_forward(ap, yp, n);
+            if (op == 1) be().relu_backward(ap, bp, yp, n);
+            if (op >= 2) be().add(ap, bp, yp, n, op == 3);
+          };
+          if (dt == DType::kBF16)
+            call.template operator()<BFloat16>();
+          else
+            call.template operator()<float>();
+          const std::vector<float> got =
+              dt == DType::kBF16 ? to_host16(be(), y_) : test::to_host(be(), y_);
+          expect_match(got, as_double(want_all), "y", tol(Cmp::kExact));
+        }
     }
 }
 
