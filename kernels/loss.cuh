@@ -11,10 +11,11 @@ namespace dpt::cuda {
 // ----------------------------------------------------------------------------
 // Softmax cross-entropy forward and backward with the correct count, one block per row.
 
-// Per row of logits [N, K] (K <= 1024), with label smoothing e (0: none): loss[i] = (1-e)
-// (lse - z[y]) + e (lse - mean_j z[j]) (lse = logsumexp(z); lse - z[y] when e = 0), correct[i] =
-// argmax == y, dlogits (optional) = (softmax - q) * grad_scale, q = (1-e) onehot + e/K. Sums are
-// left to the caller (one reduction per step, no host round trip).
+// Per row of logits [N, K] (any K; N < 2^31), with label smoothing e (0: none): loss[i] = (1-e)
+// (lse - z[y]) + e (lse - mean_j z[j]) (lse = logsumexp(z); lse - z[y] when e = 0), every term
+// taken from the row's maximum, correct[i] = argmax == y (the first maximum), dlogits (optional)
+// = (softmax - q) * grad_scale, q = (1-e) onehot + e/K. Sums are left to the caller (one reduction
+// per step, no host round trip).
 cudaError_t launch_softmax_xent(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                                 float grad_scale, float label_smoothing, float* loss,
                                 int32_t* correct, float* dlogits, cudaStream_t stream);
