@@ -46,7 +46,7 @@ struct ResumePoint {
 };
 
 // The metadata schema of a checkpoint, read from its header alone (safetensors' read_metadata:
-// the file is not trusted, a name says nothing).
+// the file is not trusted, a name says nothing), and, in a survey, what the directory entry is.
 struct CheckpointInfo {
   std::string path;
   bool readable = false;  // a safetensors header that passed every check
@@ -56,20 +56,46 @@ struct CheckpointInfo {
   std::string config;     // the configuration's JSON it was written with ("" when not recorded)
   std::map<std::string, std::string> digests;  // the data digests it records (kDataDigests' keys)
   bool junk = false;  // unreadable, and not a safetensors file at all (read_checkpoint_info)
-  // The step its name says ("<stem>.step<N><ext>": checkpoint_files sets it); -1 for
-  // --checkpoint-path itself, or where no listing set it.
+  std::string error;  // why the header could not be read ("" when readable)
+  // The rest is the survey's (survey_checkpoints): read_checkpoint_info alone leaves them.
+  // The step its name says ("<stem>.step<N><ext>"); -1 for --checkpoint-path itself.
   int64_t name_step = -1;
+  bool regular = false;  // a regular file (or a symlink to one): the only kind whose header is read
+  bool link = false;     // a symbolic link
+  int64_t bytes = -1;    // a regular file's size
+  // Why no checkpoint can be renamed over it ("a directory", "a FIFO", "a dangling symbolic link",
+  // another user's file in a sticky directory, ...); "" when one can.
+  std::string unreplaceable;
 };
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
+// One look at the checkpoint directory: every entry at one of this configuration's checkpoint
+// names (--checkpoint-path and "<stem>.step<N><ext>" beside it), whatever it is, classified and,
+// where it is a regular file, its header read. The pre-flight takes it once (check_outputs, under
+// --checkpoint-path's lock where the run takes one) and every step of the start-up reads that one:
+// the outputs' check against --resume auto's inputs, the activation type a resume keeps, the file
+// --resume auto takes and the names claim may overwrite. Each listed and read the directory again,
+// so a shared directory written meanwhile (another run's new checkpoint) gave them different files:
+// the activation type could come from one file and the resume from another.
+struct CheckpointSurvey {
+  bool taken = false;  // false: none taken (ranks other than 0; a run that needs none)
+  // Newest first by the step each records; entries that record none (unreadable headers, --save
+  // files, anything not a regular file) after them, newest first by the step their names say, so
+  // that a listing of them reads in the checkpoints' order (step100, step10, step9: not the text
+  // order), --checkpoint-path itself last among them.
+  std::vector<CheckpointInfo> entries;
+};
+CheckpointSurvey survey_checkpoints(const TrainConfig& cfg);
+
 // The activation type recorded by the checkpoint a run resumes: --resume FILE's, or for --resume
-// auto the newest readable file beside --checkpoint-path (headers only; rank 0): kF32 or kBF16;
-// a checkpoint from before types were recorded says "auto", which was fp32 then; none when there
-// is no such file or it records no configuration. --activation-dtype auto on a resume follows it,
-// so a run continues in the type it was trained in even where auto now resolves to the other.
-// Under auto, files recording other data `digests` (input_metadata's keys) are passed over.
+// auto the first file of `survey` that CheckpointManager::load would resume (the same choice of
+// training, by settings and data `digests`, input_metadata's keys; headers only; rank 0): kF32 or
+// kBF16; a checkpoint from before types were recorded says "auto", which was fp32 then; none when
+// there is no such file or it records no configuration. --activation-dtype auto on a resume follows
+// it, so a run continues in the type it was trained in even where auto now resolves to the other.
 std::optional<DType> resumed_activation_dtype(
-    const TrainConfig& cfg, const std::map<std::string, std::string>& digests = {});
+    const TrainConfig& cfg, const CheckpointSurvey& survey,
+    const std::map<std::string, std::string>& digests = {});
 
 // The file of a checkpoint at `global_step`: --checkpoint-path itself, or with --keep-checkpoints
 // "<stem>.step<N><ext>" beside it.
@@ -78,12 +104,6 @@ std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step);
 // --checkpoint-path's own, or a step-named one beside it ("<stem>.step<digits><ext>", no leading
 // zero: the operator's "ck.step4.mybackup.st" or "ck.step0014.st" is none).
 bool is_checkpoint_name(const TrainConfig& cfg, const std::string& name);
-// Every file this configuration's checkpoints may be (--checkpoint-path and "<stem>.step*<ext>"
-// beside it), newest first by the step each records; files that record none (unreadable headers,
-// --save files) after them, newest first by the step their names say, so that a listing of them
-// reads in the checkpoints' order (step100, step10, step9: not the text order), --checkpoint-path
-// itself last among them.
-std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg);
 
 class CheckpointManager {
  public:
@@ -92,18 +112,20 @@ class CheckpointManager {
                     Optimizer& opt, StepEngine& engine,
                     std::map<std::string, std::string> input = {});
 
-  // --resume: rank 0 reads the file (no shared file system needed) into the host model and
-  // Optimizer (a checkpoint of another optimizer is refused, --allow-config-change or not);
-  // the other ranks take its state and position by broadcast; the engine takes the host state
-  // and, under --normalize auto, the statistics the file records. A bad file, or one written with
-  // other settings or data (its digests against `input`'s) without --allow-config-change, ends
-  // every rank with exit 2. Collective.
-  ResumePoint load();
+  // --resume: rank 0 reads the file (no shared file system needed; under auto the one `survey`
+  // points to, which must still be what the survey saw) into the host model and Optimizer (a
+  // checkpoint of another optimizer is refused, --allow-config-change or not); the other ranks take
+  // its state and position by broadcast; the engine takes the host state and, under --normalize
+  // auto, the statistics the file records. A bad file, or one written with other settings or data
+  // (its digests against `input`'s) without --allow-config-change, ends every rank with exit 2.
+  // Collective.
+  ResumePoint load(const CheckpointSurvey& survey);
   // Refuses (exit 2, agreed) a run whose checkpoints would overwrite another training's file: the
   // names it may still write, up to `last_step`, must not hold one. Each other file there (an
   // empty or junk file, a damaged or id-less checkpoint, a --save file) is named in a warning, with
-  // what it is, before the run replaces it. Collective.
-  void claim(int64_t start_step, int64_t last_step);
+  // what it is, before the run replaces it. Reads `survey` (rank 0), the pre-flight's: a training
+  // started beside this run since is refused by save's own check before each write. Collective.
+  void claim(int64_t start_step, int64_t last_step, const CheckpointSurvey& survey);
 
   // Whether --checkpoint-every Nmin is due by this rank's clock (rank 0's decides, agreed by the
   // caller in the step boundary's all-reduce).
@@ -135,11 +157,11 @@ class CheckpointManager {
   Meta metadata(int64_t epoch, int64_t global_step) const;
   void refuse_nonfinite(const std::string& path) const;
   void prune() const;
-  // claim's check that the step names ahead, of those `present`, can be written (rank 0).
-  void refuse_unreplaceable(const std::vector<std::string>& present, int64_t start_step,
+  // claim's check that the step names ahead, of the survey's entries, can be written (rank 0).
+  void refuse_unreplaceable(const CheckpointSurvey& survey, int64_t start_step,
                             int64_t last_step) const;
   void record(int64_t global_step, const std::string& file) const;
-  std::string choose_auto(Meta* meta);
+  std::string choose_auto(const CheckpointSurvey& survey, Meta* meta);
 
   const TrainConfig& cfg_;
   Communicator& comm_;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dpt/augment.h"
+#include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/dataset.h"
@@ -58,6 +59,9 @@ struct Preflight {
   AugmentSpec augment;              // --augment, its crop padding sized to the images
   DType activations = DType::kF32;  // --activation-dtype resolved on the opened device
   std::vector<OutputLock> locks;    // rank 0's outputs, held until the run ends (check_outputs)
+  // Rank 0's one look at the checkpoint directory (check_outputs), which the resume's activation
+  // type, --resume auto's choice and claim all read: taken under --resume auto or checkpoints.
+  CheckpointSurvey checkpoints;
   std::string train_digest, test_digest;  // data_digest of each set, compared across ranks
   Shape input_shape() const { return {train.rows, train.cols, train.channels}; }
 };
@@ -162,9 +166,12 @@ void agree_on_data(const Preflight& pf, Communicator& comm);
 // run; --resume (not auto), --init-from and --load regular files. No output may be one of the
 // run's inputs (same_file): --resume (a file, or under auto each checkpoint file it may pick),
 // --init-from, --load, and `data_files` (the data set's, DataSize::files), except --checkpoint-path
-// being the checkpoint resumed. Returns the outputs' locks (OutputLock), for the whole run.
+// being the checkpoint resumed. Returns the outputs' locks (OutputLock), for the whole run. Under
+// --resume auto or with checkpoints to write, it surveys the checkpoint directory (once, holding
+// --checkpoint-path's lock where the run takes it) and hands that to `survey` when given.
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
-                                      const std::vector<std::string>& data_files = {});
+                                      const std::vector<std::string>& data_files = {},
+                                      CheckpointSurvey* survey = nullptr);
 // Input error (naming --data, the largest file and both sizes) when `ranks_here` copies of the data
 // set, as data_size sizes it, need more than `mem` (nothing when mem.bytes < 0: unknown).
 void check_data_memory(const std::string& dir, const DataSize& size, int ranks_here,

@@ -118,28 +118,36 @@ std::vector<std::string> config_changes(const TrainConfig& cfg, const std::strin
 
 }  // namespace
 
-CheckpointInfo read_checkpoint_info(const std::string& path) {
-  CheckpointInfo info;
-  info.path = path;
-  std::map<std::string, std::string> meta;
-  try {
-    meta = read_metadata(path);
-  } catch (const Error&) {
-    info.junk = is_not_safetensors(path);
-    return info;  // unreadable: listed last, still tried by --resume auto unless junk
-  }
-  info.readable = true;
-  auto get = [&](const char* key) {
+namespace {
+
+// The metadata schema's fields of a header (`meta`) into `info`: the files listed
+// (read_checkpoint_info) and the file --resume auto read (which must be the file surveyed) alike.
+void read_schema(const std::map<std::string, std::string>& meta, CheckpointInfo* info) {
+  info->readable = true;
+  auto get = [&](const std::string& key) {
     auto it = meta.find(key);
     return it == meta.end() ? std::string() : it->second;
   };
-  info.training = get("training_id");
-  info.started = get("training_started");
-  info.config = get("config");
+  info->training = get("training_id");
+  info->started = get("training_started");
+  info->config = get("config");
   for (const auto& [flag, key] : kDataDigests)
-    if (meta.count(key)) info.digests[key] = meta[key];
+    if (meta.count(key)) info->digests[key] = get(key);
   // A --save file has no optimizer state: it records a step, but is no checkpoint to resume.
-  if (meta.count("optimizer_steps")) info.step = read_number<int64_t>(get("step")).value_or(-1);
+  if (meta.count("optimizer_steps")) info->step = read_number<int64_t>(get("step")).value_or(-1);
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  CheckpointInfo info;
+  info.path = path;
+  try {
+    read_schema(read_metadata(path), &info);
+  } catch (const Error& e) {
+    info.junk = is_not_safetensors(path);
+    info.error = e.what();  // unreadable: listed last, still tried by --resume auto unless junk
+  }
   return info;
 }
 
@@ -151,16 +159,83 @@ bool other_data(const CheckpointInfo& f, const std::map<std::string, std::string
     if (const auto is = digests.find(key); is != digests.end() && is->second != digest) return true;
   return false;
 }
+
+// --resume auto's reading of a survey, the one place its choice is made: the files to try, newest
+// first (the one before where one cannot be used), of this run's training. When the directory
+// holds several trainings' files, this run's is the one whose newest file has this run's settings
+// and data (`digests`), else its settings alone, else the newest; the others' files are passed
+// over. Asked twice from one survey, it answers twice alike: by the pre-flight for the activation
+// type (resumed_activation_dtype) and by load for the file (choose_auto).
+struct AutoChoice {
+  std::vector<const CheckpointInfo*> candidates;  // regular files, junk included (load skips it)
+  std::vector<std::string> others;                // the files of other trainings passed over
+};
+
+AutoChoice choose_among(const TrainConfig& cfg, const CheckpointSurvey& survey,
+                        const std::map<std::string, std::string>& digests) {
+  DPT_CHECK(survey.taken, "--resume auto: the checkpoint directory beside "
+                              << cfg.checkpoint_path << " was not surveyed at start-up");
+  // Settings alone do not tell two trainings apart: two users running the same command on other
+  // data in one directory have the same configuration. Under --activation-dtype auto (the
+  // pre-flight asks before the type is resolved) the type is no difference: the resume takes the
+  // checkpoint's, and load, asking with that type, then chooses alike.
+  auto same_training = [&](const CheckpointInfo& f, bool data) {
+    try {
+      if (f.config.empty()) return false;
+      for (const std::string& change : config_changes(cfg, f.path, f.config))
+        if (cfg.activation_dtype != "auto" || !change.starts_with("--activation-dtype "))
+          return false;
+    } catch (const Error&) {
+      return false;
+    }
+    return !data || !other_data(f, digests);
+  };
+  std::vector<const CheckpointInfo*> files;
+  for (const CheckpointInfo& f : survey.entries)
+    if (f.regular) files.push_back(&f);
+  std::string mine;  // the training chosen ("" when the readable files name at most one)
+  std::vector<std::string> ids;
+  for (const CheckpointInfo* f : files)
+    if (!f->training.empty() && std::find(ids.begin(), ids.end(), f->training) == ids.end())
+      ids.push_back(f->training);
+  if (ids.size() > 1) {
+    // Settings and data first, then settings alone (a change of data that --allow-config-change
+    // accepts continues this training, not another's), else the newest.
+    for (const bool data : {true, false}) {
+      for (const std::string& id : ids) {  // files are newest first: each id's first is its newest
+        const auto newest = std::find_if(
+            files.begin(), files.end(), [&](const CheckpointInfo* f) { return f->training == id; });
+        if (same_training(**newest, data)) {
+          mine = id;
+          break;
+        }
+      }
+      if (!mine.empty()) break;
+    }
+    if (mine.empty()) mine = ids.front();
+  }
+  AutoChoice choice;
+  for (const CheckpointInfo* f : files)
+    if (mine.empty() || f->training.empty() || f->training == mine)
+      choice.candidates.push_back(f);
+    else
+      choice.others.push_back(f->path);
+  return choice;
+}
+
 }  // namespace
 
 std::optional<DType> resumed_activation_dtype(const TrainConfig& cfg,
+                                              const CheckpointSurvey& survey,
                                               const std::map<std::string, std::string>& digests) {
   CheckpointInfo info;
   if (cfg.resume == "auto") {
-    // The newest of a training on this data (another user's beside it may record another type).
-    for (const CheckpointInfo& f : checkpoint_files(cfg))
-      if (f.readable && f.step >= 0 && !other_data(f, digests)) {
-        info = f;
+    // The first file load would resume: the first of the chosen training's files that records a
+    // position (those before it cannot be loaded). One whose tensors then fail to load makes load
+    // take the one before, whose type may differ: load's comparison of settings refuses that.
+    for (const CheckpointInfo* f : choose_among(cfg, survey, digests).candidates)
+      if (f->readable && f->step >= 0) {
+        info = *f;
         break;
       }
   } else if (!cfg.resume.empty()) {
@@ -192,38 +267,62 @@ std::string checkpoint_file(const TrainConfig& cfg, int64_t global_step) {
 
 namespace {
 
-// The paths at this configuration's checkpoint names beside --checkpoint-path, whatever each is (a
-// FIFO, a directory, a symlink too): one pass over the directory, which claim's two checks share.
-std::vector<std::string> checkpoint_names_present(const TrainConfig& cfg) {
-  std::vector<std::string> present;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir_of(cfg.checkpoint_path), ec))
-    if (is_checkpoint_name(cfg, e.path().filename().string())) present.push_back(e.path());
-  return present;
-}
-
-// checkpoint_files of the paths `present` lists.
-std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg,
-                                             const std::vector<std::string>& present) {
-  std::vector<CheckpointInfo> found;
-  std::error_code ec;
-  for (const std::string& p : present)
-    if (std::filesystem::is_regular_file(p, ec)) {
-      found.push_back(read_checkpoint_info(p));
-      found.back().name_step = step_of_name(cfg, std::filesystem::path(p).filename().string());
-    }
-  // The path's text alone put "ck.step10.st" between "ck.step100.st" and "ck.step9.st" in the
-  // warnings that list files recording no step.
-  std::sort(found.begin(), found.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
-    return std::tie(a.step, a.name_step, a.path) > std::tie(b.step, b.name_step, b.path);
-  });
-  return found;
+// What the entry at `path`, one of the checkpoint names, is: the one place an entry is classified
+// (survey_checkpoints). `dir`: its directory's stat (nullptr: unknown), for the sticky rule.
+// Nothing when it is gone meanwhile.
+std::optional<CheckpointInfo> classify_entry(const TrainConfig& cfg,
+                                             const std::filesystem::path& path,
+                                             const struct stat* dir) {
+  struct stat ls {
+  }, st{};
+  if (::lstat(path.c_str(), &ls) != 0) return std::nullopt;
+  const bool resolves = ::stat(path.c_str(), &st) == 0;
+  CheckpointInfo info;
+  if (resolves && S_ISREG(st.st_mode)) {
+    info = read_checkpoint_info(path);
+    info.regular = true;
+    info.bytes = st.st_size;
+  } else {
+    info.path = path;  // never opened: a FIFO would block the reader
+  }
+  info.name_step = step_of_name(cfg, path.filename().string());
+  info.link = S_ISLNK(ls.st_mode);
+  // Where claim's rename would fail at the step, ending the run with exit 2 (and every resume):
+  // what it is, or another user's file in a sticky directory, which only its owner, the
+  // directory's and root may replace.
+  const uid_t me = ::geteuid();
+  info.unreplaceable =
+      !resolves              ? "a dangling symbolic link"
+      : S_ISDIR(st.st_mode)  ? "a directory"
+      : S_ISFIFO(st.st_mode) ? "a FIFO"
+      : !S_ISREG(st.st_mode) ? "not a regular file"
+      : dir && (dir->st_mode & S_ISVTX) && me != 0 && ls.st_uid != me && dir->st_uid != me
+          ? DPT_MSG("owned by uid " << ls.st_uid << " in a sticky directory, where this user "
+                                    << "cannot replace it")
+          : "";
+  return info;
 }
 
 }  // namespace
 
-std::vector<CheckpointInfo> checkpoint_files(const TrainConfig& cfg) {
-  return checkpoint_files(cfg, checkpoint_names_present(cfg));
+CheckpointSurvey survey_checkpoints(const TrainConfig& cfg) {
+  CheckpointSurvey survey;
+  survey.taken = true;
+  const std::filesystem::path dir = dir_of(cfg.checkpoint_path);
+  struct stat ds {};
+  const bool dir_known = ::stat(dir.c_str(), &ds) == 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (is_checkpoint_name(cfg, e.path().filename().string()))
+      if (auto info = classify_entry(cfg, e.path(), dir_known ? &ds : nullptr))
+        survey.entries.push_back(std::move(*info));
+  // The path's text alone put "ck.step10.st" between "ck.step100.st" and "ck.step9.st" in the
+  // warnings that list files recording no step.
+  std::sort(survey.entries.begin(), survey.entries.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) {
+              return std::tie(a.step, a.name_step, a.path) > std::tie(b.step, b.name_step, b.path);
+            });
+  return survey;
 }
 
 namespace {
@@ -249,91 +348,69 @@ CheckpointManager::CheckpointManager(const TrainConfig& cfg, Communicator& comm,
   started_ = utc_now();
 }
 
-// --resume auto, rank 0: the newest file by the step each records, of this run's training; one
-// that cannot be read falls back to the one before. When the directory holds several trainings'
-// files, this run's is the one whose newest file has this run's settings and data (digests), else
-// the newest, and the others are named and passed over. A file whose header is not a safetensors
-// header at all (junk, an empty file, another user's) is no checkpoint: passed over with a warning,
-// it does not stop a fresh start. Returns "" for a fresh start.
-std::string CheckpointManager::choose_auto(Meta* meta) {
-  const std::vector<CheckpointInfo> files = checkpoint_files(cfg_);
-  // Settings alone do not tell two trainings apart: two users running the same command on other
-  // data in one directory have the same configuration.
-  auto same_training = [&](const CheckpointInfo& f, bool data) {
-    try {
-      if (f.config.empty() || !config_changes(cfg_, f.path, f.config).empty()) return false;
-    } catch (const Error&) {
-      return false;
-    }
-    return !data || !other_data(f, input_);
-  };
-  std::string mine;  // the training chosen ("" when the readable files name at most one)
-  std::vector<std::string> ids;
-  for (const CheckpointInfo& f : files)
-    if (!f.training.empty() && std::find(ids.begin(), ids.end(), f.training) == ids.end())
-      ids.push_back(f.training);
-  if (ids.size() > 1) {
-    // Settings and data first, then settings alone (a change of data that --allow-config-change
-    // accepts continues this training, not another's), else the newest.
-    for (const bool data : {true, false}) {
-      for (const std::string& id : ids) {  // files are newest first: each id's first is its newest
-        const auto newest = std::find_if(files.begin(), files.end(),
-                                         [&](const CheckpointInfo& f) { return f.training == id; });
-        if (same_training(*newest, data)) {
-          mine = id;
-          break;
-        }
-      }
-      if (!mine.empty()) break;
-    }
-    if (mine.empty()) mine = ids.front();
-    std::vector<std::string> passed;
-    for (const CheckpointInfo& f : files)
-      if (!f.training.empty() && f.training != mine) passed.push_back(f.path);
-    log_warn("--resume auto: passed over the files of other trainings (" + summarize(passed) + ")");
-  }
+// --resume auto, rank 0: the newest file of `survey` by the step each records, of this run's
+// training (choose_among); one that cannot be read falls back to the one before. The files of other
+// trainings are named and passed over. A file whose header is not a safetensors header at all
+// (junk, an empty file, another user's) is no checkpoint: passed over with a warning, it does not
+// stop a fresh start. Returns "" for a fresh start.
+std::string CheckpointManager::choose_auto(const CheckpointSurvey& survey, Meta* meta) {
+  const AutoChoice choice = choose_among(cfg_, survey, input_);
+  if (!choice.others.empty())
+    log_warn("--resume auto: passed over the files of other trainings (" +
+             summarize(choice.others) + ")");
   // A directory may hold thousands of files that fail: the first few are warned about one by one,
   // the rest in one line, so the log stays readable.
   constexpr size_t kWarned = 3;
   std::vector<std::string> tried;
   std::vector<std::string> junk;  // files whose header cannot be read: no checkpoint
+  std::string junk_why;           // the first one's reason, as the survey read it
   auto warn_rest = [&] {
-    if (!junk.empty()) {
-      std::string why;
-      try {
-        (void)read_metadata(junk.front());
-      } catch (const Error& e) {
-        why = DPT_MSG(" (" << printable(e.what(), 300) << ")");
-      }
-      log_warn(DPT_MSG("--resume auto: passed over " << junk.size()
-                                                     << " file(s) that are no checkpoint, their "
-                                                        "header unreadable: "
-                                                     << summarize(junk) << why));
-    }
+    if (!junk.empty())
+      log_warn(DPT_MSG("--resume auto: passed over "
+                       << junk.size()
+                       << " file(s) that are no checkpoint, their header unreadable: "
+                       << summarize(junk) << " (" << printable(junk_why, 300) << ")"));
     if (tried.size() > kWarned)
       log_warn(
           DPT_MSG("--resume auto: more files beside "
                   << cfg_.checkpoint_path << " could not be used either: "
                   << summarize(std::vector<std::string>(tried.begin() + kWarned, tried.end()))));
   };
-  for (const CheckpointInfo& f : files) {
-    if (!mine.empty() && !f.training.empty() && f.training != mine) continue;
-    if (f.junk) {
-      junk.push_back(f.path);
+  for (const CheckpointInfo* f : choice.candidates) {
+    if (f->junk) {
+      if (junk.empty()) junk_why = f->error;
+      junk.push_back(f->path);
       continue;
     }
+    // The whole file is read now, its header checked again: it is the survey's entry only if
+    // nobody wrote over it since, which is checked below.
     try {
       OptimizerState state = opt_.state();
-      *meta = load_model(f.path, model_, &state);
-      warn_rest();
-      return f.path;
+      *meta = load_model(f->path, model_, &state);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInput) throw;
       if (tried.size() < kWarned)
-        log_warn("--resume auto: " + printable(f.path, PATH_MAX) + " cannot be used (" +
+        log_warn("--resume auto: " + printable(f->path, PATH_MAX) + " cannot be used (" +
                  printable(e.what(), 500) + "): trying the one before");
-      tried.push_back(f.path);
+      tried.push_back(f->path);
+      continue;
     }
+    // The file read must be the one surveyed: the pre-flight took the activation type from that
+    // entry, and the choice of training and the claim rest on it. Another run writing in a shared
+    // directory may have replaced it since (a resume-only run holds no lock there).
+    CheckpointInfo read;
+    read_schema(*meta, &read);
+    DPT_INPUT_CHECK(
+        read.step == f->step && read.training == f->training && read.config == f->config,
+        "--resume auto: " << printable(f->path, PATH_MAX)
+                          << " changed since this run listed the checkpoints at "
+                          << "start-up (it recorded step " << f->step << " of training '"
+                          << printable(f->training) << "', it now records step " << read.step
+                          << " of training '" << printable(read.training)
+                          << "'): another run is writing beside --checkpoint-path "
+                          << cfg_.checkpoint_path << "; run again once it is done");
+    warn_rest();
+    return f->path;
   }
   warn_rest();
   DPT_INPUT_CHECK(tried.empty(), "--resume auto: no checkpoint beside " << cfg_.checkpoint_path
@@ -344,7 +421,7 @@ std::string CheckpointManager::choose_auto(Meta* meta) {
   return "";
 }
 
-ResumePoint CheckpointManager::load() {
+ResumePoint CheckpointManager::load(const CheckpointSurvey& survey) {
   // epoch, epoch step, global step, optimizer steps, images per step then, found (--resume auto)
   int64_t pos[6] = {0, 0, 0, 0, 0, 1};
   std::vector<EpochMetrics> history;
@@ -354,11 +431,12 @@ ResumePoint CheckpointManager::load() {
   std::string
       recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
   EpochSoFar so_far;  // the sums of the epoch resumed part-way, when recorded (rank 0, then all)
+  CheckpointInfo resumed;  // the schema's fields of the file read (rank 0)
   agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
     if (cfg_.resume == "auto") {
-      path = choose_auto(&meta);
+      path = choose_auto(survey, &meta);
       if (path.empty()) {
         pos[5] = 0;
         return;
@@ -368,6 +446,7 @@ ResumePoint CheckpointManager::load() {
       OptimizerState state = opt_.state();
       meta = load_model(path, model_, &state);
     }
+    read_schema(meta, &resumed);
     // Read as every number is (text.h's read_number): std::stoll took " 4", "+4" and "4abc".
     auto num = [&](const char* key) -> int64_t {
       auto it = meta.find(key);
@@ -502,9 +581,10 @@ ResumePoint CheckpointManager::load() {
                   "broadcast of the resumed epoch's sums");
   if (comm_.rank() == 0) {
     // The same training goes on: its id and start stay (a file written before ids gets a new one).
+    // The file's id as it was read whole (its header once more would be a third read, and could
+    // be another file's by now).
     resumed_path_ = path;
-    const CheckpointInfo info = read_checkpoint_info(path);
-    if (!info.training.empty()) training_ = info.training, started_ = info.started;
+    if (!resumed.training.empty()) training_ = resumed.training, started_ = resumed.started;
   }
   ddp_.broadcast_state();
   const OptimizerState state = opt_.state();
@@ -544,22 +624,26 @@ ResumePoint CheckpointManager::load() {
   return {{pos[0], pos[1], pos[2]}, pos[4], std::move(history), true, so_far};
 }
 
-void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
+void CheckpointManager::claim(int64_t start_step, int64_t last_step,
+                              const CheckpointSurvey& survey) {
   if (!cfg_.checkpoints()) return;
   agree_on_input(comm_, "rank 0 found another training's checkpoint at --checkpoint-path", [&] {
     if (comm_.rank() != 0) return;
-    const std::vector<std::string> present = checkpoint_names_present(cfg_);
+    DPT_CHECK(survey.taken, "--checkpoint-path " << cfg_.checkpoint_path
+                                                 << ": the checkpoint directory was not surveyed "
+                                                 << "at start-up");
     if (cfg_.keep_checkpoints > 0) {
-      refuse_unreplaceable(present, start_step, last_step);
+      refuse_unreplaceable(survey, start_step, last_step);
       // The step names grow with the step: the last one's temporary must fit as
       // --checkpoint-path's does (checked in the pre-flight).
       check_temp_name_fits(checkpoint_file(cfg_, last_step),
                            "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
     }
-    for (const CheckpointInfo& f : checkpoint_files(cfg_, present)) {
-      // Files of this training and the file resumed are this run's to replace.
-      if (f.training == training_ || f.path == resumed_path_) continue;
-      const bool at_path = f.name_step < 0;  // --checkpoint-path itself (checkpoint_files)
+    for (const CheckpointInfo& f : survey.entries) {
+      // Files of this training and the file resumed are this run's to replace; what is no regular
+      // file is refuse_unreplaceable's (ahead) or never written (behind).
+      if (!f.regular || f.training == training_ || f.path == resumed_path_) continue;
+      const bool at_path = f.name_step < 0;  // --checkpoint-path itself (survey_checkpoints)
       // A name this run may still write (the name, not the step the file records: a copy under
       // another step's name is overwritten at the step of its name).
       const bool ahead = f.name_step > start_step && f.name_step <= last_step;
@@ -569,17 +653,15 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
         // No training's (written without an id, no checkpoint, or unreadable): this run's to
         // replace, as before, but never in silence. An empty or junk file there was replaced
         // without a word, and a damaged checkpoint too.
-        std::error_code ec;
         const std::string what =
             f.step >= 0  ? DPT_MSG("a checkpoint at step "
                                    << f.step << " that records no training id; --resume " << shown
                                    << " would have continued it")
             : f.readable ? "a safetensors file that records no training position (a --save file?), "
                            "no checkpoint"
-            : f.junk && std::filesystem::file_size(f.path, ec) == 0 && !ec
-                ? "an empty file, no checkpoint"
-            : f.junk ? "a file that is no safetensors file, no checkpoint"
-                     : "a file whose header cannot be read (a damaged checkpoint?)";
+            : f.junk && f.bytes == 0 ? "an empty file, no checkpoint"
+            : f.junk                 ? "a file that is no safetensors file, no checkpoint"
+                                     : "a file whose header cannot be read (a damaged checkpoint?)";
         log_warn(DPT_MSG("--checkpoint-path " << cfg_.checkpoint_path << ": replacing " << shown
                                               << ", " << what));
         continue;
@@ -599,33 +681,27 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step) {
 // Every step name this run may still write must be replaceable now, not only at its step: a FIFO,
 // a directory or a dangling link there, or another user's file in a sticky directory (which the
 // rename cannot replace), ended the run at that step with exit 2, and every resume again.
-void CheckpointManager::refuse_unreplaceable(const std::vector<std::string>& present,
-                                             int64_t start_step, int64_t last_step) const {
-  const std::filesystem::path dir = dir_of(cfg_.checkpoint_path);
-  struct stat ds {};
-  const bool sticky = ::stat(dir.c_str(), &ds) == 0 && (ds.st_mode & S_ISVTX) != 0;
-  const uid_t me = ::geteuid();
-  for (const std::string& p : present) {
-    const int64_t step = step_of_name(cfg_, std::filesystem::path(p).filename().string());
-    if (step <= start_step || step > last_step) continue;
-    struct stat ls {
-    }, st{};
-    if (::lstat(p.c_str(), &ls) != 0) continue;  // gone meanwhile
-    refuse_planted_link(p, "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
-    const std::string why =
-        ::stat(p.c_str(), &st) != 0 ? "a dangling symbolic link"
-        : S_ISDIR(st.st_mode)       ? "a directory"
-        : S_ISFIFO(st.st_mode)      ? "a FIFO"
-        : !S_ISREG(st.st_mode)      ? "not a regular file"
-        : sticky && me != 0 && ls.st_uid != me && ds.st_uid != me
-            ? DPT_MSG("owned by uid " << ls.st_uid << " in a sticky directory, where this user "
-                                      << "cannot replace it")
-            : "";
-    DPT_INPUT_CHECK(why.empty(), "--checkpoint-path "
-                                     << cfg_.checkpoint_path << ": " << printable(p, PATH_MAX)
-                                     << " is " << why
-                                     << ", where this run would write its checkpoint of step "
-                                     << step << "; remove it or choose another --checkpoint-path");
+void CheckpointManager::refuse_unreplaceable(const CheckpointSurvey& survey, int64_t start_step,
+                                             int64_t last_step) const {
+  // The names ahead in the order the run would meet them, so the refusal names the first.
+  std::vector<const CheckpointInfo*> ahead;
+  for (const CheckpointInfo& f : survey.entries)
+    if (f.name_step > start_step && f.name_step <= last_step) ahead.push_back(&f);
+  std::sort(ahead.begin(), ahead.end(), [](const CheckpointInfo* a, const CheckpointInfo* b) {
+    return a->name_step < b->name_step;
+  });
+  for (const CheckpointInfo* e : ahead) {
+    const CheckpointInfo& f = *e;
+    // Whether another user could have planted a link is files.cc's rule (AtomicFile's), which
+    // reads the link's owner and directory itself: asked of the survey's links alone.
+    if (f.link)
+      refuse_planted_link(f.path,
+                          "--checkpoint-path " + cfg_.checkpoint_path + ": the checkpoint name");
+    DPT_INPUT_CHECK(f.unreplaceable.empty(),
+                    "--checkpoint-path "
+                        << cfg_.checkpoint_path << ": " << printable(f.path, PATH_MAX) << " is "
+                        << f.unreplaceable << ", where this run would write its checkpoint of step "
+                        << f.name_step << "; remove it or choose another --checkpoint-path");
   }
 }
 
@@ -693,7 +769,9 @@ void CheckpointManager::prune() const {
   if (cfg_.keep_checkpoints == 0) return;
   int kept = 0;
   std::error_code ec;
-  for (const CheckpointInfo& f : checkpoint_files(cfg_)) {
+  // The directory now, listed again: this run has just written to it, and the start-up's survey
+  // knows none of its files since.
+  for (const CheckpointInfo& f : survey_checkpoints(cfg_).entries) {
     if (f.training != training_ && f.path != resumed_path_) continue;
     if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path &&
         !std::filesystem::remove(f.path, ec) && ec && unremovable_.insert(f.path).second)

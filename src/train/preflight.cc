@@ -401,39 +401,19 @@ void agree_on_data(const Preflight& pf, Communicator& comm) {
 // one file would lock it twice; they are refused naming both. An output naming one of the run's
 // inputs would destroy it (a predict --output over its --load, a --metrics appended to the
 // checkpoint being resumed, which no later resume could read): refused too, before any output is
-// touched. The one exception is the normal case of a resume: --checkpoint-path is the file
-// resumed (or, under --resume auto, one of the files it may pick), and is replaced atomically by
-// the run's next checkpoint, which continues the same training.
+// touched (the locks taken by then are on files of their own, removed with them). The one
+// exception is the normal case of a resume: --checkpoint-path is the file resumed (or, under
+// --resume auto, one of the files it may pick), and is replaced atomically by the run's next
+// checkpoint, which continues the same training.
 std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
-                                      const std::vector<std::string>& data_files) {
+                                      const std::vector<std::string>& data_files,
+                                      CheckpointSurvey* survey) {
   std::vector<std::pair<const char*, std::string>> outputs = {{"--metrics", cfg.metrics},
                                                               {"--save", cfg.save},
                                                               {"--report", cfg.report},
                                                               {"--trace", cfg.trace},
                                                               {"--output", cfg.output}};
   if (cfg.checkpoints()) outputs.push_back({"--checkpoint-path", cfg.checkpoint_path});
-  // What the run reads. --resume auto reads whichever of the checkpoint files it finds is newest:
-  // each is an input.
-  std::vector<std::pair<std::string, std::string>> inputs;  // (flag as messages name it, path)
-  if (cfg.resume == "auto") {
-    for (const CheckpointInfo& f : checkpoint_files(cfg))
-      inputs.push_back({"--resume auto", f.path});
-  } else if (!cfg.resume.empty()) {
-    inputs.push_back({"--resume", cfg.resume});
-  }
-  if (!cfg.init_from.empty()) inputs.push_back({"--init-from", cfg.init_from});
-  if (!cfg.load.empty()) inputs.push_back({"--load", cfg.load});
-  for (const std::string& f : data_files) inputs.push_back({"--data", f});
-  for (const auto& [flag, path] : outputs) {
-    if (path.empty()) continue;
-    for (const auto& [in_flag, in_path] : inputs) {
-      const bool resumed_checkpoint =
-          std::string(flag) == "--checkpoint-path" && in_flag.starts_with("--resume");
-      DPT_INPUT_CHECK(resumed_checkpoint || !same_file(path, in_path),
-                      flag << " " << path << " is the file " << in_flag << " reads (" << in_path
-                           << "): writing it would destroy that input; choose another file");
-    }
-  }
   std::vector<OutputLock> locks;
   std::vector<std::pair<const char*, std::string>> locked;  // the flag and path of each lock
   for (const auto& [flag, path] : outputs) {
@@ -454,23 +434,56 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
     OutputLock lock =
         check_output_path(path, flag, std::string(flag) == "--metrics" && cfg.command == "train");
     if (lock.file().empty()) continue;
+    locks.push_back(std::move(lock));
+    locked.push_back({flag, path});
+  }
+  // The checkpoint directory, surveyed once for the whole start-up (checkpoint.h's
+  // CheckpointSurvey), now that --checkpoint-path's lock is held where the run takes one: no other
+  // run of these checkpoint names writes there until this one ends (a run that only resumes takes
+  // no lock; load checks the file it takes against the survey).
+  CheckpointSurvey taken;
+  if (cfg.resume == "auto" || cfg.checkpoints()) taken = survey_checkpoints(cfg);
+  // What the run reads. --resume auto reads whichever of the checkpoint files it finds is newest:
+  // each is an input.
+  std::vector<std::pair<std::string, std::string>> inputs;  // (flag as messages name it, path)
+  if (cfg.resume == "auto") {
+    for (const CheckpointInfo& f : taken.entries)
+      if (f.regular) inputs.push_back({"--resume auto", f.path});
+  } else if (!cfg.resume.empty()) {
+    inputs.push_back({"--resume", cfg.resume});
+  }
+  if (!cfg.init_from.empty()) inputs.push_back({"--init-from", cfg.init_from});
+  if (!cfg.load.empty()) inputs.push_back({"--load", cfg.load});
+  for (const std::string& f : data_files) inputs.push_back({"--data", f});
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    for (const auto& [in_flag, in_path] : inputs) {
+      const bool resumed_checkpoint =
+          std::string(flag) == "--checkpoint-path" && in_flag.starts_with("--resume");
+      DPT_INPUT_CHECK(resumed_checkpoint || !same_file(path, in_path),
+                      flag << " " << path << " is the file " << in_flag << " reads (" << in_path
+                           << "): writing it would destroy that input; choose another file");
+    }
+  }
+  for (size_t i = 0; i < locks.size(); ++i) {
+    const char* flag = locked[i].first;
     // A killed writer's temporaries of this output (a --save or predict --output killed while
     // writing; a checkpoint's, 85 MB each for ResNet-18), removed now that no other run can be
     // writing it: for --checkpoint-path, those of every checkpoint name beside it (its step-named
     // files'), in the same pass over the directory. The one place they are removed: the
     // CheckpointManager scanned the directory again, and without the lock on a run that only
-    // resumed.
+    // resumed. A temporary is never at a checkpoint name: the survey above lists the same
+    // entries as it would after their removal.
     std::function<bool(const std::string&)> beside;
     if (std::string(flag) == "--checkpoint-path")
       beside = [&](const std::string& name) { return is_checkpoint_name(cfg, name); };
-    for (const std::string& dead : lock.remove_dead_temporaries(beside))
+    for (const std::string& dead : locks[i].remove_dead_temporaries(beside))
       log_info("removed " + dead + ", left by a killed writer of " + flag);
-    locks.push_back(std::move(lock));
-    locked.push_back({flag, path});
   }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
   if (!cfg.init_from.empty()) check_input_file(cfg.init_from, "--init-from");
   if (!cfg.load.empty()) check_input_file(cfg.load, "--load");
+  if (survey) *survey = std::move(taken);
   return locks;
 }
 
@@ -697,7 +710,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
   agree_on_data(pf, comm);
   agree_on_input(comm, "rank 0 cannot write an output file", [&] {
-    if (rank == 0) pf.locks = check_outputs(cfg, data_files);
+    if (rank == 0) pf.locks = check_outputs(cfg, data_files, &pf.checkpoints);
   });
 
   // The device (a GPU's context is created here; the CPU's checks bf16 there) and its memory
@@ -718,7 +731,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     // (a checkpoint from before the CPU's bf16 activations became auto's choice resumes in fp32).
     int32_t recorded = -1;  // rank 0: the DType recorded, or -1 for none
     if (rank == 0)
-      if (const auto t = resumed_activation_dtype(cfg, input_metadata(pf)))
+      if (const auto t = resumed_activation_dtype(cfg, pf.checkpoints, input_metadata(pf)))
         recorded = static_cast<int32_t>(*t);
     comm.broadcast(&recorded, 1, 0, "broadcast of the resumed run's activation type");
     const auto then = static_cast<DType>(recorded);

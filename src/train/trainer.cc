@@ -432,7 +432,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
 
   // Where training starts, and what it writes.
   CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine, input_metadata(pf));
-  const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load();
+  const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load(pf.checkpoints);
   MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch,
                     start.at.global_step);
   if (pf.ranks_outnumber_cores) {
@@ -453,7 +453,7 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   // position's; images trained again count again).
   EpochSoFar so_far = start.so_far;
   if (so_far.steps > 0) so_far.steps = at.epoch_step;
-  checkpoints.claim(at.global_step, static_cast<int64_t>(cfg.epochs) * steps);
+  checkpoints.claim(at.global_step, static_cast<int64_t>(cfg.epochs) * steps, pf.checkpoints);
 
   Tracer tracer;
   NonFiniteGuard guard(cfg, comm, engine);

@@ -1,6 +1,7 @@
 // The CheckpointManager without a training run: when a checkpoint is due, what it writes, which
-// files it prunes (its own training's only), what --resume auto takes, what claim refuses, the
-// launcher's record, and the temporaries it leaves to the pre-flight. One rank (an MPI singleton).
+// files it prunes (its own training's only), what --resume auto takes, what claim refuses (both,
+// and the activation type a resume keeps, from one survey of the directory), the launcher's record,
+// and the temporaries it leaves to the pre-flight. One rank (an MPI singleton).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,6 +48,9 @@ struct Rig : test::EngineRig {
     return c;
   }
   void save_at(int64_t step) { manager->save({0, step, step}, {}); }
+  // load and claim over a survey of the directory as it is now, as the pre-flight takes it.
+  ResumePoint load() { return manager->load(survey_checkpoints(cfg)); }
+  void claim(int64_t start, int64_t last) { manager->claim(start, last, survey_checkpoints(cfg)); }
 };
 
 class CheckpointManagerTest : public ::testing::Test {
@@ -150,7 +154,7 @@ TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
   first.save_at(6);
   Rig second(dir_);
   try {
-    second.manager->claim(0, 100);
+    second.claim(0, 100);
     FAIL() << "another training's file at --checkpoint-path was not refused";
   } catch (const AgreedInputError& e) {
     EXPECT_NE(std::string(e.what()).find("is a checkpoint of another training (id " +
@@ -160,13 +164,13 @@ TEST_F(CheckpointManagerTest, ClaimRefusesAnotherTrainingsFile) {
     EXPECT_EQ(e.exit_code(), 2);
   }
   // Its own training's file, and the file it resumes, are its to replace.
-  EXPECT_NO_THROW(first.manager->claim(6, 100));
+  EXPECT_NO_THROW(first.claim(6, 100));
   Rig resumer(dir_, [](TrainConfig& c) { c.resume = c.checkpoint_path; });
-  const ResumePoint p = resumer.manager->load();
+  const ResumePoint p = resumer.load();
   EXPECT_EQ(p.at.global_step, 6);
   EXPECT_EQ(resumer.manager->training_id(),
             first.manager->training_id());  // the same training goes on
-  EXPECT_NO_THROW(resumer.manager->claim(6, 100));
+  EXPECT_NO_THROW(resumer.claim(6, 100));
 }
 
 // A checkpoint's position is read as every number is (text.h's read_number): std::stoll took
@@ -189,7 +193,7 @@ TEST_F(CheckpointManagerTest, PositionMetadataIsReadAsDecimalOnly) {
     write_safetensors(edited, good.tensors, meta);
     Rig resumer(dir_, [](TrainConfig& c) { c.resume = c.data + "/edited.st"; });
     try {
-      resumer.manager->load();
+      resumer.load();
       ADD_FAILURE() << "resumed";
     } catch (const Error& e) {
       EXPECT_EQ(e.exit_code(), 2);
@@ -215,10 +219,10 @@ TEST_F(CheckpointManagerTest, ClaimWithRotationLooksOnlyAhead) {
   other.save_at(5);
   other.save_at(50);
   Rig mine(dir_, keep);
-  EXPECT_THROW(mine.manager->claim(0, 60), AgreedInputError);  // steps 5 and 50 lie ahead
-  EXPECT_NO_THROW(mine.manager->claim(10, 40));  // step 5 lies behind, step 50 beyond the run
+  EXPECT_THROW(mine.claim(0, 60), AgreedInputError);  // steps 5 and 50 lie ahead
+  EXPECT_NO_THROW(mine.claim(10, 40));                // step 5 lies behind, step 50 beyond the run
   fs::remove(dir_ + "/ck.step50.st");
-  EXPECT_NO_THROW(mine.manager->claim(10, 60));  // step 5 lies behind: kept, not overwritten
+  EXPECT_NO_THROW(mine.claim(10, 60));  // step 5 lies behind: kept, not overwritten
 }
 
 // Files that record no step are listed by the step their names say, newest first as the
@@ -230,7 +234,7 @@ TEST_F(CheckpointManagerTest, FilesRecordingNoStepAreListedByTheStepOfTheirNames
     std::ofstream(dir_ + "/" + n) << "not a checkpoint";
   testing::internal::CaptureStderr();
   Rig resumer(dir_, keep);
-  EXPECT_FALSE(resumer.manager->load().resumed);
+  EXPECT_FALSE(resumer.load().resumed);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(
       err.find("passed over 5 file(s) that are no checkpoint, their header unreadable: " + dir_ +
@@ -242,7 +246,7 @@ TEST_F(CheckpointManagerTest, FilesRecordingNoStepAreListedByTheStepOfTheirNames
   writer.save_at(3);
   fs::rename(dir_ + "/ck.step3.st", dir_ + "/ck.step1.st");
   std::vector<std::string> listed;
-  for (const CheckpointInfo& f : checkpoint_files(writer.cfg))
+  for (const CheckpointInfo& f : survey_checkpoints(writer.cfg).entries)
     listed.push_back(fs::path(f.path).filename().string());
   EXPECT_EQ(listed, (std::vector<std::string>{"ck.step1.st", "ck.step100.st", "ck.step11.st",
                                               "ck.step10.st", "ck.step9.st", "ck.st"}));
@@ -266,7 +270,7 @@ TEST_F(CheckpointManagerTest, ClaimNamesEachFileItWillReplace) {
   write_safetensors(dir_ + "/ck.step10.st", good.tensors, {{"step", "10"}});  // --save's kind
   std::ofstream(dir_ + "/ck.step30.st").close();  // beyond the run's last step
   testing::internal::CaptureStderr();
-  r.manager->claim(2, 20);
+  r.claim(2, 20);
   const std::string err = testing::internal::GetCapturedStderr();
   const std::string prefix = "--checkpoint-path " + r.cfg.checkpoint_path + ": replacing " + dir_;
   for (const std::string& line :
@@ -284,16 +288,29 @@ TEST_F(CheckpointManagerTest, ClaimNamesEachFileItWillReplace) {
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 4) << err;
 }
 
+// Two trainings in one directory on the same data: --resume auto continues the one with this run's
+// settings, and the activation type comes from that training's file, not from the newest file of
+// any. The pre-flight took the newest file's type (the other training's fp32), and the resume,
+// asking with that type, then matched neither training's settings and took the other's file:
+// refused as a change of --seed instead of resumed.
 TEST_F(CheckpointManagerTest, ResumeAutoTakesItsOwnTraining) {
-  auto keep = [](TrainConfig& c) { c.keep_checkpoints = 5; };
-  Rig a(dir_, keep);
+  Rig a(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.activation_dtype = "bf16"; });
   a.save_at(4);
-  Rig b(dir_,
-        [](TrainConfig& c) { c.keep_checkpoints = 5, c.seed = 7; });  // other settings, newer file
+  Rig b(dir_, [](TrainConfig& c) {  // other settings, a newer file
+    c.keep_checkpoints = 5, c.seed = 7, c.activation_dtype = "fp32";
+  });
   b.save_at(9);
+  TrainConfig cfg = a.cfg;
+  cfg.resume = "auto";
+  cfg.activation_dtype = "auto";
+  const CheckpointSurvey survey = survey_checkpoints(cfg);
+  EXPECT_EQ(resumed_activation_dtype(cfg, survey), DType::kBF16);
+  // The trainer resolves auto to that type before the manager loads.
   testing::internal::CaptureStderr();
-  Rig resumer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.resume = "auto"; });
-  const ResumePoint p = resumer.manager->load();
+  Rig resumer(dir_, [](TrainConfig& c) {
+    c.keep_checkpoints = 5, c.resume = "auto", c.activation_dtype = "bf16";
+  });
+  const ResumePoint p = resumer.manager->load(survey);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_TRUE(p.resumed);
   EXPECT_EQ(p.at.global_step, 4);
@@ -301,6 +318,116 @@ TEST_F(CheckpointManagerTest, ResumeAutoTakesItsOwnTraining) {
   EXPECT_NE(err.find("passed over the files of other trainings (" + dir_ + "/ck.step9.st)"),
             std::string::npos)
       << err;
+}
+
+// The start-up reads the checkpoint directory once (survey_checkpoints, the pre-flight's): the
+// activation type a resume keeps and the file --resume auto loads come from that one listing, so a
+// newer checkpoint of the same training written after it (another run sharing the directory) is
+// seen by neither. Read again, as each step did, it gave the type of step 9's file (bf16) to a run
+// that resumed step 4's (fp32), or the other way round.
+TEST_F(CheckpointManagerTest, ResumeAutoTakesTypeAndFileFromOneSurvey) {
+  auto resume_auto = [](TrainConfig& c) { c.keep_checkpoints = 5, c.resume = "auto"; };
+  Rig writer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5; });
+  writer.save_at(4);
+  Rig resumer(dir_, resume_auto);
+  const CheckpointSurvey survey = survey_checkpoints(resumer.cfg);
+  // Step 9 of the same training, trained on bf16 activations, appears after the survey.
+  const StFile four = read_safetensors(dir_ + "/ck.step4.st");
+  std::map<std::string, std::string> meta = four.metadata;
+  meta["step"] = "9";
+  meta["epoch_step"] = "9";
+  nlohmann::json config = nlohmann::json::parse(meta.at("config"));
+  config["activation_dtype"] = "bf16";
+  meta["config"] = config.dump();
+  write_safetensors(dir_ + "/ck.step9.st", four.tensors, meta);
+  EXPECT_EQ(resumed_activation_dtype(resumer.cfg, survey), DType::kF32);
+  // A survey taken now sees it (the case above is no accident of the listing).
+  EXPECT_EQ(resumed_activation_dtype(resumer.cfg, survey_checkpoints(resumer.cfg)), DType::kBF16);
+  const ResumePoint p = resumer.manager->load(survey);
+  EXPECT_TRUE(p.resumed);
+  EXPECT_EQ(p.at.global_step, 4);
+  EXPECT_EQ(resumer.manager->training_id(), writer.manager->training_id());
+  // claim reads the same survey: step 9's file, unseen, is not named as one it would replace.
+  testing::internal::CaptureStderr();
+  resumer.manager->claim(4, 20, survey);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+// The file --resume auto chose is read whole, its header checked again: where another run wrote
+// over it since the survey (another training's checkpoint now at that name), the resume is refused
+// naming the file and both, never continued from what the survey did not see.
+TEST_F(CheckpointManagerTest, ResumeAutoRefusesAFileChangedSinceTheSurvey) {
+  Rig writer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5; });
+  writer.save_at(4);
+  Rig resumer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 5, c.resume = "auto"; });
+  const CheckpointSurvey survey = survey_checkpoints(resumer.cfg);
+  // Same settings, another training's id, renamed over writer's file (as its writer would).
+  fs::create_directory(dir_ + "/other");
+  Rig other(
+      dir_, [](TrainConfig& c) { c.keep_checkpoints = 5; }, dir_ + "/other/ck.st");
+  other.save_at(4);
+  fs::rename(dir_ + "/other/ck.step4.st", dir_ + "/ck.step4.st");
+  try {
+    resumer.manager->load(survey);
+    FAIL() << "resumed a file that changed since the survey";
+  } catch (const AgreedInputError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find(
+                  "--resume auto: " + dir_ + "/ck.step4.st changed since this run listed the " +
+                  "checkpoints at start-up (it recorded step 4 of training '" +
+                  writer.manager->training_id() + "', it now records step 4 of training '" +
+                  other.manager->training_id() + "')"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Every entry at a checkpoint name, classified once: what claim refuses ahead (a directory, a FIFO,
+// a dangling link) and what it may replace, each regular file's header and size; a FIFO is never
+// opened (it would block the survey).
+TEST_F(CheckpointManagerTest, SurveyClassifiesEveryEntryAtACheckpointName) {
+  Rig r(dir_, [](TrainConfig& c) { c.keep_checkpoints = 9; });
+  r.save_at(2);
+  std::ofstream(dir_ + "/ck.step3.st").close();
+  std::ofstream(dir_ + "/ck.step4.st") << "junk";
+  fs::create_directory(dir_ + "/ck.step5.st");
+  ASSERT_EQ(::mkfifo((dir_ + "/ck.step6.st").c_str(), 0600), 0);
+  fs::create_symlink(dir_ + "/nowhere", dir_ + "/ck.step7.st");
+  fs::create_symlink(dir_ + "/ck.step2.st", dir_ + "/ck.step8.st");
+  std::ofstream(dir_ + "/ck.step08.st") << "an operator's copy: no checkpoint name";
+  const CheckpointSurvey survey = survey_checkpoints(r.cfg);
+  EXPECT_TRUE(survey.taken);
+  std::vector<std::string> got;
+  for (const CheckpointInfo& f : survey.entries)
+    got.push_back(fs::path(f.path).filename().string() + " " + std::to_string(f.name_step) +
+                  (f.regular ? " regular " + std::to_string(f.bytes) : "") +
+                  (f.link ? " link" : "") + (f.readable ? " step " + std::to_string(f.step) : "") +
+                  (f.junk ? " junk" : "") + (f.unreplaceable.empty() ? "" : " " + f.unreplaceable));
+  const auto size = std::to_string(fs::file_size(dir_ + "/ck.step2.st"));
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     "ck.step8.st 8 regular " + size + " link step 2",
+                     "ck.step2.st 2 regular " + size + " step 2",
+                     "ck.step7.st 7 link a dangling symbolic link",
+                     "ck.step6.st 6 a FIFO",
+                     "ck.step5.st 5 a directory",
+                     "ck.step4.st 4 regular 4 junk",
+                     "ck.step3.st 3 regular 0 junk",
+                 }));
+  // claim refuses, from the survey, the first of them the run would meet.
+  for (const auto& [start, what] : std::vector<std::pair<int64_t, std::string>>{
+           {2, "ck.step5.st is a directory"},
+           {5, "ck.step6.st is a FIFO"},
+           {6, "ck.step7.st is a dangling symbolic link"}}) {
+    try {
+      r.manager->claim(start, 20, survey);
+      ADD_FAILURE() << "claim from step " << start << " did not refuse " << what;
+    } catch (const AgreedInputError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir_ + "/" + what + ", where this run would write "),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(r.manager->claim(7, 20, survey));  // the link to step 2's file is replaceable
 }
 
 TEST_F(CheckpointManagerTest, RefusesNonFiniteStateAndKeepsTheFile) {

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "dpt/checkpoint.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/device.h"
@@ -535,6 +536,44 @@ TEST_F(PreflightDir, CheckOutputsRemovesDeadCheckpointTemporariesOnceEach) {
   }
   EXPECT_TRUE(std::filesystem::exists(step_dead)) << "another --checkpoint-path's temporary";
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2) << log;
+}
+
+// The checkpoint directory is surveyed by check_outputs, once, holding --checkpoint-path's lock,
+// and handed out for the rest of the start-up (the activation type, --resume auto's choice, claim):
+// under --resume auto or with checkpoints to write, every entry at a checkpoint name and no other
+// file; a run that neither resumes by auto nor writes checkpoints takes none.
+TEST_F(PreflightDir, CheckOutputsHandsOutOneSurveyOfTheCheckpoints) {
+  std::ofstream(path("ck.step3.st")) << "junk";
+  std::ofstream(path("ck.step2.st")).close();
+  std::ofstream(path("ck.st")) << "x";
+  std::ofstream(path("other.st")) << "x";
+  std::ofstream(path("ck.step03.st")) << "an operator's copy";
+  TrainConfig cfg;
+  cfg.checkpoint_path = path("ck.st");
+  cfg.keep_checkpoints = 3;
+  auto names = [](const CheckpointSurvey& s) {
+    std::vector<std::string> out;
+    for (const CheckpointInfo& f : s.entries) out.push_back(f.path);
+    return out;
+  };
+  for (const auto& [resume, every] :
+       std::vector<std::pair<std::string, int>>{{"auto", 0}, {"auto", 1}, {path("ck.st"), 1}}) {
+    SCOPED_TRACE(resume + " " + std::to_string(every));
+    cfg.resume = resume;
+    cfg.checkpoint_every = every;
+    CheckpointSurvey survey;
+    const std::vector<OutputLock> locks = check_outputs(cfg, {}, &survey);
+    EXPECT_TRUE(survey.taken);
+    EXPECT_EQ(names(survey),
+              (std::vector<std::string>{path("ck.step3.st"), path("ck.step2.st"), path("ck.st")}));
+    EXPECT_EQ(locks.size(), every ? 1u : 0u);
+  }
+  cfg.resume = path("ck.st");
+  cfg.checkpoint_every = 0;
+  CheckpointSurvey none;
+  check_outputs(cfg, {}, &none);
+  EXPECT_FALSE(none.taken);
+  EXPECT_TRUE(none.entries.empty());
 }
 
 // An output naming one of the run's inputs would destroy it: refused naming both flags and the
