@@ -22,6 +22,9 @@ runs=(
   "2|--model resnet18 --epochs 1 --max-steps 3 --batch-size 32 --eval-every 0 --sync-bn"
   "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --accum-steps 2 --sync-bn"
   "2|--model lenet --epochs 1 --max-steps 20 --grad-dtype bf16"
+  # Clipping on, at a norm never reached: the factor is exactly 1 (torch's min(1, ...), applied
+  # always), so the bits are those of no clipping.
+  "2|--model lenet --epochs 1 --max-steps 20 --clip-grad-norm 1000"
   # bf16 compute (and whatever --activation-dtype auto resolves to on this build and CPU).
   "2|--model lenet --epochs 1 --max-steps 20 --precision bf16"
   "2|--model resnet18 --epochs 1 --max-steps 2 --batch-size 32 --eval-every 0 --precision bf16"

@@ -2,6 +2,7 @@
 // one-thread scalar store that feeds them the learning rate.
 #include <algorithm>
 
+#include "dpt/clip.h"
 #include "launch_util.cuh"
 #include "optimizer.cuh"
 
@@ -10,12 +11,10 @@ namespace dpt::cuda {
 // ----------------------------------------------------------------------------
 // The SGD update kernel: one grid-stride pass over the flat buffers.
 
-// The clip coefficient of PyTorch's clip_grad_norm_ (1 when off or within the norm); the caller
-// skips the update first when the sum of squares is not finite.
+// The clip coefficient of PyTorch's clip_grad_norm_ (dpt/clip.h; 1 when off); the caller skips the
+// update first when the sum of squares is not finite.
 static __device__ float clip_coef(const double* grad_sumsq, float clip_norm) {
-  if (!grad_sumsq || clip_norm <= 0.f) return 1.f;
-  const double norm = sqrt(*grad_sumsq);
-  return norm > clip_norm ? static_cast<float>(clip_norm / (norm + 1e-6)) : 1.f;
+  return grad_sumsq ? clip_coefficient(*grad_sumsq, clip_norm) : 1.f;
 }
 
 static __global__ void sgd_update_kernel(float* __restrict__ p, const float* __restrict__ g,

@@ -17,9 +17,9 @@ namespace dpt::cuda {
 // wd*p (buf unused and p -= lr*d when momentum == 0). lr is read from device memory (one float, see
 // launch_store_scalar), so a step replayed from a CUDA graph follows the schedule. grad_sumsq
 // (nullable, device): the gradients' sum of squares; when it is not finite nothing is updated (the
-// non-finite guard), and with clip_norm > 0 the gradients are scaled by c = clip_norm / (norm +
-// 1e-6) where the norm exceeds clip_norm (PyTorch's clip_grad_norm_), else c = 1. Checks the
-// launch; returns the launch status.
+// non-finite guard), and with clip_norm > 0 the gradients are scaled by c = min(1, clip_norm /
+// (norm + 1e-6)) (PyTorch's clip_grad_norm_, dpt/clip.h), else c = 1. Checks the launch; returns
+// the launch status.
 cudaError_t launch_sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
                               float momentum, float weight_decay, bool nesterov, bool first,
                               const double* grad_sumsq, float clip_norm, cudaStream_t stream);

@@ -303,8 +303,8 @@ class Backend {
   // p -= lr (nesterov ? d + momentum buf : buf) (buf unused and p -= lr d when momentum is 0). lr:
   // one float of backend memory. grad_sumsq (nullable, one double of backend memory, sum_squares
   // of g): when it is not finite nothing is updated (the non-finite guard, decided where the data
-  // is: no host round trip); with clip_norm > 0, c = clip_norm / (norm + 1e-6) where the norm
-  // exceeds clip_norm (PyTorch's clip_grad_norm_), else c = 1.
+  // is: no host round trip); with clip_norm > 0, c = min(1, clip_norm / (norm + 1e-6)) in torch's
+  // fp32 arithmetic (PyTorch's clip_grad_norm_, clip_coefficient in dpt/clip.h), else c = 1.
   virtual void sgd_update(float* p, const float* g, float* buf, int64_t n, const float* lr,
                           float momentum, float weight_decay, bool nesterov, bool first,
                           const double* grad_sumsq, float clip_norm) = 0;

@@ -90,6 +90,7 @@ class StepEngine {
   void stage_in(int64_t batch);
   void stage_out(int64_t batch);
   void forward_backward(bool sync, bool accumulate, Tracer* tracer);
+  void count_training_forward();
   void update(bool first);
   void recorded_step(int64_t batch, int64_t step, bool first);
   bool all_ranks(bool mine, const char* what);
@@ -126,6 +127,10 @@ class StepEngine {
   // The learning rate; the optimizer's state: SGD's momentum, AdamW's moments and step count.
   DeviceArray<float> lr_, momentum_, exp_avg_, exp_avg_sq_;
   DeviceArray<double> adamw_step_;
+  // The most any BatchNorm counter's float has counted since it was last folded into its int64
+  // (ParamStore::fold_counters): one more for every training forward, each of which goes through
+  // step() (graph replays too).
+  int64_t forwards_since_fold_ = 0;
   Tensor x_, dlogits_, eval_x_;
   std::unique_ptr<Recorder> step_graph_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recorder>> eval_graphs_;  // by test range

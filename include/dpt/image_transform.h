@@ -6,11 +6,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DPT_HOST_DEVICE __host__ __device__
-#else
-#define DPT_HOST_DEVICE
-#endif
+#include "dpt/host_device.h"
 
 namespace dpt {
 

@@ -28,10 +28,6 @@ struct OptimizerState {
 // "28,28,1": a shape as the metadata records it (input_shape: H,W,C of the images the model takes).
 std::string shape_text(const Shape& s);
 
-// A counter's (num_batches_tracked's) count as saved: its counter_base (the loaded count) plus the
-// steps its float value has counted since, saturating at INT64_MAX (never wrapping).
-int64_t counter_value(const Param& p);
-
 // Writes atomically and safely (files.h's AtomicFile). Call on one rank only. With `optimizer`,
 // the file is a training checkpoint. `what` names the file in errors ("checkpoint", "--save").
 void save_model(const std::string& path, const Model& model,

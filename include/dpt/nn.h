@@ -36,9 +36,11 @@ struct Param {
   int64_t fan_in = 0, fan_out = 0;
   bool is_buffer = false;
   bool is_counter = false;  // num_batches_tracked: saved as int64 counter_base + the float value
-  // A counter's count when it was loaded (a file's int64, exact), the float value counting only the
-  // steps since (exact up to 2^24 of them): the file's count itself held as a float lost precision
-  // above 2^24 and overflowed llround at INT64_MAX when saved (model_file.cc).
+  // A counter's count when it was loaded (a file's int64, exact) or last folded, the float value
+  // counting only the steps since (the kernels add 1 per training forward; exact up to 2^24 of
+  // them, which ParamStore::fold_counters keeps it within): the file's count itself held as a float
+  // lost precision above 2^24 and overflowed llround at INT64_MAX when saved (model_file.cc), and
+  // the float counting a whole run stopped at 2^24 (16777216 + 1 is 16777216 in float).
   int64_t counter_base = 0;
   int64_t offset = 0;  // element offset in the flat parameter (or buffer) array
   Tensor value;        // host view, valid after ParamStore::finalize()
@@ -83,6 +85,11 @@ class ParamStore {
   void buffers_from_host();
   void grads_to_host();
   void zero_grads();
+  // Moves each counter's count from its float in backend memory (exact up to 2^24) into its int64
+  // counter_base and sets the float to 0, so the count stays exact for any int64 value. Called by
+  // StepEngine before the floats could pass 2^24; the floats' bits matter to nothing else (the
+  // BatchNorm momentum is fixed, and num_batches_tracked is only saved).
+  void fold_counters();
 
  private:
   Backend* backend_;
@@ -93,6 +100,10 @@ class ParamStore {
   int64_t num_params_ = 0, num_buffers_ = 0;
   bool finalized_ = false;
 };
+
+// A counter's (num_batches_tracked's) count as saved: its counter_base plus the steps its float
+// value (the host view) has counted since, saturating at INT64_MAX (never wrapping).
+int64_t counter_value(const Param& p);
 
 // Told after each leaf layer's backward which range [begin, end) of the flat gradient buffer is
 // final for this step. The reducer hangs its bucketed all-reduce on this.

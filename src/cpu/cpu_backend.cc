@@ -24,6 +24,7 @@
 #include "cpu/ops.h"
 #include "cpu/widen.h"
 #include "dpt/backend.h"
+#include "dpt/clip.h"
 #include "dpt/error.h"
 #include "dpt/half.h"
 
@@ -352,8 +353,7 @@ class CpuBackend : public Backend {
     if (!grad_sumsq) return true;
     if (!std::isfinite(*grad_sumsq))
       return false;  // the non-finite guard: this step changes nothing
-    const double norm = std::sqrt(*grad_sumsq);
-    if (clip_norm > 0.f && norm > clip_norm) *coef = static_cast<float>(clip_norm / (norm + 1e-6));
+    *coef = clip_coefficient(*grad_sumsq, clip_norm);
     return true;
   }
   // The operations above that choose between two loops, for either element type.

@@ -2,6 +2,7 @@
 // its memory), gradient-ready announcements, and Model.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -101,6 +102,26 @@ void ParamStore::buffers_from_host() {
 
 void ParamStore::grads_to_host() {
   if (dgrads_) backend_->copy_to_host(grads_.data(), dgrads_->data(), bytes_of(num_params_));
+}
+
+int64_t counter_value(const Param& p) {
+  // The float counts the steps since the load or the last fold: a whole number from 0 to 2^24
+  // (fold_counters). Clamped all the same, and the sum saturates: a save never overflows or wraps.
+  const float steps = p.value.data()[0];
+  const int64_t since = std::isfinite(steps) && steps > 0 ? static_cast<int64_t>(steps) : 0;
+  return p.counter_base > std::numeric_limits<int64_t>::max() - since
+             ? std::numeric_limits<int64_t>::max()
+             : p.counter_base + since;
+}
+
+void ParamStore::fold_counters() {
+  for (Param& p : entries_) {
+    if (!p.is_counter) continue;
+    if (dbuffers_) backend_->copy_to_host(p.value.data(), p.device_value, sizeof(float));
+    p.counter_base = counter_value(p);
+    p.value.data()[0] = 0.f;
+    if (dbuffers_) backend_->copy_from_host(p.device_value, p.value.data(), sizeof(float));
+  }
 }
 
 void ParamStore::zero_grads() {

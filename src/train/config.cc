@@ -137,7 +137,10 @@ void validate_config(const TrainConfig& c, int world) {
   check_model_options(c.model, {c.stem, c.zero_init_residual});
   DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);
   DPT_INPUT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got " << c.batch_size);
-  DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr must be > 0, got " << c.lr);
+  // 0 is accepted, as torch.optim.SGD and AdamW accept lr=0: the steps run (BatchNorm's running
+  // statistics move, the momentum and moments fill) and no parameter changes (p - 0 x d = p). No
+  // step divides by the rate: the warm-up, the schedules and --scale-lr only multiply it.
+  DPT_INPUT_CHECK(std::isfinite(c.lr) && c.lr >= 0, "--lr must be >= 0, got " << c.lr);
   DPT_INPUT_CHECK(c.momentum >= 0 && c.momentum < 1,
                   "--momentum must be in [0, 1), got " << c.momentum);
   DPT_INPUT_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
@@ -168,13 +171,11 @@ void validate_config(const TrainConfig& c, int world) {
                                             << " (float's smallest normal: with less, a parameter "
                                                "whose gradient is still 0 becomes 0/0 = NaN), got "
                                             << c.eps);
-  // The loss takes E as a float: 0.99999999999 rounds to 1, which trained on the uniform target
-  // alone (1 - E = 0), so the bound holds for the float.
-  DPT_INPUT_CHECK(std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 &&
-                      static_cast<float>(c.label_smoothing) < 1,
-                  "--label-smoothing must be in [0, 1), got "
-                      << nlohmann::json(c.label_smoothing).dump()
-                      << (c.label_smoothing < 1 ? " (1 as the float the loss takes)" : ""));
+  // [0, 1] as torch.nn.CrossEntropyLoss checks it (1: the uniform target alone). The bound is on
+  // the double: 1.00000001 is refused though the float the loss takes rounds it to 1.
+  DPT_INPUT_CHECK(
+      std::isfinite(c.label_smoothing) && c.label_smoothing >= 0 && c.label_smoothing <= 1,
+      "--label-smoothing must be in [0, 1], got " << nlohmann::json(c.label_smoothing).dump());
   DPT_INPUT_CHECK(c.schedule == "constant" || c.schedule == "step" || c.schedule == "cosine",
                   "--schedule: '" << c.schedule << "' is not constant|step|cosine");
   DPT_INPUT_CHECK(c.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got " << c.warmup_epochs);

@@ -120,6 +120,11 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
         << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
         << ")"));
   from_host();
+  // The counters' floats may already hold counts (a model trained by an earlier engine): the
+  // next fold comes before the largest of them could pass 2^24.
+  for (const Param& p : model.store().entries())
+    if (p.is_counter)
+      forwards_since_fold_ = std::max(forwards_since_fold_, counter_value(p) - p.counter_base);
 }
 
 // Into the arrays the specs point at (fixed addresses: a recorded step reads them).
@@ -198,6 +203,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   be_.store_scalar(lr_.data(), static_cast<float>(lr));
   Reducer& reducer = ddp_.reducer();
   if (step_graphs_) {
+    count_training_forward();  // one micro-batch: a recorded step has no accumulation
     recorded_step(first_batch, step, first);
   } else {
     {
@@ -206,6 +212,7 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
       WeightsFixed fixed(be_);
       for (int micro = 0; micro < cfg_.accum_steps; ++micro) {
         const bool sync = micro + 1 == cfg_.accum_steps;
+        count_training_forward();
         stage_in(first_batch + micro);
         if (sync) reducer.begin(step);
         forward_backward(sync, micro > 0, tr);
@@ -224,6 +231,20 @@ void StepEngine::step(int64_t first_batch, int64_t step, double lr, Tracer* tr) 
   if (std::exchange(replayed_, false)) stats_.comm_seconds = stats_.exposed_seconds = 0;
   opt_.set_steps(opt_.steps() + 1);
   if (step + 1 == profile_to_) be_.profiler_window(false);
+}
+
+// Before each training forward: each BatchNorm adds 1 to its num_batches_tracked float, exact up to
+// 2^24, so after 2^24 forwards the count moves to the host's int64 first (a few one-float copies
+// each way, in stream order, between steps: once per 2^24 micro-batches on a GPU). The float
+// stopped at 2^24, so a run past 16777216 steps saved that count ever after. Every rank folds at
+// the same forward: the counters stay equal across ranks.
+void StepEngine::count_training_forward() {
+  constexpr int64_t kExactInFloat = int64_t{1} << 24;
+  if (forwards_since_fold_ >= kExactInFloat) {
+    model_.store().fold_counters();
+    forwards_since_fold_ = 0;
+  }
+  ++forwards_since_fold_;
 }
 
 // A micro-batch's indices to the step's fixed index array; its loss/correct totals back out to the

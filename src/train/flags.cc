@@ -138,7 +138,8 @@ std::vector<Flag> flag_table() {
        .agreement = A::kFixed},
       {.name = "lr",
        .group = model,
-       .help = "Peak learning rate (default: from the recipe)",
+       .help = "Peak learning rate, >= 0 (0: the steps move no parameter, only BatchNorm's "
+               "statistics; default: from the recipe)",
        .field = &C::lr,
        .agreement = A::kFixed,
        .from = Default::kRecipe},
@@ -185,7 +186,7 @@ std::vector<Flag> flag_table() {
        .agreement = A::kFixed},
       {.name = "label-smoothing",
        .group = model,
-       .help = "E in [0, 1): the training loss is torch.nn.CrossEntropyLoss(label_smoothing=E), "
+       .help = "E in [0, 1]: the training loss is torch.nn.CrossEntropyLoss(label_smoothing=E), "
                "(1-E) CE + E x the mean over classes of -log p (the test loss stays plain CE)",
        .field = &C::label_smoothing,
        .agreement = A::kFixed},
@@ -380,7 +381,7 @@ std::vector<Flag> flag_table() {
        .kind = K::kSwitch},
       {.name = "clip-grad-norm",
        .group = parallel,
-       .help = "Scale the all-reduced gradients down to this global L2 norm when above it, as "
+       .help = "Scale the all-reduced gradients by min(1, N / (global L2 norm + 1e-6)), as "
                "torch.nn.utils.clip_grad_norm_ (0 = off)",
        .field = &C::clip_grad_norm,
        .agreement = A::kFixed},

@@ -27,16 +27,6 @@ std::string shape_text(const Shape& s) {
   return out;
 }
 
-int64_t counter_value(const Param& p) {
-  // The float counts the steps since the load: a whole number from 0 to 2^24 (where += 1 stops
-  // adding). Clamped all the same, and the sum saturates: a save never overflows or wraps.
-  const float steps = p.value.data()[0];
-  const int64_t since = std::isfinite(steps) && steps > 0 ? static_cast<int64_t>(steps) : 0;
-  return p.counter_base > std::numeric_limits<int64_t>::max() - since
-             ? std::numeric_limits<int64_t>::max()
-             : p.counter_base + since;
-}
-
 void save_model(const std::string& path, const Model& model,
                 const std::map<std::string, std::string>& metadata, const OptimizerState* optimizer,
                 const std::string& what) {

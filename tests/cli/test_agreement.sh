@@ -52,7 +52,7 @@ expect 2 "different --save: rank 0 has (given); rank 1 has (not given)" -- "${CM
 # A flag only one rank has wrong ends every rank (rank 1 alone returned 2, rank 0 waited in the
 # pre-flight's first collective for ever), that rank saying why.
 two : --lr -1
-EXPECT_TIMEOUT=60 expect 2 "error: --lr must be > 0, got -1" -- "${CMD[@]}"
+EXPECT_TIMEOUT=60 expect 2 "error: --lr must be >= 0, got -1" -- "${CMD[@]}"
 grep -qF "[rank 1@" "$tmp/out.txt" || fail "the flag error does not name rank 1"
 # The settings are compared before any collective that depends on one: the bf16 CPU check, a
 # collective only bf16 ranks joined, met the fp32 rank's next one (exit 3, MPI_ERR_TRUNCATE).

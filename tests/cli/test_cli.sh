@@ -12,8 +12,7 @@ EXPECT_TIMEOUT=60
 # Flags.
 expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size 0
 expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size -3
-expect 2 "--lr must be > 0" -- "$bin" --lr -0.1
-expect 2 "--lr must be > 0" -- "$bin" --lr 0
+expect 2 "--lr must be >= 0, got -0.1" -- "$bin" --lr -0.1
 expect 2 "--epochs must be >= 1" -- "$bin" --epochs 0
 expect 2 "--bucket-mb must be > 0" -- "$bin" --bucket-mb 0
 expect 2 "--model: unknown model 'vgg'" -- "$bin" --model vgg
@@ -144,7 +143,8 @@ expect 2 "--timeout: '1.5.0' is not a number" -- "$bin" predict --load x --outpu
 expect 2 "--label-smoothing: '1e-400' is not a number a double can hold: it is too small, and would be 0" -- \
   "$bin" --label-smoothing 1e-400
 expect 2 "--lr: '-3E-999' is not a number a double can hold: it is too small" -- "$bin" --lr -3E-999
-expect 2 "--lr must be > 0, got 0" -- "$bin" --lr 0.000e-999
+expect 2 "--nesterov needs --momentum > 0 (and no dampening, as torch.optim.SGD), got --momentum 0" -- \
+  "$bin" --nesterov --momentum 0.000e-999
 # Every number is decimal, the whole value (read_number, include/dpt/text.h): cxxopts read the
 # integer flags in hex (--epochs 0x10 ran 16 epochs), stod/strtod/sscanf took hex floats and
 # leading blanks, and operator>> blanks and '+', while integers refused " 3" and +3.

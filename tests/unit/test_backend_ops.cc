@@ -3,6 +3,8 @@
 // with the reason) against independent references: direct loops and double-precision formulas
 // written here, the same layer on the CPU backend, and central finite differences.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <utility>
@@ -1281,8 +1286,7 @@ TEST_P(BackendOps, SumSquaresInDouble) {
 }
 
 // The guard and clipping of sgd_update against PyTorch's rules written out: a non-finite sum of
-// squares leaves everything as it was; clip_grad_norm_ scales by max_norm / (norm + 1e-6) only
-// above max_norm.
+// squares leaves everything as it was; clip_grad_norm_ scales by min(1, max_norm / (norm + 1e-6)).
 TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   const int64_t n = 29;
   const float lr = 0.25f, mom = 0.9f, wd = 0.01f;
@@ -1304,7 +1308,7 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   }
   auto s_ = to_backend_array(be(), std::vector<double>{sumsq});
   for (double max_norm : {0.0, norm * 2, norm / 4}) {  // off, above the norm (no change), below it
-    const double c = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    const double c = max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
     std::vector<double> p(p0.begin(), p0.end()), buf(b0.begin(), b0.end());
     for (size_t i = 0; i < sz(n); ++i) {
       buf[i] = mom * buf[i] + c * g[i] + wd * p[i];
@@ -1337,6 +1341,41 @@ TEST_P(BackendOps, SgdUpdateGuardAndClip) {
   expect_match(get(p_), p, "clip at a norm of about 1e-5: p", tol(Cmp::kApprox));
 }
 
+// torch.nn.utils.clip_grad_norm_ multiplies the gradients by min(1, max_norm / (norm + 1e-6))
+// ALWAYS, computed in fp32 as reciprocal(norm + 1e-6) * max_norm (Tensor.__rtruediv__): a norm at
+// or just under max_norm, within the 1e-6, is scaled too. dptrain scaled only where norm >
+// max_norm, so at a norm of ~0.01 and max_norm = norm + 5e-7 its step was 1 + 5e-5 times torch's.
+// Plain SGD from p = 0 at a rate of 1 makes p = -(c g) exactly, so the coefficient shows bit for
+// bit; an unclipped step (c clamped to 1) is exactly -g.
+TEST_P(BackendOps, ClipGradNormScalesJustUnderTheLimitAsTorch) {
+  const int64_t n = 37;
+  std::vector<float> g = uniform(sz(n), 1210, -0.004f, 0.004f);
+  double sumsq = 0;
+  for (float v : g) sumsq += static_cast<double>(v) * v;
+  const double norm = std::sqrt(sumsq);
+  ASSERT_GT(norm, 0.005);
+  ASSERT_LT(norm, 0.05);
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), 1.f);
+  auto g_ = put(g);
+  auto s_ = to_backend_array(be(), std::vector<double>{sumsq});
+  // max_norm - norm: just above the norm (the window), equal, under it (clipped all along), and
+  // above it by more than the 1e-6 (c clamped to 1).
+  for (const double above : {5e-7, 0.0, -1e-3, 2e-6}) {
+    SCOPED_TRACE("max_norm = norm + " + std::to_string(above));
+    const auto max_norm = static_cast<float>(norm + above);
+    const float torch_c = std::min(1.f, (1.f / (static_cast<float>(norm) + 1e-6f)) * max_norm);
+    if (above < 1e-6) EXPECT_LT(torch_c, 1.f - 1e-5f) << "torch scales here";
+    if (above > 1e-6) EXPECT_EQ(torch_c, 1.f);
+    auto p_ = put(std::vector<float>(sz(n), 0.f));
+    be().sgd_update(p_.data(), g_.data(), nullptr, n, lr_.data(), 0.f, 0.f, false, false, s_.data(),
+                    max_norm);
+    std::vector<double> want(sz(n));
+    for (size_t i = 0; i < sz(n); ++i) want[i] = -(torch_c * g[i]);
+    expect_match(get(p_), want, "p = -(c g)", tol(Cmp::kExact));
+  }
+}
+
 // torch.nn.CrossEntropyLoss(label_smoothing=e) as its documentation defines it, in double: with
 // log p = log_softmax(z), each row's loss is (1-e) (-log p_y) + e/k sum_j (-log p_j), and the
 // gradient of the summed loss (times the scale) is p - ((1-e) onehot + e/k).
@@ -1348,7 +1387,8 @@ TEST_P(BackendOps, SoftmaxXentLabelSmoothingMatchesTorch) {
   for (int64_t r = 0; r < n; ++r) labels[sz(r)] = static_cast<int32_t>((3 * r + 1) % k);
   DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
   auto z_ = put(z);
-  for (const float e : {0.1f, 0.35f}) {
+  // 1 (the uniform target alone, which torch accepts) and the float just under it too.
+  for (const float e : {0.1f, 0.35f, std::nextafter(1.f, 0.f), 1.f}) {
     SCOPED_TRACE("label_smoothing " + std::to_string(e));
     double loss = 0, hits = 0;
     std::vector<double> d(sz(n * k));
@@ -1382,6 +1422,105 @@ TEST_P(BackendOps, SoftmaxXentLabelSmoothingMatchesTorch) {
       for (int64_t j = 0; j < k; ++j) row += got[sz(r * k + j)];
       EXPECT_NEAR(row, 0.0, 1e-6) << "row " << r;
     }
+  }
+}
+
+// PyTorch itself, where /usr/bin/python3 imports torch (Debian's python3-torch; skipped otherwise):
+// F.cross_entropy(label_smoothing=e, reduction='sum') and its gradient at e = 0, 0.1, the float
+// under 1 and 1 (which dptrain refused), and clip_grad_norm_ over three tensors (torch's norm of
+// the per-tensor norms) at max_norm just above the norm (torch scales there; dptrain did not),
+// under it and well above it. One interpreter start per backend; the values travel as JSON (a
+// float's value exactly, as a double).
+const char* kTorchScript = R"PY(
+import json, sys
+try:
+    import torch
+except ImportError:
+    sys.exit(77)
+a = json.load(open(sys.argv[1]))
+out = {'ce': [], 'clip': []}
+z0 = torch.tensor(a['z'], dtype=torch.float32).reshape(a['n'], a['k'])
+y = torch.tensor(a['labels'], dtype=torch.int64)
+for e in a['es']:
+    z = z0.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(z, y, label_smoothing=e, reduction='sum')
+    loss.backward()
+    out['ce'].append({'loss': loss.item(), 'grad': z.grad.flatten().tolist()})
+for m in a['max_norms']:
+    ps = [torch.nn.Parameter(t.clone()) for t in
+          torch.tensor(a['g'], dtype=torch.float32).split(a['splits'])]
+    for p in ps:
+        p.grad = p.detach().clone()
+    norm = torch.nn.utils.clip_grad_norm_(ps, m)
+    out['clip'].append({'norm': norm.item(), 'g': torch.cat([p.grad for p in ps]).tolist()})
+print(json.dumps(out))
+)PY";
+
+TEST_P(BackendOps, SoftmaxXentAndClipMatchPythonTorch) {
+  if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "/usr/bin/python3 not available";
+  const int64_t n = 6, k = 7, len = 40;
+  const auto z = uniform(sz(n * k), 1610, -3.f, 3.f);
+  std::vector<int32_t> labels(sz(n));
+  for (int64_t r = 0; r < n; ++r) labels[sz(r)] = static_cast<int32_t>((2 * r + 3) % k);
+  const std::vector<float> es = {0.f, 0.1f, std::nextafter(1.f, 0.f), 1.f};
+  const auto g = uniform(sz(len), 1611, -0.003f, 0.003f);
+  double sumsq = 0;
+  for (float v : g) sumsq += static_cast<double>(v) * v;
+  const double norm = std::sqrt(sumsq);
+  const std::vector<float> max_norms = {static_cast<float>(norm + 5e-7),
+                                        static_cast<float>(norm / 3), static_cast<float>(norm * 2)};
+  const std::string dir = test::make_temp_dir("torch_ref");
+  {
+    const nlohmann::json in = {{"z", z},
+                               {"n", n},
+                               {"k", k},
+                               {"labels", labels},
+                               {"es", es},
+                               {"g", g},
+                               {"splits", {10, 25, 5}},
+                               {"max_norms", max_norms}};
+    std::ofstream(dir + "/in.json") << in.dump();
+    std::ofstream(dir + "/ref.py") << kTorchScript;
+  }
+  const std::string cmd = "/usr/bin/python3 " + dir + "/ref.py " + dir + "/in.json > " + dir +
+                          "/out.json 2> " + dir + "/err.txt";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  ASSERT_EQ(WEXITSTATUS(status), 0) << std::ifstream(dir + "/err.txt").rdbuf();
+  nlohmann::json out;
+  std::ifstream(dir + "/out.json") >> out;
+  std::filesystem::remove_all(dir);
+
+  DeviceArray<int32_t> l_ = to_backend_array(be(), labels);
+  auto z_ = put(z);
+  for (size_t i = 0; i < es.size(); ++i) {
+    SCOPED_TRACE("label_smoothing " + std::to_string(es[i]));
+    const auto& ref = out["ce"][i];
+    auto d_ = put(std::vector<float>(sz(n * k), 7.f));
+    DeviceArray<double> s_ = to_backend_array(be(), std::vector<double>{0.0, 0.0});
+    be().softmax_xent(z_.data(), l_.data(), n, k, 1.f, es[i], d_.data(), s_.data(), false);
+    expect_match(get(d_), ref["grad"].get<std::vector<double>>(), "dlogits vs torch",
+                 tol(Cmp::kApprox));
+    const double loss = ref["loss"].get<double>();
+    EXPECT_NEAR(to_host(s_)[0], loss, (is_cpu() ? 1e-6 : 1e-4) * loss) << "summed loss vs torch";
+  }
+  auto lr_ = put({0.f});
+  be().store_scalar(lr_.data(), 1.f);
+  auto g_ = put(g);
+  auto s_ = to_backend_array(be(), std::vector<double>{sumsq});
+  for (size_t i = 0; i < max_norms.size(); ++i) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norms[i]) + ", norm " + std::to_string(norm));
+    EXPECT_NEAR(out["clip"][i]["norm"].get<double>(), norm, 1e-6 * norm) << "torch's norm";
+    // Plain SGD from 0 at a rate of 1: p = -(the clipped gradient). Our norm and torch's differ in
+    // their last bits at most (double against fp32 sums), so the coefficients do too; the step
+    // dptrain took without scaling was 3e-5 off, beyond this tolerance.
+    auto p_ = put(std::vector<float>(sz(len), 0.f));
+    be().sgd_update(p_.data(), g_.data(), nullptr, len, lr_.data(), 0.f, 0.f, false, false,
+                    s_.data(), max_norms[i]);
+    std::vector<double> want;
+    for (double v : out["clip"][i]["g"].get<std::vector<double>>()) want.push_back(-v);
+    expect_match(get(p_), want, "p = -(torch's clipped gradient)", {false, 1e-6, 0});
   }
 }
 

@@ -127,6 +127,14 @@ TEST(Config, AdamwDefaultsAndRecipes) {
   std::string msg;
   EXPECT_EQ(input_error_of({"--nesterov"}, &msg), 0) << msg;  // the default recipe's momentum 0.9
   EXPECT_EQ(input_error_of({"--label-smoothing", "0.999"}, &msg), 0) << msg;
+  // torch.nn.CrossEntropyLoss accepts label_smoothing in [0, 1]: 1 is the uniform target alone
+  // (0.99999999999 is 1 as the float the loss takes). Both were refused.
+  EXPECT_EQ(input_error_of({"--label-smoothing", "1"}, &msg), 0) << msg;
+  EXPECT_EQ(input_error_of({"--label-smoothing", "0.99999999999"}, &msg), 0) << msg;
+  // torch.optim.SGD and AdamW accept lr=0 (the steps run, no parameter moves): it was refused.
+  EXPECT_EQ(input_error_of({"--lr", "0"}, &msg), 0) << msg;
+  EXPECT_EQ(input_error_of({"--lr", "0", "--optimizer", "adamw", "--scale-lr"}, &msg), 0) << msg;
+  EXPECT_EQ(parse({"--lr", "0"}).lr, 0.0);
 }
 
 TEST(Config, HelpShowsDefaults) {
@@ -237,8 +245,9 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
   } cases[] = {
       {{"--batch-size", "0"}, "--batch-size"},
       {{"--batch-size", "-5"}, "--batch-size"},
-      {{"--lr", "0"}, "--lr"},
-      {{"--lr", "-0.1"}, "--lr"},
+      {{"--lr", "-0.1"}, "--lr must be >= 0, got -0.1"},
+      {{"--lr", "nan"}, "--lr"},
+      {{"--lr", "inf"}, "--lr"},
       {{"--epochs", "0"}, "--epochs"},
       {{"--bucket-mb", "0"}, "--bucket-mb"},
       {{"--bucket-mb", "-1"}, "--bucket-mb"},
@@ -265,11 +274,11 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--eps", "-1e-8"}, "--eps must be at least"},
       {{"--eps", "0"}, "--eps must be at least"},
       {{"--eps", "1e-39"}, "--eps must be at least"},  // a float denormal: flushed to 0
-      {{"--label-smoothing", "1"}, "--label-smoothing must be in [0, 1)"},
-      {{"--label-smoothing", "-0.1"}, "--label-smoothing must be in [0, 1)"},
-      // Below 1, but 1 as the float the loss takes (the uniform target alone).
-      {{"--label-smoothing", "0.99999999999"},
-       "--label-smoothing must be in [0, 1), got 0.99999999999 (1 as the float the loss takes)"},
+      {{"--label-smoothing", "-0.1"}, "--label-smoothing must be in [0, 1], got -0.1"},
+      // Above 1, though the float the loss takes rounds it to 1: the bound is torch's, on the
+      // value given.
+      {{"--label-smoothing", "1.00000001"}, "--label-smoothing must be in [0, 1], got 1.00000001"},
+      {{"--label-smoothing", "inf"}, "--label-smoothing"},
       {{"--weight-decay", "nan"}, "--weight-decay"},
       {{"--accum-steps", "0"}, "--accum-steps"},
       {{"--schedule", "exp"}, "--schedule"},

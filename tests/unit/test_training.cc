@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -20,6 +21,8 @@
 #include "dpt/nn.h"
 #include "dpt/run.h"
 #include "dpt/safetensors.h"
+#include "dpt/sampler.h"
+#include "engine_rig.h"
 #include "test_util.h"
 
 namespace dpt {
@@ -239,6 +242,38 @@ TEST(ModelFile, BatchNormCountersAreLoadedAndSavedExactly) {
   std::filesystem::remove_all(dir);
 }
 
+// The float of num_batches_tracked counts in the kernels, exact up to 2^24: a run that counted past
+// it stopped at 16777216 (16777216 + 1 rounds back in float), and saved that ever after. The
+// engine now moves the count into the int64 before the float could pass 2^24. bn1's float starts
+// 2 short of it (counted by an earlier engine, on top of a loaded 2^40): four steps later bn1 has
+// counted exactly 2^24 + 2 since the load, and every other counter, from 0, exactly 4.
+TEST(ModelFile, BatchNormCounterCountsExactlyPast2To24) {
+  const std::string dir = test::make_temp_dir("counter24");
+  test::write_synthetic_dataset(dir, 32, 8, 6);
+  TrainConfig c = test::small_config("resnet18", dir, 1, 8);
+  c.threads = 2;
+  test::EngineRig rig(c);
+  Param& bn1 = *rig.model->store().find("bn1.num_batches_tracked");
+  const int64_t loaded = int64_t{1} << 40, start = (int64_t{1} << 24) - 2;
+  rig.engine.reset();  // a new engine over a model whose counters have counted already
+  bn1.counter_base = loaded;
+  bn1.value.data()[0] = static_cast<float>(start);
+  rig.engine = std::make_unique<StepEngine>(rig.cfg, *rig.comm, *rig.model, *rig.ddp, *rig.opt,
+                                            rig.train, rig.test);
+  ShardedSampler sampler(rig.train.n, c.batch_size, 0, 1, c.seed);
+  rig.engine->begin_epoch(sampler, sampler.steps_per_epoch());
+  for (int64_t s = 0; s < 4; ++s) rig.engine->step(s, s, 0.01, nullptr);
+  rig.engine->to_host();
+  int counters = 0;
+  for (const Param& p : rig.model->store().entries())
+    if (p.is_counter) {
+      ++counters;
+      EXPECT_EQ(counter_value(p), &p == &bn1 ? loaded + start + 4 : 4) << p.name;
+    }
+  EXPECT_EQ(counters, 17);
+  std::filesystem::remove_all(dir);
+}
+
 // A model file for `src` with one element of one tensor replaced, and no metadata.
 std::string file_with(const std::string& path, Model& src, const std::string& tensor, size_t at,
                       float value) {
@@ -394,6 +429,58 @@ TEST(Training, Resnet18LossFallsOnSyntheticData) {
   ASSERT_NE(nbt, nullptr);
   EXPECT_EQ(nbt->dtype, "I64");
   EXPECT_EQ(as_i64(*nbt)[0], 2 * (160 / 16));  // one per training step
+  std::filesystem::remove_all(dir);
+}
+
+// --lr 0, which torch.optim.SGD and AdamW accept (to recalibrate BatchNorm statistics without
+// moving a weight): validate_config refused it. Each optimizer, through the default recipe's
+// warm-up, cosine schedule, momentum and weight decay and --scale-lr, leaves every parameter
+// bit for bit as a fresh model initialised with the same seed has it, while the BatchNorm running
+// statistics and counters move with the steps.
+TEST(Training, ZeroLearningRateTrainsNoWeightButBatchNormStatistics) {
+  const std::string dir = test::make_temp_dir("lr0");
+  test::write_synthetic_dataset(dir, 64, 16, 5);
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    SCOPED_TRACE(optimizer);
+    TrainConfig c = test::small_config("resnet18", dir, 1, 16);
+    c.optimizer = optimizer;
+    apply_recipe(&c);
+    c.lr = 0;
+    c.scale_lr = true;
+    c.threads = 2;
+    c.eval_every = 0;
+    c.save = dir + "/lr0.safetensors";
+    auto comm = world();
+    const auto hist = run_training(c, *comm);
+    ASSERT_EQ(hist.size(), 1u);
+    EXPECT_EQ(hist[0].steps, 4);
+    EXPECT_EQ(hist[0].lr, 0.0);
+    auto fresh = make_model("resnet18", 10);
+    fresh->init_parameters(c.init, c.seed);
+    const StFile f = read_safetensors(c.save);
+    int params = 0, stats_moved = 0, counters = 0;
+    for (const Param& p : fresh->store().entries()) {
+      const StTensor* t = f.find(p.name);
+      ASSERT_NE(t, nullptr) << p.name;
+      if (p.is_counter) {
+        EXPECT_EQ(as_i64(*t)[0], 4) << p.name;  // one per training step
+        ++counters;
+        continue;
+      }
+      const std::vector<float> v = as_f32(*t);
+      ASSERT_EQ(static_cast<int64_t>(v.size()), p.numel()) << p.name;
+      const bool same = std::memcmp(v.data(), p.value.data(), v.size() * sizeof(float)) == 0;
+      if (p.is_buffer) {
+        stats_moved += !same;
+      } else {
+        ++params;
+        EXPECT_TRUE(same) << p.name << " moved at --lr 0";
+      }
+    }
+    EXPECT_GT(params, 50);
+    EXPECT_EQ(counters, 17);  // the stem's BatchNorm and two in each of the 8 residual blocks
+    EXPECT_EQ(stats_moved, 2 * counters) << "every BatchNorm's running mean and variance move";
+  }
   std::filesystem::remove_all(dir);
 }
 
