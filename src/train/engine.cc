@@ -120,11 +120,6 @@ StepEngine::StepEngine(const TrainConfig& cfg, Communicator& comm, Model& model,
         << (ddp.reducer().transport().capturable() ? "as configured" : "ranks share a GPU")
         << ")"));
   from_host();
-  // The counters' floats may already hold counts (a model trained by an earlier engine): the
-  // next fold comes before the largest of them could pass 2^24.
-  for (const Param& p : model.store().entries())
-    if (p.is_counter)
-      forwards_since_fold_ = std::max(forwards_since_fold_, counter_value(p) - p.counter_base);
 }
 
 // Into the arrays the specs point at (fixed addresses: a recorded step reads them).
@@ -485,6 +480,12 @@ void StepEngine::to_host() {
 void StepEngine::from_host() {
   quiesce();
   model_.store().from_host();
+  // The counters' floats now hold the host's counts (a model trained by an earlier engine, a
+  // checkpoint loaded: 0): the next fold comes before the largest of them could pass 2^24.
+  forwards_since_fold_ = 0;
+  for (const Param& p : model_.store().entries())
+    if (p.is_counter)
+      forwards_since_fold_ = std::max(forwards_since_fold_, counter_value(p) - p.counter_base);
   momentum_.copy_from_host(opt_.momentum_buffer().data(), momentum_.size());
   exp_avg_.copy_from_host(opt_.exp_avg().data(), exp_avg_.size());
   exp_avg_sq_.copy_from_host(opt_.exp_avg_sq().data(), exp_avg_sq_.size());

@@ -381,8 +381,8 @@ std::vector<Flag> flag_table() {
        .kind = K::kSwitch},
       {.name = "clip-grad-norm",
        .group = parallel,
-       .help = "Scale the all-reduced gradients by min(1, N / (global L2 norm + 1e-6)), as "
-               "torch.nn.utils.clip_grad_norm_ (0 = off)",
+       .help = "Multiply the all-reduced gradients by min(1, this / (their global L2 norm + "
+               "1e-6)), as torch.nn.utils.clip_grad_norm_ (0 = off)",
        .field = &C::clip_grad_norm,
        .agreement = A::kFixed},
       {.name = "nonfinite",
