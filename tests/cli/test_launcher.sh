@@ -635,6 +635,48 @@ done
 [[ -e deps.ran ]] && fail "train.sh ran deps.sh before refusing NP"
 echo 'exit 0' >repo/launch/deps.sh
 
+echo "== launch/train.sh: a signal to it during the build stops the build, and no job starts"
+# Sent to the script alone (kill; a terminal's Ctrl-C reaches every process of the job), SIGINT was
+# held by bash until the build had ended, then dropped, and the job ran; SIGTERM and SIGHUP ended
+# the script while the build ran on, orphaned. The stand-in build.sh waits on a command, as the
+# real one waits on ninja. Job control gives the launcher a process group of its own (whatever is
+# left in it afterwards was left by the launcher) and SIGINT not ignored, as under a terminal.
+cat >repo/launch/build.sh <<STUB
+echo building >"$tmp/build.started"
+sleep 1000
+echo "the build went on" >"$tmp/build.went-on"
+STUB
+cd caller || exit 1
+for sig in INT TERM HUP; do
+  before=$fails
+  rm -f "$tmp/build.started" m2.st
+  set -m
+  NP=1 BUILD=bin bash "$tmp/repo/launch/train.sh" --model lenet --data synthetic:28x28x1:64:10 \
+    --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32 --save m2.st >"$tmp/train.out" 2>&1 &
+  job=$!
+  set +m
+  for _ in $(seq 200); do [[ -e $tmp/build.started ]] && break; sleep 0.05; done
+  sleep 0.2 # the stand-in from its file to its command
+  kill -"$sig" "$job"
+  rc=124
+  for _ in $(seq 200); do
+    kill -0 "$job" 2>/dev/null || { wait "$job"; rc=$?; break; }
+    sleep 0.05
+  done
+  left=$(pgrep -g "$job" -r R,S,D,T -a) # a zombie (Z) has ended, its parent gone
+  kill -KILL -- -"$job" 2>/dev/null
+  want=$((128 + $(kill -l "$sig")))
+  [[ $rc -eq $want ]] || fail "train.sh, SIG$sig during the build: exit $rc, want $want: $(tail -3 "$tmp/train.out")"
+  grep -q "launch/train.sh: SIG$sig during the build: stopping it; the job is not started" "$tmp/train.out" ||
+    fail "train.sh, SIG$sig during the build: not said: $(tail -3 "$tmp/train.out")"
+  [[ -z $left ]] || fail "train.sh, SIG$sig during the build: the build outlived it: $left"
+  [[ -e m2.st ]] && fail "train.sh, SIG$sig during the build: the job ran (m2.st written)"
+  ((fails == before)) && echo "ok: train.sh, SIG$sig during the build: the build stopped, no job, exit $rc"
+done
+[[ -e $tmp/build.went-on ]] && fail "train.sh: a stand-in build went on after its command was signalled"
+cd "$tmp" || exit 1
+echo 'exit 0' >repo/launch/build.sh
+
 echo "== launch/build.sh: one build at a time; a build directory of another checkout or a file refused"
 # Stand-ins for meson and ninja (ninja takes 1 s and logs when it starts and ends) and a
 # cudnn_frontend.sh that does nothing: no real build here.
