@@ -36,9 +36,11 @@ void parse_checkpoint_every(const std::string& v, TrainConfig* c) {
   const double n = *read;
   c->checkpoint_every = 0, c->checkpoint_every_steps = 0, c->checkpoint_every_minutes = 0;
   if (unit.empty() || unit == "epoch" || unit == "epochs" || unit == "steps" || unit == "step") {
+    // The bound is said: '2147483647' was refused as "a whole number of epochs", which it is.
     DPT_INPUT_CHECK(n == std::floor(n) && n <= 1e9,
-                    "--checkpoint-every: '" << v << "': a whole number of "
-                                            << (unit.rfind("step", 0) == 0 ? "steps" : "epochs"));
+                    "--checkpoint-every: '" << printable(v) << "': the number of "
+                                            << (unit.rfind("step", 0) == 0 ? "steps" : "epochs")
+                                            << " must be a whole number from 0 to 1000000000");
     if (unit.rfind("step", 0) == 0)
       c->checkpoint_every_steps = static_cast<int64_t>(n);
     else

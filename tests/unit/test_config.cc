@@ -561,6 +561,12 @@ TEST(Config, EveryFlagReadsNumbersAsDecimalOnly) {
       {{"--checkpoint-every", "+2min"}, "--checkpoint-every: '+2min' is not N, Nepochs"},
       {{"--checkpoint-every", "infmin"}, "--checkpoint-every: 'infmin' is not N, Nepochs"},
       {{"--checkpoint-every", "2hours"}, "--checkpoint-every: unknown unit 'hours' in '2hours'"},
+      {{"--checkpoint-every", "2147483647"},
+       "--checkpoint-every: '2147483647': the number of epochs must be a whole number from 0 to "
+       "1000000000"},
+      {{"--checkpoint-every", "1000000001steps"},
+       "the number of steps must be a whole number from 0 to 1000000000"},
+      {{"--checkpoint-every", "2.5"}, "the number of epochs must be a whole number"},
       {{"--trace-steps", " 2:12"}, "--trace-steps: ' 2:12' is not A:B"},
       {{"--trace-steps", "2: 12"}, "--trace-steps: '2: 12' is not A:B"},
       {{"--trace-steps", "0x2:12"}, "--trace-steps: '0x2:12' is not A:B"},
