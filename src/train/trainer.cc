@@ -487,10 +487,13 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   if (global_step > at.global_step)
     checkpoints.save_last({cfg.epochs, 0, global_step}, log.history());
 
+  // --save before the trace: the trained model is the run's result, and nothing of the trace's
+  // (its size above all) may cost it.
+  checkpoints.save_final(global_step);
   if (r.tr) {
     try {
       // The collectives come first inside; only rank 0's file writing can throw here.
-      tracer.write(comm, cfg.trace, comm.host());
+      const int64_t dropped = tracer.write(comm, cfg.trace, comm.host());
       // The tracer starts at step A itself (run_epoch), so a window past the run's last step, or
       // one a resumed run began after, traces less than --trace-steps says, or nothing: say so,
       // rather than report an empty file as the window written.
@@ -507,6 +510,12 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
                          << " (the trace starts at step " << cfg.trace_begin << " itself): "
                          << (started ? "only steps " + traced + " were traced"
                                      : "no step was traced, " + cfg.trace + " has no spans")));
+      if (comm.rank() == 0 && dropped > 0)
+        log_warn(DPT_MSG("--trace-steps "
+                         << window << ": the trace keeps at most " << Tracer::kMaxSpans
+                         << " spans (" << tracer.share() << " per rank at this world size), and "
+                         << dropped << " more were dropped: the window's last steps are missing "
+                         << "from " << cfg.trace << "; a narrower --trace-steps is traced whole"));
       log_info("trace of steps " + (started ? traced : std::string("(none)")) + " written to " +
                cfg.trace);
     } catch (const Error& e) {
@@ -514,7 +523,6 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
       log.output_failed("--trace", e.what());
     }
   }
-  checkpoints.save_final(global_step);
   log.report_failures();
   return log.ran();
 }

@@ -1,7 +1,8 @@
 // The driver's small components on their own: the device registry (what the CPU device offers
 // and which rank checks its memory), stop signals (a signal becomes the agreed stop, and stays
 // pending until asked), the host's memory (DPT_MEMORY_AVAILABLE, the data set's copies against it)
-// and the non-finite guard (skip up to the bound, then stop naming the step).
+// and the non-finite guard (skip up to the bound, then stop naming the step); the --trace writer's
+// bound on the spans it keeps.
 // One rank (an MPI singleton).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,7 +10,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cpu/cpu_backend.h"
@@ -21,6 +24,7 @@
 #include "dpt/error.h"
 #include "dpt/preflight.h"
 #include "dpt/run.h"
+#include "dpt/trace.h"
 #include "engine_rig.h"
 #include "test_util.h"
 #include "train/guard.h"
@@ -197,6 +201,42 @@ TEST(NonFiniteGuard, StopEndsAtTheFirst) {
   GuardRig r("stop", 10);
   NonFiniteGuard guard(r.rig->cfg, *r.rig->comm, *r.rig->engine);
   EXPECT_THROW(guard.check(std::nan(""), 0, 0), AgreedInputError);
+}
+
+// --trace keeps at most its share of spans and counts the rest: an unbounded window grew without
+// limit, and its end-of-run file ran out of memory or past a collective's count (exit 3, before
+// --save). The file is the events kept, in order, one JSON document; a name with quotes and a
+// backslash is escaped.
+TEST(Tracer, KeepsAtMostItsShareOfSpansAndCountsTheRest) {
+  auto comm = test::world_comm();
+  const std::string dir = test::make_temp_dir("trace");
+  Tracer t(100);
+  t.span("before the start", "x", Tracer::kCompute, 0, 1);  // not active yet: not kept, not counted
+  t.start(*comm);
+  EXPECT_EQ(t.share(), 100);  // one rank: the whole limit
+  for (int i = 0; i < 250; ++i)
+    t.span(i == 0 ? std::string("a \"quoted\" \\ name") : "span " + std::to_string(i), "compute",
+           i % 2 ? Tracer::kComm : Tracer::kCompute, i, i + 0.5);
+  EXPECT_EQ(t.size(), 100u);
+  const std::string path = dir + "/t.json";
+  EXPECT_EQ(t.write(*comm, path, "host"), 150);
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  const nlohmann::json& events = doc.at("traceEvents");
+  ASSERT_EQ(events.size(), 4u + 100u);  // process name, sort index, two thread names; the spans
+  EXPECT_EQ(events[0].at("args").at("name"), "rank 0@host");
+  EXPECT_EQ(events[4].at("name"), "a \"quoted\" \\ name");
+  for (int i = 0; i < 100; ++i) {
+    const nlohmann::json& e = events[static_cast<size_t>(4 + i)];
+    EXPECT_EQ(e.at("ph"), "X");
+    EXPECT_EQ(e.at("tid"), i % 2);
+    EXPECT_EQ(e.at("ts").get<double>(), i);
+    EXPECT_EQ(e.at("dur").get<double>(), 0.5);
+    if (i > 0) {
+      EXPECT_EQ(e.at("name"), "span " + std::to_string(i));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
