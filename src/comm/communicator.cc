@@ -433,18 +433,39 @@ std::string launcher_rank() {
   return "?";
 }
 
+namespace {
+// The number of processes the launcher started, from its environment; "" without one (dptrain run
+// alone: a singleton).
+std::string launcher_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (const char* n = std::getenv(v); n && *n) return n;
+  return "";
+}
+}  // namespace
+
 MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   int provided = 0;
-  // Before MPI_Init no rank prefix is set: the message names the launcher's rank and the host.
+  // Before MPI_Init no rank prefix is set: the message names the launcher's rank and the host. A
+  // job of one process has no other rank to wait for: there the time ran out in MPI's own start-up
+  // (--timeout 0.001 was blamed on "another rank of the job", which does not exist).
   Watchdog watch(init_seconds, static_cast<int>(ErrorKind::kInternal), [init_seconds] {
     char host[256] = "?";
     gethostname(host, sizeof(host) - 1);
-    std::fprintf(stderr,
-                 "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
-                 "s: another rank of the job has not reached it (stopped or killed before it, "
-                 "its host unreachable, or never started by the launcher); ending this rank "
-                 "with exit code 3 (--timeout 0 waits without limit)\n",
-                 launcher_rank().c_str(), host, init_seconds);
+    const std::string size = launcher_size();
+    if (size.empty() || size == "1")
+      std::fprintf(stderr,
+                   "[rank %s@%s] error: MPI_Init did not complete within --timeout %g s in a job "
+                   "of one process, which has no other rank to wait for: MPI's own start-up took "
+                   "longer than that; give a longer --timeout (0 waits without limit); ending "
+                   "with exit code 3\n",
+                   launcher_rank().c_str(), host, init_seconds);
+    else
+      std::fprintf(stderr,
+                   "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
+                   "s: another rank of the job has not reached it (stopped or killed before it, "
+                   "its host unreachable, or never started by the launcher); ending this rank "
+                   "with exit code 3 (--timeout 0 waits without limit)\n",
+                   launcher_rank().c_str(), host, init_seconds);
   });
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   watch.done();

@@ -135,6 +135,23 @@ grep -q "rank 0@.*MPI_Init did not complete within --timeout 3 s" "$tmp/out" ||
 grep -m1 "MPI_Init" "$tmp/out"
 echo "rc $rc after ${elapsed}s"
 
+echo "== a --timeout shorter than MPI's start-up, in a job of one process: exit 3, said so"
+# It was blamed on "another rank of the job has not reached it", in a job that has no other rank.
+for how in alone mpirun; do
+  before=$fails
+  if [[ $how == alone ]]; then
+    "$bin" "${common[@]}" --epochs 1 --max-steps 1 --timeout 0.000001 >"$tmp/out" 2>&1
+  else # mpi's words with -np 1
+    "${mpi[@]/#2/1}" "$bin" "${common[@]}" --epochs 1 --max-steps 1 --timeout 0.000001 >"$tmp/out" 2>&1
+  fi
+  rc=$?
+  [[ $rc -eq 3 ]] || fail "$how, --timeout 0.000001: exit $rc, want 3: $(tail -2 "$tmp/out")"
+  grep -q "MPI_Init did not complete within --timeout 1e-06 s in a job of one process, which has no other rank to wait for" "$tmp/out" ||
+    fail "$how, --timeout 0.000001: not said as a job of one process: $(grep -m1 error "$tmp/out")"
+  grep -q "another rank of the job" "$tmp/out" && fail "$how: blamed on another rank of a one-process job"
+  ((fails == before)) && echo "ok: $how: a --timeout shorter than MPI_Init in a one-process job is said as such (exit $rc)"
+done
+
 echo "== SIGKILL of rank 1"
 start --epochs 20 --timeout 30
 p=$(rank_pid 1)
