@@ -140,6 +140,12 @@ class CheckpointManager {
   // inside an epoch. Collective.
   void save(const Position& at, const std::vector<EpochMetrics>& history,
             const std::optional<EpochSoFar>& so_far = std::nullopt);
+  // The most bytes of epoch records (their JSON) a checkpoint keeps: the newest that fit. A
+  // checkpoint's metadata goes in the safetensors header, which readers (this one too) refuse above
+  // 100 MB; the records grow by about 0.7 KB an epoch, plus 44 bytes per rank (at 1024 ranks, 2,000
+  // epochs), and past the limit every checkpoint written was unreadable, found out only at the
+  // resume.
+  static constexpr size_t kHistoryBytes = size_t{32} << 20;
   // --save at the end (if given). Collective.
   void save_final(int64_t global_step);
   // At the end of a run that trained since its last checkpoint (with checkpoints on): one more at
@@ -173,6 +179,7 @@ class CheckpointManager {
   std::string training_, started_;             // this training's id and start (rank 0)
   std::string resumed_path_;                   // the file resumed (rank 0)
   mutable std::set<std::string> unremovable_;  // files prune() could not remove, warned about once
+  bool history_cut_said_ = false;              // the warning that records were left out, once
   double last_save_;
   int64_t last_saved_step_ = -1;  // the global step of this run's last checkpoint
 };

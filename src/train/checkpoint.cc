@@ -730,11 +730,34 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
   refuse_nonfinite(file);
   const std::vector<std::string> plans = allgather_text(comm_, engine_.conv_plan_choices());
   if (comm_.rank() == 0) {
+    // The newest records that fit in kHistoryBytes, oldest first.
+    std::vector<std::string> records;
+    size_t bytes = 0;
+    for (auto m = history.rbegin(); m != history.rend(); ++m) {
+      std::string text = m->to_json();
+      if (bytes + text.size() + 1 > kHistoryBytes) break;
+      bytes += text.size() + 1;
+      records.push_back(std::move(text));
+    }
+    if (records.size() < history.size() && !history_cut_said_) {
+      history_cut_said_ = true;
+      log_warn(DPT_MSG("checkpoint "
+                       << file << ": the records of " << history.size() << " epochs outgrow "
+                       << "the checkpoint's metadata (" << (kHistoryBytes >> 20)
+                       << " MiB of them, within the 100 MB a safetensors header may hold): it "
+                       << "keeps the newest " << records.size() << ", so a resumed run's "
+                       << "--report starts "
+                       << (records.empty()
+                               ? std::string("without them")
+                               : "at epoch " +
+                                     std::to_string(history[history.size() - records.size()].epoch))
+                       << " (--metrics has them all)"));
+    }
     std::string hist = "[";
     // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on "," + a temporary.
-    for (const EpochMetrics& m : history) {
+    for (auto text = records.rbegin(); text != records.rend(); ++text) {
       if (hist.size() > 1) hist += ',';
-      hist += m.to_json();
+      hist += *text;
     }
     Meta meta = metadata(at.epoch, at.global_step);
     meta.insert({{"epoch_step", std::to_string(at.epoch_step)},

@@ -457,6 +457,11 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
   // Pad so the data section starts 8-byte aligned, matching the reference writer.
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
+  // Never a file that no reader takes: parse_header refuses a header above kMaxHeaderBytes, as
+  // the reference implementation does above 100 MB.
+  DPT_CHECK(n <= kMaxHeaderBytes, "safetensors " << path << ": a header of " << n
+                                                 << " bytes, above the " << kMaxHeaderBytes
+                                                 << " that readers accept: not written");
 
   AtomicFile out(path, what);
   out.write(&n, 8);

@@ -131,6 +131,46 @@ TEST_F(CheckpointManagerTest, WritesPositionTrainingAndHistory) {
   EXPECT_NE(f.find("optimizer.momentum_buffer"), nullptr);
 }
 
+// A checkpoint keeps the newest epoch records that fit in kHistoryBytes: past the 100 MB a
+// safetensors header may hold (at 1024 ranks, after about 2,000 epochs) every checkpoint written
+// was unreadable ("absurd header length"), found out at the resume. Here 40 records of about 1
+// MiB each (a rank timing per entry, as from a large job) against 32 MiB.
+TEST_F(CheckpointManagerTest, KeepsTheNewestEpochRecordsThatFitInTheHeader) {
+  Rig r(dir_);
+  std::vector<EpochMetrics> history(40);
+  for (size_t i = 0; i < history.size(); ++i) {
+    history[i].epoch = static_cast<int>(i) + 1;
+    history[i].rank_compute_seconds.assign(200000, 0.125);  // "0.125,": 6 bytes each
+  }
+  const size_t one = history[0].to_json().size();
+  ASSERT_GT(one * history.size(), CheckpointManager::kHistoryBytes);
+  r.manager->save({40, 0, 120}, history);
+  const StFile f = read_safetensors(r.cfg.checkpoint_path);  // readable
+  const nlohmann::json kept = nlohmann::json::parse(f.metadata.at("history"));
+  const size_t want = CheckpointManager::kHistoryBytes / (one + 1);
+  ASSERT_EQ(kept.size(), want);
+  for (size_t i = 0; i < kept.size(); ++i)  // the newest, oldest first
+    EXPECT_EQ(kept[i].at("epoch"), static_cast<int>(history.size() - want + i) + 1);
+  // Records that fit are all kept.
+  history.resize(3);
+  r.manager->save({41, 0, 123}, history);
+  EXPECT_EQ(
+      nlohmann::json::parse(read_safetensors(r.cfg.checkpoint_path).metadata.at("history")).size(),
+      3u);
+}
+
+// The writer refuses a header its reader would refuse, instead of writing an unreadable file.
+TEST(Safetensors, AHeaderAboveTheReadersLimitIsNotWritten) {
+  const std::string dir = test::make_temp_dir("sthdr");
+  const std::string path = dir + "/big.st";
+  const std::vector<float> x = {1.f};
+  EXPECT_THROW(write_safetensors(path, {st_f32("x", {1}, x.data())},
+                                 {{"big", std::string(100'000'001, 'a')}}, "test"),
+               Error);
+  EXPECT_FALSE(fs::exists(path));
+  fs::remove_all(dir);
+}
+
 TEST_F(CheckpointManagerTest, TwoTrainingsGetDifferentIds) {
   Rig a(dir_), b(dir_);
   EXPECT_NE(a.manager->training_id(), b.manager->training_id());
