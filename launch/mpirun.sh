@@ -481,39 +481,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/wait_status.sh" || die "cannot read launc
 record_start "$work/checkpoints" || die "cannot write $work/checkpoints"
 ((max_restarts > 0)) && extra+=(-x "DPT_CHECKPOINT_RECORD=$record_file")
 
-# mpirun's stdout and stderr each go through a relay, because mpirun aborts the whole job once its
-# writes to a closed pipe have raised SIGPIPE more than 10 times ("mpirun: SIGPIPE detected on fd
-# 13 - aborting"): `launch/mpirun.sh ... | grep -m1 'epoch 2/'` lost the rest of the run and its
-# --save. A relay copies what arrives when it arrives (cat: a progress bar's carriage returns too)
-# to this script's stdout or stderr; when that write fails, it reads on to nowhere until mpirun
-# closes its end, so mpirun never meets the closed pipe. The stdout relay warns once, on stderr if
-# that still works. Relays ignore SIGINT and SIGHUP: those reach mpirun through this script (as
-# SIGUSR1), and the output of the ranks' last checkpoint must still pass.
-relay() {
-  trap '' PIPE INT HUP
-  cat 2>/dev/null && exit 0
-  [[ $1 == stdout ]] &&
-    echo "$me: warning: the reader of standard output has gone: the job goes on, its output discarded" >&2 2>/dev/null
-  exec cat >/dev/null
-}
-relays=()
-relays_running() {
-  local r
-  for r in "${relays[@]}"; do kill -0 "$r" 2>/dev/null && return 0; done
-  return 1
-}
-# After mpirun: the relays end once they have passed its last output, which then comes before this
-# script's last words. A process that inherited mpirun's output and outlived it (an ssh to a host)
-# would hold them open: at most 10 s, after which they are left to end on their own.
-wait_relays() {
-  local k
-  for ((k = 0; k < 500; k++)); do
-    relays_running || break
-    sleep 0.02
-  done
-  relays_running || wait "${relays[@]}" 2>/dev/null
-  relays=()
-}
+# mpirun's stdout and stderr each go through a relay (launch/wait_status.sh), because mpirun aborts
+# the whole job once its writes to a closed pipe have raised SIGPIPE more than 10 times ("mpirun:
+# SIGPIPE detected on fd 13 - aborting"): `launch/mpirun.sh ... | grep -m1 'epoch 2/'` lost the
+# rest of the run and its --save. SIGINT and SIGHUP reach mpirun through this script (as SIGUSR1),
+# not through the relays, which pass the output of the ranks' last checkpoint.
+relays=() # the relays' pids (wait_relays)
 ((max_restarts > 0)) && [[ -z $ckpt_every ]] &&
   echo "$me: warning: --max-restarts $max_restarts without --checkpoint-every: no checkpoint is written, so a failed job is not restarted" >&2
 

@@ -47,8 +47,26 @@ run_step() {
   ((got)) && exit $((128 + got))
   ((rc == 0)) || exit "$rc"
 }
+# The steps' stdout and stderr pass through relays (launch/wait_status.sh), as mpirun's do in
+# launch/mpirun.sh: with `launch/train.sh 2>&1 | head -1` ninja died of SIGPIPE at its second line
+# (meson and apt would too), the build failed, and the job never ran (exit 141). This script's own
+# streams are kept on 3 and 4 and given back before mpirun.sh, which has relays of its own.
+me=launch/train.sh
+relays=()
+exec 3>&1 4>&2
+exec > >(relay stdout)
+relays+=($!)
+exec 2> >(relay stderr >&4)
+relays+=($!)
+end_relays() {
+  exec 1>&3 2>&4 3>&- 4>&-
+  wait_relays
+}
+trap 'end_relays' EXIT
 run_step "the package check" bash "$repo/launch/deps.sh"
 run_step "the build" bash "$repo/launch/build.sh" dptrain # the tests are built by tests/run.sh, when asked for
+trap - EXIT
+end_relays
 trap - HUP INT TERM
 ((got == 0)) || exit $((128 + got)) # a signal after the build's end
 build=${BUILD:-build}

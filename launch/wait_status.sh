@@ -1,6 +1,6 @@
 # Sourced by launch/mpirun.sh, launch/train.sh and launch/slurm/dptrain.sbatch: the exit status of a
-# child started in the background by a script that traps signals, its children, and a signal passed
-# on to it and everything it started.
+# child started in the background by a script that traps signals, its children, a signal passed on
+# to it and everything it started, and the relays that carry its output past a reader that left.
 # wait_status PID [quiet]: waits for PID to end and sets rc to its exit status. A trapped signal
 # ends `wait` early with 128 + its number while PID still runs (bash runs the trap, then returns),
 # so the wait is repeated until PID is gone: the status is PID's own, never the signal's. `quiet`
@@ -56,4 +56,36 @@ signal_tree() {
   done
   kill -s "$sig" "${tree[@]}" 2>/dev/null
   return 0
+}
+
+# relay NAME: copies its stdin to its stdout as it arrives (cat: a progress bar's carriage returns
+# too); when a write fails (the reader has gone: `| head`, `| grep -m1`), it reads on to nowhere
+# until the writer closes its end, so that the writer never meets the closed pipe (mpirun aborts
+# the job after ten SIGPIPEs; ninja, meson and apt die of the first). The stdout relay warns once,
+# on stderr if that still works ($me, the caller's, names the script). Relays ignore SIGINT and
+# SIGHUP: those reach the writer through the script's traps, and its last output must still pass.
+relay() {
+  trap '' PIPE INT HUP
+  cat 2>/dev/null && exit 0
+  [[ $1 == stdout ]] &&
+    echo "${me:-$0}: warning: the reader of standard output has gone: the job goes on, its output discarded" >&2 2>/dev/null
+  exec cat >/dev/null
+}
+# Whether any relay whose pid is in the caller's array relays still runs.
+relays_running() {
+  local r
+  for r in "${relays[@]}"; do kill -0 "$r" 2>/dev/null && return 0; done
+  return 1
+}
+# After the writer: the relays end once they have passed its last output, which then comes before
+# the script's last words. A process that inherited the writer's output and outlived it (an ssh to
+# a host) would hold them open: at most 10 s, after which they are left to end on their own.
+wait_relays() {
+  local k
+  for ((k = 0; k < 500; k++)); do
+    relays_running || break
+    sleep 0.02
+  done
+  relays_running || wait "${relays[@]}" 2>/dev/null
+  relays=()
 }

@@ -674,6 +674,19 @@ for sig in INT TERM HUP; do
   ((fails == before)) && echo "ok: train.sh, SIG$sig during the build: the build stopped, no job, exit $rc"
 done
 [[ -e $tmp/build.went-on ]] && fail "train.sh: a stand-in build went on after its command was signalled"
+
+echo "== launch/train.sh | head -1: the build's output outlives its reader, and the job runs"
+# ninja died of SIGPIPE at its second line to a reader that had left, the build failed, and the
+# job never ran (exit 141). The stand-in build writes five lines, as ninja does, a command each.
+printf 'for i in 1 2 3 4 5; do echo "[$i/5] compiling" >&2; sleep 0.05; done\n' >"$tmp/repo/launch/build.sh"
+rm -f m3.st
+NP=1 BUILD=bin timeout -k 5 120 bash "$tmp/repo/launch/train.sh" --model lenet --data synthetic:28x28x1:64:10 \
+  --epochs 1 --max-steps 1 --eval-every 0 --batch-size 32 --save m3.st 2>&1 | head -1 >"$tmp/head.out"
+rcs="${PIPESTATUS[*]}"
+[[ $rcs == "0 0" ]] || fail "train.sh 2>&1 | head -1: exit statuses $rcs, want 0 0 (the build died of SIGPIPE?)"
+[[ -e m3.st ]] || fail "train.sh 2>&1 | head -1: the job did not run (no m3.st)"
+[[ $(cat "$tmp/head.out") == "[1/5] compiling" ]] || fail "train.sh | head -1: read '$(cat "$tmp/head.out")'"
+[[ -e m3.st && $rcs == "0 0" ]] && echo "ok: train.sh 2>&1 | head -1: the build ran on, the job ran (--save written)"
 cd "$tmp" || exit 1
 echo 'exit 0' >repo/launch/build.sh
 
