@@ -509,18 +509,12 @@ unstarted_local_job() {
   [[ -n $child && -z ${SLURM_JOB_ID:-} && -z $app_file ]] && ((${#remote[@]} == 0)) || return 1
   ! mpirun_has_child
 }
-# Whether mpirun ($child) has a live child process (field 4 of /proc/PID/stat, the parent's pid; a
-# zombie, field 3 Z, has ended: out of pipes, mpirun has dozens of ranks that ran and ended).
+# Whether mpirun ($child) has a live child process (children_of, wait_status.sh: a zombie has ended;
+# out of pipes, mpirun has dozens of ranks that ran and ended).
 mpirun_has_child() {
-  local f stat
-  for f in /proc/[0-9]*/stat; do
-    { read -r stat <"$f"; } 2>/dev/null || continue
-    stat=${stat##*) }
-    [[ $stat == [ZX]* ]] && continue
-    stat=${stat#* }
-    [[ ${stat%% *} == "$child" ]] && return 0
-  done
-  return 1
+  local children
+  children_of "$child"
+  ((${#children[@]}))
 }
 on_signal() {
   local name=$1 num=$2
@@ -597,12 +591,9 @@ start_of() {
 # Adds mpirun's children to ranks or agents. A child seen first between its fork and its exec
 # (without a rank's environment yet) moves from agents to ranks once it is a rank.
 note_ranks() {
-  local f stat p start
-  for f in /proc/[0-9]*/stat; do
-    { read -r stat <"$f"; } 2>/dev/null || continue
-    stat=${stat##*) } stat=${stat#* } # from field 4, the parent's pid, on
-    [[ ${stat%% *} == "$child" ]] || continue
-    p=${f#/proc/} p=${p%/stat}
+  local p start children
+  children_of "$child"
+  for p in "${children[@]}"; do
     [[ " ${ranks[*]} " == *" $p:"* ]] && continue
     start_of "$p" || continue
     if grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$p/environ" 2>/dev/null; then

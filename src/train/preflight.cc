@@ -12,6 +12,7 @@
 #include <functional>
 #include <iomanip>
 #include <map>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -675,6 +676,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // memory would otherwise end in the OOM killer's SIGKILL, without a word. The agreement is also
   // the barrier that keeps a rank's load from shrinking the memory another rank measures.
   std::vector<std::string> data_files;  // what the data set is read from (none when synthetic)
+  uint64_t data_bytes = 0;
   agree_on_input(
       comm,
       "--data " + cfg.data +
@@ -682,13 +684,27 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
       [&] {
         const DataSize size = data_size(cfg.data, cfg.data_format);
         data_files = size.files;
+        data_bytes = size.bytes;
         if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
       });
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say
   // why).
   const double t_load = now_seconds();
   agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
-    DataSets data = load_data(cfg.data, cfg.data_format, cfg.seed);
+    // The memory check above has no margin (what MemAvailable says can be taken by others before
+    // the load, and the load's buffers come on top): running out here was "unexpected failure:
+    // std::bad_alloc", exit 3, naming nothing.
+    DataSets data = [&] {
+      try {
+        return load_data(cfg.data, cfg.data_format, cfg.seed);
+      } catch (const std::bad_alloc&) {
+        throw Error(ErrorKind::kInput,
+                    DPT_MSG("--data " << cfg.data << ": this host ran out of memory reading it ("
+                                      << data_bytes << " bytes of data per rank, " << pf.ranks_here
+                                      << " rank(s) on this host); use a host "
+                                      << "with more memory, or fewer ranks on it"));
+      }
+    }();
     pf.data_format = data.format;
     pf.train = std::move(data.train);
     pf.test = std::move(data.test);
