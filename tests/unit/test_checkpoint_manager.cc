@@ -500,9 +500,10 @@ TEST_F(CheckpointManagerTest, RecordsEachCheckpointForTheLauncher) {
 // tests/unit/test_preflight.cc): the manager scanned the directory for them a second time, and
 // removed them on a run that only resumed, holding no lock.
 TEST_F(CheckpointManagerTest, LeavesKilledWritersTemporariesToThePreflight) {
-  // pid 4194303 is above any pid_max Linux allows by default: no such process.
-  const std::vector<std::string> dead = {dir_ + "/ck.st.tmp.4194303",
-                                         dir_ + "/ck.step4.st.tmp.4194303.Ab12"};
+  // pid 4194304 is no process: Linux allocates pids below pid_max, which is at most 2^22 (4194303
+  // is a pid where systemd sets pid_max to that limit, as it does by default since v243).
+  const std::vector<std::string> dead = {dir_ + "/ck.st.tmp.4194304",
+                                         dir_ + "/ck.step4.st.tmp.4194304.Ab12"};
   for (const std::string& f : dead) std::ofstream(f) << "x";
   Rig writer(dir_, [](TrainConfig& c) { c.keep_checkpoints = 2; });
   Rig resumer(dir_, [](TrainConfig& c) { c.checkpoint_every = 0, c.resume = "auto"; });

@@ -485,12 +485,13 @@ TEST_F(PreflightDir, CheckOutputsAcceptsAbsentFilesAndResumeAuto) {
 TEST_F(PreflightDir, CheckOutputsRemovesDeadCheckpointTemporariesOnceEach) {
   const std::string elsewhere = path("elsewhere");
   std::filesystem::create_directories(elsewhere);
-  // pid 4194303 is above any pid_max Linux allows by default: no such process.
-  const std::vector<std::string> dead = {path("ck.st.tmp.4194303"),
-                                         path("ck.step4.st.tmp.4194303.Ab12"),
-                                         path("ck.step10.st.tmp.4194303.Cd34")};
+  // pid 4194304 is no process: Linux allocates pids below pid_max, which is at most 2^22 (4194303
+  // is a pid where systemd sets pid_max to that limit, as it does by default since v243).
+  const std::vector<std::string> dead = {path("ck.st.tmp.4194304"),
+                                         path("ck.step4.st.tmp.4194304.Ab12"),
+                                         path("ck.step10.st.tmp.4194304.Cd34")};
   const std::vector<std::string> kept = {
-      path("other.st.tmp.4194303"), path("ck.step0004.st.tmp.4194303"),
+      path("other.st.tmp.4194304"), path("ck.step0004.st.tmp.4194304"),
       path("ck.step4.st.tmp." + std::to_string(::getpid())), path("ck.st.tmp.4194302")};
   for (const std::string& f : dead) std::ofstream(f) << "x";
   for (size_t i = 0; i + 1 < kept.size(); ++i) std::ofstream(kept[i]) << "x";
@@ -519,13 +520,13 @@ TEST_F(PreflightDir, CheckOutputsRemovesDeadCheckpointTemporariesOnceEach) {
   locks.clear();
 
   // --checkpoint-path a symlink to elsewhere/real.st.
-  const std::string real_dead = elsewhere + "/real.st.tmp.4194303", step_dead = dead[1];
+  const std::string real_dead = elsewhere + "/real.st.tmp.4194304", step_dead = dead[1];
   std::ofstream(real_dead) << "x";
   std::ofstream(step_dead) << "x";
   std::ofstream(elsewhere + "/real.st") << "x";
   cfg.checkpoint_path = path("link.st");
   std::filesystem::create_symlink(elsewhere + "/real.st", cfg.checkpoint_path);
-  const std::string link_step_dead = path("link.step6.st.tmp.4194303");
+  const std::string link_step_dead = path("link.step6.st.tmp.4194304");
   std::ofstream(link_step_dead) << "x";
   testing::internal::CaptureStdout();
   locks = check_outputs(cfg);
