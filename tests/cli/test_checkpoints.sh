@@ -148,19 +148,20 @@ grep -q "bad/ck.step14.st cannot be used" c.log || fail "no warning about the co
 grep -q "resumed from bad/ck.step12.st" c.log || fail "did not fall back to step 12: $(grep -i resum c.log)"
 
 echo "== nothing to resume: a fresh start that says so; a killed writer's leftovers removed"
-mkdir fresh && touch fresh/ck.st.tmp.999999 fresh/ck.step4.st.tmp.999998 fresh/other.tmp.999997
+# (pids above 2^22, the largest pid_max Linux allows: no writer of these can be alive)
+mkdir fresh && touch fresh/ck.st.tmp.4194309 fresh/ck.step4.st.tmp.4194308 fresh/other.tmp.4194307
 run d.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path fresh/ck.st --resume auto \
   || fail "the fresh auto run failed: $(tail -2 d.log)"
 grep -q "no checkpoint at or beside fresh/ck.st: starting fresh" d.log || fail "no fresh-start message"
-[[ ! -e fresh/ck.st.tmp.999999 && ! -e fresh/ck.step4.st.tmp.999998 ]] || fail "leftover temporary files were not removed"
+[[ ! -e fresh/ck.st.tmp.4194309 && ! -e fresh/ck.step4.st.tmp.4194308 ]] || fail "leftover temporary files were not removed"
 # Each logged once, naming the output (the pre-flight's pass alone: a second pass over the
 # directory, the CheckpointManager's, logged the step-named one without the flag).
-for f in fresh/ck.st.tmp.999999 fresh/ck.step4.st.tmp.999998; do
+for f in fresh/ck.st.tmp.4194309 fresh/ck.step4.st.tmp.4194308; do
   [[ $(grep -cxF "removed $f, left by a killed writer of --checkpoint-path" d.log) -eq 1 ]] ||
     fail "the removal of $f is not logged once naming --checkpoint-path: $(grep removed d.log)"
 done
 [[ $(grep -c "removed " d.log) -eq 2 ]] || fail "want 2 removals logged: $(grep removed d.log)"
-[[ -e fresh/other.tmp.999997 ]] || fail "a file that is not ours was removed"
+[[ -e fresh/other.tmp.4194307 ]] || fail "a file that is not ours was removed"
 [[ -e fresh/ck.st ]] || fail "no checkpoint written"
 
 echo "== minutes, and bad values"

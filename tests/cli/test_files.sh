@@ -584,16 +584,17 @@ rc=$?
 # Only checkpoint leftovers were: a --save or predict --output killed (SIGKILL, the OOM killer)
 # while writing left "<file>.tmp.<pid>.<random>" beside it for good (100 MB for a ResNet-50
 # --save). Removed once the output's lock is held: regular files of this user whose writer is
-# gone. Kept: a live writer's (this shell's pid), another user's, a symlink, another file's.
+# gone. Kept: a live writer's (this shell's pid), another user's, a symlink, another file's. The
+# dead writers' pids are above 2^22, the largest pid_max Linux allows: no process has them.
 mkdir -p s14 && echo "victim" > s14/victim
-gone=(s14/m.st.tmp.999999.AbCdEf s14/m.st.tmp.999998 s14/p.csv.tmp.999994.AbCdEf)
-kept=(s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.999997.Other s14/m.st.tmp.999996.Link s14/x.st.tmp.999995.AbCdEf)
-for p in 999999 999998 999997 999996 999995 999994; do
+gone=(s14/m.st.tmp.4194309.AbCdEf s14/m.st.tmp.4194308 s14/p.csv.tmp.4194304.AbCdEf)
+kept=(s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.4194307.Other s14/m.st.tmp.4194306.Link s14/x.st.tmp.4194305.AbCdEf)
+for p in 4194309 4194308 4194307 4194306 4194305 4194304; do
   kill -0 "$p" 2>/dev/null && fail "14 pid $p runs: this check needs it free"
 done
-touch "${gone[@]}" s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.999997.Other s14/x.st.tmp.999995.AbCdEf
-chown nobody s14/m.st.tmp.999997.Other
-ln -s "$tmp/s14/victim" s14/m.st.tmp.999996.Link
+touch "${gone[@]}" s14/m.st.tmp.$$.AbCdEf s14/m.st.tmp.4194307.Other s14/x.st.tmp.4194305.AbCdEf
+chown nobody s14/m.st.tmp.4194307.Other
+ln -s "$tmp/s14/victim" s14/m.st.tmp.4194306.Link
 run s14/train.log 60 "$bin" "${small[@]}" --save "$tmp/s14/m.st"
 rc=$?
 run s14/predict.log 120 "$bin" predict --threads 1 --load "$tmp/s14/m.st" --data "$data" --output "$tmp/s14/p.csv"
@@ -608,8 +609,8 @@ elif ((${#left[@]})); then
   fail "14 a killed writer's temporaries were left: ${left[*]}"
 elif ((${#wrong[@]})); then
   fail "14 removed what is no dead writer's of this output: ${wrong[*]}"
-elif ! grep -qF "removed $tmp/s14/m.st.tmp.999999.AbCdEf, left by a killed writer of --save" s14/train.log ||
-  ! grep -qF "removed $tmp/s14/p.csv.tmp.999994.AbCdEf, left by a killed writer of --output" s14/predict.log; then
+elif ! grep -qF "removed $tmp/s14/m.st.tmp.4194309.AbCdEf, left by a killed writer of --save" s14/train.log ||
+  ! grep -qF "removed $tmp/s14/p.csv.tmp.4194304.AbCdEf, left by a killed writer of --output" s14/predict.log; then
   fail "14 the removals are not logged: $(grep -h removed s14/train.log s14/predict.log)"
 else
   ok "14 a killed writer's temporaries of --save and --output removed, logged; the others kept"
