@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dpt/config.h"
+#include "dpt/files.h"
 #include "dpt/metrics.h"
 #include "dpt/model_file.h"
 #include "dpt/optimizer.h"
@@ -176,8 +177,14 @@ class CheckpointManager {
   Optimizer& opt_;
   Meta input_;  // a resumed --normalize auto run's statistics replace the data's
   StepEngine& engine_;
-  std::string training_, started_;             // this training's id and start (rank 0)
-  std::string resumed_path_;                   // the file resumed (rank 0)
+  std::string training_, started_;  // this training's id and start (rank 0)
+  std::string resumed_path_;        // the file resumed (rank 0)
+  // Whether `path` names the file resumed (same_file: "ck.st" as typed and the survey's "./ck.st"
+  // are one file; compared as text they were not, and the file resumed was warned about as one
+  // this run replaces without continuing it).
+  bool is_resumed(const std::string& path) const {
+    return !resumed_path_.empty() && same_file(path, resumed_path_);
+  }
   mutable std::set<std::string> unremovable_;  // files prune() could not remove, warned about once
   bool history_cut_said_ = false;              // the warning that records were left out, once
   double last_save_;

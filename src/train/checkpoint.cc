@@ -642,7 +642,7 @@ void CheckpointManager::claim(int64_t start_step, int64_t last_step,
     for (const CheckpointInfo& f : survey.entries) {
       // Files of this training and the file resumed are this run's to replace; what is no regular
       // file is refuse_unreplaceable's (ahead) or never written (behind).
-      if (!f.regular || f.training == training_ || f.path == resumed_path_) continue;
+      if (!f.regular || f.training == training_ || is_resumed(f.path)) continue;
       const bool at_path = f.name_step < 0;  // --checkpoint-path itself (survey_checkpoints)
       // A name this run may still write (the name, not the step the file records: a copy under
       // another step's name is overwritten at the step of its name).
@@ -770,7 +770,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
       if (!plans[r].empty()) meta[plans_key(static_cast<int>(r))] = plans[r];
     // Never over another training's file (one started beside this run after its claim).
     const CheckpointInfo there = read_checkpoint_info(file);
-    DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || file == resumed_path_,
+    DPT_INPUT_CHECK(there.training.empty() || there.training == training_ || is_resumed(file),
                     "not writing checkpoint "
                         << file << ": it now holds a checkpoint of another training (id "
                         << printable(there.training) << "); two trainings share --checkpoint-path");
@@ -795,7 +795,7 @@ void CheckpointManager::prune() const {
   // The directory now, listed again: this run has just written to it, and the start-up's survey
   // knows none of its files since.
   for (const CheckpointInfo& f : survey_checkpoints(cfg_).entries) {
-    if (f.training != training_ && f.path != resumed_path_) continue;
+    if (f.training != training_ && !is_resumed(f.path)) continue;
     if (++kept > cfg_.keep_checkpoints && f.path != cfg_.checkpoint_path &&
         !std::filesystem::remove(f.path, ec) && ec && unremovable_.insert(f.path).second)
       // Another user's file in a sticky directory (a training this user continued): it stayed

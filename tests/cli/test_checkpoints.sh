@@ -229,6 +229,14 @@ run t.log "$bin" --epochs 1 --max-steps 2 --eval-every 0 --checkpoint-every 1 --
   || fail "the run over an id-less checkpoint failed: $(tail -2 t.log)"
 grep -qF "replacing txt/ck.st, a checkpoint at step 2 that records no training id" t.log ||
   fail "no warning before replacing an id-less checkpoint: $(grep -i 'warn\|replac' t.log)"
+# The same file resumed, named without a directory: the survey names it ./idl.st, and compared as
+# text with the idl.st resumed, it was warned about as a file this run replaces without continuing.
+set_meta txt/ck.st idl.st 'training_id' ''
+run t.log "$bin" --epochs 2 --max-steps 2 --eval-every 0 --checkpoint-every 1 --checkpoint-path idl.st --resume idl.st \
+  --allow-config-change ||
+  fail "the resume of an id-less checkpoint failed: $(tail -2 t.log)"
+grep -q "resumed from idl.st" t.log || fail "did not resume idl.st: $(grep -i 'resum' t.log)"
+! grep -qF "replacing" t.log || fail "the id-less checkpoint resumed was warned about as replaced: $(grep -F replacing t.log)"
 
 echo "== a shared directory: the operator's own files, other trainings on other data, junk"
 # Retention removes step-named checkpoints only: "ck.step4.mybackup.st" and "ck.stepBEST.st", the
