@@ -147,7 +147,10 @@ class CheckpointManager {
   // epochs), and past the limit every checkpoint written was unreadable, found out only at the
   // resume.
   static constexpr size_t kHistoryBytes = size_t{32} << 20;
-  // --save at the end (if given). Collective.
+  // --save at the end (if given). Collective. Where rank 0 cannot write it (a full disk, a quota,
+  // a directory gone or made read-only during the run), the trained model is not lost with the
+  // error: the message names this run's checkpoint of the same step, or, without one, the copy
+  // written to a new private directory under $TMPDIR (else /tmp) or /dev/shm (rescue_model).
   void save_final(int64_t global_step);
   // At the end of a run that trained since its last checkpoint (with checkpoints on): one more at
   // `at`, so that the same command line run again (--resume auto) finds the run finished instead
@@ -163,6 +166,7 @@ class CheckpointManager {
   using Meta = std::map<std::string, std::string>;
   Meta metadata(int64_t epoch, int64_t global_step) const;
   void refuse_nonfinite(const std::string& path) const;
+  std::string rescue_model(const Meta& meta) const;
   void prune() const;
   // claim's check that the step names ahead, of the survey's entries, can be written (rank 0).
   void refuse_unreplaceable(const CheckpointSurvey& survey, int64_t start_step,
@@ -189,6 +193,7 @@ class CheckpointManager {
   bool history_cut_said_ = false;              // the warning that records were left out, once
   double last_save_;
   int64_t last_saved_step_ = -1;  // the global step of this run's last checkpoint
+  std::string last_saved_file_;   // and its file (rank 0)
 };
 
 }  // namespace dpt

@@ -778,6 +778,7 @@ void CheckpointManager::save(const Position& at, const std::vector<EpochMetrics>
     save_model(file, model_, meta, &state);
     prune();
     record(at.global_step, file);
+    last_saved_file_ = file;
   }
   comm_.barrier("barrier after rank 0 wrote checkpoint " + file);
   last_save_ = now_seconds();
@@ -836,10 +837,53 @@ void CheckpointManager::save_final(int64_t global_step) {
   engine_.to_host();  // buffers were averaged before the last evaluation; parameters are equal by
                       // construction
   refuse_nonfinite(cfg_.save);
-  if (comm_.rank() == 0)
-    save_model(cfg_.save, model_, metadata(cfg_.epochs, global_step), nullptr, "--save");
+  if (comm_.rank() == 0) {
+    const Meta meta = metadata(cfg_.epochs, global_step);
+    try {
+      save_model(cfg_.save, model_, meta, nullptr, "--save");
+    } catch (const Error& e) {
+      // The run's result outlives the error: the job still ends with it (exit 2, the file asked
+      // for is not there), and the message says where the model is.
+      const std::string where = last_saved_step_ == global_step && !last_saved_file_.empty()
+                                    ? "the trained model is in this run's checkpoint " +
+                                          last_saved_file_ + " (global step " +
+                                          std::to_string(global_step) +
+                                          "), which evaluate, predict and --init-from read"
+                                    : rescue_model(meta);
+      throw Error(e.kind(), std::string(e.what()) + "; " + where);
+    }
+  }
   comm_.barrier("barrier after rank 0 wrote --save " + cfg_.save);
   log_info("saved " + cfg_.save);
+}
+
+// A --save that failed, written elsewhere: a new directory under $TMPDIR (else /tmp), then
+// /dev/shm (memory: there when the disks are full), made by mkdtemp, so it is this user's alone
+// (mode 0700; the model may be private, and /tmp is shared) and nothing planted there can be
+// written through. The file keeps --save's name. Returns the message's tail: where the model is,
+// or why no copy could be written.
+std::string CheckpointManager::rescue_model(const Meta& meta) const {
+  const char* env = std::getenv("TMPDIR");
+  const std::string name = std::filesystem::path(cfg_.save).filename().string();
+  std::string why;
+  for (const std::string& parent :
+       {std::string(env && *env ? env : "/tmp"), std::string("/dev/shm")}) {
+    std::string dir = parent + "/dptrain-rescue-XXXXXX";
+    if (!::mkdtemp(dir.data())) {
+      why += "; " + parent + ": " + std::strerror(errno);
+      continue;
+    }
+    const std::string file = dir + "/" + name;
+    try {
+      save_model(file, model_, meta, nullptr, "the copy of --save");
+      return "the trained model was written to " + file +
+             " instead (a directory only this user can read): move it where it belongs";
+    } catch (const Error& e) {
+      why += std::string("; ") + e.what();
+      ::rmdir(dir.c_str());
+    }
+  }
+  return "no copy could be written elsewhere either" + why + "; the trained model is lost";
 }
 
 // Metadata of --save files and checkpoints alike; checkpoints add their position in the epoch.

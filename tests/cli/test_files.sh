@@ -230,18 +230,36 @@ else
 fi
 reap  # a launcher that died of SIGPIPE may leave its ranks behind
 
-# ---- 7. A --save that fails (a full disk) names --save ------------------------------------------
-mkdir -p s7/full
+# ---- 7. A --save that fails (a full disk) names --save, and where the trained model went --------
+# Before, the model was lost with the error: now a copy goes to a private directory under $TMPDIR,
+# or, where the run wrote a checkpoint of its last step, the message names that instead.
+mkdir -p s7/full s7/rescue
 if [[ $(id -u) -ne 0 ]] || ! mount -t tmpfs -o size=64k tmpfs s7/full 2>/dev/null; then
   echo "skip: 7 --save on a full disk: cannot mount a 64 KiB tmpfs here (needs root)"
 else
   mounted=$tmp/s7/full
-  run s7/log 60 "$bin" "${small[@]}" --save "$tmp/s7/full/m.st"  # LeNet: 518 KB into 64 KiB
+  TMPDIR=$tmp/s7/rescue run s7/log 60 "$bin" "${small[@]}" --save "$tmp/s7/full/m.st"  # LeNet: 518 KB into 64 KiB
   rc=$?
-  if [[ $rc -eq 0 ]] || ! grep -qF -- "--save" s7/log; then
+  copy=$(compgen -G "$tmp/s7/rescue/dptrain-rescue-*/m.st")
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "--save $tmp/s7/full/m.st" s7/log; then
     fail "7 --save on a full disk: exit $rc, no message naming --save:"; tail -3 s7/log
+  elif [[ -z $copy ]] || ! grep -qF "the trained model was written to $copy instead" s7/log; then
+    fail "7 --save on a full disk: no copy of the model, or not named:"; tail -3 s7/log
+  elif ! loadable "$copy" || [[ $(stat -c %a "$(dirname "$copy")") != 700 ]] ||
+      ! timeout 60 "$bin" evaluate --load "$copy" --threads 1 > s7/eval 2>&1; then
+    fail "7 --save on a full disk: the copy $copy is not whole, private and evaluable"; tail -3 s7/eval
   else
-    ok "7 --save on a full disk: exit $rc, $(first "--save" s7/log)"
+    ok "7 --save on a full disk: exit $rc, $(first "--save" s7/log | cut -c1-60)..., the copy evaluates"
+  fi
+  # With checkpoints, the last one holds the trained model: it is named, and no copy is made.
+  TMPDIR=$tmp/s7/rescue run s7/log2 60 "$bin" "${small[@]}" --save "$tmp/s7/full/m.st" \
+    --checkpoint-every 1 --checkpoint-path "$tmp/s7/ck.st"
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF "the trained model is in this run's checkpoint $tmp/s7/ck.st (global step 2)" s7/log2 ||
+      [[ $(compgen -G "$tmp/s7/rescue/dptrain-rescue-*" | wc -l) -ne 1 ]]; then
+    fail "7 --save on a full disk with checkpoints: exit $rc, the checkpoint not named, or a copy made:"; tail -3 s7/log2
+  else
+    ok "7 --save on a full disk with checkpoints: exit $rc, the checkpoint named"
   fi
 fi
 
