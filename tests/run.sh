@@ -23,7 +23,7 @@ give_up() {
   echo "0 passed, 1 failed, 0 skipped"
   exit 1
 }
-bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format python3-torchvision || give_up "installing the packages failed"  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check; python3-torchvision: cli_torchvision
+bash launch/deps.sh slurm-wlm munge iproute2 procps python3 openssh-client clang libclang-rt-14-dev clang-format python3-torchvision strace || give_up "installing the packages failed"  # procps: pgrep; openssh-client: the launcher's unreachable-host test; clang-format: the format check; python3-torchvision: cli_torchvision; strace: cli_failures' slow reader
 bash launch/build.sh || give_up "the build failed"
 echo "tests/run.sh: packages and build took ${SECONDS} s" >&2  # CI's budget is 30 minutes on 2 cores
 build=${BUILD:-build}

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dpt/dtype.h"
+#include "dpt/poll.h"
 
 namespace dpt {
 
@@ -35,6 +37,12 @@ class Communicator {
   // Seconds a collective may take before the job is ended (0 = unbounded).
   virtual void set_timeout(double seconds) = 0;
   virtual double timeout() const = 0;
+  // Seconds the collectives started from now on may take beyond the timeout, and what for (their
+  // timeout message gives both); 0 ends it. agree_on_input sets it (GraceScope).
+  void set_grace(double seconds, std::string why) {
+    grace_ = seconds;
+    grace_why_ = std::move(why);
+  }
 
   virtual std::unique_ptr<Request> iallreduce_raw(void* data, int64_t count, DType dt, ReduceOp op,
                                                   const std::string& what) = 0;
@@ -75,6 +83,28 @@ class Communicator {
   void allgather(const T* send, T* recv, int64_t count_per_rank) {
     allgather_raw(send, recv, count_per_rank, dtype_of<T>());
   }
+
+ protected:
+  // The bound of a collective started now.
+  WaitBound bound() const { return {timeout(), grace_, grace_why_}; }
+
+ private:
+  double grace_ = 0;
+  std::string grace_why_;
+};
+
+// A grace (Communicator::set_grace) for the collectives started while it lives.
+class GraceScope {
+ public:
+  GraceScope(Communicator& comm, double seconds, std::string why) : comm_(comm) {
+    comm_.set_grace(seconds, std::move(why));
+  }
+  ~GraceScope() { comm_.set_grace(0, {}); }
+  GraceScope(const GraceScope&) = delete;
+  GraceScope& operator=(const GraceScope&) = delete;
+
+ private:
+  Communicator& comm_;
 };
 
 // A cheap, platform-independent checksum for cross-rank agreement checks (FNV-1a over 64-bit words,

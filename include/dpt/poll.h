@@ -118,13 +118,23 @@ bool poll_with_deadline(double timeout_s, Probe&& probe, OnTimeout&& on_timeout,
   return true;
 }
 
-// The one message of a wait that ran past --timeout (MPI, NCCL and the reducer alike):
-// "<what> did not complete within --timeout <t> s on rank <r><detail>".
-inline std::string timeout_message(const std::string& what, double timeout_s, int rank,
+// How long one collective may take: --timeout, and a grace beyond it with what it is for
+// (agree_on_input: another rank may still be doing work this rank took that long to do).
+struct WaitBound {
+  double timeout = 0;  // --timeout, seconds (0: no bound at all)
+  double grace = 0;    // seconds beyond it
+  std::string why;     // what the grace is for, in the message
+  double seconds() const { return timeout > 0 ? timeout + grace : 0; }
+};
+
+// The one message of a wait that ran past its bound (MPI, NCCL and the reducer alike):
+// "<what> did not complete within --timeout <t> s[ + <g> s (<why>)] on rank <r><detail>".
+inline std::string timeout_message(const std::string& what, const WaitBound& bound, int rank,
                                    const std::string& detail) {
   std::ostringstream os;
-  os << what << " did not complete within --timeout " << timeout_s << " s on rank " << rank
-     << detail;
+  os << what << " did not complete within --timeout " << bound.timeout << " s";
+  if (bound.grace > 0) os << " + " << bound.grace << " s (" << bound.why << ")";
+  os << " on rank " << rank << detail;
   return os.str();
 }
 

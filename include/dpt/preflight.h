@@ -3,6 +3,7 @@
 // wrong hours into a run. One entry point, run_preflight; its pieces are public for the tests.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 
 #include "dpt/augment.h"
 #include "dpt/checkpoint.h"
+#include "dpt/clock.h"
 #include "dpt/comm.h"
 #include "dpt/config.h"
 #include "dpt/dataset.h"
@@ -28,9 +30,16 @@ namespace dpt {
 // Runs fn and makes every rank agree on its input errors: when fn throws an input error on any
 // rank, every rank throws AgreedInputError (exit 2, no MPI_Abort), the failing ranks with their
 // message and the others quietly with `elsewhere`. Other errors propagate (and end the job
-// through main's abort).
+// through main's abort). `work` says what fn does ("reading --data DIR"), for the timeout's
+// message. A rank may still be doing that work when this one is done with it: reading the data
+// from a slower disk, or a cold cache. The agreement waits for it --timeout and as long again as
+// fn took here (at least a second of it: a grace, named in the message), so the skew of work
+// that takes longer than --timeout is not taken for a dead rank; a rank that is gone is still
+// found out within --timeout plus that time.
 template <typename F>
-void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
+void agree_on_input(Communicator& comm, const std::string& elsewhere, const std::string& work,
+                    F&& fn) {
+  const double start = now_seconds();
   std::string error;
   try {
     fn();
@@ -38,9 +47,19 @@ void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
     if (e.kind() != ErrorKind::kInput) throw;
     error = e.what();
   }
+  const double took = std::round((now_seconds() - start) * 10) / 10;  // 0.1 s, for the message
   int32_t failed = error.empty() ? 0 : 1;
-  comm.allreduce(&failed, 1, ReduceOp::kSum, "all-reduce of the input-error flag");
+  {
+    GraceScope grace(comm, took >= 1 ? took : 0,
+                     "the time this rank took " + work + ", which another rank may still be doing");
+    comm.allreduce(&failed, 1, ReduceOp::kSum,
+                   "the ranks' agreement after " + work + " (an all-reduce)");
+  }
   if (failed) throw AgreedInputError(error.empty() ? elsewhere : error, error.empty());
+}
+template <typename F>
+void agree_on_input(Communicator& comm, const std::string& elsewhere, F&& fn) {
+  agree_on_input(comm, elsewhere, "its checks", std::forward<F>(fn));
 }
 
 // What a run starts from once every check passed.

@@ -108,15 +108,15 @@ void divide(void* data, int64_t count, DType dt, int n) {
 // collectives finish in microseconds, then 20 us pauses); after `timeout` s throws an error naming
 // the operation, this rank, and what `diagnose` found out about the others.
 template <typename Poll>
-void poll_until(Poll done, double timeout, const std::string& what, int rank,
+void poll_until(Poll done, const WaitBound& bound, const std::string& what, int rank,
                 const std::function<std::string()>& diagnose) {
   poll_with_deadline(
-      timeout, done,
+      bound.seconds(), done,
       [&] {
         throw Error(
             ErrorKind::kInternal,
             timeout_message(
-                what, timeout, rank,
+                what, bound, rank,
                 ": " + (diagnose ? diagnose()
                                  : std::string("a peer rank is stopped, dead or far behind"))));
       },
@@ -125,11 +125,11 @@ void poll_until(Poll done, double timeout, const std::string& what, int rank,
 
 class MpiRequest : public Request {
  public:
-  MpiRequest(MPI_Request req, std::string what, double timeout, int rank,
+  MpiRequest(MPI_Request req, std::string what, WaitBound bound, int rank,
              std::function<std::string()> diagnose)
       : req_(req),
         what_(std::move(what)),
-        timeout_(timeout),
+        bound_(std::move(bound)),
         rank_(rank),
         diagnose_(std::move(diagnose)) {}
   // A request still pending here belongs to a job that is failing (its waiter threw): it is left
@@ -143,7 +143,7 @@ class MpiRequest : public Request {
     return done_;
   }
   void wait() override {
-    poll_until([this] { return test(); }, timeout_, what_, rank_, diagnose_);
+    poll_until([this] { return test(); }, bound_, what_, rank_, diagnose_);
   }
   std::function<void()> on_complete;
 
@@ -154,7 +154,7 @@ class MpiRequest : public Request {
   }
   MPI_Request req_;
   std::string what_;
-  double timeout_;
+  WaitBound bound_;
   int rank_;
   std::function<std::string()> diagnose_;
   bool done_ = false;
@@ -289,7 +289,8 @@ class MpiCommunicator : public Communicator {
     std::string out;
     if (!silent.empty())
       out += "rank(s) " + silent +
-             " did not answer within 2 s (stopped, dead or unreachable; on host(s) " +
+             " did not answer within 2 s (stopped, dead, unreachable, or busy outside MPI; on "
+             "host(s) " +
              silent_hosts + ")";
     if (!behind.empty())
       out += std::string(out.empty() ? "" : "; ") + "rank(s) " + behind +
@@ -304,7 +305,7 @@ class MpiCommunicator : public Communicator {
  private:
   static constexpr int kHealthTag = 7301;
   std::unique_ptr<MpiRequest> make_request(MPI_Request req, const std::string& what) {
-    return std::make_unique<MpiRequest>(req, what, timeout_, rank_, [this] { return diagnose(); });
+    return std::make_unique<MpiRequest>(req, what, bound(), rank_, [this] { return diagnose(); });
   }
   static int checked_count(int64_t count) {
     DPT_CHECK(count >= 0 && count <= INT32_MAX, "collective count " << count << " out of range");

@@ -109,8 +109,8 @@ class MpiThreadTransport : public ReduceTransport {
         const Launched& l = launched_[completed_];
         stuck_ = true;
         lock.unlock();
-        throw Error(ErrorKind::kInternal,
-                    timeout_message(l.what, timeout, comm_->rank(), ": " + comm_->diagnose()));
+        throw Error(ErrorKind::kInternal, timeout_message(l.what, WaitBound{timeout, 0, {}},
+                                                          comm_->rank(), ": " + comm_->diagnose()));
       }
     } else {
       cv_.wait(lock, done);

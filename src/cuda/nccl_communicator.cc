@@ -72,9 +72,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// This rank as its errors name it, and the --timeout its waits use (0 = never).
+// This rank as its errors name it, and the bound its waits use (--timeout 0: never).
 struct Where {
-  double timeout;
+  WaitBound bound;
   int rank;
   std::string host;
 };
@@ -96,7 +96,7 @@ using SharedComm = std::shared_ptr<CommHandle>;
   h.abort();
   throw Error(
       ErrorKind::kInternal,
-      timeout_message(what, w.timeout, w.rank,
+      timeout_message(what, w.bound, w.rank,
                       DPT_MSG(" (host " << w.host << "; NCCL communicator aborted): " << check)));
 }
 
@@ -121,14 +121,14 @@ ncclResult_t comm_state(CommHandle& h, const std::string& what, const Where& w) 
                            << ncclGetErrorString(state) << (last.empty() ? "" : ": ") << last));
 }
 
-// Waits, bounded by w.timeout, until the communicator's last call has finished (its state left
+// Waits, bounded by w.bound, until the communicator's last call has finished (its state left
 // ncclInProgress); on timeout aborts it and throws, naming `what` and what to `check`. Returns at
 // the first poll when the call was already complete: every collective launched outside a set-up
 // or a first connection, and every call when NCCL_COMM_BLOCKING=1 overrides the configuration.
 void settle(CommHandle& h, const std::string& what, const Where& w, const char* check,
             PollPause pause) {
   poll_with_deadline(
-      w.timeout, [&] { return comm_state(h, what, w) != ncclInProgress; },
+      w.bound.seconds(), [&] { return comm_state(h, what, w) != ncclInProgress; },
       [&] { throw_timeout(h, what, w, check); }, pause);
 }
 
@@ -158,7 +158,7 @@ class NcclRequest : public Request {
     // On timeout the communicator is aborted, which frees the GPU from a collective that can never
     // complete.
     poll_with_deadline(
-        where_.timeout, [&] { return test(); },
+        where_.bound.seconds(), [&] { return test(); },
         [&] { throw_timeout(*comm_, what_, where_, kPeerBehind); }, kCollectivePause);
   }
 
@@ -250,7 +250,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
  private:
-  Where where() const { return Where{timeout_, rank_, host_}; }
+  Where where() const { return Where{bound(), rank_, host_}; }
   // An in-place all-reduce queued on the stream; `timeout` bounds only the wait for its launch.
   void queue_allreduce(void* data, int64_t count, DType dt, ReduceOp op, const std::string& what,
                        double timeout) {
@@ -269,7 +269,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   // communicator the first collective of a kind connects the peers on NCCL's thread first), so
   // that an event recorded next, or a call that follows, comes after it.
   void launched(const std::string& what, double timeout) {
-    settle(*comm_, what, Where{timeout, rank_, host_}, kPeerBehind, kCollectivePause);
+    settle(*comm_, what, Where{WaitBound{timeout, 0, {}}, rank_, host_}, kPeerBehind,
+           kCollectivePause);
   }
 
   SharedComm comm_;
@@ -298,7 +299,8 @@ std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& bootstrap
   DPT_CHECK(comm->comm != nullptr,
             "ncclCommInitRankConfig returned no communicator on rank " << bootstrap.rank());
   settle(*comm, "NCCL communicator set-up",
-         Where{bootstrap.timeout(), bootstrap.rank(), bootstrap.host()}, kPeerAbsent, kSetUpPause);
+         Where{WaitBound{bootstrap.timeout(), 0, {}}, bootstrap.rank(), bootstrap.host()},
+         kPeerAbsent, kSetUpPause);
   return std::make_unique<NcclCommunicatorImpl>(std::move(comm), bootstrap.rank(), bootstrap.size(),
                                                 device, bootstrap.host(), bootstrap.timeout());
 }

@@ -432,7 +432,8 @@ ResumePoint CheckpointManager::load(const CheckpointSurvey& survey) {
       recorded_normalize;  // --normalize auto: the statistics the checkpoint recorded (rank 0)
   EpochSoFar so_far;  // the sums of the epoch resumed part-way, when recorded (rank 0, then all)
   CheckpointInfo resumed;  // the schema's fields of the file read (rank 0)
-  agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, [&] {
+  const std::string reading = "reading --resume " + cfg_.resume + " (rank 0)";
+  agree_on_input(comm_, "rank 0 could not read --resume " + cfg_.resume, reading, [&] {
     if (comm_.rank() != 0) return;
     std::map<std::string, std::string> meta;
     if (cfg_.resume == "auto") {

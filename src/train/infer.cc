@@ -141,7 +141,8 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
   comm.set_timeout(cfg.timeout);
   std::string meta;
   std::map<std::string, std::string> first;  // rank 0: the metadata as read here
-  agree_on_input(comm, "rank 0 could not read --load " + cfg.load, [&] {
+  const std::string reading = "reading --load " + cfg.load + " (rank 0)";
+  agree_on_input(comm, "rank 0 could not read --load " + cfg.load, reading, [&] {
     if (comm.rank() != 0) return;
     check_input_file(cfg.load, "--load");
     first = read_metadata(cfg.load);
@@ -165,7 +166,8 @@ Loaded load_saved(const TrainConfig& cfg_in, Communicator& comm) {
   // training's next checkpoint renamed over it) would be scored under the first one's model,
   // classes and normalisation. Every --save and checkpoint records its step, data and settings,
   // so another file's metadata differs.
-  agree_on_input(comm, "rank 0 could not load --load " + cfg.load, [&] {
+  const std::string loading = "reading the tensors of --load " + cfg.load + " (rank 0)";
+  agree_on_input(comm, "rank 0 could not load --load " + cfg.load, loading, [&] {
     if (comm.rank() != 0) return;
     DPT_INPUT_CHECK(load_model(cfg.load, *l.model) == first,
                     "--load " << cfg.load
@@ -305,7 +307,8 @@ void write_output(Communicator& comm, const std::string& path, const std::string
                   const std::string& flag) {
   const std::string file = allgather_text(comm, path)[0];
   if (file.empty()) return;
-  agree_on_input(comm, "rank 0 could not write " + flag + " " + file, [&] {
+  const std::string writing = "writing " + flag + " " + file + " (rank 0)";
+  agree_on_input(comm, "rank 0 could not write " + flag + " " + file, writing, [&] {
     if (comm.rank() == 0) write_file_atomic(file, text, flag);
   });
 }

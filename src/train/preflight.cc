@@ -681,7 +681,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
       comm,
       "--data " + cfg.data +
           ": another rank could not size the data set, or its host has not the memory for it",
-      [&] {
+      "sizing --data " + cfg.data, [&] {
         const DataSize size = data_size(cfg.data, cfg.data_format);
         data_files = size.files;
         data_bytes = size.bytes;
@@ -690,7 +690,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say
   // why).
   const double t_load = now_seconds();
-  agree_on_input(comm, "another rank could not read --data " + cfg.data, [&] {
+  const std::string reading = "reading --data " + cfg.data;
+  agree_on_input(comm, "another rank could not read --data " + cfg.data, reading, [&] {
     // The memory check above has no margin (what MemAvailable says can be taken by others before
     // the load, and the load's buffers come on top): running out here was "unexpected failure:
     // std::bad_alloc", exit 3, naming nothing.
@@ -725,7 +726,8 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   pf.test_digest = data_digest(pf.test);
   log_debug(DPT_MSG("data loaded in " << now_seconds() - t_load << " s"));
   agree_on_data(pf, comm);
-  agree_on_input(comm, "rank 0 cannot write an output file", [&] {
+  const std::string checking = "checking the outputs and the checkpoint directory (rank 0)";
+  agree_on_input(comm, "rank 0 cannot write an output file", checking, [&] {
     if (rank == 0) pf.locks = check_outputs(cfg, data_files, &pf.checkpoints);
   });
 
@@ -738,7 +740,7 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   req.tf32 = cfg.tf32;
   req.nondeterministic = cfg.cudnn_nondeterministic;
   req.bf16 = cfg.precision == "bf16";
-  agree_on_input(comm, "another rank could not open its device", [&] {
+  agree_on_input(comm, "another rank could not open its device", "opening its device", [&] {
     pf.device = open_device(req);
     pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
   });

@@ -129,7 +129,8 @@ Totals evaluate(StepEngine& engine, Communicator& comm, int64_t test_n, const St
 // parameters and buffers makes every replica that model, so no other rank needs the file.
 void init_from(const TrainConfig& cfg, Communicator& comm, Model& model, const Preflight& pf) {
   std::vector<std::string> head;
-  agree_on_input(comm, "rank 0 could not start from --init-from " + cfg.init_from, [&] {
+  const std::string reading = "reading --init-from " + cfg.init_from + " (rank 0)";
+  agree_on_input(comm, "rank 0 could not start from --init-from " + cfg.init_from, reading, [&] {
     if (comm.rank() != 0) return;
     const std::string what = "--init-from " + cfg.init_from;
     const auto meta = read_metadata(cfg.init_from);

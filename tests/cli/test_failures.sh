@@ -152,6 +152,36 @@ for how in alone mpirun; do
   ((fails == before)) && echo "ok: $how: a --timeout shorter than MPI_Init in a one-process job is said as such (exit $rc)"
 done
 
+echo "== a rank that reads its data slower than the others, by more than --timeout"
+# A cold cache or a slower disk on one host: the ranks' agreement after the read waited --timeout
+# for it, and a rank still reading was taken for a dead one ("did not answer ... stopped, dead or
+# unreachable"), exit 3. It now waits as long again as the read took the rank that waits. strace
+# delays the second open of the training images (the read; the first sizes the set): rank 0's by
+# 5 s, rank 1's by 10 s, under --timeout 3; then rank 1's by 25 s, past the 3 + ~5 s grace.
+data=/usr/share/datasets/fashion-mnist
+delayed() {  # strace arguments: the data read's open delayed by $1
+  echo strace -o /dev/null -qq -f -P "$data/train-images-idx3-ubyte.gz" -e trace=openat \
+    -e "inject=openat:delay_enter=$1:when=2"
+}
+if ! command -v strace > /dev/null || ! strace -o /dev/null -qq true 2> /dev/null; then
+  echo "skip: strace is missing or cannot trace here"
+else
+  slow=(--epochs 1 --max-steps 2 --eval-every 0 --timeout 3)
+  # shellcheck disable=SC2046  # delayed's words are the arguments
+  timeout -k 5 60 "${mpi[0]}" "${mpi[@]:3}" -np 1 $(delayed 5s) "$bin" "${common[@]}" "${slow[@]}" : \
+    -np 1 $(delayed 10s) "$bin" "${common[@]}" "${slow[@]}" > "$tmp/slow.out" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "a rank 5 s slower reading its data under --timeout 3: exit $rc: $(grep error "$tmp/slow.out" | head -1)"
+  echo "rank 1 reading 5 s longer than rank 0, --timeout 3: exit $rc"
+  # shellcheck disable=SC2046
+  timeout -k 5 60 "${mpi[0]}" "${mpi[@]:3}" -np 1 $(delayed 5s) "$bin" "${common[@]}" "${slow[@]}" : \
+    -np 1 $(delayed 25s) "$bin" "${common[@]}" "${slow[@]}" > "$tmp/slow.out" 2>&1
+  rc=$?
+  grep -q "error: the ranks' agreement after reading --data $data (an all-reduce) did not complete within --timeout 3 s + [0-9.]* s (the time this rank took reading --data $data, which another rank may still be doing) on rank 0: rank(s) 1 did not answer" "$tmp/slow.out" ||
+    fail "a rank 20 s slower reading its data: exit $rc, not the message: $(grep error "$tmp/slow.out" | head -1)"
+  grep -m1 -o "error: the ranks' agreement.*" "$tmp/slow.out" | cut -c1-160
+fi
+
 echo "== SIGKILL of rank 1"
 start --epochs 20 --timeout 30
 p=$(rank_pid 1)

@@ -113,7 +113,7 @@ partition() {
   echo "  the launcher returned $((took / 1000)).$((took % 1000 / 100)) s after the link went down, exit $rc; nothing left on $hostA"
   # 3 when the launcher ended mpirun; mpirun's own status when it ended first (it can crash).
   ((rc != 0)) || fail "$name: the launcher exited 0"
-  grep -q "rank(s) 1 did not answer within 2 s (stopped, dead or unreachable; on host(s) $hostB)" "$out_file" ||
+  grep -q "rank(s) 1 did not answer within 2 s (stopped, dead, unreachable, or busy outside MPI; on host(s) $hostB)" "$out_file" ||
     fail "$name: no message naming rank 1 and its host $hostB"
   grep -E "error: .*did not complete within --timeout" "$out_file" | sed 's/^/  | /'
   wait_until $((deadline - SECONDS)) ranks_ended ||

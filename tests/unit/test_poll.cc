@@ -85,6 +85,31 @@ TEST(Poll, AThrowingTimeoutHandlerEndsTheWaitWithItsError) {
   EXPECT_GE(polls, 1);
 }
 
+TEST(Poll, AGraceExtendsTheBoundAndIsNamedInTheMessage) {
+  // agree_on_input's grace: --timeout plus the time the waiting rank took; --timeout 0 stays no
+  // bound at all, whatever the grace.
+  const dpt::WaitBound plain{3, 0, {}}, graced{3, 5.2, "the time this rank took reading --data d"};
+  EXPECT_EQ(plain.seconds(), 3);
+  EXPECT_EQ(graced.seconds(), 3 + 5.2);
+  EXPECT_EQ((dpt::WaitBound{0, 5.2, "w"}.seconds()), 0);
+  EXPECT_EQ(dpt::timeout_message("barrier", plain, 1, ": why"),
+            "barrier did not complete within --timeout 3 s on rank 1: why");
+  EXPECT_EQ(dpt::timeout_message("agreement", graced, 0, ": rank(s) 1 did not answer"),
+            "agreement did not complete within --timeout 3 s + 5.2 s (the time this rank took "
+            "reading --data d) on rank 0: rank(s) 1 did not answer");
+  // The wait itself runs for the whole bound: a probe that succeeds after the timeout alone but
+  // within the grace is waited for.
+  const auto t0 = std::chrono::steady_clock::now();
+  const dpt::WaitBound short_graced{0.05, 2.0, "g"};
+  int timeouts = 0;
+  const bool done = dpt::poll_with_deadline(
+      short_graced.seconds(),
+      [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300); },
+      [&] { ++timeouts; });
+  EXPECT_TRUE(done);
+  EXPECT_EQ(timeouts, 0);
+}
+
 TEST(Poll, ZeroTimeoutMeansNeverGiveUp) {
   // Read as a deadline of 0 s, the first unsuccessful poll would already time out.
   int polls = 0, timeouts = 0;
