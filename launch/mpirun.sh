@@ -574,8 +574,8 @@ trap 'on_signal SIGTERM 15' TERM
 # mpirun's other children here, the agents (ssh, or srun) that started its daemons on other hosts,
 # are noted too: Open MPI puts each in a process group of its own, so an end of mpirun's group
 # missed them, and an ssh to a host behind a link that is down stayed (and held the output relays
-# open) until TCP gave up, after this script had returned. One still there $grace s after mpirun
-# has ended, however it ended, is killed with its process group.
+# open) until TCP gave up, after this script had returned. They are killed with their process
+# groups: at once when this script ended mpirun, and $grace s after mpirun ended by itself.
 # A job with no rank on this host is not bounded this way. /proc is read directly, without
 # procps (minimal systems lack it), and without a subshell per look.
 ranks=() # mpirun's ranks on this host, as "pid:start time"
@@ -626,17 +626,31 @@ find_left() {
   done
   return 0
 }
+# kill_groups PID...: SIGKILL to each PID's process group, or to PID alone where it leads none.
+# mpirun leads its own (set -m below), and Open MPI makes each rank and each agent the leader of one
+# (their children go with them).
+kill_groups() {
+  local p
+  for p; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  return 0
+}
+# Kills mpirun ($child) and its process group, after noting its ranks and agents (which are not in
+# that group), and reaps it without the shell's "Killed" notice, which is for crashes, not for a
+# kill this script sent.
+kill_mpirun() {
+  note_ranks
+  kill_groups "$child"
+  wait_status "$child" quiet
+  ended=1
+}
 # Waits for mpirun ($child) to end, bounded as above, then for its ranks here; sets rc.
 wait_mpirun() {
-  local alone="" seen="" deadline killed=0 left=() strays=() p idle="" ended=0
+  local alone="" seen="" left=() strays=() idle="" ended=0
   ranks=() agents=() rc=""
   while kill -0 "$child" 2>/dev/null; do
     if [[ -n $kill_at ]] && ((SECONDS >= kill_at)); then
       echo "$me: mpirun did not end $grace s after SIGTERM: killing it" >&2
-      note_ranks
-      kill -KILL -- -"$child" 2>/dev/null
-      wait_status "$child" quiet
-      ended=1
+      kill_mpirun
       break
     fi
     # A signal that came while ranks ran (or were being started) went to mpirun as SIGUSR1. On this
@@ -664,11 +678,9 @@ wait_mpirun() {
       if ((SECONDS - alone >= grace)); then
         echo "$me: mpirun is still running $grace s after the job's ranks on this host ended (waiting for a host it cannot reach?): ending it; exit 3" >&2
         # SIGKILL: to SIGTERM, an mpirun in its abort path answers with a segfault and a stack
-        # trace. The shell's "Killed" notice is for crashes, not for this.
-        note_ranks
-        kill -KILL -- -"$child" 2>/dev/null
-        wait_status "$child" quiet
-        rc=3 ended=1
+        # trace.
+        kill_mpirun
+        rc=3
         break
       fi
     else
@@ -678,27 +690,30 @@ wait_mpirun() {
     wait "$!"
   done
   [[ -n $rc ]] || wait_status "$child"
-  # An mpirun this script ended (SIGTERM, kill_at; or SIGKILL) has left its agents nothing to do.
-  find_left
-  if ((${#strays[@]})) && { ((ended)) || [[ -n $kill_at ]]; }; then
-    echo "$me: ending what mpirun left running: $(names_of "${strays[@]}") (an agent to a host that does not answer?)" >&2
-    for p in "${strays[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
-  fi
-  deadline=$((SECONDS + grace))
+  # Then the ranks here have $grace s to end, and the agents as long, but none after an mpirun this
+  # script ended (SIGTERM, kill_at; or SIGKILL), which has left them nothing to do. Whatever is still
+  # there at its deadline is killed; what outlives its SIGKILL by 5 s is named, and the wait ends.
+  local rank_by=$((SECONDS + grace)) agent_by=$((SECONDS + grace)) agents_now="" killed_at=""
+  if ((ended)) || [[ -n $kill_at ]]; then agent_by=$SECONDS agents_now=1; fi
   while find_left; ((${#left[@]} + ${#strays[@]})); do
-    if ((SECONDS >= deadline)); then
-      if ((killed)); then
-        echo "$me: warning: process(es) ${left[*]} ${strays[*]} of the job still there after SIGKILL" >&2
-        break
-      fi
-      ((${#left[@]})) &&
-        echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
-      ((${#strays[@]})) &&
+    if ((${#left[@]} && rank_by >= 0 && SECONDS >= rank_by)); then
+      echo "$me: rank process(es) ${left[*]} still running $grace s after mpirun ended: killing them" >&2
+      kill_groups "${left[@]}"
+      rank_by=-1 killed_at=$SECONDS
+    fi
+    if ((${#strays[@]} && agent_by >= 0 && SECONDS >= agent_by)); then
+      if [[ -n $agents_now ]]; then
+        echo "$me: ending what mpirun left running: $(names_of "${strays[@]}") (an agent to a host that does not answer?)" >&2
+      else
         echo "$me: mpirun's agent(s) $(names_of "${strays[@]}") still running $grace s after mpirun ended (a host that does not answer?): killing them" >&2
-      # Open MPI makes each rank and each agent the leader of its own process group (its children
-      # go with it).
-      for p in "${left[@]}" "${strays[@]}"; do kill -KILL -- -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
-      killed=1 deadline=$((SECONDS + 5))
+      fi
+      kill_groups "${strays[@]}"
+      agent_by=-1 killed_at=$SECONDS
+    fi
+    if [[ -n $killed_at ]] && ((SECONDS >= killed_at + 5)) &&
+      ! ((${#left[@]} && rank_by >= 0 || ${#strays[@]} && agent_by >= 0)); then
+      echo "$me: warning: process(es) ${left[*]} ${strays[*]} of the job still there after SIGKILL" >&2
+      break
     fi
     sleep 0.1 &
     wait "$!"
