@@ -42,7 +42,8 @@ class DataParallel {
   BackwardCtx backward_ctx(bool sync, bool accumulate, Tracer* tracer);
   // Gives every rank rank 0's parameters and buffers (done at construction; again after a resume).
   void broadcast_state();
-  // Makes BatchNorm running statistics identical on every rank (their average).
+  // Makes BatchNorm running statistics identical on every rank (their average); the counters,
+  // equal on every rank already, are left out.
   void sync_buffers();
   // Compares a checksum of the parameters across ranks; throws naming the ranks that differ.
   void verify_replicas(int64_t step);

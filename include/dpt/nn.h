@@ -77,6 +77,9 @@ class ParamStore {
   float* device_buffers() { return dbuffers_ ? dbuffers_->data() : buffers_.data(); }
   int64_t num_params() const { return num_params_; }
   int64_t num_buffers() const { return num_buffers_; }
+  // The buffers but the counters (the running statistics): [0, num_statistics) of the buffer
+  // array, the counters after them.
+  int64_t num_statistics() const { return num_statistics_; }
   // Parameters and buffers between the host arrays and the backend's (no-ops on the CPU); the
   // gradients stay where they are computed (grads_to_host for tests and checks).
   void to_host();
@@ -97,7 +100,7 @@ class ParamStore {
   Tensor params_, grads_, buffers_;
   std::unique_ptr<Tensor> dparams_, dgrads_,
       dbuffers_;  // only where the backend's memory is not the host's
-  int64_t num_params_ = 0, num_buffers_ = 0;
+  int64_t num_params_ = 0, num_buffers_ = 0, num_statistics_ = 0;
   bool finalized_ = false;
 };
 

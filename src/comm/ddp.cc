@@ -92,16 +92,11 @@ BackwardCtx DataParallel::backward_ctx(bool sync, bool accumulate, Tracer* trace
 
 void DataParallel::sync_buffers() {
   ParamStore& store = model_.store();
-  if (comm_.size() < 2 || store.num_buffers() == 0) return;
-  // The counters (num_batches_tracked) are equal on every rank, and their float average need not
-  // give them back: 3 x 8388609 rounds in float (to 25165828), and times 1/3 is 8388610. They keep
-  // their own values.
-  std::vector<std::pair<float*, float>> counts;
-  for (Param& p : store.entries())
-    if (p.is_counter) counts.emplace_back(p.value.data(), p.value.data()[0]);
-  comm_.allreduce(store.buffers(), store.num_buffers(), ReduceOp::kAvg,
+  if (comm_.size() < 2 || store.num_statistics() == 0) return;
+  // The counters (num_batches_tracked), equal on every rank, lie after this range
+  // (ParamStore::finalize): averaged, they need not come back equal to themselves.
+  comm_.allreduce(store.buffers(), store.num_statistics(), ReduceOp::kAvg,
                   "all-reduce of BatchNorm running statistics");
-  for (const auto& [at, count] : counts) *at = count;
 }
 
 void DataParallel::verify_replicas(int64_t step) {

@@ -48,11 +48,19 @@ void ParamStore::finalize() {
       it->offset = num_params_;
       num_params_ += it->numel();
     }
-  for (auto& p : entries_)
-    if (p.is_buffer) {
-      p.offset = num_buffers_;
-      num_buffers_ += p.numel();
-    }
+  // Buffers in registration order, the counters (num_batches_tracked) after all the others: the
+  // running statistics are the one range [0, num_statistics) that sync_buffers averages across
+  // ranks, and the counters, equal on every rank, stay out of it (a float average need not give
+  // them back: 3 x 8388609 rounds to 25165828 in float, and a third of that is 8388610).
+  for (const bool counters : {false, true})
+    for (auto& p : entries_)
+      if (p.is_buffer && p.is_counter == counters) {
+        p.offset = num_buffers_;
+        num_buffers_ += p.numel();
+      }
+  num_statistics_ = num_buffers_;
+  for (const auto& p : entries_)
+    if (p.is_counter) num_statistics_ -= p.numel();
   params_.resize({num_params_});
   grads_.resize({num_params_});
   buffers_.resize({std::max<int64_t>(num_buffers_, 1)});

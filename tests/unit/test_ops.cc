@@ -990,20 +990,25 @@ TEST(Models, TorchvisionResNetsTakeAnySize) {
 TEST(Models, UnknownModelThrows) { EXPECT_ANY_THROW(make_model("vgg")); }
 
 // Parameters tile [0, num_params) in reverse registration order; buffers tile [0, num_buffers) in
-// registration order; the views point into the flat arrays.
+// registration order, the counters after all the others (from num_statistics on, the range
+// sync_buffers leaves out); the views point into the flat arrays.
 void check_flat_layout(Model& m, const std::string& last_param) {
   ParamStore& st = m.store();
   std::vector<const Param*> params;
   int64_t expect_buf = 0;
-  for (const Param& p : st.entries()) {
-    if (p.is_buffer) {
+  for (const bool counters : {false, true}) {
+    if (counters) {
+      EXPECT_EQ(expect_buf, st.num_statistics());
+    }
+    for (const Param& p : st.entries()) {
+      if (!p.is_buffer || p.is_counter != counters) continue;
       EXPECT_EQ(p.offset, expect_buf) << p.name;
       EXPECT_EQ(p.value.data(), st.buffers() + p.offset) << p.name;
       expect_buf += p.numel();
-    } else {
-      params.push_back(&p);
     }
   }
+  for (const Param& p : st.entries())
+    if (!p.is_buffer) params.push_back(&p);
   EXPECT_EQ(expect_buf, st.num_buffers());
   ASSERT_FALSE(params.empty());
   EXPECT_EQ(params.back()->name, last_param);
