@@ -228,6 +228,60 @@ TEST(DataParallel, SyncBatchNormMatchesSingleReplicaBatchNorm) {
   }
 }
 
+// sync_buffers averages the running means and variances across ranks and leaves the counters
+// (num_batches_tracked), equal on every rank, exact. Two BatchNorms, so a counter lies between
+// statistics in registration order. Each rank's statistics are i + 1 + 2 x rank (element i), whose
+// average over k ranks, i + k, is exact in float; every counter's float holds 2^23 + 1 on top of
+// an int64 base. The 3-rank run (mpi_ddp_np3_counters) is the one where a float average of the
+// counters is not exact: 3 x 8388609 rounds to 25165828 in float, a third of which is 8388610 (at
+// 2 and 4 ranks the sums are exact).
+TEST(DataParallel, SyncBuffersAveragesStatisticsAndKeepsCountersExact) {
+  auto c = world();
+  const int k = c->size();
+  auto net = std::make_unique<Sequential>();
+  net->add("conv1", make_conv2d(4, 3, 1, 1))
+      .add("bn1", make_batchnorm2d())
+      .add("", make_relu())
+      .add("conv2", make_conv2d(3, 3, 1, 1))
+      .add("bn2", make_batchnorm2d())
+      .add("", make_global_avgpool())
+      .add("fc", make_linear(10));
+  Model m("two_bn", std::move(net), Shape{6, 6, 1}, 10);
+  m.init_parameters("kaiming", 5);
+  DataParallel d(m, *c, DdpOptions{});
+  constexpr float kCount = 8388609.f;  // 2^23 + 1
+  constexpr int64_t kBase = int64_t{1} << 40;
+  int counters = 0, statistics = 0;
+  for (Param& p : m.store().entries()) {
+    if (!p.is_buffer) continue;
+    float* v = p.value.data();
+    if (p.is_counter) {
+      p.counter_base = kBase;
+      v[0] = kCount;
+      ++counters;
+    } else {
+      for (int64_t i = 0; i < p.numel(); ++i) v[i] = static_cast<float>(i + 1 + 2 * c->rank());
+      ++statistics;
+    }
+  }
+  ASSERT_EQ(counters, 2);
+  ASSERT_EQ(statistics, 4);
+  d.sync_buffers();
+  for (const Param& p : m.store().entries()) {
+    if (!p.is_buffer) continue;
+    const float* v = p.value.data();
+    if (p.is_counter) {
+      EXPECT_EQ(v[0], kCount) << p.name << " at " << k << " ranks";
+      const std::vector<int64_t> all = c->allgather(counter_value(p));
+      for (int r = 0; r < k; ++r) EXPECT_EQ(all[static_cast<size_t>(r)], kBase + 8388609) << p.name;
+    } else {
+      for (int64_t i = 0; i < p.numel(); ++i)
+        EXPECT_EQ(v[i], static_cast<float>(i + k))
+            << p.name << "[" << i << "] at " << k << " ranks";
+    }
+  }
+}
+
 // --data synthetic draws the same sets on every rank from the seed (nothing is sent between
 // ranks), so the sampler's shards address the same images everywhere: over an epoch each rank takes
 // exactly steps x B/k training images, none twice and none another rank takes, and the labels the
