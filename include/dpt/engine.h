@@ -128,8 +128,8 @@ class StepEngine {
   DeviceArray<float> lr_, momentum_, exp_avg_, exp_avg_sq_;
   DeviceArray<double> adamw_step_;
   // The most any BatchNorm counter's float has counted since it was last folded into its int64
-  // (ParamStore::fold_counters): read from the host's floats by from_host(), then one more for
-  // every training forward, each of which goes through step() (graph replays too).
+  // (ParamStore::fold_counters): 0 after from_host(), which folds them, then one more for every
+  // training forward, each of which goes through step() (graph replays too).
   int64_t forwards_since_fold_ = 0;
   Tensor x_, dlogits_, eval_x_;
   std::unique_ptr<Recorder> step_graph_;

@@ -480,12 +480,11 @@ void StepEngine::to_host() {
 void StepEngine::from_host() {
   quiesce();
   model_.store().from_host();
-  // The counters' floats now hold the host's counts (a model trained by an earlier engine, a
-  // checkpoint loaded: 0): the next fold comes before the largest of them could pass 2^24.
+  // The counters' floats now hold the host's counts since their last fold (a model trained by an
+  // earlier engine; a checkpoint loaded: 0). Folded here (a one-float copy each way per counter),
+  // they all count from 0, so the next fold is 2^24 forwards away.
+  model_.store().fold_counters();
   forwards_since_fold_ = 0;
-  for (const Param& p : model_.store().entries())
-    if (p.is_counter)
-      forwards_since_fold_ = std::max(forwards_since_fold_, counter_value(p) - p.counter_base);
   momentum_.copy_from_host(opt_.momentum_buffer().data(), momentum_.size());
   exp_avg_.copy_from_host(opt_.exp_avg().data(), exp_avg_.size());
   exp_avg_sq_.copy_from_host(opt_.exp_avg_sq().data(), exp_avg_sq_.size());

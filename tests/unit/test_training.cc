@@ -244,9 +244,10 @@ TEST(ModelFile, BatchNormCountersAreLoadedAndSavedExactly) {
 
 // The float of num_batches_tracked counts in the kernels, exact up to 2^24: a run that counted past
 // it stopped at 16777216 (16777216 + 1 rounds back in float), and saved that ever after. The
-// engine now moves the count into the int64 before the float could pass 2^24. bn1's float starts
-// 2 short of it (counted by an earlier engine, on top of a loaded 2^40): four steps later bn1 has
-// counted exactly 2^24 + 2 since the load, and every other counter, from 0, exactly 4.
+// engine now moves the count into the int64 before the float could pass 2^24: at from_host, and
+// every 2^24 forwards after. bn1's float starts 2 short of it (counted by an earlier engine, on top
+// of a loaded 2^40): four steps later bn1 has counted exactly 2^24 + 2 since the load (2^24 without
+// the fold), and every other counter, from 0, exactly 4.
 TEST(ModelFile, BatchNormCounterCountsExactlyPast2To24) {
   const std::string dir = test::make_temp_dir("counter24");
   test::write_synthetic_dataset(dir, 32, 8, 6);
