@@ -52,14 +52,13 @@ StFile read_safetensors(const std::string& path,
                         const std::function<void(const StFile&)>& check_header = nullptr);
 // Only the "__metadata__" of a safetensors file, after every check of its header (the data section
 // is not read: a truncated file still tells what it is, and fails when loaded).
-std::map<std::string, std::string> read_metadata(const std::string& path);
-
-// Whether the file at `path` opened and its first bytes show it is no safetensors file at all:
-// fewer than 8 bytes, a header length of 0 or beyond the 100 MB limit, or a header that does not
-// open a JSON object. False for an open or read failure, a FIFO or device (never read from), or a
-// header cut short by the file's end: such a file may be a damaged checkpoint, which a caller must
-// not take for junk (and, say, start fresh over).
-bool is_not_safetensors(const std::string& path);
+// `junk`, when given, is set to whether the file opened and its first bytes show it is no
+// safetensors file at all (and so the error thrown is certain): fewer than 8 bytes, a header
+// length of 0 or beyond the 100 MB limit, or a header that does not open a JSON object. It is false
+// for a file read whole, an open or read failure, a FIFO or device (never read from), or a header
+// cut short by the file's end: such a file may be a damaged checkpoint, which a caller must not
+// take for junk (and, say, start fresh over).
+std::map<std::string, std::string> read_metadata(const std::string& path, bool* junk = nullptr);
 
 // Parses an in-memory safetensors image; `origin` names the source in every message. Checks: at
 // least 8 bytes; header length sane (<= size - 8 and <= 100 MB); header a JSON object; every entry

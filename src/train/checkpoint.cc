@@ -142,10 +142,11 @@ void read_schema(const std::map<std::string, std::string>& meta, CheckpointInfo*
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   CheckpointInfo info;
   info.path = path;
+  bool junk = false;
   try {
-    read_schema(read_metadata(path), &info);
+    read_schema(read_metadata(path, &junk), &info);
   } catch (const Error& e) {
-    info.junk = is_not_safetensors(path);
+    info.junk = junk;
     info.error = e.what();  // unreadable: listed last, still tried by --resume auto unless junk
   }
   return info;

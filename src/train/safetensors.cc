@@ -2,7 +2,6 @@
 // byte string without UB) and a crash-safe writer (dpt::AtomicFile).
 #include "dpt/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -396,32 +395,35 @@ StFile read_safetensors(const std::string& path,
   return file;
 }
 
-std::map<std::string, std::string> read_metadata(const std::string& path) {
-  // The length field and the header only: listing checkpoints must not read 85 MB each.
-  uint64_t size = 0;
-  FileGuard guard = open_safetensors(path, size);
-  const std::vector<uint8_t> head = read_head(guard.get(), size, path);
-  StFile file;
-  std::vector<Entry> entries;
-  parse_header(head.data(), head.size(), size, path, &file, &entries, false);
-  return file.metadata;
-}
-
-bool is_not_safetensors(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st {};
-  uint8_t head[9] = {};
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  const ssize_t got = regular ? ::pread(fd, head, sizeof head, 0) : -1;
-  ::close(fd);
-  if (got < 0) return false;
-  if (got < 8) return true;
+namespace {
+// Whether a file of `size` bytes whose header read_head read as `head` (empty: the file was shorter
+// than 8 bytes, or a read failed) is no safetensors file at all (read_metadata's `junk`).
+bool junk_head(const std::vector<uint8_t>& head, uint64_t size) {
+  if (head.empty()) return size < 8;
   uint64_t n = 0;
-  std::memcpy(&n, head, 8);
+  std::memcpy(&n, head.data(), 8);
   if (n == 0 || n > kMaxHeaderBytes) return true;
-  if (n > static_cast<uint64_t>(st.st_size) - 8) return false;  // cut short: damaged, not junk
-  return got < 9 || head[8] != '{';
+  if (n > size - 8) return false;  // cut short: damaged, not junk
+  return head[8] != '{';           // read_head read the n >= 1 bytes of the header
+}
+}  // namespace
+
+std::map<std::string, std::string> read_metadata(const std::string& path, bool* junk) {
+  // The length field and the header only: listing checkpoints must not read 85 MB each.
+  if (junk) *junk = false;
+  uint64_t size = 0;
+  FileGuard guard = open_safetensors(path, size);  // refused: no file to judge, so no junk
+  std::vector<uint8_t> head;
+  try {
+    head = read_head(guard.get(), size, path);
+    StFile file;
+    std::vector<Entry> entries;
+    parse_header(head.data(), head.size(), size, path, &file, &entries, false);
+    return file.metadata;
+  } catch (const Error&) {
+    if (junk) *junk = junk_head(head, size);  // judged from the bytes read once
+    throw;
+  }
 }
 
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,

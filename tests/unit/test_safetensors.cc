@@ -399,12 +399,20 @@ TEST_F(SafetensorsTest, TrailingBytesAfterData) {
   expect_hostile("trailing_empty", image("{}", 4), "trailing bytes");
 }
 
-// A file far larger than its header accounts for is refused from the header alone: the reader
-// neither reads the data nor allocates for it. 1 TiB (sparse: no disk) is more memory than any
-// machine this runs on, so a reader that sized a buffer by the file would fail with
-// std::bad_alloc, not this input error.
-// What --resume auto may pass over as junk (is_not_safetensors) against what it must not: a file
-// that a reader cannot get at, or one cut short inside its header, may be a damaged checkpoint.
+// What --resume auto may pass over as junk (read_metadata's `junk`) against what it must not: a
+// file that a reader cannot get at, or one cut short inside its header, may be a damaged
+// checkpoint. `junk` starts true here: read_metadata must clear it.
+bool judged_junk(const std::string& path) {
+  bool junk = true;
+  try {
+    read_metadata(path, &junk);
+  } catch (const Error&) {
+    return junk;
+  }
+  EXPECT_FALSE(junk) << path << ": read, yet junk";
+  return junk;
+}
+
 TEST_F(SafetensorsTest, OnlyFilesThatAreNoSafetensorsAtAllAreJunk) {
   const std::string full = image(kGoodHeader, 16);
   const std::map<std::string, std::string> junk = {
@@ -417,7 +425,7 @@ TEST_F(SafetensorsTest, OnlyFilesThatAreNoSafetensorsAtAllAreJunk) {
   };
   for (const auto& [name, bytes] : junk) {
     spit(path(name), bytes);
-    EXPECT_TRUE(is_not_safetensors(path(name))) << name;
+    EXPECT_TRUE(judged_junk(path(name))) << name;
     EXPECT_THROW(read_metadata(path(name)), Error) << name;  // and no reader takes it
   }
   const std::map<std::string, std::string> not_junk = {
@@ -430,20 +438,24 @@ TEST_F(SafetensorsTest, OnlyFilesThatAreNoSafetensorsAtAllAreJunk) {
   };
   for (const auto& [name, bytes] : not_junk) {
     spit(path(name), bytes);
-    EXPECT_FALSE(is_not_safetensors(path(name))) << name;
+    EXPECT_FALSE(judged_junk(path(name))) << name;
   }
-  EXPECT_FALSE(is_not_safetensors(path("absent")));
+  EXPECT_FALSE(judged_junk(path("absent")));
   fs::create_directory(path("dir"));
-  EXPECT_FALSE(is_not_safetensors(path("dir")));
+  EXPECT_FALSE(judged_junk(path("dir")));
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
-  EXPECT_FALSE(is_not_safetensors(path("fifo")));  // returns at once: never opened for a read
+  EXPECT_FALSE(judged_junk(path("fifo")));  // returns at once: never read from
   spit(path("unreadable"), "junk junk junk");
   ::chmod(path("unreadable").c_str(), 0);
   if (::geteuid() != 0) {
-    EXPECT_FALSE(is_not_safetensors(path("unreadable")));
+    EXPECT_FALSE(judged_junk(path("unreadable")));
   }
 }
 
+// A file far larger than its header accounts for is refused from the header alone: the reader
+// neither reads the data nor allocates for it. 1 TiB (sparse: no disk) is more memory than any
+// machine this runs on, so a reader that sized a buffer by the file would fail with
+// std::bad_alloc, not this input error.
 TEST_F(SafetensorsTest, HugeSparseFileIsRefusedFromItsHeader) {
   const std::string p = path("sparse.safetensors");
   const std::string good = image(kGoodHeader, 16);
