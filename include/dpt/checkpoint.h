@@ -85,6 +85,9 @@ struct CheckpointSurvey {
   // that a listing of them reads in the checkpoints' order (step100, step10, step9: not the text
   // order), --checkpoint-path itself last among them.
   std::vector<CheckpointInfo> entries;
+  // The directory's entries named as AtomicFile's temporaries (files.h's parse_atomic_temp), of any
+  // target: the pre-flight removes those of dead writers from this listing.
+  std::vector<std::string> temporaries;
 };
 CheckpointSurvey survey_checkpoints(const TrainConfig& cfg);
 

@@ -106,11 +106,13 @@ class OutputLock {
   const std::string& file() const { return file_; }  // the lock file ("" when none is held)
   // remove_dead_temporaries of the file this lock guards (none when no lock is held) and, when
   // `beside` is given, of the names it accepts beside the path the lock was taken for
-  // (--checkpoint-path's step-named files): one pass over the directory where that is the guarded
-  // file's own (the usual case; a symlink's file may be elsewhere), each file removed and returned
-  // once.
+  // (--checkpoint-path's step-named files), taken from `listed`: the paths in that path's
+  // directory as the caller listed them (the checkpoint survey's temporaries), not listed again.
+  // The guarded file's directory is listed here only where `listed` is not of it (no `beside`; a
+  // symlink's file elsewhere). Each file is removed and returned once.
   std::vector<std::string> remove_dead_temporaries(
-      const std::function<bool(const std::string&)>& beside = nullptr) const;
+      const std::function<bool(const std::string&)>& beside = nullptr,
+      const std::vector<std::string>& listed = {}) const;
   // The lock file of the output `path`: "<file>.lock" beside the file it is (symlinks resolved).
   static std::string file_for(const std::string& path, const std::string& flag);
 
@@ -161,14 +163,16 @@ bool same_file(const std::string& a, const std::string& b);
 // /dev/null) or a pipe is never named here.
 std::string standard_stream_of(const std::string& path);
 
-// Removes the temporaries that AtomicFile writers left in `dir` when they were killed before
-// commit() (SIGKILL, the OOM killer, a power cut; a writer that unwinds removes its own): regular
-// files of this user, named for a target whose file name `is_target` accepts, whose writer (the pid
-// in the name) no longer runs on this host. Returns their paths, for the caller's log. Call it only
-// while the run holds its outputs' locks (OutputLock): a live writer on another host sharing the
-// directory holds the same lock, so its pid, unknown here, is never taken for a dead one.
+// Removes, of the directory entries at `paths` (a listing), the temporaries that AtomicFile writers
+// left when they were killed before commit() (SIGKILL, the OOM killer, a power cut; a writer that
+// unwinds removes its own): regular files of this user (a symlink is never followed), named for a
+// target whose file name `is_target` accepts, whose writer (the pid in the name) no longer runs on
+// this host. Returns their paths, for the caller's log. Call it only while the run holds its
+// outputs' locks (OutputLock): a live writer on another host sharing the directory holds the same
+// lock, so its pid, unknown here, is never taken for a dead one.
 std::vector<std::string> remove_dead_temporaries(
-    const std::string& dir, const std::function<bool(const std::string&)>& is_target);
+    const std::vector<std::string>& paths,
+    const std::function<bool(const std::string&)>& is_target);
 
 // Whether `name` (a file name, no directory) is one of AtomicFile's temporaries
 // ("<target>.tmp.<pid>" with or without ".<random>"); if so, the target's file name and the pid of

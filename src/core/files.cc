@@ -520,34 +520,44 @@ void check_input_file(const std::string& path, const std::string& what) {
 }
 
 std::vector<std::string> remove_dead_temporaries(
-    const std::string& dir, const std::function<bool(const std::string&)>& is_target) {
+    const std::vector<std::string>& paths,
+    const std::function<bool(const std::string&)>& is_target) {
   std::vector<std::string> removed;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+  for (const std::string& path : paths) {
     std::string target;
     pid_t pid = 0;
-    if (!parse_atomic_temp(e.path().filename().string(), &target, &pid) || !is_target(target))
-      continue;
+    if (!parse_atomic_temp(base_of(path), &target, &pid) || !is_target(target)) continue;
     struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
       continue;
     if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer runs
-    if (std::filesystem::remove(e.path(), ec)) removed.push_back(e.path().string());
+    std::error_code ec;
+    if (std::filesystem::remove(path, ec)) removed.push_back(path);
   }
   return removed;
 }
 
 std::vector<std::string> OutputLock::remove_dead_temporaries(
-    const std::function<bool(const std::string&)>& beside) const {
+    const std::function<bool(const std::string&)>& beside,
+    const std::vector<std::string>& listed) const {
   if (file_.size() <= 5) return {};
   const std::string target = file_.substr(0, file_.size() - 5);  // less ".lock"
   const std::string name = base_of(target), dir = dir_of(target);
   const bool together = beside && same_file(path_dir_, dir);
-  std::vector<std::string> removed = dpt::remove_dead_temporaries(
-      dir, [&](const std::string& t) { return t == name || (together && beside(t)); });
-  if (beside && !together)
-    for (std::string& path : dpt::remove_dead_temporaries(path_dir_, beside))
+  std::vector<std::string> removed;
+  if (beside)
+    removed = dpt::remove_dead_temporaries(
+        listed, [&](const std::string& t) { return beside(t) || (together && t == name); });
+  if (!together) {
+    // The guarded file's directory, where the caller's listing is not of it.
+    std::vector<std::string> paths;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      paths.push_back(e.path().string());
+    for (std::string& path :
+         dpt::remove_dead_temporaries(paths, [&](const std::string& t) { return t == name; }))
       removed.push_back(std::move(path));
+  }
   return removed;
 }
 

@@ -313,10 +313,17 @@ CheckpointSurvey survey_checkpoints(const TrainConfig& cfg) {
   struct stat ds {};
   const bool dir_known = ::stat(dir.c_str(), &ds) == 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (is_checkpoint_name(cfg, e.path().filename().string()))
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::string target;
+    pid_t pid = 0;
+    if (is_checkpoint_name(cfg, name)) {
       if (auto info = classify_entry(cfg, e.path(), dir_known ? &ds : nullptr))
         survey.entries.push_back(std::move(*info));
+    } else if (parse_atomic_temp(name, &target, &pid)) {
+      survey.temporaries.push_back(e.path().string());
+    }
+  }
   // The path's text alone put "ck.step10.st" between "ck.step100.st" and "ck.step9.st" in the
   // warnings that list files recording no step.
   std::sort(survey.entries.begin(), survey.entries.end(),

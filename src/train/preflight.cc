@@ -471,14 +471,14 @@ std::vector<OutputLock> check_outputs(const TrainConfig& cfg,
     // A killed writer's temporaries of this output (a --save or predict --output killed while
     // writing; a checkpoint's, 85 MB each for ResNet-18), removed now that no other run can be
     // writing it: for --checkpoint-path, those of every checkpoint name beside it (its step-named
-    // files'), in the same pass over the directory. The one place they are removed: the
-    // CheckpointManager scanned the directory again, and without the lock on a run that only
-    // resumed. A temporary is never at a checkpoint name: the survey above lists the same
-    // entries as it would after their removal.
+    // files'), taken from the survey's listing of the directory, which is not listed again. The
+    // one place they are removed: the CheckpointManager scanned the directory again, and without
+    // the lock on a run that only resumed. A temporary is never at a checkpoint name: the survey
+    // above lists the same entries as it would after their removal.
     std::function<bool(const std::string&)> beside;
     if (std::string(flag) == "--checkpoint-path")
       beside = [&](const std::string& name) { return is_checkpoint_name(cfg, name); };
-    for (const std::string& dead : locks[i].remove_dead_temporaries(beside))
+    for (const std::string& dead : locks[i].remove_dead_temporaries(beside, taken.temporaries))
       log_info("removed " + dead + ", left by a killed writer of " + flag);
   }
   if (!cfg.resume.empty() && cfg.resume != "auto") check_input_file(cfg.resume, "--resume");
