@@ -236,26 +236,38 @@ mpirun_value_opts=" -am --app --bind-to -c -np --np -n --n -cf --cartofile -cpu-
   --report-uri -rf --rankfile -stdin --stdin -timeout --timeout -tune -wd --wd -wdir --wdir -x
   -xml-file --xml-file -xterm --xterm "
 mpirun_value_opts=${mpirun_value_opts//$'\n'/ }
-# check_program NAME SEARCH: NAME runs here: a file that is executable and not a directory; a name
-# without '/' is looked up in SEARCH (mpirun's --path, then PATH), as mpirun does. Rank 0 runs on
-# this host (docs/USAGE.md), so the program must be here too.
+# check_program NAME SEARCH WDIR: NAME runs here: a file that is executable and not a directory; a
+# name without '/' is looked up in SEARCH (mpirun's --path, then PATH), as mpirun does. Rank 0 runs
+# on this host (docs/USAGE.md), so the program must be here too. A relative path is mpirun's from
+# the context's working directory WDIR (--wdir, -wd; "" for this one): checked from here, `--wdir
+# run ../build/dptrain` was refused ("no such file") where mpirun runs it, and `--wdir run
+# build/dptrain` passed, for mpirun to fail with exit 132, "could not access or execute".
 check_program() {
-  local p=$1 search=$2 shown found
+  local p=$1 search=$2 wdir=$3 shown found where=""
   quote shown "$p"
   [[ -n $p ]] || die "the program is an empty word"
+  if [[ -n $wdir ]]; then
+    quote where "$wdir"
+    [[ -d $wdir ]] || die "--wdir $where: no such directory (mpirun starts the program there)"
+    where=" (from --wdir $where)"
+  fi
   if [[ $p != */* ]]; then
     found=$(PATH=$search type -P -- "$p") ||
       die "program $shown: no such command in the PATH$([[ $search != "$PATH" ]] && echo " or in --path")"
-    p=$found
+    p=$found where=""
+  elif [[ $p != /* && -n $wdir ]]; then
+    p=$wdir/$p
+  else
+    where=""
   fi
-  [[ -e $p ]] || die "program $shown: no such file"
-  [[ -d $p ]] && die "program $shown is a directory, not a program"
-  [[ -f $p && -x $p ]] || die "program $shown is not executable (chmod +x?)"
+  [[ -e $p ]] || die "program $shown$where: no such file"
+  [[ -d $p ]] && die "program $shown$where is a directory, not a program"
+  [[ -f $p && -x $p ]] || die "program $shown$where is not executable (chmod +x?)"
   return 0
 }
 total_np=0 app_file="" search=$PATH
 for ((i = 0; i < ${#args[@]}; i++)); do
-  a=${args[i]} v=${args[i + 1]:-} ctx_np="" ctx_hostfile=""
+  a=${args[i]} v=${args[i + 1]:-} ctx_np="" ctx_hostfile="" ctx_wdir=""
   # One app context: its options, then its program; its arguments run to a lone ':'.
   while [[ $a == -* ]]; do
     host_option "$a" "$v"
@@ -278,6 +290,8 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         [[ $v =~ ^[0-9]{1,6}$ ]] && ((10#$v >= 1)) ||
           die "$a '$v': the number of ranks must be a whole number, at least 1" ;;
       --app) app_file=$v ;;
+      # Each context has its own (mpirun gives one context's to no other).
+      -wd | --wd | -wdir | --wdir) ctx_wdir=$v ;;
       -path | --path) search=$v:$PATH ;; # searched before PATH
     esac
     if [[ $a == --mca || $a == -mca || $a == --gmca || $a == -gmca ]]; then
@@ -293,7 +307,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   # --app: the programs are in the appfile, and mpirun ignores the rest of the command line.
   [[ -n $app_file ]] && break
   ((i < ${#args[@]})) || die "no program to run: usage: $me [--max-restarts N] [--ssh-timeout S] -np N program [args...]"
-  check_program "$a" "$search"
+  check_program "$a" "$search" "$ctx_wdir"
   while ((i + 1 < ${#args[@]})) && [[ ${args[i + 1]} != : ]]; do i=$((i + 1)); done
   i=$((i + 1)) # the ':' that starts the next context, if any
 done
@@ -362,6 +376,9 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/dptrain-launch.XXXXXX") ||
   die "cannot create a directory in ${TMPDIR:-/tmp}${TMPDIR:+ (TMPDIR, where mpirun makes its session directory too): unset TMPDIR or point it at a directory you can write}"
 trap 'rm -rf -- "$work"' EXIT
+# Absolute: rank 0 opens the checkpoint record in it from its own working directory, which --wdir
+# moves (a relative TMPDIR gave a record rank 0 could not find, and no restart).
+[[ $work == /* ]] || work=$PWD/$work
 # mpirun reads a copy of each hostfile that could be read only once (read_hostfile).
 k=0
 for f in "${!hostfile_text[@]}"; do

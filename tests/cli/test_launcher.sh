@@ -3,7 +3,8 @@
 # options (-oProxyCommand=...), whitespace, control characters and CRLF hostfiles are refused with
 # exit 2 naming the line or the flag, before any ssh runs; ssh gets the host after '--', names are
 # looked up in one getent and at most 16 hosts probed at a time. A program that is missing, a
-# directory or not executable, and -np below 1, are exit 2 naming them. A reader
+# directory or not executable (a relative one looked for from its context's --wdir), and -np below
+# 1, are exit 2 naming them. A reader
 # that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
 # --save is written, the exit code is the job's, a launcher whose stderr reader left still restarts;
 # stdout and stderr stay apart, a terminal still gets the progress bar. --max-restarts decides from
@@ -240,6 +241,20 @@ compgen -G "ran.*" >/dev/null && fail "a refused launch ran its program: $(ls ra
 expect 0 "ok" -- bash "$launcher" -np 1 --map-by slot -x A=1 --mca btl self,vader,tcp ./noexec.sh : -np 1 echo ok
 [[ -e ran.0 ]] || fail "the MPMD line did not run its first context"
 expect 0 "2 -n 0" -- bash "$launcher" -np 2 bash -c 'echo "$OMPI_COMM_WORLD_SIZE -n $0"' 0
+# A relative program is mpirun's from its context's --wdir (-wd): the launcher looked from its own
+# directory, so a program there passed, for mpirun's exit 132 ("could not access or execute"), and
+# one that mpirun runs from the --wdir was refused, "no such file".
+mkdir -p wd/sub
+printf '#!/bin/sh\necho "in $(pwd)"\n' >here.sh
+chmod +x here.sh
+cp here.sh wd/
+expect 0 "in $tmp/wd/sub" -- bash "$launcher" -np 1 --wdir wd/sub ../here.sh
+expect 2 "program './here.sh' (from --wdir 'wd/sub'): no such file" -- \
+  bash "$launcher" -np 1 --wdir wd/sub ./here.sh
+expect 2 "--wdir 'nowhere': no such directory" -- bash "$launcher" -np 1 -wd nowhere ./here.sh
+# Each context has its own: the second runs where the launcher does.
+expect 0 "in $tmp/wd" -- bash "$launcher" -np 1 -wdir "$tmp/wd" ./here.sh : -np 1 ./here.sh
+grep -qx "in $tmp" out.txt || fail "the second context did not run in $tmp: $(cat out.txt)"
 
 echo "== mpirun's session directory: TEMP and TMP checked as TMPDIR is, and a full file system, named"
 # mpirun makes it in the first of TMPDIR, TEMP and TMP that is set: TEMP or TMP under a file, and a
