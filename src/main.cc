@@ -38,8 +38,11 @@ int main(int argc, char** argv) {
   // step, paying page faults and zeroing each time.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  // Before MPI starts its threads, so that they inherit the mask (see src/train/signals.h).
+  // Before MPI starts its threads, so that they inherit the mask (see src/train/signals.h); the
+  // watcher from here on, so that a stop signal while MPI starts, or a peer never comes, ends the
+  // job instead of waiting for --timeout (or for ever under --timeout 0).
   dpt::block_stop_signals();
+  dpt::watch_stop_signals();
   // A reader that goes away (`dptrain ... | head`) must not kill the run with SIGPIPE, losing its
   // checkpoints and --save: writes to the closed pipe fail with EPIPE instead, and the log writers
   // warn once and drop later lines (log.cc). Set before MPI starts, so that nothing it writes

@@ -61,6 +61,13 @@ void prepare_singleton_launcher();
 // waits forever, and ends this process with `code` itself if MPI_Abort has not within 5 s.
 [[noreturn]] void abort_job(int code);
 
+// Ends this process with `code` at once, and the job with it (abort_job where MPI runs with other
+// ranks; the launcher ends the job of a rank that leaves during MPI_Init), after saying `why`: rank
+// 0's log line, another rank's warning, or a line on stderr naming the launcher's rank while MPI
+// starts. Callable from any thread, at any time: a stop signal during the start-up
+// (src/train/signals.h).
+[[noreturn]] void end_job_now(int code, const std::string& why);
+
 // The rank the launcher gave this process, for use before MPI knows it: Open MPI's, PMIx's, PMI's
 // or Slurm's variable (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID), else "?".
 std::string launcher_rank();

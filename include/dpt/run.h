@@ -22,8 +22,14 @@ struct Stopped {
 // "SIGTERM" for 15: how logs name a signal.
 std::string signal_name(int sig);
 // Blocks the stop signals (INT, TERM, HUP, USR1) in the calling thread and every thread it starts
-// afterwards; run_training takes them on a thread of its own. main calls it before MPI starts.
+// afterwards; watch_stop_signals takes them on a thread of its own. main calls it before MPI
+// starts.
 void block_stop_signals();
+// Starts the process's one watcher of the stop signals (once; run_training starts it where main
+// has not): until a run holds them for its agreed stop (src/train/signals.h), a stop signal ends
+// the job at once with 128 + signal, saying so. main calls it before MPI starts, after
+// block_stop_signals.
+void watch_stop_signals();
 
 // Runs the configured training on this rank; rank 0 prints and writes metrics/checkpoints.
 std::vector<EpochMetrics> run_training(const TrainConfig& cfg, Communicator& comm);

@@ -528,6 +528,31 @@ void abort_job(int code) {
   _exit(code);
 }
 
+void end_job_now(int code, const std::string& why) {
+  int up = 0, down = 0, size = 1, rank = 0;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  const bool running = up && !down;
+  if (running) {
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)
+      log_info(why);
+    else
+      log_warn(why);
+  } else {
+    // No rank prefix yet (MPI_Init has not returned): the launcher's rank and the host, as the
+    // MPI_Init watchdog names them.
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    std::fprintf(stderr, "[rank %s@%s] %s\n", launcher_rank().c_str(), host, why.c_str());
+  }
+  if (running && size > 1) abort_job(code);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(code);
+}
+
 std::string mpi_library_version() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;

@@ -3,8 +3,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
-#include <thread>
 #include <utility>
 
 namespace dpt {
@@ -20,13 +18,23 @@ class Communicator;
 // thread inside oneDNN's JIT sgemm corrupted the heap (2 of 6 ResNet-18 runs stopped under load
 // crashed in free() inside dnnl_sgemm, in forward and backward alike). main blocks them before MPI
 // starts any thread (block_stop_signals), so every thread inherits the mask, and one watcher
-// thread takes them with sigtimedwait. A signal that came during set-up is pending until then and
-// ends in the agreed stop at the first boundary. The handlers stay installed for a thread that
-// did not inherit the mask (run_training called from elsewhere).
+// thread takes them with sigtimedwait. That thread is the process's own, started by main
+// (watch_stop_signals) before MPI starts, so that a signal is taken from then on.
+// During the start-up (MPI_Init, the pre-flight, the data read, a resume's read), until hold(), a
+// stop signal ends the job at once with 128 + signal (end_job_now): nothing has been trained or
+// written, so there is nothing to stop cleanly for, and the start-up may wait long (a data set
+// read for minutes, a peer that never comes: up to --timeout, or for ever under --timeout 0). It
+// was held until the first step boundary: SIGTERM to a rank waiting for a stopped peer went
+// unanswered until --timeout ended the job with exit 3. From hold() (or the first agreed() or
+// received()) on, a signal waits for the agreed stop. The handlers stay installed for a thread
+// that did not inherit the mask (run_training called from elsewhere).
 class StopSignals {
  public:
   StopSignals();
   ~StopSignals();
+  // The start-up is over: from here on a stop signal waits for the agreed stop (called before the
+  // run writes its first output).
+  void hold();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   // The signal any rank received (0: none) and whether `due` holds on any rank, agreed by every
@@ -38,8 +46,6 @@ class StopSignals {
 
  private:
   std::array<void (*)(int), 4> old_{};
-  std::atomic<bool> done_{false};
-  std::thread watcher_;
 };
 
 }  // namespace dpt

@@ -393,7 +393,8 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   TrainConfig cfg = cfg_in;
   const int world = comm.size(), rank = comm.rank();
   // A stop signal: every rank finishes its step, agrees on stopping at the next boundary,
-  // checkpoints if configured, and main exits with 128 + signal.
+  // checkpoints if configured, and main exits with 128 + signal. Until signals.hold() below (the
+  // start-up), it ends the job at once.
   StopSignals signals;
   validate_config(cfg, world);
   set_log_level(cfg.quiet ? LogLevel::kWarn : parse_log_level(cfg.log_level));
@@ -431,7 +432,9 @@ std::vector<EpochMetrics> run_training(const TrainConfig& cfg_in, Communicator& 
   agree_on_input(comm, "DPT_FAULT_SLOW_RANK: another rank refused its value",
                  [&] { slow = slow_factor(rank, world); });
 
-  // Where training starts, and what it writes.
+  // Where training starts, and what it writes: from here on a stop signal waits for the agreed
+  // stop at a step boundary (before, the start-up ended at once: it had nothing to save).
+  signals.hold();
   CheckpointManager checkpoints(cfg, comm, *model, ddp, opt, engine, input_metadata(pf));
   const ResumePoint start = cfg.resume.empty() ? ResumePoint{} : checkpoints.load(pf.checkpoints);
   MetricsLogger log(cfg, rank, world, start.history, start.resumed, start.at.epoch,

@@ -2,7 +2,8 @@
 # Failing ranks never hang the job: a rank stopped with SIGSTOP makes every rank end within
 # --timeout plus a few seconds with a message naming the lagging rank; a rank killed with
 # SIGKILL ends the job; SIGTERM stops every rank cleanly at an agreed step after writing a
-# checkpoint, and resuming from it ends bit for bit where an uninterrupted run ends.
+# checkpoint, and resuming from it ends bit for bit where an uninterrupted run ends; during the
+# start-up (a peer stopped before MPI_Init) it ends the job at once.
 # Usage: test_failures.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -133,6 +134,28 @@ finish 60
 grep -q "rank 0@.*MPI_Init did not complete within --timeout 3 s" "$tmp/out" ||
   fail "rank 0 did not say that MPI_Init timed out: $(tail -3 "$tmp/out")"
 grep -m1 "MPI_Init" "$tmp/out"
+echo "rc $rc after ${elapsed}s"
+
+echo "== SIGTERM to rank 0 while it waits in MPI_Init for a stopped rank 1: the job ends at once"
+# The start-up trains and writes nothing, but a stop signal was held until the first step: rank 0
+# took SIGTERM only once --timeout had ended its wait, with exit 3 (30 s here). Now the start-up
+# ends the job at once, exit 128 + signal, saying so.
+"${mpi[@]}" "$tmp/stop_rank1.sh" "$bin" "${common[@]}" --epochs 1 --max-steps 3 --timeout 30 \
+  > "$tmp/out" 2>&1 &
+job=$!
+p=""
+for _ in $(seq 100); do
+  p=$(rank_pid 0)
+  [[ -n $p ]] && grep -q dptrain "/proc/$p/cmdline" 2>/dev/null && break
+  sleep 0.1
+done
+sleep 1
+kill -TERM "$p"
+finish 60
+[[ $rc -eq 143 ]] || fail "SIGTERM to rank 0 in MPI_Init: exit $rc, want 143: $(tail -3 "$tmp/out")"
+((elapsed <= 10)) || fail "SIGTERM to rank 0 in MPI_Init: the job took ${elapsed}s to end (--timeout 30)"
+grep -q "rank 0@.*stopped by SIGTERM before anything was written: the start-up has nothing to save" \
+  "$tmp/out" || fail "rank 0 did not say why it stopped: $(grep -v '^ *$' "$tmp/out" | head -3)"
 echo "rc $rc after ${elapsed}s"
 
 echo "== a --timeout shorter than MPI's start-up, in a job of one process: exit 3, said so"
