@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   dpt::prepare_singleton_launcher();
-  dpt::MpiSession mpi(&argc, &argv, dpt::early_timeout(argc, argv));
+  const double early_timeout = dpt::early_timeout(argc, argv);
+  dpt::MpiSession mpi(&argc, &argv, early_timeout);
   const int world = mpi.world().size, rank = mpi.world().rank;
   dpt::TrainConfig cfg;
   std::string help, flag_error;
@@ -83,7 +84,9 @@ int main(int argc, char** argv) {
   }
   const int code = [&]() -> int {
     try {
-      auto comm = dpt::make_mpi_communicator();
+      // Bounded from the start (its set-up and the flags' all-reduce below): a rank stopped just
+      // after MPI_Init held the others in them for ever, the run's --timeout not yet set.
+      auto comm = dpt::make_mpi_communicator(early_timeout);
       // Flags may differ per rank (an MPMD line, a stale job script): a flag error or --help on any
       // rank ends every rank here, before the pre-flight's first collective, where the others would
       // wait for it for ever. The lowest such rank prints it (rank 0 when all were given the same).

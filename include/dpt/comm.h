@@ -117,8 +117,10 @@ uint64_t checksum(const void* data, size_t bytes, uint64_t seed = 14695981039346
 // out of range", exit 3). Bulk data goes otherwise (predict's rows: infer.cc's RowsWriter).
 std::vector<std::string> allgather_text(Communicator& comm, const std::string& mine);
 
-// MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD.
-std::unique_ptr<Communicator> make_mpi_communicator();
+// MPI must be initialised (see bootstrap.h). Wraps a duplicate of MPI_COMM_WORLD, whose collectives
+// and whose own set-up (collective too) are bounded by `timeout` seconds (0: no bound; the run
+// sets its --timeout again once the flags are read).
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout = 0);
 // A communicator of this process alone (MPI_COMM_SELF): single-replica reference runs in tests.
 std::unique_ptr<Communicator> make_mpi_self_communicator();
 

@@ -162,7 +162,18 @@ class MpiRequest : public Request {
 
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm parent) {
+  // `timeout`: the communicator's --timeout, which also bounds its own set-up (below).
+  MpiCommunicator(MPI_Comm parent, double timeout) : timeout_(timeout) {
+    // The set-up's calls block in MPI (two duplicates and an all-gather, collective over every
+    // rank), where no polled request reaches them: a rank stopped or cut off just before them (just
+    // after MPI_Init, when main makes its communicator) held every other rank there for ever,
+    // whatever --timeout said. A watchdog bounds them as MPI_Init's does.
+    Watchdog watch(timeout, static_cast<int>(ErrorKind::kInternal), [timeout] {
+      log_error(DPT_MSG("the set-up of a communicator (MPI_Comm_dup and an all-gather of the host "
+                        << "names, over every rank) did not complete within --timeout " << timeout
+                        << " s: another rank has not reached it (stopped, dead or unreachable); "
+                        << "ending this rank with exit code 3 (--timeout 0 waits without limit)"));
+    });
     MPI_CHECK(MPI_Comm_dup(parent, &comm_));
     MPI_CHECK(MPI_Comm_dup(parent, &health_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -191,9 +202,7 @@ class MpiCommunicator : public Communicator {
   int size() const override { return size_; }
   const std::string& host() const override { return host_; }
   std::unique_ptr<Communicator> duplicate() const override {
-    auto c = std::make_unique<MpiCommunicator>(comm_);
-    c->set_timeout(timeout_);
-    return c;
+    return std::make_unique<MpiCommunicator>(comm_, timeout_);
   }
   void set_timeout(double seconds) override { timeout_ = seconds; }
   double timeout() const override { return timeout_; }
@@ -317,7 +326,7 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   std::string host_;
   std::vector<std::string> hosts_;  // every rank's host, by rank in comm_
-  double timeout_ = 0;
+  double timeout_;
 };
 
 }  // namespace
@@ -348,12 +357,12 @@ std::vector<std::string> allgather_text(Communicator& comm, const std::string& m
   return out;
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator() {
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout) {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, timeout);
 }
 
 std::unique_ptr<Communicator> make_mpi_self_communicator() {
-  return std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_SELF, 0);
 }
 
 // ---- bootstrap ---------------------------------------------------------------------------------
@@ -474,9 +483,22 @@ MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_.rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_.size));
+  // The split is collective over every rank and blocks in MPI: a rank stopped just after MPI_Init
+  // held every other rank here for ever. Bounded as MPI_Init is.
+  Watchdog split_watch(init_seconds, static_cast<int>(ErrorKind::kInternal), [init_seconds, this] {
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    std::fprintf(stderr,
+                 "[rank %d@%s] error: the ranks' first collective after MPI_Init (grouping them by "
+                 "host) did not complete within --timeout %g s: another rank has not reached it "
+                 "(stopped or killed just after MPI_Init, or its host unreachable); ending this "
+                 "rank with exit code 3 (--timeout 0 waits without limit)\n",
+                 world_.rank, host, init_seconds);
+  });
   MPI_Comm local;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_.rank, MPI_INFO_NULL,
                                 &local));
+  split_watch.done();
   MPI_CHECK(MPI_Comm_rank(local, &world_.local_rank));
   MPI_CHECK(MPI_Comm_size(local, &world_.local_size));
   MPI_Comm_free(&local);

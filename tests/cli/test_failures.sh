@@ -3,7 +3,8 @@
 # --timeout plus a few seconds with a message naming the lagging rank; a rank killed with
 # SIGKILL ends the job; SIGTERM stops every rank cleanly at an agreed step after writing a
 # checkpoint, and resuming from it ends bit for bit where an uninterrupted run ends; during the
-# start-up (a peer stopped before MPI_Init) it ends the job at once.
+# start-up (a peer stopped before MPI_Init) it ends the job at once. A rank stopped in MPI_Init,
+# just after it, or in MPI_Finalize is bounded by --timeout too.
 # Usage: test_failures.sh path/to/dptrain
 set -uo pipefail
 bin=$(realpath "$1")
@@ -116,6 +117,58 @@ EOF2
   fi
 else
   echo "skipped: no mpicc to build the preloaded MPI_Finalize"
+fi
+
+echo "== rank 1 stopped just after MPI_Init, at each blocking step before the run's collectives (--timeout 2)"
+# Between MPI_Init and the first polled collective, the ranks met in calls that block in MPI (the
+# split by host, the communicator's duplicates and host all-gather) and in the flags' all-reduce,
+# which ran before --timeout was set: rank 1 stopped at any of them held rank 0 there for ever.
+# Each must end the job within --timeout, rank 0 saying where, with exit 3.
+if command -v mpicc >/dev/null; then
+  cat > "$tmp/stop_at.c" <<'EOF2'
+#include <mpi.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+/* Stops rank STOP_RANK at STOP_AT: after MPI_Init, before its first MPI_Comm_dup or Iallreduce. */
+static void stop_if(const char *at) {
+  const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *stop = getenv("STOP_RANK");
+  const char *where = getenv("STOP_AT");
+  if (rank && stop && where && !strcmp(rank, stop) && !strcmp(where, at)) raise(SIGSTOP);
+}
+int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
+  int rc = PMPI_Init_thread(argc, argv, required, provided);
+  stop_if("init");
+  return rc;
+}
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *out) {
+  stop_if("dup");
+  return PMPI_Comm_dup(comm, out);
+}
+int MPI_Iallreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                   MPI_Request *q) {
+  stop_if("allreduce");
+  return PMPI_Iallreduce(s, r, n, t, op, c, q);
+}
+EOF2
+  if mpicc -shared -fPIC -o "$tmp/stop_at.so" "$tmp/stop_at.c" 2> "$tmp/cc.err"; then
+    for at in "init:first collective after MPI_Init (grouping them by host) did not complete within --timeout 2 s" \
+      "dup:the set-up of a communicator (MPI_Comm_dup and an all-gather of the host names, over every rank) did not complete within --timeout 2 s" \
+      "allreduce:all-reduce of the flag errors did not complete within --timeout 2 s on rank 0: rank(s) 1 did not answer"; do
+      "${mpi[@]}" -x LD_PRELOAD="$tmp/stop_at.so" -x STOP_RANK=1 -x STOP_AT="${at%%:*}" "$bin" \
+        "${common[@]}" --epochs 1 --max-steps 3 --timeout 2 > "$tmp/out" 2>&1 &
+      job=$!
+      finish 30
+      [[ $rc -eq 3 ]] || fail "rank 1 stopped at ${at%%:*}: exit $rc, want 3 (124: still running after 30 s)"
+      grep -q "rank 0@.*${at#*:}" "$tmp/out" ||
+        fail "rank 1 stopped at ${at%%:*}: rank 0 did not say where it waited: $(grep -m1 error "$tmp/out")"
+      echo "rank 1 stopped at ${at%%:*}: rc $rc after ${elapsed}s"
+    done
+  else
+    echo "skipped: mpicc cannot build the preloaded stops ($(head -1 "$tmp/cc.err"))"
+  fi
+else
+  echo "skipped: no mpicc to build the preloaded stops"
 fi
 
 echo "== rank 1 stopped before MPI_Init (--timeout 3)"
