@@ -1,11 +1,12 @@
 // The command-line flags, one table (src/train/flags.cc): each flag's name, --help group and
 // text, the TrainConfig field it sets and how, its default, its JSON name and what the ranks (and a
 // resumed run) must agree on. The parser, TrainConfig::to_json, agreed_values and
-// may_change_on_resume all read it: adding a flag is a TrainConfig field and one entry (and a
-// check in validate_config when it has a range).
+// may_change_on_resume all read it: adding a flag is a TrainConfig field and one entry (an
+// integer's range in the entry, anything else in validate_config).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -82,9 +83,17 @@ struct Flag {
   // '-', holding `field` (or `format` for kCustom); the field; the agreed name.
   std::vector<JsonValue> json = {};
   unsigned commands = kCommandTrain;
+  // An integer flag's range (each item's, for a list): [min, max], max the field type's largest
+  // when unset; no check when both are unset. The parser refuses a value past the type's range
+  // with this range (not the type's, "from -2147483648"), validate_config one inside it.
+  std::optional<int64_t> min = std::nullopt, max = std::nullopt;
 };
 
 // Every flag, in --help's order within each group.
 const std::vector<Flag>& flags();
+
+// validate_config's check of every integer flag with a range (Flag::min, max): the first value
+// outside it is an input error, worded as the parser's for a value past the field's type.
+void check_flag_ranges(const TrainConfig& cfg);
 
 }  // namespace dpt

@@ -13,6 +13,7 @@
 #include "dpt/dataset.h"
 #include "dpt/error.h"
 #include "dpt/files.h"
+#include "dpt/flags.h"
 #include "dpt/log.h"
 #include "dpt/models.h"
 #include "dpt/poll.h"
@@ -119,7 +120,6 @@ void validate_config(const TrainConfig& c, int world) {
     DPT_INPUT_CHECK(!c.load.empty(), "dptrain " << c.command << " needs --load FILE (a --save)");
     DPT_INPUT_CHECK(c.command != "predict" || !c.output.empty(),
                     "dptrain predict needs --output FILE (the CSV it writes)");
-    DPT_INPUT_CHECK(c.top_k >= 1, "--top-k must be >= 1, got " << c.top_k);
     DPT_INPUT_CHECK(c.output.empty() || c.metrics.empty() || !same_file(c.output, c.metrics),
                     "--output " << c.output << " is the --metrics file: choose another file");
   }
@@ -137,8 +137,9 @@ void validate_config(const TrainConfig& c, int world) {
       "--save " << c.save << " names the checkpoint being resumed (--resume): choose another file");
   (void)model_spec(c.model);  // names the flag and the models when it is none of them
   check_model_options(c.model, {c.stem, c.zero_init_residual});
-  DPT_INPUT_CHECK(c.epochs >= 1, "--epochs must be >= 1, got " << c.epochs);
-  DPT_INPUT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got " << c.batch_size);
+  // Every integer flag's range, from its entry in the flag table (--epochs, --batch-size, --top-k,
+  // ...), worded as the parser words a value past the field's type.
+  check_flag_ranges(c);
   // 0 is accepted, as torch.optim.SGD and AdamW accept lr=0: the steps run (BatchNorm's running
   // statistics move, the momentum and moments fill) and no parameter changes (p - 0 x d = p). No
   // step divides by the rate: the warm-up, the schedules and --scale-lr only multiply it.
@@ -193,8 +194,6 @@ void validate_config(const TrainConfig& c, int world) {
   DPT_INPUT_CHECK(
       c.step_epochs.empty() || c.schedule == "step",
       "--step-epochs applies to --schedule step (the schedule is " << c.schedule << ")");
-  for (int e : c.step_epochs)
-    DPT_INPUT_CHECK(e >= 1, "--step-epochs: each epoch must be >= 1, got " << e);
   DPT_INPUT_CHECK(c.step_gamma > 0, "--step-gamma must be > 0, got " << c.step_gamma);
   DPT_INPUT_CHECK(c.init == "kaiming" || c.init == "d2l",
                   "--init: '" << c.init << "' is not kaiming|d2l");
@@ -215,25 +214,15 @@ void validate_config(const TrainConfig& c, int world) {
   (void)resolve_normalize(c.normalize,
                           nullptr);  // the syntax; the channel count once the data is read
   (void)parse_augment(c.augment, 0, 0);
-  DPT_INPUT_CHECK(c.threads >= 1 && c.threads <= 1024,
-                  "--threads must be in 1..1024, got " << c.threads);
-  DPT_INPUT_CHECK(c.max_steps >= 0, "--max-steps must be >= 0, got " << c.max_steps);
-  DPT_INPUT_CHECK(c.eval_batch_size >= 1,
-                  "--eval-batch-size must be >= 1, got " << c.eval_batch_size);
-  DPT_INPUT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0, got " << c.eval_every);
   DPT_INPUT_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0,
                   "--bucket-mb must be > 0, got " << c.bucket_mb);
   (void)grad_wire_dtype(c.grad_dtype);  // names the flag and the value when it is none of the three
   DPT_INPUT_CHECK(std::isfinite(c.last_bucket_mb) && c.last_bucket_mb >= 0,
                   "--last-bucket-mb must be >= 0, got " << c.last_bucket_mb);
-  DPT_INPUT_CHECK(c.accum_steps >= 1, "--accum-steps must be >= 1, got " << c.accum_steps);
   DPT_INPUT_CHECK(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
                   "--clip-grad-norm must be >= 0 (0 = off), got " << c.clip_grad_norm);
   DPT_INPUT_CHECK(c.nonfinite == "stop" || c.nonfinite == "skip",
                   "--nonfinite must be stop or skip, got '" << c.nonfinite << "'");
-  DPT_INPUT_CHECK(c.nonfinite_max_skips >= 0,
-                  "--nonfinite-max-skips must be >= 0, got " << c.nonfinite_max_skips);
-  DPT_INPUT_CHECK(c.verify_every >= 0, "--verify-every must be >= 0, got " << c.verify_every);
   DPT_INPUT_CHECK(c.timeout >= 0, "--timeout must be >= 0, got " << c.timeout);
   // Longer waits are no use, and the clock's deadlines overflow past ~9e9 s (poll.h).
   DPT_INPUT_CHECK(c.timeout <= kMaxTimeoutSeconds,
@@ -241,14 +230,11 @@ void validate_config(const TrainConfig& c, int world) {
                                << kMaxTimeoutSeconds << " s (115 days): use 0 for no limit");
   DPT_INPUT_CHECK(c.checkpoint_every >= 0,
                   "--checkpoint-every must be >= 0, got " << c.checkpoint_every);
-  DPT_INPUT_CHECK(c.keep_checkpoints >= 0,
-                  "--keep-checkpoints must be >= 0, got " << c.keep_checkpoints);
   DPT_INPUT_CHECK(!c.checkpoint_path.empty(), "--checkpoint-path must not be empty");
   // Here, not only where the level is set: under --quiet it is never read, and a typo passed.
   (void)parse_log_level(c.log_level);
   DPT_INPUT_CHECK(c.progress == "auto" || c.progress == "on" || c.progress == "off",
                   "--progress: '" << c.progress << "' is not auto|on|off");
-  DPT_INPUT_CHECK(c.metrics_every >= 0, "--metrics-every must be >= 0, got " << c.metrics_every);
   DPT_INPUT_CHECK(c.trace_begin >= 0 && c.trace_end > c.trace_begin,
                   "--trace-steps: need 0 <= A < B, got " << c.trace_begin << ":" << c.trace_end);
   // Only training steps split a batch: evaluation splits the test set at any world size.

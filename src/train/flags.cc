@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cxxopts.hpp>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <type_traits>
+#include <utility>
 
 #include "dpt/dataset.h"
 #include "dpt/error.h"
@@ -123,12 +125,14 @@ std::vector<Flag> flag_table() {
        .group = model,
        .help = "Training epochs",
        .field = &C::epochs,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .min = 1},
       {.name = "batch-size",
        .group = model,
        .help = "Global batch size (split evenly over ranks)",
        .field = &C::batch_size,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .min = 1},
       // Before --lr: it gives --lr's default, so a difference in it is named first.
       {.name = "optimizer",
        .group = model,
@@ -208,7 +212,8 @@ std::vector<Flag> flag_table() {
                "e.g. 5,8 (refused under other schedules)",
        .field = &C::step_epochs,
        .agreement = A::kFixed,
-       .from = Default::kNone},
+       .from = Default::kNone,
+       .min = 1},
       {.name = "step-gamma",
        .group = model,
        .help = "Factor of schedule=step",
@@ -325,23 +330,28 @@ std::vector<Flag> flag_table() {
        .group = data,
        .help = "Compute threads per rank",
        .field = &C::threads,
-       .commands = kCommandAny},
+       .commands = kCommandAny,
+       .min = 1,
+       .max = 1024},
       {.name = "max-steps",
        .group = data,
        .help = "At most N training steps per epoch (0 = all)",
        .field = &C::max_steps,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .min = 0},
       {.name = "eval-batch-size",
        .group = data,
        .help = "Batch size of evaluation",
        .field = &C::eval_batch_size,
        .agreement = A::kResumable,
-       .commands = kCommandAny},
+       .commands = kCommandAny,
+       .min = 1},
       {.name = "eval-every",
        .group = data,
        .help = "Evaluate every N epochs and after the last one (0 = never: speed runs)",
        .field = &C::eval_every,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .min = 0},
 
       // Data parallelism: the buckets decide the collectives every rank issues.
       {.name = "bucket-mb",
@@ -372,7 +382,8 @@ std::vector<Flag> flag_table() {
        .group = parallel,
        .help = "Gradient accumulation micro-steps per optimizer step",
        .field = &C::accum_steps,
-       .agreement = A::kFixed},
+       .agreement = A::kFixed,
+       .min = 1},
       {.name = "sync-bn",
        .group = parallel,
        .help = "Share BatchNorm batch statistics across ranks",
@@ -396,12 +407,14 @@ std::vector<Flag> flag_table() {
        .group = parallel,
        .help = "With --nonfinite skip: stop at the step that would skip more than N in all",
        .field = &C::nonfinite_max_skips,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .min = 0},
       {.name = "verify-every",
        .group = parallel,
        .help = "Compare parameter checksums across ranks every N steps (0 = never)",
        .field = &C::verify_every,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .min = 0},
       {.name = "timeout",
        .group = parallel,
        .help = "Seconds a collective may take before every rank stops (0 = never; at most 1e7)",
@@ -443,7 +456,8 @@ std::vector<Flag> flag_table() {
        .group = output,
        .help = "Name checkpoints by their step beside --checkpoint-path (stem.stepN.ext) and keep "
                "the newest K (0 = one file at --checkpoint-path, replaced each time)",
-       .field = &C::keep_checkpoints},
+       .field = &C::keep_checkpoints,
+       .min = 0},
       {.name = "checkpoint-path",
        .group = output,
        .help = "Where training checkpoints go (replaced atomically each time)",
@@ -488,7 +502,8 @@ std::vector<Flag> flag_table() {
        .help = "Classes per image in --output (capped at the class count)",
        .field = &C::top_k,
        .agreement = A::kResumable,
-       .commands = kCommandPredict},
+       .commands = kCommandPredict,
+       .min = 1},
       {.name = "allow-config-change",
        .group = output,
        .help = "Let --resume continue with training settings other than the checkpoint's "
@@ -500,7 +515,8 @@ std::vector<Flag> flag_table() {
        .group = output,
        .help = "Also write a per-step record to --metrics every N steps (0 = never)",
        .field = &C::metrics_every,
-       .agreement = A::kResumable},
+       .agreement = A::kResumable,
+       .min = 0},
       {.name = "report",
        .group = output,
        .help = "Learning-curve SVG, rewritten after every epoch (open it in a browser)",
@@ -592,11 +608,48 @@ struct ListItem<std::vector<T>> {
 template <typename T>
 constexpr bool is_number_list = is_number<typename ListItem<T>::type>;
 
-// `text` as a number of T, or an input error naming the flag and the value and saying why.
+// An integer flag's range, Flag::min and max with the field's type's limits for what the entry
+// leaves unset; nullopt for a flag without one.
 template <typename T>
-T number(const std::string& flag, const std::string& text) {
+std::optional<std::pair<int64_t, int64_t>> range_of(const Flag& f) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!f.min && !f.max) return std::nullopt;
+    constexpr auto type_max = std::numeric_limits<T>::max();
+    const int64_t most = type_max > std::numeric_limits<int64_t>::max()
+                             ? std::numeric_limits<int64_t>::max()
+                             : static_cast<int64_t>(type_max);
+    return std::pair<int64_t, int64_t>{f.min.value_or(std::numeric_limits<T>::min()),
+                                       f.max.value_or(most)};
+  } else {
+    return std::nullopt;
+  }
+}
+
+// The refusal of an integer flag's value outside its range, the value as typed: one wording for a
+// value its field's type holds (validate_config) and one it does not (the parser).
+Error out_of_range(const Flag& f, std::pair<int64_t, int64_t> range, const std::string& value,
+                   bool list_item) {
+  return Error(ErrorKind::kInput, "--" + f.name + (list_item ? ": each item" : "") +
+                                      " must be between " + std::to_string(range.first) + " and " +
+                                      std::to_string(range.second) + ", got " + printable(value));
+}
+
+// A whole number past T's range (`why`) typed for a flag with a range (`f`, none when null) is
+// refused with that range.
+template <typename T>
+void refuse_past_range(const Flag* f, NumberError why, const std::string& text, bool list_item) {
+  if (f && why == NumberError::kTooLarge)
+    if (const auto range = range_of<T>(*f)) throw out_of_range(*f, *range, text, list_item);
+}
+
+// `text` as a number of T, or an input error naming the flag and the value and saying why: for a
+// whole number past T's range, the flag's own range when it has one (`f`).
+template <typename T>
+T number(const std::string& flag, const std::string& text, const Flag* f = nullptr,
+         bool list_item = false) {
   NumberError why = NumberError::kNone;
   if (const std::optional<T> v = read_number<T>(text, &why)) return *v;
+  refuse_past_range<T>(f, why, text, list_item);
   throw Error(ErrorKind::kInput, flag + ": '" + printable(text) + "' " + number_error_text<T>(why) +
                                      (std::is_floating_point_v<T> && why == NumberError::kSyntax &&
                                               text.find(',') != std::string::npos
@@ -617,7 +670,7 @@ Error bad_list_item(const std::string& flag, const std::string& given, const std
 // every occurrence of the flag is read (a scalar's last one wins, as cxxopts' did; a list's items
 // are appended in order, as cxxopts appended them), the default's text when none is given.
 template <typename T>
-T flag(const cxxopts::ParseResult& r, const std::string& name) {
+T flag(const cxxopts::ParseResult& r, const std::string& name, const Flag* f = nullptr) {
   if constexpr (is_number<T> || is_number_list<T>) {
     T out{};
     bool given = false;
@@ -625,19 +678,20 @@ T flag(const cxxopts::ParseResult& r, const std::string& name) {
       if (arg.key() != name) continue;
       given = true;
       if constexpr (is_number<T>) {
-        out = number<T>("--" + name, arg.value());
+        out = number<T>("--" + name, arg.value(), f);
       } else {
         using Item = typename ListItem<T>::type;
         // An empty item is refused wherever it stands ("1,,2", ",1", and "1,2,", whose last item
         // cxxopts dropped), and the empty value is one empty item here.
         const std::vector<std::string> items = split_list(arg.value(), ',');
         if (items.size() <= 1) {
-          out.push_back(number<Item>("--" + name, arg.value()));
+          out.push_back(number<Item>("--" + name, arg.value(), f, true));
           continue;
         }
         for (const std::string& item : items) {
           NumberError why = NumberError::kNone;
           const std::optional<Item> v = read_number<Item>(item, &why);
+          if (!v) refuse_past_range<Item>(f, why, item, true);
           if (!v)
             throw bad_list_item("--" + name, arg.value(), item,
                                 item.empty() ? "" : number_error_text<Item>(why));
@@ -646,7 +700,7 @@ T flag(const cxxopts::ParseResult& r, const std::string& name) {
       }
     }
     if constexpr (is_number<T>)
-      if (!given) out = number<T>("--" + name, r[name].as<std::string>());  // the default's text
+      if (!given) out = number<T>("--" + name, r[name].as<std::string>(), f);  // the default's text
     return out;
   } else {
     try {
@@ -708,7 +762,7 @@ void assign(const Flag& f, const cxxopts::ParseResult& r, TrainConfig* cfg) {
       std::visit(
           [&](auto m) {
             if constexpr (is_field<decltype(m)>)
-              cfg->*m = flag<std::remove_cvref_t<decltype(cfg->*m)>>(r, f.name);
+              cfg->*m = flag<std::remove_cvref_t<decltype(cfg->*m)>>(r, f.name, &f);
           },
           f.field);
       return;
@@ -774,6 +828,29 @@ bool has_list_item(const std::string& list, const std::string& item) {
 }
 
 }  // namespace
+
+void check_flag_ranges(const TrainConfig& cfg) {
+  for (const Flag& f : flags()) {
+    std::visit(
+        [&](auto m) {
+          if constexpr (is_field<decltype(m)>) {
+            using T = std::remove_cvref_t<decltype(cfg.*m)>;
+            const auto check = [&](auto v) {
+              if constexpr (std::is_integral_v<decltype(v)>) {
+                const auto range = range_of<decltype(v)>(f);
+                if (range && (std::cmp_less(v, range->first) || std::cmp_greater(v, range->second)))
+                  throw out_of_range(f, *range, std::to_string(v), is_number_list<T>);
+              }
+            };
+            if constexpr (is_number_list<T>)
+              for (const auto v : cfg.*m) check(v);
+            else if constexpr (is_number<T>)
+              check(cfg.*m);
+          }
+        },
+        f.field);
+  }
+}
 
 unsigned command_bit(const std::string& command) {
   return command == "train"      ? kCommandTrain

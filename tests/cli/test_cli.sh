@@ -10,10 +10,15 @@ data=/usr/share/datasets/fashion-mnist
 EXPECT_TIMEOUT=60
 
 # Flags.
-expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size 0
-expect 2 "--batch-size must be >= 1" -- "$bin" --batch-size -3
+expect 2 "--batch-size must be between 1 and 9223372036854775807, got 0" -- "$bin" --batch-size 0
+expect 2 "--batch-size must be between 1 and 9223372036854775807, got -3" -- "$bin" --batch-size -3
 expect 2 "--lr must be >= 0, got -0.1" -- "$bin" --lr -0.1
-expect 2 "--epochs must be >= 1" -- "$bin" --epochs 0
+expect 2 "--epochs must be between 1 and 2147483647, got 0" -- "$bin" --epochs 0
+# Past an int's range, the flag's own range and the value typed (it said "a whole number from
+# -2147483648 to 2147483647").
+expect 2 "--epochs must be between 1 and 2147483647, got 3000000000" -- "$bin" --epochs 3000000000
+expect 2 "--top-k must be between 1 and 2147483647, got -3000000000" -- \
+  "$bin" predict --load m.st --output p.csv --top-k -3000000000
 expect 2 "--bucket-mb must be > 0" -- "$bin" --bucket-mb 0
 expect 2 "--model: unknown model 'vgg'" -- "$bin" --model vgg
 expect 2 "bogus" -- "$bin" --bogus
@@ -23,7 +28,7 @@ expect 0 "--bucket-mb" -- "$bin" --help
 # A --timeout past the clock's range failed every multi-rank run's first all-reduce at once.
 expect 2 "--timeout 1e+10 is above the maximum of 10000000 s (115 days): use 0 for no limit" -- \
   "${mpi[@]}" -np 2 "$bin" --data synthetic:28x28x1:512:10 --epochs 1 --max-steps 2 --batch-size 64 --timeout 1e10
-expect 2 "--step-epochs: each epoch must be >= 1, got -1" -- "$bin" --schedule step --step-epochs -1,0,100 --epochs 3
+expect 2 "--step-epochs: each item must be between 1 and 2147483647, got -1" -- "$bin" --schedule step --step-epochs -1,0,100 --epochs 3
 expect 2 "--step-epochs applies to --schedule step" -- "$bin" --step-epochs 2
 expect 2 "--warmup-epochs 1e+308 is longer than the run" -- "$bin" --warmup-epochs 1e308 --epochs 3
 expect 2 "--log-level: 'trace' is not one of" -- "$bin" --log-level trace --quiet

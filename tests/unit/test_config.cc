@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <variant>
 
 #include "dpt/config.h"
 #include "dpt/dataset.h"
@@ -291,9 +292,9 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
       {{"--timeout", "-1"}, "--timeout must be >= 0"},
       // Milestones count completed epochs: 0 or less would only lower the starting rate.
       {{"--schedule", "step", "--step-epochs", "-1,0,100", "--epochs", "3"},
-       "--step-epochs: each epoch must be >= 1, got -1"},
+       "--step-epochs: each item must be between 1 and 2147483647, got -1"},
       {{"--schedule", "step", "--step-epochs", "2,0"},
-       "--step-epochs: each epoch must be >= 1, got 0"},
+       "--step-epochs: each item must be between 1 and 2147483647, got 0"},
       // Milestones are ignored by any other schedule: given there, they are refused.
       {{"--step-epochs", "2"}, "--step-epochs applies to --schedule step (the schedule is cosine)"},
       {{"--recipe", "d2l", "--step-epochs", "2"}, "(the schedule is constant)"},
@@ -323,9 +324,22 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
        "--step-epochs: '1,2,' has the item '', which is not a valid value"},
       {{"--schedule", "step", "--step-epochs=1,2,"},
        "--step-epochs: '1,2,' has the item '', which is not a valid value"},
+      // Past the field's type, the flag's own range (not the type's, "from -2147483648"), as
+      // inside it.
       {{"--schedule", "step", "--step-epochs", "99999999999"},
-       "--step-epochs: '99999999999' is out of range (a whole number from -2147483648 to "
-       "2147483647)"},
+       "--step-epochs: each item must be between 1 and 2147483647, got 99999999999"},
+      {{"--schedule", "step", "--step-epochs", "2,-99999999999"},
+       "--step-epochs: each item must be between 1 and 2147483647, got -99999999999"},
+      {{"--epochs", "3000000000"}, "--epochs must be between 1 and 2147483647, got 3000000000"},
+      {{"--epochs", "-3000000000"}, "--epochs must be between 1 and 2147483647, got -3000000000"},
+      {{"--epochs", "0"}, "--epochs must be between 1 and 2147483647, got 0"},
+      {{"--threads", "3000000000"}, "--threads must be between 1 and 1024, got 3000000000"},
+      {{"--threads", "1025"}, "--threads must be between 1 and 1024, got 1025"},
+      {{"--max-steps", "-1"}, "--max-steps must be between 0 and 9223372036854775807, got -1"},
+      {{"--max-steps", "9223372036854775808"},
+       "--max-steps must be between 0 and 9223372036854775807, got 9223372036854775808"},
+      {{"--keep-checkpoints", "2147483648"},
+       "--keep-checkpoints must be between 0 and 2147483647, got 2147483648"},
       {{"--schedule", "step", "--step-epochs", "2,0x3"},
        "--step-epochs: '2,0x3' has the item '0x3', which is not a valid value: it is not a whole "
        "number"},
@@ -346,6 +360,52 @@ TEST(Config, BadValuesAreInputErrorsNamingTheFlag) {
 }
 
 // The edges each refusal above leaves open: each accepted.
+// Every integer flag with a range in the table: its bounds are taken, one past either refused,
+// and a value past its field's type refused in the same words (the flag's range, not the type's
+// "from -2147483648"), naming the flag and the value typed.
+TEST(Config, EveryIntegerFlagStatesItsOwnRange) {
+  int checked = 0;
+  for (const Flag& f : flags()) {
+    if (!f.min && !f.max) continue;
+    const bool list = std::holds_alternative<std::vector<int> TrainConfig::*>(f.field);
+    const bool wide = std::holds_alternative<int64_t TrainConfig::*>(f.field);
+    ASSERT_TRUE(list || wide || std::holds_alternative<int TrainConfig::*>(f.field)) << f.name;
+    const int64_t type_max =
+        wide ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int>::max();
+    const int64_t lo = f.min.value_or(wide ? std::numeric_limits<int64_t>::min()
+                                           : std::numeric_limits<int>::min());
+    const int64_t hi = f.max.value_or(type_max);
+    // The flag in its command (--top-k is predict's), under the schedule a list of epochs needs.
+    const auto args = [&](const std::string& value) {
+      std::vector<std::string> a;
+      if (!(f.commands & kCommandTrain)) a = {"predict", "--load", "m.st", "--output", "p.csv"};
+      if (f.name == "step-epochs") a.insert(a.end(), {"--schedule", "step"});
+      a.insert(a.end(), {"--" + f.name, value});
+      return a;
+    };
+    const std::string words = "--" + f.name + (list ? ": each item" : "") + " must be between " +
+                              std::to_string(lo) + " and " + std::to_string(hi) + ", got ";
+    std::string msg;
+    for (const int64_t ok : {lo, hi}) {
+      // --epochs at its maximum needs the warm-up it is compared with to stay below it: fine.
+      EXPECT_EQ(input_error_of(args(std::to_string(ok)), &msg), 0) << f.name << " " << ok << msg;
+    }
+    std::vector<std::string> refused = {
+        // Past the type: 10^30 has more digits than any int64.
+        "1000000000000000000000000000000", "-1000000000000000000000000000000"};
+    if (lo > std::numeric_limits<int64_t>::min()) refused.push_back(std::to_string(lo - 1));
+    if (hi < type_max) refused.push_back(std::to_string(hi + 1));
+    for (const std::string& bad : refused) {
+      EXPECT_EQ(input_error_of(args(bad), &msg), 2) << f.name << " " << bad;
+      EXPECT_EQ(msg, words + bad) << f.name;
+    }
+    ++checked;
+  }
+  // epochs, batch-size, step-epochs, threads, max-steps, eval-batch-size, eval-every,
+  // accum-steps, nonfinite-max-skips, verify-every, keep-checkpoints, top-k, metrics-every.
+  EXPECT_EQ(checked, 13);
+}
+
 TEST(Config, ScheduleLogAndTimeoutEdgesAreAccepted) {
   const std::vector<std::vector<std::string>> accepted = {
       {"--timeout", "0"},         // no limit
@@ -536,7 +596,7 @@ TEST(Config, EveryFlagReadsNumbersAsDecimalOnly) {
       {{"--epochs", " 3"}, "--epochs: ' 3' is not a whole number"},
       {{"--epochs", "3 "}, "--epochs: '3 ' is not a whole number"},
       {{"--epochs", "1.5"}, "--epochs: '1.5' is not a whole number"},
-      {{"--epochs", "99999999999"}, "--epochs: '99999999999' is out of range"},
+      {{"--epochs", "99999999999"}, "--epochs must be between 1 and 2147483647, got 99999999999"},
       {{"--batch-size", "0x100"}, "--batch-size: '0x100' is not a whole number"},
       {{"--seed", "0x10"}, "--seed: '0x10' is not a whole number (decimal digits)"},
       {{"--seed", "-1"}, "--seed: '-1' is not a whole number (decimal digits)"},
@@ -937,7 +997,12 @@ TEST(Flags, EachCommandTakesItsOwnFlags) {
   EXPECT_NE(msg.find("needs --output"), std::string::npos) << msg;
   EXPECT_EQ(input_error_of({"predict", "--load", "m.st", "--output", "p", "--top-k", "0"}, &msg),
             2);
-  EXPECT_NE(msg.find("--top-k must be >= 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--top-k must be between 1 and 2147483647, got 0"), std::string::npos) << msg;
+  EXPECT_EQ(
+      input_error_of({"predict", "--load", "m.st", "--output", "p", "--top-k", "3000000000"}, &msg),
+      2);
+  EXPECT_NE(msg.find("--top-k must be between 1 and 2147483647, got 3000000000"), std::string::npos)
+      << msg;
   // Evaluation takes no training batch: any world size.
   EXPECT_EQ(input_error_of({"evaluate", "--load", "m.st"}, &msg, 3), 0) << msg;
   EXPECT_EQ(input_error_of({"--init-from", "a.st", "--resume", "b.st"}, &msg), 2);
