@@ -72,6 +72,12 @@ void prepare_singleton_launcher();
 // or Slurm's variable (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID), else "?".
 std::string launcher_rank();
 
+// Why this process is a job of one rank although it runs in a Slurm allocation of several tasks
+// (SLURM_JOB_ID, SLURM_NTASKS > 1), started there by hand rather than by srun or mpirun (no
+// SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK), and how to start it as the
+// allocation's ranks; "" otherwise (srun's and mpirun's ranks, a run outside Slurm).
+std::string alone_in_slurm_allocation();
+
 // The MPI library's own version line (MPI_Get_library_version, callable before MPI starts), e.g.
 // "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022".
 std::string mpi_library_version();

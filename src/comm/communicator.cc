@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "dpt/half.h"
 #include "dpt/log.h"
 #include "dpt/poll.h"
+#include "dpt/text.h"
 #include "dpt/watchdog.h"
 
 namespace dpt {
@@ -444,21 +446,50 @@ std::string launcher_rank() {
 }
 
 namespace {
+const char* env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
 // The number of processes the launcher started, from its environment; "" without one (dptrain run
-// alone: a singleton).
+// alone: a singleton). SLURM_NTASKS is the allocation's, in every process of it: it counts the
+// ranks only in a step srun started (SLURM_STEP_ID), not in a salloc shell or a batch script.
 std::string launcher_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"})
     if (const char* n = std::getenv(v); n && *n) return n;
+  if (*env_or_empty("SLURM_STEP_ID")) return env_or_empty("SLURM_NTASKS");
   return "";
 }
 }  // namespace
+
+std::string alone_in_slurm_allocation() {
+  // srun sets SLURM_STEP_ID in every task it starts (and PMIX_RANK with --mpi=pmix), mpirun
+  // OMPI_COMM_WORLD_SIZE; a salloc shell and a batch script have SLURM_JOB_ID and the allocation's
+  // SLURM_NTASKS only. A process started there by hand is an MPI singleton: a job of its own.
+  const std::string job = env_or_empty("SLURM_JOB_ID"), tasks = env_or_empty("SLURM_NTASKS");
+  const std::optional<long> n = read_number<long>(tasks);
+  if (job.empty() || !n || *n < 2 || *env_or_empty("SLURM_STEP_ID") ||
+      *env_or_empty("OMPI_COMM_WORLD_SIZE") || *env_or_empty("PMIX_RANK") ||
+      *env_or_empty("PMI_RANK"))
+    return "";
+  return DPT_MSG("this process was started inside Slurm job "
+                 << printable(job) << ", an allocation of " << *n
+                 << " tasks (SLURM_NTASKS), but not by srun (no SLURM_STEP_ID) nor by mpirun, so "
+                 << "it runs alone, a job of one rank, and the allocation's other tasks idle; to "
+                 << "run them as ranks, start it with srun --mpi=pmix build/dptrain ..., submit "
+                 << "sbatch launch/slurm/dptrain.sbatch ..., or run launch/mpirun.sh -np " << *n
+                 << " build/dptrain ...");
+}
 
 MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   int provided = 0;
   // Before MPI_Init no rank prefix is set: the message names the launcher's rank and the host. A
   // job of one process has no other rank to wait for: there the time ran out in MPI's own start-up
   // (--timeout 0.001 was blamed on "another rank of the job", which does not exist).
-  Watchdog watch(init_seconds, static_cast<int>(ErrorKind::kInternal), [init_seconds] {
+  // Read before MPI_Init, which puts its own variables (OMPI_COMM_WORLD_SIZE, PMIX_RANK) into a
+  // singleton's environment.
+  const std::string alone = alone_in_slurm_allocation();
+  Watchdog watch(init_seconds, static_cast<int>(ErrorKind::kInternal), [init_seconds, alone] {
     char host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     const std::string size = launcher_size();
@@ -466,9 +497,10 @@ MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
       std::fprintf(stderr,
                    "[rank %s@%s] error: MPI_Init did not complete within --timeout %g s in a job "
                    "of one process, which has no other rank to wait for: MPI's own start-up took "
-                   "longer than that; give a longer --timeout (0 waits without limit); ending "
+                   "longer than that; give a longer --timeout (0 waits without limit)%s%s; ending "
                    "with exit code 3\n",
-                   launcher_rank().c_str(), host, init_seconds);
+                   launcher_rank().c_str(), host, init_seconds, alone.empty() ? "" : ". And ",
+                   alone.c_str());
     else
       std::fprintf(stderr,
                    "[rank %s@%s] error: MPI_Init did not complete within --timeout %g "
@@ -508,6 +540,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double init_seconds) {
   world_.host.assign(name, static_cast<size_t>(len));
   set_rank_prefix("[rank " + std::to_string(world_.rank) + "@" + world_.host + "] ");
   set_log_rank(world_.rank);
+  // Trained alone without a word before: the user asked Slurm for several ranks.
+  if (world_.size == 1 && !alone.empty()) log_warn(alone);
   if (provided < MPI_THREAD_MULTIPLE)
     log_warn("MPI provides thread level " + std::to_string(provided) +
              " < MPI_THREAD_MULTIPLE: overlap of communication is disabled");

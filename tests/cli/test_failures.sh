@@ -258,6 +258,43 @@ else
   grep -m1 -o "error: the ranks' agreement.*" "$tmp/slow.out" | cut -c1-160
 fi
 
+echo "== started by hand in a Slurm allocation of 2 tasks (a salloc -n 2 shell): said, with how to start it"
+# The variables of a `salloc -n 2` shell (recorded on the one-node cluster of tests/slurm): a
+# process started there by hand, not by srun (which adds SLURM_STEP_ID, SLURM_PROCID, PMIX_RANK),
+# is an MPI singleton. MPI_Init's timeout blamed "another rank of the job" (SLURM_NTASKS=2), and a
+# run trained alone, world size 1, without a word.
+salloc_env=(SLURM_JOB_ID=4242 SLURM_JOBID=4242 SLURM_JOB_NAME=interactive SLURM_NNODES=1
+  SLURM_JOB_NUM_NODES=1 "SLURM_NODELIST=$(hostname -s)" "SLURM_JOB_NODELIST=$(hostname -s)"
+  SLURM_TASKS_PER_NODE=2 SLURM_JOB_CPUS_PER_NODE=2 SLURM_NTASKS=2 SLURM_NPROCS=2)
+unset_launchers=(-u SLURM_STEP_ID -u SLURM_PROCID -u PMIX_RANK -u PMI_RANK -u OMPI_COMM_WORLD_SIZE)
+alone="started inside Slurm job 4242, an allocation of 2 tasks (SLURM_NTASKS), but not by srun"
+how_to="srun --mpi=pmix build/dptrain ..., submit sbatch launch/slurm/dptrain.sbatch ..., or run launch/mpirun.sh -np 2"
+before=$fails
+env "${unset_launchers[@]}" "${salloc_env[@]}" "$bin" "${common[@]}" --epochs 1 --timeout 0.000001 \
+  >"$tmp/out" 2>&1
+rc=$?
+[[ $rc -eq 3 ]] || fail "salloc shell, --timeout 0.000001: exit $rc, want 3: $(tail -2 "$tmp/out")"
+grep -q "MPI_Init did not complete within --timeout 1e-06 s in a job of one process" "$tmp/out" ||
+  fail "salloc shell: not said as a job of one process: $(grep -m1 error "$tmp/out")"
+{ grep -qF "$alone" "$tmp/out" && grep -qF "$how_to" "$tmp/out"; } ||
+  fail "salloc shell: the MPI_Init timeout does not say it was not started by srun, and how: $(grep -m1 error "$tmp/out")"
+grep -q "another rank of the job" "$tmp/out" && fail "salloc shell: blamed on another rank"
+# A batch script's own variables add SLURM_PROCID=0 (no step): the same. The run goes on alone.
+env "${unset_launchers[@]}" "${salloc_env[@]}" SLURM_PROCID=0 "$bin" "${common[@]}" \
+  --data synthetic:28x28x1:64:2 --epochs 1 --eval-every 0 >"$tmp/out" 2>&1
+rc=$?
+[[ $rc -eq 0 ]] || fail "batch script, a short run: exit $rc: $(tail -2 "$tmp/out")"
+grep "warn" "$tmp/out" | grep -qF "$alone" ||
+  fail "batch script: the run alone in a 2-task allocation gave no warning: $(head -3 "$tmp/out")"
+grep -q "world size 1" "$tmp/out" || fail "batch script: not a run of world size 1: $(head -2 "$tmp/out")"
+# Outside an allocation, and in a one-task one, nothing is said.
+for extra in "" "SLURM_NTASKS=1"; do
+  env "${unset_launchers[@]}" ${extra:+"${salloc_env[@]}" "$extra"} "$bin" "${common[@]}" \
+    --data synthetic:28x28x1:64:2 --epochs 1 --eval-every 0 >"$tmp/out" 2>&1
+  grep -q "not by srun" "$tmp/out" && fail "'$extra': warned of a Slurm allocation: $(grep -m1 srun "$tmp/out")"
+done
+((fails == before)) && echo "ok: started by hand in a Slurm allocation of 2 tasks: said, and how to start its ranks"
+
 echo "== SIGKILL of rank 1"
 start --epochs 20 --timeout 30
 p=$(rank_pid 1)
