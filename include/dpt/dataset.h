@@ -65,21 +65,28 @@ struct DataSets {
 DataSets load_data(const std::string& dir, const std::string& format, uint64_t seed = 0);
 bool is_synthetic(const std::string& data);
 DataSets synthetic_data(const std::string& spec, uint64_t seed);
-uint64_t synthetic_bytes(const std::string& spec);  // what synthetic_data will allocate
 
 // What load_data(dir, format) will hold in memory, known before any data is read: each file's
 // bytes of data from its header (IDX: dims x 1 byte, a gzip'd file's decompressed size, inflating
 // only the header; .npy: shape x element size) or its size (CIFAR's records), summed over the
 // images and labels of both splits. The same refusals as load_data for what the headers show (a
 // missing file, a bad header, more than 2^34 bytes). The largest file is named in messages.
+// The headers (or the synthetic spec) also give the images' shape, the test split's count and,
+// where the format fixes them, the classes: what the batch's memory depends on, so it is checked
+// before the data is read.
 struct DataSize {
   uint64_t bytes = 0;
   std::string largest_file;
   uint64_t largest_bytes = 0;
   std::vector<std::string>
       files;  // every file read (none for synthetic data): no output may be one
+  std::vector<int64_t> image_shape;  // H, W, C of the training images; empty when not known
+  int64_t test_n = 0;                // test images
+  int classes = 0;  // fixed by the format or spec (CIFAR, synthetic); 0: the training labels say
 };
 DataSize data_size(const std::string& dir, const std::string& format);
+// data_size of a synthetic spec (is_synthetic): what synthetic_data will allocate, drawn in memory.
+DataSize synthetic_size(const std::string& spec);
 
 // Per-channel mean and (population) standard deviation of pixel / 255 over every image of `set`
 // (which must not be empty): the --normalize auto statistics. The sums are exact integers (a

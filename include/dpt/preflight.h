@@ -213,9 +213,10 @@ double model_fixed_bytes(const std::string& model, int classes, const Shape& inp
 // of type `activations` (default: --activation-dtype as on a device without fast bf16 ones).
 // Training (cfg.command "train") counts a step of --batch-size and, unless --eval-every 0, an
 // evaluation batch; evaluate and predict count only a batch of --eval-batch-size and the model's
-// inference bytes, and name --eval-batch-size.
+// inference bytes, and name --eval-batch-size. `unread_data_bytes`: what each rank's data set will
+// take of the memory measured in `mem`, when checked before the data is read.
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,
                   const DeviceMemory& mem, const Shape& input = {28, 28, 1},
-                  std::optional<DType> activations = std::nullopt);
+                  std::optional<DType> activations = std::nullopt, double unread_data_bytes = 0);
 
 }  // namespace dpt

@@ -74,9 +74,21 @@ std::vector<std::string> cifar10_batches(const std::string& dir) {
   return batches;
 }
 
-FileBytes file_sizes(const std::vector<std::string>& paths) {
+// The training files `paths`, then the test file `test`, each with its size and the records it
+// holds (images and labels together: whole records of `label_bytes` label bytes and an image; a
+// file of a partial record is load_cifar_files' to refuse).
+FileBytes file_sizes(std::vector<std::string> paths, const std::string& test, int label_bytes) {
   FileBytes out;
-  for (const std::string& path : paths) out.emplace_back(path, InputFile(path).size());
+  paths.push_back(test);
+  for (const std::string& path : paths) {
+    const uint64_t size = InputFile(path).size();
+    const auto records = static_cast<int64_t>(size / (label_bytes + kCifarPixels));
+    out.push_back({.path = path,
+                   .bytes = size,
+                   .dims = {records, kCifarSide, kCifarSide, kCifarChannels},
+                   .images = true,
+                   .test = path == test});
+  }
   return out;
 }
 
@@ -140,9 +152,7 @@ LoadedSplits load_cifar10(const std::string& dir) {
 }
 
 FileBytes cifar10_file_bytes(const std::string& dir) {
-  std::vector<std::string> paths = cifar10_batches(dir);
-  paths.push_back(in_dir(dir, "test_batch.bin"));
-  return file_sizes(paths);
+  return file_sizes(cifar10_batches(dir), in_dir(dir, "test_batch.bin"), 1);
 }
 
 LoadedSplits load_cifar100(const std::string& dir) {
@@ -151,7 +161,7 @@ LoadedSplits load_cifar100(const std::string& dir) {
 }
 
 FileBytes cifar100_file_bytes(const std::string& dir) {
-  return file_sizes({in_dir(dir, "train.bin"), in_dir(dir, "test.bin")});
+  return file_sizes({in_dir(dir, "train.bin")}, in_dir(dir, "test.bin"), 2);
 }
 
 }  // namespace dpt::data

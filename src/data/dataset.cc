@@ -108,11 +108,15 @@ std::string first_existing(const std::string& dir, const std::vector<std::string
 
 FileBytes split_file_bytes(const std::string& dir, const std::vector<std::string>& splits,
                            SplitFiles (*files)(const std::string& dir, const std::string& split),
-                           uint64_t (*data_bytes)(const std::string& path)) {
+                           FileData (*header)(const std::string& path)) {
   FileBytes out;
   for (const std::string& split : splits) {
     const SplitFiles f = files(dir, split);
-    for (const std::string& path : {f.images, f.labels}) out.emplace_back(path, data_bytes(path));
+    for (const std::string& path : {f.images, f.labels}) {
+      out.push_back(header(path));
+      out.back().images = path == f.images;
+      out.back().test = split != splits.front();
+    }
   }
   return out;
 }
@@ -128,9 +132,9 @@ struct Format {
   std::vector<std::vector<std::string>> alternatives;
   const char* described;  // the alternatives in words, for the "no data set found" message
   LoadedSplits (*load)(const std::string& dir);
-  // Whether the training labels define the classes (derive_classes), or the format fixes them and
-  // its reader sets them, having checked every label against them (CIFAR: 10, 100).
-  bool classes_from_labels;
+  // 0: the training labels define the classes (derive_classes); else the format fixes them and its
+  // reader sets them, having checked every label against them (CIFAR: 10, 100).
+  int classes;
   FileBytes (*file_bytes)(const std::string& dir);  // what load reads, from headers or sizes
 };
 
@@ -144,22 +148,22 @@ const std::vector<Format>& formats() {
         {"train-images-idx4-ubyte"}},
        "idx: train-images-idx3-ubyte[.gz] or train-images-idx4-ubyte[.gz]",
        load_idx,
-       true,
+       0,
        idx_file_bytes},
       {"cifar10",
        {{"data_batch_1.bin"}, {"test_batch.bin"}},
        "cifar10: data_batch_1.bin or test_batch.bin",
        load_cifar10,
-       false,
+       10,
        cifar10_file_bytes},
       // train.bin alone is too common a name to mean CIFAR-100.
       {"cifar100",
        {{"train.bin", "test.bin"}},
        "cifar100: train.bin and test.bin",
        load_cifar100,
-       false,
+       100,
        cifar100_file_bytes},
-      {"npy", {{"train_images.npy"}}, "npy: train_images.npy", load_npy, true, npy_file_bytes},
+      {"npy", {{"train_images.npy"}}, "npy: train_images.npy", load_npy, 0, npy_file_bytes},
   };
   return table;
 }
@@ -260,7 +264,7 @@ void derive_classes(LoadedSplit& train, LoadedSplit& test) {
 DataSets read_format(const std::string& dir, const Format& format) {
   LoadedSplits splits = format.load(dir);
   LoadedSplit &train = splits.train, &test = splits.test;
-  if (format.classes_from_labels) derive_classes(train, test);
+  if (format.classes == 0) derive_classes(train, test);
   DPT_CHECK(train.set.num_classes > 0 && train.set.num_classes == test.set.num_classes,
             format.name << ": the reader of a format with fixed classes set "
                         << train.set.num_classes << " training and " << test.set.num_classes
@@ -279,13 +283,19 @@ DataSets read_format(const std::string& dir, const Format& format) {
 }
 
 // The files read_format reads and, from each one's header (IDX, .npy) or size (CIFAR's records
-// have none), the bytes of data it holds.
+// have none), the bytes of data it holds, the training images' shape and the test images' count.
 DataSize sizes_of(const std::string& dir, const Format& format) {
   DataSize out;
-  for (const auto& [path, bytes] : format.file_bytes(dir)) {
-    out.bytes += bytes;
-    out.files.push_back(path);
-    if (bytes >= out.largest_bytes) out.largest_file = path, out.largest_bytes = bytes;
+  out.classes = format.classes;
+  for (const FileData& f : format.file_bytes(dir)) {
+    out.bytes += f.bytes;
+    out.files.push_back(f.path);
+    if (f.bytes >= out.largest_bytes) out.largest_file = f.path, out.largest_bytes = f.bytes;
+    if (!f.images || f.dims.size() < 3) continue;  // a bad rank is read_format's to refuse
+    if (f.test)
+      out.test_n += f.dims[0];
+    else if (out.image_shape.empty())
+      out.image_shape = {f.dims[1], f.dims[2], f.dims.size() == 4 ? f.dims[3] : 1};
   }
   return out;
 }
@@ -329,8 +339,7 @@ DataSets load_data(const std::string& dir, const std::string& format, uint64_t s
 DataSize data_size(const std::string& dir, const std::string& format) {
   if (is_synthetic(dir)) {
     check_synthetic_format(dir, format);
-    const uint64_t bytes = synthetic_bytes(dir);
-    return {bytes, "(drawn in memory)", bytes, {}};
+    return synthetic_size(dir);
   }
   return data::sizes_of(dir, data::format_in(dir, format));
 }

@@ -339,7 +339,10 @@ SplitFiles idx_split_files(const std::string& dir, const std::string& split) {
   return {img_path, lbl_path};
 }
 
-uint64_t idx_data_bytes(const std::string& path) { return read_idx_header(path)->expected; }
+FileData idx_file_data(const std::string& path) {
+  const std::unique_ptr<IdxHeader> h = read_idx_header(path);
+  return {.path = path, .bytes = h->expected, .dims = h->dims};
+}
 
 LoadedSplit load_idx_split(const std::string& dir, const std::string& split) {
   const auto [img_path, lbl_path] = idx_split_files(dir, split);
@@ -361,7 +364,7 @@ LoadedSplits load_idx(const std::string& dir) {
 }
 
 FileBytes idx_file_bytes(const std::string& dir) {
-  return split_file_bytes(dir, {"train", "t10k"}, idx_split_files, idx_data_bytes);
+  return split_file_bytes(dir, {"train", "t10k"}, idx_split_files, idx_file_data);
 }
 
 }  // namespace data

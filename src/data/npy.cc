@@ -390,10 +390,10 @@ std::vector<Label> read_npy_labels(const std::string& path) {
   return labels;
 }
 
-uint64_t npy_data_bytes(const std::string& path) {
+FileData npy_file_data(const std::string& path) {
   InputFile in(path);
   const NpyHeader h = read_header(in);
-  return promised_bytes(path, h, item_size(h.descr));
+  return {.path = path, .bytes = promised_bytes(path, h, item_size(h.descr)), .dims = h.shape};
 }
 
 SplitFiles npy_split_files(const std::string& dir, const std::string& split) {
@@ -421,7 +421,7 @@ LoadedSplits load_npy(const std::string& dir) {
 }
 
 FileBytes npy_file_bytes(const std::string& dir) {
-  return split_file_bytes(dir, {"train", "test"}, npy_split_files, npy_data_bytes);
+  return split_file_bytes(dir, {"train", "test"}, npy_split_files, npy_file_data);
 }
 
 }  // namespace dpt::data

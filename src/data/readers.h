@@ -67,19 +67,30 @@ struct SplitFiles {
 struct LoadedSplits {
   LoadedSplit train, test;
 };
-// (path, bytes of data) of each file a format's loader reads, known before reading the data.
-using FileBytes = std::vector<std::pair<std::string, uint64_t>>;
+// A file a format's loader reads, as known before its data is read: the bytes of data it holds
+// and the dims of its array (N x H x W [x C] of images, N of labels) from its header (IDX, .npy)
+// or its size (CIFAR's records, images and labels together).
+struct FileData {
+  std::string path;
+  uint64_t bytes = 0;
+  std::vector<int64_t> dims;
+  bool images = false;  // it holds images
+  bool test = false;    // of the test split
+};
+using FileBytes = std::vector<FileData>;
 // For the formats whose every split is an images and a labels file: both files of each of
-// `splits` in turn, found by `files` and measured by `data_bytes`.
+// `splits` (the training split, then the test split) in turn, found by `files` and read as far as
+// their headers by `header`, which gives the bytes and dims.
 FileBytes split_file_bytes(const std::string& dir, const std::vector<std::string>& splits,
                            SplitFiles (*files)(const std::string& dir, const std::string& split),
-                           uint64_t (*data_bytes)(const std::string& path));
+                           FileData (*header)(const std::string& path));
 
 // ---- idx.cc ----
-// The files load_idx_split reads, and the bytes of data one IDX file's header promises (its
-// header alone is read: a gzip'd file is inflated only that far), with read_idx's header checks.
+// The files load_idx_split reads, and the bytes of data and dims one IDX file's header promises
+// (its header alone is read: a gzip'd file is inflated only that far), with read_idx's header
+// checks.
 SplitFiles idx_split_files(const std::string& dir, const std::string& split);
-uint64_t idx_data_bytes(const std::string& path);
+FileData idx_file_data(const std::string& path);
 // <split>-images-idx3-ubyte or -idx4-ubyte (each raw or .gz, .gz preferred; idx3 and idx4 both
 // present is refused as ambiguous) and <split>-labels-idx1-ubyte[.gz]. Images 3-D (N x H x W,
 // channels 1) or 4-D (N x H x W x C), labels 1-D with the images' count. num_classes is left 0:
@@ -115,9 +126,9 @@ NpyImages read_npy_images(const std::string& path);
 // An .npy file's labels: 1-D, any integer dtype of 1, 2, 4 or 8 bytes in either byte order, each
 // value in 0..kMaxClasses - 1 (65535).
 std::vector<Label> read_npy_labels(const std::string& path);
-// The bytes of data an .npy file's header promises (shape x element size), with the header's
-// checks; nothing past the header is read.
-uint64_t npy_data_bytes(const std::string& path);
+// The bytes of data (shape x element size) and the shape an .npy file's header promises, with the
+// header's checks; nothing past the header is read.
+FileData npy_file_data(const std::string& path);
 // <split>_images.npy and <split>_labels.npy in dir (refused when absent), and the split read from
 // them, counts agreeing. num_classes left 0.
 SplitFiles npy_split_files(const std::string& dir, const std::string& split);

@@ -120,6 +120,15 @@ DataSets synthetic_data(const std::string& spec, uint64_t seed) {
   return out;
 }
 
-uint64_t synthetic_bytes(const std::string& spec) { return parse(spec).bytes(); }
+DataSize synthetic_size(const std::string& spec) {
+  const SyntheticSpec s = parse(spec);
+  DataSize out;
+  out.bytes = out.largest_bytes = s.bytes();
+  out.largest_file = "(drawn in memory)";
+  out.image_shape = {s.rows, s.cols, s.channels};
+  out.test_n = s.test_n();
+  out.classes = static_cast<int>(s.classes);
+  return out;
+}
 
 }  // namespace dpt

@@ -551,7 +551,8 @@ void check_data_memory(const std::string& dir, const DataSize& size, int ranks_h
 }
 
 void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n,
-                  const DeviceMemory& mem, const Shape& input, std::optional<DType> activations) {
+                  const DeviceMemory& mem, const Shape& input, std::optional<DType> activations,
+                  double unread_data_bytes) {
   const double avail = mem.free_bytes, extra = mem.extra;
   const int sharing = mem.sharing;
   const std::string& where = mem.where;
@@ -575,7 +576,7 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
       mem.model_fixed ? model_fixed_bytes(cfg.model, classes, input, training ? cfg.optimizer : "",
                                           {cfg.stem, cfg.zero_init_residual})
                       : 0.0;
-  const double per_rank = train * local + eval * eval_batch + extra + fixed;
+  const double per_rank = train * local + eval * eval_batch + extra + fixed + unread_data_bytes;
   const double need = per_rank * sharing;
   auto gib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(1) << b / (1 << 30)); };
   auto mib = [](double b) { return DPT_MSG(std::fixed << std::setprecision(2) << b / (1 << 20)); };
@@ -586,6 +587,10 @@ void check_memory(const TrainConfig& cfg, int world, int classes, int64_t test_n
                                      << (training ? "gradients, optimizer state and " : "")
                                      << "weight copies")
                     : std::string())
+      << (unread_data_bytes > 0
+              ? DPT_MSG(", + " << gib(unread_data_bytes) << " GiB of the data set, read after "
+                               << "this check")
+              : std::string())
       << "), but " << gib(avail) << " GiB is available; use a smaller ");
   const std::string fewer = DPT_MSG(", or fewer ranks per " << (extra > 0 ? "GPU" : "host"));
   if (training) {
@@ -675,18 +680,60 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
   // all the ranks on it), before any rank reads it: a small .gz that inflates to more than the
   // memory would otherwise end in the OOM killer's SIGKILL, without a word. The agreement is also
   // the barrier that keeps a rank's load from shrinking the memory another rank measures.
-  std::vector<std::string> data_files;  // what the data set is read from (none when synthetic)
-  uint64_t data_bytes = 0;
+  DataSize header;  // what the headers (or the synthetic spec) say, before any data is read
   agree_on_input(
       comm,
       "--data " + cfg.data +
           ": another rank could not size the data set, or its host has not the memory for it",
       "sizing --data " + cfg.data, [&] {
-        const DataSize size = data_size(cfg.data, cfg.data_format);
-        data_files = size.files;
-        data_bytes = size.bytes;
-        if (pf.local_rank == 0) check_data_memory(cfg.data, size, pf.ranks_here, host_memory());
+        header = data_size(cfg.data, cfg.data_format);
+        if (pf.local_rank == 0) check_data_memory(cfg.data, header, pf.ranks_here, host_memory());
       });
+  const std::vector<std::string>& data_files = header.files;  // none when synthetic
+  const uint64_t data_bytes = header.bytes;
+
+  // The device (a GPU's context is created here; the CPU's checks bf16 there), before the data is
+  // read: the batch's memory is checked against it from the headers.
+  DeviceRequest req;
+  req.kind = kind;
+  req.local_rank = pf.local_rank;
+  req.ranks_here = pf.ranks_here;
+  req.tf32 = cfg.tf32;
+  req.nondeterministic = cfg.cudnn_nondeterministic;
+  req.bf16 = cfg.precision == "bf16";
+  agree_on_input(comm, "another rank could not open its device", "opening its device", [&] {
+    pf.device = open_device(req);
+    pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
+  });
+  const std::string no_memory = kind == "cpu"
+                                    ? "another host has not enough memory for this batch"
+                                    : "another rank's GPU has not enough memory for this batch";
+  // The batch's memory from the headers' image shape and test count, before the data is read (a
+  // synthetic 46341x46341 image took 42 s to draw before its batch was refused). On the CPU the
+  // memory measured does not hold the data set yet: its bytes are counted in. Where the training
+  // labels decide the classes (idx, npy) the estimate takes 2, the fewest; and a resume under
+  // --activation-dtype auto may keep another type than auto's (known once the data's digests are),
+  // so bf16's, the smaller, is taken: a refusal here is certain, and the check is made again below
+  // once those are known.
+  struct Estimate {
+    int classes;
+    DType activations;
+  };
+  std::optional<Estimate> checked;
+  if (header.image_shape.size() == 3) {
+    const Shape shape{header.image_shape[0], header.image_shape[1], header.image_shape[2]};
+    // A shape the model cannot take is refused below, naming the data's shape.
+    if (model_input_problem(cfg.model, shape).empty()) {
+      const Estimate e{header.classes, cfg.activation_dtype == "auto" && !cfg.resume.empty()
+                                           ? DType::kBF16
+                                           : pf.activations};
+      agree_on_input(comm, no_memory, [&] {
+        check_memory(cfg, world, std::max(e.classes, 2), header.test_n, pf.device->memory(rank),
+                     shape, e.activations, kind == "cpu" ? static_cast<double>(data_bytes) : 0.0);
+      });
+      checked = e;
+    }
+  }
   // Every rank reads the data; if any rank fails, all stop with exit code 2 (the failing ranks say
   // why).
   const double t_load = now_seconds();
@@ -731,19 +778,6 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
     if (rank == 0) pf.locks = check_outputs(cfg, data_files, &pf.checkpoints);
   });
 
-  // The device (a GPU's context is created here; the CPU's checks bf16 there) and its memory
-  // against the batch.
-  DeviceRequest req;
-  req.kind = kind;
-  req.local_rank = pf.local_rank;
-  req.ranks_here = pf.ranks_here;
-  req.tf32 = cfg.tf32;
-  req.nondeterministic = cfg.cudnn_nondeterministic;
-  req.bf16 = cfg.precision == "bf16";
-  agree_on_input(comm, "another rank could not open its device", "opening its device", [&] {
-    pf.device = open_device(req);
-    pf.activations = activation_dtype(cfg, pf.device->fast_bf16_activations());
-  });
   if (cfg.activation_dtype == "auto" && !cfg.resume.empty()) {
     // A resume continues in the activation type it was trained in, wherever auto resolves now
     // (a checkpoint from before the CPU's bf16 activations became auto's choice resumes in fp32).
@@ -761,13 +795,14 @@ Preflight run_preflight(const TrainConfig& cfg, Communicator& comm) {
       pf.activations = then;
     }
   }
-  agree_on_input(comm,
-                 kind == "cpu" ? "another host has not enough memory for this batch"
-                               : "another rank's GPU has not enough memory for this batch",
-                 [&] {
-                   check_memory(cfg, world, pf.train.num_classes, pf.test.n,
-                                pf.device->memory(rank), pf.input_shape(), pf.activations);
-                 });
+  // Again only where the estimate above took other classes or activations than the run's (the
+  // check builds the model twice to measure it).
+  if (!checked || checked->classes != pf.train.num_classes ||
+      checked->activations != pf.activations)
+    agree_on_input(comm, no_memory, [&] {
+      check_memory(cfg, world, pf.train.num_classes, pf.test.n, pf.device->memory(rank),
+                   pf.input_shape(), pf.activations);
+    });
   return pf;
 }
 

@@ -191,6 +191,20 @@ PY
 DPT_MEMORY_AVAILABLE=100M expect 2 "the largest, sparsenpy/train_images.npy, 0.29 GiB (307200000 bytes)" -- \
   "${one[@]}" --data sparsenpy
 DPT_MEMORY_AVAILABLE=lots expect 2 "DPT_MEMORY_AVAILABLE=lots: not a number of bytes" -- "${one[@]}" --data c10
+# A batch larger than the memory is refused from the headers' image shape, before the images are
+# read (the data set itself fits): the load's debug line must not come first. 1024x1024x3 images of
+# zeros in .gz files of a few KB (4 training, 2 test, the labels' counts).
+make_data big --format idx --gzip --train 4 --test 2 --rows 8 --cols 8 --channels 3 --classes 2 --seed 9
+python3 - big <<'PY'
+import gzip, struct, sys
+for split, n in (("train", 4), ("t10k", 2)):
+    with gzip.open(f"{sys.argv[1]}/{split}-images-idx4-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">BBBBIIII", 0, 0, 8, 4, n, 1024, 1024, 3))
+        f.write(bytes(n * 1024 * 1024 * 3))
+PY
+DPT_MEMORY_AVAILABLE=500M expect 2 "--batch-size 4: training needs about" -- \
+  "${mpi[@]}" -np 1 "$bin" --model resnet18 --data big --batch-size 4 --log-level debug
+grep -q "data loaded" out.txt && fail "the images were read before the batch was refused"
 # The check has no margin: memory that runs out while the data is read (here an address-space limit
 # under a data set twice its size, which the check, told of 100 GiB, lets pass) ended in
 # "unexpected failure: std::bad_alloc", exit 3, naming nothing. The smallest limit the program

@@ -3,7 +3,8 @@
 # at 1 and 2 ranks with N training and ceil(N/10) test images; the same seed draws the same sets
 # (the same losses), another seed others; the epoch's train_tflops is images/s x 3 x the forward
 # FLOPs per image counted here from the layer shapes (LeNet and ResNet-18); malformed specs, a
-# --data-format beside one, and a set larger than the limit or the memory are refused with exit 2.
+# --data-format beside one, and a set larger than the limit or the memory are refused with exit 2,
+# as is a batch larger than the memory, before the set is drawn.
 # Usage: test_synthetic.sh path/to/dptrain
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -123,6 +124,18 @@ expect 2 "--data-format cifar10 does not apply to --data synthetic:8x8x1:10:2" -
 expect 2 "which --model lenet cannot take" -- "$bin" --model lenet --data synthetic:8x8x1:10:2
 DPT_MEMORY_AVAILABLE=100M expect 2 "synthetic:224x224x3:4000:1000" -- \
   "$bin" --model resnet18 --data synthetic:224x224x3:4000:1000
+
+# The batch's memory is checked from the spec, before any image is drawn: a 46341x46341 image
+# (4.3 GB of data, within the memory) was drawn for 42 s before batch 2 was refused. With the log at
+# debug, the load's own line ("data loaded in") must not come before the refusal; the data set's
+# bytes are counted in, since the memory measured does not hold them yet.
+DPT_MEMORY_AVAILABLE=300M expect 2 "GiB of the data set, read after this check" -- \
+  "$bin" --model resnet18 --data synthetic:256x256x3:20:10 --batch-size 64 --log-level debug
+grep -q "data loaded" "$tmp/out.txt" && fail "the data was drawn before the batch was refused"
+grep -qF -- "--batch-size 64: training needs about" "$tmp/out.txt" || fail "not refused for --batch-size 64"
+DPT_MEMORY_AVAILABLE=16G EXPECT_TIMEOUT=20 expect 2 "--batch-size 2: training needs about" -- \
+  "$bin" --data synthetic:46341x46341x1:1:2 --batch-size 2 --log-level debug
+grep -q "data loaded" "$tmp/out.txt" && fail "the 46341x46341 images were drawn before the batch was refused"
 
 echo "$fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -645,7 +645,7 @@ TEST(Config, EveryFlagReadsNumbersAsDecimalOnly) {
   for (const char* spec : {"synthetic:16x16x1:+64:10", "synthetic:16x16x1: 64:10",
                            "synthetic:0x10x16x1:64:10", "synthetic:16x16x1:64:0xa"}) {
     try {
-      (void)synthetic_bytes(spec);
+      (void)synthetic_size(spec);
       ADD_FAILURE() << spec << " was read";
     } catch (const Error& e) {
       EXPECT_EQ(e.exit_code(), 2) << e.what();
@@ -653,7 +653,11 @@ TEST(Config, EveryFlagReadsNumbersAsDecimalOnly) {
           << e.what();
     }
   }
-  EXPECT_GT(synthetic_bytes("synthetic:16x16x1:064:10"), 0u);
+  const DataSize synthetic = synthetic_size("synthetic:16x16x1:064:10");
+  EXPECT_EQ(synthetic.bytes, (64u + 7u) * (16u * 16u + 2u));  // 7 = ceil(64 / 10) test images
+  EXPECT_EQ(synthetic.image_shape, (std::vector<int64_t>{16, 16, 1}));
+  EXPECT_EQ(synthetic.test_n, 7);
+  EXPECT_EQ(synthetic.classes, 10);
   // The decimal forms read as before, to the same values.
   const TrainConfig a = parse({"--epochs",
                                "016",

@@ -976,6 +976,14 @@ TEST_F(MakeData, EveryFormatLoadsWithItsShapeAndClasses) {
         << c.name;
     EXPECT_FALSE(size.largest_file.empty()) << c.name;
     EXPECT_GT(size.largest_bytes, 0u) << c.name;
+    // And, before any image is read, their shape, the test count and the classes a format fixes
+    // (what the batch's memory is checked with: preflight).
+    EXPECT_EQ(size.image_shape, (std::vector<int64_t>{c.rows, c.cols, c.channels})) << c.name;
+    EXPECT_EQ(size.test_n, ds.test.n) << c.name;
+    EXPECT_EQ(size.classes, c.format == "cifar10"    ? 10
+                            : c.format == "cifar100" ? 100
+                                                     : 0)
+        << c.name;
     // Every class of the writer is in the training set.
     const int written = c.name == "cifar10"      ? 10
                         : c.name == "cifar10few" ? 4
