@@ -764,6 +764,12 @@ while :; do
     echo "$me: stopped by signal $got (the job exited with $rc); exit $((128 + got))" >&2
     exit $((128 + got))
   fi
+  # A job that succeeded while its output could not be written (a full disk under `> log`): its
+  # checkpoints and --save are its own files, but the log is not whole, and 0 would hide that.
+  if ((rc == 0 && output_lost)); then
+    echo "$me: the job ended with exit 0, but its output could not all be written (above); exit 74" >&2 2>/dev/null
+    exit 74
+  fi
   # Done, refused input (2) or a stop asked of the ranks themselves (128 + HUP, INT, USR1, TERM):
   # a restart would not help.
   case $rc in 0 | 2 | 129 | 130 | 138 | 143) exit "$rc" ;; esac

@@ -64,12 +64,25 @@ signal_tree() {
 # the job after ten SIGPIPEs; ninja, meson and apt die of the first). The stdout relay warns once,
 # on stderr if that still works ($me, the caller's, names the script). Relays ignore SIGINT and
 # SIGHUP: those reach the writer through the script's traps, and its last output must still pass.
+# A write that fails for another reason than EPIPE is no reader's leaving (it was said to be): a
+# full file system (ENOSPC: `> log` on a full disk, /dev/full) or an I/O error (EIO). cat's own
+# words for it (in the C locale) name the cause; the relay drains as well, and exits 74 (EX_IOERR)
+# so that wait_relays sets output_lost and the caller's success does not hide the loss.
 relay() {
   trap '' PIPE INT HUP
-  cat 2>/dev/null && exit 0
-  [[ $1 == stdout ]] &&
-    echo "${me:-$0}: warning: the reader of standard output has gone: the job goes on, its output discarded" >&2 2>/dev/null
-  exec cat >/dev/null
+  local err what=standard\ output
+  [[ $1 == stderr ]] && what=standard\ error
+  { err=$(LC_ALL=C cat 2>&1 >&3 3>&-); } 3>&1 && exit 0
+  if [[ $err == *"Broken pipe"* ]]; then
+    [[ $1 == stdout ]] &&
+      echo "${me:-$0}: warning: the reader of standard output has gone: the job goes on, its output discarded" >&2 2>/dev/null
+    exec cat >/dev/null
+  fi
+  err=${err##*: } # "cat: write error: No space left on device": the cause
+  [[ $err == "No space left on device" ]] && err+=": the file system it is written to is full"
+  echo "${me:-$0}: error: cannot write to $what (${err:-a write error}): the job goes on, what it writes there is discarded" >&2 2>/dev/null
+  cat >/dev/null
+  exit 74
 }
 # Whether any relay whose pid is in the caller's array relays still runs.
 relays_running() {
@@ -80,12 +93,20 @@ relays_running() {
 # After the writer: the relays end once they have passed its last output, which then comes before
 # the script's last words. A process that inherited the writer's output and outlived it (an ssh to
 # a host) would hold them open: at most 10 s, after which they are left to end on their own.
+# output_lost becomes 1 when a relay could not write what it was given (its exit status 74).
+# shellcheck disable=SC2034  # read by the sourcing script (mpirun.sh)
+output_lost=0
 wait_relays() {
-  local k
+  local k r
   for ((k = 0; k < 500; k++)); do
     relays_running || break
     sleep 0.02
   done
-  relays_running || wait "${relays[@]}" 2>/dev/null
+  if ! relays_running; then
+    for r in "${relays[@]}"; do
+      # shellcheck disable=SC2034  # read by the sourcing script (mpirun.sh)
+      wait "$r" 2>/dev/null || { (($? == 74)) && output_lost=1; }
+    done
+  fi
   relays=()
 }

@@ -7,6 +7,8 @@
 # 1, are exit 2 naming them. A reader
 # that leaves early (`| head -c 1`, `| grep -m1`) no longer aborts the job: it runs to the end, its
 # --save is written, the exit code is the job's, a launcher whose stderr reader left still restarts;
+# a full disk under its output is named as such (not as a reader that left) and is exit 74 when the
+# job itself succeeded;
 # stdout and stderr stay apart, a terminal still gets the progress bar. --max-restarts decides from
 # the record rank 0 keeps of its checkpoints (DPT_CHECKPOINT_RECORD), not from checkpoint file
 # names, and the record is removed on exit, SIGTERM included.
@@ -335,6 +337,46 @@ launch -np 2 bash "$tmp/talk.sh" 1 "$tmp/out" 3 2>out3.err | head -c 1 >/dev/nul
 rc=${PIPESTATUS[0]}
 [[ $rc -eq 3 && -f out.0 && -f out.1 ]] || fail "stdout reader gone, job exit 3: launcher exit $rc (want 3), markers: $(ls out.* 2>/dev/null)"
 expect 2 "--lr: 'nan' is not a number" -- bash "$launcher" -np 2 "$bin" --lr nan
+
+echo "== a full disk under the launcher's output: named as such, the job's files whole, exit 74"
+# Any failed write was said as "the reader of standard output has gone", a full disk's ENOSPC too,
+# and the launcher exited 0 with the log cut short.
+launch -np 2 "$bin" "${short[@]}" --save "$tmp/full.st" >/dev/full 2>full.err
+rc=$?
+[[ $rc -eq 74 ]] || fail "stdout on /dev/full: launcher exit $rc, want 74: $(tail -3 full.err)"
+grep -qF "cannot write to standard output (No space left on device: the file system it is written to is full)" full.err ||
+  fail "stdout on /dev/full: the cause is not named: $(tail -3 full.err)"
+grep -q "reader of standard output has gone" full.err && fail "stdout on /dev/full: blamed on a reader that left"
+if [[ -s full.st ]]; then
+  same_tensors ref.st full.st || fail "stdout on /dev/full: the --save file is not the full run's"
+else
+  fail "stdout on /dev/full: no --save file"
+fi
+# A job that fails keeps its own exit code; stderr on /dev/full loses the job's words, not its code.
+launch -np 2 bash "$tmp/talk.sh" 1 "$tmp/full" 3 >/dev/full 2>/dev/null
+rc=$?
+[[ $rc -eq 3 && -f full.0 && -f full.1 ]] || fail "stdout on /dev/full, job exit 3: launcher exit $rc (want 3), markers: $(ls full.* 2>/dev/null)"
+launch -np 2 bash "$tmp/talk.sh" 2 "$tmp/fullerr" 0 2>/dev/full >/dev/null
+rc=$?
+[[ $rc -eq 74 && -f fullerr.0 && -f fullerr.1 ]] || fail "stderr on /dev/full: launcher exit $rc (want 74), markers: $(ls fullerr.* 2>/dev/null)"
+# A file system that fills during the run: its first 64 KiB of a 1 MB output are written.
+mkdir small
+if mount -t tmpfs -o size=64k tmpfs small 2>/dev/null; then
+  trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
+  printf '#!/usr/bin/env bash\nyes "line of output" | head -c 1000000\necho done >"$1"\n' >big.sh
+  launch -np 1 bash "$tmp/big.sh" "$tmp/big.done" >small/log 2>small.err
+  rc=$?
+  [[ $rc -eq 74 && -f big.done ]] || fail "a full tmpfs: launcher exit $rc (want 74), job ended: $(ls big.done 2>&1)"
+  grep -qF "cannot write to standard output (No space left on device" small.err ||
+    fail "a full tmpfs: the cause is not named: $(tail -3 small.err)"
+  size=$(stat -c %s small/log)
+  ((size > 0 && size <= 65536)) || fail "a full tmpfs: the log holds $size bytes, want 1..65536"
+  umount small || fail "cannot unmount $tmp/small"
+  trap 'rm -rf "$tmp"' EXIT
+  echo "a full tmpfs: launcher exit $rc, the log holds $size bytes"
+else
+  echo "skip: a 64 KiB tmpfs cannot be mounted here (not root, or no mount namespace rights)"
+fi
 bash "$launcher" -np 2 "$bin" --lr nan >nan.out 2>nan.err
 [[ $? -eq 2 && ! -s nan.out ]] && grep -q "'nan' is not a number" nan.err ||
   fail "bad input: want exit 2, the message on stderr and nothing on stdout: $(cat nan.out)"
