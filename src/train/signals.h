@@ -18,9 +18,10 @@ class Communicator;
 // thread inside oneDNN's JIT sgemm corrupted the heap (2 of 6 ResNet-18 runs stopped under load
 // crashed in free() inside dnnl_sgemm, in forward and backward alike). main blocks them before MPI
 // starts any thread (block_stop_signals), so every thread inherits the mask, and one watcher
-// thread takes them with sigtimedwait. That thread is the process's own, started by main
+// thread takes them with sigwait. That thread is the process's own, started by main
 // (watch_stop_signals) before MPI starts, so that a signal is taken from then on.
-// During the start-up (MPI_Init, the pre-flight, the data read, a resume's read), until hold(), a
+// During the start-up (MPI_Init, the pre-flight, the data read, --init-from's read), until
+// hold() (before --resume's checkpoint is read: a signal there waits for the agreed stop), a
 // stop signal ends the job at once with 128 + signal (end_job_now): nothing has been trained or
 // written, so there is nothing to stop cleanly for, and the start-up may wait long (a data set
 // read for minutes, a peer that never comes: up to --timeout, or for ever under --timeout 0). It
