@@ -853,7 +853,7 @@ void CheckpointManager::save_final(int64_t global_step) {
     } catch (const Error& e) {
       // The run's result outlives the error: the job still ends with it (exit 2, the file asked
       // for is not there), and the message says where the model is.
-      const std::string where = last_saved_step_ == global_step && !last_saved_file_.empty()
+      const std::string where = saved_at(global_step) && !last_saved_file_.empty()
                                     ? "the trained model is in this run's checkpoint " +
                                           last_saved_file_ + " (global step " +
                                           std::to_string(global_step) +
